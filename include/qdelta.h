@@ -1,0 +1,148 @@
+/*
+ * qdelta: inference engine for hybrid Gated DeltaNet models
+ * (Qwen3-Next `qwen3_next`, Qwen3.5/3.6 `qwen3_5`, `qwen3_5_moe`).
+ *
+ * Usage (greedy continuation of a prompt, one sequence):
+ *
+ *     qd_model_params mp = qd_model_default_params();
+ *     mp.path = "/models/Qwen3.5-0.8B";
+ *     char err[512];
+ *     qd_model *model;
+ *     if (qd_model_load(&mp, &model, err, sizeof err) != QD_OK) { fprintf(stderr, "%s\n", err); ... }
+ *
+ *     qd_context_params cp = qd_context_default_params();
+ *     qd_context *ctx;
+ *     if (qd_context_create(model, &cp, &ctx) != QD_OK) { fprintf(stderr, "%s\n", qd_model_errmsg(model)); ... }
+ *
+ *     int32_t prompt[] = {1, 2, 3};
+ *     float *logits = malloc(sizeof(float) * qd_model_vocab_size(model));
+ *     qd_span span = { .seq = 0, .tokens = prompt, .n_tokens = 3, .logits = QD_LOGITS_LAST };
+ *     if (qd_forward(ctx, &span, 1, logits) != QD_OK) fprintf(stderr, "%s\n", qd_context_errmsg(ctx));
+ *     ... pick a token, feed it back as a span of one token ...
+ *
+ *     qd_context_free(ctx);
+ *     qd_model_free(model);
+ *
+ * The model (weights, config) is immutable after load and may be shared by several
+ * contexts. A context holds per-sequence state: the GDN conv and recurrent state of
+ * every linear-attention layer and the KV cache of every full-attention layer.
+ *
+ * Errors are values: every function returns a qd_status, and the handle keeps a
+ * message naming what was wrong (file, tensor, field, argument). Nothing aborts.
+ */
+#ifndef QDELTA_H
+#define QDELTA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QDELTA_VERSION "0.1.0"
+
+typedef enum qd_status {
+    QD_OK = 0,
+    QD_ERR_INVALID_ARG,  /* a caller-supplied argument is out of range or inconsistent */
+    QD_ERR_IO,           /* a file could not be opened, read or mapped */
+    QD_ERR_FORMAT,       /* a file is malformed: bad JSON, bad safetensors header, ... */
+    QD_ERR_UNSUPPORTED,  /* a valid input this build does not support (model_type, dtype, ...) */
+    QD_ERR_NOT_FOUND,    /* a required tensor, field or file is missing */
+    QD_ERR_SHAPE,        /* a tensor has the wrong shape or dtype */
+    QD_ERR_OOM,          /* memory could not be allocated */
+    QD_ERR_CAPACITY,     /* a context limit (sequences, context length) is exceeded */
+    QD_ERR_BACKEND,      /* the compute backend failed (e.g. a CUDA error) */
+    QD_ERR_INTERNAL      /* a bug in qdelta */
+} qd_status;
+
+/* A short constant name for a status ("QD_ERR_FORMAT"). */
+const char *qd_status_name(qd_status s);
+
+/* ---------------------------------------------------------------- model */
+
+typedef struct qd_model qd_model;
+
+typedef enum qd_load_format {
+    QD_LOAD_AUTO = 0,  /* read safetensors from the checkpoint directory */
+    QD_LOAD_DUMMY = 1  /* draw random weights from config.json alone (benchmarks) */
+} qd_load_format;
+
+typedef enum qd_backend_kind {
+    QD_BACKEND_CPU = 0,
+    QD_BACKEND_CUDA = 1
+} qd_backend_kind;
+
+typedef struct qd_model_params {
+    const char *path;             /* checkpoint directory (config.json, *.safetensors) */
+    qd_load_format load_format;
+    qd_backend_kind backend;
+    int n_threads;                /* CPU threads; 0 = all online cores */
+    uint64_t seed;                /* for QD_LOAD_DUMMY */
+    /* Called with fraction done in [0,1] while loading; may be NULL. */
+    void (*progress)(float fraction, void *user);
+    void *progress_user;
+} qd_model_params;
+
+qd_model_params qd_model_default_params(void);
+
+/* Loads a model. On failure *out is NULL and err (if non-NULL) holds the message. */
+qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err, size_t err_size);
+void qd_model_free(qd_model *model);
+const char *qd_model_errmsg(const qd_model *model);
+
+int qd_model_vocab_size(const qd_model *model);
+int qd_model_n_layers(const qd_model *model);
+const char *qd_model_type(const qd_model *model);   /* "qwen3_next", "qwen3_5", "qwen3_5_moe" */
+int64_t qd_model_n_params(const qd_model *model);
+int64_t qd_model_weight_bytes(const qd_model *model); /* bytes of weights as stored */
+/* Bytes of weights read per decoded token (MoE: only the active experts). */
+int64_t qd_model_active_weight_bytes(const qd_model *model);
+/* A one-paragraph human-readable description of the architecture. */
+const char *qd_model_describe(const qd_model *model);
+
+/* -------------------------------------------------------------- context */
+
+typedef struct qd_context qd_context;
+
+typedef struct qd_context_params {
+    int max_seqs;      /* sequence slots (0..max_seqs-1) */
+    int max_ctx;       /* tokens per sequence (KV cache capacity) */
+    int max_batch;     /* tokens per qd_forward call */
+} qd_context_params;
+
+qd_context_params qd_context_default_params(void);
+
+qd_status qd_context_create(qd_model *model, const qd_context_params *params, qd_context **out);
+void qd_context_free(qd_context *ctx);
+const char *qd_context_errmsg(const qd_context *ctx);
+
+/* Forgets a sequence: zero GDN state, empty KV cache. */
+qd_status qd_seq_reset(qd_context *ctx, int seq);
+/* Number of tokens a sequence has consumed. */
+int qd_seq_length(const qd_context *ctx, int seq);
+
+typedef enum qd_logits_mode {
+    QD_LOGITS_NONE = 0,
+    QD_LOGITS_LAST = 1,  /* one row: the span's last token */
+    QD_LOGITS_ALL = 2    /* one row per token of the span */
+} qd_logits_mode;
+
+/* One span of a ragged batch: tokens appended to a sequence. A batch may mix
+ * prefill spans (many tokens) and decode spans (one token); each sequence may
+ * appear at most once per batch. */
+typedef struct qd_span {
+    int seq;
+    const int32_t *tokens;
+    int n_tokens;
+    qd_logits_mode logits;
+} qd_span;
+
+/* Runs one forward pass over a ragged batch. Logit rows are written to `logits`
+ * (vocab_size floats each) in span order; it may be NULL if no span wants logits. */
+qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* QDELTA_H */

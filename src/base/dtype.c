@@ -1,0 +1,96 @@
+#include "base/dtype.h"
+
+#include <math.h>
+
+static const struct { const char *name; size_t size; } k_dtypes[QD_DTYPE_COUNT] = {
+    [QD_DTYPE_F32] = {"F32", 4},     [QD_DTYPE_BF16] = {"BF16", 2}, [QD_DTYPE_F16] = {"F16", 2},
+    [QD_DTYPE_F8_E4M3] = {"F8_E4M3", 1}, [QD_DTYPE_I32] = {"I32", 4}, [QD_DTYPE_I64] = {"I64", 8},
+    [QD_DTYPE_U8] = {"U8", 1},
+};
+
+size_t qd_dtype_size(qd_dtype t) { return (unsigned)t < QD_DTYPE_COUNT ? k_dtypes[t].size : 0; }
+const char *qd_dtype_name(qd_dtype t) { return (unsigned)t < QD_DTYPE_COUNT ? k_dtypes[t].name : "?"; }
+
+int qd_dtype_parse(const char *s) {
+    for (int i = 0; i < QD_DTYPE_COUNT; i++)
+        if (strcmp(s, k_dtypes[i].name) == 0) return i;
+    return -1;
+}
+
+float qd_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31;
+    int exp = (h >> 10) & 0x1f;
+    uint32_t mant = h & 0x3ff;
+    float f;
+    if (exp == 0) {
+        f = ldexpf((float)mant, -24);
+        return sign ? -f : f;
+    }
+    uint32_t u;
+    if (exp == 31) u = sign | 0x7f800000u | (mant << 13);
+    else u = sign | ((uint32_t)(exp - 15 + 127) << 23) | (mant << 13);
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t qd_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    float a = fabsf(f);
+    if (isnan(f)) return sign | 0x7e00;
+    if (a >= 65520.0f) return sign | 0x7c00;
+    if (a < 6.103515625e-05f) { /* subnormal: round to multiple of 2^-24 */
+        return sign | (uint16_t)lrintf(a * 16777216.0f);
+    }
+    int e;
+    float m = frexpf(a, &e); /* a = m * 2^e, m in [0.5,1) */
+    uint32_t mant = (uint32_t)lrintf((m * 2.0f - 1.0f) * 1024.0f);
+    int exp = e - 1 + 15;
+    if (mant == 1024) { mant = 0; exp++; }
+    if (exp >= 31) return sign | 0x7c00;
+    return sign | (uint16_t)(exp << 10) | (uint16_t)mant;
+}
+
+float qd_f8e4m3_to_f32(uint8_t v) {
+    /* OCP FP8 E4M3 (fn): bias 7, no infinities, 0x7f/0xff are NaN. */
+    int sign = v >> 7;
+    int exp = (v >> 3) & 0xf;
+    int mant = v & 0x7;
+    float f;
+    if (exp == 0xf && mant == 0x7) return NAN;
+    if (exp == 0) f = ldexpf((float)mant, -9);
+    else f = ldexpf(1.0f + mant / 8.0f, exp - 7);
+    return sign ? -f : f;
+}
+
+void qd_convert_to_f32(qd_dtype t, const void *src, float *dst, size_t n) {
+    switch (t) {
+    case QD_DTYPE_F32: memcpy(dst, src, n * 4); break;
+    case QD_DTYPE_BF16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = qd_bf16_to_f32(s[i]);
+    } break;
+    case QD_DTYPE_F16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = qd_f16_to_f32(s[i]);
+    } break;
+    case QD_DTYPE_F8_E4M3: {
+        const uint8_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = qd_f8e4m3_to_f32(s[i]);
+    } break;
+    case QD_DTYPE_I32: {
+        const int32_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = (float)s[i];
+    } break;
+    case QD_DTYPE_I64: {
+        const int64_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = (float)s[i];
+    } break;
+    case QD_DTYPE_U8: {
+        const uint8_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = (float)s[i];
+    } break;
+    default: break;
+    }
+}

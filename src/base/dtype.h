@@ -1,0 +1,48 @@
+/* Storage dtypes and scalar conversions (bf16, f16, f8 e4m3 -> f32). */
+#ifndef QD_BASE_DTYPE_H
+#define QD_BASE_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef enum qd_dtype {
+    QD_DTYPE_F32 = 0,
+    QD_DTYPE_BF16,
+    QD_DTYPE_F16,
+    QD_DTYPE_F8_E4M3,
+    QD_DTYPE_I32,
+    QD_DTYPE_I64,
+    QD_DTYPE_U8,
+    QD_DTYPE_COUNT
+} qd_dtype;
+
+size_t qd_dtype_size(qd_dtype t);
+const char *qd_dtype_name(qd_dtype t);           /* safetensors spelling: "BF16" */
+/* Parses a safetensors dtype string; returns -1 when unknown. */
+int qd_dtype_parse(const char *s);
+
+static inline float qd_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round to nearest even; NaN stays NaN. */
+static inline uint16_t qd_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float qd_f16_to_f32(uint16_t h);
+uint16_t qd_f32_to_f16(float f);
+float qd_f8e4m3_to_f32(uint8_t v);
+
+/* Converts n elements of `src` (dtype t) to float. */
+void qd_convert_to_f32(qd_dtype t, const void *src, float *dst, size_t n);
+
+#endif

@@ -1,0 +1,45 @@
+/* qdelta command-line entry point: dispatches to one function per command. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "qdelta.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command k_commands[] = {
+    {"logits", qd_cmd_logits, "write the logits of every prompt position (raw float32)"},
+    {"run", qd_cmd_run, "generate a continuation of a prompt"},
+    {"bench", qd_cmd_bench, "measure prefill and decode speed"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "qdelta %s: inference for hybrid Gated DeltaNet models (Qwen3-Next, Qwen3.5)\n\n", QDELTA_VERSION);
+    fprintf(f, "usage: qdelta COMMAND [options]   (qdelta COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", k_commands[i].name, k_commands[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("qdelta %s\n", QDELTA_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
+        if (!strcmp(argv[1], k_commands[i].name)) return k_commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "qdelta: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,72 @@
+/* Minimal test harness: CHECK macros that count, and a summary line ctest can read.
+ * A test program returns qd_test_finish(): 0 when every check passed, 1 otherwise,
+ * 77 (ctest "skipped") only through qd_test_skip(). */
+#ifndef QD_TEST_H
+#define QD_TEST_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static int qd_test_passed = 0;
+static int qd_test_failed = 0;
+
+#define CHECK(cond)                                                                \
+    do {                                                                           \
+        if (cond) qd_test_passed++;                                                \
+        else {                                                                     \
+            qd_test_failed++;                                                      \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                          \
+    } while (0)
+
+#define CHECKF(cond, ...)                                                          \
+    do {                                                                           \
+        if (cond) qd_test_passed++;                                                \
+        else {                                                                     \
+            qd_test_failed++;                                                      \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                          \
+            fputc('\n', stderr);                                                   \
+        }                                                                          \
+    } while (0)
+
+static inline int qd_test_finish(const char *name) {
+    printf("%s: %d passed, %d failed\n", name, qd_test_passed, qd_test_failed);
+    return qd_test_failed ? 1 : 0;
+}
+
+static inline int qd_test_skip(const char *name, const char *why) {
+    printf("%s: skipped: %s\n", name, why);
+    return 77;
+}
+
+/* Deterministic xorshift RNG for test inputs; seed from the environment
+ * (QD_TEST_SEED) or time, printed so a failure can be replayed. */
+typedef struct { uint64_t s; } qd_test_rng;
+
+static inline uint64_t qd_test_next(qd_test_rng *r) {
+    uint64_t x = r->s;
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    return r->s = x;
+}
+static inline float qd_test_uniform(qd_test_rng *r) {  /* [-1, 1) */
+    return (float)((qd_test_next(r) >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
+}
+static inline float qd_test_normal(qd_test_rng *r) {
+    double u1 = ((qd_test_next(r) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+    double u2 = (qd_test_next(r) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+static inline qd_test_rng qd_test_rng_from_env(void) {
+    const char *e = getenv("QD_TEST_SEED");
+    uint64_t seed = e ? strtoull(e, NULL, 0) : (uint64_t)time(NULL);
+    if (!seed) seed = 0x9e3779b97f4a7c15ull;
+    fprintf(stderr, "QD_TEST_SEED=%llu\n", (unsigned long long)seed);
+    qd_test_rng r = {seed * 0x9e3779b97f4a7c15ull | 1};
+    return r;
+}
+
+#endif
