@@ -1,0 +1,40 @@
+/* Helpers shared by CLI commands: option parsing, model loading with a progress bar,
+ * id lists. */
+#ifndef QD_CLI_COMMON_H
+#define QD_CLI_COMMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "qdelta.h"
+
+/* Options every model-running command accepts. */
+typedef struct cli_model_opts {
+    const char *model_dir;      /* -m / --model */
+    qd_load_format load_format; /* --load-format auto|dummy */
+    qd_backend_kind backend;    /* --backend cpu|cuda */
+    int threads;                /* -t / --threads */
+    bool quiet;                 /* no progress bar */
+} cli_model_opts;
+
+/* If argv[*i] is a model option, consumes it (and its value) and returns 1;
+ * returns -1 with a message on a bad value, 0 when not a model option. */
+int cli_parse_model_opt(cli_model_opts *o, int argc, char **argv, int *i);
+/* The value of option argv[*i]; advances *i. NULL (with a message) when missing. */
+const char *cli_value(int argc, char **argv, int *i);
+/* Parses a non-negative int option value; -1 on error (with a message naming the option). */
+int cli_int(const char *opt, const char *v, long min, long max, long *out);
+int cli_double(const char *opt, const char *v, double *out);
+
+/* Loads the model (prints the error and returns NULL on failure). */
+qd_model *cli_load_model(const cli_model_opts *o);
+
+/* Parses whitespace-separated token ids. Returns 0 or -1 (message printed). *ids malloc'd. */
+int cli_parse_ids(const char *text, const char *what, int32_t **ids, int *n);
+/* Reads a whole file into a NUL-terminated malloc'd buffer. NULL on error (message printed). */
+char *cli_read_file(const char *path, size_t *len);
+
+double cli_now(void);
+
+#endif

@@ -1,0 +1,51 @@
+/* Gated full attention (spec 5.2): q (+ per-head sigmoid gate), k, v projections,
+ * zero-centred q/k norms, partial NeoX RoPE, KV cache append, causal GQA attention,
+ * output gate, o_proj. */
+#include <math.h>
+#include <string.h>
+
+#include "model/model.h"
+
+qd_status qd_layer_attn_forward(qd_context *ctx, const qd_layer *L, const qd_span_rt *spans, int n_spans,
+                                int n_rows, const float *x, float *y) {
+    const qd_model *m = ctx->model;
+    const qd_config *c = &m->cfg;
+    const qd_attn_weights *w = &L->attn;
+    qd_scratch *s = &ctx->s;
+    const int nq = c->attn_nq, nkv = c->attn_nkv, hd = c->attn_head_dim;
+    const int qd = nq * hd, kvd = nkv * hd, gated = c->attn_output_gate;
+    const int q_rows = qd * (gated ? 2 : 1);
+
+    qd_cpu_matmul(m->pool, &w->q, x, n_rows, s->proj);   /* [n][nq][(q|gate)] */
+    qd_cpu_matmul(m->pool, &w->k, x, n_rows, s->proj2);  /* [n][nkv][hd] */
+    qd_cpu_matmul(m->pool, &w->v, x, n_rows, s->proj3);  /* [n][nkv][hd] */
+
+    /* split per head [q | gate] into contiguous q (s->u) and gate (s->gate) */
+    for (int r = 0; r < n_rows; r++) {
+        for (int h = 0; h < nq; h++) {
+            const float *src = s->proj + (size_t)r * q_rows + (size_t)h * hd * (gated ? 2 : 1);
+            memcpy(s->u + (size_t)r * qd + (size_t)h * hd, src, sizeof(float) * hd);
+            if (gated) memcpy(s->gate + (size_t)r * qd + (size_t)h * hd, src + hd, sizeof(float) * hd);
+        }
+    }
+    qd_cpu_rmsnorm(s->u, (int64_t)n_rows * nq, hd, hd, w->q_norm, 1.0f, c->rms_norm_eps, s->u, hd);
+    qd_cpu_rmsnorm(s->proj2, (int64_t)n_rows * nkv, hd, hd, w->k_norm, 1.0f, c->rms_norm_eps, s->proj2, hd);
+    qd_cpu_rope_neox(s->u, n_rows, nq, hd, qd, c->rope_dim, c->rope_theta, s->pos);
+    qd_cpu_rope_neox(s->proj2, n_rows, nkv, hd, kvd, c->rope_dim, c->rope_theta, s->pos);
+
+    const size_t layer_kv = (size_t)ctx->params.max_ctx * kvd;
+    for (int i = 0; i < n_spans; i++) {
+        qd_seq_state *q = &ctx->seqs[spans[i].seq];
+        float *kc = q->k_cache + L->state_index * layer_kv;
+        float *vc = q->v_cache + L->state_index * layer_kv;
+        const size_t r0 = (size_t)spans[i].row0;
+        memcpy(kc + (size_t)spans[i].pos0 * kvd, s->proj2 + r0 * kvd, sizeof(float) * kvd * spans[i].T);
+        memcpy(vc + (size_t)spans[i].pos0 * kvd, s->proj3 + r0 * kvd, sizeof(float) * kvd * spans[i].T);
+        qd_cpu_attention(m->pool, s->u + r0 * qd, qd, kc, vc, spans[i].T, spans[i].pos0, nq, nkv, hd,
+                         1.0f / sqrtf((float)hd), s->o + r0 * qd);
+    }
+    if (gated)
+        for (size_t i = 0; i < (size_t)n_rows * qd; i++) s->o[i] *= qd_sigmoid(s->gate[i]);
+    qd_cpu_matmul(m->pool, &w->o, s->o, n_rows, y);
+    return QD_OK;
+}

@@ -1,0 +1,65 @@
+/* Gated DeltaNet layer (spec 3.3): projections, causal conv + SiLU, L2 norm, gates,
+ * delta rule (recurrent for short spans, chunked for long ones), gated RMSNorm,
+ * output projection. Each span carries its own conv and recurrent state. */
+#include <math.h>
+
+#include "model/model.h"
+
+/* Delta-rule implementation by span length: the recurrence wins for a few tokens
+ * (decode, short verify windows); the chunked WY form wins for prefill. */
+typedef void (*gdn_kernel)(qd_threadpool *, qd_gdn_dims, const qd_gdn_span *);
+static const struct { int max_T; gdn_kernel fn; } k_gdn_table[] = {
+    {15, qd_cpu_gdn_recurrent},
+    {1 << 30, qd_cpu_gdn_chunked},
+};
+
+static gdn_kernel pick_gdn_kernel(int T) {
+    for (size_t i = 0; i < sizeof k_gdn_table / sizeof k_gdn_table[0]; i++)
+        if (T <= k_gdn_table[i].max_T) return k_gdn_table[i].fn;
+    return qd_cpu_gdn_chunked;
+}
+
+qd_status qd_layer_gdn_forward(qd_context *ctx, const qd_layer *L, const qd_span_rt *spans, int n_spans,
+                               int n_rows, const float *x, float *y) {
+    const qd_model *m = ctx->model;
+    const qd_config *c = &m->cfg;
+    const qd_gdn_weights *w = &L->gdn;
+    qd_scratch *s = &ctx->s;
+    const int hk = c->gdn_hk, hv = c->gdn_hv, dk = c->gdn_dk, dv = c->gdn_dv, K = c->gdn_conv_kernel;
+    const int key_dim = hk * dk, conv_dim = qd_config_conv_dim(c), value_dim = qd_config_value_dim(c);
+
+    qd_cpu_matmul(m->pool, &w->in_qkv, x, n_rows, s->proj);  /* [n][conv_dim] */
+    qd_cpu_matmul(m->pool, &w->in_z, x, n_rows, s->proj2);   /* [n][value_dim] */
+    qd_cpu_matmul(m->pool, &w->in_b, x, n_rows, s->proj3);   /* [n][hv] */
+    qd_cpu_matmul(m->pool, &w->in_a, x, n_rows, s->proj4);   /* [n][hv] */
+
+    const size_t conv_state = (size_t)conv_dim * (K - 1);
+    const size_t ssm_state = (size_t)hv * dk * dv;
+    for (int i = 0; i < n_spans; i++) {
+        qd_seq_state *q = &ctx->seqs[spans[i].seq];
+        qd_cpu_conv1d_silu(s->proj + (size_t)spans[i].row0 * conv_dim, spans[i].T, conv_dim, conv_dim, w->conv_w, K,
+                           q->conv + L->state_index * conv_state, s->conv_out + (size_t)spans[i].row0 * conv_dim);
+    }
+    qd_cpu_l2norm_heads(s->conv_out, n_rows, hk, dk, conv_dim, 1e-6f, 1.0f / sqrtf((float)dk));
+    qd_cpu_l2norm_heads(s->conv_out + key_dim, n_rows, hk, dk, conv_dim, 1e-6f, 1.0f);
+    qd_cpu_gdn_gates(s->proj4, hv, s->proj3, hv, n_rows, hv, w->A_log, w->dt_bias, s->g, s->beta);
+
+    const qd_gdn_dims dims = {hk, hv, dk, dv};
+    for (int i = 0; i < n_spans; i++) {
+        const size_t r0 = (size_t)spans[i].row0;
+        const float *base = s->conv_out + r0 * conv_dim;
+        qd_gdn_span sp = {
+            .q = base, .q_stride = conv_dim,
+            .k = base + key_dim, .k_stride = conv_dim,
+            .v = base + 2 * key_dim, .v_stride = conv_dim,
+            .g = s->g + r0 * hv, .beta = s->beta + r0 * hv,
+            .S = ctx->seqs[spans[i].seq].ssm + L->state_index * ssm_state,
+            .o = s->o + r0 * value_dim,
+            .T = spans[i].T,
+        };
+        pick_gdn_kernel(spans[i].T)(m->pool, dims, &sp);
+    }
+    qd_cpu_gated_rmsnorm(s->o, s->proj2, w->norm_w, n_rows, hv, dv, c->rms_norm_eps, s->u);
+    qd_cpu_matmul(m->pool, &w->out, s->u, n_rows, y);
+    return QD_OK;
+}

@@ -1,0 +1,112 @@
+/* Mixture of experts (spec 6.2): softmax router over all experts in fp32, top-k,
+ * optional renormalisation, routed SwiGLU experts, plus the shared expert scaled by
+ * a per-token sigmoid gate. Tokens are grouped by expert so each active expert runs
+ * one matmul over its tokens, and all experts of a step share the thread pool. */
+#include <math.h>
+#include <string.h>
+
+#include "model/model.h"
+
+/* Top-k of one token's router probabilities: highest first, ties to the lower index. */
+static void route_token(const float *logits, int E, int k, int renorm, int32_t *sel, float *wsel, float *prob) {
+    float mx = -INFINITY;
+    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
+    float sum = 0.0f;
+    for (int e = 0; e < E; e++) {
+        prob[e] = expf(logits[e] - mx);
+        sum += prob[e];
+    }
+    for (int e = 0; e < E; e++) prob[e] /= sum;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int q = 0; q < j; q++) taken |= sel[q] == e;
+            if (!taken && (best < 0 || prob[e] > prob[best])) best = e;
+        }
+        sel[j] = best;
+        wsel[j] = prob[best];
+    }
+    if (renorm) {
+        float s = 0.0f;
+        for (int j = 0; j < k; j++) s += wsel[j];
+        for (int j = 0; j < k; j++) wsel[j] /= s;
+    }
+}
+
+qd_status qd_layer_moe_forward(qd_context *ctx, const qd_moe_weights *w, int n_rows, const float *x, float *y) {
+    const qd_model *m = ctx->model;
+    const qd_config *c = &m->cfg;
+    qd_threadpool *pool = m->pool;
+    qd_scratch *s = &ctx->s;
+    const int H = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok, I = c->moe_intermediate_size;
+
+    /* shared expert first, straight into y */
+    if (w->has_shared) {
+        QD_TRY(qd_layer_mlp_forward(ctx, &w->shared, n_rows, x, y));
+        qd_cpu_matmul(pool, &w->shared_gate, x, n_rows, s->g); /* [n][1] */
+        for (int r = 0; r < n_rows; r++) {
+            float gsig = qd_sigmoid(s->g[r]);
+            for (int i = 0; i < H; i++) y[(size_t)r * H + i] *= gsig;
+        }
+    } else {
+        memset(y, 0, sizeof(float) * (size_t)n_rows * H);
+    }
+
+    /* route: router logits, then per token softmax + top-k */
+    qd_cpu_matmul(pool, &w->router, x, n_rows, s->router);
+    for (int r = 0; r < n_rows; r++)
+        route_token(s->router + (size_t)r * E, E, k, c->norm_topk_prob, s->moe_sel + (size_t)r * k,
+                    s->moe_w + (size_t)r * k, s->moe_prob);
+
+    /* group (token, slot) pairs by expert with a counting sort */
+    int32_t *count = (int32_t *)s->router; /* router logits are consumed: reuse the space */
+    memset(count, 0, sizeof(int32_t) * (size_t)(E + 1));
+    for (int i = 0; i < n_rows * k; i++) count[s->moe_sel[i] + 1]++;
+    for (int e = 0; e < E; e++) count[e + 1] += count[e];  /* count[e] = first slot of expert e */
+    int32_t *cursor = count + E + 1;
+    memcpy(cursor, count, sizeof(int32_t) * (size_t)E);
+    for (int i = 0; i < n_rows * k; i++) s->moe_order[cursor[s->moe_sel[i]]++] = i;
+    for (int j = 0; j < n_rows * k; j++)
+        memcpy(s->moe_x + (size_t)j * H, x + (size_t)(s->moe_order[j] / k) * H, sizeof(float) * H);
+
+    /* gate and up products for every active expert in one batch, then down */
+    qd_matmul_item items[2 * 1024];
+    int n_items = 0, base_e = 0;
+    while (base_e < E) {
+        n_items = 0;
+        int e = base_e;
+        for (; e < E && n_items + 2 <= (int)(sizeof items / sizeof items[0]); e++) {
+            int n = count[e + 1] - count[e];
+            if (!n) continue;
+            size_t off = (size_t)count[e];
+            items[n_items++] = (qd_matmul_item){&w->experts[e].gate, s->moe_x + off * H, n, s->ffn_a + off * I};
+            items[n_items++] = (qd_matmul_item){&w->experts[e].up, s->moe_x + off * H, n, s->ffn_b + off * I};
+        }
+        qd_cpu_matmul_batch(pool, items, n_items);
+        base_e = e;
+    }
+    qd_cpu_silu_mul(s->ffn_a, s->ffn_b, (int64_t)n_rows * k * I, s->ffn_a);
+    base_e = 0;
+    while (base_e < E) {
+        n_items = 0;
+        int e = base_e;
+        for (; e < E && n_items + 1 <= (int)(sizeof items / sizeof items[0]); e++) {
+            int n = count[e + 1] - count[e];
+            if (!n) continue;
+            size_t off = (size_t)count[e];
+            items[n_items++] = (qd_matmul_item){&w->experts[e].down, s->ffn_a + off * I, n, s->moe_y + off * H};
+        }
+        qd_cpu_matmul_batch(pool, items, n_items);
+        base_e = e;
+    }
+    /* weighted scatter-add back to tokens */
+    for (int j = 0; j < n_rows * k; j++) {
+        int pair = s->moe_order[j];
+        float wgt = s->moe_w[pair];
+        float *yr = y + (size_t)(pair / k) * H;
+        const float *src = s->moe_y + (size_t)j * H;
+        for (int i = 0; i < H; i++) yr[i] += wgt * src[i];
+    }
+    return QD_OK;
+}

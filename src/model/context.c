@@ -1,0 +1,132 @@
+/* Context: per-sequence state (GDN conv + recurrent state, KV cache) and the scratch
+ * of one forward, all sized at creation so that qd_forward never allocates. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/arena.h"
+#include "model/model.h"
+
+qd_context_params qd_context_default_params(void) {
+    qd_context_params p = {.max_seqs = 1, .max_ctx = 4096, .max_batch = 512};
+    return p;
+}
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+/* Lays out (or, with base == NULL, measures) the scratch buffers for B tokens. */
+static size_t plan_scratch(const qd_config *c, size_t B, unsigned char *base, qd_scratch *s) {
+    const size_t H = (size_t)c->hidden_size, conv_dim = (size_t)qd_config_conv_dim(c);
+    const size_t value_dim = (size_t)qd_config_value_dim(c), hv = (size_t)c->gdn_hv;
+    const size_t qd = (size_t)c->attn_nq * (size_t)c->attn_head_dim, kvd = (size_t)c->attn_nkv * (size_t)c->attn_head_dim;
+    const size_t q_rows = qd * (c->attn_output_gate ? 2 : 1);
+    const size_t k_top = (size_t)(c->n_experts > 0 ? c->n_experts_per_tok : 0);
+    size_t ffn = max_sz((size_t)c->intermediate_size, (size_t)c->shared_expert_intermediate_size);
+    ffn = max_sz(ffn, k_top * (size_t)c->moe_intermediate_size);
+    size_t off = 0;
+#define CARVE(field, type, count)                                        \
+    do {                                                                 \
+        size_t bytes_ = ((count) * sizeof(type) + 63) / 64 * 64;         \
+        if (base) s->field = (type *)(base + off);                       \
+        off += bytes_;                                                   \
+    } while (0)
+    CARVE(h, float, B * H);
+    CARVE(x, float, B * H);
+    CARVE(y, float, B * H);
+    CARVE(proj, float, B * max_sz(conv_dim, q_rows));
+    CARVE(proj2, float, B * max_sz(value_dim, kvd));
+    CARVE(proj3, float, B * max_sz(hv, kvd));
+    CARVE(proj4, float, B * hv);
+    CARVE(conv_out, float, B * conv_dim);
+    CARVE(g, float, B * hv + B);
+    CARVE(beta, float, B * hv);
+    CARVE(o, float, B * max_sz(value_dim, qd));
+    CARVE(u, float, B * max_sz(value_dim, qd));
+    CARVE(gate, float, B * qd);
+    CARVE(ffn_a, float, B * ffn);
+    CARVE(ffn_b, float, B * ffn);
+    CARVE(ffn_c, float, B * ffn);
+    CARVE(moe_x, float, B * k_top * H);
+    CARVE(moe_y, float, B * k_top * H);
+    CARVE(router, float, B * (size_t)c->n_experts + 2 * (size_t)c->n_experts + 2);
+    CARVE(moe_prob, float, (size_t)c->n_experts + 1);
+    CARVE(moe_sel, int32_t, B * k_top);
+    CARVE(moe_w, float, B * k_top);
+    CARVE(moe_order, int32_t, B * k_top);
+    CARVE(pos, int32_t, B);
+#undef CARVE
+    return off;
+}
+
+qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_context **out) {
+    *out = NULL;
+    if (!m) return QD_ERR_INVALID_ARG;
+    qd_context_params p = params ? *params : qd_context_default_params();
+    if (p.max_seqs < 1 || p.max_ctx < 1 || p.max_batch < 1)
+        return qd_seterr(&m->err, QD_ERR_INVALID_ARG, "context params must be positive (max_seqs %d, max_ctx %d, max_batch %d)",
+                         p.max_seqs, p.max_ctx, p.max_batch);
+    const qd_config *c = &m->cfg;
+    qd_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory for a context");
+    ctx->model = m;
+    ctx->params = p;
+    size_t bytes = plan_scratch(c, (size_t)p.max_batch, NULL, &ctx->s);
+    ctx->scratch_block = qd_aligned_alloc(bytes);
+    ctx->seqs = calloc((size_t)p.max_seqs, sizeof(qd_seq_state));
+    ctx->spans_rt = calloc((size_t)p.max_seqs, sizeof(qd_span_rt));
+    if (!ctx->scratch_block || !ctx->seqs || !ctx->spans_rt) goto oom;
+    plan_scratch(c, (size_t)p.max_batch, ctx->scratch_block, &ctx->s);
+    const size_t conv = (size_t)m->n_gdn * qd_config_conv_dim(c) * (size_t)(c->gdn_conv_kernel - 1);
+    const size_t ssm = (size_t)m->n_gdn * c->gdn_hv * c->gdn_dk * c->gdn_dv;
+    const size_t kv = (size_t)m->n_attn * p.max_ctx * c->attn_nkv * c->attn_head_dim;
+    for (int i = 0; i < p.max_seqs; i++) {
+        qd_seq_state *q = &ctx->seqs[i];
+        q->conv = qd_aligned_calloc(conv * sizeof(float));
+        q->ssm = qd_aligned_calloc(ssm * sizeof(float));
+        q->k_cache = qd_aligned_alloc(kv * sizeof(float));
+        q->v_cache = qd_aligned_alloc(kv * sizeof(float));
+        if (!q->conv || !q->ssm || !q->k_cache || !q->v_cache) goto oom;
+    }
+    *out = ctx;
+    return QD_OK;
+oom:
+    qd_context_free(ctx);
+    return qd_seterr(&m->err, QD_ERR_OOM,
+                     "out of memory creating a context (max_seqs %d, max_ctx %d, max_batch %d)", p.max_seqs,
+                     p.max_ctx, p.max_batch);
+}
+
+void qd_context_free(qd_context *ctx) {
+    if (!ctx) return;
+    if (ctx->seqs) {
+        for (int i = 0; i < ctx->params.max_seqs; i++) {
+            qd_aligned_free(ctx->seqs[i].conv);
+            qd_aligned_free(ctx->seqs[i].ssm);
+            qd_aligned_free(ctx->seqs[i].k_cache);
+            qd_aligned_free(ctx->seqs[i].v_cache);
+        }
+    }
+    free(ctx->seqs);
+    free(ctx->spans_rt);
+    qd_aligned_free(ctx->scratch_block);
+    free(ctx);
+}
+
+const char *qd_context_errmsg(const qd_context *ctx) { return ctx ? ctx->err.msg : "no context"; }
+
+qd_status qd_seq_reset(qd_context *ctx, int seq) {
+    if (seq < 0 || seq >= ctx->params.max_seqs)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, ctx->params.max_seqs);
+    const qd_model *m = ctx->model;
+    const qd_config *c = &m->cfg;
+    qd_seq_state *q = &ctx->seqs[seq];
+    memset(q->conv, 0, (size_t)m->n_gdn * qd_config_conv_dim(c) * (size_t)(c->gdn_conv_kernel - 1) * sizeof(float));
+    memset(q->ssm, 0, (size_t)m->n_gdn * c->gdn_hv * c->gdn_dk * c->gdn_dv * sizeof(float));
+    q->length = 0;
+    return QD_OK;
+}
+
+int qd_seq_length(const qd_context *ctx, int seq) {
+    if (!ctx || seq < 0 || seq >= ctx->params.max_seqs) return -1;
+    return ctx->seqs[seq].length;
+}

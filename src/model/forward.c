@@ -1,0 +1,100 @@
+/* One forward pass over a ragged batch: prefill spans, decode spans and mixes of
+ * both go through the same code; layers see packed rows plus span boundaries. */
+#include <string.h>
+
+#include "model/model.h"
+
+static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd_span_rt *rt, int *n_rows,
+                          int *n_logit_rows) {
+    const qd_model *m = ctx->model;
+    const qd_context_params *p = &ctx->params;
+    if (n_spans < 1) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "empty batch");
+    if (n_spans > p->max_seqs)
+        return qd_seterr(&ctx->err, QD_ERR_CAPACITY, "%d spans but the context has %d sequence slots", n_spans, p->max_seqs);
+    int rows = 0, logit_rows = 0;
+    for (int i = 0; i < n_spans; i++) {
+        const qd_span *s = &spans[i];
+        if (s->seq < 0 || s->seq >= p->max_seqs)
+            return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "span %d: sequence %d out of range [0, %d)", i, s->seq, p->max_seqs);
+        for (int j = 0; j < i; j++)
+            if (spans[j].seq == s->seq)
+                return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "sequence %d appears twice in one batch", s->seq);
+        if (s->n_tokens < 1 || !s->tokens)
+            return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "span %d (sequence %d) has no tokens", i, s->seq);
+        for (int t = 0; t < s->n_tokens; t++)
+            if (s->tokens[t] < 0 || s->tokens[t] >= m->cfg.vocab_size)
+                return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "token id %d at position %d of span %d is out of range [0, %d)",
+                                 s->tokens[t], t, i, m->cfg.vocab_size);
+        int len = ctx->seqs[s->seq].length;
+        if (s->n_tokens > p->max_ctx - len)
+            return qd_seterr(&ctx->err, QD_ERR_CAPACITY, "sequence %d: %d + %d tokens exceed the context length %d",
+                             s->seq, len, s->n_tokens, p->max_ctx);
+        if (s->n_tokens > p->max_batch - rows)
+            return qd_seterr(&ctx->err, QD_ERR_CAPACITY, "batch of more than %d tokens (max_batch)", p->max_batch);
+        rt[i] = (qd_span_rt){s->seq, rows, s->n_tokens, len};
+        rows += s->n_tokens;
+        if (s->logits == QD_LOGITS_ALL) logit_rows += s->n_tokens;
+        else if (s->logits == QD_LOGITS_LAST) logit_rows += 1;
+        else if (s->logits != QD_LOGITS_NONE)
+            return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "span %d: unknown logits mode %d", i, (int)s->logits);
+    }
+    *n_rows = rows;
+    *n_logit_rows = logit_rows;
+    return QD_OK;
+}
+
+static void embed_rows(const qd_model *m, const qd_span *spans, int n_spans, float *h) {
+    const int H = m->cfg.hidden_size;
+    const size_t esz = qd_dtype_size(m->embed.dtype);
+    int r = 0;
+    for (int i = 0; i < n_spans; i++)
+        for (int t = 0; t < spans[i].n_tokens; t++, r++)
+            qd_convert_to_f32(m->embed.dtype, (const unsigned char *)m->embed.data + (size_t)spans[i].tokens[t] * H * esz,
+                              h + (size_t)r * H, (size_t)H);
+}
+
+static void add_rows(float *h, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h[i] += y[i];
+}
+
+qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits) {
+    if (!ctx) return QD_ERR_INVALID_ARG;
+    qd_model *m = ctx->model;
+    const qd_config *c = &m->cfg;
+    qd_scratch *s = &ctx->s;
+    qd_span_rt *rt = ctx->spans_rt;
+    int n_rows, n_logit_rows;
+    QD_TRY(validate(ctx, spans, n_spans, rt, &n_rows, &n_logit_rows));
+    if (n_logit_rows > 0 && !logits) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
+
+    const int H = c->hidden_size;
+    for (int i = 0; i < n_spans; i++)
+        for (int t = 0; t < rt[i].T; t++) s->pos[rt[i].row0 + t] = rt[i].pos0 + t;
+    embed_rows(m, spans, n_spans, s->h);
+
+    for (int L = 0; L < c->n_layers; L++) {
+        const qd_layer *ly = &m->layers[L];
+        qd_cpu_rmsnorm(s->h, n_rows, H, H, ly->input_norm, 1.0f, c->rms_norm_eps, s->x, H);
+        if (ly->kind == QD_LAYER_GDN) QD_TRY(qd_layer_gdn_forward(ctx, ly, rt, n_spans, n_rows, s->x, s->y));
+        else QD_TRY(qd_layer_attn_forward(ctx, ly, rt, n_spans, n_rows, s->x, s->y));
+        add_rows(s->h, s->y, (int64_t)n_rows * H);
+        qd_cpu_rmsnorm(s->h, n_rows, H, H, ly->post_norm, 1.0f, c->rms_norm_eps, s->x, H);
+        if (ly->ffn_kind == QD_FFN_MOE) QD_TRY(qd_layer_moe_forward(ctx, &ly->moe, n_rows, s->x, s->y));
+        else QD_TRY(qd_layer_mlp_forward(ctx, &ly->mlp, n_rows, s->x, s->y));
+        add_rows(s->h, s->y, (int64_t)n_rows * H);
+    }
+    for (int i = 0; i < n_spans; i++) ctx->seqs[rt[i].seq].length += rt[i].T;
+
+    if (n_logit_rows == 0) return QD_OK;
+    /* gather the rows that want logits, final norm, LM head */
+    int lr = 0;
+    for (int i = 0; i < n_spans; i++) {
+        int first = spans[i].logits == QD_LOGITS_ALL ? 0 : rt[i].T - 1;
+        if (spans[i].logits == QD_LOGITS_NONE) continue;
+        for (int t = first; t < rt[i].T; t++, lr++)
+            qd_cpu_rmsnorm(s->h + (size_t)(rt[i].row0 + t) * H, 1, H, H, m->final_norm, 1.0f, c->rms_norm_eps,
+                           s->x + (size_t)lr * H, H);
+    }
+    qd_cpu_matmul(m->pool, &m->lm_head, s->x, n_logit_rows, logits);
+    return QD_OK;
+}

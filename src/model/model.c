@@ -1,0 +1,176 @@
+/* Model lifetime: load (config, weights, thread pool), accessors, accounting. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/arena.h"
+#include "base/log.h"
+#include "model/model.h"
+
+qd_model_params qd_model_default_params(void) {
+    qd_model_params p;
+    memset(&p, 0, sizeof p);
+    p.load_format = QD_LOAD_AUTO;
+    p.backend = QD_BACKEND_CPU;
+    p.seed = 0x5eed;
+    return p;
+}
+
+void *qd_model_own(qd_model *m, void *p) {
+    if (!p) return NULL;
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? m->cap_owned * 2 : 256;
+        void **n = realloc(m->owned, sizeof(void *) * (size_t)cap);
+        if (!n) {
+            qd_aligned_free(p);
+            return NULL;
+        }
+        m->owned = n;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    return p;
+}
+
+void *qd_model_alloc(qd_model *m, size_t bytes) { return qd_model_own(m, qd_aligned_alloc(bytes)); }
+
+static int64_t weight_bytes(const qd_weight *w) { return w->rows * w->cols * (int64_t)qd_dtype_size(w->dtype); }
+static int64_t mlp_bytes(const qd_mlp_weights *w) {
+    return weight_bytes(&w->gate) + weight_bytes(&w->up) + weight_bytes(&w->down);
+}
+
+void qd_model_account(qd_model *m) {
+    const qd_config *c = &m->cfg;
+    int64_t total = 0, active = 0, params = 0;
+    const int64_t H = c->hidden_size;
+#define ADD_W(w, is_active)                                                   \
+    do {                                                                      \
+        int64_t b_ = weight_bytes(w);                                         \
+        total += b_;                                                          \
+        params += (w)->rows * (w)->cols;                                      \
+        if (is_active) active += b_;                                          \
+    } while (0)
+    ADD_W(&m->embed, 0);
+    if (!c->tie_word_embeddings) ADD_W(&m->lm_head, 1);
+    else active += weight_bytes(&m->lm_head);
+    params += H;
+    for (int L = 0; L < c->n_layers; L++) {
+        const qd_layer *ly = &m->layers[L];
+        params += 2 * H;
+        if (ly->kind == QD_LAYER_GDN) {
+            const qd_gdn_weights *g = &ly->gdn;
+            ADD_W(&g->in_qkv, 1); ADD_W(&g->in_z, 1); ADD_W(&g->in_b, 1); ADD_W(&g->in_a, 1); ADD_W(&g->out, 1);
+            params += (int64_t)qd_config_conv_dim(c) * c->gdn_conv_kernel + 2 * c->gdn_hv + c->gdn_dv;
+        } else {
+            const qd_attn_weights *a = &ly->attn;
+            ADD_W(&a->q, 1); ADD_W(&a->k, 1); ADD_W(&a->v, 1); ADD_W(&a->o, 1);
+            params += 2 * c->attn_head_dim;
+        }
+        if (ly->ffn_kind == QD_FFN_DENSE) {
+            ADD_W(&ly->mlp.gate, 1); ADD_W(&ly->mlp.up, 1); ADD_W(&ly->mlp.down, 1);
+        } else {
+            const qd_moe_weights *w = &ly->moe;
+            ADD_W(&w->router, 1);
+            for (int e = 0; e < c->n_experts; e++) {
+                ADD_W(&w->experts[e].gate, 0); ADD_W(&w->experts[e].up, 0); ADD_W(&w->experts[e].down, 0);
+            }
+            if (c->n_experts > 0) active += mlp_bytes(&w->experts[0]) * c->n_experts_per_tok;
+            if (w->has_shared) {
+                ADD_W(&w->shared.gate, 1); ADD_W(&w->shared.up, 1); ADD_W(&w->shared.down, 1);
+                ADD_W(&w->shared_gate, 1);
+            }
+        }
+    }
+#undef ADD_W
+    m->n_params = params;
+    m->weight_bytes = total;
+    m->active_weight_bytes = active;
+    snprintf(m->describe, sizeof m->describe,
+             "%s: %d layers (%d GDN, %d attention), hidden %d, GDN heads %d/%d (dk %d, dv %d), "
+             "attention heads %d/%d (head_dim %d, rope %d), %s, vocab %d, %.3f B params",
+             c->model_type, c->n_layers, m->n_gdn, m->n_attn, c->hidden_size, c->gdn_hk, c->gdn_hv, c->gdn_dk,
+             c->gdn_dv, c->attn_nq, c->attn_nkv, c->attn_head_dim, c->rope_dim,
+             c->n_experts > 0 ? "MoE" : "dense FFN", c->vocab_size, (double)params / 1e9);
+}
+
+static qd_status model_init_layers(qd_model *m, qd_err *err) {
+    const qd_config *c = &m->cfg;
+    m->layers = qd_model_alloc(m, sizeof(qd_layer) * (size_t)c->n_layers);
+    if (!m->layers) return qd_seterr(err, QD_ERR_OOM, "out of memory for %d layers", c->n_layers);
+    memset(m->layers, 0, sizeof(qd_layer) * (size_t)c->n_layers);
+    for (int L = 0; L < c->n_layers; L++) {
+        qd_layer *ly = &m->layers[L];
+        ly->kind = c->layer_kind[L];
+        ly->ffn_kind = c->ffn_kind[L];
+        ly->state_index = ly->kind == QD_LAYER_GDN ? m->n_gdn++ : m->n_attn++;
+    }
+    if (c->gdn_conv_kernel < 1 || c->gdn_conv_kernel > 16)
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "linear_conv_kernel_dim %d: supported range is 1..16",
+                         c->gdn_conv_kernel);
+    return QD_OK;
+}
+
+qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *errbuf, size_t err_size) {
+    *out = NULL;
+    qd_err err;
+    qd_err_clear(&err);
+    qd_status s = QD_OK;
+    qd_model *m = NULL;
+    if (!params || !params->path) {
+        s = qd_seterr(&err, QD_ERR_INVALID_ARG, "no model directory given");
+        goto fail;
+    }
+    if (params->backend != QD_BACKEND_CPU) {
+        s = qd_seterr(&err, QD_ERR_UNSUPPORTED, "this build has only the CPU backend");
+        goto fail;
+    }
+    m = calloc(1, sizeof *m);
+    if (!m) {
+        s = qd_seterr(&err, QD_ERR_OOM, "out of memory");
+        goto fail;
+    }
+    if ((s = qd_config_load(params->path, &m->cfg, &err)) != QD_OK) goto fail;
+    if ((s = model_init_layers(m, &err)) != QD_OK) goto fail;
+    m->pool = qd_threadpool_create(params->n_threads);
+    if (!m->pool) {
+        s = qd_seterr(&err, QD_ERR_OOM, "could not start the thread pool");
+        goto fail;
+    }
+    if (params->progress) params->progress(0.0f, params->progress_user);
+    if (params->load_format == QD_LOAD_DUMMY) {
+        s = qd_model_bind_dummy(m, params->seed, &err);
+    } else {
+        if ((s = qd_st_open_dir(params->path, &m->st, &err)) != QD_OK) goto fail;
+        s = qd_model_bind_checkpoint(m, &err);
+    }
+    if (s != QD_OK) goto fail;
+    qd_model_account(m);
+    if (params->progress) params->progress(1.0f, params->progress_user);
+    *out = m;
+    return QD_OK;
+fail:
+    if (errbuf && err_size) snprintf(errbuf, err_size, "%s", err.msg);
+    qd_model_free(m);
+    return s;
+}
+
+void qd_model_free(qd_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_owned; i++) qd_aligned_free(m->owned[i]);
+    free(m->owned);
+    qd_st_close(m->st);
+    qd_threadpool_free(m->pool);
+    free(m);
+}
+
+const char *qd_model_errmsg(const qd_model *m) { return m ? m->err.msg : "no model"; }
+int qd_model_vocab_size(const qd_model *m) { return m->cfg.vocab_size; }
+int qd_model_n_layers(const qd_model *m) { return m->cfg.n_layers; }
+const char *qd_model_type(const qd_model *m) {
+    static const char *names[] = {"qwen3_next", "qwen3_5", "qwen3_5_moe"};
+    return names[m->cfg.arch];
+}
+int64_t qd_model_n_params(const qd_model *m) { return m->n_params; }
+int64_t qd_model_weight_bytes(const qd_model *m) { return m->weight_bytes; }
+int64_t qd_model_active_weight_bytes(const qd_model *m) { return m->active_weight_bytes; }
+const char *qd_model_describe(const qd_model *m) { return m->describe; }

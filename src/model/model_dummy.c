@@ -1,0 +1,110 @@
+/* --load-format dummy: weights drawn at load from config.json alone, in BF16, with
+ * scales that keep activations in a sane range. For benchmarks at real shapes. */
+#include <math.h>
+#include <string.h>
+
+#include "model/model.h"
+
+typedef struct {
+    uint16_t *dst;
+    int64_t n;
+    float scale;
+    uint64_t seed;
+} fill_job;
+
+static inline uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void fill_worker(void *user, int64_t begin, int64_t end, int worker) {
+    const fill_job *j = user;
+    /* each block of 4096 elements has its own stream so the result does not depend on threads */
+    for (int64_t blk = begin; blk < end; blk++) {
+        uint64_t s = j->seed ^ ((uint64_t)blk * 0xd1b54a32d192ed03ull);
+        int64_t lo = blk * 4096, hi = lo + 4096 < j->n ? lo + 4096 : j->n;
+        for (int64_t i = lo; i < hi; i++) {
+            float u = (float)((splitmix(&s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+            j->dst[i] = qd_f32_to_bf16(u * j->scale);
+        }
+    }
+}
+
+static qd_status rand_matrix(qd_model *m, qd_weight *w, int64_t rows, int64_t cols, uint64_t *seed, qd_err *err) {
+    uint16_t *d = qd_model_alloc(m, (size_t)(rows * cols) * 2);
+    if (!d) return qd_seterr(err, QD_ERR_OOM, "out of memory for a %lldx%lld dummy weight", (long long)rows, (long long)cols);
+    fill_job j = {d, rows * cols, sqrtf(3.0f / (float)cols), splitmix(seed)};
+    qd_parallel_for(m->pool, (j.n + 4095) / 4096, 16, fill_worker, &j);
+    *w = (qd_weight){QD_DTYPE_BF16, rows, cols, d};
+    return QD_OK;
+}
+
+static qd_status const_vector(qd_model *m, float **out, int64_t n, float value, qd_err *err) {
+    float *v = qd_model_alloc(m, (size_t)n * sizeof(float));
+    if (!v) return qd_seterr(err, QD_ERR_OOM, "out of memory");
+    for (int64_t i = 0; i < n; i++) v[i] = value;
+    *out = v;
+    return QD_OK;
+}
+
+static qd_status rand_mlp(qd_model *m, qd_mlp_weights *w, int I, uint64_t *seed, qd_err *err) {
+    const int H = m->cfg.hidden_size;
+    QD_TRY(rand_matrix(m, &w->gate, I, H, seed, err));
+    QD_TRY(rand_matrix(m, &w->up, I, H, seed, err));
+    QD_TRY(rand_matrix(m, &w->down, H, I, seed, err));
+    return QD_OK;
+}
+
+qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_err *err) {
+    const qd_config *c = &m->cfg;
+    const int H = c->hidden_size, hv = c->gdn_hv, hd = c->attn_head_dim;
+    uint64_t s = seed;
+    QD_TRY(rand_matrix(m, &m->embed, c->vocab_size, H, &s, err));
+    if (c->tie_word_embeddings) m->lm_head = m->embed;
+    else QD_TRY(rand_matrix(m, &m->lm_head, c->vocab_size, H, &s, err));
+    QD_TRY(const_vector(m, &m->final_norm, H, 0.0f, err));
+    for (int L = 0; L < c->n_layers; L++) {
+        qd_layer *ly = &m->layers[L];
+        QD_TRY(const_vector(m, &ly->input_norm, H, 0.0f, err));
+        QD_TRY(const_vector(m, &ly->post_norm, H, 0.0f, err));
+        if (ly->kind == QD_LAYER_GDN) {
+            qd_gdn_weights *g = &ly->gdn;
+            const int conv_dim = qd_config_conv_dim(c);
+            QD_TRY(rand_matrix(m, &g->in_qkv, conv_dim, H, &s, err));
+            QD_TRY(rand_matrix(m, &g->in_z, qd_config_value_dim(c), H, &s, err));
+            QD_TRY(rand_matrix(m, &g->in_b, hv, H, &s, err));
+            QD_TRY(rand_matrix(m, &g->in_a, hv, H, &s, err));
+            QD_TRY(rand_matrix(m, &g->out, H, qd_config_value_dim(c), &s, err));
+            QD_TRY(const_vector(m, &g->conv_w, (int64_t)conv_dim * c->gdn_conv_kernel, 0.25f, err));
+            QD_TRY(const_vector(m, &g->A_log, hv, 0.0f, err));
+            for (int h = 0; h < hv; h++) g->A_log[h] = logf(1.0f + 15.0f * (float)h / (float)(hv > 1 ? hv - 1 : 1));
+            QD_TRY(const_vector(m, &g->dt_bias, hv, 0.0f, err));
+            QD_TRY(const_vector(m, &g->norm_w, c->gdn_dv, 1.0f, err));
+        } else {
+            qd_attn_weights *a = &ly->attn;
+            QD_TRY(rand_matrix(m, &a->q, (int64_t)c->attn_nq * hd * (c->attn_output_gate ? 2 : 1), H, &s, err));
+            QD_TRY(rand_matrix(m, &a->k, (int64_t)c->attn_nkv * hd, H, &s, err));
+            QD_TRY(rand_matrix(m, &a->v, (int64_t)c->attn_nkv * hd, H, &s, err));
+            QD_TRY(rand_matrix(m, &a->o, H, (int64_t)c->attn_nq * hd, &s, err));
+            QD_TRY(const_vector(m, &a->q_norm, hd, 0.0f, err));
+            QD_TRY(const_vector(m, &a->k_norm, hd, 0.0f, err));
+        }
+        if (ly->ffn_kind == QD_FFN_DENSE) {
+            QD_TRY(rand_mlp(m, &ly->mlp, c->intermediate_size, &s, err));
+        } else {
+            qd_moe_weights *w = &ly->moe;
+            QD_TRY(rand_matrix(m, &w->router, c->n_experts, H, &s, err));
+            w->experts = qd_model_alloc(m, sizeof(qd_mlp_weights) * (size_t)c->n_experts);
+            if (!w->experts) return qd_seterr(err, QD_ERR_OOM, "out of memory for experts");
+            for (int e = 0; e < c->n_experts; e++) QD_TRY(rand_mlp(m, &w->experts[e], c->moe_intermediate_size, &s, err));
+            w->has_shared = c->shared_expert_intermediate_size > 0;
+            if (w->has_shared) {
+                QD_TRY(rand_mlp(m, &w->shared, c->shared_expert_intermediate_size, &s, err));
+                QD_TRY(rand_matrix(m, &w->shared_gate, 1, H, &s, err));
+            }
+        }
+    }
+    return QD_OK;
+}

@@ -1,0 +1,269 @@
+/* Binds a model's weights to the tensors of a safetensors checkpoint.
+ *
+ * Matrices are used as stored (views into the mapping) except Qwen3-Next's
+ * group-interleaved in_proj_qkvz / in_proj_ba, whose rows are permuted once here
+ * into the logical [q | k | v], z, b, a layout (spec 3.2). Small vectors (norms,
+ * gates, conv taps) are converted to fp32. Tensors of the vision tower
+ * (model.visual.*) and the MTP head (mtp.*) are not used and not rejected. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "model/model.h"
+
+typedef struct binder {
+    qd_model *m;
+    const char *prefix;  /* "model." or "model.language_model." */
+    qd_err *err;
+} binder;
+
+static void shape_str(const int64_t *shape, int ndim, char *buf, size_t n) {
+    size_t off = 0;
+    off += (size_t)snprintf(buf + off, n - off, "[");
+    for (int i = 0; i < ndim && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (off < n) snprintf(buf + off, n - off, "]");
+}
+
+static const qd_st_tensor *find_tensor(binder *b, char *name, size_t name_size, const char *fmt, va_list ap) {
+    char rel[256];
+    vsnprintf(rel, sizeof rel, fmt, ap);
+    snprintf(name, name_size, "%s%s", rel[0] == '@' ? "" : b->prefix, rel[0] == '@' ? rel + 1 : rel);
+    return qd_st_find(b->m->st, name);
+}
+
+/* Looks up a tensor and checks its shape. A name starting with '@' is absolute
+ * (no prefix), e.g. "@lm_head.weight". */
+static qd_status get_tensor(binder *b, const qd_st_tensor **out, int ndim, const int64_t *shape, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static qd_status get_tensor(binder *b, const qd_st_tensor **out, int ndim, const int64_t *shape, const char *fmt, ...) {
+    char name[300];
+    va_list ap;
+    va_start(ap, fmt);
+    const qd_st_tensor *t = find_tensor(b, name, sizeof name, fmt, ap);
+    va_end(ap);
+    if (!t) return qd_seterr(b->err, QD_ERR_NOT_FOUND, "missing tensor '%s' in checkpoint", name);
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char want[96], got[96];
+        shape_str(shape, ndim, want, sizeof want);
+        shape_str(t->shape, t->ndim, got, sizeof got);
+        return qd_seterr(b->err, QD_ERR_SHAPE, "tensor '%s' in %s: expected shape %s, got %s", name,
+                         qd_st_file_name(b->m->st, t->file_index), want, got);
+    }
+    *out = t;
+    return QD_OK;
+}
+
+static qd_status check_matrix_dtype(binder *b, const qd_st_tensor *t) {
+    if (t->dtype == QD_DTYPE_F32 || t->dtype == QD_DTYPE_BF16 || t->dtype == QD_DTYPE_F16) return QD_OK;
+    return qd_seterr(b->err, QD_ERR_UNSUPPORTED,
+                     "tensor '%s' has dtype %s; this build computes with F32, BF16 or F16 weights "
+                     "(quantized formats are not supported yet)", t->name, qd_dtype_name(t->dtype));
+}
+
+static qd_status get_matrix(binder *b, qd_weight *w, int64_t rows, int64_t cols, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static qd_status get_matrix(binder *b, qd_weight *w, int64_t rows, int64_t cols, const char *fmt, ...) {
+    char rel[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rel, sizeof rel, fmt, ap);
+    va_end(ap);
+    const qd_st_tensor *t;
+    int64_t shape[2] = {rows, cols};
+    QD_TRY(get_tensor(b, &t, 2, shape, "%s", rel));
+    QD_TRY(check_matrix_dtype(b, t));
+    *w = (qd_weight){t->dtype, rows, cols, t->data};
+    return QD_OK;
+}
+
+/* Reads a tensor of n elements (any of the accepted shapes) into an owned fp32 array. */
+static qd_status get_vector(binder *b, float **out, int ndim, const int64_t *shape, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static qd_status get_vector(binder *b, float **out, int ndim, const int64_t *shape, const char *fmt, ...) {
+    char rel[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rel, sizeof rel, fmt, ap);
+    va_end(ap);
+    const qd_st_tensor *t;
+    QD_TRY(get_tensor(b, &t, ndim, shape, "%s", rel));
+    if (t->dtype != QD_DTYPE_F32 && t->dtype != QD_DTYPE_BF16 && t->dtype != QD_DTYPE_F16)
+        return qd_seterr(b->err, QD_ERR_UNSUPPORTED, "tensor '%s' has dtype %s; expected F32, BF16 or F16",
+                         t->name, qd_dtype_name(t->dtype));
+    float *v = qd_model_alloc(b->m, (size_t)t->n_elements * sizeof(float));
+    if (!v) return qd_seterr(b->err, QD_ERR_OOM, "out of memory converting '%s'", t->name);
+    qd_convert_to_f32(t->dtype, t->data, v, (size_t)t->n_elements);
+    *out = v;
+    return QD_OK;
+}
+
+/* Copies selected rows of a stored matrix into a new owned matrix of the same dtype. */
+typedef struct { int64_t src_row; int64_t n_rows; } row_run;
+
+static qd_status gather_rows(binder *b, const qd_st_tensor *src, const row_run *runs, int n_runs, qd_weight *out) {
+    size_t esz = qd_dtype_size(src->dtype);
+    int64_t cols = src->shape[1];
+    int64_t rows = 0;
+    for (int i = 0; i < n_runs; i++) rows += runs[i].n_rows;
+    unsigned char *dst = qd_model_alloc(b->m, (size_t)(rows * cols) * esz);
+    if (!dst) return qd_seterr(b->err, QD_ERR_OOM, "out of memory de-interleaving '%s'", src->name);
+    int64_t r = 0;
+    for (int i = 0; i < n_runs; i++) {
+        memcpy(dst + (size_t)(r * cols) * esz, (const unsigned char *)src->data + (size_t)(runs[i].src_row * cols) * esz,
+               (size_t)(runs[i].n_rows * cols) * esz);
+        r += runs[i].n_rows;
+    }
+    *out = (qd_weight){src->dtype, rows, cols, dst};
+    return QD_OK;
+}
+
+/* Qwen3-Next: in_proj_qkvz is HK groups of [q_j | k_j | v_{j*r..} | z_{j*r..}] and
+ * in_proj_ba is HK groups of [b_{j*r..} | a_{j*r..}] (spec 3.2). */
+static qd_status bind_gdn_interleaved(binder *b, int L, qd_gdn_weights *g) {
+    const qd_config *c = &b->m->cfg;
+    const int hk = c->gdn_hk, dk = c->gdn_dk, dv = c->gdn_dv, r = c->gdn_hv / c->gdn_hk, H = c->hidden_size;
+    const int64_t group = 2 * dk + 2 * r * dv;
+    const qd_st_tensor *qkvz, *ba;
+    int64_t s1[2] = {hk * group, H}, s2[2] = {2 * c->gdn_hv, H};
+    QD_TRY(get_tensor(b, &qkvz, 2, s1, "layers.%d.linear_attn.in_proj_qkvz.weight", L));
+    QD_TRY(check_matrix_dtype(b, qkvz));
+    QD_TRY(get_tensor(b, &ba, 2, s2, "layers.%d.linear_attn.in_proj_ba.weight", L));
+    QD_TRY(check_matrix_dtype(b, ba));
+
+    row_run runs[3 * 64];
+    if (hk > 64) return qd_seterr(b->err, QD_ERR_UNSUPPORTED, "linear_num_key_heads %d > 64", hk);
+    int n = 0;
+    for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * group, dk};               /* q_j */
+    for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * group + dk, dk};          /* k_j */
+    for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * group + 2 * dk, r * dv};  /* v_{jr..jr+r-1} */
+    QD_TRY(gather_rows(b, qkvz, runs, n, &g->in_qkv));
+    n = 0;
+    for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * group + 2 * dk + r * dv, r * dv}; /* z */
+    QD_TRY(gather_rows(b, qkvz, runs, n, &g->in_z));
+    n = 0;
+    for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * 2 * r, r};  /* b */
+    QD_TRY(gather_rows(b, ba, runs, n, &g->in_b));
+    n = 0;
+    for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * 2 * r + r, r};  /* a */
+    QD_TRY(gather_rows(b, ba, runs, n, &g->in_a));
+    return QD_OK;
+}
+
+static qd_status bind_gdn(binder *b, int L, qd_gdn_weights *g) {
+    const qd_config *c = &b->m->cfg;
+    const int H = c->hidden_size, hv = c->gdn_hv, conv_dim = qd_config_conv_dim(c);
+    const int value_dim = qd_config_value_dim(c), K = c->gdn_conv_kernel;
+    if (c->arch == QD_ARCH_QWEN3_NEXT) {
+        QD_TRY(bind_gdn_interleaved(b, L, g));
+    } else {
+        QD_TRY(get_matrix(b, &g->in_qkv, conv_dim, H, "layers.%d.linear_attn.in_proj_qkv.weight", L));
+        QD_TRY(get_matrix(b, &g->in_z, value_dim, H, "layers.%d.linear_attn.in_proj_z.weight", L));
+        QD_TRY(get_matrix(b, &g->in_b, hv, H, "layers.%d.linear_attn.in_proj_b.weight", L));
+        QD_TRY(get_matrix(b, &g->in_a, hv, H, "layers.%d.linear_attn.in_proj_a.weight", L));
+    }
+    int64_t conv_shape[3] = {conv_dim, 1, K};
+    QD_TRY(get_vector(b, &g->conv_w, 3, conv_shape, "layers.%d.linear_attn.conv1d.weight", L));
+    int64_t s_hv[1] = {hv}, s_dv[1] = {c->gdn_dv};
+    QD_TRY(get_vector(b, &g->A_log, 1, s_hv, "layers.%d.linear_attn.A_log", L));
+    QD_TRY(get_vector(b, &g->dt_bias, 1, s_hv, "layers.%d.linear_attn.dt_bias", L));
+    QD_TRY(get_vector(b, &g->norm_w, 1, s_dv, "layers.%d.linear_attn.norm.weight", L));
+    QD_TRY(get_matrix(b, &g->out, H, value_dim, "layers.%d.linear_attn.out_proj.weight", L));
+    return QD_OK;
+}
+
+static qd_status bind_attn(binder *b, int L, qd_attn_weights *a) {
+    const qd_config *c = &b->m->cfg;
+    const int H = c->hidden_size, hd = c->attn_head_dim;
+    const int64_t q_rows = (int64_t)c->attn_nq * hd * (c->attn_output_gate ? 2 : 1);
+    QD_TRY(get_matrix(b, &a->q, q_rows, H, "layers.%d.self_attn.q_proj.weight", L));
+    QD_TRY(get_matrix(b, &a->k, (int64_t)c->attn_nkv * hd, H, "layers.%d.self_attn.k_proj.weight", L));
+    QD_TRY(get_matrix(b, &a->v, (int64_t)c->attn_nkv * hd, H, "layers.%d.self_attn.v_proj.weight", L));
+    QD_TRY(get_matrix(b, &a->o, H, (int64_t)c->attn_nq * hd, "layers.%d.self_attn.o_proj.weight", L));
+    int64_t s_hd[1] = {hd};
+    QD_TRY(get_vector(b, &a->q_norm, 1, s_hd, "layers.%d.self_attn.q_norm.weight", L));
+    QD_TRY(get_vector(b, &a->k_norm, 1, s_hd, "layers.%d.self_attn.k_norm.weight", L));
+    return QD_OK;
+}
+
+static qd_status bind_mlp(binder *b, qd_mlp_weights *w, int I, const char *base) {
+    const int H = b->m->cfg.hidden_size;
+    QD_TRY(get_matrix(b, &w->gate, I, H, "%s.gate_proj.weight", base));
+    QD_TRY(get_matrix(b, &w->up, I, H, "%s.up_proj.weight", base));
+    QD_TRY(get_matrix(b, &w->down, H, I, "%s.down_proj.weight", base));
+    return QD_OK;
+}
+
+static qd_status bind_moe(binder *b, int L, qd_moe_weights *w) {
+    const qd_config *c = &b->m->cfg;
+    const int H = c->hidden_size, E = c->n_experts, I = c->moe_intermediate_size;
+    QD_TRY(get_matrix(b, &w->router, E, H, "layers.%d.mlp.gate.weight", L));
+    w->experts = qd_model_alloc(b->m, sizeof(qd_mlp_weights) * (size_t)E);
+    if (!w->experts) return qd_seterr(b->err, QD_ERR_OOM, "out of memory for %d experts", E);
+    char name[256];
+    snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", b->prefix, L);
+    if (qd_st_find(b->m->st, name)) {
+        /* fused layout: gate_up_proj [E][2I][H] (gate rows first), down_proj [E][H][I] */
+        const qd_st_tensor *gu, *dn;
+        int64_t s_gu[3] = {E, 2 * I, H}, s_dn[3] = {E, H, I};
+        QD_TRY(get_tensor(b, &gu, 3, s_gu, "layers.%d.mlp.experts.gate_up_proj", L));
+        QD_TRY(check_matrix_dtype(b, gu));
+        QD_TRY(get_tensor(b, &dn, 3, s_dn, "layers.%d.mlp.experts.down_proj", L));
+        QD_TRY(check_matrix_dtype(b, dn));
+        size_t e1 = qd_dtype_size(gu->dtype), e2 = qd_dtype_size(dn->dtype);
+        for (int e = 0; e < E; e++) {
+            const unsigned char *base = (const unsigned char *)gu->data + (size_t)e * 2 * I * H * e1;
+            w->experts[e].gate = (qd_weight){gu->dtype, I, H, base};
+            w->experts[e].up = (qd_weight){gu->dtype, I, H, base + (size_t)I * H * e1};
+            w->experts[e].down = (qd_weight){dn->dtype, H, I, (const unsigned char *)dn->data + (size_t)e * H * I * e2};
+        }
+    } else {
+        for (int e = 0; e < E; e++) {
+            char base[96];
+            snprintf(base, sizeof base, "layers.%d.mlp.experts.%d", L, e);
+            QD_TRY(bind_mlp(b, &w->experts[e], I, base));
+        }
+    }
+    w->has_shared = c->shared_expert_intermediate_size > 0;
+    if (w->has_shared) {
+        char base[96];
+        snprintf(base, sizeof base, "layers.%d.mlp.shared_expert", L);
+        QD_TRY(bind_mlp(b, &w->shared, c->shared_expert_intermediate_size, base));
+        QD_TRY(get_matrix(b, &w->shared_gate, 1, H, "layers.%d.mlp.shared_expert_gate.weight", L));
+    }
+    return QD_OK;
+}
+
+qd_status qd_model_bind_checkpoint(qd_model *m, qd_err *err) {
+    const qd_config *c = &m->cfg;
+    binder b = {m, "model.", err};
+    if (qd_st_find(m->st, "model.language_model.embed_tokens.weight")) b.prefix = "model.language_model.";
+    const int H = c->hidden_size;
+    int64_t s_h[1] = {H};
+
+    QD_TRY(get_matrix(&b, &m->embed, c->vocab_size, H, "embed_tokens.weight"));
+    QD_TRY(get_vector(&b, &m->final_norm, 1, s_h, "norm.weight"));
+    if (c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+    } else {
+        QD_TRY(get_matrix(&b, &m->lm_head, c->vocab_size, H, "@lm_head.weight"));
+    }
+    for (int L = 0; L < c->n_layers; L++) {
+        qd_layer *ly = &m->layers[L];
+        QD_TRY(get_vector(&b, &ly->input_norm, 1, s_h, "layers.%d.input_layernorm.weight", L));
+        QD_TRY(get_vector(&b, &ly->post_norm, 1, s_h, "layers.%d.post_attention_layernorm.weight", L));
+        if (ly->kind == QD_LAYER_GDN) QD_TRY(bind_gdn(&b, L, &ly->gdn));
+        else QD_TRY(bind_attn(&b, L, &ly->attn));
+        if (ly->ffn_kind == QD_FFN_MOE) {
+            QD_TRY(bind_moe(&b, L, &ly->moe));
+        } else {
+            char base[64];
+            snprintf(base, sizeof base, "layers.%d.mlp", L);
+            QD_TRY(bind_mlp(&b, &ly->mlp, c->intermediate_size, base));
+        }
+    }
+    return QD_OK;
+}

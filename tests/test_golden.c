@@ -1,0 +1,174 @@
+/* Golden tests against Hugging Face transformers (fp32 references made by
+ * tools/make_fixtures.py): for every fixture model and every prompt, the logits of
+ * every position from one prefill are within 5e-4 x max|ref| of the reference, and
+ * the 16-token greedy continuation (prefill, then one decode step per token) is
+ * identical. */
+#include <dirent.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "qd_test.h"
+#include "qdelta.h"
+
+#define FIXTURES "tests/fixtures"
+
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); buf = NULL; }
+    fclose(f);
+    if (buf) buf[n] = 0;
+    if (len) *len = (size_t)n;
+    return buf;
+}
+
+static int parse_ids(const char *s, int32_t *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s) break;
+        out[n++] = (int32_t)v;
+        s = end;
+    }
+    return n;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int n_cases_total = 0;
+
+static void check_case(qd_model *m, const char *dir, const char *prompt_file) {
+    char path[1024];
+    int L = atoi(prompt_file + strlen("prompt_"));
+    snprintf(path, sizeof path, "%s/%s", dir, prompt_file);
+    char *txt = read_all(path, NULL);
+    CHECKF(txt != NULL, "cannot read %s", path);
+    if (!txt) return;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(L + 32));
+    int n = parse_ids(txt, ids, L + 32);
+    free(txt);
+    CHECKF(n == L, "%s: expected %d ids, read %d", path, L, n);
+    const int V = qd_model_vocab_size(m);
+
+    qd_context_params cp = qd_context_default_params();
+    cp.max_ctx = L + 16;
+    cp.max_batch = L;
+    qd_context *ctx;
+    CHECK(qd_context_create(m, &cp, &ctx) == QD_OK);
+    float *logits = malloc(sizeof(float) * (size_t)L * V);
+    qd_span span = {0, ids, L, QD_LOGITS_ALL};
+    qd_status s = qd_forward(ctx, &span, 1, logits);
+    CHECKF(s == QD_OK, "%s: forward failed: %s", path, qd_context_errmsg(ctx));
+
+    snprintf(path, sizeof path, "%s/logits_%d.f32", dir, L);
+    size_t len;
+    float *ref = (float *)read_all(path, &len);
+    if (ref) {
+        CHECKF(len == sizeof(float) * (size_t)L * V, "%s: size %zu, expected %zu", path, len, sizeof(float) * (size_t)L * V);
+        double mx = 0, err = 0;
+        int worst = -1;
+        for (size_t i = 0; i < (size_t)L * V; i++) mx = fmax(mx, fabs(ref[i]));
+        for (size_t i = 0; i < (size_t)L * V; i++) {
+            double d = fabs((double)logits[i] - ref[i]);
+            if (!(d <= err)) { err = d; worst = (int)(i / V); }
+        }
+        printf("  %-40s L=%-4d max|diff|/max|ref| = %.2e (worst position %d)\n", dir + strlen(FIXTURES) + 1, L, err / mx, worst);
+        CHECKF(err <= 5e-4 * mx, "%s: logits differ: max |diff| %g vs 5e-4 x max|ref| = %g", path, err, 5e-4 * mx);
+        free(ref);
+    }
+
+    /* greedy: the prefill's last row, then decode steps */
+    snprintf(path, sizeof path, "%s/greedy_%d.ids", dir, L);
+    txt = read_all(path, NULL);
+    if (txt) {
+        int32_t want[64];
+        int n_want = parse_ids(txt, want, 64);
+        free(txt);
+        int32_t got[64];
+        const float *row = logits + (size_t)(L - 1) * V;
+        float *step = malloc(sizeof(float) * V);
+        for (int t = 0; t < n_want; t++) {
+            int best = 0;
+            for (int v = 1; v < V; v++) if (row[v] > row[best]) best = v;
+            got[t] = best;
+            if (t + 1 == n_want) break;
+            qd_span d = {0, &got[t], 1, QD_LOGITS_LAST};
+            CHECK(qd_forward(ctx, &d, 1, step) == QD_OK);
+            row = step;
+        }
+        int same = 1;
+        for (int t = 0; t < n_want; t++) same &= got[t] == want[t];
+        CHECKF(same, "%s: greedy continuation differs", path);
+        if (!same) {
+            fprintf(stderr, "    want:");
+            for (int t = 0; t < n_want; t++) fprintf(stderr, " %d", want[t]);
+            fprintf(stderr, "\n    got: ");
+            for (int t = 0; t < n_want; t++) fprintf(stderr, " %d", got[t]);
+            fprintf(stderr, "\n");
+        }
+        free(step);
+    }
+    n_cases_total++;
+    free(logits);
+    free(ids);
+    qd_context_free(ctx);
+}
+
+static void check_fixture(const char *dir) {
+    qd_model_params mp = qd_model_default_params();
+    mp.path = dir;
+    mp.n_threads = 2;
+    qd_model *m;
+    char err[1024];
+    qd_status s = qd_model_load(&mp, &m, err, sizeof err);
+    CHECKF(s == QD_OK, "%s: load failed: %s", dir, err);
+    if (s != QD_OK) return;
+    DIR *d = opendir(dir);
+    char *names[64];
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < 64)
+        if (!strncmp(e->d_name, "prompt_", 7)) names[n++] = strdup(e->d_name);
+    if (d) closedir(d);
+    qsort(names, (size_t)n, sizeof(char *), cmp_str);
+    CHECKF(n > 0, "%s: no prompt_*.ids cases", dir);
+    for (int i = 0; i < n; i++) {
+        check_case(m, dir, names[i]);
+        free(names[i]);
+    }
+    qd_model_free(m);
+}
+
+int main(void) {
+    DIR *d = opendir(FIXTURES);
+    CHECKF(d != NULL, "no %s directory (run from the repository root)", FIXTURES);
+    if (!d) return qd_test_finish("test_golden");
+    char *dirs[64];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 64) {
+        if (e->d_name[0] == '.') continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s/config.json", FIXTURES, e->d_name);
+        struct stat st;
+        if (stat(path, &st) == 0) {
+            snprintf(path, sizeof path, "%s/%s", FIXTURES, e->d_name);
+            dirs[n++] = strdup(path);
+        }
+    }
+    closedir(d);
+    qsort(dirs, (size_t)n, sizeof(char *), cmp_str);
+    CHECKF(n >= 6, "expected at least 6 fixture models, found %d", n);
+    for (int i = 0; i < n; i++) {
+        printf("%s\n", dirs[i]);
+        check_fixture(dirs[i]);
+        free(dirs[i]);
+    }
+    printf("%d cases\n", n_cases_total);
+    return qd_test_finish("test_golden");
+}
