@@ -257,7 +257,7 @@ static qd_safetensors *st_new(qd_err *err) {
 }
 
 static qd_status map_file(qd_safetensors *st, const char *path, qd_err *err) {
-    int fi;
+    int fi = 0;
     QD_TRY(add_file(st, path, &fi, err));
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -313,7 +313,7 @@ qd_status qd_st_open_memory(const void *buf, size_t len, const char *what, qd_sa
     if (!buf && len) return qd_seterr(err, QD_ERR_INVALID_ARG, "%s: NULL buffer", what);
     qd_safetensors *st = st_new(err);
     if (!st) return QD_ERR_OOM;
-    int fi;
+    int fi = 0;
     qd_status s = add_file(st, what, &fi, err);
     if (s == QD_OK) s = parse_image(st, fi, buf, len, err);
     return finish(st, s, out, err);
