@@ -1,0 +1,335 @@
+/* Gated DeltaNet delta rule on the CPU: the token-by-token recurrence (decode,
+ * and the reference for everything else) and the chunked WY form (prefill).
+ *
+ * Per value head h with key head j = h / (hv/hk), state S [dk][dv]:
+ *   S = exp(g) S;  m = S^T k;  d = beta (v - m);  S += k d^T;  o = S^T q.
+ *
+ * Both kernels parallelise over value heads: every head's state is independent.
+ * All arithmetic is fp32. The inner loops run over contiguous dv (or chunk)
+ * columns with compile-time widths so that the compiler vectorises them. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+
+#define GDN_CHUNK 64 /* chunk length C of the WY form (spec 4.1) */
+#define GDN_VT 16    /* dv columns per register tile (two AVX2 vectors) */
+
+typedef struct gdn_job {
+    qd_gdn_dims d;
+    const qd_gdn_span *s;
+} gdn_job;
+
+/* --------------------------------------------------------------- recurrence */
+
+/* One value head over the whole span. The dv columns of S are independent of
+ * each other (column e of S only meets v[e], d[e], o[e]), so the state is
+ * walked one tile of GDN_VT columns at a time through all T tokens: the tile
+ * (dk x 16 floats, 8 KiB at dk = 128) stays in L1 across tokens, where the
+ * naive order would stream the whole 64 KiB state through L2 four times per
+ * token. The decay is folded into the two passes (m = a S^T k, then
+ * S = a S + k d^T with the readout fused) so S is read twice per token. */
+static void gdn_recurrent_head(const qd_gdn_dims *d, const qd_gdn_span *s, int h) {
+    const int dk = d->dk, dv = d->dv, hv = d->hv;
+    const int j = h / (d->hv / d->hk);
+    float *restrict S = s->S + (size_t)h * dk * dv;
+
+    for (int e0 = 0; e0 < dv; e0 += GDN_VT) {
+        const int w = dv - e0 < GDN_VT ? dv - e0 : GDN_VT;
+        for (int t = 0; t < s->T; t++) {
+            const float *restrict k = s->k + t * s->k_stride + (int64_t)j * dk;
+            const float *restrict q = s->q + t * s->q_stride + (int64_t)j * dk;
+            const float *restrict v = s->v + t * s->v_stride + (int64_t)h * dv + e0;
+            float *restrict o = s->o + ((int64_t)t * hv + h) * dv + e0;
+            const float a = expf(s->g[(int64_t)t * hv + h]);
+            const float b = s->beta[(int64_t)t * hv + h];
+            float m[GDN_VT], dd[GDN_VT], acc[GDN_VT];
+            if (w == GDN_VT) {
+                /* Full tile: fixed trip counts let the compiler keep m/acc in registers. */
+                for (int c = 0; c < GDN_VT; c++) m[c] = 0.0f;
+                for (int i = 0; i < dk; i++) {
+                    const float *restrict row = S + (size_t)i * dv + e0;
+                    const float ki = k[i];
+                    for (int c = 0; c < GDN_VT; c++) m[c] += row[c] * ki;
+                }
+                for (int c = 0; c < GDN_VT; c++) dd[c] = b * (v[c] - a * m[c]);
+                for (int c = 0; c < GDN_VT; c++) acc[c] = 0.0f;
+                for (int i = 0; i < dk; i++) {
+                    float *restrict row = S + (size_t)i * dv + e0;
+                    const float ki = k[i], qi = q[i];
+                    for (int c = 0; c < GDN_VT; c++) {
+                        const float x = a * row[c] + ki * dd[c];
+                        row[c] = x;
+                        acc[c] += x * qi;
+                    }
+                }
+                for (int c = 0; c < GDN_VT; c++) o[c] = acc[c];
+            } else {
+                for (int c = 0; c < w; c++) m[c] = 0.0f;
+                for (int i = 0; i < dk; i++) {
+                    const float *restrict row = S + (size_t)i * dv + e0;
+                    for (int c = 0; c < w; c++) m[c] += row[c] * k[i];
+                }
+                for (int c = 0; c < w; c++) dd[c] = b * (v[c] - a * m[c]);
+                for (int c = 0; c < w; c++) acc[c] = 0.0f;
+                for (int i = 0; i < dk; i++) {
+                    float *restrict row = S + (size_t)i * dv + e0;
+                    for (int c = 0; c < w; c++) {
+                        const float x = a * row[c] + k[i] * dd[c];
+                        row[c] = x;
+                        acc[c] += x * q[i];
+                    }
+                }
+                for (int c = 0; c < w; c++) o[c] = acc[c];
+            }
+        }
+    }
+}
+
+static void gdn_recurrent_range(void *user, int64_t begin, int64_t end, int worker) {
+    const gdn_job *job = user;
+    for (int64_t h = begin; h < end; h++) gdn_recurrent_head(&job->d, job->s, (int)h);
+}
+
+void qd_cpu_gdn_recurrent(qd_threadpool *pool, qd_gdn_dims d, const qd_gdn_span *s) {
+    if (s->T <= 0 || d.hv <= 0) return;
+    gdn_job job = {d, s};
+    qd_parallel_for(pool, d.hv, 1, gdn_recurrent_range, &job);
+}
+
+/* ------------------------------------------------------------ small GEMM */
+
+/* C[M][N] = cs * C + A[M][K] . B[K][N], all row-major with leading dimensions.
+ * cs == 0 overwrites C without reading it (scratch may hold garbage, and a
+ * decayed-to-zero state must not turn stale inf/NaN into NaN).
+ * If tri is set, row i only needs columns m <= i (causal): column tiles wholly
+ * to the right of a row block are skipped and left unwritten.
+ * The 4 x 16 register tile (8 AVX2 accumulators) keeps one B load per 4 FMAs. */
+static void gemm(int M, int N, int K, const float *restrict A, int lda, const float *restrict B,
+                 int ldb, float *restrict C, int ldc, float cs, int tri) {
+    enum { MR = 4, NR = GDN_VT };
+    int i = 0;
+    for (; i + MR <= M; i += MR) {
+        int nl = N;
+        if (tri && i + MR < nl) nl = i + MR;
+        int j = 0;
+        for (; j + NR <= nl; j += NR) {
+            float acc[MR][NR];
+            for (int r = 0; r < MR; r++)
+                for (int c = 0; c < NR; c++) acc[r][c] = 0.0f;
+            for (int p = 0; p < K; p++) {
+                const float *restrict b = B + (size_t)p * ldb + j;
+                for (int r = 0; r < MR; r++) {
+                    const float a = A[(size_t)(i + r) * lda + p];
+                    for (int c = 0; c < NR; c++) acc[r][c] += a * b[c];
+                }
+            }
+            for (int r = 0; r < MR; r++) {
+                float *restrict cr = C + (size_t)(i + r) * ldc + j;
+                if (cs == 0.0f)
+                    for (int c = 0; c < NR; c++) cr[c] = acc[r][c];
+                else
+                    for (int c = 0; c < NR; c++) cr[c] = cs * cr[c] + acc[r][c];
+            }
+        }
+        if (j < nl) {
+            /* Column tail (< 16 wide): row-at-a-time axpy form. */
+            for (int r = 0; r < MR; r++) {
+                float *restrict cr = C + (size_t)(i + r) * ldc;
+                for (int c = j; c < nl; c++) cr[c] = cs == 0.0f ? 0.0f : cs * cr[c];
+                for (int p = 0; p < K; p++) {
+                    const float a = A[(size_t)(i + r) * lda + p];
+                    const float *restrict b = B + (size_t)p * ldb;
+                    for (int c = j; c < nl; c++) cr[c] += a * b[c];
+                }
+            }
+        }
+    }
+    for (; i < M; i++) {
+        /* Row tail (< 4 rows). */
+        const int nl = tri && i + 1 < N ? i + 1 : N;
+        float *restrict cr = C + (size_t)i * ldc;
+        for (int c = 0; c < nl; c++) cr[c] = cs == 0.0f ? 0.0f : cs * cr[c];
+        for (int p = 0; p < K; p++) {
+            const float a = A[(size_t)i * lda + p];
+            const float *restrict b = B + (size_t)p * ldb;
+            for (int c = 0; c < nl; c++) cr[c] += a * b[c];
+        }
+    }
+}
+
+/* acc[0..dv) = x[0..dv) + sum_{m < cnt} coef[m] * R[m][0..dv), written to y.
+ * Tiled over dv so that the running sum stays in registers while the rows of
+ * R stream past (the naive in-memory accumulate would be store-bound).
+ * y may alias x (each element is read before it is written). */
+static void lincomb(int dv, int cnt, const float *coef, const float *R, int ldr, const float *x,
+                    float *y) {
+    int e0 = 0;
+    for (; e0 + GDN_VT <= dv; e0 += GDN_VT) {
+        float acc[GDN_VT];
+        for (int c = 0; c < GDN_VT; c++) acc[c] = x[e0 + c];
+        for (int m = 0; m < cnt; m++) {
+            const float f = coef[m];
+            const float *restrict r = R + (size_t)m * ldr + e0;
+            for (int c = 0; c < GDN_VT; c++) acc[c] += f * r[c];
+        }
+        for (int c = 0; c < GDN_VT; c++) y[e0 + c] = acc[c];
+    }
+    if (e0 < dv) {
+        float acc[GDN_VT];
+        const int w = dv - e0;
+        for (int c = 0; c < w; c++) acc[c] = x[e0 + c];
+        for (int m = 0; m < cnt; m++) {
+            const float f = coef[m];
+            const float *restrict r = R + (size_t)m * ldr + e0;
+            for (int c = 0; c < w; c++) acc[c] += f * r[c];
+        }
+        for (int c = 0; c < w; c++) y[e0 + c] = acc[c];
+    }
+}
+
+/* -------------------------------------------------------------- chunked WY */
+
+/* Per-worker scratch for one chunk of one head, carved from one allocation. */
+typedef struct gdn_scratch {
+    float *KQ;   /* [2C][dk]: rows 0..n-1 keys, rows n..2n-1 queries of the chunk */
+    float *Kt;   /* [dk][C]:  keys transposed, so K K^T and the state update are plain GEMMs */
+    float *P;    /* [2C][dv]: K S (rows 0..n-1) and Q S (rows n..2n-1) with the entry state */
+    float *KK;   /* [C][C]:   k_i . k_m, lower triangle incl. diagonal */
+    float *QK;   /* [C][C]:   q_i . k_m, lower triangle incl. diagonal */
+    float *X;    /* [C][dv]:  right-hand side, then Vnew, then decay-weighted Vnew */
+    float *G;    /* [C] inclusive cumsum of g in the chunk */
+    float *coef; /* [C] one row of coefficients */
+    float *coef2;/* [C] */
+} gdn_scratch;
+
+static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* Floats of scratch for one worker; every piece is rounded up to 16 floats so
+ * that each starts 64-byte aligned (see carve). */
+static size_t scratch_floats(int dk, int dv) {
+    const size_t C = GDN_CHUNK;
+    return round16(2 * C * dk) + round16((size_t)dk * C) + round16(2 * C * dv) + 2 * round16(C * C)
+           + round16(C * dv) + 3 * round16(C);
+}
+
+static float *carve(float **p, size_t n) {
+    float *r = *p;
+    *p += round16(n);
+    return r;
+}
+
+/* One chunk of n tokens starting at t0 for value head h, state S [dk][dv] updated in place.
+ *
+ * The spec's WY form is U = T(beta V), W = T(beta e^G K), Vnew = U - W S with
+ * T = (I+L)^-1. Since T is linear, Vnew = T (beta (V - e^G K S)) = (I+L)^-1 X:
+ * one forward substitution on the dv-wide right-hand side X gives Vnew
+ * directly, so neither T nor W is formed (saves n^2 dk + n^3/6 multiply-adds
+ * per chunk; same result up to rounding). */
+static void gdn_chunk(const qd_gdn_dims *d, const qd_gdn_span *s, int h, int t0, int n, float *S,
+                      const gdn_scratch *w) {
+    const int dk = d->dk, dv = d->dv, hv = d->hv, C = GDN_CHUNK;
+    const int j = h / (d->hv / d->hk);
+    float *restrict KQ = w->KQ, *restrict Kt = w->Kt, *restrict P = w->P;
+    float *restrict KK = w->KK, *restrict QK = w->QK, *restrict X = w->X;
+    float *restrict G = w->G, *restrict coef = w->coef, *restrict coef2 = w->coef2;
+
+    /* Gather the chunk's keys and queries into contiguous rows (the inputs are
+     * strided slices of the projection output) and transpose the keys. */
+    for (int i = 0; i < n; i++) {
+        const float *k = s->k + (int64_t)(t0 + i) * s->k_stride + (int64_t)j * dk;
+        const float *q = s->q + (int64_t)(t0 + i) * s->q_stride + (int64_t)j * dk;
+        memcpy(KQ + (size_t)i * dk, k, (size_t)dk * sizeof(float));
+        memcpy(KQ + (size_t)(n + i) * dk, q, (size_t)dk * sizeof(float));
+        for (int p = 0; p < dk; p++) Kt[(size_t)p * C + i] = k[p];
+    }
+    /* Chunk-local inclusive cumsum of the log-decay. */
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) {
+        acc += s->g[(int64_t)(t0 + i) * hv + h];
+        G[i] = acc;
+    }
+
+    /* [K; Q] S with the entry state, and the causal K K^T, Q K^T products. */
+    gemm(2 * n, dv, dk, KQ, dk, S, dv, P, dv, 0.0f, 0);
+    gemm(n, n, dk, KQ, dk, Kt, C, KK, C, 0.0f, 1);
+    gemm(n, n, dk, KQ + (size_t)n * dk, dk, Kt, C, QK, C, 0.0f, 1);
+
+    /* X_i = beta_i (v_i - e^{G_i} (S^T k_i)) then forward substitution
+     * Vnew_i = X_i - sum_{m<i} L[i][m] Vnew_m, L[i][m] = beta_i (k_i.k_m) e^{G_i-G_m}.
+     * Row i reads only rows m < i, already final, so Vnew overwrites X in place.
+     * exp is evaluated only for m <= i, where G_i - G_m <= 0 cannot overflow. */
+    for (int i = 0; i < n; i++) {
+        const float b = s->beta[(int64_t)(t0 + i) * hv + h];
+        const float eg = expf(G[i]);
+        const float *restrict v = s->v + (int64_t)(t0 + i) * s->v_stride + (int64_t)h * dv;
+        const float *restrict pk = P + (size_t)i * dv;
+        float *restrict x = X + (size_t)i * dv;
+        for (int e = 0; e < dv; e++) x[e] = b * (v[e] - eg * pk[e]);
+        for (int m = 0; m < i; m++) coef[m] = -b * KK[(size_t)i * C + m] * expf(G[i] - G[m]);
+        lincomb(dv, i, coef, X, dv, x, x);
+    }
+
+    /* O_i = e^{G_i} (q_i^T S) + sum_{m<=i} (q_i.k_m) e^{G_i-G_m} Vnew_m. */
+    for (int i = 0; i < n; i++) {
+        const float eg = expf(G[i]);
+        float *restrict o = s->o + ((int64_t)(t0 + i) * hv + h) * dv;
+        const float *restrict pq = P + (size_t)(n + i) * dv;
+        for (int e = 0; e < dv; e++) o[e] = eg * pq[e];
+        for (int m = 0; m <= i; m++) coef[m] = QK[(size_t)i * C + m] * expf(G[i] - G[m]);
+        lincomb(dv, i + 1, coef, X, dv, o, o);
+    }
+
+    /* S' = e^{G_last} S + sum_m e^{G_last-G_m} k_m Vnew_m^T: scale the rows of
+     * Vnew, then one GEMM K^T Vnew' accumulated onto the decayed state. */
+    const float gl = G[n - 1];
+    for (int m = 0; m < n; m++) coef2[m] = expf(gl - G[m]);
+    for (int m = 0; m < n; m++) {
+        float *restrict x = X + (size_t)m * dv;
+        const float f = coef2[m];
+        for (int e = 0; e < dv; e++) x[e] *= f;
+    }
+    gemm(dk, dv, n, Kt, C, X, dv, S, dv, expf(gl), 0);
+}
+
+static void gdn_chunked_range(void *user, int64_t begin, int64_t end, int worker) {
+    const gdn_job *job = user;
+    const qd_gdn_dims *d = &job->d;
+    const qd_gdn_span *s = job->s;
+    const size_t bytes = (scratch_floats(d->dk, d->dv) * sizeof(float) + 63) & ~(size_t)63;
+    float *mem = aligned_alloc(64, bytes);
+    if (!mem) {
+        /* No scratch: the recurrence needs none and gives the same result. */
+        for (int64_t h = begin; h < end; h++) gdn_recurrent_head(d, s, (int)h);
+        return;
+    }
+    const size_t C = GDN_CHUNK;
+    float *p = mem;
+    gdn_scratch w;
+    w.KQ = carve(&p, 2 * C * d->dk);
+    w.Kt = carve(&p, (size_t)d->dk * C);
+    w.P = carve(&p, 2 * C * d->dv);
+    w.KK = carve(&p, C * C);
+    w.QK = carve(&p, C * C);
+    w.X = carve(&p, C * d->dv);
+    w.G = carve(&p, C);
+    w.coef = carve(&p, C);
+    w.coef2 = carve(&p, C);
+    for (int64_t h = begin; h < end; h++) {
+        float *S = s->S + (size_t)h * d->dk * d->dv;
+        for (int t0 = 0; t0 < s->T; t0 += GDN_CHUNK) {
+            const int n = s->T - t0 < GDN_CHUNK ? s->T - t0 : GDN_CHUNK;
+            gdn_chunk(d, s, (int)h, t0, n, S, &w);
+        }
+    }
+    free(mem);
+}
+
+void qd_cpu_gdn_chunked(qd_threadpool *pool, qd_gdn_dims d, const qd_gdn_span *s) {
+    if (s->T <= 0 || d.hv <= 0) return;
+    gdn_job job = {d, s};
+    qd_parallel_for(pool, d.hv, 1, gdn_chunked_range, &job);
+}
