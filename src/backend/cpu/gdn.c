@@ -18,6 +18,17 @@
 #define GDN_CHUNK 64 /* chunk length C of the WY form (spec 4.1) */
 #define GDN_VT 16    /* dv columns per register tile (two AVX2 vectors) */
 
+/* Explicit fused multiply-add: the build is ISO C11, where GCC does not
+ * contract a*b+c by itself, and the fmaf form is also what lets GCC vectorise
+ * the register-tile accumulations below (with a*b+c it fell back to scalar
+ * code). Without hardware FMA, fmaf would be a slow library call, so the plain
+ * expression is used there. */
+#if defined(__FMA__) || defined(__aarch64__) || defined(__ARM_FEATURE_FMA)
+#define FMA(a, b, c) fmaf((a), (b), (c))
+#else
+#define FMA(a, b, c) ((a) * (b) + (c))
+#endif
+
 typedef struct gdn_job {
     qd_gdn_dims d;
     const qd_gdn_span *s;
@@ -53,17 +64,17 @@ static void gdn_recurrent_head(const qd_gdn_dims *d, const qd_gdn_span *s, int h
                 for (int i = 0; i < dk; i++) {
                     const float *restrict row = S + (size_t)i * dv + e0;
                     const float ki = k[i];
-                    for (int c = 0; c < GDN_VT; c++) m[c] += row[c] * ki;
+                    for (int c = 0; c < GDN_VT; c++) m[c] = FMA(row[c], ki, m[c]);
                 }
-                for (int c = 0; c < GDN_VT; c++) dd[c] = b * (v[c] - a * m[c]);
+                for (int c = 0; c < GDN_VT; c++) dd[c] = b * FMA(-a, m[c], v[c]);
                 for (int c = 0; c < GDN_VT; c++) acc[c] = 0.0f;
                 for (int i = 0; i < dk; i++) {
                     float *restrict row = S + (size_t)i * dv + e0;
                     const float ki = k[i], qi = q[i];
                     for (int c = 0; c < GDN_VT; c++) {
-                        const float x = a * row[c] + ki * dd[c];
+                        const float x = FMA(ki, dd[c], a * row[c]);
                         row[c] = x;
-                        acc[c] += x * qi;
+                        acc[c] = FMA(x, qi, acc[c]);
                     }
                 }
                 for (int c = 0; c < GDN_VT; c++) o[c] = acc[c];
@@ -71,16 +82,16 @@ static void gdn_recurrent_head(const qd_gdn_dims *d, const qd_gdn_span *s, int h
                 for (int c = 0; c < w; c++) m[c] = 0.0f;
                 for (int i = 0; i < dk; i++) {
                     const float *restrict row = S + (size_t)i * dv + e0;
-                    for (int c = 0; c < w; c++) m[c] += row[c] * k[i];
+                    for (int c = 0; c < w; c++) m[c] = FMA(row[c], k[i], m[c]);
                 }
-                for (int c = 0; c < w; c++) dd[c] = b * (v[c] - a * m[c]);
+                for (int c = 0; c < w; c++) dd[c] = b * FMA(-a, m[c], v[c]);
                 for (int c = 0; c < w; c++) acc[c] = 0.0f;
                 for (int i = 0; i < dk; i++) {
                     float *restrict row = S + (size_t)i * dv + e0;
                     for (int c = 0; c < w; c++) {
-                        const float x = a * row[c] + k[i] * dd[c];
+                        const float x = FMA(k[i], dd[c], a * row[c]);
                         row[c] = x;
-                        acc[c] += x * q[i];
+                        acc[c] = FMA(x, q[i], acc[c]);
                     }
                 }
                 for (int c = 0; c < w; c++) o[c] = acc[c];
@@ -124,7 +135,7 @@ static void gemm(int M, int N, int K, const float *restrict A, int lda, const fl
                 const float *restrict b = B + (size_t)p * ldb + j;
                 for (int r = 0; r < MR; r++) {
                     const float a = A[(size_t)(i + r) * lda + p];
-                    for (int c = 0; c < NR; c++) acc[r][c] += a * b[c];
+                    for (int c = 0; c < NR; c++) acc[r][c] = FMA(a, b[c], acc[r][c]);
                 }
             }
             for (int r = 0; r < MR; r++) {
@@ -132,7 +143,7 @@ static void gemm(int M, int N, int K, const float *restrict A, int lda, const fl
                 if (cs == 0.0f)
                     for (int c = 0; c < NR; c++) cr[c] = acc[r][c];
                 else
-                    for (int c = 0; c < NR; c++) cr[c] = cs * cr[c] + acc[r][c];
+                    for (int c = 0; c < NR; c++) cr[c] = FMA(cs, cr[c], acc[r][c]);
             }
         }
         if (j < nl) {
@@ -143,7 +154,7 @@ static void gemm(int M, int N, int K, const float *restrict A, int lda, const fl
                 for (int p = 0; p < K; p++) {
                     const float a = A[(size_t)(i + r) * lda + p];
                     const float *restrict b = B + (size_t)p * ldb;
-                    for (int c = j; c < nl; c++) cr[c] += a * b[c];
+                    for (int c = j; c < nl; c++) cr[c] = FMA(a, b[c], cr[c]);
                 }
             }
         }
@@ -156,7 +167,7 @@ static void gemm(int M, int N, int K, const float *restrict A, int lda, const fl
         for (int p = 0; p < K; p++) {
             const float a = A[(size_t)i * lda + p];
             const float *restrict b = B + (size_t)p * ldb;
-            for (int c = 0; c < nl; c++) cr[c] += a * b[c];
+            for (int c = 0; c < nl; c++) cr[c] = FMA(a, b[c], cr[c]);
         }
     }
 }
@@ -174,7 +185,7 @@ static void lincomb(int dv, int cnt, const float *coef, const float *R, int ldr,
         for (int m = 0; m < cnt; m++) {
             const float f = coef[m];
             const float *restrict r = R + (size_t)m * ldr + e0;
-            for (int c = 0; c < GDN_VT; c++) acc[c] += f * r[c];
+            for (int c = 0; c < GDN_VT; c++) acc[c] = FMA(f, r[c], acc[c]);
         }
         for (int c = 0; c < GDN_VT; c++) y[e0 + c] = acc[c];
     }
@@ -185,7 +196,7 @@ static void lincomb(int dv, int cnt, const float *coef, const float *R, int ldr,
         for (int m = 0; m < cnt; m++) {
             const float f = coef[m];
             const float *restrict r = R + (size_t)m * ldr + e0;
-            for (int c = 0; c < w; c++) acc[c] += f * r[c];
+            for (int c = 0; c < w; c++) acc[c] = FMA(f, r[c], acc[c]);
         }
         for (int c = 0; c < w; c++) y[e0 + c] = acc[c];
     }
@@ -268,7 +279,7 @@ static void gdn_chunk(const qd_gdn_dims *d, const qd_gdn_span *s, int h, int t0,
         const float *restrict v = s->v + (int64_t)(t0 + i) * s->v_stride + (int64_t)h * dv;
         const float *restrict pk = P + (size_t)i * dv;
         float *restrict x = X + (size_t)i * dv;
-        for (int e = 0; e < dv; e++) x[e] = b * (v[e] - eg * pk[e]);
+        for (int e = 0; e < dv; e++) x[e] = b * FMA(-eg, pk[e], v[e]);
         for (int m = 0; m < i; m++) coef[m] = -b * KK[(size_t)i * C + m] * expf(G[i] - G[m]);
         lincomb(dv, i, coef, X, dv, x, x);
     }
