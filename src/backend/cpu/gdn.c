@@ -273,58 +273,84 @@ static void lincomb(int dv, int cnt, const float *coef, const float *R, int ldr,
 
 /* -------------------------------------------------------------- chunked WY */
 
-/* Per-worker scratch for one chunk of one head, carved from one allocation. */
+/* Per-worker scratch for one head, carved from one allocation. Every matrix
+ * has a padded leading dimension (see padded_ld). */
 typedef struct gdn_scratch {
-    float *KQ;   /* [2C][dk]: rows 0..n-1 keys, rows n..2n-1 queries of the chunk */
-    float *Kt;   /* [dk][C]:  keys transposed, so K K^T and the state update are plain GEMMs */
-    float *P;    /* [2C][dv]: K S (rows 0..n-1) and Q S (rows n..2n-1) with the entry state */
-    float *KK;   /* [C][C]:   k_i . k_m, lower triangle incl. diagonal */
-    float *QK;   /* [C][C]:   q_i . k_m, lower triangle incl. diagonal */
-    float *X;    /* [C][dv]:  right-hand side, then Vnew, then decay-weighted Vnew */
-    float *G;    /* [C] inclusive cumsum of g in the chunk */
-    float *coef; /* [C] one row of coefficients */
-    float *coef2;/* [C] */
+    int ldk, ldv, ldc; /* leading dimensions for dk-, dv- and C-wide rows */
+    float *Sw;    /* [dk][ldv]: the head's state, padded copy kept across chunks */
+    float *KQ;    /* [2C][ldk]: rows 0..n-1 keys, rows n..2n-1 queries of the chunk */
+    float *Kt;    /* [dk][ldc]: keys transposed, so K K^T and the state update are plain GEMMs */
+    float *P;     /* [2C][ldv]: K S (rows 0..n-1) and Q S (rows n..2n-1) with the entry state */
+    float *KK;    /* [C][ldc]:  k_i . k_m, lower triangle incl. diagonal */
+    float *QK;    /* [C][ldc]:  q_i . k_m, lower triangle incl. diagonal */
+    float *X;     /* [C][ldv]:  right-hand side, then Vnew, then decay-weighted Vnew */
+    float *G;     /* [C] inclusive cumsum of g in the chunk */
+    float *coef;  /* [C] one row of coefficients */
 } gdn_scratch;
 
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-/* Floats of scratch for one worker; every piece is rounded up to 16 floats so
- * that each starts 64-byte aligned (see carve). */
-static size_t scratch_floats(int dk, int dv) {
-    const size_t C = GDN_CHUNK;
-    return round16(2 * C * dk) + round16((size_t)dk * C) + round16(2 * C * dv) + 2 * round16(C * C)
-           + round16(C * dv) + 3 * round16(C);
+/* Row length rounded to whole 64-byte lines, made an odd number of lines.
+ * With a power-of-two row stride (dv = 128 floats = 512 B) the rows of a
+ * 16-column GEMM panel all fall into 8 of the 64 L1 sets, so a 128-row panel
+ * cannot stay in L1 and every row block re-streams it from L2. An odd line
+ * count per row spreads consecutive rows over all sets. */
+static int padded_ld(int n) {
+    int ld = (int)round16((size_t)n);
+    if ((ld / 16) % 2 == 0) ld += 16;
+    return ld;
 }
 
 static float *carve(float **p, size_t n) {
     float *r = *p;
-    *p += round16(n);
+    *p += round16(n); /* keeps every piece 64-byte aligned */
     return r;
 }
 
-/* One chunk of n tokens starting at t0 for value head h, state S [dk][dv] updated in place.
+/* Lays the scratch out in mem (or, with mem == NULL, only counts); returns floats used. */
+static size_t scratch_layout(gdn_scratch *w, int dk, int dv, float *mem) {
+    const size_t C = GDN_CHUNK;
+    float *p = mem;
+    size_t total = 0;
+    w->ldk = padded_ld(dk);
+    w->ldv = padded_ld(dv);
+    w->ldc = padded_ld(GDN_CHUNK);
+    const size_t sizes[9] = {(size_t)dk * w->ldv, 2 * C * w->ldk, (size_t)dk * w->ldc, 2 * C * w->ldv,
+                             C * w->ldc,          C * w->ldc,     C * w->ldv,          C,
+                             C};
+    float **dst[9] = {&w->Sw, &w->KQ, &w->Kt, &w->P, &w->KK, &w->QK, &w->X, &w->G, &w->coef};
+    for (int i = 0; i < 9; i++) {
+        total += round16(sizes[i]);
+        *dst[i] = mem ? carve(&p, sizes[i]) : NULL;
+    }
+    return total;
+}
+
+/* One chunk of n tokens starting at t0 for value head h; w->Sw holds the
+ * state entering the chunk and is updated to the state leaving it.
  *
  * The spec's WY form is U = T(beta V), W = T(beta e^G K), Vnew = U - W S with
  * T = (I+L)^-1. Since T is linear, Vnew = T (beta (V - e^G K S)) = (I+L)^-1 X:
  * one forward substitution on the dv-wide right-hand side X gives Vnew
  * directly, so neither T nor W is formed (saves n^2 dk + n^3/6 multiply-adds
  * per chunk; same result up to rounding). */
-static void gdn_chunk(const qd_gdn_dims *d, const qd_gdn_span *s, int h, int t0, int n, float *S,
+static void gdn_chunk(const qd_gdn_dims *d, const qd_gdn_span *s, int h, int t0, int n,
                       const gdn_scratch *w) {
-    const int dk = d->dk, dv = d->dv, hv = d->hv, C = GDN_CHUNK;
+    const int dk = d->dk, dv = d->dv, hv = d->hv;
+    const int ldk = w->ldk, ldv = w->ldv, ldc = w->ldc;
     const int j = h / (d->hv / d->hk);
-    float *restrict KQ = w->KQ, *restrict Kt = w->Kt, *restrict P = w->P;
+    float *restrict Sw = w->Sw, *restrict KQ = w->KQ, *restrict Kt = w->Kt, *restrict P = w->P;
     float *restrict KK = w->KK, *restrict QK = w->QK, *restrict X = w->X;
-    float *restrict G = w->G, *restrict coef = w->coef, *restrict coef2 = w->coef2;
+    float *restrict G = w->G, *restrict coef = w->coef;
 
     /* Gather the chunk's keys and queries into contiguous rows (the inputs are
      * strided slices of the projection output) and transpose the keys. */
     for (int i = 0; i < n; i++) {
         const float *k = s->k + (int64_t)(t0 + i) * s->k_stride + (int64_t)j * dk;
         const float *q = s->q + (int64_t)(t0 + i) * s->q_stride + (int64_t)j * dk;
-        memcpy(KQ + (size_t)i * dk, k, (size_t)dk * sizeof(float));
-        memcpy(KQ + (size_t)(n + i) * dk, q, (size_t)dk * sizeof(float));
-        for (int p = 0; p < dk; p++) Kt[(size_t)p * C + i] = k[p];
+        memcpy(KQ + (size_t)i * ldk, k, (size_t)dk * sizeof(float));
+        memcpy(KQ + (size_t)(n + i) * ldk, q, (size_t)dk * sizeof(float));
+        for (int p = 0; p < dk; p++) Kt[(size_t)p * ldc + i] = k[p];
     }
     /* Chunk-local inclusive cumsum of the log-decay. */
     float acc = 0.0f;
@@ -334,9 +360,9 @@ static void gdn_chunk(const qd_gdn_dims *d, const qd_gdn_span *s, int h, int t0,
     }
 
     /* [K; Q] S with the entry state, and the causal K K^T, Q K^T products. */
-    gemm(2 * n, dv, dk, KQ, dk, S, dv, P, dv, 0.0f, 0);
-    gemm(n, n, dk, KQ, dk, Kt, C, KK, C, 0.0f, 1);
-    gemm(n, n, dk, KQ + (size_t)n * dk, dk, Kt, C, QK, C, 0.0f, 1);
+    gemm(2 * n, dv, dk, KQ, ldk, Sw, ldv, P, ldv, 0.0f, 0);
+    gemm(n, n, dk, KQ, ldk, Kt, ldc, KK, ldc, 0.0f, 1);
+    gemm(n, n, dk, KQ + (size_t)n * ldk, ldk, Kt, ldc, QK, ldc, 0.0f, 1);
 
     /* X_i = beta_i (v_i - e^{G_i} (S^T k_i)) then forward substitution
      * Vnew_i = X_i - sum_{m<i} L[i][m] Vnew_m, L[i][m] = beta_i (k_i.k_m) e^{G_i-G_m}.
@@ -346,64 +372,56 @@ static void gdn_chunk(const qd_gdn_dims *d, const qd_gdn_span *s, int h, int t0,
         const float b = s->beta[(int64_t)(t0 + i) * hv + h];
         const float eg = expf(G[i]);
         const float *restrict v = s->v + (int64_t)(t0 + i) * s->v_stride + (int64_t)h * dv;
-        const float *restrict pk = P + (size_t)i * dv;
-        float *restrict x = X + (size_t)i * dv;
+        const float *restrict pk = P + (size_t)i * ldv;
+        float *restrict x = X + (size_t)i * ldv;
         for (int e = 0; e < dv; e++) x[e] = b * FMA(-eg, pk[e], v[e]);
-        for (int m = 0; m < i; m++) coef[m] = -b * KK[(size_t)i * C + m] * expf(G[i] - G[m]);
-        lincomb(dv, i, coef, X, dv, x, x);
+        for (int m = 0; m < i; m++) coef[m] = -b * KK[(size_t)i * ldc + m] * expf(G[i] - G[m]);
+        lincomb(dv, i, coef, X, ldv, x, x);
     }
 
     /* O_i = e^{G_i} (q_i^T S) + sum_{m<=i} (q_i.k_m) e^{G_i-G_m} Vnew_m. */
     for (int i = 0; i < n; i++) {
         const float eg = expf(G[i]);
         float *restrict o = s->o + ((int64_t)(t0 + i) * hv + h) * dv;
-        const float *restrict pq = P + (size_t)(n + i) * dv;
+        const float *restrict pq = P + (size_t)(n + i) * ldv;
         for (int e = 0; e < dv; e++) o[e] = eg * pq[e];
-        for (int m = 0; m <= i; m++) coef[m] = QK[(size_t)i * C + m] * expf(G[i] - G[m]);
-        lincomb(dv, i + 1, coef, X, dv, o, o);
+        for (int m = 0; m <= i; m++) coef[m] = QK[(size_t)i * ldc + m] * expf(G[i] - G[m]);
+        lincomb(dv, i + 1, coef, X, ldv, o, o);
     }
 
     /* S' = e^{G_last} S + sum_m e^{G_last-G_m} k_m Vnew_m^T: scale the rows of
      * Vnew, then one GEMM K^T Vnew' accumulated onto the decayed state. */
     const float gl = G[n - 1];
-    for (int m = 0; m < n; m++) coef2[m] = expf(gl - G[m]);
     for (int m = 0; m < n; m++) {
-        float *restrict x = X + (size_t)m * dv;
-        const float f = coef2[m];
+        float *restrict x = X + (size_t)m * ldv;
+        const float f = expf(gl - G[m]);
         for (int e = 0; e < dv; e++) x[e] *= f;
     }
-    gemm(dk, dv, n, Kt, C, X, dv, S, dv, expf(gl), 0);
+    gemm(dk, dv, n, Kt, ldc, X, ldv, Sw, ldv, expf(gl), 0);
 }
 
 static void gdn_chunked_range(void *user, int64_t begin, int64_t end, int worker) {
     const gdn_job *job = user;
     const qd_gdn_dims *d = &job->d;
     const qd_gdn_span *s = job->s;
-    const size_t bytes = (scratch_floats(d->dk, d->dv) * sizeof(float) + 63) & ~(size_t)63;
-    float *mem = aligned_alloc(64, bytes);
+    const int dk = d->dk, dv = d->dv;
+    gdn_scratch w;
+    const size_t bytes = scratch_layout(&w, dk, dv, NULL) * sizeof(float);
+    float *mem = aligned_alloc(64, bytes); /* bytes is a multiple of 64 (round16) */
     if (!mem) {
         /* No scratch: the recurrence needs none and gives the same result. */
         for (int64_t h = begin; h < end; h++) gdn_recurrent_head(d, s, (int)h);
         return;
     }
-    const size_t C = GDN_CHUNK;
-    float *p = mem;
-    gdn_scratch w;
-    w.KQ = carve(&p, 2 * C * d->dk);
-    w.Kt = carve(&p, (size_t)d->dk * C);
-    w.P = carve(&p, 2 * C * d->dv);
-    w.KK = carve(&p, C * C);
-    w.QK = carve(&p, C * C);
-    w.X = carve(&p, C * d->dv);
-    w.G = carve(&p, C);
-    w.coef = carve(&p, C);
-    w.coef2 = carve(&p, C);
+    scratch_layout(&w, dk, dv, mem);
     for (int64_t h = begin; h < end; h++) {
-        float *S = s->S + (size_t)h * d->dk * d->dv;
+        float *S = s->S + (size_t)h * dk * dv;
+        for (int i = 0; i < dk; i++) memcpy(w.Sw + (size_t)i * w.ldv, S + (size_t)i * dv, (size_t)dv * 4);
         for (int t0 = 0; t0 < s->T; t0 += GDN_CHUNK) {
             const int n = s->T - t0 < GDN_CHUNK ? s->T - t0 : GDN_CHUNK;
-            gdn_chunk(d, s, (int)h, t0, n, S, &w);
+            gdn_chunk(d, s, (int)h, t0, n, &w);
         }
+        for (int i = 0; i < dk; i++) memcpy(S + (size_t)i * dv, w.Sw + (size_t)i * w.ldv, (size_t)dv * 4);
     }
     free(mem);
 }
