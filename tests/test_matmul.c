@@ -247,10 +247,12 @@ int main(void) {
     CHECK(pool != NULL);
     if (!pool) return qd_test_finish("test_matmul");
 
-    test_shapes(NULL);
-    test_shapes(pool);
-    test_batch(NULL);
-    test_batch(pool);
+    if (!getenv("QD_TEST_BENCH_ONLY")) {
+        test_shapes(NULL);
+        test_shapes(pool);
+        test_batch(NULL);
+        test_batch(pool);
+    }
 
     if (!getenv("QD_TEST_NO_BENCH")) {
         printf("throughput (informational):\n");
