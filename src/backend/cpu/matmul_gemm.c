@@ -68,6 +68,7 @@ static void kernel_tile(int64_t kc, const float *panel, const float *const xp[QD
     __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
     __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
     const float *x0 = xp[0], *x1 = xp[1], *x2 = xp[2], *x3 = xp[3], *x4 = xp[4], *x5 = xp[5];
+#pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m256 b0 = _mm256_load_ps(panel + k * QD_MM_NR);
         __m256 b1 = _mm256_load_ps(panel + k * QD_MM_NR + 8);
