@@ -1,0 +1,38 @@
+/* Private to matmul.c / matmul_gemm.c: block sizes and the shared scalar weight read. */
+#ifndef QD_BACKEND_CPU_MATMUL_INTERNAL_H
+#define QD_BACKEND_CPU_MATMUL_INTERNAL_H
+
+#include <stdint.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "base/dtype.h"
+
+/* n up to this uses the streaming GEMV; larger n packs W panels (GEMM). */
+#define QD_MM_GEMV_MAX_N 4
+/* GEMM micro-kernel tile: MR x rows by NR W rows; KC columns per packed panel
+ * (NR * KC floats = 16 KiB, half of L1d, so the panel stays resident while
+ * every x row streams past it). */
+#define QD_MM_MR 6
+#define QD_MM_NR 16
+#define QD_MM_KC 256
+
+/* One weight element as f32; used for column tails, packing and the portable path. */
+static inline float qd_mm_wscalar(qd_dtype dt, const void *w, int64_t idx) {
+    switch (dt) {
+    case QD_DTYPE_F32: return ((const float *)w)[idx];
+    case QD_DTYPE_BF16: return qd_bf16_to_f32(((const uint16_t *)w)[idx]);
+    case QD_DTYPE_F16: return qd_f16_to_f32(((const uint16_t *)w)[idx]);
+    case QD_DTYPE_F8_E4M3: return qd_f8e4m3_to_f32(((const uint8_t *)w)[idx]);
+    case QD_DTYPE_I32: return (float)((const int32_t *)w)[idx];
+    case QD_DTYPE_I64: return (float)((const int64_t *)w)[idx];
+    case QD_DTYPE_U8: return (float)((const uint8_t *)w)[idx];
+    default: return 0.0f;
+    }
+}
+
+/* y[i][r] for W rows [r0, r1) (r0 a multiple of QD_MM_NR) and x rows [i0, i1);
+ * ldx = cols, ldy = rows. Needs no heap memory. */
+void qd_mm_gemm_range(const qd_weight *w, const float *x, float *y, int64_t r0, int64_t r1,
+                      int64_t i0, int64_t i1);
+
+#endif
