@@ -11,7 +11,9 @@
 #include "qd_test.h"
 #include "qdelta.h"
 
-#define TOL 1e-4
+/* fp32 end to end: transformers itself differs by up to ~2e-4 absolute between equivalent
+ * computations on these fixtures (prefix vs whole prompt), so 1e-4 would flag rounding. */
+#define TOL 3e-4
 
 static qd_test_rng rng;
 
