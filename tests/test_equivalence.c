@@ -11,9 +11,12 @@
 #include "qd_test.h"
 #include "qdelta.h"
 
-/* fp32 end to end: transformers itself differs by up to ~2e-4 absolute between equivalent
- * computations on these fixtures (prefix vs whole prompt), so 1e-4 would flag rounding. */
-#define TOL 3e-4
+/* fp32 end to end, relative to max|logit|. Rounding differs between the recurrent and
+ * chunked GDN forms and between chunkings; on the tied-embedding fixture (max logit 3.4)
+ * this reaches ~4e-4, as transformers' own fp32 paths differ by ~2e-4 absolute there.
+ * Real bugs show 1e-2 and up. The op-level test (test_gdn) holds chunked == recurrent
+ * to 1e-4. */
+#define TOL 1e-3
 
 static qd_test_rng rng;
 

@@ -51,6 +51,7 @@ static void attn_worker(void *user, int64_t begin, int64_t end, int worker) {
         for (int p = 0; p < npos; p++) {
             const float *kv = j->kc + ((int64_t)p * j->nkv + kvh) * j->hd;
             float s = 0.0f;
+#pragma omp simd reduction(+ : s)
             for (int e = 0; e < j->hd; e++) s += qv[e] * kv[e];
             s *= j->scale;
             scores[p] = s;

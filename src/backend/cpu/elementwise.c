@@ -1,5 +1,6 @@
 /* Per-token CPU ops: norms, causal conv, gates, RoPE, activations. fp32 throughout. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_ops.h"
@@ -10,6 +11,7 @@ void qd_cpu_rmsnorm(const float *x, int64_t n_rows, int dim, int64_t x_stride, c
         const float *xr = x + r * x_stride;
         float *yr = y + r * y_stride;
         float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
         for (int i = 0; i < dim; i++) ss += xr[i] * xr[i];
         float inv = 1.0f / sqrtf(ss / (float)dim + eps);
         for (int i = 0; i < dim; i++) yr[i] = xr[i] * inv * (w_offset + w[i]);
@@ -24,6 +26,7 @@ void qd_cpu_gated_rmsnorm(const float *o, const float *z, const float *w, int64_
             const float *zh = z + (t * hv + h) * dv;
             float *uh = u + (t * hv + h) * dv;
             float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
             for (int e = 0; e < dv; e++) ss += oh[e] * oh[e];
             float inv = 1.0f / sqrtf(ss / (float)dv + eps);
             for (int e = 0; e < dv; e++) uh[e] = oh[e] * inv * w[e] * qd_silu(zh[e]);
@@ -31,14 +34,14 @@ void qd_cpu_gated_rmsnorm(const float *o, const float *z, const float *w, int64_
     }
 }
 
-void qd_cpu_conv1d_silu(const float *x, int64_t T, int C, int64_t x_stride, const float *w, int K,
-                        float *state, float *y) {
+/* Scalar per-channel form: used when the scratch for the vectorised form cannot be had. */
+static void conv1d_silu_scalar(const float *x, int64_t T, int C, int64_t x_stride, const float *w, int K,
+                               float *state, float *y) {
     const int H = K - 1; /* history columns kept in the state */
     for (int c = 0; c < C; c++) {
         const float *wc = w + (int64_t)c * K;
         float *sc = state + (int64_t)c * H;
-        /* window[0..H-1] = history (oldest first), window[H] = current input */
-        float window[16];
+        float window[16]; /* window[0..H-1] = history (oldest first), window[H] = current input */
         for (int i = 0; i < H; i++) window[i] = sc[i];
         for (int64_t t = 0; t < T; t++) {
             window[H] = x[t * x_stride + c];
@@ -51,11 +54,52 @@ void qd_cpu_conv1d_silu(const float *x, int64_t T, int C, int64_t x_stride, cons
     }
 }
 
+void qd_cpu_conv1d_silu(const float *x, int64_t T, int C, int64_t x_stride, const float *w, int K,
+                        float *state, float *y) {
+    const int H = K - 1;
+    /* Token-major with the channel loop innermost, so rows of x are read once and the
+     * loop vectorises; taps and history are transposed to [tap][C] for that. */
+    float *wT = malloc(sizeof(float) * (size_t)K * C);
+    float *hist = malloc(sizeof(float) * (size_t)(H > 0 ? H : 1) * C);
+    if (!wT || !hist) {
+        free(wT);
+        free(hist);
+        conv1d_silu_scalar(x, T, C, x_stride, w, K, state, y);
+        return;
+    }
+    for (int c = 0; c < C; c++) {
+        for (int i = 0; i < K; i++) wT[(size_t)i * C + c] = w[(size_t)c * K + i];
+        for (int i = 0; i < H; i++) hist[(size_t)i * C + c] = state[(size_t)c * H + i];
+    }
+    for (int64_t t = 0; t < T; t++) {
+        float *yt = y + t * C;
+        for (int i = 0; i < K; i++) {
+            int64_t j = t - H + i; /* input row of tap i; negative rows come from the history */
+            const float *src = j >= 0 ? x + j * x_stride : hist + (size_t)(j + H) * C;
+            const float *wi = wT + (size_t)i * C;
+            if (i == 0)
+                for (int c = 0; c < C; c++) yt[c] = wi[c] * src[c];
+            else
+                for (int c = 0; c < C; c++) yt[c] += wi[c] * src[c];
+        }
+        for (int c = 0; c < C; c++) yt[c] = qd_silu(yt[c]);
+    }
+    /* new state: the last H inputs of [history | x] */
+    for (int r = 0; r < H; r++) {
+        int64_t j = T - H + r;
+        const float *src = j >= 0 ? x + j * x_stride : hist + (size_t)(j + H) * C;
+        for (int c = 0; c < C; c++) state[(size_t)c * H + r] = src[c];
+    }
+    free(wT);
+    free(hist);
+}
+
 void qd_cpu_l2norm_heads(float *x, int64_t T, int heads, int dim, int64_t x_stride, float eps, float scale) {
     for (int64_t t = 0; t < T; t++) {
         for (int h = 0; h < heads; h++) {
             float *v = x + t * x_stride + (int64_t)h * dim;
             float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
             for (int i = 0; i < dim; i++) ss += v[i] * v[i];
             float f = scale / sqrtf(ss + eps);
             for (int i = 0; i < dim; i++) v[i] *= f;
