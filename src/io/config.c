@@ -269,6 +269,9 @@ static qd_status read_ffn(const cfg *c, qd_config *o) {
     }
     if (n_moe < o->n_layers) QD_TRY(req_dim(c, "intermediate_size", &o->intermediate_size));
     else QD_TRY(get_int(c, "intermediate_size", false, 0, &o->intermediate_size));
+    if (o->intermediate_size < 0 || o->intermediate_size > CFG_MAX_DIM)
+        return qd_seterr(c->err, QD_ERR_FORMAT, "%s: intermediate_size = %d is out of range", c->what,
+                         o->intermediate_size);
     if (n_moe > 0) {
         if (o->arch == QD_ARCH_QWEN3_5_MOE) QD_TRY(req_dim(c, "num_experts", &o->n_experts));
         QD_TRY(req_dim(c, "num_experts_per_tok", &o->n_experts_per_tok));

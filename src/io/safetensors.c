@@ -213,8 +213,9 @@ static qd_status parse_image(qd_safetensors *st, int file_index, const unsigned 
 
     /* Overlap check: sorted by start, every non-empty tensor must begin at or after
      * the end of the previous non-empty one. Empty tensors own no bytes. */
-    qd_st_tensor *ts = st->tensors + first;
     int cnt = st->n_tensors - first;
+    if (cnt == 0) return QD_OK;  /* st->tensors may still be NULL */
+    qd_st_tensor *ts = st->tensors + first;
     qsort(ts, (size_t)cnt, sizeof *ts, cmp_offset);
     const qd_st_tensor *prev = NULL;
     for (int i = 0; i < cnt; i++) {
