@@ -40,7 +40,15 @@ qd_status qd_err_prefix(qd_err *err, const char *fmt, ...) {
     va_end(ap);
     char old[QD_ERRMSG_SIZE];
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    /* truncation of a long message is acceptable: it stays NUL-terminated */
+    size_t n = strlen(prefix);
+    if (n > sizeof err->msg - 3) n = sizeof err->msg - 3;
+    memcpy(err->msg, prefix, n);
+    memcpy(err->msg + n, ": ", 2);
+    size_t room = sizeof err->msg - n - 3;
+    size_t m = strnlen(old, room);
+    memcpy(err->msg + n + 2, old, m);
+    err->msg[n + 2 + m] = '\0';
     return err->status;
 }
 

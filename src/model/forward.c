@@ -63,7 +63,7 @@ qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *
     const qd_config *c = &m->cfg;
     qd_scratch *s = &ctx->s;
     qd_span_rt *rt = ctx->spans_rt;
-    int n_rows, n_logit_rows;
+    int n_rows = 0, n_logit_rows = 0;
     QD_TRY(validate(ctx, spans, n_spans, rt, &n_rows, &n_logit_rows));
     if (n_logit_rows > 0 && !logits) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
 

@@ -134,7 +134,7 @@ static qd_status bind_gdn_interleaved(binder *b, int L, qd_gdn_weights *g) {
     QD_TRY(get_tensor(b, &ba, 2, s2, "layers.%d.linear_attn.in_proj_ba.weight", L));
     QD_TRY(check_matrix_dtype(b, ba));
 
-    row_run runs[3 * 64];
+    row_run runs[3 * 64] = {{0, 0}};
     if (hk > 64) return qd_seterr(b->err, QD_ERR_UNSUPPORTED, "linear_num_key_heads %d > 64", hk);
     int n = 0;
     for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * group, dk};               /* q_j */
