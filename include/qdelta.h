@@ -98,6 +98,9 @@ int64_t qd_model_n_params(const qd_model *model);
 int64_t qd_model_weight_bytes(const qd_model *model); /* bytes of weights as stored */
 /* Bytes of weights read per decoded token (MoE: only the active experts). */
 int64_t qd_model_active_weight_bytes(const qd_model *model);
+/* End-of-sequence token ids: generation_config.json's eos_token_id if given, else
+ * config.json's. Returns the count; *ids stays valid for the model's lifetime. */
+int qd_model_eos_ids(const qd_model *model, const int32_t **ids);
 /* A one-paragraph human-readable description of the architecture. */
 const char *qd_model_describe(const qd_model *model);
 

@@ -10,6 +10,7 @@ static void usage(FILE *f) {
                "  -n N              tokens to generate (default 16)\n"
                "  --temperature T   0 = greedy (default)\n"
                "  --ids-out FILE    write the generated ids, space-separated\n"
+               "  --ignore-eos      keep generating past end-of-sequence tokens\n"
                "  --load-format auto|dummy, -t N threads, -q quiet\n");
 }
 
@@ -18,6 +19,7 @@ int qd_cmd_run(int argc, char **argv) {
     const char *prompt_ids = NULL, *ids_out = NULL;
     long n_gen = 16;
     double temperature = 0.0;
+    bool ignore_eos = false;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_model_opt(&mo, argc, argv, &i);
         if (r < 0) return 2;
@@ -26,6 +28,7 @@ int qd_cmd_run(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         else if (!strcmp(a, "--prompt-ids")) { if (!(prompt_ids = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "--ids-out")) { if (!(ids_out = cli_value(argc, argv, &i))) return 2; }
+        else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_int(a, v, 0, 1 << 24, &n_gen)) return 2;
@@ -69,6 +72,12 @@ int qd_cmd_run(int argc, char **argv) {
         fflush(stdout);
         if (t == 0) t_first = cli_now() - t0;
         if (t + 1 == n_gen) break;
+        /* like transformers' generate: the end-of-sequence token is emitted, then we stop */
+        const int32_t *eos;
+        int n_eos = ignore_eos ? 0 : qd_model_eos_ids(m, &eos);
+        bool stop = false;
+        for (int e = 0; e < n_eos; e++) stop |= eos[e] == best;
+        if (stop) break;
         qd_span span = {0, &out[n_out - 1], 1, QD_LOGITS_LAST};
         if (qd_forward(ctx, &span, 1, logits) != QD_OK) { fprintf(stderr, "\nqdelta run: %s\n", qd_context_errmsg(ctx)); goto done; }
     }

@@ -130,6 +130,12 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
         goto fail;
     }
     if ((s = qd_config_load(params->path, &m->cfg, &err)) != QD_OK) goto fail;
+    if ((s = qd_generation_config_load(params->path, &m->gen, &err)) != QD_OK) goto fail;
+    {
+        const int *src = m->gen.n_eos ? m->gen.eos_token_ids : m->cfg.eos_token_ids;
+        m->n_eos = m->gen.n_eos ? m->gen.n_eos : m->cfg.n_eos;
+        for (int i = 0; i < m->n_eos; i++) m->eos_ids[i] = src[i];
+    }
     if ((s = model_init_layers(m, &err)) != QD_OK) goto fail;
     m->pool = qd_threadpool_create(params->n_threads);
     if (!m->pool) {
@@ -173,4 +179,8 @@ const char *qd_model_type(const qd_model *m) {
 int64_t qd_model_n_params(const qd_model *m) { return m->n_params; }
 int64_t qd_model_weight_bytes(const qd_model *m) { return m->weight_bytes; }
 int64_t qd_model_active_weight_bytes(const qd_model *m) { return m->active_weight_bytes; }
+int qd_model_eos_ids(const qd_model *m, const int32_t **ids) {
+    *ids = m->eos_ids;
+    return m->n_eos;
+}
 const char *qd_model_describe(const qd_model *m) { return m->describe; }

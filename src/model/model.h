@@ -11,6 +11,7 @@
 #include "base/err.h"
 #include "base/threadpool.h"
 #include "io/config.h"
+#include "io/generation_config.h"
 #include "io/safetensors.h"
 #include "qdelta.h"
 
@@ -65,6 +66,9 @@ typedef struct qd_layer {
 
 struct qd_model {
     qd_config cfg;
+    qd_generation_config gen;
+    int32_t eos_ids[QD_MAX_EOS];  /* from gen, else cfg */
+    int n_eos;
     qd_err err;
     qd_safetensors *st;       /* NULL for dummy weights */
     qd_threadpool *pool;
