@@ -101,6 +101,13 @@ int64_t qd_model_active_weight_bytes(const qd_model *model);
 /* End-of-sequence token ids: generation_config.json's eos_token_id if given, else
  * config.json's. Returns the count; *ids stays valid for the model's lifetime. */
 int qd_model_eos_ids(const qd_model *model, const int32_t **ids);
+/* The checkpoint's default sampling (generation_config.json); do_sample 0 = greedy. */
+typedef struct qd_generation_defaults {
+    int do_sample;
+    float temperature, top_p, repetition_penalty;
+    int top_k;
+} qd_generation_defaults;
+qd_generation_defaults qd_model_generation_defaults(const qd_model *model);
 /* A one-paragraph human-readable description of the architecture. */
 const char *qd_model_describe(const qd_model *model);
 

@@ -183,4 +183,9 @@ int qd_model_eos_ids(const qd_model *m, const int32_t **ids) {
     *ids = m->eos_ids;
     return m->n_eos;
 }
+qd_generation_defaults qd_model_generation_defaults(const qd_model *m) {
+    qd_generation_defaults d = {m->gen.do_sample, m->gen.temperature, m->gen.top_p, m->gen.repetition_penalty,
+                                m->gen.top_k};
+    return d;
+}
 const char *qd_model_describe(const qd_model *m) { return m->describe; }
