@@ -5,6 +5,8 @@
 #include <string.h>
 
 /* A candidate for top-k / top-p: the penalised logit and its id. */
+#define QD_NBUCKET 1024 /* weight histogram buckets, see sample_filtered */
+
 typedef struct qd_cand {
     float v;     /* penalised logit: the ranking key */
     int32_t id;
@@ -25,6 +27,8 @@ struct qd_sampler {
     float *saved;          /* raw logits of `seen`, to restore the caller's row */
     int n_seen, cap_seen;
     qd_cand *cand;         /* [vocab_size] scratch; only when top_k or top_p is on */
+    int32_t *hist_count;   /* [QD_NBUCKET] weight histogram for the top_k / top_p prefilter */
+    double *hist_mass;
 };
 
 /* ------------------------------------------------------------------ RNG */
@@ -130,8 +134,11 @@ qd_status qd_sampler_create(const qd_sampling_params *params, int vocab_size, qd
     int ok = 1;
     if (s->rep_on || s->freq_on) ok &= (s->listed = calloc((size_t)vocab_size, 1)) != NULL;
     if (s->freq_on) ok &= (s->counts = calloc((size_t)vocab_size, sizeof *s->counts)) != NULL;
-    if (params->top_k > 0 || params->top_p < 1.0f)
+    if (params->top_k > 0 || params->top_p < 1.0f) {
         ok &= (s->cand = malloc((size_t)vocab_size * sizeof *s->cand)) != NULL;
+        ok &= (s->hist_count = malloc(QD_NBUCKET * sizeof *s->hist_count)) != NULL;
+        ok &= (s->hist_mass = malloc(QD_NBUCKET * sizeof *s->hist_mass)) != NULL;
+    }
     if (!ok) {
         qd_sampler_free(s);
         return qd_seterr(err, QD_ERR_OOM, "sampler: out of memory for a vocabulary of %d", vocab_size);
@@ -148,6 +155,8 @@ void qd_sampler_free(qd_sampler *s) {
     free(s->seen);
     free(s->saved);
     free(s->cand);
+    free(s->hist_count);
+    free(s->hist_mass);
     free(s);
 }
 
@@ -392,32 +401,90 @@ static int32_t draw(const qd_cand *c, size_t n, double z, uint64_t rng[4]) {
     return last_pos; /* rounding left target == z: take the last token with weight */
 }
 
-/* Steps 3-5 for the top_k / top_p path. y = penalised logits, m = their max. */
+/* Histogram bucket of a weight in (0, 1]: its float exponent and top 3 mantissa bits,
+ * i.e. 8 buckets per octave. Buckets are ordered like the weights (and so like the
+ * logits), which is all the prefilter below needs. */
+static int weight_bucket(float w) {
+    uint32_t b;
+    memcpy(&b, &w, sizeof b);
+    return (int)(b >> 20); /* <= 0x3F8 for w <= 1 */
+}
+
+/* Steps 3-5 for the top_k / top_p path. y = penalised logits, m = their max.
+ *
+ * Pass 1 histograms the weights (count and mass per bucket). Walking the buckets from
+ * the top gives the lowest bucket that can hold a survivor: the one where the count
+ * reaches top_k, or (top_p only) one below the one where the mass reaches top_p * Z.
+ * Everything in lower buckets ranks below at least top_k tokens, or below a mass >=
+ * top_p * Z, so it is dropped by the exact rule anyway. Pass 2 collects only the
+ * tokens at or above that bucket, typically a few hundred of a 250k vocabulary, and
+ * the exact selections run on those. */
 static int32_t sample_filtered(qd_sampler *s, const float *y, float m, float inv_t) {
     qd_cand *c = s->cand;
-    const float min_p = s->p.min_p;
-    size_t nc = 0;
+    const float min_p = s->p.min_p, top_p = s->p.top_p;
+    const size_t k = (size_t)s->p.top_k;
+    int32_t *count = s->hist_count;
+    double *mass = s->hist_mass;
+    memset(count, 0, QD_NBUCKET * sizeof *count);
+    memset(mass, 0, QD_NBUCKET * sizeof *mass);
     float w[QD_BLOCK];
+    double z = 0.0;
+    size_t n_pos = 0;
+    for (int b = 0; b < s->n; b += QD_BLOCK) {
+        int e = s->n - b < QD_BLOCK ? s->n : b + QD_BLOCK;
+        block_weights(y, b, e, m, inv_t, min_p, w);
+        for (int i = 0; i < e - b; i++) {
+            /* weight 0 = -inf, underflow or below min_p: never drawable */
+            if (w[i] <= 0.0f) continue;
+            int h = weight_bucket(w[i]);
+            count[h]++;
+            mass[h] += w[i];
+            z += w[i];
+            n_pos++;
+        }
+    }
+    int lowest = 0;
+    if (k > 0 && k < n_pos) {
+        size_t seen = 0;
+        for (int h = QD_NBUCKET - 1; h >= 0; h--)
+            if ((seen += (size_t)count[h]) >= k) {
+                lowest = h;
+                break;
+            }
+    } else if (top_p < 1.0f) {
+        double acc = 0.0, target = (double)top_p * z;
+        for (int h = QD_NBUCKET - 1; h >= 0; h--)
+            if ((acc += mass[h]) >= target) {
+                /* one bucket of margin: the histogram sums in another order than the
+                 * exact walk, so a tie with the target at rounding level stays exact */
+                lowest = h > 0 ? h - 1 : 0;
+                break;
+            }
+    }
+    size_t nc = 0;
     for (int b = 0; b < s->n; b += QD_BLOCK) {
         int e = s->n - b < QD_BLOCK ? s->n : b + QD_BLOCK;
         block_weights(y, b, e, m, inv_t, min_p, w);
         for (int i = b; i < e; i++) {
-            /* weight 0 = -inf, underflow or below min_p: never drawable */
-            if (w[i - b] <= 0.0f) continue;
+            float wi = w[i - b];
+            if (wi <= 0.0f || weight_bucket(wi) < lowest) continue;
             c[nc].v = y[i];
             c[nc].id = i;
-            c[nc].w = w[i - b];
+            c[nc].w = wi;
             nc++;
         }
     }
-    size_t k = (size_t)s->p.top_k;
     if (k > 0 && k < nc) {
         select_top(c, nc, k);
         nc = k;
     }
-    double z = 0.0;
-    for (size_t i = 0; i < nc; i++) z += c[i].w;
-    if (s->p.top_p < 1.0f) nc = select_nucleus(c, nc, z, s->p.top_p, &z);
+    /* After top_k the nucleus is taken over the k survivors' mass; without top_k, z is
+     * the mass of every drawable token, including those the prefilter skipped. */
+    if (k > 0 && k < n_pos) {
+        z = 0.0;
+        for (size_t i = 0; i < nc; i++) z += c[i].w;
+    }
+    if (top_p < 1.0f) nc = select_nucleus(c, nc, z, top_p, &z);
     return draw(c, nc, z, s->rng);
 }
 
