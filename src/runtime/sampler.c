@@ -5,8 +5,6 @@
 #include <string.h>
 
 /* A candidate for top-k / top-p: the penalised logit and its id. */
-#define QD_NBUCKET 1024 /* weight histogram buckets, see sample_filtered */
-
 typedef struct qd_cand {
     float v;     /* penalised logit: the ranking key */
     int32_t id;
@@ -27,8 +25,6 @@ struct qd_sampler {
     float *saved;          /* raw logits of `seen`, to restore the caller's row */
     int n_seen, cap_seen;
     qd_cand *cand;         /* [vocab_size] scratch; only when top_k or top_p is on */
-    int32_t *hist_count;   /* [QD_NBUCKET] weight histogram for the top_k / top_p prefilter */
-    double *hist_mass;
 };
 
 /* ------------------------------------------------------------------ RNG */
@@ -136,8 +132,6 @@ qd_status qd_sampler_create(const qd_sampling_params *params, int vocab_size, qd
     if (s->freq_on) ok &= (s->counts = calloc((size_t)vocab_size, sizeof *s->counts)) != NULL;
     if (params->top_k > 0 || params->top_p < 1.0f) {
         ok &= (s->cand = malloc((size_t)vocab_size * sizeof *s->cand)) != NULL;
-        ok &= (s->hist_count = malloc(QD_NBUCKET * sizeof *s->hist_count)) != NULL;
-        ok &= (s->hist_mass = malloc(QD_NBUCKET * sizeof *s->hist_mass)) != NULL;
     }
     if (!ok) {
         qd_sampler_free(s);
@@ -155,8 +149,6 @@ void qd_sampler_free(qd_sampler *s) {
     free(s->seen);
     free(s->saved);
     free(s->cand);
-    free(s->hist_count);
-    free(s->hist_mass);
     free(s);
 }
 
@@ -325,6 +317,36 @@ static void cand_swap(qd_cand *a, qd_cand *b) {
     *b = t;
 }
 
+/* A bounded min-heap of the best candidates seen: h[0] is the worst one kept, so a
+ * new value costs one comparison unless it beats it. Used for the top-n logprobs and
+ * for small top_k, where it replaces a selection over the whole vocabulary. */
+typedef struct {
+    qd_cand *h;
+    int n, cap;
+} cand_heap;
+
+static void heap_offer(cand_heap *t, qd_cand c) {
+    if (t->n < t->cap) {
+        int i = t->n++;
+        t->h[i] = c;
+        while (i > 0 && cand_above(&t->h[(i - 1) / 2], &t->h[i])) {
+            cand_swap(&t->h[(i - 1) / 2], &t->h[i]);
+            i = (i - 1) / 2;
+        }
+        return;
+    }
+    if (!cand_above(&c, &t->h[0])) return;
+    t->h[0] = c;
+    for (int i = 0;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < t->n && cand_above(&t->h[w], &t->h[l])) w = l;
+        if (r < t->n && cand_above(&t->h[w], &t->h[r])) w = r;
+        if (w == i) return;
+        cand_swap(&t->h[i], &t->h[w]);
+        i = w;
+    }
+}
+
 /* Lomuto partition of c[lo..hi) (hi - lo >= 2) around a median-of-three pivot;
  * returns the pivot's final index: c[lo..p) rank above it, c(p..hi) below. */
 static size_t partition(qd_cand *c, size_t lo, size_t hi) {
@@ -401,86 +423,59 @@ static int32_t draw(const qd_cand *c, size_t n, double z, uint64_t rng[4]) {
     return last_pos; /* rounding left target == z: take the last token with weight */
 }
 
-/* Histogram bucket of a weight in (0, 1]: its float exponent and top 3 mantissa bits,
- * i.e. 8 buckets per octave. Buckets are ordered like the weights (and so like the
- * logits), which is all the prefilter below needs. */
-static int weight_bucket(float w) {
-    uint32_t b;
-    memcpy(&b, &w, sizeof b);
-    return (int)(b >> 20); /* <= 0x3F8 for w <= 1 */
-}
+/* top_k up to this size goes through a heap (one comparison per token); larger k
+ * through quickselect over all drawable tokens. */
+#define QD_TOPK_HEAP 512
 
 /* Steps 3-5 for the top_k / top_p path. y = penalised logits, m = their max.
  *
- * Pass 1 histograms the weights (count and mass per bucket). Walking the buckets from
- * the top gives the lowest bucket that can hold a survivor: the one where the count
- * reaches top_k, or (top_p only) one below the one where the mass reaches top_p * Z.
- * Everything in lower buckets ranks below at least top_k tokens, or below a mass >=
- * top_p * Z, so it is dropped by the exact rule anyway. Pass 2 collects only the
- * tokens at or above that bucket, typically a few hundred of a 250k vocabulary, and
- * the exact selections run on those. */
+ * Only plausible survivors are collected into s->cand:
+ *  - top_k <= QD_TOPK_HEAP: the k best drawable tokens, through a heap;
+ *  - top_p alone: the tokens with weight >= tau = (1 - top_p) * Z / n / 2. Every token
+ *    below tau is dropped by the exact rule: the tokens ranked at or below it all
+ *    weigh < tau, so together less than (1 - top_p) * Z, leaving >= top_p * Z ranked
+ *    strictly above it. (The halving is margin for rounding.) For a peaked
+ *    distribution that is a small fraction of the vocabulary.
+ * The exact selections then run on the collected tokens only. */
 static int32_t sample_filtered(qd_sampler *s, const float *y, float m, float inv_t) {
     qd_cand *c = s->cand;
     const float min_p = s->p.min_p, top_p = s->p.top_p;
     const size_t k = (size_t)s->p.top_k;
-    int32_t *count = s->hist_count;
-    double *mass = s->hist_mass;
-    memset(count, 0, QD_NBUCKET * sizeof *count);
-    memset(mass, 0, QD_NBUCKET * sizeof *mass);
+    const int n = s->n;
     float w[QD_BLOCK];
     double z = 0.0;
-    size_t n_pos = 0;
-    for (int b = 0; b < s->n; b += QD_BLOCK) {
-        int e = s->n - b < QD_BLOCK ? s->n : b + QD_BLOCK;
-        block_weights(y, b, e, m, inv_t, min_p, w);
-        for (int i = 0; i < e - b; i++) {
-            /* weight 0 = -inf, underflow or below min_p: never drawable */
-            if (w[i] <= 0.0f) continue;
-            int h = weight_bucket(w[i]);
-            count[h]++;
-            mass[h] += w[i];
-            z += w[i];
-            n_pos++;
+    float tau = 0.0f;
+    if (k == 0) { /* top_p alone: the bound needs the total weight first */
+        for (int b = 0; b < n; b += QD_BLOCK) {
+            int e = n - b < QD_BLOCK ? n : b + QD_BLOCK;
+            z += block_sum(y, b, e, m, inv_t, min_p, w);
         }
+        tau = (float)((1.0 - (double)top_p) * z / n * 0.5);
     }
-    int lowest = 0;
-    if (k > 0 && k < n_pos) {
-        size_t seen = 0;
-        for (int h = QD_NBUCKET - 1; h >= 0; h--)
-            if ((seen += (size_t)count[h]) >= k) {
-                lowest = h;
-                break;
-            }
-    } else if (top_p < 1.0f) {
-        double acc = 0.0, target = (double)top_p * z;
-        for (int h = QD_NBUCKET - 1; h >= 0; h--)
-            if ((acc += mass[h]) >= target) {
-                /* one bucket of margin: the histogram sums in another order than the
-                 * exact walk, so a tie with the target at rounding level stays exact */
-                lowest = h > 0 ? h - 1 : 0;
-                break;
-            }
-    }
+    cand_heap heap = {c, 0, k > 0 && k <= QD_TOPK_HEAP ? (int)k : 0};
     size_t nc = 0;
-    for (int b = 0; b < s->n; b += QD_BLOCK) {
-        int e = s->n - b < QD_BLOCK ? s->n : b + QD_BLOCK;
+    for (int b = 0; b < n; b += QD_BLOCK) {
+        int e = n - b < QD_BLOCK ? n : b + QD_BLOCK;
         block_weights(y, b, e, m, inv_t, min_p, w);
         for (int i = b; i < e; i++) {
             float wi = w[i - b];
-            if (wi <= 0.0f || weight_bucket(wi) < lowest) continue;
-            c[nc].v = y[i];
-            c[nc].id = i;
-            c[nc].w = wi;
-            nc++;
+            /* weight 0 = -inf, underflow or below min_p: never drawable */
+            if (wi <= 0.0f || wi < tau) continue;
+            qd_cand ci = {y[i], i, wi};
+            if (!heap.cap) c[nc++] = ci;
+            /* ids rise, so a full heap takes only strictly larger logits: test inline */
+            else if (heap.n < heap.cap || y[i] > c[0].v) heap_offer(&heap, ci);
         }
     }
-    if (k > 0 && k < nc) {
+    if (heap.cap) {
+        nc = (size_t)heap.n;
+    } else if (k > 0 && k < nc) {
         select_top(c, nc, k);
         nc = k;
     }
-    /* After top_k the nucleus is taken over the k survivors' mass; without top_k, z is
-     * the mass of every drawable token, including those the prefilter skipped. */
-    if (k > 0 && k < n_pos) {
+    /* With top_k the nucleus is over the k survivors' mass; without, z is the mass of
+     * every drawable token, including those below tau. */
+    if (k > 0) {
         z = 0.0;
         for (size_t i = 0; i < nc; i++) z += c[i].w;
     }
@@ -523,64 +518,65 @@ static int32_t sample_plain(qd_sampler *s, const float *y, float m, float inv_t)
     return last_pos;
 }
 
-/* Keeps the n best raw logits in a min-heap whose root is the worst kept. */
-typedef struct {
-    qd_cand h[QD_MAX_LOGPROBS];
-    int n, cap;
-} topn_heap;
-
-static void heap_sift_down(topn_heap *t, int i) {
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, w = i;
-        if (l < t->n && cand_above(&t->h[w], &t->h[l])) w = l;
-        if (r < t->n && cand_above(&t->h[w], &t->h[r])) w = r;
-        if (w == i) return;
-        cand_swap(&t->h[i], &t->h[w]);
-        i = w;
-    }
-}
-
-static void heap_offer(topn_heap *t, float v, int32_t id) {
-    qd_cand c = {v, id, 0.0f};
-    if (t->n < t->cap) {
-        int i = t->n++;
-        t->h[i] = c;
-        while (i > 0 && cand_above(&t->h[(i - 1) / 2], &t->h[i])) {
-            cand_swap(&t->h[(i - 1) / 2], &t->h[i]);
-            i = (i - 1) / 2;
-        }
-    } else if (cand_above(&c, &t->h[0])) {
-        t->h[0] = c;
-        heap_sift_down(t, 0);
-    }
-}
-
 /* --------------------------------------------------------------- sample */
+
+/* Maps a float's bits to a uint32 that orders like the float (-0 just below +0):
+ * flip all bits of negatives, the sign bit of the rest. NaNs land above +inf's key or
+ * below -inf's, so a min/max over keys finds them too. Integer min/max vectorise. */
+#define KEY_PINF 0xFF800000u
+#define KEY_NINF 0x007FFFFFu
+static inline uint32_t float_key(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u ^ ((0u - (u >> 31)) | 0x80000000u);
+}
+
+static inline float key_float(uint32_t k) {
+    uint32_t u = k ^ ((k >> 31) ? 0x80000000u : 0xFFFFFFFFu);
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* Max of x[0..n), ties to the lowest index; QD_ERR_INVALID_ARG on NaN or +inf or an
+ * all -inf row. One vectorised min/max pass, then an early-exit scan for the index. */
+static qd_status row_max(const float *x, int n, float *m, int32_t *arg, qd_err *err) {
+    uint32_t kmax = 0, kmin = 0xFFFFFFFFu;
+    for (int i = 0; i < n; i++) {
+        uint32_t k = float_key(x[i]);
+        kmax = k > kmax ? k : kmax;
+        kmin = k < kmin ? k : kmin;
+    }
+    if (kmax > KEY_PINF || kmin < KEY_NINF) {
+        for (int i = 0; i < n; i++)
+            if (isnan(x[i])) return qd_seterr(err, QD_ERR_INVALID_ARG, "sampler: logits[%d] is NaN", i);
+    }
+    *m = key_float(kmax);
+    int32_t i = 0;
+    while (i < n && !(x[i] == *m)) i++;
+    *arg = i;
+    if (kmax == KEY_PINF)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "sampler: logits[%d] is +inf", (int)i);
+    if (kmax == KEY_NINF)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "sampler: every logit in [0, %d) is -inf", n);
+    return QD_OK;
+}
 
 qd_status qd_sampler_sample(qd_sampler *s, float *logits, qd_sample_result *out, qd_err *err) {
     if (!s || !logits || !out)
         return qd_seterr(err, QD_ERR_INVALID_ARG, "qd_sampler_sample: NULL argument");
     const int n = s->n;
 
-    /* Step 0: validate, raw max (with argmax for greedy), top-n. */
-    topn_heap heap;
-    heap.n = 0;
-    heap.cap = s->p.n_logprobs < n ? s->p.n_logprobs : n;
-    float m = -INFINITY;
-    int32_t arg = 0;
-    for (int i = 0; i < n; i++) {
-        float v = logits[i];
-        if (isnan(v)) return qd_seterr(err, QD_ERR_INVALID_ARG, "sampler: logits[%d] is NaN", i);
-        if (v > m) {
-            m = v;
-            arg = i;
-        }
-        if (heap.cap) heap_offer(&heap, v, (int32_t)i);
-    }
-    if (m == INFINITY)
-        return qd_seterr(err, QD_ERR_INVALID_ARG, "sampler: logits[%d] is +inf", (int)arg);
-    if (m == -INFINITY)
-        return qd_seterr(err, QD_ERR_INVALID_ARG, "sampler: every logit in [0, %d) is -inf", n);
+    /* Step 0: validate, raw max (with argmax for greedy), top-n, log-sum-exp. */
+    float m;
+    int32_t arg;
+    QD_TRY(row_max(logits, n, &m, &arg, err));
+    qd_cand top[QD_MAX_LOGPROBS];
+    cand_heap heap = {top, 0, s->p.n_logprobs < n ? s->p.n_logprobs : n};
+    if (heap.cap)
+        for (int i = 0; i < n; i++)
+            /* ids rise, so a full heap only takes strictly larger logits: test inline */
+            if (heap.n < heap.cap || logits[i] > top[0].v) heap_offer(&heap, (qd_cand){logits[i], i, 0.0f});
     float w[QD_BLOCK];
     double sum = 0.0;
     for (int b = 0; b < n; b += QD_BLOCK) {
@@ -598,19 +594,16 @@ qd_status qd_sampler_sample(qd_sampler *s, float *logits, qd_sample_result *out,
                 logits[id] = penalise(s, id, logits[id]);
             }
         }
-        m = -INFINITY;
-        arg = 0;
-        for (int i = 0; i < n; i++)
-            if (logits[i] > m) {
-                m = logits[i];
-                arg = i;
-            }
+        /* Finite penalties of finite logits stay non-NaN; an overflow to +-inf is
+         * handled below, so only the max and argmax matter here. */
+        qd_err ignored;
+        if (row_max(logits, n, &m, &arg, &ignored) != QD_OK && !(m == INFINITY)) m = -INFINITY;
     }
 
     int32_t tok;
     if (s->p.temperature < QD_SAMPLER_GREEDY_EPS || isinf(m)) {
-        /* Strict > above keeps the lowest id among equal maxima. An infinite max can
-         * only come from a penalty overflowing float; argmax is the sane answer. */
+        /* row_max keeps the lowest id among equal maxima. An infinite max can only come
+         * from a penalty overflowing float; argmax is the sane answer. */
         tok = arg;
     } else {
         float inv_t = 1.0f / s->p.temperature;

@@ -15,12 +15,13 @@
  * Ids at or above vocab_limit (padding rows of the LM head) are excluded from every
  * step, logprobs included: they are not tokens.
  *
- * Cost for a vocabulary of V: a few O(V) passes (max, exp-sum, candidate build).
- * top_k uses quickselect, O(V), then sorts only the k survivors. top_p without
- * top_k sorts incrementally: it selects the best 64 candidates, sorts them, and
- * only when their mass is short of top_p selects and sorts the next 4x larger
- * chunk, so peaked distributions cost O(V) and a flat one degrades to one full
- * O(V log V) sort.
+ * Cost for a vocabulary of V: a few vectorised O(V) passes (max, exp-sum, weights);
+ * nothing sorts the vocabulary. top_k <= 512 keeps a heap of the k best (one
+ * comparison per token), larger k uses quickselect, O(V). top_p collects only tokens
+ * whose weight is at least (1 - top_p) * Z / (2V), which provably contains the
+ * nucleus, then finds the nucleus by a quickselect guided by mass, expected O(n) in
+ * the collected count, sorting only a last segment of <= 16. About 1 ms per token at
+ * V = 248k on one core of this project's CI machine (test_sampler prints timings).
  */
 #ifndef QD_RUNTIME_SAMPLER_H
 #define QD_RUNTIME_SAMPLER_H
