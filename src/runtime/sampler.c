@@ -423,6 +423,31 @@ static int32_t draw(const qd_cand *c, size_t n, double z, uint64_t rng[4]) {
     return last_pos; /* rounding left target == z: take the last token with weight */
 }
 
+/* Adds to mass[j] the block's weight at or above 2^(-2j), for j < QD_LADDER: a coarse
+ * cumulative histogram built with compares and adds only, so it vectorises (a true
+ * histogram scatters, which costs more than everything else here). */
+#define QD_LADDER 12
+static void block_ladder(const float *restrict w, int n, double *mass) {
+    for (int j = 0; j < QD_LADDER; j++) {
+        const uint32_t tb = (uint32_t)(127 - 2 * j) << 23; /* bits of 2^(-2j) */
+        float part[8] = {0};
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int l = 0; l < 8; l++) {
+                uint32_t wb;
+                memcpy(&wb, &w[i + l], sizeof wb);
+                wb &= 0u - (uint32_t)(wb >= tb); /* bit order = value order for w >= 0 */
+                float v;
+                memcpy(&v, &wb, sizeof v);
+                part[l] += v;
+            }
+        float sum = 0.0f;
+        for (; i < n; i++) sum += w[i] >= 0x1.0p0f / (float)(1u << (2 * j)) ? w[i] : 0.0f;
+        for (int l = 0; l < 8; l++) sum += part[l];
+        mass[j] += sum;
+    }
+}
+
 /* top_k up to this size goes through a heap (one comparison per token); larger k
  * through quickselect over all drawable tokens. */
 #define QD_TOPK_HEAP 512
@@ -445,12 +470,24 @@ static int32_t sample_filtered(qd_sampler *s, const float *y, float m, float inv
     float w[QD_BLOCK];
     double z = 0.0;
     float tau = 0.0f;
-    if (k == 0) { /* top_p alone: the bound needs the total weight first */
+    if (k == 0) { /* top_p alone: the bounds need the total weight first */
+        double ladder[QD_LADDER] = {0};
         for (int b = 0; b < n; b += QD_BLOCK) {
             int e = n - b < QD_BLOCK ? n : b + QD_BLOCK;
             z += block_sum(y, b, e, m, inv_t, min_p, w);
+            block_ladder(w, e - b, ladder);
         }
         tau = (float)((1.0 - (double)top_p) * z / n * 0.5);
+        /* The same argument with measured mass: if the weights >= t already hold
+         * top_p * Z, every token below t is dropped. 1e-5 of margin covers the float
+         * partial sums. */
+        const double target = (double)top_p * z * (1.0 + 1e-5);
+        for (int j = 0; j < QD_LADDER; j++)
+            if (ladder[j] >= target) {
+                float t = 0x1.0p0f / (float)(1u << (2 * j));
+                if (t > tau) tau = t;
+                break;
+            }
     }
     cand_heap heap = {c, 0, k > 0 && k <= QD_TOPK_HEAP ? (int)k : 0};
     size_t nc = 0;

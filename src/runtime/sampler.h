@@ -17,10 +17,11 @@
  *
  * Cost for a vocabulary of V: a few vectorised O(V) passes (max, exp-sum, weights);
  * nothing sorts the vocabulary. top_k <= 512 keeps a heap of the k best (one
- * comparison per token), larger k uses quickselect, O(V). top_p collects only tokens
- * whose weight is at least (1 - top_p) * Z / (2V), which provably contains the
- * nucleus, then finds the nucleus by a quickselect guided by mass, expected O(n) in
- * the collected count, sorting only a last segment of <= 16. About 1 ms per token at
+ * comparison per token), larger k uses quickselect, O(V). top_p first bounds the
+ * nucleus from below (a weight threshold such that the tokens above it already hold
+ * top_p of the mass, from a vectorised cumulative histogram over powers of 1/4),
+ * collects only tokens above it, then finds the nucleus exactly by a quickselect
+ * guided by mass, expected O(n) in the collected count. About 1 ms per token at
  * V = 248k on one core of this project's CI machine (test_sampler prints timings).
  */
 #ifndef QD_RUNTIME_SAMPLER_H
