@@ -12,6 +12,9 @@
  *   4. filtering: min_p, then top_k, then top_p (each on what the previous kept);
  *   5. a draw from the renormalised distribution over the kept tokens.
  *
+ * A sampler is one sequence's state (RNG, token history); different samplers are
+ * independent and may be used from different threads.
+ *
  * Ids at or above vocab_limit (padding rows of the LM head) are excluded from every
  * step, logprobs included: they are not tokens.
  *
