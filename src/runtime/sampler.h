@@ -51,7 +51,9 @@ typedef struct qd_sampling_params {
      * with count = times the token was generated (prompt tokens do not count). */
     float presence_penalty;
     float frequency_penalty;
-    uint64_t seed;            /* RNG seed: same seed + same logits -> same tokens */
+    /* RNG seed: same seed + same logits -> same tokens. 0 is an ordinary seed; a caller
+     * wanting fresh randomness per run passes one (e.g. from the clock). */
+    uint64_t seed;
     int n_logprobs;           /* 0..QD_MAX_LOGPROBS: top-n alternatives to report */
     /* Real vocabulary size (the tokenizer's); ids >= vocab_limit are padding and never
      * sampled or reported. 0 = the whole logits row. */
