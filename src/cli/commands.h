@@ -5,5 +5,9 @@
 int qd_cmd_logits(int argc, char **argv);
 int qd_cmd_run(int argc, char **argv);
 int qd_cmd_bench(int argc, char **argv);
+int qd_cmd_chat(int argc, char **argv);
+int qd_cmd_tokenize(int argc, char **argv);
+int qd_cmd_detokenize(int argc, char **argv);
+int qd_cmd_render_chat(int argc, char **argv);
 
 #endif

@@ -1,5 +1,9 @@
 #include "cli/common.h"
 
+#include <sys/stat.h>
+
+#include "io/tokenizer.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,4 +182,46 @@ char *cli_read_file(const char *path, size_t *len) {
     buf[n] = '\0';
     if (len) *len = n;
     return buf;
+}
+
+#ifndef QD_DEFAULT_MODEL_DIR
+#define QD_DEFAULT_MODEL_DIR "models/qdelta-tiny"
+#endif
+
+bool cli_default_model(cli_model_opts *o) {
+    if (o->model_dir) return true;
+    struct stat st;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", QD_DEFAULT_MODEL_DIR);
+    if (stat(path, &st) != 0) {
+        fprintf(stderr, "qdelta: no model given (-m DIR) and the embedded default model is not at %s\n",
+                QD_DEFAULT_MODEL_DIR);
+        return false;
+    }
+    o->model_dir = QD_DEFAULT_MODEL_DIR;
+    return true;
+}
+
+int cli_load_tokenizer(const char *dir, qd_tokenizer **out) {
+    qd_err err;
+    qd_err_clear(&err);
+    if (qd_tokenizer_load_dir(dir, out, &err) != QD_OK) {
+        fprintf(stderr, "qdelta: tokenizer of %s: %s\n", dir, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+int cli_tokenize(const qd_tokenizer *tok, const char *text, size_t len, int32_t **ids, int *n) {
+    qd_err err;
+    qd_err_clear(&err);
+    size_t cnt = 0;
+    *ids = NULL;
+    if (qd_tokenizer_encode(tok, text, len, 0, ids, &cnt, &err) != QD_OK) {
+        fprintf(stderr, "qdelta: tokenize: %s\n", err.msg);
+        return -1;
+    }
+    if (cnt > INT32_MAX) { free(*ids); *ids = NULL; fprintf(stderr, "qdelta: text too long\n"); return -1; }
+    *n = (int)cnt;
+    return 0;
 }

@@ -37,4 +37,14 @@ char *cli_read_file(const char *path, size_t *len);
 
 double cli_now(void);
 
+/* Fills o->model_dir with the embedded default model when -m was not given.
+ * Returns false (message printed) when there is none. */
+bool cli_default_model(cli_model_opts *o);
+
+struct qd_tokenizer;
+/* Loads DIR/tokenizer.json (and tokenizer_config.json). 0 or -1 (message printed). */
+int cli_load_tokenizer(const char *dir, struct qd_tokenizer **out);
+/* Encodes text (special tokens in it are matched). 0 or -1 (message printed). */
+int cli_tokenize(const struct qd_tokenizer *tok, const char *text, size_t len, int32_t **ids, int *n);
+
 #endif

@@ -14,7 +14,11 @@ typedef struct {
 static const command k_commands[] = {
     {"logits", qd_cmd_logits, "write the logits of every prompt position (raw float32)"},
     {"run", qd_cmd_run, "generate a continuation of a prompt"},
+    {"chat", qd_cmd_chat, "interactive chat with the model's chat template"},
     {"bench", qd_cmd_bench, "measure prefill and decode speed"},
+    {"tokenize", qd_cmd_tokenize, "print the token ids of each file's text"},
+    {"detokenize", qd_cmd_detokenize, "print the text of token ids"},
+    {"render-chat", qd_cmd_render_chat, "print the prompt a chat request renders to"},
 };
 
 static void usage(FILE *f) {
