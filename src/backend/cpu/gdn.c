@@ -20,6 +20,7 @@
 
 #define GDN_CHUNK 64 /* chunk length C of the WY form (spec 4.1) */
 #define GDN_VT 16    /* dv columns per register tile (two AVX2 vectors) */
+#define GDN_RECUR_MAXDK 256 /* largest dk whose recurrent tile is copied (16 KiB of stack) */
 
 /* Explicit fused multiply-add: the build is ISO C11, where GCC does not
  * contract a*b+c by itself, and the fmaf form is also what lets GCC vectorise
@@ -66,9 +67,21 @@ static void gdn_recurrent_head(const qd_gdn_dims *d, const qd_gdn_span *s, int h
     const int dk = d->dk, dv = d->dv, hv = d->hv;
     const int j = h / (d->hv / d->hk);
     float *restrict S = s->S + (size_t)h * dk * dv;
+    /* A full tile is worked on in a contiguous copy when there are several
+     * tokens: in place its rows are dv floats apart, and at dv = 128 (512 B)
+     * they all map to 8 of the 64 L1 sets, so the tile would not stay in L1. */
+    float buf[GDN_RECUR_MAXDK * GDN_VT];
+    const int use_buf = s->T > 1 && dk <= GDN_RECUR_MAXDK;
 
     for (int e0 = 0; e0 < dv; e0 += GDN_VT) {
         const int w = dv - e0 < GDN_VT ? dv - e0 : GDN_VT;
+        float *tb = S + e0; /* the tile's row 0 */
+        int ld = dv;
+        if (w == GDN_VT && use_buf) {
+            for (int i = 0; i < dk; i++) memcpy(buf + i * GDN_VT, S + (size_t)i * dv + e0, sizeof(float) * GDN_VT);
+            tb = buf;
+            ld = GDN_VT;
+        }
         for (int t = 0; t < s->T; t++) {
             const float *restrict k = s->k + t * s->k_stride + (int64_t)j * dk;
             const float *restrict q = s->q + t * s->q_stride + (int64_t)j * dk;
@@ -83,15 +96,15 @@ static void gdn_recurrent_head(const qd_gdn_dims *d, const qd_gdn_span *s, int h
                 v8 m0 = splat8(0.0f), m1 = m0, m2 = m0, m3 = m0;
                 int i = 0;
                 for (; i + 2 <= dk; i += 2) {
-                    const float *row = S + (size_t)i * dv + e0;
+                    const float *row = tb + (size_t)i * ld;
                     const v8 k0 = splat8(k[i]), k1 = splat8(k[i + 1]);
                     m0 = fma8(ld8(row), k0, m0);
                     m1 = fma8(ld8(row + 8), k0, m1);
-                    m2 = fma8(ld8(row + dv), k1, m2);
-                    m3 = fma8(ld8(row + dv + 8), k1, m3);
+                    m2 = fma8(ld8(row + ld), k1, m2);
+                    m3 = fma8(ld8(row + ld + 8), k1, m3);
                 }
                 if (i < dk) {
-                    const float *row = S + (size_t)i * dv + e0;
+                    const float *row = tb + (size_t)i * ld;
                     m0 = fma8(ld8(row), splat8(k[i]), m0);
                     m1 = fma8(ld8(row + 8), splat8(k[i]), m1);
                 }
@@ -100,24 +113,24 @@ static void gdn_recurrent_head(const qd_gdn_dims *d, const qd_gdn_span *s, int h
                 const v8 d1 = splat8(b) * fma8(-va, m1 + m3, ld8(v + 8));
                 v8 o0 = splat8(0.0f), o1 = o0, o2 = o0, o3 = o0;
                 for (i = 0; i + 2 <= dk; i += 2) {
-                    float *row = S + (size_t)i * dv + e0;
+                    float *row = tb + (size_t)i * ld;
                     const v8 k0 = splat8(k[i]), k1 = splat8(k[i + 1]);
                     const v8 q0 = splat8(q[i]), q1 = splat8(q[i + 1]);
                     const v8 x0 = fma8(k0, d0, va * ld8(row));
                     const v8 x1 = fma8(k0, d1, va * ld8(row + 8));
-                    const v8 x2 = fma8(k1, d0, va * ld8(row + dv));
-                    const v8 x3 = fma8(k1, d1, va * ld8(row + dv + 8));
+                    const v8 x2 = fma8(k1, d0, va * ld8(row + ld));
+                    const v8 x3 = fma8(k1, d1, va * ld8(row + ld + 8));
                     st8(row, x0);
                     st8(row + 8, x1);
-                    st8(row + dv, x2);
-                    st8(row + dv + 8, x3);
+                    st8(row + ld, x2);
+                    st8(row + ld + 8, x3);
                     o0 = fma8(x0, q0, o0);
                     o1 = fma8(x1, q0, o1);
                     o2 = fma8(x2, q1, o2);
                     o3 = fma8(x3, q1, o3);
                 }
                 if (i < dk) {
-                    float *row = S + (size_t)i * dv + e0;
+                    float *row = tb + (size_t)i * ld;
                     const v8 x0 = fma8(splat8(k[i]), d0, va * ld8(row));
                     const v8 x1 = fma8(splat8(k[i]), d1, va * ld8(row + 8));
                     st8(row, x0);
@@ -147,6 +160,8 @@ static void gdn_recurrent_head(const qd_gdn_dims *d, const qd_gdn_span *s, int h
                 for (int c = 0; c < w; c++) o[c] = acc[c];
             }
         }
+        if (tb == buf)
+            for (int i = 0; i < dk; i++) memcpy(S + (size_t)i * dv + e0, buf + i * GDN_VT, sizeof(float) * GDN_VT);
     }
 }
 
