@@ -38,6 +38,11 @@
  * accumulator to the stack. A v8 lowers to one AVX register, to two SSE/NEON
  * registers, or to scalars, so this stays portable. */
 typedef float v8 __attribute__((vector_size(32)));
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__AVX__)
+/* Without AVX GCC warns that passing v8 by value has a different ABI; these
+ * helpers are static and inlined, so no ABI boundary is crossed. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 static inline v8 ld8(const float *p) { v8 r; memcpy(&r, p, sizeof r); return r; }
 static inline void st8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
 static inline v8 splat8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
@@ -175,6 +180,7 @@ static void gdn_recurrent_head(const qd_gdn_dims *d, const qd_gdn_span *s, int h
 }
 
 static void gdn_recurrent_range(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
     const gdn_job *job = user;
     for (int64_t h = begin; h < end; h++) gdn_recurrent_head(&job->d, job->s, (int)h);
 }
@@ -425,6 +431,7 @@ static void gdn_chunk(const qd_gdn_dims *d, const qd_gdn_span *s, int h, int t0,
 }
 
 static void gdn_chunked_range(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker; /* scratch is allocated per call of this function, not per worker id */
     const gdn_job *job = user;
     const qd_gdn_dims *d = &job->d;
     const qd_gdn_span *s = job->s;
