@@ -199,15 +199,27 @@ void qd_cpu_gdn_recurrent(qd_threadpool *pool, qd_gdn_dims d, const qd_gdn_span 
  * If tri is set, row i only needs columns m <= i (causal): column tiles wholly
  * to the right of a row block are skipped and left unwritten.
  * The 4 x 16 register tile (8 AVX2 accumulators) keeps one B load per 4 FMAs. */
+/* C[i][jb..je) = cs * C + A[i][:] . B[:][jb..je) for one row: the edge cases. */
+static void gemm_row(int i, int jb, int je, int K, const float *restrict A, int lda,
+                     const float *restrict B, int ldb, float *restrict C, int ldc, float cs) {
+    float *restrict cr = C + (size_t)i * ldc;
+    for (int c = jb; c < je; c++) cr[c] = cs == 0.0f ? 0.0f : cs * cr[c];
+    for (int p = 0; p < K; p++) {
+        const float a = A[(size_t)i * lda + p];
+        const float *restrict b = B + (size_t)p * ldb;
+        for (int c = jb; c < je; c++) cr[c] = FMA(a, b[c], cr[c]);
+    }
+}
+
 static void gemm(int M, int N, int K, const float *restrict A, int lda, const float *restrict B,
                  int ldb, float *restrict C, int ldc, float cs, int tri) {
     enum { MR = 4, NR = GDN_VT };
-    int i = 0;
-    for (; i + MR <= M; i += MR) {
-        int nl = N;
-        if (tri && i + MR < nl) nl = i + MR;
-        int j = 0;
-        for (; j + NR <= nl; j += NR) {
+    const int Mf = M / MR * MR, Nf = N / NR * NR;
+    /* Column panel outermost: the K x 16 panel of B (8 KiB at K = 128) stays
+     * in L1 while all row blocks pass over it; A is read once per panel. */
+    for (int j = 0; j < Nf; j += NR) {
+        for (int i = 0; i < Mf; i += MR) {
+            if (tri && j >= i + MR) continue; /* wholly above the diagonal */
             const float *a0 = A + (size_t)i * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
             v8 c00 = splat8(0.0f), c01 = c00, c10 = c00, c11 = c00;
             v8 c20 = c00, c21 = c00, c30 = c00, c31 = c00;
@@ -235,29 +247,13 @@ static void gemm(int M, int N, int K, const float *restrict A, int lda, const fl
                 }
             }
         }
-        if (j < nl) {
-            /* Column tail (< 16 wide): row-at-a-time axpy form. */
-            for (int r = 0; r < MR; r++) {
-                float *restrict cr = C + (size_t)(i + r) * ldc;
-                for (int c = j; c < nl; c++) cr[c] = cs == 0.0f ? 0.0f : cs * cr[c];
-                for (int p = 0; p < K; p++) {
-                    const float a = A[(size_t)(i + r) * lda + p];
-                    const float *restrict b = B + (size_t)p * ldb;
-                    for (int c = j; c < nl; c++) cr[c] = FMA(a, b[c], cr[c]);
-                }
-            }
-        }
     }
-    for (; i < M; i++) {
-        /* Row tail (< 4 rows). */
+    /* Column tail (< 16 wide) of the full row blocks, then the row tail (< 4
+     * rows) over all columns. With tri, row i needs columns up to i only. */
+    for (int i = 0; i < M; i++) {
         const int nl = tri && i + 1 < N ? i + 1 : N;
-        float *restrict cr = C + (size_t)i * ldc;
-        for (int c = 0; c < nl; c++) cr[c] = cs == 0.0f ? 0.0f : cs * cr[c];
-        for (int p = 0; p < K; p++) {
-            const float a = A[(size_t)i * lda + p];
-            const float *restrict b = B + (size_t)p * ldb;
-            for (int c = 0; c < nl; c++) cr[c] = FMA(a, b[c], cr[c]);
-        }
+        const int jb = i < Mf ? Nf : 0;
+        if (jb < nl) gemm_row(i, jb, nl, K, A, lda, B, ldb, C, ldc, cs);
     }
 }
 
@@ -316,6 +312,7 @@ typedef struct gdn_scratch {
     float *X;     /* [C][ldv]:  right-hand side, then Vnew, then decay-weighted Vnew */
     float *G;     /* [C] inclusive cumsum of g in the chunk */
     float *coef;  /* [C] one row of coefficients */
+    float *e;     /* [C] one row of decay factors e^{G_i - G_m} */
 } gdn_scratch;
 
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
@@ -345,11 +342,11 @@ static size_t scratch_layout(gdn_scratch *w, int dk, int dv, float *mem) {
     w->ldk = padded_ld(dk);
     w->ldv = padded_ld(dv);
     w->ldc = padded_ld(GDN_CHUNK);
-    const size_t sizes[9] = {(size_t)dk * w->ldv, 2 * C * w->ldk, (size_t)dk * w->ldc, 2 * C * w->ldv,
+    const size_t sizes[10] = {(size_t)dk * w->ldv, 2 * C * w->ldk, (size_t)dk * w->ldc, 2 * C * w->ldv,
                              C * w->ldc,          C * w->ldc,     C * w->ldv,          C,
-                             C};
-    float **dst[9] = {&w->Sw, &w->KQ, &w->Kt, &w->P, &w->KK, &w->QK, &w->X, &w->G, &w->coef};
-    for (int i = 0; i < 9; i++) {
+                             C,                   C};
+    float **dst[10] = {&w->Sw, &w->KQ, &w->Kt, &w->P, &w->KK, &w->QK, &w->X, &w->G, &w->coef, &w->e};
+    for (int i = 0; i < 10; i++) {
         total += round16(sizes[i]);
         *dst[i] = mem ? carve(&p, sizes[i]) : NULL;
     }
@@ -371,7 +368,7 @@ static void gdn_chunk(const qd_gdn_dims *d, const qd_gdn_span *s, int h, int t0,
     const int j = h / (d->hv / d->hk);
     float *restrict Sw = w->Sw, *restrict KQ = w->KQ, *restrict Kt = w->Kt, *restrict P = w->P;
     float *restrict KK = w->KK, *restrict QK = w->QK, *restrict X = w->X;
-    float *restrict G = w->G, *restrict coef = w->coef;
+    float *restrict G = w->G, *restrict coef = w->coef, *restrict e = w->e;
 
     /* Gather the chunk's keys and queries into contiguous rows (the inputs are
      * strided slices of the projection output) and transpose the keys. */
@@ -394,28 +391,30 @@ static void gdn_chunk(const qd_gdn_dims *d, const qd_gdn_span *s, int h, int t0,
     gemm(n, n, dk, KQ, ldk, Kt, ldc, KK, ldc, 0.0f, 1);
     gemm(n, n, dk, KQ + (size_t)n * ldk, ldk, Kt, ldc, QK, ldc, 0.0f, 1);
 
-    /* X_i = beta_i (v_i - e^{G_i} (S^T k_i)) then forward substitution
-     * Vnew_i = X_i - sum_{m<i} L[i][m] Vnew_m, L[i][m] = beta_i (k_i.k_m) e^{G_i-G_m}.
-     * Row i reads only rows m < i, already final, so Vnew overwrites X in place.
+    /* Row by row, sharing one row of decay factors e[m] = e^{G_i-G_m}:
+     * (a) X_i = beta_i (v_i - e^{G_i} (S^T k_i)), then forward substitution
+     *     Vnew_i = X_i - sum_{m<i} L[i][m] Vnew_m, L[i][m] = beta_i (k_i.k_m) e[m].
+     *     Row i reads only rows m < i, already final, so Vnew overwrites X in place.
+     * (b) O_i = e^{G_i} (q_i^T S) + sum_{m<=i} (q_i.k_m) e[m] Vnew_m, which needs
+     *     Vnew up to row i only, so it can follow (a) in the same pass.
      * exp is evaluated only for m <= i, where G_i - G_m <= 0 cannot overflow. */
     for (int i = 0; i < n; i++) {
         const float b = s->beta[(int64_t)(t0 + i) * hv + h];
         const float eg = gdn_exp(G[i]);
         const float *restrict v = s->v + (int64_t)(t0 + i) * s->v_stride + (int64_t)h * dv;
         const float *restrict pk = P + (size_t)i * ldv;
-        float *restrict x = X + (size_t)i * ldv;
-        for (int e = 0; e < dv; e++) x[e] = b * FMA(-eg, pk[e], v[e]);
-        for (int m = 0; m < i; m++) coef[m] = -b * KK[(size_t)i * ldc + m] * gdn_exp(G[i] - G[m]);
-        lincomb(dv, i, coef, X, ldv, x, x);
-    }
-
-    /* O_i = e^{G_i} (q_i^T S) + sum_{m<=i} (q_i.k_m) e^{G_i-G_m} Vnew_m. */
-    for (int i = 0; i < n; i++) {
-        const float eg = gdn_exp(G[i]);
-        float *restrict o = s->o + ((int64_t)(t0 + i) * hv + h) * dv;
         const float *restrict pq = P + (size_t)(n + i) * ldv;
-        for (int e = 0; e < dv; e++) o[e] = eg * pq[e];
-        for (int m = 0; m <= i; m++) coef[m] = QK[(size_t)i * ldc + m] * gdn_exp(G[i] - G[m]);
+        const float *restrict kk = KK + (size_t)i * ldc;
+        const float *restrict qk = QK + (size_t)i * ldc;
+        float *restrict x = X + (size_t)i * ldv;
+        float *restrict o = s->o + ((int64_t)(t0 + i) * hv + h) * dv;
+        for (int m = 0; m < i; m++) e[m] = gdn_exp(G[i] - G[m]);
+        e[i] = 1.0f;
+        for (int ee = 0; ee < dv; ee++) x[ee] = b * FMA(-eg, pk[ee], v[ee]);
+        for (int m = 0; m < i; m++) coef[m] = -b * kk[m] * e[m];
+        lincomb(dv, i, coef, X, ldv, x, x);
+        for (int ee = 0; ee < dv; ee++) o[ee] = eg * pq[ee];
+        for (int m = 0; m <= i; m++) coef[m] = qk[m] * e[m];
         lincomb(dv, i + 1, coef, X, ldv, o, o);
     }
 
