@@ -5,8 +5,10 @@
  *   S = exp(g) S;  m = S^T k;  d = beta (v - m);  S += k d^T;  o = S^T q.
  *
  * Both kernels parallelise over value heads: every head's state is independent.
- * All arithmetic is fp32. The inner loops run over contiguous dv (or chunk)
- * columns with compile-time widths so that the compiler vectorises them. */
+ * All arithmetic is fp32. Hot loops work on register tiles of 16 contiguous
+ * dv (or chunk) columns, written with vector extensions (see v8 below).
+ * The chunked kernel computes Vnew by forward substitution on the right-hand
+ * side instead of forming T = (I+L)^-1 and W (see gdn_chunk). */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -57,7 +59,7 @@ static inline v8 fma8(v8 a, v8 b, v8 c) {
 /* exp for decay factors, with factors below e^-60 flushed to zero. Long or
  * strong decays drive cumulative log-decays far below -87, where expf returns
  * subnormals; subnormal operands cost a microcode assist per FMA on Intel
- * cores (the chunked kernel ran 4x slower on a Xeon). A dropped factor
+ * cores (the chunked kernel ran 6x slower on a Xeon). A dropped factor
  * multiplies a term that is at most ~1e-26 of the terms kept beside it (every
  * sum here also has a weight-1 term), far below fp32 resolution. */
 #define GDN_EXP_FLOOR (-60.0f)
@@ -424,7 +426,7 @@ static void gdn_chunk(const qd_gdn_dims *d, const qd_gdn_span *s, int h, int t0,
     for (int m = 0; m < n; m++) {
         float *restrict x = X + (size_t)m * ldv;
         const float f = gdn_exp(gl - G[m]);
-        for (int e = 0; e < dv; e++) x[e] *= f;
+        for (int c = 0; c < dv; c++) x[c] *= f;
     }
     gemm(dk, dv, n, Kt, ldc, X, ldv, Sw, ldv, gdn_exp(gl), 0);
 }
