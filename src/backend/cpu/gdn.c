@@ -23,6 +23,7 @@
 #define GDN_CHUNK 64 /* chunk length C of the WY form (spec 4.1) */
 #define GDN_VT 16    /* dv columns per register tile (two AVX2 vectors) */
 #define GDN_RECUR_MAXDK 256 /* largest dk whose recurrent tile is copied (16 KiB of stack) */
+#define GDN_RECUR_TB 64     /* tokens per block of the recurrence */
 
 /* Explicit fused multiply-add: the build is ISO C11, where GCC does not
  * contract a*b+c by itself, and the fmaf form is also what lets GCC vectorise
@@ -74,7 +75,7 @@ typedef struct gdn_job {
 
 /* One value head over the whole span. The dv columns of S are independent of
  * each other (column e of S only meets v[e], d[e], o[e]), so the state is
- * walked one tile of GDN_VT columns at a time through all T tokens: the tile
+ * walked one tile of GDN_VT columns at a time through a block of tokens: the tile
  * (dk x 16 floats, 8 KiB at dk = 128) stays in L1 across tokens, where the
  * naive order would stream the whole 64 KiB state through L2 four times per
  * token. The decay is folded into the two passes (m = a S^T k, then
@@ -87,97 +88,105 @@ static void gdn_recurrent_head(const qd_gdn_dims *d, const qd_gdn_span *s, int h
      * tokens: in place its rows are dv floats apart, and at dv = 128 (512 B)
      * they all map to 8 of the 64 L1 sets, so the tile would not stay in L1. */
     float buf[GDN_RECUR_MAXDK * GDN_VT];
-    const int use_buf = s->T > 1 && dk <= GDN_RECUR_MAXDK;
-
-    for (int e0 = 0; e0 < dv; e0 += GDN_VT) {
-        const int w = dv - e0 < GDN_VT ? dv - e0 : GDN_VT;
-        float *tb = S + e0; /* the tile's row 0 */
-        int ld = dv;
-        if (w == GDN_VT && use_buf) {
-            for (int i = 0; i < dk; i++) memcpy(buf + i * GDN_VT, S + (size_t)i * dv + e0, sizeof(float) * GDN_VT);
-            tb = buf;
-            ld = GDN_VT;
-        }
-        for (int t = 0; t < s->T; t++) {
-            const float *restrict k = s->k + t * s->k_stride + (int64_t)j * dk;
-            const float *restrict q = s->q + t * s->q_stride + (int64_t)j * dk;
-            const float *restrict v = s->v + t * s->v_stride + (int64_t)h * dv + e0;
-            float *restrict o = s->o + ((int64_t)t * hv + h) * dv + e0;
-            const float a = gdn_exp(s->g[(int64_t)t * hv + h]);
-            const float b = s->beta[(int64_t)t * hv + h];
-            if (w == GDN_VT) {
-                /* Full tile in registers. Rows are taken two at a time into
-                 * separate accumulators so the FMA latency chains overlap. */
-                const v8 va = splat8(a);
-                v8 m0 = splat8(0.0f), m1 = m0, m2 = m0, m3 = m0;
-                int i = 0;
-                for (; i + 2 <= dk; i += 2) {
-                    const float *row = tb + (size_t)i * ld;
-                    const v8 k0 = splat8(k[i]), k1 = splat8(k[i + 1]);
-                    m0 = fma8(ld8(row), k0, m0);
-                    m1 = fma8(ld8(row + 8), k0, m1);
-                    m2 = fma8(ld8(row + ld), k1, m2);
-                    m3 = fma8(ld8(row + ld + 8), k1, m3);
-                }
-                if (i < dk) {
-                    const float *row = tb + (size_t)i * ld;
-                    m0 = fma8(ld8(row), splat8(k[i]), m0);
-                    m1 = fma8(ld8(row + 8), splat8(k[i]), m1);
-                }
-                /* d = beta (v - a m): the prediction uses the decayed state a S. */
-                const v8 d0 = splat8(b) * fma8(-va, m0 + m2, ld8(v));
-                const v8 d1 = splat8(b) * fma8(-va, m1 + m3, ld8(v + 8));
-                v8 o0 = splat8(0.0f), o1 = o0, o2 = o0, o3 = o0;
-                for (i = 0; i + 2 <= dk; i += 2) {
-                    float *row = tb + (size_t)i * ld;
-                    const v8 k0 = splat8(k[i]), k1 = splat8(k[i + 1]);
-                    const v8 q0 = splat8(q[i]), q1 = splat8(q[i + 1]);
-                    const v8 x0 = fma8(k0, d0, va * ld8(row));
-                    const v8 x1 = fma8(k0, d1, va * ld8(row + 8));
-                    const v8 x2 = fma8(k1, d0, va * ld8(row + ld));
-                    const v8 x3 = fma8(k1, d1, va * ld8(row + ld + 8));
-                    st8(row, x0);
-                    st8(row + 8, x1);
-                    st8(row + ld, x2);
-                    st8(row + ld + 8, x3);
-                    o0 = fma8(x0, q0, o0);
-                    o1 = fma8(x1, q0, o1);
-                    o2 = fma8(x2, q1, o2);
-                    o3 = fma8(x3, q1, o3);
-                }
-                if (i < dk) {
-                    float *row = tb + (size_t)i * ld;
-                    const v8 x0 = fma8(splat8(k[i]), d0, va * ld8(row));
-                    const v8 x1 = fma8(splat8(k[i]), d1, va * ld8(row + 8));
-                    st8(row, x0);
-                    st8(row + 8, x1);
-                    o0 = fma8(x0, splat8(q[i]), o0);
-                    o1 = fma8(x1, splat8(q[i]), o1);
-                }
-                st8(o, o0 + o2);
-                st8(o + 8, o1 + o3);
-            } else {
-                float m[GDN_VT], dd[GDN_VT], acc[GDN_VT];
-                for (int c = 0; c < w; c++) m[c] = 0.0f;
-                for (int i = 0; i < dk; i++) {
-                    const float *restrict row = S + (size_t)i * dv + e0;
-                    for (int c = 0; c < w; c++) m[c] = FMA(row[c], k[i], m[c]);
-                }
-                for (int c = 0; c < w; c++) dd[c] = b * FMA(-a, m[c], v[c]);
-                for (int c = 0; c < w; c++) acc[c] = 0.0f;
-                for (int i = 0; i < dk; i++) {
-                    float *restrict row = S + (size_t)i * dv + e0;
-                    for (int c = 0; c < w; c++) {
-                        const float x = FMA(k[i], dd[c], a * row[c]);
-                        row[c] = x;
-                        acc[c] = FMA(x, q[i], acc[c]);
-                    }
-                }
-                for (int c = 0; c < w; c++) o[c] = acc[c];
+    /* Tokens go in blocks: within a block every tile sees all its tokens, so
+     * the block's q/k/v rows are fetched from memory once and then hit in L2
+     * for the other tiles (walking all T tokens per tile re-read them dv/16
+     * times and took a TLB miss per token, rows being KiBs apart). */
+    for (int tb0 = 0; tb0 < s->T; tb0 += GDN_RECUR_TB) {
+        const int tb1 = s->T - tb0 < GDN_RECUR_TB ? s->T : tb0 + GDN_RECUR_TB;
+        const int use_buf = tb1 - tb0 > 1 && dk <= GDN_RECUR_MAXDK;
+        for (int e0 = 0; e0 < dv; e0 += GDN_VT) {
+            const int w = dv - e0 < GDN_VT ? dv - e0 : GDN_VT;
+            float *tb = S + e0; /* the tile's row 0 */
+            int ld = dv;
+            if (w == GDN_VT && use_buf) {
+                for (int i = 0; i < dk; i++)
+                    memcpy(buf + i * GDN_VT, S + (size_t)i * dv + e0, sizeof(float) * GDN_VT);
+                tb = buf;
+                ld = GDN_VT;
             }
+            for (int t = tb0; t < tb1; t++) {
+                const float *restrict k = s->k + t * s->k_stride + (int64_t)j * dk;
+                const float *restrict q = s->q + t * s->q_stride + (int64_t)j * dk;
+                const float *restrict v = s->v + t * s->v_stride + (int64_t)h * dv + e0;
+                float *restrict o = s->o + ((int64_t)t * hv + h) * dv + e0;
+                const float a = gdn_exp(s->g[(int64_t)t * hv + h]);
+                const float b = s->beta[(int64_t)t * hv + h];
+                if (w == GDN_VT) {
+                    /* Full tile in registers. Rows are taken two at a time into
+                     * separate accumulators so the FMA latency chains overlap. */
+                    const v8 va = splat8(a);
+                    v8 m0 = splat8(0.0f), m1 = m0, m2 = m0, m3 = m0;
+                    int i = 0;
+                    for (; i + 2 <= dk; i += 2) {
+                        const float *row = tb + (size_t)i * ld;
+                        const v8 k0 = splat8(k[i]), k1 = splat8(k[i + 1]);
+                        m0 = fma8(ld8(row), k0, m0);
+                        m1 = fma8(ld8(row + 8), k0, m1);
+                        m2 = fma8(ld8(row + ld), k1, m2);
+                        m3 = fma8(ld8(row + ld + 8), k1, m3);
+                    }
+                    if (i < dk) {
+                        const float *row = tb + (size_t)i * ld;
+                        m0 = fma8(ld8(row), splat8(k[i]), m0);
+                        m1 = fma8(ld8(row + 8), splat8(k[i]), m1);
+                    }
+                    /* d = beta (v - a m): the prediction uses the decayed state a S. */
+                    const v8 d0 = splat8(b) * fma8(-va, m0 + m2, ld8(v));
+                    const v8 d1 = splat8(b) * fma8(-va, m1 + m3, ld8(v + 8));
+                    v8 o0 = splat8(0.0f), o1 = o0, o2 = o0, o3 = o0;
+                    for (i = 0; i + 2 <= dk; i += 2) {
+                        float *row = tb + (size_t)i * ld;
+                        const v8 k0 = splat8(k[i]), k1 = splat8(k[i + 1]);
+                        const v8 q0 = splat8(q[i]), q1 = splat8(q[i + 1]);
+                        const v8 x0 = fma8(k0, d0, va * ld8(row));
+                        const v8 x1 = fma8(k0, d1, va * ld8(row + 8));
+                        const v8 x2 = fma8(k1, d0, va * ld8(row + ld));
+                        const v8 x3 = fma8(k1, d1, va * ld8(row + ld + 8));
+                        st8(row, x0);
+                        st8(row + 8, x1);
+                        st8(row + ld, x2);
+                        st8(row + ld + 8, x3);
+                        o0 = fma8(x0, q0, o0);
+                        o1 = fma8(x1, q0, o1);
+                        o2 = fma8(x2, q1, o2);
+                        o3 = fma8(x3, q1, o3);
+                    }
+                    if (i < dk) {
+                        float *row = tb + (size_t)i * ld;
+                        const v8 x0 = fma8(splat8(k[i]), d0, va * ld8(row));
+                        const v8 x1 = fma8(splat8(k[i]), d1, va * ld8(row + 8));
+                        st8(row, x0);
+                        st8(row + 8, x1);
+                        o0 = fma8(x0, splat8(q[i]), o0);
+                        o1 = fma8(x1, splat8(q[i]), o1);
+                    }
+                    st8(o, o0 + o2);
+                    st8(o + 8, o1 + o3);
+                } else {
+                    float m[GDN_VT], dd[GDN_VT], acc[GDN_VT];
+                    for (int c = 0; c < w; c++) m[c] = 0.0f;
+                    for (int i = 0; i < dk; i++) {
+                        const float *restrict row = S + (size_t)i * dv + e0;
+                        for (int c = 0; c < w; c++) m[c] = FMA(row[c], k[i], m[c]);
+                    }
+                    for (int c = 0; c < w; c++) dd[c] = b * FMA(-a, m[c], v[c]);
+                    for (int c = 0; c < w; c++) acc[c] = 0.0f;
+                    for (int i = 0; i < dk; i++) {
+                        float *restrict row = S + (size_t)i * dv + e0;
+                        for (int c = 0; c < w; c++) {
+                            const float x = FMA(k[i], dd[c], a * row[c]);
+                            row[c] = x;
+                            acc[c] = FMA(x, q[i], acc[c]);
+                        }
+                    }
+                    for (int c = 0; c < w; c++) o[c] = acc[c];
+                }
+            }
+            if (tb == buf)
+                for (int i = 0; i < dk; i++)
+                    memcpy(S + (size_t)i * dv + e0, buf + i * GDN_VT, sizeof(float) * GDN_VT);
         }
-        if (tb == buf)
-            for (int i = 0; i < dk; i++) memcpy(S + (size_t)i * dv + e0, buf + i * GDN_VT, sizeof(float) * GDN_VT);
     }
 }
 
