@@ -190,6 +190,7 @@ static void run_task(const qd_matmul_item *it, const mm_task *t) {
 /* Part p of n_parts runs the tasks whose cost midpoint falls in its 1/n_parts share,
  * so parts get equal cost even when tasks of different items differ in size. */
 static void run_parts(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
     const mm_job *job = user;
     for (int64_t p = begin; p < end; p++) {
         double lo = job->total * (double)p / job->n_parts;
