@@ -62,7 +62,7 @@ QD_AI void gemv_tile(qd_dtype dt, int NX, int NR, const void *w, int64_t cols, c
      * pages every few iterations, so fetch the next tile (the NR rows after these,
      * contiguous in memory) evenly spread over this tile's iterations. */
     const int es = dt == QD_DTYPE_F32 ? 4 : 2;
-    const char *next = (const char *)w + (r + NR) * cols * es;
+    const char *next = pf ? (const char *)w + (r + NR) * cols * es : (const char *)w;
     const int64_t pf_bytes = (int64_t)NR * 8 * es; /* next-tile bytes per iteration */
     int64_t k = 0;
     for (; k + 8 <= cols; k += 8) {
