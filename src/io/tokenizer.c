@@ -102,16 +102,97 @@ static qd_status parse_normalizer(qd_tokenizer *tok, json_t *n, qd_err *err) {
     return QD_OK;
 }
 
-static qd_status compile_re(const char *pat, size_t len, int literal, pcre2_code **out, qd_err *err) {
+/* HF compiles split patterns with Oniguruma, whose classes differ from
+ * PCRE2's in two ways that change ids: \s is Unicode White_Space there (PCRE2
+ * adds U+180E), and its Unicode tables are newer (letters, digits and marks
+ * assigned since PCRE2's version are Cn to PCRE2). So \s, \S and \p{L},
+ * \p{N}, \p{M} are spelled out as explicit classes before compiling. (\S
+ * inside a bracket class has no union form and is left alone.) */
+#define TK_WS "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
+
+static int sb_add(char **buf, size_t *n, size_t *cap, const char *s, size_t l) {
+    if (*n + l + 1 > *cap) {
+        size_t c = (*n + l + 1) * 2;
+        char *p = realloc(*buf, c);
+        if (!p) return -1;
+        *buf = p;
+        *cap = c;
+    }
+    memcpy(*buf + *n, s, l);
+    *n += l;
+    (*buf)[*n] = 0;
+    return 0;
+}
+
+static char *rewrite_pattern(const char *pat, size_t len, size_t *out_len) {
+    char *b = NULL;
+    size_t n = 0, cap = 0;
+    int in_class = 0, bad = 0;
+#define ADD(s, l) (bad |= sb_add(&b, &n, &cap, (s), (l)))
+#define ADDS(s) ADD((s), strlen(s))
+    ADD("", 0);
+    for (size_t i = 0; i < len; i++) {
+        char c = pat[i];
+        if (c == '\\' && i + 1 < len) {
+            char d = pat[i + 1];
+            const char *extra = NULL;
+            if (d == 'p' && i + 4 < len && pat[i + 2] == '{' && pat[i + 4] == '}') {
+                if (pat[i + 3] == 'L') extra = tk_unicode_extra_L;
+                else if (pat[i + 3] == 'N') extra = tk_unicode_extra_N;
+                else if (pat[i + 3] == 'M') extra = tk_unicode_extra_M;
+            }
+            if (extra) {
+                if (!in_class) ADDS("[");
+                ADD(pat + i, 5);
+                ADDS(extra);
+                if (!in_class) ADDS("]");
+                i += 4;
+            } else if (d == 's') {
+                ADDS(in_class ? TK_WS : "[" TK_WS "]");
+                i++;
+            } else if (d == 'S' && !in_class) {
+                ADDS("[^" TK_WS "]");
+                i++;
+            } else {
+                ADD(pat + i, 2);
+                i++;
+            }
+        } else if (!in_class && c == '[') {
+            in_class = 1;
+            ADD(pat + i, 1);
+            if (i + 1 < len && pat[i + 1] == '^') ADD(pat + ++i, 1);
+            if (i + 1 < len && pat[i + 1] == ']') ADD(pat + ++i, 1);  /* a leading ] is literal */
+        } else if (in_class && c == '[' && i + 1 < len && pat[i + 1] == ':') {
+            const char *end = strstr(pat + i, ":]");  /* POSIX [:name:] */
+            size_t l = end ? (size_t)(end - (pat + i)) + 2 : 1;
+            ADD(pat + i, l);
+            i += l - 1;
+        } else {
+            if (in_class && c == ']') in_class = 0;
+            ADD(pat + i, 1);
+        }
+    }
+#undef ADD
+#undef ADDS
+    if (bad) { free(b); return NULL; }
+    *out_len = n;
+    return b;
+}
+
+static qd_status compile_re(const char *pat0, size_t len0, int literal, pcre2_code **out, qd_err *err) {
     int ec;
     PCRE2_SIZE eo;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, len, opts, &ec, &eo, NULL);
+    size_t len = len0;
+    char *pat = literal ? NULL : rewrite_pattern(pat0, len0, &len);
+    if (!literal && !pat) return qd_seterr(err, QD_ERR_OOM, "out of memory compiling the split pattern");
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(literal ? pat0 : pat), len, opts, &ec, &eo, NULL);
+    free(pat);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(ec, msg, sizeof msg);
-        return qd_seterr(err, QD_ERR_UNSUPPORTED, "pre_tokenizer Split pattern does not compile at offset %zu: %s",
-                         (size_t)eo, (const char *)msg);
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "pre_tokenizer Split pattern \"%.*s\" does not compile (offset %zu after rewriting): %s",
+                         (int)len0, pat0, (size_t)eo, (const char *)msg);
     }
     /* JIT is several times faster; without it (unsupported CPU) the
      * interpreter gives the same matches. */

@@ -98,6 +98,9 @@ struct qd_tokenizer {
     tk_cache cache;
 };
 
+/* tokenizer_unicode.c (generated): PCRE2 class bodies to add to \p{L}, \p{N}, \p{M}. */
+extern const char tk_unicode_extra_L[], tk_unicode_extra_N[], tk_unicode_extra_M[];
+
 /* tokenizer.c */
 int32_t tk_lookup(const qd_tokenizer *tok, const char *s, size_t len);
 uint64_t tk_hash_bytes(const void *p, size_t n);
