@@ -239,12 +239,135 @@ def render_case(env, tpl_src, variables):
         return {"error": "%s: %s" % (type(e).__name__, e)}
 
 
+# Small templates, one construct each, checked against Jinja2 the same way.
+M = {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "Hi \"there\""},
+                  {"role": "assistant", "content": "yo", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]}],
+     "d": {"b": 2, "a": 1, "nested": {"x": [1, 2.5, None, True, "s"]}}, "s": "  Hello, World  ", "n": 7,
+     "f": 2.5, "l": [3, 1, 2], "words": ["b", "a", "c"], "u": "ünïcödé ßtraße 東京", "e": "", "none": None,
+     "t": True, "fl": False, "big": 12345678901234, "neg": -3, "items": [{"k": "x", "v": 1}, {"k": "y", "v": 2}, {"k": "z"}]}
+SNIPPETS = [
+    # output and literals
+    ("{{ 'a' }}{{ \"b\" }}{{ 1 }}{{ 1.5 }}{{ true }}{{ True }}{{ none }}{{ None }}", {}),
+    ("{{ 'ab' 'cd' }}|{{ '\\n\\t\\\\\\'\\x41\\u00e9\\U0001F600\\101' }}", {}),
+    ("{{ 0.1 }} {{ 1e20 }} {{ 1e16 }} {{ 1e15 }} {{ 1.0 }} {{ 1e-5 }} {{ 0.0001 }} {{ 123.456 }} {{ 1_000 }} {{ 2.5e-3 }}", {}),
+    ("{{ f }} {{ big }} {{ neg }} {{ none }} {{ t }} {{ fl }} {{ l }} {{ d }} {{ words }}", M),
+    ("{{ [1, 'a', none, true, 1.5, [2], {'k': 'v'}] }} {{ (1, 2) }} {{ (1,) }} {{ () }} {{ {} }}", {}),
+    ("{{ \"it's\" }} {{ [\"it's\", 'say \"hi\"', 'both \\' \"'] }} {{ ['\\n\\t\\x01\\\\', 'é'] }}", {}),
+    ("{{ undefined_var }}|{{ d.missing }}|{{ l[10] }}|{{ d['missing'] }}|{{ none.x }}", M),
+    # arithmetic
+    ("{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 4 / 2 }} {{ 2 ** 10 }} {{ 2 ** -1 }} {{ 7.5 // 2 }} {{ -7.5 % 2 }}", {}),
+    ("{{ 1 + 2 * 3 - 4 }} {{ (1 + 2) * 3 }} {{ -n }} {{ +n }} {{ n - -1 }} {{ 'ab' * 3 }} {{ [1] * 2 }} {{ [1] + [2] }} {{ 1 + 1.5 }} {{ true + 1 }}", M),
+    ("{{ 'a' ~ 1 ~ none ~ undefined_var ~ [1] ~ 2.0 }}", {}),
+    # comparisons and logic
+    ("{{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 1 == 1.0 }} {{ 'a' < 'b' }} {{ [1, 2] < [1, 3] }} {{ 1 != 2 }} {{ 2 >= 2 }} {{ true == 1 }}", {}),
+    ("{{ 'a' in 'cat' }} {{ 'x' not in 'cat' }} {{ 2 in l }} {{ 'b' in d }} {{ 'q' in undefined_var }} {{ '' in 'x' }}", M),
+    ("{{ n and 'yes' }}|{{ e and 'yes' }}|{{ e or 'fallback' }}|{{ none or l }}|{{ not n }}|{{ not e }}|{{ not undefined_var }}", M),
+    ("{{ 'a' if t else 'b' }}|{{ 'a' if fl else 'b' }}|{{ 'a' if fl }}|{{ 1 if none is none else 2 }}", M),
+    # attribute / item / slice
+    ("{{ messages[0].role }} {{ messages[-1]['content'] }} {{ messages[1].content }} {{ d.nested.x[1] }} {{ d['nested']['x'][-1] }} {{ l.0 }}", M),
+    ("{{ l[::-1] }} {{ l[1:] }} {{ l[:-1] }} {{ l[::2] }} {{ l[5:] }} {{ l[-10:2] }} {{ l[2:0:-1] }} {{ words[::-2] }}", M),
+    ("{{ u[::-1] }}|{{ u[1:4] }}|{{ u[-3:] }}|{{ u[0] }}|{{ u[-1] }}|{{ s[2:7] }}", M),
+    # filters
+    ("{{ s | trim }}|{{ s | length }}|{{ u | length }}|{{ l | length }}|{{ d | length }}|{{ undefined_var | length }}|{{ l | count }}", M),
+    ("{{ s | upper }}|{{ s | lower }}|{{ 'hello wORLD-foo(bar)' | title }}|{{ 'hELLO world' | capitalize }}|{{ u | upper }}|{{ u | lower }}", M),
+    ("{{ undefined_var | default('dflt') }}|{{ e | default('dflt') }}|{{ e | default('dflt', true) }}|{{ none | default('x') }}|{{ n | d(3) }}", M),
+    ("{{ l | first }} {{ l | last }} {{ words | join(', ') }} {{ l | join }} {{ items | map(attribute='k') | join('-') }} {{ u | first }}", M),
+    ("{{ d | items | list }} {{ d.items() | list }} {{ d.keys() | list }} {{ d.values() | list }} {{ d.get('a') }} {{ d.get('zz', 'no') }} {{ d.get('zz') }}", M),
+    ("{{ 'a-b-a' | replace('a', 'X') }} {{ 'aaa' | replace('a', 'b', 2) }} {{ n | string }} {{ f | int }} {{ '42' | int }} {{ 'x' | int(5) }} {{ '3.7' | float }} {{ n | float }} {{ '3.9' | int }}", M),
+    ("{{ l | reverse | list }} {{ 'abc' | reverse }} {{ l | list }} {{ 'ab' | list }} {{ -3 | abs }} {{ neg | abs }} {{ l | sum }} {{ l | max }} {{ l | min }} {{ items | sum(attribute='v') }}", M),
+    ("{{ d | tojson }}|{{ l | tojson }}|{{ u | tojson }}|{{ 'q\"\\\\\\n\\t\\x01\\x7f' | tojson }}|{{ none | tojson }}|{{ f | tojson }}|{{ 1e20 | tojson }}|{{ t | tojson }}", M),
+    ("{{ d | tojson(indent=2) }}|{{ l | tojson(indent=2) }}|{{ {} | tojson(indent=2) }}|{{ d | tojson(sort_keys=true) }}|{{ d | tojson(separators=(',', ':')) }}|{{ u | tojson(ensure_ascii=true) }}", M),
+    ("{{ messages | tojson }}", M),
+    ("{{ '<a href=\"x\">&\\'</a>' | e }} {{ s | safe }} {{ [1,2] | safe }} {{ d | string }}", M),
+    ("{{ 'line1\\nline2\\n\\nline4' | indent(2) }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'a\\n\\nb' | indent('>', blank=true) }}", {}),
+    ("{{ items | selectattr('v') | map(attribute='k') | list }} {{ items | rejectattr('v') | map(attribute='k') | list }} {{ items | selectattr('k', 'equalto', 'y') | list }}", M),
+    ("{{ l | select('odd') | list }} {{ l | reject('odd') | list }} {{ [0, 1, '', 'a', none] | select | list }} {{ words | map('upper') | join }}", M),
+    ("{{ l | map('string') | join('+') }} {{ items | map(attribute='v', default=0) | list }}", M),
+    # tests
+    ("{{ n is defined }} {{ zz is defined }} {{ zz is undefined }} {{ none is none }} {{ s is string }} {{ d is mapping }} {{ l is mapping }} {{ l is iterable }} {{ n is iterable }} {{ zz is iterable }}", M),
+    ("{{ s is sequence }} {{ l is sequence }} {{ d is sequence }} {{ n is sequence }} {{ n is number }} {{ f is number }} {{ t is number }} {{ n is integer }} {{ f is float }} {{ t is boolean }}", M),
+    ("{{ t is true }} {{ 1 is true }} {{ fl is false }} {{ 0 is false }} {{ n is odd }} {{ n is even }} {{ 9 is divisibleby 3 }} {{ 9 is divisibleby(2) }} {{ n is not none }} {{ 'abc' is lower }} {{ 'ABC' is upper }}", M),
+    ("{{ n is eq 7 }} {{ n is ne 7 }} {{ n is lt 8 }} {{ n is gt 8 }} {{ n is in l }} {{ 1 is in l }} {{ n is sameas 7 }} {{ none is sameas none }} {{ range is callable }} {{ n is callable }}", M),
+    ("{{ not n is defined }} {{ n + 1 is number }} {{ 'a' if n is defined else 'b' }}", M),
+    # string methods
+    ("{{ s.strip() }}|{{ s.lstrip() }}|{{ s.rstrip() }}|{{ 'xxhixx'.strip('x') }}|{{ '\\n\\nhi\\n'.lstrip('\\n') }}|{{ 'abcba'.rstrip('ab') }}", M),
+    ("{{ 'a,b,,c'.split(',') }} {{ '  a  b c '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'a,b,c'.rsplit(',', 1) }} {{ ' x  y '.rsplit() }} {{ 'a<think>b</think>c'.split('</think>')[-1] }}", {}),
+    ("{{ s.startswith('  He') }} {{ s.endswith('d  ') }} {{ s.startswith(('x', '  ')) }} {{ 'abc'.replace('b', 'BB') }} {{ 'ab'.replace('', '-') }} {{ s.upper() }} {{ s.lower() }} {{ 'hello world'.title() }} {{ 'hELLO'.capitalize() }}", M),
+    ("{{ 'hello'.find('l') }} {{ 'hello'.rfind('l') }} {{ 'hello'.find('z') }} {{ 'héllo'.find('l') }} {{ 'banana'.count('an') }} {{ '-'.join(words) }} {{ 'a\\nb\\r\\nc'.splitlines() }} {{ '123'.isdigit() }} {{ 'ab1'.isalpha() }} {{ '  '.isspace() }}", M),
+    ("{{ '{} and {}'.format('a', 1) }} {{ '{0}{1}{0}'.format('x', 'y') }} {{ '{name}!'.format(name='N') }} {{ '{{lit}}'.format() }}", {}),
+    # statements
+    ("{% if n > 5 %}big{% elif n > 2 %}mid{% else %}small{% endif %}|{% if e %}x{% elif none %}y{% else %}z{% endif %}|{% if zz %}never{% endif %}", M),
+    ("{% for x in l %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.revindex0 }}/{{ loop.first }}/{{ loop.last }}/{{ loop.length }}:{{ x }} {% endfor %}", M),
+    ("{% for x in l %}[{{ loop.previtem }}|{{ x }}|{{ loop.nextitem }}]{{ loop.cycle('a', 'b') }}{% endfor %}", M),
+    ("{% for x in l if x > 1 %}{{ x }}{{ loop.length }}{% if loop.last %}!{% endif %}{% endfor %}|{% for x in [] %}a{% else %}empty{% endfor %}|{% for x in l if x > 10 %}{% else %}none{% endfor %}", M),
+    ("{% for k, v in d | items %}{{ k }}={{ v }};{% endfor %}|{% for k in d %}{{ k }}{% endfor %}|{% for c in 'héy' %}[{{ c }}]{% endfor %}|{% for a, b in [(1, 2), [3, 4]] %}{{ a + b }}{% endfor %}", M),
+    ("{% for x in l %}{% if x == 1 %}{% continue %}{% endif %}{% if x == 2 %}{% break %}{% endif %}{{ x }}{% endfor %}|{% for x in zz %}no{% endfor %}", M),
+    ("{% for i in range(3) %}{% for j in range(i) %}{{ i }}{{ j }}{{ loop.index }} {% endfor %}{{ loop.index }}|{% endfor %}{{ range(2, 10, 3) | list }}{{ range(5, 0, -2) | list }}", {}),
+    ("{% set x = 1 %}{% for i in l %}{% set x = i %}{{ x }}{% endfor %}{{ x }}|{% if true %}{% set y = 5 %}{% endif %}{{ y }}", M),
+    ("{% set ns = namespace(total=0, names=[]) %}{% for i in l %}{% set ns.total = ns.total + i %}{% endfor %}{{ ns.total }}{% set ns.names = ns.names + ['z'] %}{{ ns.names }}", M),
+    ("{% set a, = [1] if false else [2] %}", {}),
+    ("{% set t = 1, 2 %}{{ t }}{% set blk %}inner {{ n }}{% endset %}[{{ blk }}]", M),
+    ("{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}{{ greet('A') }} {{ greet('B', '?') }} {{ greet(punct='.', name='C') }} {{ greet() }}", {}),
+    ("{% macro outer(x) %}<{{ inner(x) }}>{% endmacro %}{% macro inner(y) %}{{ y * 2 }}{% endmacro %}{{ outer(4) }}{% set g = 'G' %}{% macro useg() %}{{ g }}{{ n }}{% endmacro %}{{ useg() }}", M),
+    ("{% filter upper %}shout {{ n }}{% endfilter %}", M),
+    ("{{ raise_exception('custom failure ü') }}", {}),
+    ("{% if n %}{{ raise_exception('n is ' ~ n) }}{% endif %}", M),
+    # whitespace control, trim_blocks, lstrip_blocks, comments, raw
+    ("a\n  {% if true %}\n    b\n  {% endif %}\nc\n", {}),
+    ("a  {%- if true -%}  b  {%- endif -%}  c\n", {}),
+    ("x\n{{- ' y ' -}}\nz {{ 'w' }}\n  {{ 'v' }}  \n", {}),
+    ("{# comment #}\nA\n  {# indented comment #}\nB {#- tight -#} C\n{#\nmulti\nline\n#}D", {}),
+    ("{% raw %}{{ not rendered }}{% endraw %}|  {%+ if true %}keep{% endif %}|\n    {% if true +%}\nno-trim{% endif %}", {}),
+    ("line1\r\nline2\r\n{% if true %}\r\nx\r\n{% endif %}\r\n", {}),
+    ("\t{% for x in l %}\n\t\t{{ x }}\n\t{% endfor %}\n", M),
+    ("{%- for m in messages -%}\n    {{- m.role }}: {{ m.content }}\n{% endfor -%}\nEND", M),
+    ("trailing newline kept?\n\n", {}),
+    ("{{ '{{' }} {{ '}}' }} {{ {'a': {'b': 1}} }}", {}),
+    # errors Jinja raises at render time
+    ("{{ 'a' + 1 }}", {}),
+    ("{{ zz.attr }}", {}),
+    ("{{ zz + 1 }}", {}),
+    ("{{ n < 'a' }}", M),
+    ("{{ 1 in 5 }}", {}),
+    ("{{ l | tojson }}{{ zz | tojson }}", M),
+    ("{{ d | items | first }}", M),
+    ("{{ n() }}", M),
+    ("{% set n.attr = 1 %}", M),
+    ("{{ 5 | length }}", {}),
+    ("{{ 1 / 0 }}", {}),
+    ("{% for a, b in l %}{% endfor %}", M),
+    ("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", {}),
+    ("{{ messages[0].content.startswith(1) }}", M),
+]
+
+
+def construct_cases(env):
+    cases = []
+    for i, (src, v) in enumerate(SNIPPETS):
+        case = {"name": "construct_%03d" % i, "template": src, "vars": v}
+        try:
+            env.from_string(src)
+        except TemplateError as e:
+            case["compile_error"] = str(e)
+            cases.append(case)
+            continue
+        case.update(render_case(env, src, v))
+        cases.append(case)
+    return cases
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--count", type=int, default=64, help="random conversations per template")
     ap.add_argument("--seed", type=int, default=20261129)
     a = ap.parse_args()
     env = make_env()
+    cases = construct_cases(env)
+    out = os.path.join(DATA, "constructs.cases.json")
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump({"generator": "tools/gen_chat_cases.py", "cases": cases}, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print("%s: %d cases" % (out, len(cases)), file=sys.stderr)
     for fn in sorted(os.listdir(DATA)):
         if not fn.endswith(".jinja"):
             continue

@@ -256,7 +256,7 @@ static int repeat(ct_ctx *c, tv seq, int64_t times, tv *out) {
 
 static const char *op_name(int op) {
     static const char *names[] = {"+", "-", "*", "/", "//", "%", "**", "~"};
-    return op >= 0 && op < 8 ? op_name(op) : "?";
+    return op >= 0 && op < 8 ? names[op] : "?";
 }
 
 static int binop(ct_ctx *c, int op, tv a, tv b, tv *out) {
@@ -625,11 +625,13 @@ static int render_for(ct_ctx *c, const node *f) {
     tv loopv = {0};
     loopv.t = TV_LOOP;
     loopv.loop = L;
+    /* One scope reused by every iteration (emptied each time): nothing can hold
+     * on to a scope, and this keeps long loops from growing the arena. */
+    ct_scope *s = ct_scope_new(c, outer);
+    if (!s) return -1;
     for (size_t i = 0; i < items->n; i++) {
         if (step(c, f)) return -1;
-        ct_scope *s = ct_alloc(c->ar, sizeof *s);
-        if (!s) return ct_oom(c);
-        s->parent = outer;
+        if (s->vars) s->vars->n = 0;
         L->i = i;
         if (set_var(c, s, "loop", loopv) || bind_targets(c, s, f, items->v[i])) return -1;
         c->sc = s;

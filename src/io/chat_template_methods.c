@@ -181,6 +181,16 @@ int ct_case_map(ct_ctx *c, tv s, int mode, tv *out) {
         utf8proc_ssize_t w = utf8proc_iterate((const utf8proc_uint8_t *)s.s.p + i, (utf8proc_ssize_t)(s.s.n - i), &cp);
         if (w <= 0) { d[k++] = s.s.p[i++]; prev_cased = 0; first = 0; continue; }
         utf8proc_int32_t m = cp;
+        /* ß has no single-character uppercase; Python's full case mapping gives "SS"/"Ss". */
+        if (cp == 0xDF && (mode == CT_CASE_UPPER || mode == CT_CASE_SWAP ||
+                           ((mode == CT_CASE_TITLE && !prev_cased) || (mode == CT_CASE_CAPITALIZE && first)))) {
+            d[k++] = 'S';
+            d[k++] = mode == CT_CASE_UPPER || mode == CT_CASE_SWAP ? 'S' : 's';
+            prev_cased = 1;
+            first = 0;
+            i += (size_t)w;
+            continue;
+        }
         switch (mode) {
         case CT_CASE_UPPER: m = utf8proc_toupper(cp); break;
         case CT_CASE_LOWER: m = utf8proc_tolower(cp); break;
