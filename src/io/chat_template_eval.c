@@ -330,8 +330,7 @@ static int binop(ct_ctx *c, int op, tv a, tv b, tv *out) {
     }
     if (op == OP_MUL && (a.t == TV_STR || a.t == TV_LIST) && is_intlike(b)) return repeat(c, a, as_int(b), out);
     if (op == OP_MUL && (b.t == TV_STR || b.t == TV_LIST) && is_intlike(a)) return repeat(c, b, as_int(a), out);
-    if (op == OP_MOD && a.t == TV_STR)
-        return ct_fail(c, QD_ERR_UNSUPPORTED, "unsupported construct: printf-style string formatting ('%%')");
+    if (op == OP_MOD && a.t == TV_STR) return ct_str_percent(c, a, b, out);
     return type_error(c, op_name(op), a, b);
 overflow:
     return ct_fail(c, QD_ERR_UNSUPPORTED, "integer overflow in '%s' (arbitrary precision is not supported)", op_name(op));

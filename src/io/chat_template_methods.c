@@ -459,6 +459,92 @@ int ct_call_method(ct_ctx *c, tv self, const char *name, tv *args, int nargs, co
     return ct_fail(c, QD_ERR_UNSUPPORTED, "unsupported construct: method %s() of %s", name, ct_type_name(self));
 }
 
+/* ------------------------------------------------------------------ printf-style */
+
+/* `fmt % args` as Python does it for the common conversions (s r d i x X o
+ * e E f F g G c %), with flags, width and precision; `%(name)s` with a dict. */
+int ct_str_percent(ct_ctx *c, tv fmt, tv arg, tv *out) {
+    tv *args = &arg;
+    size_t nargs = 1, ai = 0;
+    int mapping = arg.t == TV_DICT;
+    if (arg.t == TV_LIST && arg.l->tuple) { args = arg.l->v; nargs = arg.l->n; }
+    ct_buf b = {0};
+    const char *p = fmt.s.p, *e = p + fmt.s.n;
+    int rc = 0;
+    while (p < e && rc == 0) {
+        if (*p != '%') { ct_buf_putc(&b, *p++); continue; }
+        if (++p >= e) { rc = ct_fail(c, QD_ERR_INVALID_ARG, "incomplete format"); break; }
+        tv v = tv_undef();
+        int have = 0;
+        if (*p == '(') {
+            const char *q = memchr(p, ')', (size_t)(e - p));
+            if (!q || !mapping) { rc = ct_fail(c, QD_ERR_INVALID_ARG, "format requires a mapping"); break; }
+            tv *x = ct_dict_get(arg.d, p + 1, (size_t)(q - p - 1));
+            if (!x) { rc = ct_fail(c, QD_ERR_INVALID_ARG, "format key '%.*s' not found", (int)(q - p - 1), p + 1); break; }
+            v = *x;
+            have = 1;
+            p = q + 1;
+        }
+        char spec[48];
+        size_t k = 0;
+        spec[k++] = '%';
+        while (p < e && strchr("-+ 0#", *p) && k < 8) spec[k++] = *p++;
+        while (p < e && *p >= '0' && *p <= '9' && k < 16) spec[k++] = *p++;
+        if (p < e && *p == '.') {
+            spec[k++] = *p++;
+            while (p < e && *p >= '0' && *p <= '9' && k < 24) spec[k++] = *p++;
+        }
+        if (p >= e) { rc = ct_fail(c, QD_ERR_INVALID_ARG, "incomplete format"); break; }
+        char conv = *p++;
+        if (conv == '%') { ct_buf_putc(&b, '%'); continue; }
+        if (!have) {
+            if (mapping && nargs == 1 && !(arg.t == TV_LIST)) v = arg;
+            else if (ai < nargs) v = args[ai];
+            else { rc = ct_fail(c, QD_ERR_INVALID_ARG, "not enough arguments for format string"); break; }
+            ai++;
+        }
+        char tmp[512];
+        if (conv == 's' || conv == 'r' || conv == 'a') {
+            ct_buf sb = {0};
+            if (conv == 's') ct_to_str(&sb, v); else ct_repr(&sb, v);
+            /* width/precision count code points in Python; apply them on bytes for ASCII only. */
+            spec[k++] = 's';
+            spec[k] = 0;
+            if (k == 2 || sb.oom) ct_buf_put(&b, sb.p ? sb.p : "", sb.n);
+            else {
+                int n = snprintf(tmp, sizeof tmp, spec, sb.p ? sb.p : "");
+                if (n >= (int)sizeof tmp) ct_buf_put(&b, sb.p, sb.n); else ct_buf_put(&b, tmp, (size_t)n);
+            }
+            ct_buf_free(&sb);
+            continue;
+        }
+        int is_num = v.t == TV_INT || v.t == TV_BOOL || v.t == TV_FLOAT;
+        if (!is_num) { rc = ct_fail(c, QD_ERR_INVALID_ARG, "%%%c format: a real number is required, not %s", conv, ct_type_name(v)); break; }
+        double dv = v.t == TV_FLOAT ? v.f : v.t == TV_INT ? (double)v.i : v.b;
+        long long iv = v.t == TV_FLOAT ? (long long)v.f : v.t == TV_INT ? v.i : v.b;
+        if (strchr("diu", conv)) { spec[k++] = 'l'; spec[k++] = 'l'; spec[k++] = 'd'; spec[k] = 0; snprintf(tmp, sizeof tmp, spec, iv); }
+        else if (strchr("xXo", conv)) {
+            if (v.t == TV_FLOAT) { rc = ct_fail(c, QD_ERR_INVALID_ARG, "%%%c format: an integer is required", conv); break; }
+            spec[k++] = 'l'; spec[k++] = 'l'; spec[k++] = conv; spec[k] = 0;
+            if (iv < 0) { ct_buf_putc(&b, '-'); iv = -iv; }
+            snprintf(tmp, sizeof tmp, spec, (unsigned long long)iv);
+        } else if (strchr("eEfFgG", conv)) { spec[k++] = conv; spec[k] = 0; snprintf(tmp, sizeof tmp, spec, dv); }
+        else if (conv == 'c' && v.t == TV_INT && v.i >= 0 && v.i < 0x110000) {
+            char u[5];
+            ct_buf_put(&b, u, (size_t)utf8proc_encode_char((utf8proc_int32_t)v.i, (utf8proc_uint8_t *)u));
+            continue;
+        } else { rc = ct_fail(c, QD_ERR_UNSUPPORTED, "unsupported format character '%c'", conv); break; }
+        ct_buf_puts(&b, tmp);
+    }
+    if (rc == 0 && !mapping && ai < nargs && !(nargs == 1 && ai == 0 && arg.t != TV_LIST))
+        rc = ct_fail(c, QD_ERR_INVALID_ARG, "not all arguments converted during string formatting");
+    if (rc == 0 && b.oom) rc = ct_oom(c);
+    int ok = 1;
+    if (rc == 0) *out = ct_str_dup(c, b.p ? b.p : "", b.n, &ok);
+    ct_buf_free(&b);
+    return rc || !ok ? -1 : 0;
+}
+
 /* ------------------------------------------------------------------ globals */
 
 static int make_ns(ct_ctx *c, tv *args, int nargs, const char **kw, tv *kwv, int nkw, tv *out, tv_type t) {
