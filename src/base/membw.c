@@ -31,6 +31,7 @@ static void part_range(const bw_job *j, int64_t p, size_t *b, size_t *e) {
 }
 
 static void read_part(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
     bw_job *j = user;
     for (int64_t p = begin; p < end; p++) {
         size_t b, e;
@@ -69,6 +70,7 @@ static void read_part(void *user, int64_t begin, int64_t end, int worker) {
 }
 
 static void copy_part(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
     bw_job *j = user;
     for (int64_t p = begin; p < end; p++) {
         size_t b, e;
@@ -80,6 +82,7 @@ static void copy_part(void *user, int64_t begin, int64_t end, int worker) {
 /* Pages are touched in parallel first so they are mapped (and, on NUMA machines,
  * local to the threads that read them) before timing. */
 static void fill_part(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
     bw_job *j = user;
     for (int64_t p = begin; p < end; p++) {
         size_t b, e;

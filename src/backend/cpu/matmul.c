@@ -1,10 +1,11 @@
 /* y[n][rows] = x[n][cols] . W^T with W stored as in the checkpoint (F32, BF16, F16).
  *
  * Two regimes, chosen per product by n:
- *  - decode (n <= QD_MM_GEMV_MAX_N): memory-bound. Each weight element is read once
- *    and used for all n x rows; several W rows are streamed at once with independent
- *    accumulators so the loads, not the FMA latency, are the limit. bf16 -> f32 is a
- *    16-bit shift, f16 uses F16C.
+ *  - decode and small batches (n <= QD_MM_GEMV_MAX_N): memory-bound. Each weight
+ *    element is read from DRAM once; up to 4 x rows share each loaded weight, more x
+ *    rows re-read a cache-sized block of W rows. Several W rows are streamed at once
+ *    with independent accumulators so the loads, not FMA latency, are the limit, and
+ *    the next rows are software-prefetched. bf16 -> f32 is a 16-bit shift, f16 uses F16C.
  *  - prefill (larger n): compute-bound. A panel of 16 W rows x KC columns is converted
  *    to f32 and transposed into a small stack buffer once, then reused by a 6x16
  *    register-blocked micro-kernel for every x row (see matmul_gemm.c).
@@ -61,7 +62,7 @@ QD_AI void gemv_tile(qd_dtype dt, int NX, int NR, const void *w, int64_t cols, c
      * pages every few iterations, so fetch the next tile (the NR rows after these,
      * contiguous in memory) evenly spread over this tile's iterations. */
     const int es = dt == QD_DTYPE_F32 ? 4 : 2;
-    const char *next = (const char *)w + (r + NR) * cols * es;
+    const char *next = pf ? (const char *)w + (r + NR) * cols * es : (const char *)w;
     const int64_t pf_bytes = (int64_t)NR * 8 * es; /* next-tile bytes per iteration */
     int64_t k = 0;
     for (; k + 8 <= cols; k += 8) {
@@ -86,19 +87,19 @@ QD_AI void gemv_tile(qd_dtype dt, int NX, int NR, const void *w, int64_t cols, c
 
 /* Rows [r0, r1) for NX x rows. Rows per tile shrink as NX grows to stay in registers. */
 QD_AI void gemv_rows(qd_dtype dt, int NX, const void *w, int64_t cols, const float *x, float *y,
-                     int64_t ldy, int64_t r0, int64_t r1) {
+                     int64_t ldy, int64_t r0, int64_t r1, int64_t pf_end) {
     const int NR = NX == 1 ? 8 : NX == 2 ? 4 : NX == 3 ? 3 : 2;
     int64_t r = r0;
-    for (; r + NR <= r1; r += NR) gemv_tile(dt, NX, NR, w, cols, x, y, ldy, r, r + 2 * NR <= r1);
+    for (; r + NR <= r1; r += NR) gemv_tile(dt, NX, NR, w, cols, x, y, ldy, r, r + 2 * NR <= pf_end);
     for (; r < r1; r++) gemv_tile(dt, NX, 1, w, cols, x, y, ldy, r, 0);
 }
 
 typedef void (*gemv_fn)(const void *w, int64_t cols, const float *x, float *y, int64_t ldy,
-                        int64_t r0, int64_t r1);
+                        int64_t r0, int64_t r1, int64_t pf_end);
 #define QD_GEMV_INST(name, dt, nx)                                                          \
     static void name(const void *w, int64_t cols, const float *x, float *y, int64_t ldy, \
-                     int64_t r0, int64_t r1) {                                             \
-        gemv_rows(dt, nx, w, cols, x, y, ldy, r0, r1);                                     \
+                     int64_t r0, int64_t r1, int64_t pf_end) {                             \
+        gemv_rows(dt, nx, w, cols, x, y, ldy, r0, r1, pf_end);                             \
     }
 QD_GEMV_INST(gemv_f32_1, QD_DTYPE_F32, 1)
 QD_GEMV_INST(gemv_f32_2, QD_DTYPE_F32, 2)
@@ -132,9 +133,29 @@ static gemv_fn gemv_select(qd_dtype dt, int64_t n) {
     }
 }
 #else
-typedef void (*gemv_fn)(const void *, int64_t, const float *, float *, int64_t, int64_t, int64_t);
+typedef void (*gemv_fn)(const void *, int64_t, const float *, float *, int64_t, int64_t, int64_t, int64_t);
 static gemv_fn gemv_select(qd_dtype dt, int64_t n) { (void)dt; (void)n; return NULL; }
 #endif
+
+/* n > 4: x rows in groups of 4 over a block of W rows small enough to stay in L1/L2,
+ * so W comes from DRAM once and the later groups re-read it from cache. */
+static void gemv_groups(const qd_weight *w, const float *x, int64_t n, float *y, int64_t r0, int64_t r1) {
+    const int64_t cols = w->cols, rows = w->rows;
+    gemv_fn f4 = gemv_select(w->dtype, n < 4 ? n : 4);
+    if (n <= 4) {
+        f4(w->data, cols, x, y, rows, r0, r1, r1);
+        return;
+    }
+    gemv_fn ft = n % 4 ? gemv_select(w->dtype, n % 4) : NULL;
+    int64_t rb = (int64_t)(16384 / ((size_t)cols * qd_dtype_size(w->dtype))) / 8 * 8;
+    if (rb < 8) rb = 8;
+    for (int64_t r = r0; r < r1; r += rb) {
+        int64_t re = r + rb < r1 ? r + rb : r1;
+        int64_t i = 0;
+        for (; i + 4 <= n; i += 4) f4(w->data, cols, x + i * cols, y + i * rows, rows, r, re, r1);
+        if (ft) ft(w->data, cols, x + i * cols, y + i * rows, rows, r, re, r1);
+    }
+}
 
 /* Portable GEMV for any dtype and n: four partial sums per dot product so the
  * compiler can vectorise and the adds do not form one long dependency chain. */
@@ -179,8 +200,7 @@ static int use_gemv(const qd_matmul_item *it) { return it->n <= QD_MM_GEMV_MAX_N
 static void run_task(const qd_matmul_item *it, const mm_task *t) {
     const qd_weight *w = it->w;
     if (use_gemv(it)) {
-        gemv_fn f = gemv_select(w->dtype, it->n);
-        if (f) f(w->data, w->cols, it->x, it->y, w->rows, t->r0, t->r1);
+        if (gemv_select(w->dtype, 1)) gemv_groups(w, it->x, it->n, it->y, t->r0, t->r1);
         else gemv_scalar(w->dtype, w->data, w->cols, it->x, it->n, it->y, w->rows, t->r0, t->r1);
     } else {
         qd_mm_gemm_range(w, it->x, it->y, t->r0, t->r1, t->i0, t->i1);
@@ -190,6 +210,7 @@ static void run_task(const qd_matmul_item *it, const mm_task *t) {
 /* Part p of n_parts runs the tasks whose cost midpoint falls in its 1/n_parts share,
  * so parts get equal cost even when tasks of different items differ in size. */
 static void run_parts(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
     const mm_job *job = user;
     for (int64_t p = begin; p < end; p++) {
         double lo = job->total * (double)p / job->n_parts;
@@ -207,9 +228,9 @@ static void run_parts(void *user, int64_t begin, int64_t end, int worker) {
 static double item_cost(const qd_matmul_item *it) {
     const qd_weight *w = it->w;
     if (w->rows <= 0 || it->n <= 0) return 0;
-    /* decode is priced by bytes of W, prefill by FMAs; within one call both scale
-     * the same way, so a single unit is fine for balancing. */
-    double n = use_gemv(it) ? 1.0 + 0.25 * (double)(it->n - 1) : (double)it->n;
+    /* Time per weight element grows from "one DRAM read" at n = 1 to ~0.12 n at large
+     * n (FMA bound); measured, good enough to balance mixed batches. */
+    double n = 1.0 + 0.12 * (double)(it->n - 1);
     return (double)w->rows * (double)(w->cols > 0 ? w->cols : 1) * n;
 }
 

@@ -43,9 +43,70 @@ static void convert_row(qd_dtype dt, const void *w, int64_t idx, int64_t n, floa
     for (; k < n; k++) dst[k] = qd_mm_wscalar(dt, w, idx + k);
 }
 
+#if QD_MM_SIMD
+/* 8 weights at element idx as f32, or 0 when the dtype has no vector conversion here. */
+static inline int load8(qd_dtype dt, const void *w, int64_t idx, __m256 *out) {
+    if (dt == QD_DTYPE_F32) { *out = _mm256_loadu_ps((const float *)w + idx); return 1; }
+    if (dt == QD_DTYPE_BF16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + idx));
+        *out = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        return 1;
+    }
+#ifdef __F16C__
+    if (dt == QD_DTYPE_F16) {
+        *out = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + idx)));
+        return 1;
+    }
+#endif
+    return 0;
+}
+
+/* Full panels: 8x8 blocks converted and transposed in registers, because the scalar
+ * scatter costs more than the micro-kernel itself when there are only a few x rows.
+ * Returns how many columns were packed (a multiple of 8), 0 if not applicable. */
+static int64_t pack_panel_simd(const qd_weight *w, int64_t r0, int64_t k0, int64_t kc, float *panel) {
+    __m256 probe;
+    if (!load8(w->dtype, w->data, 0, &probe)) return 0;
+    int64_t kk = 0;
+    for (; kk + 8 <= kc; kk += 8) {
+        for (int h = 0; h < QD_MM_NR; h += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++) load8(w->dtype, w->data, (r0 + h + j) * w->cols + k0 + kk, &r[j]);
+            __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+            __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+            __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+            float *d = panel + kk * QD_MM_NR + h;
+            _mm256_store_ps(d + 0 * QD_MM_NR, _mm256_permute2f128_ps(u0, u4, 0x20));
+            _mm256_store_ps(d + 1 * QD_MM_NR, _mm256_permute2f128_ps(u1, u5, 0x20));
+            _mm256_store_ps(d + 2 * QD_MM_NR, _mm256_permute2f128_ps(u2, u6, 0x20));
+            _mm256_store_ps(d + 3 * QD_MM_NR, _mm256_permute2f128_ps(u3, u7, 0x20));
+            _mm256_store_ps(d + 4 * QD_MM_NR, _mm256_permute2f128_ps(u0, u4, 0x31));
+            _mm256_store_ps(d + 5 * QD_MM_NR, _mm256_permute2f128_ps(u1, u5, 0x31));
+            _mm256_store_ps(d + 6 * QD_MM_NR, _mm256_permute2f128_ps(u2, u6, 0x31));
+            _mm256_store_ps(d + 7 * QD_MM_NR, _mm256_permute2f128_ps(u3, u7, 0x31));
+        }
+    }
+    return kk;
+}
+#endif
+
 /* panel[kk][j] = W[r0 + j][k0 + kk] for j < nr, zero for nr <= j < QD_MM_NR (the
  * padded lanes then contribute nothing and are simply not stored). */
 static void pack_panel(const qd_weight *w, int64_t r0, int nr, int64_t k0, int64_t kc, float *panel) {
+#if QD_MM_SIMD
+    if (nr == QD_MM_NR) {
+        int64_t done = pack_panel_simd(w, r0, k0, kc, panel);
+        for (int j = 0; j < nr; j++)
+            for (int64_t kk = done; kk < kc; kk++)
+                panel[kk * QD_MM_NR + j] = qd_mm_wscalar(w->dtype, w->data, (r0 + j) * w->cols + k0 + kk);
+        return;
+    }
+#endif
     float row[QD_MM_KC];
     for (int j = 0; j < nr; j++) {
         convert_row(w->dtype, w->data, (r0 + j) * w->cols + k0, kc, row);
@@ -109,6 +170,23 @@ static void kernel_tile(int64_t kc, const float *panel, const float *const xp[QD
     }
 }
 
+/* Asks for the W block that will be packed after this one: packing reads 16 short
+ * row segments, too short for the hardware prefetchers, and with few x rows the
+ * kernel work between two packings would not hide the DRAM latency. */
+static void prefetch_next(const qd_weight *w, int64_t r, int64_t r1, int64_t k0) {
+    int64_t nr0 = r, nk0 = k0 + QD_MM_KC;
+    if (nk0 >= w->cols) { nr0 = r + QD_MM_NR; nk0 = 0; }
+    if (nr0 >= r1) return;
+    int64_t nr = r1 - nr0 < QD_MM_NR ? r1 - nr0 : QD_MM_NR;
+    int64_t kc = w->cols - nk0 < QD_MM_KC ? w->cols - nk0 : QD_MM_KC;
+    size_t es = qd_dtype_size(w->dtype);
+    const char *base = (const char *)w->data;
+    for (int64_t j = 0; j < nr; j++) {
+        const char *p = base + ((nr0 + j) * w->cols + nk0) * (int64_t)es;
+        for (size_t b = 0; b < (size_t)kc * es; b += 64) __builtin_prefetch(p + b, 0, 3);
+    }
+}
+
 void qd_mm_gemm_range(const qd_weight *w, const float *x, float *y, int64_t r0, int64_t r1,
                       int64_t i0, int64_t i1) {
     _Alignas(64) float panel[QD_MM_KC * QD_MM_NR];
@@ -117,6 +195,7 @@ void qd_mm_gemm_range(const qd_weight *w, const float *x, float *y, int64_t r0, 
         int nr = r1 - r < QD_MM_NR ? (int)(r1 - r) : QD_MM_NR;
         for (int64_t k0 = 0; k0 < cols; k0 += QD_MM_KC) {
             int64_t kc = cols - k0 < QD_MM_KC ? cols - k0 : QD_MM_KC;
+            prefetch_next(w, r, r1, k0);
             pack_panel(w, r, nr, k0, kc, panel);
             for (int64_t i = i0; i < i1; i += QD_MM_MR) {
                 const float *xp[QD_MM_MR];
