@@ -164,6 +164,16 @@ static void test_errors(void) {
     expect_render_error("{% set s = 'xxxxxxxxxxxxxxxx' %}{% for i in range(10000000) %}{{ s }}{% endfor %}", "{}", "limit");
     expect_render_error("{{ 'ab' * 4000000000 }}", "{}", "memory limit");
     expect_render_error("{{ range(100000000000) }}", "{}", "range()");
+    expect_render_error("{% set s = 'x' * 1000000 %}{{ ([s] * 1000) | join }}", "{}", "limit");
+    expect_render_error("{% set s = 'x' * 1000000 %}{% for i in range(100) %}{{ s }}{% endfor %}", "{}", "output size limit");
+    {
+        /* A namespace holding itself prints (depth-capped) instead of recursing forever. */
+        char *out = NULL;
+        qd_err err = {0};
+        qd_status s = render_str("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{% set ns.me2 = ns %}{{ ns }}", "{}", &out, &err);
+        CHECKF(s == QD_OK || strstr(err.msg, "limit"), "self namespace: %s", err.msg);
+        free(out);
+    }
     /* Bad request JSON. */
     expect_render_error("{{ messages }}", "{\"messages\": [", "bad JSON");
     expect_render_error("{{ messages }}", "[1, 2]", "JSON object");

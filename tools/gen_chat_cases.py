@@ -223,6 +223,16 @@ def edge_cases(tpl):
                 "tool_calls": [{"name": "a", "arguments": {"q": "ü"}}]},
             {"role": "user", "content": "<tool_response>\nx\n</tool_response>"},
             {"role": "assistant", "content": "final", "reasoning_content": "got it"}]}),
+        ("assistant_null_content_tool_calls", {"messages": [
+            u, {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Zürich\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 3}"}], "add_generation_prompt": True}),
+        ("assistant_missing_content", {"messages": [u, {"role": "assistant", "reasoning_content": "r"}]}),
+        ("content_list_text_only", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"text": "b"}]}]}),
+        ("long_history", {"messages": [m for k in range(40) for m in (
+            {"role": "user", "content": "question %d" % k},
+            {"role": "assistant", "content": "answer %d" % k, "reasoning_content": "thought %d" % k})],
+            "add_generation_prompt": True}),
         ("tool_arg_types", {"messages": [u, {"role": "assistant", "content": "c", "tool_calls": [
             {"function": {"name": "f", "arguments": {
                 "s": "str", "i": 1, "f": 1.5, "big": 1e20, "small": 1e-07, "t": True, "fa": False, "n": None,

@@ -143,6 +143,7 @@ static int html_escape(ct_ctx *c, tv v, tv *out) {
     tv s;
     if (need_str(c, "escape", v, &s)) return -1;
     ct_buf b = {0};
+    b.limit = c->out->limit;   /* temporaries obey the output bound too */
     for (size_t i = 0; i < s.s.n; i++) {
         switch (s.s.p[i]) {
         case '&': ct_buf_puts(&b, "&amp;"); break;
@@ -189,6 +190,7 @@ static int filter_tojson(ct_ctx *c, tv v, tv *args, int nargs, const char **kw, 
         snprintf(key_sep, sizeof key_sep, "%.*s", (int)(a[2].l->v[1].s.n > 31 ? 31 : a[2].l->v[1].s.n), a[2].l->v[1].s.p);
     }
     ct_buf b = {0};
+    b.limit = c->out->limit;   /* temporaries obey the output bound too */
     int rc = ct_tojson(c, &b, v, ensure_ascii, indent, item_sep, key_sep, sort_keys, 0);
     if (rc == 0 && b.oom) rc = ct_oom(c);
     int ok = 1;
@@ -213,6 +215,7 @@ static int filter_indent(ct_ctx *c, tv v, tv *args, int nargs, const char **kw, 
     }
     int first = g[1] && ct_truthy(a[1]), blank = g[2] && ct_truthy(a[2]);
     ct_buf b = {0};
+    b.limit = c->out->limit;   /* temporaries obey the output bound too */
     if (first) ct_buf_put(&b, ind.s.p, ind.s.n);
     /* Lines split at \n; a line gets the indent unless it is empty (or blank=True). */
     size_t st = 0;
@@ -311,6 +314,7 @@ int ct_apply_filter(ct_ctx *c, int id, tv v, tv *args, int nargs, const char **k
         tv sep = tv_strn("", 0);
         if (g[0] && ct_stringify(c, a[0], &sep)) return -1;
         ct_buf b = {0};
+        b.limit = c->out->limit;   /* temporaries obey the output bound too */
         int rc = 0;
         for (size_t i = 0; i < l->n && rc == 0; i++) {
             tv it = l->v[i];

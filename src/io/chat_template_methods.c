@@ -221,6 +221,7 @@ static const char *find_sub(const char *h, size_t hn, const char *nd, size_t nn,
 
 static int str_format(ct_ctx *c, tv fmt, tv *args, int nargs, const char **kw, tv *kwv, int nkw, tv *out) {
     ct_buf b = {0};
+    b.limit = c->out->limit;   /* temporaries obey the output bound too */
     int auto_idx = 0, rc = 0;
     const char *p = fmt.s.p;
     size_t n = fmt.s.n;
@@ -256,6 +257,7 @@ static int str_format(ct_ctx *c, tv fmt, tv *args, int nargs, const char **kw, t
 
 int ct_str_replace(ct_ctx *c, tv s, tv old, tv new_, int64_t count, tv *out) {
     ct_buf b = {0};
+    b.limit = c->out->limit;   /* temporaries obey the output bound too */
     int64_t done = 0;
     if (old.s.n == 0) {
         /* Python inserts `new` before every character and at the end. */
@@ -383,6 +385,7 @@ static int str_method(ct_ctx *c, tv s, const char *m, tv *args, int nargs, const
         if (want_args(c, m, nargs, 1, 1, 0)) return -1;
         if (args[0].t != TV_LIST) return ct_fail(c, QD_ERR_UNSUPPORTED, "str.join() needs a list");
         ct_buf b = {0};
+        b.limit = c->out->limit;   /* temporaries obey the output bound too */
         for (size_t i = 0; i < args[0].l->n; i++) {
             tv it = args[0].l->v[i];
             if (it.t != TV_STR) { ct_buf_free(&b); return ct_fail(c, QD_ERR_INVALID_ARG, "sequence item %zu: expected str instance, %s found", i, ct_type_name(it)); }
@@ -469,6 +472,7 @@ int ct_str_percent(ct_ctx *c, tv fmt, tv arg, tv *out) {
     int mapping = arg.t == TV_DICT;
     if (arg.t == TV_LIST && arg.l->tuple) { args = arg.l->v; nargs = arg.l->n; }
     ct_buf b = {0};
+    b.limit = c->out->limit;   /* temporaries obey the output bound too */
     const char *p = fmt.s.p, *e = p + fmt.s.n;
     int rc = 0;
     while (p < e && rc == 0) {
@@ -506,6 +510,7 @@ int ct_str_percent(ct_ctx *c, tv fmt, tv arg, tv *out) {
         char tmp[512];
         if (conv == 's' || conv == 'r' || conv == 'a') {
             ct_buf sb = {0};
+            sb.limit = c->out->limit;
             if (conv == 's') ct_to_str(&sb, v); else ct_repr(&sb, v);
             /* width/precision count code points in Python; apply them on bytes for ASCII only. */
             spec[k++] = 's';

@@ -389,31 +389,48 @@ static void put_repr_str(ct_buf *b, const char *p, size_t n) {
     ct_buf_putc(b, quote);
 }
 
-void ct_repr(ct_buf *b, tv v) {
+/* Containers print through repr. Namespaces can contain themselves, so the
+ * walk is depth-capped ("...") and stops once the buffer hit its limit. */
+static void repr_d(ct_buf *b, tv v, int depth);
+
+static void repr_items(ct_buf *b, const tdict *d, int depth) {
+    for (size_t i = 0; i < d->n && !b->oom; i++) {
+        if (i) ct_buf_puts(b, ", ");
+        repr_d(b, d->k[i], depth + 1);
+        ct_buf_puts(b, ": ");
+        repr_d(b, d->v[i], depth + 1);
+    }
+}
+
+static void repr_d(ct_buf *b, tv v, int depth) {
+    if (b->oom) return;
+    if (depth > 100) { ct_buf_puts(b, "..."); return; }
     switch (v.t) {
     case TV_STR: put_repr_str(b, v.s.p, v.s.n); return;
     case TV_LIST:
         ct_buf_putc(b, v.l->tuple ? '(' : '[');
-        for (size_t i = 0; i < v.l->n; i++) {
+        for (size_t i = 0; i < v.l->n && !b->oom; i++) {
             if (i) ct_buf_puts(b, ", ");
-            ct_repr(b, v.l->v[i]);
+            repr_d(b, v.l->v[i], depth + 1);
         }
         if (v.l->tuple && v.l->n == 1) ct_buf_putc(b, ',');
         ct_buf_putc(b, v.l->tuple ? ')' : ']');
         return;
     case TV_DICT:
         ct_buf_putc(b, '{');
-        for (size_t i = 0; i < v.d->n; i++) {
-            if (i) ct_buf_puts(b, ", ");
-            ct_repr(b, v.d->k[i]);
-            ct_buf_puts(b, ": ");
-            ct_repr(b, v.d->v[i]);
-        }
+        repr_items(b, v.d, depth);
         ct_buf_putc(b, '}');
+        return;
+    case TV_NS:
+        ct_buf_puts(b, "<Namespace {");
+        repr_items(b, v.d, depth);
+        ct_buf_puts(b, "}>");
         return;
     default: ct_to_str(b, v);
     }
 }
+
+void ct_repr(ct_buf *b, tv v) { repr_d(b, v, 0); }
 
 void ct_to_str(ct_buf *b, tv v) {
     switch (v.t) {
@@ -423,18 +440,7 @@ void ct_to_str(ct_buf *b, tv v) {
     case TV_INT: put_int(b, v.i); return;
     case TV_FLOAT: put_float(b, v.f, 0); return;
     case TV_STR: ct_buf_put(b, v.s.p, v.s.n); return;
-    case TV_LIST: case TV_DICT: ct_repr(b, v); return;
-    case TV_NS: {
-        ct_buf_puts(b, "<Namespace {");
-        for (size_t i = 0; i < v.d->n; i++) {
-            if (i) ct_buf_puts(b, ", ");
-            ct_repr(b, v.d->k[i]);
-            ct_buf_puts(b, ": ");
-            ct_repr(b, v.d->v[i]);
-        }
-        ct_buf_puts(b, "}>");
-        return;
-    }
+    case TV_LIST: case TV_DICT: case TV_NS: repr_d(b, v, 0); return;
     case TV_FUNC: ct_buf_puts(b, "<function>"); return;
     case TV_MACRO: ct_buf_puts(b, "<Macro>"); return;
     case TV_METHOD: ct_buf_puts(b, "<built-in method>"); return;
@@ -445,6 +451,7 @@ void ct_to_str(ct_buf *b, tv v) {
 int ct_stringify(ct_ctx *c, tv v, tv *out) {
     if (v.t == TV_STR) { *out = v; return 0; }
     ct_buf b = {0};
+    b.limit = c->out->limit;   /* temporaries obey the output bound too */
     ct_to_str(&b, v);
     if (b.oom) { ct_buf_free(&b); return ct_oom(c); }
     int ok;

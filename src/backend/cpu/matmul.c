@@ -7,7 +7,7 @@
  *    with independent accumulators so the loads, not FMA latency, are the limit, and
  *    the next rows are software-prefetched. bf16 -> f32 is a 16-bit shift, f16 uses F16C.
  *  - prefill (larger n): compute-bound. A panel of 16 W rows x KC columns is converted
- *    to f32 and transposed into a small stack buffer once, then reused by a 6x16
+ *    to f32 and transposed into per-task scratch once, then reused by a 6x16
  *    register-blocked micro-kernel for every x row (see matmul_gemm.c).
  *
  * Work is cut into tasks of (item, row range, x-row range) of roughly equal cost; each

@@ -1,11 +1,12 @@
 /* Prefill GEMM: y[i][r] = sum_k x[i][k] * W[r][k] for many x rows.
  *
- * W is converted and transposed panel by panel into a stack buffer
+ * W is converted and transposed panel by panel into per-task scratch
  * panel[k][QD_MM_NR] (QD_MM_NR consecutive W rows interleaved per column), so the
  * micro-kernel reads two aligned 8-wide vectors per k and broadcasts one x value
  * per x row: a QD_MM_MR x 16 tile of y lives in 12 ymm accumulators and each
  * loaded weight feeds QD_MM_MR FMAs. The conversion cost (one pass over W per
  * x-row chunk) is amortised over all x rows of the chunk. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/matmul_internal.h"
@@ -107,7 +108,7 @@ static void pack_panel(const qd_weight *w, int64_t r0, int nr, int64_t k0, int64
         return;
     }
 #endif
-    float row[QD_MM_KC];
+    float row[QD_MM_KC > QD_MM_KC_STACK ? QD_MM_KC : QD_MM_KC_STACK];
     for (int j = 0; j < nr; j++) {
         convert_row(w->dtype, w->data, (r0 + j) * w->cols + k0, kc, row);
         for (int64_t kk = 0; kk < kc; kk++) panel[kk * QD_MM_NR + j] = row[kk];
@@ -173,12 +174,12 @@ static void kernel_tile(int64_t kc, const float *panel, const float *const xp[QD
 /* Asks for the W block that will be packed after this one: packing reads 16 short
  * row segments, too short for the hardware prefetchers, and with few x rows the
  * kernel work between two packings would not hide the DRAM latency. */
-static void prefetch_next(const qd_weight *w, int64_t r, int64_t r1, int64_t k0) {
-    int64_t nr0 = r, nk0 = k0 + QD_MM_KC;
+static void prefetch_next(const qd_weight *w, int64_t r, int64_t r1, int64_t k0, int64_t kb) {
+    int64_t nr0 = r, nk0 = k0 + kb;
     if (nk0 >= w->cols) { nr0 = r + QD_MM_NR; nk0 = 0; }
     if (nr0 >= r1) return;
     int64_t nr = r1 - nr0 < QD_MM_NR ? r1 - nr0 : QD_MM_NR;
-    int64_t kc = w->cols - nk0 < QD_MM_KC ? w->cols - nk0 : QD_MM_KC;
+    int64_t kc = w->cols - nk0 < kb ? w->cols - nk0 : kb;
     size_t es = qd_dtype_size(w->dtype);
     const char *base = (const char *)w->data;
     for (int64_t j = 0; j < nr; j++) {
@@ -189,13 +190,23 @@ static void prefetch_next(const qd_weight *w, int64_t r, int64_t r1, int64_t k0)
 
 void qd_mm_gemm_range(const qd_weight *w, const float *x, float *y, int64_t r0, int64_t r1,
                       int64_t i0, int64_t i1) {
-    _Alignas(64) float panel[QD_MM_KC * QD_MM_NR];
     const int64_t cols = w->cols, rows = w->rows;
+    /* Equal K blocks (rounded up to 8 for the SIMD packer) rather than KC + a short tail. */
+    int64_t nkb = (cols + QD_MM_KC - 1) / QD_MM_KC;
+    int64_t kb = ((cols + nkb - 1) / nkb + 7) / 8 * 8;
+    if (kb > QD_MM_KC) kb = QD_MM_KC;
+    _Alignas(64) float stack_panel[QD_MM_KC_STACK * QD_MM_NR];
+    float *heap = aligned_alloc(64, sizeof(float) * (size_t)(kb * QD_MM_NR));
+    float *panel = heap;
+    if (!panel) {
+        panel = stack_panel;
+        kb = QD_MM_KC_STACK;
+    }
     for (int64_t r = r0; r < r1; r += QD_MM_NR) {
         int nr = r1 - r < QD_MM_NR ? (int)(r1 - r) : QD_MM_NR;
-        for (int64_t k0 = 0; k0 < cols; k0 += QD_MM_KC) {
-            int64_t kc = cols - k0 < QD_MM_KC ? cols - k0 : QD_MM_KC;
-            prefetch_next(w, r, r1, k0);
+        for (int64_t k0 = 0; k0 < cols; k0 += kb) {
+            int64_t kc = cols - k0 < kb ? cols - k0 : kb;
+            prefetch_next(w, r, r1, k0, kb);
             pack_panel(w, r, nr, k0, kc, panel);
             for (int64_t i = i0; i < i1; i += QD_MM_MR) {
                 const float *xp[QD_MM_MR];
@@ -209,4 +220,5 @@ void qd_mm_gemm_range(const qd_weight *w, const float *x, float *y, int64_t r0, 
             }
         }
     }
+    free(heap);
 }
