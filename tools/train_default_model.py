@@ -9,7 +9,7 @@ Run on the device machine (one H200, torch 2.11 + transformers 5.17, no flash-li
 transformers' torch fallback for the GDN layers is used), from the repo root:
 
     # device `run`, carry ["data/build"]:
-    PYTHONUNBUFFERED=1 python3 tools/train_default_model.py --steps 1500 --out /tmp/qt \
+    PYTHONUNBUFFERED=1 python3 tools/train_default_model.py --steps 2200 --out /tmp/qt \
         && tar -C /tmp/qt -cf - . | split -b 15M - $OUT/qdelta-tiny.tar.
     # then here:  cat <files_at>/qdelta-tiny.tar.* | tar -xf - -C models/qdelta-tiny
 
