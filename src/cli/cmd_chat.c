@@ -65,7 +65,6 @@ int qd_cmd_chat(int argc, char **argv) {
     cli_model_opts mo = {0};
     cli_gen_opts go = cli_gen_default_opts();
     go.max_tokens = 512;
-    go.sampling.temperature = -1.0f;
     const char *system_msg = NULL;
     bool think = true;
     long ctx_size = 4096;
@@ -96,9 +95,10 @@ int qd_cmd_chat(int argc, char **argv) {
     size_t line_cap = 0;
     int rc = 1;
     if (cli_load_tokenizer(mo.model_dir, &tok) || cli_load_chat_template(mo.model_dir, &tpl)) goto done;
-    if (go.sampling.temperature < 0) {
+    if (!go.temperature_set) {
         qd_generation_defaults d = qd_model_generation_defaults(m);
         go.sampling.temperature = d.do_sample ? d.temperature : 0.0f;
+        if (go.sampling.repetition_penalty == 1.0f) go.sampling.repetition_penalty = d.repetition_penalty;
         if (d.do_sample && go.sampling.top_p == 1.0f) go.sampling.top_p = d.top_p;
         if (d.do_sample && go.sampling.top_k == 0) go.sampling.top_k = d.top_k;
     }

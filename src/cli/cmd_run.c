@@ -36,7 +36,6 @@ int qd_cmd_run(int argc, char **argv) {
     cli_model_opts mo = {0};
     cli_gen_opts go = cli_gen_default_opts();
     go.max_tokens = 16;
-    go.sampling.temperature = -1.0f; /* unset: checkpoint default for text, greedy for ids */
     const char *prompt = NULL, *prompt_file = NULL, *prompt_ids = NULL, *ids_out = NULL, *system_msg = NULL;
     bool chat = false, no_think = false;
     long ctx_size = 0;
@@ -87,16 +86,17 @@ int qd_cmd_run(int argc, char **argv) {
         } else if (cli_tokenize(tok, prompt, strlen(prompt), &ids, &n_prompt)) {
             goto done;
         }
-        if (go.sampling.temperature < 0) { /* the checkpoint's defaults, as transformers' generate would use */
+        if (!go.temperature_set) { /* the checkpoint's defaults, as transformers' generate would use */
             qd_generation_defaults d = qd_model_generation_defaults(m);
             go.sampling.temperature = d.do_sample ? d.temperature : 0.0f;
+            if (go.sampling.repetition_penalty == 1.0f) go.sampling.repetition_penalty = d.repetition_penalty;
             if (d.do_sample) {
                 if (go.sampling.top_p == 1.0f) go.sampling.top_p = d.top_p;
                 if (go.sampling.top_k == 0) go.sampling.top_k = d.top_k;
             }
         }
     }
-    if (go.sampling.temperature < 0) go.sampling.temperature = 0.0f;
+    if (!go.temperature_set && prompt_ids) go.sampling.temperature = 0.0f; /* ids: greedy unless told */
     if (n_prompt == 0) { fprintf(stderr, "qdelta run: empty prompt\n"); goto done; }
     int max_ctx = ctx_size ? (int)ctx_size : n_prompt + go.max_tokens + 1;
     if (cli_session_open(&s, m, tok, max_ctx, n_prompt < 512 ? n_prompt : 512)) goto done;
@@ -107,6 +107,7 @@ int qd_cmd_run(int argc, char **argv) {
     if (prompt_ids)
         for (int i = 0; i < res.n_ids; i++) printf("%s%d", i ? " " : "", res.ids[i]);
     printf("\n");
+    fflush(stdout);
     if (!mo.quiet)
         fprintf(stderr, "prompt %d tokens %.1f tok/s | generated %d tokens %.1f tok/s | time to first token %.3f s | finish: %s\n",
                 n_prompt, res.n_prompt_fed / (res.t_prefill > 0 ? res.t_prefill : 1e-9), res.n_ids,

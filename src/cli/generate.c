@@ -202,6 +202,7 @@ int cli_parse_gen_opt(cli_gen_opts *o, int argc, char **argv, int *i) {
     long n;
     if (!strcmp(a, "--temperature") || !strcmp(a, "--temp")) {
         if (!(v = cli_value(argc, argv, i)) || parse_float(a, v, &o->sampling.temperature)) return -1;
+        o->temperature_set = true;
     } else if (!strcmp(a, "--top-k")) {
         if (!(v = cli_value(argc, argv, i)) || cli_int(a, v, 0, 1 << 30, &n)) return -1;
         o->sampling.top_k = (int)n;

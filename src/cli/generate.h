@@ -27,6 +27,7 @@ typedef struct cli_session {
 
 typedef struct cli_gen_opts {
     qd_sampling_params sampling;
+    bool temperature_set;     /* --temperature given (else the command picks a default) */
     int max_tokens;
     const char *stops[QD_STOP_MAX_STRINGS];
     int n_stops;
