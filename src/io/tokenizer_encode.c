@@ -62,6 +62,34 @@ static int tk_is_nfc_inert(const unsigned char *s, size_t len) {
     return 1;
 }
 
+/* utf8proc (2.8) composes an LV syllable with U+11A7, which is one below the
+ * first trailing consonant and so not a T jamo: it swallows the U+11A7.
+ * U+11A7 is a starter that composes with nothing, so normalizing the text on
+ * either side of it separately gives the correct (HF, Python) result. */
+static utf8proc_ssize_t norm_map(const unsigned char *s, size_t len, utf8proc_uint8_t **dst, int opts) {
+    const unsigned char *cut = NULL;
+    if (opts & UTF8PROC_COMPOSE)
+        for (size_t i = 0; i + 2 < len; i++)
+            if (s[i] == 0xE1 && s[i + 1] == 0x86 && s[i + 2] == 0xA7) { cut = s + i; break; }
+    if (!cut) return utf8proc_map(s, (utf8proc_ssize_t)len, dst, (utf8proc_option_t)opts);
+    utf8proc_uint8_t *a = NULL, *b = NULL;
+    size_t la = (size_t)(cut - s);
+    utf8proc_ssize_t na = la ? utf8proc_map(s, (utf8proc_ssize_t)la, &a, (utf8proc_option_t)opts) : 0;
+    if (na < 0) return na;
+    utf8proc_ssize_t nb = norm_map(cut + 3, len - la - 3, &b, opts);
+    if (nb < 0) { free(a); return nb; }
+    utf8proc_uint8_t *o = malloc((size_t)na + 3 + (size_t)nb + 1);
+    if (!o) { free(a); free(b); return UTF8PROC_ERROR_NOMEM; }
+    if (na) memcpy(o, a, (size_t)na);
+    memcpy(o + na, cut, 3);
+    if (nb) memcpy(o + na + 3, b, (size_t)nb);
+    o[na + 3 + nb] = 0;
+    free(a);
+    free(b);
+    *dst = o;
+    return na + 3 + nb;
+}
+
 qd_status tk_normalize(const qd_tokenizer *tok, const unsigned char *s, size_t len, unsigned char **out,
                        size_t *out_len, int *owned, qd_err *err) {
     *out = (unsigned char *)s;
@@ -77,7 +105,7 @@ qd_status tk_normalize(const qd_tokenizer *tok, const unsigned char *s, size_t l
         int opts = tok->norm_opts[k];
         if (opts == (UTF8PROC_STABLE | UTF8PROC_COMPOSE) && tk_is_nfc_inert(*out, *out_len)) continue;
         utf8proc_uint8_t *dst = NULL;
-        utf8proc_ssize_t n = utf8proc_map(*out, (utf8proc_ssize_t)*out_len, &dst, (utf8proc_option_t)opts);
+        utf8proc_ssize_t n = norm_map(*out, *out_len, &dst, opts);
         if (n < 0) {
             if (*owned) free(*out);
             *owned = 0;
