@@ -416,6 +416,19 @@ static void test_qwen3_api(const char *dir) {
     CHECK(qd_tokenizer_decode(tok, ids, n, 0, &dec, &dl, &err) == QD_OK && dl == big && memcmp(dec, s, big) == 0);
     free(dec);
     free(ids);
+    /* 300K alternating combining marks: canonical reordering must stay
+     * near-linear (utf8proc's own reordering is quadratic: minutes here). */
+    size_t nm = 300000, sl = 0;
+    s[sl++] = 'a';
+    for (size_t i = 0; i < nm; i++) {
+        memcpy(s + sl, (i & 1) ? "\xcc\x81" : "\xcc\xa3", 2);  /* ccc 230, 220 */
+        sl += 2;
+    }
+    clock_t c0 = clock();
+    CHECK(qd_tokenizer_encode(tok, s, sl, 0, &ids, &n, &err) == QD_OK && n > 1000);
+    double secs = (double)(clock() - c0) / CLOCKS_PER_SEC;
+    CHECKF(secs < 5.0, "300K combining marks took %.1f s", secs);
+    free(ids);
     free(s);
     qd_tokenizer_free(tok);
 }

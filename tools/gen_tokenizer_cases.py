@@ -199,6 +199,9 @@ def gen_strings(rng, count, specials):
             s = rand_word(rng, SCRIPTS["latin"]) + s + rand_word(rng, SCRIPTS["latin"])
         add(s)
         add(unicodedata.normalize(rng.choice(["NFD", "NFKD", "NFKC"]), s + " " + rng.choice(WORDS["vi"])))
+    # Long runs of marks with mixed classes (canonical reordering of long runs).
+    for _ in range(40):
+        add(rng.choice(["a", "o", "\u03b1", "\u0915", "x "]) + combining(rng, rng.randint(17, 60)) + rng.choice(["", "b", "\u0301"]))
     # Emoji.
     for _ in range(150):
         parts = []

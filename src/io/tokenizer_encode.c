@@ -62,6 +62,81 @@ static int tk_is_nfc_inert(const unsigned char *s, size_t len) {
     return 1;
 }
 
+/* Stable sort of a run of combining marks by canonical combining class.
+ * utf8proc's own reordering is a gnome sort, quadratic in the run length, so
+ * a few hundred KB of alternating marks would take minutes; runs are sorted
+ * here instead (insertion sort for the usual short runs, counting sort over
+ * the 255 classes for long ones). */
+static int order_marks(utf8proc_int32_t *cp, uint8_t *cc, size_t n) {
+    if (n <= 16) {
+        for (size_t i = 1; i < n; i++) {
+            utf8proc_int32_t c = cp[i];
+            uint8_t k = cc[i];
+            size_t j = i;
+            for (; j > 0 && cc[j - 1] > k; j--) {
+                cp[j] = cp[j - 1];
+                cc[j] = cc[j - 1];
+            }
+            cp[j] = c;
+            cc[j] = k;
+        }
+        return 0;
+    }
+    size_t start[257] = {0};
+    for (size_t i = 0; i < n; i++) start[cc[i] + 1]++;
+    for (int k = 1; k < 257; k++) start[k] += start[k - 1];
+    utf8proc_int32_t *tmp = malloc(n * sizeof *tmp);
+    if (!tmp) return -1;
+    for (size_t i = 0; i < n; i++) tmp[start[cc[i]]++] = cp[i];
+    memcpy(cp, tmp, n * sizeof *tmp);
+    free(tmp);
+    for (size_t i = 0; i < n; i++) cc[i] = (uint8_t)utf8proc_get_property(cp[i])->combining_class;
+    return 0;
+}
+
+/* One normalization form over valid UTF-8: decompose char by char (utf8proc),
+ * reorder marks (above), compose and re-encode (utf8proc_reencode). */
+static utf8proc_ssize_t norm_one(const unsigned char *s, size_t len, utf8proc_uint8_t **dst, int opts) {
+    size_t cap = len + 16, n = 0;
+    utf8proc_int32_t *buf = malloc((cap + 1) * sizeof *buf);
+    if (!buf) return UTF8PROC_ERROR_NOMEM;
+    utf8proc_option_t dopts = (utf8proc_option_t)(opts & (UTF8PROC_COMPAT | UTF8PROC_STABLE)) | UTF8PROC_DECOMPOSE;
+    for (size_t i = 0; i < len;) {
+        utf8proc_int32_t c;
+        utf8proc_ssize_t k = utf8proc_iterate(s + i, (utf8proc_ssize_t)(len - i), &c);
+        if (k <= 0) { free(buf); return UTF8PROC_ERROR_INVALIDUTF8; }
+        i += (size_t)k;
+        for (;;) {
+            int boundclass = 0;
+            utf8proc_ssize_t r = utf8proc_decompose_char(c, buf + n, (utf8proc_ssize_t)(cap - n), dopts, &boundclass);
+            if (r < 0) { free(buf); return r; }
+            if ((size_t)r <= cap - n) { n += (size_t)r; break; }
+            size_t nc = 2 * cap + (size_t)r;
+            utf8proc_int32_t *nb = realloc(buf, (nc + 1) * sizeof *buf);
+            if (!nb) { free(buf); return UTF8PROC_ERROR_NOMEM; }
+            buf = nb;
+            cap = nc;
+        }
+    }
+    uint8_t *cc = malloc(n + 1);
+    if (!cc) { free(buf); return UTF8PROC_ERROR_NOMEM; }
+    for (size_t i = 0; i < n; i++) cc[i] = (uint8_t)utf8proc_get_property(buf[i])->combining_class;
+    for (size_t i = 0; i < n;) {
+        if (!cc[i]) { i++; continue; }
+        size_t j = i;
+        while (j < n && cc[j]) j++;
+        if (j - i > 1 && order_marks(buf + i, cc + i, j - i) < 0) { free(cc); free(buf); return UTF8PROC_ERROR_NOMEM; }
+        i = j;
+    }
+    free(cc);
+    /* reencode composes (with UTF8PROC_COMPOSE) and writes UTF-8 over the
+     * code-point buffer, which has room for it plus a NUL. */
+    utf8proc_ssize_t out = utf8proc_reencode(buf, (utf8proc_ssize_t)n, (utf8proc_option_t)(opts & (UTF8PROC_COMPOSE | UTF8PROC_STABLE)));
+    if (out < 0) { free(buf); return out; }
+    *dst = (utf8proc_uint8_t *)buf;
+    return out;
+}
+
 /* utf8proc (2.8) composes an LV syllable with U+11A7, which is one below the
  * first trailing consonant and so not a T jamo: it swallows the U+11A7.
  * U+11A7 is a starter that composes with nothing, so normalizing the text on
@@ -71,10 +146,10 @@ static utf8proc_ssize_t norm_map(const unsigned char *s, size_t len, utf8proc_ui
     if (opts & UTF8PROC_COMPOSE)
         for (size_t i = 0; i + 2 < len; i++)
             if (s[i] == 0xE1 && s[i + 1] == 0x86 && s[i + 2] == 0xA7) { cut = s + i; break; }
-    if (!cut) return utf8proc_map(s, (utf8proc_ssize_t)len, dst, (utf8proc_option_t)opts);
+    if (!cut) return norm_one(s, len, dst, opts);
     utf8proc_uint8_t *a = NULL, *b = NULL;
     size_t la = (size_t)(cut - s);
-    utf8proc_ssize_t na = la ? utf8proc_map(s, (utf8proc_ssize_t)la, &a, (utf8proc_option_t)opts) : 0;
+    utf8proc_ssize_t na = la ? norm_one(s, la, &a, opts) : 0;
     if (na < 0) return na;
     utf8proc_ssize_t nb = norm_map(cut + 3, len - la - 3, &b, opts);
     if (nb < 0) { free(a); return nb; }
