@@ -42,8 +42,12 @@ static void tk_inert_init(void) {
     }
 }
 
-static int tk_is_nfc_inert(const unsigned char *s, size_t len) {
-    size_t i = 0;
+static int cp_inert(uint32_t cp) { return cp < TK_INERT_LIMIT && (tk_inert[cp >> 3] & (1u << (cp & 7))); }
+
+static size_t cp_bytes(unsigned char b) { return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4; }
+
+/* Position of the first non-inert code point at or after i, or len. */
+static size_t next_non_inert(const unsigned char *s, size_t len, size_t i) {
     while (i < len) {
         /* Skip ASCII quickly, 8 bytes at a time. */
         while (i + 8 <= len) {
@@ -54,12 +58,11 @@ static int tk_is_nfc_inert(const unsigned char *s, size_t len) {
         }
         if (i >= len) break;
         if (s[i] < 0x80) { i++; continue; }
-        uint32_t cp = tk_utf8_decode(s + i, len - i);
-        size_t k = s[i] < 0xE0 ? 2 : s[i] < 0xF0 ? 3 : 4;
-        if (cp >= TK_INERT_LIMIT || !(tk_inert[cp >> 3] & (1u << (cp & 7)))) return 0;
+        size_t k = cp_bytes(s[i]);
+        if (!cp_inert(tk_utf8_decode(s + i, len - i))) return i;
         i += k;
     }
-    return 1;
+    return len;
 }
 
 /* Stable sort of a run of combining marks by canonical combining class.
@@ -165,6 +168,53 @@ static utf8proc_ssize_t norm_map(const unsigned char *s, size_t len, utf8proc_ui
     return na + 3 + nb;
 }
 
+/* NFC touching only what can change. No composition or reordering crosses
+ * the left edge of an inert code point (it has class 0 and is never the
+ * second half of a pair), so NFC(x y) = NFC(x) NFC(y) whenever y starts with
+ * one. Each run of non-inert code points is normalized together with the
+ * inert code point before it (a possible base for its marks) up to the next
+ * inert code point; everything else is copied. first = first non-inert. */
+static utf8proc_ssize_t nfc_segments(const unsigned char *s, size_t len, size_t first, utf8proc_uint8_t **dst) {
+    size_t cap = len + len / 2 + 16, o = 0, from = 0, i = first;
+    unsigned char *out = malloc(cap);
+    if (!out) return UTF8PROC_ERROR_NOMEM;
+    while (i < len) {
+        size_t seg = i;
+        if (i > from) {  /* include the inert code point just before */
+            seg = i - 1;
+            while (seg > from && (s[seg] & 0xC0) == 0x80) seg--;
+        }
+        size_t j = i + cp_bytes(s[i]);
+        while (j < len && !cp_inert(tk_utf8_decode(s + j, len - j))) j += cp_bytes(s[j]);
+        utf8proc_uint8_t *n = NULL;
+        utf8proc_ssize_t nl = norm_map(s + seg, j - seg, &n, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (nl < 0) { free(out); return nl; }
+        if (o + (seg - from) + (size_t)nl + 1 > cap) {
+            cap = 2 * (o + (seg - from) + (size_t)nl + 1) + len - j;
+            unsigned char *p = realloc(out, cap);
+            if (!p) { free(n); free(out); return UTF8PROC_ERROR_NOMEM; }
+            out = p;
+        }
+        memcpy(out + o, s + from, seg - from);
+        o += seg - from;
+        memcpy(out + o, n, (size_t)nl);
+        o += (size_t)nl;
+        free(n);
+        from = j;
+        i = next_non_inert(s, len, j);
+    }
+    if (o + (len - from) + 1 > cap) {
+        unsigned char *p = realloc(out, o + (len - from) + 1);
+        if (!p) { free(out); return UTF8PROC_ERROR_NOMEM; }
+        out = p;
+    }
+    memcpy(out + o, s + from, len - from);
+    o += len - from;
+    out[o] = 0;
+    *dst = out;
+    return (utf8proc_ssize_t)o;
+}
+
 qd_status tk_normalize(const qd_tokenizer *tok, const unsigned char *s, size_t len, unsigned char **out,
                        size_t *out_len, int *owned, qd_err *err) {
     *out = (unsigned char *)s;
@@ -178,9 +228,15 @@ qd_status tk_normalize(const qd_tokenizer *tok, const unsigned char *s, size_t l
     pthread_once(&tk_inert_once, tk_inert_init);
     for (int k = 0; k < tok->n_norm; k++) {
         int opts = tok->norm_opts[k];
-        if (opts == (UTF8PROC_STABLE | UTF8PROC_COMPOSE) && tk_is_nfc_inert(*out, *out_len)) continue;
         utf8proc_uint8_t *dst = NULL;
-        utf8proc_ssize_t n = norm_map(*out, *out_len, &dst, opts);
+        utf8proc_ssize_t n;
+        if (opts == (UTF8PROC_STABLE | UTF8PROC_COMPOSE)) {
+            size_t first = next_non_inert(*out, *out_len, 0);
+            if (first == *out_len) continue;  /* already NFC: no copy */
+            n = nfc_segments(*out, *out_len, first, &dst);
+        } else {
+            n = norm_map(*out, *out_len, &dst, opts);
+        }
         if (n < 0) {
             if (*owned) free(*out);
             *owned = 0;
