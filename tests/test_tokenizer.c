@@ -104,9 +104,9 @@ static utf8proc_ssize_t nfc(const utf8proc_uint8_t *s, size_t len, utf8proc_uint
             utf8proc_ssize_t na = i ? utf8proc_map(s, (utf8proc_ssize_t)i, &a, UTF8PROC_STABLE | UTF8PROC_COMPOSE) : 0;
             utf8proc_ssize_t nb = nfc(s + i + 3, len - i - 3, &b);
             *out = malloc((size_t)(na + nb) + 4);
-            memcpy(*out, a, (size_t)na);
+            if (na) memcpy(*out, a, (size_t)na);
             memcpy(*out + na, s + i, 3);
-            memcpy(*out + na + 3, b, (size_t)nb);
+            if (nb) memcpy(*out + na + 3, b, (size_t)nb);
             free(a);
             free(b);
             return na + 3 + nb;
