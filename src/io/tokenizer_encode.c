@@ -443,16 +443,12 @@ static qd_status bpe_word(enc *e, const unsigned char *s, size_t len) {
         if (len <= TK_CACHE_MAX_KEY) {
             size_t n = 0;
             for (size_t k = 0; k < len; k++) {
-                int b = s[k];
-                int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-                uint32_t cp = (uint32_t)b;
-                if (!printable) {
-                    int idx = 0;
-                    for (int x = 0; x < b; x++)
-                        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174))) idx++;
-                    cp = 256u + (uint32_t)idx;
+                uint32_t cp = tok->byte_cp[s[k]];  /* < 0x800: one or two UTF-8 bytes */
+                if (cp < 0x80) tmp[n++] = (unsigned char)cp;
+                else {
+                    tmp[n++] = (unsigned char)(0xC0 | (cp >> 6));
+                    tmp[n++] = (unsigned char)(0x80 | (cp & 0x3F));
                 }
-                n += (size_t)utf8proc_encode_char((utf8proc_int32_t)cp, tmp + n);
             }
             int32_t id = tk_lookup(tok, (const char *)tmp, n);
             if (id >= 0) {
