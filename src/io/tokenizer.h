@@ -49,12 +49,12 @@
 
 typedef struct qd_tokenizer qd_tokenizer;
 
-/* Loads DIR-less tokenizer.json. On failure *out is NULL and err names the
+/* Loads a tokenizer.json file. On failure *out is NULL and err names the
  * file and the field that was wrong. */
 qd_status qd_tokenizer_load(const char *tokenizer_json_path, qd_tokenizer **out, qd_err *err);
-/* Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json
- * (for eos_token / pad_token and added_tokens_decoder flags that are missing
- * from tokenizer.json). */
+/* Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json for
+ * eos_token and pad_token (a malformed tokenizer_config.json is an error, a
+ * missing one is not). Added tokens and their flags come from tokenizer.json. */
 qd_status qd_tokenizer_load_dir(const char *dir, qd_tokenizer **out, qd_err *err);
 void qd_tokenizer_free(qd_tokenizer *tok);
 
