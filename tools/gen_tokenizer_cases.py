@@ -1,7 +1,17 @@
 #!/usr/bin/env python3
 """Generates tokenizer test cases with HF `tokenizers` as the reference.
 
-    python3 tools/gen_tokenizer_cases.py TOKENIZER_JSON OUT_CASES [--seed N] [--count N]
+    python3 tools/gen_tokenizer_cases.py TOKENIZER_JSON OUT_CASES [--seed N] [--count N] [--max-cases N]
+
+The committed files were made with (tokenizers 0.23.3):
+    ... ../shared/data/qwen3-tokenizer/tokenizer.json tests/data/tokenizer/qwen3_cases.txt
+    ... tests/data/qwen35-tokenizer/tokenizer.json tests/data/tokenizer/qwen35_cases.txt --seed 35
+    ... tests/data/tokenizer/flags/tokenizer.json tests/data/tokenizer/flags_cases.txt --seed 7 --max-cases 2000
+Other modes:
+    --from-tiktoken RANKS OUT_JSON   convert a tiktoken rank file (Qwen3.5) to tokenizer.json
+    --check-tiktoken RANKS JSON      compare HF on JSON with tiktoken on the case strings
+    --train-flags OUT_JSON           train the small test tokenizer with every AddedToken flag
+    --unicode-table OUT_C            regenerate src/io/tokenizer_unicode.c (Oniguruma vs PCRE2 classes)
 
 Every case is a few lines (see tests/test_tokenizer.c, which reads them):
     T <hex of the UTF-8 text>         or  B <hex of raw bytes, not valid UTF-8>
