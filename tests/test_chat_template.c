@@ -218,9 +218,10 @@ static void test_api(void) {
             free(out);
         }
         qd_chat_template_free(t);
-        remove(path);
-        snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-        f = fopen(path, "w");
+        /* chat_template.jinja takes precedence over tokenizer_config.json */
+        char jpath[256];
+        snprintf(jpath, sizeof jpath, "%s/chat_template.jinja", dir);
+        f = fopen(jpath, "w");
         fputs("J{{ messages | length }}\n", f);
         fclose(f);
         s = qd_chat_template_load_dir(dir, &t, &err);
@@ -230,6 +231,18 @@ static void test_api(void) {
             free(out);
         }
         qd_chat_template_free(t);
+        remove(jpath);
+        /* a list without "default" and a compile error both name the file */
+        f = fopen(path, "w");
+        fputs("{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}]}", f);
+        fclose(f);
+        s = qd_chat_template_load_dir(dir, &t, &err);
+        CHECKF(s == QD_ERR_NOT_FOUND && strstr(err.msg, "default"), "no default: %s", err.msg);
+        f = fopen(path, "w");
+        fputs("{\"chat_template\": \"{% if %}\"}", f);
+        fclose(f);
+        s = qd_chat_template_load_dir(dir, &t, &err);
+        CHECKF(s == QD_ERR_FORMAT && strstr(err.msg, "tokenizer_config.json") && strstr(err.msg, "line 1"), "bad tpl: %s", err.msg);
         remove(path);
         s = qd_chat_template_load_dir(dir, &t, &err);
         CHECK(s == QD_ERR_NOT_FOUND && t == NULL);
