@@ -107,8 +107,9 @@ tv ct_str_dup(ct_ctx *c, const char *p, size_t n, int *ok) {
 tlist *ct_list_new(ct_ctx *c, size_t n) {
     if (n > ((size_t)1 << 40) / sizeof(tv)) { ct_oom(c); return NULL; }
     tlist *l = ct_alloc(c->ar, sizeof *l);
-    tv *v = n ? ct_alloc(c->ar, n * sizeof(tv)) : NULL;
-    if (!l || (n && !v)) { ct_oom(c); return NULL; }
+    /* Never NULL, even when empty, so memcpy of zero items stays well-defined. */
+    tv *v = ct_alloc(c->ar, (n ? n : 1) * sizeof(tv));
+    if (!l || !v) { ct_oom(c); return NULL; }
     l->n = n;
     l->v = v;
     return l;
