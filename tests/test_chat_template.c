@@ -151,6 +151,9 @@ static void test_errors(void) {
     /* raise_exception: its message comes back. */
     expect_render_error("x\n{{ raise_exception('Conversation roles must alternate!') }}", "{}",
                         "line 2: Conversation roles must alternate!");
+    expect_render_error("\n{{ lipsum(2) }}", "{}", "line 2: 'lipsum' is undefined (unsupported global function?)");
+    expect_render_error("{{ 'a'.zfill(3) }}", "{}", "'str' object has no method 'zfill'");
+    expect_render_error("{{ '%5s' % 1 }}{{ '{:>5}'.format(1) }}", "{}", "format specs");
     /* Runtime type errors. */
     expect_render_error("{{ 'a' + 1 }}", "{}", "unsupported operand");
     expect_render_error("{{ nope.attr }}", "{}", "undefined");

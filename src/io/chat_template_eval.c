@@ -496,6 +496,19 @@ int ct_eval(ct_ctx *c, const node *e, tv *out) {
         tv *args, *kwv;
         if (ct_eval(c, e->a, &a) || eval_args(c, e, &args, &kwv)) { rc = -1; break; }
         c->line = e->line;
+        /* Name what cannot be called: an unknown global, or a method this
+         * interpreter does not implement. */
+        if (a.t == TV_UNDEF && e->a->kind == N_NAME) {
+            rc = ct_fail(c, QD_ERR_UNSUPPORTED, "'%s' is undefined (unsupported global function?)", e->a->name);
+            break;
+        }
+        if (a.t == TV_UNDEF && e->a->kind == N_GETATTR) {
+            tv obj;
+            if ((rc = ct_eval(c, e->a->a, &obj))) break;
+            rc = ct_fail(c, QD_ERR_UNSUPPORTED, "'%s' object has no method '%s' (unsupported or undefined)",
+                         ct_type_name(obj), e->a->name);
+            break;
+        }
         rc = ct_call_value(c, a, args, e->nkids, e->kw, kwv, e->nkw, out);
         break;
     }
