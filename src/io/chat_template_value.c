@@ -407,6 +407,7 @@ static void repr_d(ct_buf *b, tv v, int depth) {
     if (b->oom) return;
     if (depth > 100) { ct_buf_puts(b, "..."); return; }
     switch (v.t) {
+    case TV_UNDEF: ct_buf_puts(b, "Undefined"); return;
     case TV_STR: put_repr_str(b, v.s.p, v.s.n); return;
     case TV_LIST:
         ct_buf_putc(b, v.l->tuple ? '(' : '[');
