@@ -281,7 +281,7 @@ static void test_api(void) {
 }
 
 int main(void) {
-    const char *files[] = {"constructs.cases.json", "qwen3.cases.json", "qwen3_5.cases.json"};
+    const char *files[] = {"constructs.cases.json", "qwen3.cases.json", "qwen3_5.cases.json", "qwen3_5_small.cases.json"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         int n = run_cases(files[i]);
         printf("%s: %d cases\n", files[i], n);

@@ -126,7 +126,7 @@ def rand_tool_call(rng):
 
 
 def rand_content(rng, tpl, allow_list=True):
-    if tpl == "qwen3_5" and allow_list and rng.random() < 0.15:
+    if tpl.startswith("qwen3_5") and allow_list and rng.random() < 0.15:
         items = []
         for _ in range(rng.randint(1, 3)):
             r = rng.random()
@@ -192,7 +192,7 @@ def rand_conversation(rng, tpl, idx):
     if rng.random() < 0.3:
         v["bos_token"] = "<|endoftext|>"
         v["eos_token"] = "<|im_end|>"
-    if tpl == "qwen3_5" and rng.random() < 0.2:
+    if tpl.startswith("qwen3_5") and rng.random() < 0.2:
         v["add_vision_id"] = True
     if rng.random() < 0.1:
         v["preserve_thinking"] = True
