@@ -164,6 +164,7 @@ static int eval_slice(ct_ctx *c, const node *e, tv *out) {
     if (!hst) stepv = 1;
     if (stepv == 0) return ct_fail(c, QD_ERR_INVALID_ARG, "slice step cannot be zero");
     if (obj.t == TV_UNDEF) return ct_fail(c, QD_ERR_INVALID_ARG, "cannot slice an undefined value");
+    if (obj.t == TV_DICT || obj.t == TV_NS) return ct_fail(c, QD_ERR_INVALID_ARG, "unhashable type: 'slice'");
     if (obj.t != TV_LIST && obj.t != TV_STR) {
         *out = tv_undef();
         return 0;

@@ -519,17 +519,19 @@ int ct_apply_test(ct_ctx *c, int id, tv v, tv *args, int nargs, int *r) {
     case T_NUMBER: *r = v.t == TV_INT || v.t == TV_FLOAT || v.t == TV_BOOL; return 0;
     case T_INTEGER: *r = v.t == TV_INT; return 0;
     case T_FLOAT: *r = v.t == TV_FLOAT; return 0;
-    /* Python: str, list, tuple and dict all have len() and []; Undefined is iterable. */
-    case T_SEQUENCE: *r = v.t == TV_STR || v.t == TV_LIST || v.t == TV_DICT; return 0;
+    /* Python: str, list, tuple and dict all have len() and []; so has Undefined (it
+     * defines __len__ and __getitem__), which also makes it a "sequence" and iterable. */
+    case T_SEQUENCE: *r = v.t == TV_STR || v.t == TV_LIST || v.t == TV_DICT || v.t == TV_UNDEF; return 0;
     case T_ITERABLE: *r = v.t == TV_STR || v.t == TV_LIST || v.t == TV_DICT || v.t == TV_UNDEF; return 0;
     /* Jinja's Undefined defines __call__ (to raise), so callable() says yes. */
     case T_CALLABLE: *r = v.t == TV_FUNC || v.t == TV_MACRO || v.t == TV_METHOD || v.t == TV_UNDEF; return 0;
     case T_ESCAPED: *r = 0; return 0;
     case T_LOWER: case T_UPPER: {
-        if (v.t != TV_STR) { *r = 0; return 0; }
-        tv m;
-        if (ct_case_map(c, v, id == T_LOWER ? CT_CASE_LOWER : CT_CASE_UPPER, &m)) return -1;
-        *r = m.s.n == v.s.n && memcmp(m.s.p, v.s.p, v.s.n) == 0;
+        /* Jinja: str(value).islower() / .isupper() (needs a cased character). */
+        tv str;
+        if (v.t == TV_UNDEF) str = tv_strn("", 0);
+        else if (ct_stringify(c, v, &str)) return -1;
+        *r = ct_str_pred(str, id == T_LOWER ? 4 : 5);
         return 0;
     }
     case T_EVEN: case T_ODD:
