@@ -164,11 +164,11 @@ static int eval_slice(ct_ctx *c, const node *e, tv *out) {
     if (!hst) stepv = 1;
     if (stepv == 0) return ct_fail(c, QD_ERR_INVALID_ARG, "slice step cannot be zero");
     if (obj.t == TV_UNDEF) return ct_fail(c, QD_ERR_INVALID_ARG, "cannot slice an undefined value");
-    if (obj.t == TV_DICT || obj.t == TV_NS) return ct_fail(c, QD_ERR_INVALID_ARG, "unhashable type: 'slice'");
-    if (obj.t != TV_LIST && obj.t != TV_STR) {
-        *out = tv_undef();
-        return 0;
-    }
+    /* Jinja compiles slices to a plain Python subscription (no getitem
+     * fallback to Undefined), so slicing anything else is an error. */
+    if (obj.t == TV_DICT) return ct_fail(c, QD_ERR_INVALID_ARG, "unhashable type: 'slice'");
+    if (obj.t != TV_LIST && obj.t != TV_STR)
+        return ct_fail(c, QD_ERR_INVALID_ARG, "'%s' object is not subscriptable", ct_type_name(obj));
     size_t *offs = NULL;
     int64_t len;
     if (obj.t == TV_LIST) len = (int64_t)obj.l->n;

@@ -535,7 +535,14 @@ int ct_apply_test(ct_ctx *c, int id, tv v, tv *args, int nargs, int *r) {
         return 0;
     }
     case T_EVEN: case T_ODD:
-        if (v.t != TV_INT && v.t != TV_BOOL) return ct_fail(c, QD_ERR_INVALID_ARG, "test '%s' needs an integer", TESTS[id]);
+        /* Jinja: value % 2 == 1 / == 0 with Python's modulo, so floats work too. */
+        if (v.t == TV_FLOAT) {
+            double m = fmod(v.f, 2.0);
+            if (m < 0) m += 2.0;
+            *r = id == T_ODD ? m == 1.0 : m == 0.0;
+            return 0;
+        }
+        if (v.t != TV_INT && v.t != TV_BOOL) return ct_fail(c, QD_ERR_INVALID_ARG, "test '%s' needs a number", TESTS[id]);
         *r = ((v.t == TV_INT ? v.i : v.b) % 2 != 0) == (id == T_ODD);
         return 0;
     case T_DIVISIBLEBY: {
