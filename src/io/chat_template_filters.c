@@ -204,7 +204,9 @@ static int filter_indent(ct_ctx *c, tv v, tv *args, int nargs, const char **kw, 
     static const char *const P[] = {"width", "first", "blank", NULL};
     tv a[3], s;
     int g[3];
-    if (v.t == TV_UNDEF) return ct_fail(c, QD_ERR_INVALID_ARG, "filter 'indent' applied to an undefined value");
+    /* Jinja's indent does `s += "\n"`, so only strings are accepted. */
+    if (v.t != TV_STR)
+        return ct_fail(c, QD_ERR_INVALID_ARG, "filter 'indent': unsupported operand type(s) for +=: '%s' and 'str'", ct_type_name(v));
     if (bind(c, "indent", P, a, g, args, nargs, kw, kwv, nkw) || need_str(c, "indent", v, &s)) return -1;
     tv ind = tv_strn("    ", 4);
     if (g[0] && a[0].t == TV_STR) ind = a[0];
