@@ -1,0 +1,90 @@
+/* The serving engine: continuous batching over one model.
+ *
+ * Requests are submitted from any thread; one engine thread runs steps. Each step
+ * packs running sequences into one ragged batch for qd_forward (decode tokens of
+ * running sequences plus prefill chunks of new ones, under a per-step token budget),
+ * samples, and reports each sequence's new token through its callback.
+ *
+ * Memory is planned at creation: `max_num_seqs` GDN state slots (conv + recurrent
+ * state of every GDN layer) and a paged KV cache of fixed-size blocks for the
+ * attention layers. A request is admitted when a slot and enough blocks for its
+ * prompt are free; when blocks run out during decode the newest running request is
+ * preempted (its blocks and slot freed, to be recomputed from its tokens later). */
+#ifndef QD_RUNTIME_ENGINE_H
+#define QD_RUNTIME_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "qdelta.h"
+#include "runtime/sampler.h"
+
+typedef struct qd_engine qd_engine;
+
+typedef struct qd_engine_params {
+    int max_num_seqs;       /* running sequences (GDN state slots) */
+    int max_model_len;      /* prompt + generated tokens per request */
+    int max_batch_tokens;   /* tokens per step (prefill chunks + decodes) */
+    int kv_block_size;      /* tokens per KV block */
+    int n_kv_blocks;        /* 0: enough for max_num_seqs x max_model_len */
+    int max_waiting;        /* queued requests beyond which submit returns QD_ERR_CAPACITY */
+} qd_engine_params;
+
+qd_engine_params qd_engine_default_params(void);
+
+typedef struct qd_request_params {
+    qd_sampling_params sampling;
+    int max_tokens;           /* >= 1 */
+    bool ignore_eos;          /* else stop at the model's EOS ids (the EOS token is reported) */
+} qd_request_params;
+
+typedef enum qd_finish_reason {
+    QD_FINISH_NONE = 0,       /* not finished */
+    QD_FINISH_LENGTH,         /* max_tokens or max_model_len reached */
+    QD_FINISH_EOS,            /* an end-of-sequence token was sampled */
+    QD_FINISH_STOP,           /* the callback asked to stop (e.g. a stop string) */
+    QD_FINISH_CANCELLED,      /* qd_engine_cancel or engine shutdown */
+    QD_FINISH_ERROR           /* the forward pass failed; message in the event */
+} qd_finish_reason;
+
+typedef struct qd_engine_event {
+    uint64_t request_id;
+    int has_token;            /* 1: `sample` holds a new token */
+    qd_sample_result sample;  /* token, its logprob, top alternatives */
+    qd_finish_reason finish;  /* != NONE on the request's last event */
+    const char *error;        /* with QD_FINISH_ERROR */
+    int prompt_tokens;
+    int completion_tokens;
+} qd_engine_event;
+
+/* Called on the engine thread, once per generated token and once more (or on the
+ * same event) when the request finishes; after the finishing event the request is
+ * gone. Return nonzero to stop the request now (finish reason STOP). Must not block
+ * for long and must not call back into the engine except qd_engine_cancel. */
+typedef int (*qd_engine_callback)(void *user, const qd_engine_event *ev);
+
+qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_engine **out, qd_err *err);
+/* Cancels everything still running (callbacks get CANCELLED), stops the thread, frees. */
+void qd_engine_free(qd_engine *e);
+
+/* Queues a request; the prompt is copied. QD_ERR_INVALID_ARG for bad params or token
+ * ids, QD_ERR_CAPACITY when prompt + max_tokens > max_model_len or the queue is full. */
+qd_status qd_engine_submit(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params,
+                           qd_engine_callback cb, void *user, uint64_t *request_id, qd_err *err);
+/* Cancels a queued or running request; frees its slot and blocks at the next step
+ * boundary at the latest. Unknown ids are ignored. Thread-safe. */
+void qd_engine_cancel(qd_engine *e, uint64_t request_id);
+
+typedef struct qd_engine_stats {
+    int running, waiting;
+    int slots_used, slots_total;
+    int kv_blocks_used, kv_blocks_total;
+    uint64_t requests_finished;
+    uint64_t prompt_tokens_total, generated_tokens_total;
+    uint64_t preemptions;
+    uint64_t steps;
+} qd_engine_stats;
+void qd_engine_get_stats(qd_engine *e, qd_engine_stats *out);
+
+#endif
