@@ -75,7 +75,8 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
     ctx->scratch_block = qd_aligned_alloc(bytes);
     ctx->seqs = calloc((size_t)p.max_seqs, sizeof(qd_seq_state));
     ctx->spans_rt = calloc((size_t)p.max_seqs, sizeof(qd_span_rt));
-    if (!ctx->scratch_block || !ctx->seqs || !ctx->spans_rt) goto oom;
+    ctx->gdn_spans = calloc((size_t)p.max_seqs, sizeof(qd_gdn_span));
+    if (!ctx->scratch_block || !ctx->seqs || !ctx->spans_rt || !ctx->gdn_spans) goto oom;
     plan_scratch(c, (size_t)p.max_batch, ctx->scratch_block, &ctx->s);
     const size_t conv = (size_t)m->n_gdn * qd_config_conv_dim(c) * (size_t)(c->gdn_conv_kernel - 1);
     const size_t ssm = (size_t)m->n_gdn * c->gdn_hv * c->gdn_dk * c->gdn_dv;
@@ -111,6 +112,7 @@ void qd_context_free(qd_context *ctx) {
     qd_kv_pool_free(ctx);
     free(ctx->seqs);
     free(ctx->spans_rt);
+    free(ctx->gdn_spans);
     qd_aligned_free(ctx->scratch_block);
     free(ctx);
 }

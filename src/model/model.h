@@ -166,6 +166,7 @@ struct qd_context {
     qd_seq_state *seqs;     /* [max_seqs] */
     qd_kv_pool kv;
     qd_span_rt *spans_rt;   /* [max_seqs] validated spans of the current forward */
+    qd_gdn_span *gdn_spans; /* [max_seqs] a GDN layer's recurrent spans, run in one call */
     qd_scratch s;
     void *scratch_block;
 };

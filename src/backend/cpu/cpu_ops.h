@@ -65,6 +65,10 @@ typedef struct qd_gdn_span {
 
 /* Token-by-token recurrence (spec 3.3 step 6). */
 void qd_cpu_gdn_recurrent(qd_threadpool *pool, qd_gdn_dims d, const qd_gdn_span *s);
+/* The recurrence for several independent spans (each with its own state) in one
+ * parallel loop; bit-identical to qd_cpu_gdn_recurrent on each. The multi-sequence
+ * decode path. */
+void qd_cpu_gdn_recurrent_multi(qd_threadpool *pool, qd_gdn_dims d, const qd_gdn_span *spans, int n_spans);
 /* Chunked WY form with chunk size 64 (spec 4.1); same results up to rounding. */
 void qd_cpu_gdn_chunked(qd_threadpool *pool, qd_gdn_dims d, const qd_gdn_span *s);
 
