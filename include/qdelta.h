@@ -120,6 +120,12 @@ typedef struct qd_context_params {
     int max_seqs;      /* sequence slots (0..max_seqs-1) */
     int max_ctx;       /* tokens per sequence (KV cache capacity) */
     int max_batch;     /* tokens per qd_forward call */
+    /* Paged KV cache of the attention layers (fields added after the first three so
+     * that positional initialisers of those keep working; 0 = default). */
+    int kv_block_size; /* tokens per KV block; 0 = 16 */
+    int n_kv_blocks;   /* blocks in the pool shared by all sequences; 0 = enough for
+                        * every sequence at max_ctx. With fewer, a forward whose spans
+                        * need more blocks than are free fails with QD_ERR_CAPACITY. */
 } qd_context_params;
 
 qd_context_params qd_context_default_params(void);
@@ -128,7 +134,7 @@ qd_status qd_context_create(qd_model *model, const qd_context_params *params, qd
 void qd_context_free(qd_context *ctx);
 const char *qd_context_errmsg(const qd_context *ctx);
 
-/* Forgets a sequence: zero GDN state, empty KV cache. */
+/* Forgets a sequence: zero GDN state, empty KV cache (its blocks go back to the pool). */
 qd_status qd_seq_reset(qd_context *ctx, int seq);
 /* Number of tokens a sequence has consumed. */
 int qd_seq_length(const qd_context *ctx, int seq);

@@ -62,7 +62,7 @@ int main(void) {
 
     /* perplexity, the protocol of the model card */
     const int W = 256, n_win = n_ref / W;
-    qd_context_params cp = {1, W, W};
+    qd_context_params cp = {.max_seqs = 1, .max_ctx = W, .max_batch = W};
     qd_context *ctx;
     CHECK(qd_context_create(m, &cp, &ctx) == QD_OK);
     float *logits = malloc(sizeof(float) * (size_t)W * V);
@@ -90,7 +90,7 @@ int main(void) {
     qd_context_free(ctx);
 
     /* greedy continuations */
-    cp = (qd_context_params){1, 1024, 512};
+    cp = (qd_context_params){.max_seqs = 1, .max_ctx = 1024, .max_batch = 512};
     CHECK(qd_context_create(m, &cp, &ctx) == QD_OK);
     for (int i = 0; i < 5; i++) {
         char path[256];

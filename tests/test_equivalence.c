@@ -31,7 +31,7 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 }
 
 static qd_context *make_ctx(qd_model *m, int seqs, int ctx_len, int batch) {
-    qd_context_params cp = {seqs, ctx_len, batch};
+    qd_context_params cp = {.max_seqs = seqs, .max_ctx = ctx_len, .max_batch = batch};
     qd_context *c = NULL;
     if (qd_context_create(m, &cp, &c) != QD_OK) fprintf(stderr, "context: %s\n", qd_model_errmsg(m));
     return c;

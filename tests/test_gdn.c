@@ -246,6 +246,39 @@ static void bench(qd_test_rng *rng, qd_threadpool *pool2) {
     free_case(&c);
 }
 
+/* Several spans of different lengths and states in one multi-span call == each alone,
+ * bit for bit (the multi-sequence decode path). */
+static void check_multi(qd_test_rng *rng, qd_threadpool *pool) {
+    enum { N = 5 };
+    static const int Ts[N] = {1, 1, 3, 15, 1};
+    gdn_case c[N];
+    qd_gdn_span one[N], many[N];
+    float *S1[N], *S2[N], *o1[N], *o2[N];
+    int ok = 1;
+    for (int i = 0; i < N; i++) {
+        ok &= make_case(&c[i], rng, 2, 2, 16, 24, Ts[i]);
+        size_t ns = (size_t)c[i].hv * 16 * 24, no = (size_t)Ts[i] * c[i].hv * 24;
+        S1[i] = malloc(ns * sizeof(float)); S2[i] = malloc(ns * sizeof(float));
+        o1[i] = alloc_nan(no); o2[i] = alloc_nan(no);
+        memcpy(S1[i], c[i].S0, ns * sizeof(float));
+        memcpy(S2[i], c[i].S0, ns * sizeof(float));
+        one[i] = span_of(&c[i], 0, Ts[i], S1[i], o1[i]);
+        many[i] = span_of(&c[i], 0, Ts[i], S2[i], o2[i]);
+    }
+    CHECK(ok);
+    const qd_gdn_dims d = {2, 4, 16, 24};
+    for (int i = 0; i < N; i++) qd_cpu_gdn_recurrent(pool, d, &one[i]);
+    qd_cpu_gdn_recurrent_multi(pool, d, many, N);
+    int same = 1;
+    for (int i = 0; i < N; i++) {
+        same &= memcmp(S1[i], S2[i], sizeof(float) * 4 * 16 * 24) == 0;
+        same &= memcmp(o1[i], o2[i], sizeof(float) * Ts[i] * 4 * 24) == 0;
+        free(S1[i]); free(S2[i]); free(o1[i]); free(o2[i]);
+        free_case(&c[i]);
+    }
+    CHECKF(same, "multi-span recurrent differs from per-span calls");
+}
+
 int main(void) {
     qd_test_rng rng = qd_test_rng_from_env();
     qd_threadpool *pool2 = qd_threadpool_create(2);
@@ -264,6 +297,8 @@ int main(void) {
     printf("test_gdn: %d cases; max rel err: recurrent vs double ref %.3g, chunked vs recurrent %.3g, "
            "chunked 2 threads vs inline %.3g (abs), split vs one call %.3g\n",
            n_cases, worst_ref, worst_chunk, worst_pool, worst_split);
+    check_multi(&rng, NULL);
+    check_multi(&rng, pool2);
     bench(&rng, pool2);
     qd_threadpool_free(pool2);
     return qd_test_finish("test_gdn");

@@ -186,9 +186,29 @@ static void test_attention(qd_threadpool *pool) {
                     for (int e = 0; e < hd; e++) ref[(t * nq + n) * hd + e] += sc[p] / sum * vc[(p * nkv + kv) * hd + e];
                 free(sc);
             }
-        qd_cpu_attention(pool, q, qs, kc, vc, T, pos0, nq, nkv, hd, (float)scale, out);
+        /* contiguous cache = one block table {0, 1, ...} */
+        int32_t ident[64];
+        for (int i = 0; i < 64; i++) ident[i] = i;
+        qd_kv_view flat = {kc, vc, ident, 1, (int64_t)nkv * hd};
+        qd_cpu_attention(pool, q, qs, &flat, T, pos0, nq, nkv, hd, (float)scale, out);
         double e = rel_err(out, ref, (size_t)T * nq * hd);
         CHECKF(e < 1e-5, "attention T=%d pos0=%d nq=%d nkv=%d err %g", T, pos0, nq, nkv, e);
+        /* the same cache scattered over a pool of blocks of 3 positions in reverse order,
+         * with an unrelated layer's data in between (block stride > block size) */
+        const int bs = 3, nb = (ctx + bs - 1) / bs;
+        const int64_t row = (int64_t)nkv * hd, stride = 2 * bs * row;
+        float *pk = nan_buf((size_t)nb * stride), *pv = nan_buf((size_t)nb * stride);
+        int32_t table[64];
+        for (int b = 0; b < nb; b++) table[b] = nb - 1 - b;
+        for (int p = 0; p < ctx; p++) {
+            memcpy(pk + table[p / bs] * stride + (p % bs) * row, kc + p * row, sizeof(float) * row);
+            memcpy(pv + table[p / bs] * stride + (p % bs) * row, vc + p * row, sizeof(float) * row);
+        }
+        qd_kv_view paged = {pk, pv, table, bs, stride};
+        float *out2 = nan_buf((size_t)T * nq * hd);
+        qd_cpu_attention(pool, q, qs, &paged, T, pos0, nq, nkv, hd, (float)scale, out2);
+        CHECKF(memcmp(out, out2, sizeof(float) * T * nq * hd) == 0, "paged attention T=%d pos0=%d differs from contiguous", T, pos0);
+        free(pk); free(pv); free(out2);
         free(q); free(kc); free(vc); free(out); free(ref);
     }
 }

@@ -1,6 +1,6 @@
 /* Gated full attention (spec 5.2): q (+ per-head sigmoid gate), k, v projections,
  * zero-centred q/k norms, partial NeoX RoPE, KV cache append, causal GQA attention,
- * output gate, o_proj. */
+ * output gate, o_proj. The KV cache is paged (model.h, qd_kv_pool). */
 #include <math.h>
 #include <string.h>
 
@@ -33,15 +33,21 @@ qd_status qd_layer_attn_forward(qd_context *ctx, const qd_layer *L, const qd_spa
     qd_cpu_rope_neox(s->u, n_rows, nq, hd, qd, c->rope_dim, c->rope_theta, s->pos);
     qd_cpu_rope_neox(s->proj2, n_rows, nkv, hd, kvd, c->rope_dim, c->rope_theta, s->pos);
 
-    const size_t layer_kv = (size_t)ctx->params.max_ctx * kvd;
+    /* append this span's keys and values through the block table (qd_forward reserved
+     * the blocks), then attend over the sequence's whole paged cache */
+    const qd_kv_pool *kv = &ctx->kv;
     for (int i = 0; i < n_spans; i++) {
-        qd_seq_state *q = &ctx->seqs[spans[i].seq];
-        float *kc = q->k_cache + L->state_index * layer_kv;
-        float *vc = q->v_cache + L->state_index * layer_kv;
+        const int seq = spans[i].seq;
         const size_t r0 = (size_t)spans[i].row0;
-        memcpy(kc + (size_t)spans[i].pos0 * kvd, s->proj2 + r0 * kvd, sizeof(float) * kvd * spans[i].T);
-        memcpy(vc + (size_t)spans[i].pos0 * kvd, s->proj3 + r0 * kvd, sizeof(float) * kvd * spans[i].T);
-        qd_cpu_attention(m->pool, s->u + r0 * qd, qd, kc, vc, spans[i].T, spans[i].pos0, nq, nkv, hd,
+        for (int t = 0; t < spans[i].T; t++) {
+            size_t off = qd_kv_offset(ctx, seq, L->state_index, spans[i].pos0 + t, kvd);
+            memcpy(kv->k + off, s->proj2 + (r0 + t) * kvd, sizeof(float) * kvd);
+            memcpy(kv->v + off, s->proj3 + (r0 + t) * kvd, sizeof(float) * kvd);
+        }
+        const size_t layer_off = (size_t)L->state_index * kv->block_size * kvd;
+        qd_kv_view view = {kv->k + layer_off, kv->v + layer_off, ctx->seqs[seq].blocks, kv->block_size,
+                           (int64_t)kv->block_floats};
+        qd_cpu_attention(m->pool, s->u + r0 * qd, qd, &view, spans[i].T, spans[i].pos0, nq, nkv, hd,
                          1.0f / sqrtf((float)hd), s->o + r0 * qd);
     }
     if (gated)

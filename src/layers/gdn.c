@@ -1,6 +1,7 @@
 /* Gated DeltaNet layer (spec 3.3): projections, causal conv + SiLU, L2 norm, gates,
  * delta rule (recurrent for short spans, chunked for long ones), gated RMSNorm,
- * output projection. Each span carries its own conv and recurrent state. */
+ * output projection. Each span carries its own conv and recurrent state; the short spans
+ * of many sequences (multi-sequence decode) share one recurrent call. */
 #include <math.h>
 
 #include "model/model.h"
@@ -44,7 +45,10 @@ qd_status qd_layer_gdn_forward(qd_context *ctx, const qd_layer *L, const qd_span
     qd_cpu_l2norm_heads(s->conv_out + key_dim, n_rows, hk, dk, conv_dim, 1e-6f, 1.0f);
     qd_cpu_gdn_gates(s->proj4, hv, s->proj3, hv, n_rows, hv, w->A_log, w->dt_bias, s->g, s->beta);
 
+    /* spans the table gives to the recurrence (decodes, short chunks) are gathered and
+     * run in one multi-span call; long spans run one by one (each is parallel inside) */
     const qd_gdn_dims dims = {hk, hv, dk, dv};
+    int n_multi = 0;
     for (int i = 0; i < n_spans; i++) {
         const size_t r0 = (size_t)spans[i].row0;
         const float *base = s->conv_out + r0 * conv_dim;
@@ -57,8 +61,12 @@ qd_status qd_layer_gdn_forward(qd_context *ctx, const qd_layer *L, const qd_span
             .o = s->o + r0 * value_dim,
             .T = spans[i].T,
         };
-        pick_gdn_kernel(spans[i].T)(m->pool, dims, &sp);
+        gdn_kernel fn = pick_gdn_kernel(spans[i].T);
+        if (fn == qd_cpu_gdn_recurrent) ctx->gdn_spans[n_multi++] = sp;
+        else fn(m->pool, dims, &sp);
     }
+    if (n_multi == 1) qd_cpu_gdn_recurrent(m->pool, dims, &ctx->gdn_spans[0]);
+    else qd_cpu_gdn_recurrent_multi(m->pool, dims, ctx->gdn_spans, n_multi);
     qd_cpu_gated_rmsnorm(s->o, s->proj2, w->norm_w, n_rows, hv, dv, c->rms_norm_eps, s->u);
     qd_cpu_matmul(m->pool, &w->out, s->u, n_rows, y);
     return QD_OK;

@@ -1,4 +1,5 @@
-/* Context: per-sequence state (GDN conv + recurrent state, KV cache) and the scratch
+/* Context: per-sequence state (GDN conv + recurrent state, KV block tables), the KV
+ * block pool (kv_cache.c) and the scratch
  * of one forward, all sized at creation so that qd_forward never allocates. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,7 +9,7 @@
 #include "model/model.h"
 
 qd_context_params qd_context_default_params(void) {
-    qd_context_params p = {.max_seqs = 1, .max_ctx = 4096, .max_batch = 512};
+    qd_context_params p = {.max_seqs = 1, .max_ctx = 4096, .max_batch = 512, .kv_block_size = 16, .n_kv_blocks = 0};
     return p;
 }
 
@@ -74,26 +75,30 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
     ctx->scratch_block = qd_aligned_alloc(bytes);
     ctx->seqs = calloc((size_t)p.max_seqs, sizeof(qd_seq_state));
     ctx->spans_rt = calloc((size_t)p.max_seqs, sizeof(qd_span_rt));
-    if (!ctx->scratch_block || !ctx->seqs || !ctx->spans_rt) goto oom;
+    ctx->gdn_spans = calloc((size_t)p.max_seqs, sizeof(qd_gdn_span));
+    if (!ctx->scratch_block || !ctx->seqs || !ctx->spans_rt || !ctx->gdn_spans) goto oom;
     plan_scratch(c, (size_t)p.max_batch, ctx->scratch_block, &ctx->s);
     const size_t conv = (size_t)m->n_gdn * qd_config_conv_dim(c) * (size_t)(c->gdn_conv_kernel - 1);
     const size_t ssm = (size_t)m->n_gdn * c->gdn_hv * c->gdn_dk * c->gdn_dv;
-    const size_t kv = (size_t)m->n_attn * p.max_ctx * c->attn_nkv * c->attn_head_dim;
     for (int i = 0; i < p.max_seqs; i++) {
         qd_seq_state *q = &ctx->seqs[i];
         q->conv = qd_aligned_calloc(conv * sizeof(float));
         q->ssm = qd_aligned_calloc(ssm * sizeof(float));
-        q->k_cache = qd_aligned_alloc(kv * sizeof(float));
-        q->v_cache = qd_aligned_alloc(kv * sizeof(float));
-        if (!q->conv || !q->ssm || !q->k_cache || !q->v_cache) goto oom;
+        if (!q->conv || !q->ssm) goto oom;
+    }
+    qd_status st = qd_kv_pool_init(ctx);
+    if (st == QD_ERR_OOM) goto oom;
+    if (st != QD_OK) {
+        qd_context_free(ctx);
+        return st;
     }
     *out = ctx;
     return QD_OK;
 oom:
     qd_context_free(ctx);
     return qd_seterr(&m->err, QD_ERR_OOM,
-                     "out of memory creating a context (max_seqs %d, max_ctx %d, max_batch %d)", p.max_seqs,
-                     p.max_ctx, p.max_batch);
+                     "out of memory creating a context (max_seqs %d, max_ctx %d, max_batch %d, %d KV blocks of %d)",
+                     p.max_seqs, p.max_ctx, p.max_batch, p.n_kv_blocks, p.kv_block_size);
 }
 
 void qd_context_free(qd_context *ctx) {
@@ -102,12 +107,12 @@ void qd_context_free(qd_context *ctx) {
         for (int i = 0; i < ctx->params.max_seqs; i++) {
             qd_aligned_free(ctx->seqs[i].conv);
             qd_aligned_free(ctx->seqs[i].ssm);
-            qd_aligned_free(ctx->seqs[i].k_cache);
-            qd_aligned_free(ctx->seqs[i].v_cache);
         }
     }
+    qd_kv_pool_free(ctx);
     free(ctx->seqs);
     free(ctx->spans_rt);
+    free(ctx->gdn_spans);
     qd_aligned_free(ctx->scratch_block);
     free(ctx);
 }
@@ -123,6 +128,7 @@ qd_status qd_seq_reset(qd_context *ctx, int seq) {
     memset(q->conv, 0, (size_t)m->n_gdn * qd_config_conv_dim(c) * (size_t)(c->gdn_conv_kernel - 1) * sizeof(float));
     memset(q->ssm, 0, (size_t)m->n_gdn * c->gdn_hv * c->gdn_dk * c->gdn_dv * sizeof(float));
     q->length = 0;
+    qd_kv_truncate(ctx, seq, 0);
     return QD_OK;
 }
 

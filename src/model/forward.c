@@ -11,7 +11,7 @@ static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd
     if (n_spans < 1) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "empty batch");
     if (n_spans > p->max_seqs)
         return qd_seterr(&ctx->err, QD_ERR_CAPACITY, "%d spans but the context has %d sequence slots", n_spans, p->max_seqs);
-    int rows = 0, logit_rows = 0;
+    int rows = 0, logit_rows = 0, blocks = 0;
     for (int i = 0; i < n_spans; i++) {
         const qd_span *s = &spans[i];
         if (s->seq < 0 || s->seq >= p->max_seqs)
@@ -31,6 +31,7 @@ static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd
                              s->seq, len, s->n_tokens, p->max_ctx);
         if (s->n_tokens > p->max_batch - rows)
             return qd_seterr(&ctx->err, QD_ERR_CAPACITY, "batch of more than %d tokens (max_batch)", p->max_batch);
+        blocks += qd_kv_blocks_needed(ctx, s->seq, s->n_tokens);
         rt[i] = (qd_span_rt){s->seq, rows, s->n_tokens, len};
         rows += s->n_tokens;
         if (s->logits == QD_LOGITS_ALL) logit_rows += s->n_tokens;
@@ -38,6 +39,13 @@ static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd
         else if (s->logits != QD_LOGITS_NONE)
             return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "span %d: unknown logits mode %d", i, (int)s->logits);
     }
+    if (blocks > qd_kv_free_blocks(ctx))
+        return qd_seterr(&ctx->err, QD_ERR_CAPACITY,
+                         "KV cache pool exhausted: the batch needs %d more blocks of %d tokens, %d of %d are free "
+                         "(raise n_kv_blocks or free sequences)",
+                         blocks, ctx->kv.block_size, qd_kv_free_blocks(ctx), qd_kv_total_blocks(ctx));
+    /* all checks passed: take the blocks now, so a failed batch changes nothing */
+    for (int i = 0; i < n_spans; i++) QD_TRY(qd_kv_reserve(ctx, spans[i].seq, spans[i].n_tokens));
     *n_rows = rows;
     *n_logit_rows = logit_rows;
     return QD_OK;

@@ -105,9 +105,25 @@ typedef struct qd_seq_state {
     int length;         /* tokens consumed */
     float *conv;        /* [n_gdn][conv_dim][Kc-1] pre-conv inputs, oldest first */
     float *ssm;         /* [n_gdn][hv][dk][dv] fp32 recurrent state */
-    float *k_cache;     /* [n_attn][max_ctx][nkv][hd] post-norm, post-RoPE keys */
-    float *v_cache;     /* [n_attn][max_ctx][nkv][hd] */
+    int32_t *blocks;    /* [max_blocks_per_seq] block table: position p lives in block blocks[p / block_size] */
+    int n_blocks;       /* blocks held (covering at least `length` positions) */
 } qd_seq_state;
+
+/* Paged KV cache shared by the sequences of a context (kv_cache.c). A block holds
+ * block_size positions of every attention layer: [n_attn][block_size][nkv][hd] keys
+ * (post-norm, post-RoPE) in k, the values in v. Blocks are reference counted so that
+ * two sequences may share a prefix (qd_seq_fork); a sequence about to write into a
+ * shared, partly filled block gets a private copy first (copy on write). */
+typedef struct qd_kv_pool {
+    int block_size;           /* tokens per block */
+    int n_blocks;             /* blocks in the pool (0 when the model has no attention layers) */
+    int max_blocks_per_seq;   /* ceil(max_ctx / block_size) */
+    size_t block_floats;      /* floats per block in k (and in v): n_attn * block_size * nkv * hd */
+    float *k, *v;             /* [n_blocks][block_floats] */
+    int32_t *ref;             /* [n_blocks] owners of each block; 0 = free */
+    int32_t *free_ids;        /* [n_blocks] stack of free block ids */
+    int n_free;
+} qd_kv_pool;
 
 /* Scratch for one forward over at most max_batch tokens, planned at creation. */
 typedef struct qd_scratch {
@@ -149,10 +165,52 @@ struct qd_context {
     qd_context_params params;
     qd_err err;
     qd_seq_state *seqs;     /* [max_seqs] */
+    qd_kv_pool kv;
     qd_span_rt *spans_rt;   /* [max_seqs] validated spans of the current forward */
+    qd_gdn_span *gdn_spans; /* [max_seqs] a GDN layer's recurrent spans, run in one call */
     qd_scratch s;
     void *scratch_block;
 };
+
+/* ------------------------------------------------------ KV blocks (kv_cache.c) */
+
+qd_status qd_kv_pool_init(qd_context *ctx);  /* sizes the pool and block tables from ctx->params */
+void qd_kv_pool_free(qd_context *ctx);
+/* Blocks to take from the pool so that `seq` can append n_tokens (new blocks, plus
+ * one copy when the partly filled last block is shared). 0 without attention layers. */
+int qd_kv_blocks_needed(const qd_context *ctx, int seq, int n_tokens);
+int qd_kv_free_blocks(const qd_context *ctx);
+int qd_kv_total_blocks(const qd_context *ctx);
+/* Blocks needed to hold n_tokens positions from scratch (admission planning). */
+int qd_kv_blocks_for(const qd_context *ctx, int n_tokens);
+/* Makes room for n_tokens more positions of `seq`: allocates blocks and un-shares the
+ * last block if it is partly filled and shared. QD_ERR_CAPACITY when the pool lacks
+ * blocks (nothing changes then). */
+qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens);
+/* Keeps the blocks covering the first n_tokens positions, returns the others. */
+void qd_kv_truncate(qd_context *ctx, int seq, int n_tokens);
+/* Where position p of attention layer `attn_index` of `seq` lives (keys; values at the
+ * same offset in kv.v). The position must be covered by the seq's blocks. */
+static inline size_t qd_kv_offset(const qd_context *ctx, int seq, int attn_index, int p, int kvd) {
+    const qd_kv_pool *kv = &ctx->kv;
+    int32_t b = ctx->seqs[seq].blocks[p / kv->block_size];
+    return (size_t)b * kv->block_floats + ((size_t)attn_index * kv->block_size + (size_t)(p % kv->block_size)) * kvd;
+}
+
+/* ------------------------------------------ sequence state snapshots (kv_cache.c) */
+
+/* GDN state (conv + recurrent, every GDN layer) and length of a sequence as a plain
+ * copy: size in bytes of one snapshot. */
+size_t qd_seq_state_size(const qd_context *ctx);
+qd_status qd_seq_state_save(qd_context *ctx, int seq, void *dst, size_t size);
+/* Rolls `seq` back to a snapshot taken from it (or from a sequence it was forked
+ * from) at a length <= its current length: the GDN state is copied back, the length
+ * reset and the KV blocks past it returned. Attention KV is append-only, so the
+ * positions before the snapshot's length are still those the snapshot saw. */
+qd_status qd_seq_state_restore(qd_context *ctx, int seq, const void *src, size_t size);
+/* dst becomes a copy of src: GDN state copied, KV blocks shared (reference counts
+ * raised); dst's previous contents are released. */
+qd_status qd_seq_fork(qd_context *ctx, int src, int dst);
 
 /* Layers: each runs over the packed rows of a ragged batch (src/layers). */
 qd_status qd_layer_gdn_forward(qd_context *ctx, const qd_layer *L, const qd_span_rt *spans, int n_spans,

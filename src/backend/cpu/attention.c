@@ -1,4 +1,4 @@
-/* Causal GQA attention over a per-sequence KV cache (CPU reference). */
+/* Causal GQA attention over a paged per-sequence KV cache (CPU reference). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -6,11 +6,18 @@
 
 typedef struct {
     const float *q; int64_t q_stride;
-    const float *kc, *vc;
+    qd_kv_view kv;
     int T, pos0, nq, nkv, hd;
     float scale;
     float *out;
 } attn_job;
+
+/* Key (or value) head kvh of position p, through the block table. */
+static inline const float *kv_row(const attn_job *j, const float *base, int p, int kvh) {
+    const qd_kv_view *kv = &j->kv;
+    return base + (int64_t)kv->blocks[p / kv->block_size] * kv->block_stride +
+           ((int64_t)(p % kv->block_size) * j->nkv + kvh) * j->hd;
+}
 
 /* One (token, query head) pair per item: scores over positions 0..pos, softmax, weighted V sum. */
 static void attn_worker(void *user, int64_t begin, int64_t end, int worker) {
@@ -27,7 +34,7 @@ static void attn_worker(void *user, int64_t begin, int64_t end, int worker) {
         if (!scores) { /* allocation failed: fall back to two passes without a score buffer */
             float mx = -INFINITY;
             for (int p = 0; p < npos; p++) {
-                const float *kv = j->kc + ((int64_t)p * j->nkv + kvh) * j->hd;
+                const float *kv = kv_row(j, j->kv.k, p, kvh);
                 float s = 0.0f;
                 for (int e = 0; e < j->hd; e++) s += qv[e] * kv[e];
                 s *= j->scale;
@@ -36,8 +43,8 @@ static void attn_worker(void *user, int64_t begin, int64_t end, int worker) {
             float sum = 0.0f;
             for (int e = 0; e < j->hd; e++) o[e] = 0.0f;
             for (int p = 0; p < npos; p++) {
-                const float *kv = j->kc + ((int64_t)p * j->nkv + kvh) * j->hd;
-                const float *vv = j->vc + ((int64_t)p * j->nkv + kvh) * j->hd;
+                const float *kv = kv_row(j, j->kv.k, p, kvh);
+                const float *vv = kv_row(j, j->kv.v, p, kvh);
                 float s = 0.0f;
                 for (int e = 0; e < j->hd; e++) s += qv[e] * kv[e];
                 float w = expf(s * j->scale - mx);
@@ -49,7 +56,7 @@ static void attn_worker(void *user, int64_t begin, int64_t end, int worker) {
         }
         float mx = -INFINITY;
         for (int p = 0; p < npos; p++) {
-            const float *kv = j->kc + ((int64_t)p * j->nkv + kvh) * j->hd;
+            const float *kv = kv_row(j, j->kv.k, p, kvh);
             float s = 0.0f;
 #pragma omp simd reduction(+ : s)
             for (int e = 0; e < j->hd; e++) s += qv[e] * kv[e];
@@ -65,7 +72,7 @@ static void attn_worker(void *user, int64_t begin, int64_t end, int worker) {
         float inv = 1.0f / sum;
         for (int e = 0; e < j->hd; e++) o[e] = 0.0f;
         for (int p = 0; p < npos; p++) {
-            const float *vv = j->vc + ((int64_t)p * j->nkv + kvh) * j->hd;
+            const float *vv = kv_row(j, j->kv.v, p, kvh);
             float w = scores[p] * inv;
             for (int e = 0; e < j->hd; e++) o[e] += w * vv[e];
         }
@@ -73,8 +80,8 @@ static void attn_worker(void *user, int64_t begin, int64_t end, int worker) {
     free(scores);
 }
 
-void qd_cpu_attention(qd_threadpool *pool, const float *q, int64_t q_stride, const float *kc,
-                      const float *vc, int T, int pos0, int nq, int nkv, int hd, float scale, float *out) {
-    attn_job j = {q, q_stride, kc, vc, T, pos0, nq, nkv, hd, scale, out};
+void qd_cpu_attention(qd_threadpool *pool, const float *q, int64_t q_stride, const qd_kv_view *kv,
+                      int T, int pos0, int nq, int nkv, int hd, float scale, float *out) {
+    attn_job j = {q, q_stride, *kv, T, pos0, nq, nkv, hd, scale, out};
     qd_parallel_for(pool, (int64_t)T * nq, 1, attn_worker, &j);
 }

@@ -65,6 +65,10 @@ typedef struct qd_gdn_span {
 
 /* Token-by-token recurrence (spec 3.3 step 6). */
 void qd_cpu_gdn_recurrent(qd_threadpool *pool, qd_gdn_dims d, const qd_gdn_span *s);
+/* The recurrence for several independent spans (each with its own state) in one
+ * parallel loop; bit-identical to qd_cpu_gdn_recurrent on each. The multi-sequence
+ * decode path. */
+void qd_cpu_gdn_recurrent_multi(qd_threadpool *pool, qd_gdn_dims d, const qd_gdn_span *spans, int n_spans);
 /* Chunked WY form with chunk size 64 (spec 4.1); same results up to rounding. */
 void qd_cpu_gdn_chunked(qd_threadpool *pool, qd_gdn_dims d, const qd_gdn_span *s);
 
@@ -102,11 +106,20 @@ void qd_cpu_rope_neox(float *x, int64_t T, int heads, int head_dim, int64_t x_st
                       double theta, const int32_t *pos);
 
 /* Causal attention with GQA for one span of T query tokens at positions
- * pos0..pos0+T-1 over a cache holding positions 0..pos0+T-1.
- * q: [T][nq][hd] at row stride q_stride; kc, vc: [ctx][nkv][hd] contiguous;
+ * pos0..pos0+T-1 over a paged cache holding positions 0..pos0+T-1.
+ * q: [T][nq][hd] at row stride q_stride. The cache is read through a block table:
+ * position p's key is at kc + blocks[p / block_size] * block_stride
+ * + (p % block_size) * nkv * hd, as [nkv][hd] (values likewise from vc). A contiguous
+ * [ctx][nkv][hd] cache is blocks = {0, 1, 2, ...} with block_stride = block_size*nkv*hd.
  * out: [T][nq][hd] contiguous. Softmax in fp32 with scale. */
-void qd_cpu_attention(qd_threadpool *pool, const float *q, int64_t q_stride, const float *kc,
-                      const float *vc, int T, int pos0, int nq, int nkv, int hd, float scale, float *out);
+typedef struct qd_kv_view {
+    const float *k, *v;       /* base of the block pool (layer offset included) */
+    const int32_t *blocks;    /* block table */
+    int block_size;           /* positions per block */
+    int64_t block_stride;     /* floats from one block to the next */
+} qd_kv_view;
+void qd_cpu_attention(qd_threadpool *pool, const float *q, int64_t q_stride, const qd_kv_view *kv,
+                      int T, int pos0, int nq, int nkv, int hd, float scale, float *out);
 
 /* y = silu(g) * u elementwise over n (g, u may be strided rows: see ffn). */
 void qd_cpu_silu_mul(const float *g, const float *u, int64_t n, float *y);

@@ -209,6 +209,35 @@ void qd_cpu_gdn_recurrent(qd_threadpool *pool, qd_gdn_dims d, const qd_gdn_span 
     qd_parallel_for(pool, d.hv, 1, gdn_recurrent_range, &job);
 }
 
+/* Many short spans (decode: one token for each of many sequences) in one parallel
+ * loop over (span, head) items, instead of one loop per span: with a handful of
+ * heads per layer, a loop per span leaves threads idle and pays the pool's wake-up
+ * once per sequence per layer. Each item runs exactly what qd_cpu_gdn_recurrent runs
+ * for that head, so results are bit-identical to per-span calls. */
+typedef struct {
+    qd_gdn_dims d;
+    const qd_gdn_span *spans;
+} gdn_multi_job;
+
+static void gdn_multi_range(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    const gdn_multi_job *job = user;
+    for (int64_t it = begin; it < end; it++) {
+        const qd_gdn_span *s = &job->spans[it / job->d.hv];
+        const int h = (int)(it % job->d.hv);
+        for (int t0 = 0; t0 < s->T; t0 += GDN_RECUR_TB) {
+            const int t1 = s->T - t0 < GDN_RECUR_TB ? s->T : t0 + GDN_RECUR_TB;
+            gdn_recurrent_head(&job->d, s, h, t0, t1);
+        }
+    }
+}
+
+void qd_cpu_gdn_recurrent_multi(qd_threadpool *pool, qd_gdn_dims d, const qd_gdn_span *spans, int n_spans) {
+    if (n_spans <= 0 || d.hv <= 0) return;
+    gdn_multi_job job = {d, spans};
+    qd_parallel_for(pool, (int64_t)n_spans * d.hv, 1, gdn_multi_range, &job);
+}
+
 /* ------------------------------------------------------------ small GEMM */
 
 /* C[M][N] = cs * C + A[M][K] . B[K][N], all row-major with leading dimensions.

@@ -1,0 +1,199 @@
+/* The context's paged KV cache (a pool of reference-counted blocks, one block table
+ * per sequence) and plain-copy snapshots of a sequence's GDN state.
+ *
+ * Why blocks: the attention layers are one in four, but their cache grows with the
+ * context while the GDN state does not; a pool of fixed-size blocks lets sequences of
+ * very different lengths share one budget instead of each reserving max_ctx.
+ * Reference counts make prefix sharing a matter of copying a block table. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/arena.h"
+#include "model/model.h"
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+qd_status qd_kv_pool_init(qd_context *ctx) {
+    const qd_model *m = ctx->model;
+    const qd_config *c = &m->cfg;
+    qd_context_params *p = &ctx->params;
+    qd_kv_pool *kv = &ctx->kv;
+    if (p->kv_block_size == 0) p->kv_block_size = 16;
+    if (p->kv_block_size < 1 || p->n_kv_blocks < 0)
+        return qd_seterr(&ctx->model->err, QD_ERR_INVALID_ARG, "kv_block_size %d and n_kv_blocks %d must not be negative",
+                         p->kv_block_size, p->n_kv_blocks);
+    kv->block_size = p->kv_block_size;
+    kv->max_blocks_per_seq = ceil_div(p->max_ctx, kv->block_size);
+    if (p->n_kv_blocks == 0) {
+        int64_t all = (int64_t)p->max_seqs * kv->max_blocks_per_seq;
+        if (all > (1 << 30))
+            return qd_seterr(&ctx->model->err, QD_ERR_INVALID_ARG,
+                             "max_seqs %d x max_ctx %d is too large for a KV pool; set n_kv_blocks", p->max_seqs, p->max_ctx);
+        p->n_kv_blocks = (int)all;
+    }
+    kv->n_blocks = m->n_attn > 0 ? p->n_kv_blocks : 0;
+    kv->block_floats = (size_t)m->n_attn * kv->block_size * c->attn_nkv * c->attn_head_dim;
+    for (int i = 0; i < p->max_seqs; i++) {
+        ctx->seqs[i].blocks = calloc((size_t)kv->max_blocks_per_seq, sizeof(int32_t));
+        if (!ctx->seqs[i].blocks) return QD_ERR_OOM;
+    }
+    if (kv->n_blocks == 0) return QD_OK;
+    kv->k = qd_aligned_alloc((size_t)kv->n_blocks * kv->block_floats * sizeof(float));
+    kv->v = qd_aligned_alloc((size_t)kv->n_blocks * kv->block_floats * sizeof(float));
+    kv->ref = calloc((size_t)kv->n_blocks, sizeof(int32_t));
+    kv->free_ids = malloc((size_t)kv->n_blocks * sizeof(int32_t));
+    if (!kv->k || !kv->v || !kv->ref || !kv->free_ids) return QD_ERR_OOM;
+    /* stack with block 0 on top, so a fresh context hands out blocks in order */
+    for (int i = 0; i < kv->n_blocks; i++) kv->free_ids[i] = kv->n_blocks - 1 - i;
+    kv->n_free = kv->n_blocks;
+    return QD_OK;
+}
+
+void qd_kv_pool_free(qd_context *ctx) {
+    qd_kv_pool *kv = &ctx->kv;
+    if (ctx->seqs)
+        for (int i = 0; i < ctx->params.max_seqs; i++) free(ctx->seqs[i].blocks);
+    qd_aligned_free(kv->k);
+    qd_aligned_free(kv->v);
+    free(kv->ref);
+    free(kv->free_ids);
+    memset(kv, 0, sizeof *kv);
+}
+
+int qd_kv_free_blocks(const qd_context *ctx) { return ctx->kv.n_free; }
+int qd_kv_total_blocks(const qd_context *ctx) { return ctx->kv.n_blocks; }
+
+int qd_kv_blocks_for(const qd_context *ctx, int n_tokens) {
+    return ctx->model->n_attn > 0 ? ceil_div(n_tokens, ctx->kv.block_size) : 0;
+}
+
+/* Would appending write into a partly filled block another sequence also holds? */
+static int last_block_shared(const qd_context *ctx, const qd_seq_state *q) {
+    const qd_kv_pool *kv = &ctx->kv;
+    return q->length % kv->block_size != 0 && q->n_blocks * kv->block_size > q->length &&
+           kv->ref[q->blocks[q->length / kv->block_size]] > 1;
+}
+
+int qd_kv_blocks_needed(const qd_context *ctx, int seq, int n_tokens) {
+    if (ctx->model->n_attn == 0 || n_tokens <= 0) return 0;
+    const qd_seq_state *q = &ctx->seqs[seq];
+    int need = ceil_div(q->length + n_tokens, ctx->kv.block_size) - q->n_blocks;
+    if (need < 0) need = 0;
+    return need + last_block_shared(ctx, q);
+}
+
+static void unref(qd_kv_pool *kv, int32_t b) {
+    if (--kv->ref[b] == 0) kv->free_ids[kv->n_free++] = b;
+}
+
+qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens) {
+    const int need = qd_kv_blocks_needed(ctx, seq, n_tokens);
+    if (need == 0) return QD_OK;
+    qd_kv_pool *kv = &ctx->kv;
+    qd_seq_state *q = &ctx->seqs[seq];
+    if (need > kv->n_free)
+        return qd_seterr(&ctx->err, QD_ERR_CAPACITY,
+                         "KV cache pool exhausted: sequence %d needs %d more blocks of %d tokens, %d of %d free", seq,
+                         need, kv->block_size, kv->n_free, kv->n_blocks);
+    if (ceil_div(q->length + n_tokens, kv->block_size) > kv->max_blocks_per_seq)
+        return qd_seterr(&ctx->err, QD_ERR_CAPACITY, "sequence %d: %d + %d tokens exceed the context length %d", seq,
+                         q->length, n_tokens, ctx->params.max_ctx);
+    if (last_block_shared(ctx, q)) { /* copy on write: the copy replaces our reference */
+        int i = q->length / kv->block_size;
+        int32_t old = q->blocks[i], nb = kv->free_ids[--kv->n_free];
+        kv->ref[nb] = 1;
+        memcpy(kv->k + (size_t)nb * kv->block_floats, kv->k + (size_t)old * kv->block_floats, kv->block_floats * sizeof(float));
+        memcpy(kv->v + (size_t)nb * kv->block_floats, kv->v + (size_t)old * kv->block_floats, kv->block_floats * sizeof(float));
+        q->blocks[i] = nb;
+        unref(kv, old);
+    }
+    const int want = ceil_div(q->length + n_tokens, kv->block_size);
+    while (q->n_blocks < want) {
+        int32_t b = kv->free_ids[--kv->n_free];
+        kv->ref[b] = 1;
+        q->blocks[q->n_blocks++] = b;
+    }
+    return QD_OK;
+}
+
+void qd_kv_truncate(qd_context *ctx, int seq, int n_tokens) {
+    qd_seq_state *q = &ctx->seqs[seq];
+    const int keep = qd_kv_blocks_for(ctx, n_tokens);
+    while (q->n_blocks > keep) unref(&ctx->kv, q->blocks[--q->n_blocks]);
+}
+
+/* ------------------------------------------------------------------ snapshots */
+
+static size_t conv_floats(const qd_context *ctx) {
+    const qd_config *c = &ctx->model->cfg;
+    return (size_t)ctx->model->n_gdn * qd_config_conv_dim(c) * (size_t)(c->gdn_conv_kernel - 1);
+}
+static size_t ssm_floats(const qd_context *ctx) {
+    const qd_config *c = &ctx->model->cfg;
+    return (size_t)ctx->model->n_gdn * c->gdn_hv * c->gdn_dk * c->gdn_dv;
+}
+
+/* Layout: int64 length, padding to 64 bytes, conv floats, ssm floats. */
+#define SNAP_HEADER 64
+
+size_t qd_seq_state_size(const qd_context *ctx) {
+    return SNAP_HEADER + (conv_floats(ctx) + ssm_floats(ctx)) * sizeof(float);
+}
+
+static qd_status check_seq(qd_context *ctx, int seq) {
+    if (seq < 0 || seq >= ctx->params.max_seqs)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, ctx->params.max_seqs);
+    return QD_OK;
+}
+
+qd_status qd_seq_state_save(qd_context *ctx, int seq, void *dst, size_t size) {
+    QD_TRY(check_seq(ctx, seq));
+    if (!dst || size < qd_seq_state_size(ctx))
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "state snapshot buffer of %zu bytes, need %zu", size,
+                         qd_seq_state_size(ctx));
+    const qd_seq_state *q = &ctx->seqs[seq];
+    unsigned char *d = dst;
+    int64_t len = q->length;
+    memset(d, 0, SNAP_HEADER);
+    memcpy(d, &len, sizeof len);
+    memcpy(d + SNAP_HEADER, q->conv, conv_floats(ctx) * sizeof(float));
+    memcpy(d + SNAP_HEADER + conv_floats(ctx) * sizeof(float), q->ssm, ssm_floats(ctx) * sizeof(float));
+    return QD_OK;
+}
+
+qd_status qd_seq_state_restore(qd_context *ctx, int seq, const void *src, size_t size) {
+    QD_TRY(check_seq(ctx, seq));
+    if (!src || size < qd_seq_state_size(ctx))
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "state snapshot of %zu bytes, need %zu", size,
+                         qd_seq_state_size(ctx));
+    qd_seq_state *q = &ctx->seqs[seq];
+    const unsigned char *s = src;
+    int64_t len;
+    memcpy(&len, s, sizeof len);
+    if (len < 0 || len > q->length)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
+                         "snapshot of %lld tokens cannot be restored into sequence %d holding %d (KV would be missing)",
+                         (long long)len, seq, q->length);
+    memcpy(q->conv, s + SNAP_HEADER, conv_floats(ctx) * sizeof(float));
+    memcpy(q->ssm, s + SNAP_HEADER + conv_floats(ctx) * sizeof(float), ssm_floats(ctx) * sizeof(float));
+    q->length = (int)len;
+    qd_kv_truncate(ctx, seq, q->length);
+    return QD_OK;
+}
+
+qd_status qd_seq_fork(qd_context *ctx, int src, int dst) {
+    QD_TRY(check_seq(ctx, src));
+    QD_TRY(check_seq(ctx, dst));
+    if (src == dst) return QD_OK;
+    QD_TRY(qd_seq_reset(ctx, dst));
+    qd_seq_state *a = &ctx->seqs[src], *b = &ctx->seqs[dst];
+    memcpy(b->conv, a->conv, conv_floats(ctx) * sizeof(float));
+    memcpy(b->ssm, a->ssm, ssm_floats(ctx) * sizeof(float));
+    for (int i = 0; i < a->n_blocks; i++) {
+        b->blocks[i] = a->blocks[i];
+        ctx->kv.ref[a->blocks[i]]++;
+    }
+    b->n_blocks = a->n_blocks;
+    b->length = a->length;
+    return QD_OK;
+}

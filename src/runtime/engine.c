@@ -1,0 +1,287 @@
+/* The serving engine: one thread running continuous-batching steps over one context.
+ *
+ * Step algorithm (scheduler.c), repeated while there is work:
+ *   1. At the boundary, under the lock: move newly submitted requests to the back of
+ *      the waiting deque and note cancel flags. Without the lock: finish cancelled
+ *      requests (CANCELLED event; slot and KV blocks back to the pools).
+ *   2. Running requests, oldest first, each get the tokens they have not fed yet (one
+ *      for a decode, the rest of the prompt for a prefill) within max_batch_tokens.
+ *      A prefill chunk shrinks to the KV blocks that are free; a decode that finds no
+ *      free block preempts the newest running request (which may be itself): that one
+ *      gives back slot and blocks and goes to the front of the queue, to recompute
+ *      its prompt and generated tokens when readmitted (nothing is reported twice).
+ *   3. Waiting requests are admitted in order while a state slot is free, tokens are
+ *      left in the budget and the pool has blocks for their first chunk (keeping one
+ *      block per running request in reserve); the chunk is the whole prompt or what
+ *      the budget leaves.
+ *   4. One qd_forward over all these spans (decodes and prefill chunks mixed); spans
+ *      that end at the last known token ask for their last logits row.
+ *   5. Each such row is sampled with the request's own sampler; the token is appended
+ *      and reported; EOS, max_tokens or max_model_len finish the request on that same
+ *      event; a callback returning nonzero finishes it with STOP (one more event).
+ * When there is nothing to do the thread sleeps on a condition variable.
+ *
+ * Memory plan (all at creation; a step allocates nothing): one context with
+ * max_num_seqs sequences (the GDN state slots: conv + recurrent state of every GDN
+ * layer, fp32), a KV pool of n_kv_blocks blocks of kv_block_size tokens shared by all
+ * of them (default: enough for every slot at max_model_len), the forward's scratch
+ * for max_batch_tokens rows, a logits buffer of max_num_seqs rows, and the step's
+ * bookkeeping arrays (spans, running list, free slots) of max_num_seqs entries. Per
+ * request, submit allocates its token array (prompt + max_tokens) and its sampler. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/engine_internal.h"
+
+qd_engine_params qd_engine_default_params(void) {
+    qd_engine_params p = {
+        .max_num_seqs = 8,
+        .max_model_len = 4096,
+        .max_batch_tokens = 512,
+        .kv_block_size = 16,
+        .n_kv_blocks = 0,
+        .max_waiting = 1024,
+    };
+    return p;
+}
+
+/* Published under mu at each boundary so that qd_engine_get_stats never touches the
+ * engine thread's state. Caller holds mu. */
+static void publish_stats(qd_engine *e) {
+    qd_engine_stats *s = &e->stats;
+    s->running = e->n_running;
+    e->n_waiting_pub = e->waiting.count;
+    s->waiting = e->waiting.count + e->incoming.count;
+    s->slots_total = e->params.max_num_seqs;
+    s->slots_used = s->slots_total - e->n_free_slots;
+    s->kv_blocks_total = qd_kv_total_blocks(e->ctx);
+    s->kv_blocks_used = s->kv_blocks_total - qd_kv_free_blocks(e->ctx);
+    s->requests_finished = e->finished;
+    s->prompt_tokens_total = e->prompt_total;
+    s->generated_tokens_total = e->generated_total;
+    s->preemptions = e->preemptions;
+    s->steps = e->steps;
+}
+
+/* Finishes every request whose cancel flag was seen at this boundary. */
+static void process_cancels(qd_engine *e) {
+    for (int i = 0; i < e->n_running;) {
+        qd_request *r = e->running[i];
+        if (r->cancel_seen) qd_engine_finish(e, r, QD_FINISH_CANCELLED, NULL, NULL); /* shifts running[] */
+        else i++;
+    }
+    for (qd_request *r = e->waiting.head, *nx; r; r = nx) {
+        nx = r->next;
+        if (r->cancel_seen) qd_engine_finish(e, r, QD_FINISH_CANCELLED, NULL, NULL);
+    }
+}
+
+static void *engine_main(void *arg) {
+    qd_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        publish_stats(e);
+        while (!e->stop && !e->incoming.head && !e->cancel_pending && e->n_running == 0 && !e->waiting.head)
+            pthread_cond_wait(&e->cv, &e->mu);
+        while (e->incoming.head) {
+            qd_request *r = e->incoming.head;
+            qd_req_list_remove(&e->incoming, r);
+            qd_req_list_push_back(&e->waiting, r);
+        }
+        e->n_waiting_pub = e->waiting.count; /* keeps submit's queue bound exact */
+        int cancels = e->cancel_pending;
+        if (cancels)
+            for (qd_request *r = e->live; r; r = r->live_next) r->cancel_seen = r->cancel_requested;
+        e->cancel_pending = 0;
+        const int stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        if (cancels) process_cancels(e);
+        qd_engine_step(e);
+    }
+    /* shutdown: everything still known gets its finishing event */
+    while (e->n_running > 0) qd_engine_finish(e, e->running[0], QD_FINISH_CANCELLED, NULL, NULL);
+    while (e->waiting.head) qd_engine_finish(e, e->waiting.head, QD_FINISH_CANCELLED, NULL, NULL);
+    pthread_mutex_lock(&e->mu);
+    publish_stats(e);
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+static void engine_destroy(qd_engine *e) {
+    qd_context_free(e->ctx);
+    free(e->running);
+    free(e->free_slots);
+    free(e->spans);
+    free(e->span_req);
+    free(e->logits);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_engine **out, qd_err *err) {
+    if (!out) return qd_seterr(err, QD_ERR_INVALID_ARG, "qd_engine_create: out is NULL");
+    *out = NULL;
+    if (!model) return qd_seterr(err, QD_ERR_INVALID_ARG, "qd_engine_create: model is NULL");
+    qd_engine_params p = params ? *params : qd_engine_default_params();
+    if (p.kv_block_size == 0) p.kv_block_size = 16;
+    if (p.max_num_seqs < 1 || p.max_model_len < 1 || p.max_batch_tokens < 1 || p.kv_block_size < 1 ||
+        p.n_kv_blocks < 0 || p.max_waiting < 1)
+        return qd_seterr(err, QD_ERR_INVALID_ARG,
+                         "engine params out of range: max_num_seqs %d, max_model_len %d, max_batch_tokens %d, "
+                         "kv_block_size %d, max_waiting %d must be >= 1 and n_kv_blocks %d >= 0",
+                         p.max_num_seqs, p.max_model_len, p.max_batch_tokens, p.kv_block_size, p.max_waiting,
+                         p.n_kv_blocks);
+    qd_engine *e = calloc(1, sizeof *e);
+    if (!e) return qd_seterr(err, QD_ERR_OOM, "out of memory for an engine");
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->model = model;
+    e->params = p;
+    e->vocab = qd_model_vocab_size(model);
+    e->n_eos = qd_model_eos_ids(model, &e->eos);
+    e->next_id = 1;
+    qd_context_params cp = qd_context_default_params();
+    cp.max_seqs = p.max_num_seqs;
+    cp.max_ctx = p.max_model_len;
+    cp.max_batch = p.max_batch_tokens;
+    cp.kv_block_size = p.kv_block_size;
+    cp.n_kv_blocks = p.n_kv_blocks;
+    qd_status st = qd_context_create(model, &cp, &e->ctx);
+    if (st != QD_OK) {
+        qd_seterr(err, st, "engine context: %s", qd_model_errmsg(model));
+        engine_destroy(e);
+        return st;
+    }
+    const size_t n = (size_t)p.max_num_seqs;
+    e->running = calloc(n, sizeof *e->running);
+    e->free_slots = calloc(n, sizeof *e->free_slots);
+    e->spans = calloc(n, sizeof *e->spans);
+    e->span_req = calloc(n, sizeof *e->span_req);
+    e->logits = malloc(n * (size_t)e->vocab * sizeof(float));
+    if (!e->running || !e->free_slots || !e->spans || !e->span_req || !e->logits) {
+        engine_destroy(e);
+        return qd_seterr(err, QD_ERR_OOM, "out of memory for the engine's step buffers (%d sequences)", p.max_num_seqs);
+    }
+    /* slot 0 on top of the stack, so single-request runs always use the same slot */
+    for (int i = 0; i < p.max_num_seqs; i++) e->free_slots[i] = p.max_num_seqs - 1 - i;
+    e->n_free_slots = p.max_num_seqs;
+    publish_stats(e);
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        engine_destroy(e);
+        return qd_seterr(err, QD_ERR_INTERNAL, "could not start the engine thread");
+    }
+    e->thread_started = 1;
+    *out = e;
+    return QD_OK;
+}
+
+void qd_engine_free(qd_engine *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = 1;
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    engine_destroy(e);
+}
+
+static qd_status validate_submit(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *rp,
+                                 qd_err *err) {
+    if (!prompt || n_prompt < 1) return qd_seterr(err, QD_ERR_INVALID_ARG, "empty prompt (%d tokens)", n_prompt);
+    if (!rp) return qd_seterr(err, QD_ERR_INVALID_ARG, "request params are NULL");
+    if (rp->max_tokens < 1)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "max_tokens must be at least 1 (got %d)", rp->max_tokens);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->vocab)
+            return qd_seterr(err, QD_ERR_INVALID_ARG, "prompt token id %d at position %d is out of range [0, %d)",
+                             prompt[i], i, e->vocab);
+    if ((int64_t)n_prompt + rp->max_tokens > e->params.max_model_len)
+        return qd_seterr(err, QD_ERR_CAPACITY, "prompt of %d tokens + max_tokens %d exceeds max_model_len %d", n_prompt,
+                         rp->max_tokens, e->params.max_model_len);
+    /* a request must fit the pool on its own, or preemption could never make room */
+    int need = qd_kv_blocks_for(e->ctx, n_prompt + rp->max_tokens), total = qd_kv_total_blocks(e->ctx);
+    if (need > total)
+        return qd_seterr(err, QD_ERR_CAPACITY,
+                         "prompt of %d tokens + max_tokens %d needs %d KV blocks but the pool has %d", n_prompt,
+                         rp->max_tokens, need, total);
+    return QD_OK;
+}
+
+qd_status qd_engine_submit(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params,
+                           qd_engine_callback cb, void *user, uint64_t *request_id, qd_err *err) {
+    if (!e) return qd_seterr(err, QD_ERR_INVALID_ARG, "qd_engine_submit: engine is NULL");
+    QD_TRY(validate_submit(e, prompt, n_prompt, params, err));
+    qd_request *r = calloc(1, sizeof *r);
+    if (!r) return qd_seterr(err, QD_ERR_OOM, "out of memory for a request");
+    r->tokens = malloc(sizeof(int32_t) * ((size_t)n_prompt + (size_t)params->max_tokens));
+    if (!r->tokens) {
+        free(r);
+        return qd_seterr(err, QD_ERR_OOM, "out of memory for a request of %d + %d tokens", n_prompt, params->max_tokens);
+    }
+    qd_status st = qd_sampler_create(&params->sampling, e->vocab, &r->sampler, err);
+    if (st == QD_OK) st = qd_sampler_accept_prompt(r->sampler, prompt, n_prompt, err);
+    if (st != QD_OK) {
+        qd_err_prefix(err, "sampling params");
+        qd_sampler_free(r->sampler);
+        free(r->tokens);
+        free(r);
+        return st;
+    }
+    memcpy(r->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    r->n_prompt = r->n_tokens = n_prompt;
+    r->slot = -1;
+    r->params = *params;
+    r->cb = cb;
+    r->user = user;
+    r->phase = QD_SEQ_WAITING;
+
+    pthread_mutex_lock(&e->mu);
+    if (e->stop) st = qd_seterr(err, QD_ERR_INVALID_ARG, "the engine is shutting down");
+    else if (e->incoming.count + e->n_waiting_pub >= e->params.max_waiting)
+        st = qd_seterr(err, QD_ERR_CAPACITY, "request queue full (%d waiting, max_waiting %d)",
+                       e->incoming.count + e->n_waiting_pub, e->params.max_waiting);
+    if (st == QD_OK) {
+        r->id = e->next_id++;
+        /* written before the engine thread can see r: its callback may run before we return */
+        if (request_id) *request_id = r->id;
+        qd_req_list_push_back(&e->incoming, r);
+        r->live_next = e->live;
+        if (e->live) e->live->live_prev = r;
+        e->live = r;
+        e->stats.waiting++;
+        pthread_cond_signal(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (st != QD_OK) {
+        qd_sampler_free(r->sampler);
+        free(r->tokens);
+        free(r);
+        return st;
+    }
+    return QD_OK;
+}
+
+void qd_engine_cancel(qd_engine *e, uint64_t request_id) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    for (qd_request *r = e->live; r; r = r->live_next) {
+        if (r->id != request_id) continue;
+        r->cancel_requested = 1;
+        e->cancel_pending = 1;
+        pthread_cond_signal(&e->cv);
+        break;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+void qd_engine_get_stats(qd_engine *e, qd_engine_stats *out) {
+    if (!e || !out) return;
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}

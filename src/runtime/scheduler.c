@@ -1,0 +1,252 @@
+/* The engine's step: which tokens of which requests go into this step's one ragged
+ * batch, the forward pass, sampling, and the events that follow. Engine thread only
+ * (see engine.c for the algorithm in words and the memory plan). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/engine_internal.h"
+
+void qd_req_list_push_back(qd_req_list *l, qd_request *r) {
+    r->next = NULL;
+    r->prev = l->tail;
+    if (l->tail) l->tail->next = r;
+    else l->head = r;
+    l->tail = r;
+    l->count++;
+}
+
+void qd_req_list_push_front(qd_req_list *l, qd_request *r) {
+    r->prev = NULL;
+    r->next = l->head;
+    if (l->head) l->head->prev = r;
+    else l->tail = r;
+    l->head = r;
+    l->count++;
+}
+
+void qd_req_list_remove(qd_req_list *l, qd_request *r) {
+    if (r->prev) r->prev->next = r->next;
+    else l->head = r->next;
+    if (r->next) r->next->prev = r->prev;
+    else l->tail = r->prev;
+    r->prev = r->next = NULL;
+    l->count--;
+}
+
+/* Takes r out of the running array (keeping admission order) and gives its slot and
+ * KV blocks back. */
+static void release_slot(qd_engine *e, qd_request *r) {
+    if (r->slot < 0) return;
+    for (int i = 0; i < e->n_running; i++) {
+        if (e->running[i] != r) continue;
+        memmove(&e->running[i], &e->running[i + 1], sizeof(qd_request *) * (size_t)(e->n_running - i - 1));
+        e->n_running--;
+        break;
+    }
+    qd_seq_reset(e->ctx, r->slot); /* zero GDN state, blocks back to the pool */
+    e->free_slots[e->n_free_slots++] = r->slot;
+    r->slot = -1;
+    r->n_computed = 0;
+}
+
+/* Recompute-style preemption: the request loses its slot and blocks but keeps every
+ * token it knows (prompt and generated, already reported), and goes to the front of
+ * the queue; readmitted, it prefills all of them again and continues sampling with
+ * its sampler untouched, so nothing is reported twice and seeded runs do not change. */
+static void preempt(qd_engine *e, qd_request *r) {
+    release_slot(e, r);
+    r->phase = QD_SEQ_WAITING;
+    qd_req_list_push_front(&e->waiting, r);
+    e->preemptions++;
+}
+
+void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const qd_sample_result *sample,
+                      const char *error) {
+    if (r->slot >= 0) release_slot(e, r);
+    else if (r->phase == QD_SEQ_WAITING) qd_req_list_remove(&e->waiting, r);
+    r->phase = why == QD_FINISH_CANCELLED ? QD_SEQ_CANCELLED : QD_SEQ_FINISHED;
+    qd_engine_event ev = {
+        .request_id = r->id,
+        .has_token = sample != NULL,
+        .finish = why,
+        .error = error,
+        .prompt_tokens = r->n_prompt,
+        .completion_tokens = r->n_tokens - r->n_prompt,
+    };
+    if (sample) ev.sample = *sample;
+    /* gone from `live` (and counted) before its callback runs, so that a callback
+     * reading the stats sees it finished and a late cancel of its id is ignored */
+    pthread_mutex_lock(&e->mu);
+    if (r->live_prev) r->live_prev->live_next = r->live_next;
+    else e->live = r->live_next;
+    if (r->live_next) r->live_next->live_prev = r->live_prev;
+    e->finished++;
+    e->stats.requests_finished = e->finished;
+    pthread_mutex_unlock(&e->mu);
+    if (r->cb) r->cb(r->user, &ev); /* the return value cannot change a finished request */
+    qd_sampler_free(r->sampler);
+    free(r->tokens);
+    free(r);
+}
+
+static int min_i(int a, int b) { return a < b ? a : b; }
+
+/* Tokens of r that fit in the blocks it holds plus `free_blocks` more. */
+static int tokens_fitting(const qd_engine *e, const qd_request *r, int want, int free_blocks) {
+    const qd_context *ctx = e->ctx;
+    if (qd_kv_total_blocks(ctx) == 0) return want;
+    const int bs = ctx->kv.block_size;
+    const qd_seq_state *q = &ctx->seqs[r->slot];
+    int room = (q->n_blocks + free_blocks) * bs - q->length;
+    return room < 0 ? 0 : min_i(want, room);
+}
+
+/* Blocks not yet promised to a span of this step (qd_forward takes them all at once). */
+static int avail_blocks(const qd_engine *e) { return qd_kv_free_blocks(e->ctx) - e->step_reserved; }
+
+static void add_span(qd_engine *e, int *n_spans, qd_request *r, int chunk) {
+    e->step_reserved += qd_kv_blocks_needed(e->ctx, r->slot, chunk);
+    r->step_chunk = chunk;
+    const int last = r->n_computed + chunk == r->n_tokens;
+    e->spans[*n_spans] = (qd_span){r->slot, r->tokens + r->n_computed, chunk, last ? QD_LOGITS_LAST : QD_LOGITS_NONE};
+    e->span_req[*n_spans] = r;
+    (*n_spans)++;
+}
+
+/* Running requests first, oldest first: each gets its remaining tokens (one when
+ * decoding) within the step's token budget. When the pool cannot hold them, a prefill
+ * chunk shrinks to what fits; otherwise the newest running request is preempted,
+ * which may be this one (then it waits at the front of the queue). */
+static int schedule_running(qd_engine *e, int *budget) {
+    int n_spans = 0;
+    for (int i = 0; i < e->n_running && *budget > 0; i++) {
+        qd_request *r = e->running[i];
+        int chunk = min_i(r->n_tokens - r->n_computed, *budget);
+        int self_preempted = 0;
+        while (qd_kv_blocks_needed(e->ctx, r->slot, chunk) > avail_blocks(e)) {
+            int fit = tokens_fitting(e, r, chunk, avail_blocks(e));
+            if (fit >= 1) {
+                chunk = fit;
+                continue;
+            }
+            qd_request *victim = e->running[e->n_running - 1];
+            preempt(e, victim);
+            if (victim == r) {
+                self_preempted = 1;
+                break;
+            }
+        }
+        if (self_preempted) break; /* r was the newest: nothing after it is running */
+        add_span(e, &n_spans, r, chunk);
+        *budget -= chunk;
+    }
+    return n_spans;
+}
+
+/* Admission from the front of the queue, in order (no overtaking, so a long prompt
+ * is not starved by short ones): a request needs a free slot and blocks for its first
+ * chunk, beyond one block held back for each running request, so that admitting it
+ * does not immediately force a preemption of a running decode. */
+static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
+    while (*budget > 0 && e->waiting.head && e->n_free_slots > 0) {
+        qd_request *r = e->waiting.head;
+        int chunk = min_i(r->n_tokens, *budget);
+        if (qd_kv_total_blocks(e->ctx) > 0) {
+            int reserve = e->n_running, free_b = avail_blocks(e) - reserve;
+            int fit = free_b > 0 ? free_b * e->ctx->kv.block_size : 0;
+            if (fit < chunk) {
+                /* a lone request may take the whole pool (submit checked that it fits) */
+                if (e->n_running > 0 || fit < 1) break;
+                chunk = fit;
+            }
+        }
+        qd_req_list_remove(&e->waiting, r);
+        r->slot = e->free_slots[--e->n_free_slots];
+        r->n_computed = 0;
+        r->phase = QD_SEQ_PREFILLING;
+        e->running[e->n_running++] = r;
+        if (!r->admitted_once) {
+            r->admitted_once = 1;
+            e->prompt_total += (uint64_t)r->n_prompt;
+        }
+        add_span(e, &n_spans, r, chunk);
+        *budget -= chunk;
+    }
+    return n_spans;
+}
+
+/* After a sampled token: the finish reason it causes, if any. */
+static qd_finish_reason finish_after(const qd_engine *e, const qd_request *r, int32_t tok) {
+    if (!r->params.ignore_eos)
+        for (int i = 0; i < e->n_eos; i++)
+            if (tok == e->eos[i]) return QD_FINISH_EOS;
+    if (r->n_tokens - r->n_prompt >= r->params.max_tokens || r->n_tokens >= e->params.max_model_len)
+        return QD_FINISH_LENGTH;
+    return QD_FINISH_NONE;
+}
+
+/* Samples the next token of r from its logits row and reports it. */
+static void sample_and_report(qd_engine *e, qd_request *r, float *row) {
+    qd_err err = {0};
+    qd_sample_result res;
+    if (qd_sampler_sample(r->sampler, row, &res, &err) != QD_OK ||
+        qd_sampler_accept(r->sampler, res.token, &err) != QD_OK) {
+        snprintf(e->errbuf, sizeof e->errbuf, "request %llu: sampling failed: %s", (unsigned long long)r->id, err.msg);
+        qd_engine_finish(e, r, QD_FINISH_ERROR, NULL, e->errbuf);
+        return;
+    }
+    r->tokens[r->n_tokens++] = res.token;
+    e->generated_total++;
+    qd_finish_reason why = finish_after(e, r, res.token);
+    if (why != QD_FINISH_NONE) {
+        qd_engine_finish(e, r, why, &res, NULL);
+        return;
+    }
+    r->phase = QD_SEQ_DECODING;
+    qd_engine_event ev = {
+        .request_id = r->id,
+        .has_token = 1,
+        .sample = res,
+        .finish = QD_FINISH_NONE,
+        .prompt_tokens = r->n_prompt,
+        .completion_tokens = r->n_tokens - r->n_prompt,
+    };
+    if (r->cb && r->cb(r->user, &ev) != 0) qd_engine_finish(e, r, QD_FINISH_STOP, NULL, NULL);
+}
+
+int qd_engine_step(qd_engine *e) {
+    int budget = e->params.max_batch_tokens;
+    e->step_reserved = 0;
+    int n_spans = schedule_running(e, &budget);
+    n_spans = schedule_admissions(e, n_spans, &budget);
+    if (n_spans == 0) {
+        /* only reachable if the queue head can never fit; fail it rather than spin */
+        if (e->n_running == 0 && e->waiting.head) {
+            snprintf(e->errbuf, sizeof e->errbuf, "request %llu cannot be scheduled: %d KV blocks free",
+                     (unsigned long long)e->waiting.head->id, qd_kv_free_blocks(e->ctx));
+            qd_engine_finish(e, e->waiting.head, QD_FINISH_ERROR, NULL, e->errbuf);
+            return 1;
+        }
+        return 0;
+    }
+    e->steps++;
+    qd_status st = qd_forward(e->ctx, e->spans, n_spans, e->logits);
+    if (st != QD_OK) {
+        snprintf(e->errbuf, sizeof e->errbuf, "forward pass failed (%s): %s", qd_status_name(st),
+                 qd_context_errmsg(e->ctx));
+        for (int i = 0; i < n_spans; i++) qd_engine_finish(e, e->span_req[i], QD_FINISH_ERROR, NULL, e->errbuf);
+        return 1;
+    }
+    /* advance first, then report: a callback may cancel any request, but cancellation
+     * only takes effect at the next boundary, so the span list stays valid here */
+    int row = 0;
+    for (int i = 0; i < n_spans; i++) {
+        qd_request *r = e->span_req[i];
+        r->n_computed += r->step_chunk;
+        if (e->spans[i].logits == QD_LOGITS_NONE) continue;
+        sample_and_report(e, r, e->logits + (size_t)row * e->vocab);
+        row++;
+    }
+    return 1;
+}
