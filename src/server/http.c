@@ -135,9 +135,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         cs = calloc(1, sizeof *cs);
         if (!cs) return MHD_NO;
         *con_cls = cs;
-        /* a declared body over the limit is refused before it is read */
+        /* A body somewhat over the limit is read and dropped, then answered 413 on a
+         * clean connection (a client still sending when the server closes may get a
+         * reset instead of the reply); a grossly oversized one is refused at once. */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) {
+        if (cl && strtoull(cl, NULL, 10) / 16 > s->cfg.max_body) {
             cs->too_large = 1;
             return send_error(s, c, 413, "invalid_request_error", "request body larger than %zu bytes", s->cfg.max_body);
         }
