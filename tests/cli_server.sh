@@ -72,6 +72,20 @@ check "grep -q '\"finish_reason\":\"length\"' $T/sse" "chat stream finish_reason
 check "[ \$(code -d '{\"prompt\":[10,20,30],\"max_tokens\":3,\"temperature\":0}' $A/v1/completions) = 200 ] && grep -q '\"prompt_tokens\":3' $T/body" "completions with token ids"
 check "curl -s -m 10 $A/metrics | grep -q '^qdelta_time_to_first_token_seconds_bucket'" "/metrics Prometheus text"
 
+# queue full: one running sequence and one waiting place, eight long requests at once
+start F --max-num-seqs 1 --max-waiting 1
+CURLS=()
+for i in 1 2 3 4 5 6 7 8; do
+  curl -s -m 120 -o /dev/null -w '%{http_code}\n' -d '{"prompt":"Once","max_tokens":100,"ignore_eos":true}' \
+    "http://127.0.0.1:$PORT_F/v1/completions" >"$T/full.$i" &
+  CURLS+=($!)
+done
+wait "${CURLS[@]}"
+check "cat $T/full.* | grep -q 503 && cat $T/full.* | grep -q 200" "queue full -> 503 (codes: $(cat $T/full.* | sort | uniq -c | tr '\n' ' '))"
+kill -TERM "$PID_F"
+rcF=0; wait "$PID_F" || rcF=$?
+check "[ $rcF = 0 ]" "server F exits 0 on SIGTERM"
+
 # ------------------------------------------------------------ the openai client suite
 if python3 tests/test_server.py --url "$A" --api-key "$KEY" --tools-url "$B" --pid "$PID_A" --soak "$SOAK" \
      --soak-rss-check $((1 - ASAN)); then ok; else bad "tests/test_server.py"; fi

@@ -303,11 +303,28 @@ def test_disconnect():
         m, idle = wait_idle(5.0)
         check(idle, f"slot and blocks freed after disconnect: {m}")
         print(f"  disconnect: freed after {time.time() - t_close:.3f}s", flush=True)
+    # a non-streaming request whose client gives up is noticed while it runs too
+    body = json.dumps({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 450, "temperature": 0,
+                       "ignore_eos": True})
+    s = socket.create_connection((U.hostname, U.port), timeout=30)
+    s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {args.api_key}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+    t_start = time.time()
+    mid_gen = metrics()["qdelta_generation_tokens_total"]
+    while time.time() - t_start < 10 and metrics().get("qdelta_num_requests_running", 0) < 1:
+        time.sleep(0.01)
+    s.close()
+    t_close = time.time()
+    m, idle = wait_idle(5.0)
+    check(idle, f"non-streaming request cancelled after disconnect: {m}")
+    print(f"  non-streaming disconnect: freed after {time.time() - t_close:.3f}s", flush=True)
+    done = metrics()["qdelta_generation_tokens_total"] - mid_gen
+    check(done < 450, f"the non-streaming request stopped early ({done} of 450 tokens)")
     m1 = metrics()
-    check(m1["qdelta_generations_cancelled_total"] >= m0.get("qdelta_generations_cancelled_total", 0) + 3,
+    check(m1["qdelta_generations_cancelled_total"] >= m0.get("qdelta_generations_cancelled_total", 0) + 4,
           "disconnects counted as cancelled")
     gen = m1["qdelta_generation_tokens_total"] - m0.get("qdelta_generation_tokens_total", 0)
-    check(gen < 3 * 400, f"cancelled streams stopped early ({gen} tokens for 3 x 400)")
+    check(gen < 3 * 400 + 450, f"cancelled requests stopped early ({gen} tokens for 3 x 400 + 450)")
 
 
 def run_threads(n, fn):

@@ -5,6 +5,7 @@
  * suspended HTTP connection so that MHD sends what is ready. */
 #include <microhttpd.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <string.h>
 #include <time.h>
 
@@ -19,6 +20,7 @@ srv_gen *srv_gen_new(srv_server *s, srv_kind kind) {
     g->kind = kind;
     g->created = (long)time(NULL);
     g->http_status = 200;
+    g->fd = -1;
     static uint64_t counter;
     uint64_t c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
     struct timespec ts;
@@ -284,6 +286,17 @@ static const char *finish_name(qd_finish_reason f) {
 
 /* ------------------------------------------------------------ the callback */
 
+/* A suspended connection is not polled by MHD, so a client that gives up on a
+ * non-streaming request would only be noticed when the body is written, after all
+ * max_tokens. Peeking at the socket every few tokens finds the end-of-file it left
+ * (a stream finds it sooner, on the next write). */
+static int client_closed(srv_gen *g) {
+    if (g->fd < 0 || g->conn_gone || (g->n_events & 7) != 0) return 0;
+    char c;
+    ssize_t k = recv(g->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0;
+}
+
 static int on_event(void *user, const qd_engine_event *ev) {
     srv_gen *g = user;
     srv_server *s = g->srv;
@@ -311,14 +324,18 @@ static int on_event(void *user, const qd_engine_event *ev) {
             if (g->stopped) finalize(g, "stop", NULL);
             else if (g->o.stream) stream_chunk(g, NULL);
         }
+        if (!g->done && client_closed(g)) {
+            g->client_gone = 1;
+            finalize(g, "abort", NULL);
+        }
     }
     if (last) {
         g->engine_done = 1;
         if (!g->done) finalize(g, finish_name(ev->finish), ev->finish == QD_FINISH_ERROR ? (ev->error ? ev->error : "error") : NULL);
         srv_metrics_finished(&s->metrics, g->prompt_tokens, g->completion_tokens, now - g->t_submit,
-                             ev->finish == QD_FINISH_CANCELLED);
+                             ev->finish == QD_FINISH_CANCELLED || g->client_gone);
     }
-    int want_stop = g->stopped || g->conn_gone;
+    int want_stop = g->stopped || g->conn_gone || g->client_gone;
     if (g->suspended && !g->conn_gone && (g->done || g->out.n > g->out_off)) {
         /* whoever clears `suspended` owns the resume; a suspended connection cannot
          * complete, so conn stays valid after the unlock */

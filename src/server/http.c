@@ -38,6 +38,7 @@ static enum MHD_Result send_text(srv_server *s, struct MHD_Connection *c, int st
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype ? ctype : "application/json");
     if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, POST");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     srv_metrics_status(&s->metrics, status);
@@ -192,8 +193,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (!r.gen) return send_text(s, c, r.status, r.content_type, r.body);
     srv_gen *g = r.gen;
     cs->gen = g;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     pthread_mutex_lock(&g->mu);
     g->conn = c;
+    if (!g->o.stream && ci) g->fd = ci->connect_fd;
     pthread_mutex_unlock(&g->mu);
     if (g->o.stream) return start_stream(s, c, g);
     return deferred_body(s, c, g);

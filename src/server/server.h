@@ -134,6 +134,8 @@ typedef struct srv_gen {
     size_t text_offset;   /* streaming completions: bytes of text sent so far */
     int n_events;         /* token events seen (TTFT vs inter-token latency) */
     int engine_done;      /* the engine's finishing event arrived */
+    int fd;               /* the client socket, for the liveness probe (-1: none) */
+    int client_gone;      /* the probe saw the client close its end */
     /* non-streaming accumulation */
     srv_buf content, reasoning;
     json_t *lp;           /* logprobs content array / completions logprobs object */
