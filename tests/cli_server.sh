@@ -4,6 +4,14 @@
 # usage, tools, errors, disconnects, 64 concurrent streams, batch invariance, soak),
 # then graceful shutdown with a stream open (SIGTERM -> exit 0; under ASan that also
 # means no leaks). Servers listen on port 0 (any free port) and print it.
+#
+# Under ASan + UBSan (the CI sanitizer stage runs it through ctest in build-asan):
+#   CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQD_SANITIZE=ON -DQD_CUDA=OFF
+#   cmake --build build-asan -j --target qdelta
+#   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 bash tests/cli_server.sh build-asan/qdelta
+# An ASan binary is detected below: the soak shrinks and its RSS check is skipped (ASan's
+# quarantine holds freed memory); leaks show as a nonzero server exit after SIGTERM.
+# QD_SERVER_SOAK=N overrides the soak's request count.
 set -u
 Q="$1"
 T=$(mktemp -d)
