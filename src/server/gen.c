@@ -40,7 +40,7 @@ void srv_gen_unref(srv_gen *g) {
     if (g->dt.tok) qd_detok_free(&g->dt);
     qd_stop_matcher_free(g->stop);
     srv_opts_free(&g->o);
-    srv_buf_free(&g->tag);
+    srv_think_free(&g->think);
     srv_buf_free(&g->content);
     srv_buf_free(&g->reasoning);
     srv_buf_free(&g->echo_text);
@@ -64,37 +64,10 @@ static void emit(srv_gen *g, int reasoning, const char *t, size_t n) {
     else srv_buf_append(reasoning ? &g->reasoning : &g->content, t, n);
 }
 
-/* Splits reasoning from content at <think> / </think>. Bytes that may be the start of
- * the tag being looked for are held back until the next piece decides. */
+static void emit_cb(void *user, int reasoning, const char *t, size_t n) { emit(user, reasoning, t, n); }
+
 static void split_push(srv_gen *g, const char *t, size_t n, int final) {
-    if (!g->think_split) {
-        emit(g, 0, t, n);
-        return;
-    }
-    srv_buf_append(&g->tag, t, n);
-    if (!g->tag.p) return;
-    for (;;) {
-        const char *tag = g->in_think ? "</think>" : "<think>";
-        size_t tl = strlen(tag);
-        char *hit = memmem(g->tag.p, g->tag.n, tag, tl);
-        if (hit) {
-            size_t pre = (size_t)(hit - g->tag.p);
-            emit(g, g->in_think, g->tag.p, pre);
-            g->tag.n -= pre + tl;
-            memmove(g->tag.p, hit + tl, g->tag.n);
-            g->in_think = !g->in_think;
-            g->saw_think = 1;
-            continue;
-        }
-        size_t keep = 0;
-        if (!final)
-            for (size_t k = tl - 1 < g->tag.n ? tl - 1 : g->tag.n; k > 0; k--)
-                if (!memcmp(g->tag.p + g->tag.n - k, tag, k)) { keep = k; break; }
-        emit(g, g->in_think, g->tag.p, g->tag.n - keep);
-        memmove(g->tag.p, g->tag.p + g->tag.n - keep, keep);
-        g->tag.n = keep;
-        return;
-    }
+    srv_think_push(&g->think, t, n, final, emit_cb, g);
 }
 
 /* Detokenized text -> stop strings -> splitter. */
@@ -209,7 +182,7 @@ static void build_body(srv_gen *g, const char *finish) {
     json_t *choice;
     if (g->kind == SRV_CHAT) {
         json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", g->content.p ? g->content.p : "", g->content.n);
-        if (g->think_split && (g->reasoning.n || g->saw_think))
+        if (g->think.enabled && (g->reasoning.n || g->think.saw_tag))
             json_object_set_new(msg, "reasoning_content", json_stringn(g->reasoning.p ? g->reasoning.p : "", g->reasoning.n));
         json_object_set_new(msg, "tool_calls", json_array());
         choice = json_pack("{s:i, s:o}", "index", 0, "message", msg);

@@ -26,17 +26,11 @@
 #include "runtime/engine.h"
 #include "runtime/stop.h"
 #include "server/metrics.h"
+#include "server/think.h"
 
 struct MHD_Connection;
 struct MHD_Daemon;
 
-/* Growable byte buffer. */
-typedef struct srv_buf {
-    char *p;
-    size_t n, cap;
-} srv_buf;
-int srv_buf_append(srv_buf *b, const char *s, size_t n); /* 0 or -1 (OOM) */
-void srv_buf_free(srv_buf *b);
 
 typedef struct srv_config {
     const char *host;
@@ -125,10 +119,7 @@ typedef struct srv_gen {
     qd_detok dt;
     qd_stop_matcher *stop;
     int stopped;          /* a stop string matched */
-    int in_think;         /* splitter mode: 1 = reasoning */
-    int think_split;      /* chat: split reasoning at all */
-    int saw_think;        /* a <think> or </think> tag was seen */
-    srv_buf tag;          /* held back bytes that may start a <think> tag */
+    srv_think think;      /* reasoning / content split (chat only) */
     srv_buf dcontent, dreasoning; /* streaming: text of the current event */
     json_t *dlp;          /* streaming: logprobs of the current event */
     size_t text_offset;   /* streaming completions: bytes of text sent so far */

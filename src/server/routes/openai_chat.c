@@ -77,8 +77,8 @@ void srv_route_chat(srv_server *s, json_t *req, srv_reply *r) {
         srv_fail(&e, 400, "invalid_request_error", "messages", "chat template: %s", err.msg);
         goto fail;
     }
-    g->think_split = 1;
-    if (prompt_opens_think(text, len)) g->in_think = g->saw_think = 1;
+    g->think.enabled = 1;
+    if (prompt_opens_think(text, len)) g->think.in_think = g->think.saw_tag = 1;
     size_t n = 0;
     if (qd_tokenizer_encode(s->tok, text, len, 0, &ids, &n, &err) != QD_OK) {
         srv_fail(&e, 400, "invalid_request_error", "messages", "tokenizer: %s", err.msg);
