@@ -41,6 +41,8 @@ void srv_gen_unref(srv_gen *g) {
     qd_stop_matcher_free(g->stop);
     srv_opts_free(&g->o);
     srv_think_free(&g->think);
+    srv_toolcap_free(&g->toolcap);
+    json_decref(g->tool_calls);
     srv_buf_free(&g->content);
     srv_buf_free(&g->reasoning);
     srv_buf_free(&g->echo_text);
@@ -58,13 +60,20 @@ void srv_gen_unref(srv_gen *g) {
 /* ---------------------------------------------------------------- text */
 
 /* A piece of output text: into the per-event delta (streaming) or the message. */
-static void emit(srv_gen *g, int reasoning, const char *t, size_t n) {
+static void out_text(srv_gen *g, int reasoning, const char *t, size_t n) {
     if (!n) return;
     if (g->o.stream) srv_buf_append(reasoning ? &g->dreasoning : &g->dcontent, t, n);
     else srv_buf_append(reasoning ? &g->reasoning : &g->content, t, n);
 }
 
-static void emit_cb(void *user, int reasoning, const char *t, size_t n) { emit(user, reasoning, t, n); }
+static void out_cb(void *user, int reasoning, const char *t, size_t n) { out_text(user, reasoning, t, n); }
+
+/* Reasoning goes out as is; content passes the tool-call capture first. */
+static void emit_cb(void *user, int reasoning, const char *t, size_t n) {
+    srv_gen *g = user;
+    if (reasoning) out_text(g, 1, t, n);
+    else srv_toolcap_push(&g->toolcap, t, n, 0, out_cb, g);
+}
 
 static void split_push(srv_gen *g, const char *t, size_t n, int final) {
     srv_think_push(&g->think, t, n, final, emit_cb, g);
@@ -148,7 +157,7 @@ static json_t *chunk_base(const srv_gen *g) {
 /* Sends the text and logprobs gathered for this event as one chunk (if any), with the
  * finish reason when given. */
 static void stream_chunk(srv_gen *g, const char *finish) {
-    int have = g->dcontent.n || g->dreasoning.n || g->dlp || (g->kind == SRV_CHAT && !g->sent_role) ||
+    int have = g->dcontent.n || g->dreasoning.n || g->dlp || g->tool_calls || (g->kind == SRV_CHAT && !g->sent_role) ||
                (g->kind == SRV_COMPLETION && g->echo_text.n && !g->sent_role);
     if (!have && !finish) return;
     json_t *c = chunk_base(g), *choice;
@@ -157,6 +166,14 @@ static void stream_chunk(srv_gen *g, const char *finish) {
         if (!g->sent_role) json_object_set_new(delta, "role", json_string("assistant"));
         if (g->dreasoning.n) json_object_set_new(delta, "reasoning_content", json_stringn(g->dreasoning.p, g->dreasoning.n));
         if (g->dcontent.n || !g->sent_role) json_object_set_new(delta, "content", json_stringn(g->dcontent.p ? g->dcontent.p : "", g->dcontent.n));
+        if (g->tool_calls) {
+            /* streamed whole, once parsed at the end; deltas carry an index */
+            size_t i;
+            json_t *tc;
+            json_array_foreach(g->tool_calls, i, tc) json_object_set_new(tc, "index", json_integer((json_int_t)i));
+            json_object_set_new(delta, "tool_calls", g->tool_calls);
+            g->tool_calls = NULL;
+        }
         choice = json_pack("{s:i, s:o}", "index", 0, "delta", delta);
     } else {
         srv_buf text = {0};
@@ -182,9 +199,11 @@ static void build_body(srv_gen *g, const char *finish) {
     json_t *choice;
     if (g->kind == SRV_CHAT) {
         json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", g->content.p ? g->content.p : "", g->content.n);
+        if (g->tool_calls && !g->content.n) json_object_set_new(msg, "content", json_null()); /* as OpenAI */
         if (g->think.enabled && (g->reasoning.n || g->think.saw_tag))
             json_object_set_new(msg, "reasoning_content", json_stringn(g->reasoning.p ? g->reasoning.p : "", g->reasoning.n));
-        json_object_set_new(msg, "tool_calls", json_array());
+        json_object_set_new(msg, "tool_calls", g->tool_calls ? g->tool_calls : json_array());
+        g->tool_calls = NULL;
         choice = json_pack("{s:i, s:o}", "index", 0, "message", msg);
     } else {
         srv_buf text = {0};
@@ -217,6 +236,12 @@ static void finalize(srv_gen *g, const char *finish, const char *error) {
     }
     if (g->stopped && finish && !strcmp(finish, "length")) finish = "stop";
     split_push(g, "", 0, 1);
+    srv_toolcap_push(&g->toolcap, "", 0, 1, out_cb, g);
+    if (g->toolcap.capturing) {
+        g->tool_calls = srv_parse_tool_calls(g->toolcap.cap.p, g->toolcap.cap.n, g->id);
+        if (!g->tool_calls) out_text(g, 0, g->toolcap.cap.p, g->toolcap.cap.n); /* not a call after all */
+        else if (finish && strcmp(finish, "abort") != 0) finish = "tool_calls";
+    }
     if (error) {
         srv_error e;
         srv_fail(&e, 500, "internal_error", NULL, "generation failed: %s", error);

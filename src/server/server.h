@@ -27,6 +27,7 @@
 #include "runtime/stop.h"
 #include "server/metrics.h"
 #include "server/think.h"
+#include "server/tool_calls.h"
 
 struct MHD_Connection;
 struct MHD_Daemon;
@@ -120,6 +121,8 @@ typedef struct srv_gen {
     qd_stop_matcher *stop;
     int stopped;          /* a stop string matched */
     srv_think think;      /* reasoning / content split (chat only) */
+    srv_toolcap toolcap;  /* tool calls held out of the content (chat with tools) */
+    json_t *tool_calls;   /* parsed at the end */
     srv_buf dcontent, dreasoning; /* streaming: text of the current event */
     json_t *dlp;          /* streaming: logprobs of the current event */
     size_t text_offset;   /* streaming completions: bytes of text sent so far */
