@@ -161,7 +161,7 @@ int qd_cmd_serve(int argc, char **argv) {
     rc = 0;
 done:
     srv_stop(&s);
-    qd_engine_free(s.engine); /* only when start failed; srv_stop already freed it */
+    if (s.engine) qd_engine_free(s.engine); /* only when start failed; srv_stop already freed it */
     qd_chat_template_free(s.tpl);
     qd_tokenizer_free(s.tok);
     qd_model_free(s.model);
