@@ -329,9 +329,12 @@ static int on_event(void *user, const qd_engine_event *ev) {
     }
     if (last) {
         g->engine_done = 1;
+        /* the client is gone (our nonzero return may have ended it as STOP before the
+         * cancel arrived): count it as cancelled either way */
+        const int aborted = ev->finish == QD_FINISH_CANCELLED || g->client_gone || (g->conn_gone && !g->done);
         if (!g->done) finalize(g, finish_name(ev->finish), ev->finish == QD_FINISH_ERROR ? (ev->error ? ev->error : "error") : NULL);
         srv_metrics_finished(&s->metrics, g->prompt_tokens, g->completion_tokens, now - g->t_submit,
-                             ev->finish == QD_FINISH_CANCELLED || g->client_gone);
+                             aborted);
     }
     int want_stop = g->stopped || g->conn_gone || g->client_gone;
     if (g->suspended && !g->conn_gone && (g->done || g->out.n > g->out_off)) {
