@@ -84,7 +84,7 @@ check "curl -s -m 10 $A/metrics | grep -q '^qdelta_time_to_first_token_seconds_b
 start F --max-num-seqs 1 --max-waiting 1
 CURLS=()
 for i in 1 2 3 4 5 6 7 8; do
-  curl -s -m 120 -o /dev/null -w '%{http_code}\n' -d '{"prompt":"Once","max_tokens":100,"ignore_eos":true}' \
+  curl -s -m 120 -o /dev/null -w '%{http_code}\n' -d '{"prompt":"Once","max_tokens":300,"ignore_eos":true}' \
     "http://127.0.0.1:$PORT_F/v1/completions" >"$T/full.$i" &
   CURLS+=($!)
 done
