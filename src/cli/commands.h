@@ -9,5 +9,6 @@ int qd_cmd_chat(int argc, char **argv);
 int qd_cmd_tokenize(int argc, char **argv);
 int qd_cmd_detokenize(int argc, char **argv);
 int qd_cmd_render_chat(int argc, char **argv);
+int qd_cmd_serve(int argc, char **argv);
 
 #endif

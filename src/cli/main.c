@@ -19,6 +19,7 @@ static const command k_commands[] = {
     {"tokenize", qd_cmd_tokenize, "print the token ids of each file's text"},
     {"detokenize", qd_cmd_detokenize, "print the text of token ids"},
     {"render-chat", qd_cmd_render_chat, "print the prompt a chat request renders to"},
+    {"serve", qd_cmd_serve, "OpenAI-compatible HTTP server (continuous batching)"},
 };
 
 static void usage(FILE *f) {

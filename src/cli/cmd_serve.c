@@ -1,0 +1,171 @@
+/* qdelta serve: the OpenAI-compatible HTTP server over the continuous-batching engine.
+ * Loads the model, tokenizer and chat template, starts the engine and the HTTP
+ * daemon, then waits for SIGINT/SIGTERM and shuts down gracefully (stop accepting,
+ * cancel what is running, let the streams end, free everything, exit 0). */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "server/server.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: qdelta serve [-m DIR] [options]\n"
+               "  OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions,\n"
+               "  GET /v1/models, GET /health, GET /metrics. Without -m it serves the embedded\n"
+               "  default model. SIGINT/SIGTERM shut it down gracefully.\n"
+               "  --host ADDR               address to listen on (default 127.0.0.1)\n"
+               "  --port N                  port (default 8000; 0 = any free port, printed)\n"
+               "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/*\n"
+               "                            (default: $QDELTA_API_KEY when set)\n"
+               "  --served-model-name NAME  model id in the API (default: the directory name)\n"
+               "  --chat-template FILE      Jinja chat template overriding the checkpoint's\n"
+               "  --max-num-seqs N          sequences running at once (default 16)\n"
+               "  --max-model-len N         prompt + completion tokens (default: the model's\n"
+               "                            max_position_embeddings, capped at 4096)\n"
+               "  --max-batch-tokens N      tokens per engine step (default 512)\n"
+               "  --kv-block-size N         tokens per KV block (default: the engine's)\n"
+               "  --max-waiting N           queued requests before 503 (default 256)\n"
+               "  --http-threads N          HTTP polling threads (default 1)\n"
+               "  --max-body-bytes N        request body limit (default 4 MiB)\n"
+               "  --load-format auto|dummy, --backend cpu|cuda, -t N threads, -q quiet\n");
+}
+
+/* max_position_embeddings from config.json (0 when unreadable). */
+static int model_max_len(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *j = json_load_file(path, 0, NULL);
+    json_t *v = j ? json_object_get(j, "max_position_embeddings") : NULL;
+    int n = json_is_integer(v) ? (int)json_integer_value(v) : 0;
+    json_decref(j);
+    return n;
+}
+
+static const char *base_name(const char *dir) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/') b--;
+    static char name[256];
+    snprintf(name, sizeof name, "%.*s", (int)(n - b), dir + b);
+    return name;
+}
+
+static int parse_int_opt(int argc, char **argv, int *i, long min, long max, int *out) {
+    const char *v = cli_value(argc, argv, i);
+    long n;
+    if (!v || cli_int(argv[*i - 1], v, min, max, &n)) return -1;
+    *out = (int)n;
+    return 0;
+}
+
+int qd_cmd_serve(int argc, char **argv) {
+    cli_model_opts mo = {0};
+    srv_server s;
+    memset(&s, 0, sizeof s);
+    srv_config *c = &s.cfg;
+    c->host = "127.0.0.1";
+    c->port = 8000;
+    c->api_key = getenv("QDELTA_API_KEY");
+    c->http_threads = 1;
+    c->max_connections = 4096;
+    int max_body = 4 << 20;
+    c->engine = qd_engine_default_params();
+    c->engine.max_num_seqs = 16;
+    c->engine.max_model_len = 0;
+    c->engine.max_batch_tokens = 512;
+    c->engine.max_waiting = 256;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_parse_model_opt(&mo, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        const char *a = argv[i];
+        int bad = 0;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "--host")) bad = !(c->host = cli_value(argc, argv, &i));
+        else if (!strcmp(a, "--port")) bad = parse_int_opt(argc, argv, &i, 0, 65535, &c->port);
+        else if (!strcmp(a, "--api-key")) bad = !(c->api_key = cli_value(argc, argv, &i));
+        else if (!strcmp(a, "--served-model-name")) bad = !(c->model_name = cli_value(argc, argv, &i));
+        else if (!strcmp(a, "--chat-template")) bad = !(c->chat_template = cli_value(argc, argv, &i));
+        else if (!strcmp(a, "--max-num-seqs")) bad = parse_int_opt(argc, argv, &i, 1, 65536, &c->engine.max_num_seqs);
+        else if (!strcmp(a, "--max-model-len")) bad = parse_int_opt(argc, argv, &i, 2, 1 << 24, &c->engine.max_model_len);
+        else if (!strcmp(a, "--max-batch-tokens")) bad = parse_int_opt(argc, argv, &i, 1, 1 << 20, &c->engine.max_batch_tokens);
+        else if (!strcmp(a, "--kv-block-size")) bad = parse_int_opt(argc, argv, &i, 1, 4096, &c->engine.kv_block_size);
+        else if (!strcmp(a, "--max-waiting")) bad = parse_int_opt(argc, argv, &i, 0, 1 << 20, &c->engine.max_waiting);
+        else if (!strcmp(a, "--http-threads")) bad = parse_int_opt(argc, argv, &i, 1, 256, &c->http_threads);
+        else if (!strcmp(a, "--max-body-bytes")) bad = parse_int_opt(argc, argv, &i, 1024, 1 << 30, &max_body);
+        else { fprintf(stderr, "qdelta serve: unknown option '%s'\n", a); usage(stderr); return 2; }
+        if (bad) return 2;
+    }
+    c->max_body = (size_t)max_body;
+    if (!cli_default_model(&mo)) return 2;
+    c->model_dir = mo.model_dir;
+    if (!c->model_name) c->model_name = base_name(mo.model_dir);
+    if (!c->engine.max_model_len) {
+        int m = model_max_len(mo.model_dir);
+        c->engine.max_model_len = m > 0 && m < 4096 ? m : 4096;
+    }
+
+    /* SIGINT/SIGTERM are taken by sigwait below; block them before any thread starts
+     * so that no engine or HTTP thread receives them. A closed client socket must not
+     * kill the process. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    qd_err err;
+    qd_err_clear(&err);
+    pthread_rwlock_init(&s.engine_lock, NULL);
+    srv_metrics_init(&s.metrics);
+    s.created = (long)time(NULL);
+    s.model = cli_load_model(&mo);
+    if (!s.model) goto done;
+    if (cli_load_tokenizer(mo.model_dir, &s.tok)) goto done;
+    if (c->chat_template) {
+        size_t len;
+        char *src = cli_read_file(c->chat_template, &len);
+        if (!src) goto done;
+        qd_status st = qd_chat_template_compile(src, len, &s.tpl, &err);
+        free(src);
+        if (st != QD_OK) { fprintf(stderr, "qdelta serve: %s: %s\n", c->chat_template, err.msg); goto done; }
+    } else if (qd_chat_template_load_dir(mo.model_dir, &s.tpl, &err) != QD_OK) {
+        fprintf(stderr, "qdelta serve: chat template of %s: %s\n", mo.model_dir, err.msg);
+        goto done;
+    }
+    int V = qd_model_vocab_size(s.model), TV = qd_tokenizer_vocab_size(s.tok);
+    s.vocab_limit = TV < V ? TV : V;
+    s.think_start = qd_tokenizer_token_to_id(s.tok, "<think>");
+    s.think_end = qd_tokenizer_token_to_id(s.tok, "</think>");
+    s.n_eos = qd_model_eos_ids(s.model, &s.eos);
+    s.gen_defaults = qd_model_generation_defaults(s.model);
+    if (qd_engine_create(s.model, &c->engine, &s.engine, &err) != QD_OK) {
+        fprintf(stderr, "qdelta serve: engine: %s\n", err.msg);
+        goto done;
+    }
+    if (srv_start(&s)) goto done;
+    fprintf(stderr, "qdelta serve: %s (%s) on http://%s:%d  max-num-seqs %d, max-model-len %d%s\n", c->model_name,
+            qd_model_type(s.model), c->host, c->port, c->engine.max_num_seqs, c->engine.max_model_len,
+            c->api_key ? ", API key required" : "");
+    /* tests and scripts read the port from this line when they pass --port 0 */
+    printf("listening on http://%s:%d\n", c->host, c->port);
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "qdelta serve: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    rc = 0;
+done:
+    srv_stop(&s);
+    if (s.engine) qd_engine_free(s.engine); /* only when start failed; srv_stop already freed it */
+    qd_chat_template_free(s.tpl);
+    qd_tokenizer_free(s.tok);
+    qd_model_free(s.model);
+    srv_metrics_destroy(&s.metrics);
+    pthread_rwlock_destroy(&s.engine_lock);
+    return rc;
+}

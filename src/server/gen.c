@@ -1,0 +1,405 @@
+/* One generation: submission to the engine and the engine callback that turns tokens
+ * into OpenAI responses. The callback runs on the engine thread: it detokenizes,
+ * applies stop strings, splits <think> reasoning from content, and appends SSE chunks
+ * (streaming) or accumulates the message (non-streaming); then it resumes the
+ * suspended HTTP connection so that MHD sends what is ready. */
+#include <microhttpd.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/server.h"
+
+srv_gen *srv_gen_new(srv_server *s, srv_kind kind) {
+    srv_gen *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->srv = s;
+    pthread_mutex_init(&g->mu, NULL);
+    g->refs = 1;
+    g->kind = kind;
+    g->created = (long)time(NULL);
+    g->http_status = 200;
+    g->fd = -1;
+    static uint64_t counter;
+    uint64_t c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(g->id, sizeof g->id, "%s-%08llx%08llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)(ts.tv_nsec ^ (ts.tv_sec << 20)) & 0xffffffffull, (unsigned long long)c);
+    __atomic_add_fetch(&s->n_gens, 1, __ATOMIC_RELAXED);
+    return g;
+}
+
+void srv_gen_unref(srv_gen *g) {
+    pthread_mutex_lock(&g->mu);
+    int left = --g->refs;
+    pthread_mutex_unlock(&g->mu);
+    if (left > 0) return;
+    srv_server *s = g->srv;
+    if (g->dt.tok) qd_detok_free(&g->dt);
+    qd_stop_matcher_free(g->stop);
+    srv_opts_free(&g->o);
+    srv_think_free(&g->think);
+    srv_toolcap_free(&g->toolcap);
+    json_decref(g->tool_calls);
+    srv_buf_free(&g->content);
+    srv_buf_free(&g->reasoning);
+    srv_buf_free(&g->echo_text);
+    srv_buf_free(&g->out);
+    srv_buf_free(&g->dcontent);
+    srv_buf_free(&g->dreasoning);
+    json_decref(g->lp);
+    json_decref(g->dlp);
+    free(g->body);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+    __atomic_sub_fetch(&s->n_gens, 1, __ATOMIC_RELAXED);
+}
+
+/* ---------------------------------------------------------------- text */
+
+/* A piece of output text: into the per-event delta (streaming) or the message. */
+static void out_text(srv_gen *g, int reasoning, const char *t, size_t n) {
+    if (!n) return;
+    if (g->o.stream) srv_buf_append(reasoning ? &g->dreasoning : &g->dcontent, t, n);
+    else srv_buf_append(reasoning ? &g->reasoning : &g->content, t, n);
+}
+
+static void out_cb(void *user, int reasoning, const char *t, size_t n) { out_text(user, reasoning, t, n); }
+
+/* Reasoning goes out as is; content passes the tool-call capture first. */
+static void emit_cb(void *user, int reasoning, const char *t, size_t n) {
+    srv_gen *g = user;
+    if (reasoning) out_text(g, 1, t, n);
+    else srv_toolcap_push(&g->toolcap, t, n, 0, out_cb, g);
+}
+
+static void split_push(srv_gen *g, const char *t, size_t n, int final) {
+    srv_think_push(&g->think, t, n, final, emit_cb, g);
+}
+
+/* Detokenized text -> stop strings -> splitter. */
+static void text_push(srv_gen *g, const char *t, size_t n) {
+    qd_stop_result sr;
+    qd_err err;
+    if (g->stopped || qd_stop_matcher_push(g->stop, t, n, &sr, &err) != QD_OK) return;
+    split_push(g, sr.text, sr.len, 0);
+    if (sr.stopped) g->stopped = 1;
+}
+
+static int is_eos(const srv_server *s, int32_t id) {
+    for (int i = 0; i < s->n_eos; i++)
+        if (s->eos[i] == id) return 1;
+    return 0;
+}
+
+/* --------------------------------------------------------------- logprobs */
+
+static json_t *chat_lp_entry(const srv_server *s, int32_t id, float lp) {
+    json_t *bytes;
+    json_t *tok = srv_token_json(s, id, &bytes);
+    return json_pack("{s:o, s:f, s:o}", "token", tok, "logprob", (double)lp, "bytes", bytes);
+}
+
+/* Records one token's logprobs into `*dst` (created on first use) in the endpoint's shape:
+ * chat: {"content": [{token, logprob, bytes, top_logprobs}]};
+ * completions: {tokens, token_logprobs, top_logprobs, text_offset}. */
+static void add_logprobs(srv_gen *g, json_t **dst, const qd_sample_result *r) {
+    const srv_server *s = g->srv;
+    if (g->kind == SRV_CHAT) {
+        if (!*dst) *dst = json_pack("{s:[]}", "content");
+        json_t *e = chat_lp_entry(s, r->token, r->logprob);
+        json_t *top = json_array();
+        for (int i = 0; i < r->n_top && i < g->o.top_logprobs; i++)
+            json_array_append_new(top, chat_lp_entry(s, r->top[i].id, r->top[i].logprob));
+        json_object_set_new(e, "top_logprobs", top);
+        json_array_append_new(json_object_get(*dst, "content"), e);
+    } else {
+        if (!*dst) *dst = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+        json_array_append_new(json_object_get(*dst, "tokens"), srv_token_json(s, r->token, NULL));
+        json_array_append_new(json_object_get(*dst, "token_logprobs"), json_real(r->logprob));
+        json_t *top = json_object();
+        for (int i = 0; i < r->n_top && i < g->o.top_logprobs; i++) {
+            json_t *t = srv_token_json(s, r->top[i].id, NULL);
+            json_object_set_new(top, json_string_value(t), json_real(r->top[i].logprob));
+            json_decref(t);
+        }
+        json_array_append_new(json_object_get(*dst, "top_logprobs"), top);
+        json_array_append_new(json_object_get(*dst, "text_offset"),
+                              json_integer((json_int_t)(g->echo_text.n + g->content.n + g->text_offset)));
+    }
+}
+
+/* ---------------------------------------------------------------- output */
+
+static json_t *usage_json(const srv_gen *g) {
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", g->prompt_tokens, "completion_tokens", g->completion_tokens,
+                     "total_tokens", g->prompt_tokens + g->completion_tokens);
+}
+
+static void sse_send(srv_gen *g, json_t *chunk) {
+    char *t = chunk ? json_dumps(chunk, JSON_COMPACT) : NULL;
+    json_decref(chunk);
+    if (!t) return;
+    srv_buf_append(&g->out, "data: ", 6);
+    srv_buf_append(&g->out, t, strlen(t));
+    srv_buf_append(&g->out, "\n\n", 2);
+    free(t);
+}
+
+static json_t *chunk_base(const srv_gen *g) {
+    return json_pack("{s:s, s:s, s:i, s:s}", "id", g->id, "object",
+                     g->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)g->created,
+                     "model", g->srv->cfg.model_name);
+}
+
+/* Sends the text and logprobs gathered for this event as one chunk (if any), with the
+ * finish reason when given. */
+static void stream_chunk(srv_gen *g, const char *finish) {
+    int have = g->dcontent.n || g->dreasoning.n || g->dlp || g->tool_calls || (g->kind == SRV_CHAT && !g->sent_role) ||
+               (g->kind == SRV_COMPLETION && g->echo_text.n && !g->sent_role);
+    if (!have && !finish) return;
+    json_t *c = chunk_base(g), *choice;
+    if (g->kind == SRV_CHAT) {
+        json_t *delta = json_object();
+        if (!g->sent_role) json_object_set_new(delta, "role", json_string("assistant"));
+        if (g->dreasoning.n) json_object_set_new(delta, "reasoning_content", json_stringn(g->dreasoning.p, g->dreasoning.n));
+        if (g->dcontent.n || !g->sent_role) json_object_set_new(delta, "content", json_stringn(g->dcontent.p ? g->dcontent.p : "", g->dcontent.n));
+        if (g->tool_calls) {
+            /* streamed whole, once parsed at the end; deltas carry an index */
+            size_t i;
+            json_t *tc;
+            json_array_foreach(g->tool_calls, i, tc) json_object_set_new(tc, "index", json_integer((json_int_t)i));
+            json_object_set_new(delta, "tool_calls", g->tool_calls);
+            g->tool_calls = NULL;
+        }
+        choice = json_pack("{s:i, s:o}", "index", 0, "delta", delta);
+    } else {
+        srv_buf text = {0};
+        if (!g->sent_role) srv_buf_append(&text, g->echo_text.p, g->echo_text.n);
+        srv_buf_append(&text, g->dcontent.p, g->dcontent.n);
+        choice = json_pack("{s:i, s:s%}", "index", 0, "text", text.p ? text.p : "", text.n);
+        g->text_offset += text.n;
+        srv_buf_free(&text);
+    }
+    g->sent_role = 1;
+    json_object_set_new(choice, "logprobs", g->dlp ? g->dlp : json_null());
+    g->dlp = NULL;
+    json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
+    json_object_set_new(c, "choices", json_pack("[o]", choice));
+    if (g->o.include_usage) json_object_set_new(c, "usage", json_null());
+    sse_send(g, c);
+    g->dcontent.n = g->dreasoning.n = 0;
+}
+
+static void build_body(srv_gen *g, const char *finish) {
+    json_t *o = json_pack("{s:s, s:s, s:i, s:s}", "id", g->id, "object", g->kind == SRV_CHAT ? "chat.completion" : "text_completion",
+                          "created", (json_int_t)g->created, "model", g->srv->cfg.model_name);
+    json_t *choice;
+    if (g->kind == SRV_CHAT) {
+        json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", g->content.p ? g->content.p : "", g->content.n);
+        if (g->tool_calls && !g->content.n) json_object_set_new(msg, "content", json_null()); /* as OpenAI */
+        if (g->think.enabled && (g->reasoning.n || g->think.saw_tag))
+            json_object_set_new(msg, "reasoning_content", json_stringn(g->reasoning.p ? g->reasoning.p : "", g->reasoning.n));
+        json_object_set_new(msg, "tool_calls", g->tool_calls ? g->tool_calls : json_array());
+        g->tool_calls = NULL;
+        choice = json_pack("{s:i, s:o}", "index", 0, "message", msg);
+    } else {
+        srv_buf text = {0};
+        srv_buf_append(&text, g->echo_text.p, g->echo_text.n);
+        srv_buf_append(&text, g->content.p, g->content.n);
+        choice = json_pack("{s:i, s:s%}", "index", 0, "text", text.p ? text.p : "", text.n);
+        srv_buf_free(&text);
+    }
+    json_object_set_new(choice, "logprobs", g->lp ? json_incref(g->lp) : json_null());
+    json_object_set_new(choice, "finish_reason", json_string(finish));
+    json_object_set_new(o, "choices", json_pack("[o]", choice));
+    json_object_set_new(o, "usage", usage_json(g));
+    g->body = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+}
+
+/* Ends the output: flushes held-back text, sends the final chunk / builds the body. */
+static void finalize(srv_gen *g, const char *finish, const char *error) {
+    if (g->done) return;
+    if (!g->stopped) {
+        const char *t;
+        size_t n;
+        qd_err err;
+        if (g->dt.tok && qd_detok_flush(&g->dt, &t, &n, &err) == QD_OK && n) text_push(g, t, n);
+        if (!g->stopped) {
+            qd_stop_result sr;
+            qd_stop_matcher_flush(g->stop, &sr);
+            split_push(g, sr.text, sr.len, 0);
+        }
+    }
+    if (g->stopped && finish && !strcmp(finish, "length")) finish = "stop";
+    split_push(g, "", 0, 1);
+    srv_toolcap_push(&g->toolcap, "", 0, 1, out_cb, g);
+    if (g->toolcap.capturing) {
+        g->tool_calls = srv_parse_tool_calls(g->toolcap.cap.p, g->toolcap.cap.n, g->id);
+        if (!g->tool_calls) out_text(g, 0, g->toolcap.cap.p, g->toolcap.cap.n); /* not a call after all */
+        else if (finish && strcmp(finish, "abort") != 0) finish = "tool_calls";
+    }
+    if (error) {
+        srv_error e;
+        srv_fail(&e, 500, "internal_error", NULL, "generation failed: %s", error);
+        srv_reply r = {0};
+        srv_reply_error(&r, &e);
+        if (g->o.stream) {
+            srv_buf_append(&g->out, "data: ", 6);
+            if (r.body) srv_buf_append(&g->out, r.body, strlen(r.body));
+            srv_buf_append(&g->out, "\n\ndata: [DONE]\n\n", 16);
+            free(r.body);
+        } else {
+            g->http_status = 500;
+            g->body = r.body;
+        }
+    } else if (g->o.stream) {
+        stream_chunk(g, NULL);
+        stream_chunk(g, finish);
+        if (g->o.include_usage) {
+            json_t *c = chunk_base(g);
+            json_object_set_new(c, "choices", json_array());
+            json_object_set_new(c, "usage", usage_json(g));
+            sse_send(g, c);
+        }
+        srv_buf_append(&g->out, "data: [DONE]\n\n", 14);
+    } else {
+        build_body(g, finish);
+    }
+    g->done = 1;
+}
+
+static const char *finish_name(qd_finish_reason f) {
+    switch (f) {
+    case QD_FINISH_LENGTH: return "length";
+    case QD_FINISH_EOS: return "stop";
+    case QD_FINISH_STOP: return "stop";
+    case QD_FINISH_CANCELLED: return "abort";
+    default: return "stop";
+    }
+}
+
+/* ------------------------------------------------------------ the callback */
+
+/* A suspended connection is not polled by MHD, so a client that gives up on a
+ * non-streaming request would only be noticed when the body is written, after all
+ * max_tokens. Peeking at the socket every few tokens finds the end-of-file it left
+ * (a stream finds it sooner, on the next write). */
+static int client_closed(srv_gen *g) {
+    if (g->fd < 0 || g->conn_gone || (g->n_events & 7) != 0) return 0;
+    char c;
+    ssize_t k = recv(g->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0;
+}
+
+static int on_event(void *user, const qd_engine_event *ev) {
+    srv_gen *g = user;
+    srv_server *s = g->srv;
+    const double now = srv_now();
+    const int last = ev->finish != QD_FINISH_NONE;
+    struct MHD_Connection *resume = NULL;
+    pthread_mutex_lock(&g->mu);
+    if (ev->prompt_tokens > 0) g->prompt_tokens = ev->prompt_tokens;
+    if (ev->has_token) {
+        if (g->n_events++ == 0) srv_metrics_ttft(&s->metrics, now - g->t_submit);
+        else srv_metrics_itl(&s->metrics, now - g->t_last);
+        g->t_last = now;
+        g->completion_tokens = ev->completion_tokens > 0 ? ev->completion_tokens : g->completion_tokens + 1;
+        if (!g->done && !g->stopped) {
+            const qd_sample_result *r = &ev->sample;
+            if (g->o.logprobs) add_logprobs(g, g->o.stream ? &g->dlp : &g->lp, r);
+            int32_t id = r->token;
+            int special = qd_tokenizer_is_special(s->tok, id) && id != s->think_start && id != s->think_end;
+            if (!(is_eos(s, id) && !g->o.rp.ignore_eos) && !special) {
+                const char *t;
+                size_t n;
+                qd_err err;
+                if (qd_detok_push(&g->dt, id, &t, &n, &err) == QD_OK) text_push(g, t, n);
+            }
+            if (g->stopped) finalize(g, "stop", NULL);
+            else if (g->o.stream) stream_chunk(g, NULL);
+        }
+        if (!g->done && client_closed(g)) {
+            g->client_gone = 1;
+            finalize(g, "abort", NULL);
+        }
+    }
+    if (last) {
+        g->engine_done = 1;
+        /* the client is gone (our nonzero return may have ended it as STOP before the
+         * cancel arrived): count it as cancelled either way */
+        const int aborted = ev->finish == QD_FINISH_CANCELLED || g->client_gone || (g->conn_gone && !g->done);
+        if (!g->done) finalize(g, finish_name(ev->finish), ev->finish == QD_FINISH_ERROR ? (ev->error ? ev->error : "error") : NULL);
+        srv_metrics_finished(&s->metrics, g->prompt_tokens, g->completion_tokens, now - g->t_submit,
+                             aborted);
+    }
+    int want_stop = g->stopped || g->conn_gone || g->client_gone;
+    if (g->suspended && !g->conn_gone && (g->done || g->out.n > g->out_off)) {
+        /* whoever clears `suspended` owns the resume; a suspended connection cannot
+         * complete, so conn stays valid after the unlock */
+        g->suspended = 0;
+        resume = g->conn;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (resume) MHD_resume_connection(resume);
+    if (last) srv_gen_unref(g);
+    return want_stop && !last;
+}
+
+int srv_gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e) {
+    srv_server *s = g->srv;
+    qd_err err;
+    qd_err_clear(&err);
+    qd_detok_init(&g->dt, s->tok, 0); /* specials are filtered in on_event (except <think> tags) */
+    if (qd_stop_matcher_create((const char *const *)g->o.stops, g->o.n_stops, &g->stop, &err) != QD_OK)
+        return srv_fail(e, 400, "invalid_request_error", "stop", "%s", err.msg);
+    g->prompt_tokens = n_prompt;
+    g->t_submit = srv_now();
+    pthread_rwlock_rdlock(&s->engine_lock);
+    if (s->shutting_down || !s->engine) {
+        pthread_rwlock_unlock(&s->engine_lock);
+        return srv_fail(e, 503, "service_unavailable", NULL, "the server is shutting down");
+    }
+    pthread_mutex_lock(&g->mu);
+    g->refs++; /* the engine's reference, before the callback can run */
+    pthread_mutex_unlock(&g->mu);
+    qd_status st = qd_engine_submit(s->engine, prompt, n_prompt, &g->o.rp, on_event, g, &g->request_id, &err);
+    pthread_rwlock_unlock(&s->engine_lock);
+    if (st != QD_OK) {
+        pthread_mutex_lock(&g->mu);
+        g->refs--;
+        pthread_mutex_unlock(&g->mu);
+        if (st == QD_ERR_CAPACITY) {
+            srv_fail(e, 503, "service_unavailable", NULL, "the server is at capacity, retry later (%s)", err.msg);
+            e->code = "server_busy";
+            return -1;
+        }
+        if (st == QD_ERR_INVALID_ARG) return srv_fail(e, 400, "invalid_request_error", NULL, "%s", err.msg);
+        return srv_fail(e, 500, "internal_error", NULL, "%s", err.msg);
+    }
+    pthread_mutex_lock(&g->mu);
+    g->submitted = 1;
+    pthread_mutex_unlock(&g->mu);
+    return 0;
+}
+
+void srv_gen_conn_done(srv_gen *g) {
+    srv_server *s = g->srv;
+    pthread_mutex_lock(&g->mu);
+    g->conn_gone = 1;
+    g->conn = NULL;
+    int cancel = g->submitted && !g->engine_done;
+    uint64_t id = g->request_id;
+    pthread_mutex_unlock(&g->mu);
+    if (cancel) {
+        /* the client went away (or the stream ended on a stop string): free the
+         * sequence's slot and blocks now rather than at max_tokens */
+        pthread_rwlock_rdlock(&s->engine_lock);
+        if (s->engine) qd_engine_cancel(s->engine, id);
+        pthread_rwlock_unlock(&s->engine_lock);
+    }
+    srv_gen_unref(g);
+}

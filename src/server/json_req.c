@@ -1,0 +1,194 @@
+/* Validation of the OpenAI request fields shared by /v1/chat/completions and
+ * /v1/completions. Wrong types and out-of-range values are 400s naming the field;
+ * unknown fields are ignored (as OpenAI and vLLM do). Unset sampling fields take the
+ * checkpoint's generation_config.json defaults, the way vLLM serves by default. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/sampler.h"
+#include "server/server.h"
+
+void srv_opts_free(srv_opts *o) {
+    for (int i = 0; i < o->n_stops; i++) free(o->stops[i]);
+    o->n_stops = 0;
+}
+
+/* 1 = set, 0 = absent or null, -1 = wrong type (e set). */
+static int get_num(json_t *req, const char *key, double *out, srv_error *e) {
+    json_t *v = json_object_get(req, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return srv_fail(e, 400, "invalid_request_error", key, "'%s' must be a number", key);
+    *out = json_number_value(v);
+    return 1;
+}
+
+static int get_int(json_t *req, const char *key, long long *out, srv_error *e) {
+    json_t *v = json_object_get(req, key);
+    if (!v || json_is_null(v)) return 0;
+    /* 3.0 is accepted as 3 (Python clients may send floats), 3.5 is not */
+    if (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v)) {
+        *out = (long long)json_real_value(v);
+        return 1;
+    }
+    if (!json_is_integer(v)) return srv_fail(e, 400, "invalid_request_error", key, "'%s' must be an integer", key);
+    *out = json_integer_value(v);
+    return 1;
+}
+
+static int get_bool(json_t *req, const char *key, int *out, srv_error *e) {
+    json_t *v = json_object_get(req, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return srv_fail(e, 400, "invalid_request_error", key, "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return 1;
+}
+
+static int add_stop(srv_opts *o, json_t *v, srv_error *e) {
+    if (!json_is_string(v)) return srv_fail(e, 400, "invalid_request_error", "stop", "'stop' must be a string or a list of strings");
+    size_t n = json_string_length(v);
+    if (n == 0) return 0; /* an empty stop string can never be meant: ignore it */
+    if (n > QD_STOP_MAX_LEN)
+        return srv_fail(e, 400, "invalid_request_error", "stop", "stop strings are limited to %d bytes", QD_STOP_MAX_LEN);
+    if (o->n_stops == QD_STOP_MAX_STRINGS)
+        return srv_fail(e, 400, "invalid_request_error", "stop", "at most %d stop strings", QD_STOP_MAX_STRINGS);
+    if (memchr(json_string_value(v), 0, n))
+        return srv_fail(e, 400, "invalid_request_error", "stop", "stop strings must not contain NUL");
+    o->stops[o->n_stops] = strdup(json_string_value(v));
+    if (!o->stops[o->n_stops]) return srv_fail(e, 500, "internal_error", NULL, "out of memory");
+    o->n_stops++;
+    return 0;
+}
+
+int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_error *e) {
+    memset(o, 0, sizeof *o);
+    qd_sampling_params *sp = &o->rp.sampling;
+    *sp = qd_sampling_default_params();
+    const qd_generation_defaults *d = &s->gen_defaults;
+    if (d->do_sample) {
+        sp->temperature = d->temperature;
+        if (d->top_p > 0) sp->top_p = d->top_p;
+        if (d->top_k > 0) sp->top_k = d->top_k;
+    } else {
+        sp->temperature = 0.0f;
+    }
+    if (d->repetition_penalty > 0) sp->repetition_penalty = d->repetition_penalty;
+    sp->vocab_limit = s->vocab_limit;
+
+    json_t *model = json_object_get(req, "model");
+    if (model && !json_is_null(model)) {
+        if (!json_is_string(model)) return srv_fail(e, 400, "invalid_request_error", "model", "'model' must be a string");
+        if (strcmp(json_string_value(model), s->cfg.model_name) != 0) {
+            srv_fail(e, 404, "NotFoundError", "model", "The model `%s` does not exist.", json_string_value(model));
+            e->code = "model_not_found";
+            return -1;
+        }
+    }
+    double x = 0;
+    long long n = 0;
+    int r, b = 0;
+    if ((r = get_int(req, "n", &n, e)) < 0) return -1;
+    if (r && n != 1) return srv_fail(e, 400, "invalid_request_error", "n", "only n = 1 is supported");
+    if ((r = get_bool(req, "stream", &b, e)) < 0) return -1;
+    if (r) o->stream = b;
+    json_t *so = json_object_get(req, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) return srv_fail(e, 400, "invalid_request_error", "stream_options", "'stream_options' must be an object");
+        if ((r = get_bool(so, "include_usage", &b, e)) < 0) return -1;
+        if (r) o->include_usage = b;
+    }
+    for (int k = 0; k < 2; k++) {
+        const char *key = k ? "max_completion_tokens" : "max_tokens";
+        if ((r = get_int(req, key, &n, e)) < 0) return -1;
+        if (!r) continue;
+        if (n < 1) return srv_fail(e, 400, "invalid_request_error", key, "'%s' must be at least 1, got %lld", key, n);
+        o->rp.max_tokens = n > (1 << 30) ? (1 << 30) : (int)n;
+        o->max_tokens_set = 1;
+    }
+    if ((r = get_num(req, "temperature", &x, e)) < 0) return -1;
+    if (r) sp->temperature = (float)x;
+    if ((r = get_num(req, "top_p", &x, e)) < 0) return -1;
+    if (r) sp->top_p = (float)x;
+    if ((r = get_int(req, "top_k", &n, e)) < 0) return -1;
+    if (r) {
+        /* vLLM: -1 (and 0) mean no top-k */
+        if (n < -1 || n > (1 << 30)) return srv_fail(e, 400, "invalid_request_error", "top_k", "'top_k' must be -1, 0 or positive");
+        sp->top_k = n <= 0 ? 0 : (int)n;
+    }
+    if ((r = get_num(req, "min_p", &x, e)) < 0) return -1;
+    if (r) sp->min_p = (float)x;
+    if ((r = get_num(req, "presence_penalty", &x, e)) < 0) return -1;
+    if (r) sp->presence_penalty = (float)x;
+    if ((r = get_num(req, "frequency_penalty", &x, e)) < 0) return -1;
+    if (r) sp->frequency_penalty = (float)x;
+    if ((r = get_num(req, "repetition_penalty", &x, e)) < 0) return -1;
+    if (r) sp->repetition_penalty = (float)x;
+    if ((r = get_int(req, "seed", &n, e)) < 0) return -1;
+    if (r) {
+        sp->seed = (uint64_t)n;
+    } else {
+        /* no seed: a different one per request so that sampling varies */
+        uint64_t c = __atomic_add_fetch(&s->seed_counter, 1, __ATOMIC_RELAXED);
+        sp->seed = ((uint64_t)time(NULL) << 20) ^ (c * 0x9E3779B97F4A7C15ull);
+    }
+    if ((r = get_bool(req, "ignore_eos", &b, e)) < 0) return -1;
+    if (r) o->rp.ignore_eos = b;
+
+    json_t *stop = json_object_get(req, "stop");
+    if (stop && !json_is_null(stop)) {
+        if (json_is_array(stop)) {
+            size_t i;
+            json_t *v;
+            json_array_foreach(stop, i, v) if (add_stop(o, v, e)) return -1;
+        } else if (add_stop(o, stop, e)) {
+            return -1;
+        }
+    }
+
+    if (kind == SRV_CHAT) {
+        if ((r = get_bool(req, "logprobs", &b, e)) < 0) return -1;
+        if (r) o->logprobs = b;
+        if ((r = get_int(req, "top_logprobs", &n, e)) < 0) return -1;
+        if (r) {
+            if (n < 0 || n > QD_MAX_LOGPROBS)
+                return srv_fail(e, 400, "invalid_request_error", "top_logprobs", "'top_logprobs' must be in [0, %d]", QD_MAX_LOGPROBS);
+            if (n > 0 && !o->logprobs)
+                return srv_fail(e, 400, "invalid_request_error", "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            o->top_logprobs = (int)n;
+        }
+    } else {
+        if ((r = get_int(req, "logprobs", &n, e)) < 0) return -1;
+        if (r) {
+            if (n < 0 || n > QD_MAX_LOGPROBS)
+                return srv_fail(e, 400, "invalid_request_error", "logprobs", "'logprobs' must be in [0, %d]", QD_MAX_LOGPROBS);
+            o->logprobs = 1;
+            o->top_logprobs = (int)n;
+        }
+        if ((r = get_bool(req, "echo", &b, e)) < 0) return -1;
+        if (r) o->echo = b;
+    }
+    sp->n_logprobs = o->top_logprobs;
+    qd_err err;
+    qd_err_clear(&err);
+    if (qd_sampling_params_validate(sp, qd_model_vocab_size(s->model), &err) != QD_OK)
+        return srv_fail(e, 400, "invalid_request_error", NULL, "%s", err.msg);
+    return 0;
+}
+
+int srv_check_length(srv_server *s, int n_prompt, srv_opts *o, srv_error *e) {
+    const int ctx = s->cfg.engine.max_model_len;
+    if (n_prompt < 1) return srv_fail(e, 400, "invalid_request_error", "prompt", "the prompt is empty");
+    if (n_prompt >= ctx)
+        return srv_fail(e, 400, "invalid_request_error", "messages",
+                        "This model's maximum context length is %d tokens. However, your request has %d input tokens. "
+                        "Please reduce the length of the input.", ctx, n_prompt);
+    if (!o->max_tokens_set) {
+        o->rp.max_tokens = ctx - n_prompt;
+    } else if ((long long)n_prompt + o->rp.max_tokens > ctx) {
+        return srv_fail(e, 400, "invalid_request_error", "max_tokens",
+                        "This model's maximum context length is %d tokens. However, you requested %lld tokens "
+                        "(%d in the prompt, %d in the completion). Please reduce the length of the input or the "
+                        "completion.", ctx, (long long)n_prompt + o->rp.max_tokens, n_prompt, o->rp.max_tokens);
+    }
+    return 0;
+}

@@ -1,0 +1,106 @@
+/* POST /v1/chat/completions: messages (and tools) rendered through the model's chat
+ * template with add_generation_prompt, tokenized, and generated; reasoning between
+ * <think> and </think> is returned as reasoning_content. */
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/server.h"
+
+/* Bounds for rendering a client-supplied conversation: generous for real chats, but a
+ * request cannot make the template run away with the server's memory or time. */
+static const qd_chat_template_limits k_limits = {.max_output = 16u << 20, .max_memory = 64u << 20, .max_steps = 20000000, .max_depth = 100};
+
+static int check_messages(json_t *msgs, srv_error *e) {
+    if (!msgs) return srv_fail(e, 400, "invalid_request_error", "messages", "'messages' is required");
+    if (!json_is_array(msgs)) return srv_fail(e, 400, "invalid_request_error", "messages", "'messages' must be an array");
+    if (json_array_size(msgs) == 0) return srv_fail(e, 400, "invalid_request_error", "messages", "'messages' must not be empty");
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        if (!json_is_object(m)) return srv_fail(e, 400, "invalid_request_error", "messages", "messages[%zu] must be an object", i);
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_string(role))
+            return srv_fail(e, 400, "invalid_request_error", "messages", "messages[%zu].role must be a string", i);
+        json_t *c = json_object_get(m, "content");
+        if (c && !json_is_null(c) && !json_is_string(c) && !json_is_array(c))
+            return srv_fail(e, 400, "invalid_request_error", "messages",
+                            "messages[%zu].content must be a string, an array of parts or null", i);
+    }
+    return 0;
+}
+
+/* The template opened a thinking block in the generation prompt (Qwen3.5 style):
+ * everything generated is reasoning until </think>. */
+static int prompt_opens_think(const char *t, size_t n) {
+    while (n && isspace((unsigned char)t[n - 1])) n--;
+    return n >= 7 && !memcmp(t + n - 7, "<think>", 7);
+}
+
+void srv_route_chat(srv_server *s, json_t *req, srv_reply *r) {
+    srv_error e;
+    json_t *vars = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    srv_gen *g = srv_gen_new(s, SRV_CHAT);
+    if (!g) { srv_fail(&e, 500, "internal_error", NULL, "out of memory"); goto fail; }
+    if (srv_parse_opts(s, req, SRV_CHAT, &g->o, &e)) goto fail;
+    json_t *msgs = json_object_get(req, "messages");
+    if (check_messages(msgs, &e)) goto fail;
+    vars = json_object();
+    json_object_set(vars, "messages", msgs);
+    json_t *tools = json_object_get(req, "tools");
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools)) { srv_fail(&e, 400, "invalid_request_error", "tools", "'tools' must be an array"); goto fail; }
+        if (json_array_size(tools)) json_object_set(vars, "tools", tools);
+        json_t *choice = json_object_get(req, "tool_choice");
+        /* tool_choice "none": the tools are shown but calls are not parsed */
+        g->toolcap.enabled = json_array_size(tools) > 0 && !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
+    }
+    json_object_set_new(vars, "add_generation_prompt", json_true());
+    json_t *kw = json_object_get(req, "chat_template_kwargs");
+    if (kw && !json_is_null(kw)) {
+        if (!json_is_object(kw)) {
+            srv_fail(&e, 400, "invalid_request_error", "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+            goto fail;
+        }
+        const char *k;
+        json_t *v;
+        json_object_foreach(kw, k, v) if (strcmp(k, "messages") && strcmp(k, "tools")) json_object_set(vars, k, v);
+    }
+    json_t *think = json_object_get(req, "enable_thinking");
+    if (think && !json_is_null(think)) {
+        if (!json_is_boolean(think)) { srv_fail(&e, 400, "invalid_request_error", "enable_thinking", "'enable_thinking' must be a boolean"); goto fail; }
+        if (!json_object_get(vars, "enable_thinking")) json_object_set(vars, "enable_thinking", think);
+    }
+    size_t len = 0;
+    qd_err err;
+    qd_err_clear(&err);
+    if (qd_chat_template_render_json(s->tpl, vars, &k_limits, &text, &len, &err) != QD_OK) {
+        srv_fail(&e, 400, "invalid_request_error", "messages", "chat template: %s", err.msg);
+        goto fail;
+    }
+    g->think.enabled = 1;
+    if (prompt_opens_think(text, len)) g->think.in_think = g->think.saw_tag = 1;
+    size_t n = 0;
+    if (qd_tokenizer_encode(s->tok, text, len, 0, &ids, &n, &err) != QD_OK) {
+        srv_fail(&e, 400, "invalid_request_error", "messages", "tokenizer: %s", err.msg);
+        goto fail;
+    }
+    if (n > (size_t)1 << 30) n = (size_t)1 << 30;
+    if (srv_check_length(s, (int)n, &g->o, &e)) goto fail;
+    if (srv_gen_submit(g, ids, (int)n, &e)) goto fail;
+    r->status = 200;
+    r->gen = g;
+    r->content_type = g->o.stream ? "text/event-stream" : "application/json";
+    json_decref(vars);
+    free(text);
+    free(ids);
+    return;
+fail:
+    srv_reply_error(r, &e);
+    if (g) srv_gen_unref(g);
+    json_decref(vars);
+    free(text);
+    free(ids);
+}

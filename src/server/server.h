@@ -1,0 +1,182 @@
+/* The OpenAI-compatible HTTP server (internal interface between its parts).
+ *
+ * Threads: libmicrohttpd runs its own polling thread(s) (epoll); the engine runs its
+ * own thread. No thread per connection and none per stream: a request waiting for
+ * tokens has its connection *suspended* in MHD, and the engine callback resumes it
+ * when it has appended bytes to the request's output buffer. Request parsing,
+ * template rendering and tokenization happen on the MHD thread; detokenization, stop
+ * strings and JSON chunk building happen in the engine callback.
+ *
+ * Lifetime of one generation (srv_gen): two references, one held by the engine (until
+ * its finishing event) and one by the HTTP connection (until MHD reports the request
+ * completed, or the client went away). Whichever drops the last one frees it; a
+ * connection that goes first cancels the engine request. */
+#ifndef QD_SERVER_SERVER_H
+#define QD_SERVER_SERVER_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "io/chat_template.h"
+#include "io/tokenizer.h"
+#include "qdelta.h"
+#include "runtime/engine.h"
+#include "runtime/stop.h"
+#include "server/metrics.h"
+#include "server/think.h"
+#include "server/tool_calls.h"
+
+struct MHD_Connection;
+struct MHD_Daemon;
+
+
+typedef struct srv_config {
+    const char *host;
+    int port;
+    const char *model_dir;
+    const char *model_name;     /* served name (default: the directory's last component) */
+    const char *api_key;        /* NULL: no auth */
+    const char *chat_template;  /* template file overriding the checkpoint's; may be NULL */
+    int http_threads;
+    size_t max_body;            /* bytes of request body */
+    int max_connections;
+    qd_engine_params engine;
+} srv_config;
+
+typedef struct srv_server {
+    srv_config cfg;
+    qd_model *model;
+    qd_tokenizer *tok;
+    qd_chat_template *tpl;
+    qd_engine *engine;
+    struct MHD_Daemon *daemon;
+    int vocab_limit;
+    int32_t think_start, think_end;  /* ids of <think> / </think>; -1 when absent */
+    const int32_t *eos;
+    int n_eos;
+    qd_generation_defaults gen_defaults;
+    long created;                    /* server start time, for /v1/models */
+    /* Readers: submit and cancel. Writer: shutdown, which frees the engine. */
+    pthread_rwlock_t engine_lock;
+    int shutting_down;
+    srv_metrics metrics;
+    int n_gens;                      /* live srv_gen objects (atomic) */
+    uint64_t seed_counter;           /* requests without a seed get distinct ones (atomic) */
+} srv_server;
+
+/* ------------------------------------------------------------- requests */
+
+typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
+
+/* Everything a request asked for, validated. */
+typedef struct srv_opts {
+    qd_request_params rp;
+    int max_tokens_set;
+    char *stops[QD_STOP_MAX_STRINGS];
+    int n_stops;
+    int stream, include_usage;
+    int logprobs;      /* 0/1: report logprobs */
+    int top_logprobs;  /* alternatives per token */
+    int echo;          /* completions: prepend the prompt to the text */
+} srv_opts;
+void srv_opts_free(srv_opts *o);
+
+/* An error to send: HTTP status and OpenAI error fields. */
+typedef struct srv_error {
+    int status;
+    const char *type;  /* "invalid_request_error", ... */
+    const char *param; /* may be NULL */
+    const char *code;  /* may be NULL */
+    char msg[1024];
+} srv_error;
+int srv_fail(srv_error *e, int status, const char *type, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* Parses the sampling/stream/stop fields shared by both endpoints. 0 or -1 (e set). */
+int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_error *e);
+/* Checks prompt + max_tokens against the context and fills in max_tokens. */
+int srv_check_length(srv_server *s, int n_prompt, srv_opts *o, srv_error *e);
+
+/* One generation in flight. */
+typedef struct srv_gen {
+    srv_server *srv;
+    pthread_mutex_t mu;
+    int refs;
+    struct MHD_Connection *conn;
+    int suspended;        /* MHD connection suspended waiting for us */
+    int conn_gone;        /* connection finished or closed: never touch conn again */
+    int done;             /* the final bytes / body are ready */
+    int submitted;
+    uint64_t request_id;
+    srv_kind kind;
+    srv_opts o;
+    char id[48];
+    long created;
+    int prompt_tokens, completion_tokens;
+    /* text pipeline: token -> detok -> stop strings -> <think> splitter */
+    qd_detok dt;
+    qd_stop_matcher *stop;
+    int stopped;          /* a stop string matched */
+    srv_think think;      /* reasoning / content split (chat only) */
+    srv_toolcap toolcap;  /* tool calls held out of the content (chat with tools) */
+    json_t *tool_calls;   /* parsed at the end */
+    srv_buf dcontent, dreasoning; /* streaming: text of the current event */
+    json_t *dlp;          /* streaming: logprobs of the current event */
+    size_t text_offset;   /* streaming completions: bytes of text sent so far */
+    int n_events;         /* token events seen (TTFT vs inter-token latency) */
+    int engine_done;      /* the engine's finishing event arrived */
+    int fd;               /* the client socket, for the liveness probe (-1: none) */
+    int client_gone;      /* the probe saw the client close its end */
+    /* non-streaming accumulation */
+    srv_buf content, reasoning;
+    json_t *lp;           /* logprobs content array / completions logprobs object */
+    srv_buf echo_text;    /* completions echo */
+    /* streaming output: bytes ready to send */
+    srv_buf out;
+    size_t out_off;
+    int sent_role;
+    const char *finish_reason;
+    int http_status;      /* for a non-streaming body or an error after submit */
+    char *body;           /* non-streaming response body */
+    double t_submit, t_last;
+} srv_gen;
+
+srv_gen *srv_gen_new(srv_server *s, srv_kind kind);
+void srv_gen_unref(srv_gen *g);
+/* Submits to the engine; 0, or -1 with e set (queue full, shutting down, ...). */
+int srv_gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e);
+/* The connection went away or finished: cancel if still running, drop its reference. */
+void srv_gen_conn_done(srv_gen *g);
+
+/* --------------------------------------------------------------- routes */
+
+/* A route returns the HTTP status and sets *body (malloc'd JSON) and, for streams,
+ * *gen (the response is then an SSE stream fed by the generation). */
+typedef struct srv_reply {
+    int status;
+    char *body;
+    const char *content_type;
+    srv_gen *gen;  /* stream or deferred body */
+} srv_reply;
+
+void srv_reply_error(srv_reply *r, const srv_error *e);
+void srv_route_chat(srv_server *s, json_t *req, srv_reply *r);
+void srv_route_completions(srv_server *s, json_t *req, srv_reply *r);
+void srv_route_models(srv_server *s, srv_reply *r);
+void srv_route_health(srv_server *s, srv_reply *r);
+void srv_route_metrics(srv_server *s, srv_reply *r);
+
+/* -------------------------------------------------------------- helpers */
+int srv_auth_ok(const srv_server *s, const char *authorization_header);
+double srv_now(void);
+/* JSON value of one token's text (lossy UTF-8) and its bytes. */
+json_t *srv_token_json(const srv_server *s, int32_t id, json_t **bytes);
+
+/* ------------------------------------------------------------ lifecycle */
+int srv_start(srv_server *s);   /* 0 or -1 (message printed) */
+void srv_stop(srv_server *s);   /* graceful: stop accepting, cancel streams, free */
+
+#endif

@@ -1,0 +1,134 @@
+#include "server/tool_calls.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char k_open[] = "<tool_call>", k_close[] = "</tool_call>";
+
+void srv_toolcap_push(srv_toolcap *t, const char *s, size_t n, int final, srv_think_emit emit, void *user) {
+    if (!t->enabled) {
+        if (n) emit(user, 0, s, n);
+        return;
+    }
+    if (t->capturing) {
+        srv_buf_append(&t->cap, s, n);
+        return;
+    }
+    if (srv_buf_append(&t->hold, s, n) || !t->hold.p) return;
+    const size_t tl = sizeof k_open - 1;
+    char *hit = memmem(t->hold.p, t->hold.n, k_open, tl);
+    if (hit) {
+        size_t pre = (size_t)(hit - t->hold.p);
+        if (pre) emit(user, 0, t->hold.p, pre);
+        srv_buf_append(&t->cap, hit, t->hold.n - pre);
+        t->hold.n = 0;
+        t->capturing = 1;
+        return;
+    }
+    size_t keep = 0;
+    if (!final)
+        for (size_t k = tl - 1 < t->hold.n ? tl - 1 : t->hold.n; k > 0; k--)
+            if (!memcmp(t->hold.p + t->hold.n - k, k_open, k)) {
+                keep = k;
+                break;
+            }
+    if (t->hold.n - keep) emit(user, 0, t->hold.p, t->hold.n - keep);
+    memmove(t->hold.p, t->hold.p + t->hold.n - keep, keep);
+    t->hold.n = keep;
+}
+
+void srv_toolcap_free(srv_toolcap *t) {
+    srv_buf_free(&t->hold);
+    srv_buf_free(&t->cap);
+}
+
+/* [*s, *s + *n) without surrounding whitespace. */
+static void trim(const char **s, size_t *n) {
+    while (*n && isspace((unsigned char)**s)) (*s)++, (*n)--;
+    while (*n && isspace((unsigned char)(*s)[*n - 1])) (*n)--;
+}
+
+/* Qwen3.5 / Coder format: <function=NAME> <parameter=P>VALUE</parameter>... </function>.
+ * A value that is valid JSON (number, bool, object, ...) keeps its type; anything else
+ * is a string, which is what the format means for plain text. */
+static json_t *parse_xml_call(const char *s, size_t n) {
+    const char *end = s + n;
+    if (n < 10 || memcmp(s, "<function=", 10)) return NULL;
+    const char *name = s + 10, *gt = memchr(name, '>', (size_t)(end - name));
+    if (!gt || gt == name) return NULL;
+    json_t *args = json_object();
+    const char *p = gt + 1;
+    for (;;) {
+        const char *ps = memmem(p, (size_t)(end - p), "<parameter=", 11);
+        if (!ps) break;
+        const char *pn = ps + 11, *pg = memchr(pn, '>', (size_t)(end - pn));
+        if (!pg) break;
+        const char *v = pg + 1, *ve = memmem(v, (size_t)(end - v), "</parameter>", 12);
+        if (!ve) break;
+        size_t vn = (size_t)(ve - v);
+        /* one newline after the opening tag and before the closing one belong to the format */
+        if (vn && *v == '\n') v++, vn--;
+        if (vn && v[vn - 1] == '\n') vn--;
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)(pg - pn), pn);
+        json_t *val = json_loadb(v, vn, JSON_DECODE_ANY, NULL);
+        json_object_set_new(args, key, val ? val : json_stringn(v, vn));
+        p = ve + 12;
+    }
+    if (!memmem(p, (size_t)(end - p), "</function>", 11)) {
+        json_decref(args);
+        return NULL;
+    }
+    char *a = json_dumps(args, JSON_COMPACT);
+    json_decref(args);
+    json_t *f = a ? json_pack("{s:s%, s:s}", "name", name, (size_t)(gt - name), "arguments", a) : NULL;
+    free(a);
+    return f;
+}
+
+/* Qwen3 / Hermes format: {"name": ..., "arguments": {...} or "..."}. */
+static json_t *parse_json_call(const char *s, size_t n) {
+    json_t *j = json_loadb(s, n, 0, NULL);
+    json_t *name = j ? json_object_get(j, "name") : NULL;
+    if (!json_is_string(name)) {
+        json_decref(j);
+        return NULL;
+    }
+    json_t *args = json_object_get(j, "arguments");
+    if (!args) args = json_object_get(j, "parameters");
+    char *a = json_is_string(args) ? strdup(json_string_value(args))
+              : args                 ? json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY)
+                                     : strdup("{}");
+    json_t *f = a ? json_pack("{s:s, s:s}", "name", json_string_value(name), "arguments", a) : NULL;
+    free(a);
+    json_decref(j);
+    return f;
+}
+
+json_t *srv_parse_tool_calls(const char *text, size_t n, const char *id_prefix) {
+    json_t *calls = json_array();
+    const char *p = text, *end = text + n;
+    for (;;) {
+        const char *trail = p;
+        size_t tn = (size_t)(end - p);
+        trim(&trail, &tn);
+        if (!tn) break; /* only whitespace after the last call */
+        if (tn < sizeof k_open - 1 || memcmp(trail, k_open, sizeof k_open - 1)) goto bad;
+        const char *body = trail + sizeof k_open - 1;
+        const char *close = memmem(body, (size_t)(end - body), k_close, sizeof k_close - 1);
+        if (!close) goto bad;
+        size_t bn = (size_t)(close - body);
+        trim(&body, &bn);
+        json_t *f = bn && *body == '{' ? parse_json_call(body, bn) : parse_xml_call(body, bn);
+        if (!f) goto bad;
+        char id[96];
+        snprintf(id, sizeof id, "call_%s_%zu", id_prefix, json_array_size(calls));
+        json_array_append_new(calls, json_pack("{s:s, s:s, s:o}", "id", id, "type", "function", "function", f));
+        p = close + sizeof k_close - 1;
+    }
+    if (json_array_size(calls)) return calls;
+bad:
+    json_decref(calls);
+    return NULL;
+}

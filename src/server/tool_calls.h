@@ -1,0 +1,32 @@
+/* Tool calls in generated text, for requests that pass `tools`. Two formats, both
+ * inside <tool_call>...</tool_call> blocks:
+ *   Qwen3 / Hermes:   {"name": "f", "arguments": {...}}
+ *   Qwen3.5 / Coder:  <function=f>\n<parameter=p>\nvalue\n</parameter>\n</function>
+ * Content before the first <tool_call> stays content; from the tag on, the text is
+ * captured (not streamed as content) and parsed when generation ends. Text that does
+ * not parse is given back as content, so nothing the model wrote is lost. */
+#ifndef QD_SERVER_TOOL_CALLS_H
+#define QD_SERVER_TOOL_CALLS_H
+
+#include <jansson.h>
+
+#include "server/think.h"
+
+typedef struct srv_toolcap {
+    int enabled;
+    int capturing;  /* a <tool_call> tag was seen: everything since is in `cap` */
+    srv_buf hold;   /* bytes that may start the tag */
+    srv_buf cap;
+} srv_toolcap;
+
+/* Content piece in; content that is certainly not a tool call goes to emit (with
+ * reasoning = 0). final = 1 at the end. */
+void srv_toolcap_push(srv_toolcap *t, const char *s, size_t n, int final, srv_think_emit emit, void *user);
+void srv_toolcap_free(srv_toolcap *t);
+
+/* Parses captured text into an array of OpenAI tool calls
+ * [{"id", "type": "function", "function": {"name", "arguments": "<json string>"}}];
+ * NULL when it holds no well-formed call. `id_prefix` makes the ids unique. */
+json_t *srv_parse_tool_calls(const char *text, size_t n, const char *id_prefix);
+
+#endif

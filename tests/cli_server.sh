@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# qdelta serve end to end over loopback: curl checks of every route and error, then
+# tests/test_server.py (the official openai client: streaming, stop strings, seeds,
+# usage, tools, errors, disconnects, 64 concurrent streams, batch invariance, soak),
+# then graceful shutdown with a stream open (SIGTERM -> exit 0; under ASan that also
+# means no leaks). Servers listen on port 0 (any free port) and print it.
+#
+# Under ASan + UBSan (the CI sanitizer stage runs it through ctest in build-asan):
+#   CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQD_SANITIZE=ON -DQD_CUDA=OFF
+#   cmake --build build-asan -j --target qdelta
+#   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 bash tests/cli_server.sh build-asan/qdelta
+# An ASan binary is detected below: the soak shrinks and its RSS check is skipped (ASan's
+# quarantine holds freed memory); leaks show as a nonzero server exit after SIGTERM.
+# QD_SERVER_SOAK=N overrides the soak's request count.
+set -u
+Q="$1"
+T=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  rm -rf "$T"
+}
+trap cleanup EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
+
+# An ASan build is slower and its allocator quarantine grows RSS: smaller soak, no RSS check.
+ASAN=0
+if grep -q "AddressSanitizer" "$Q" 2>/dev/null; then ASAN=1; fi
+SOAK=${QD_SERVER_SOAK:-$([ $ASAN = 1 ] && echo 300 || echo 3000)}
+
+# start NAME ARGS...: runs the server, waits for its "listening on" line, sets PORT_NAME / PID_NAME
+start() {
+  local name=$1; shift
+  "$Q" serve --port 0 -q "$@" >"$T/$name.out" 2>"$T/$name.err" &
+  local pid=$!
+  PIDS+=("$pid")
+  for _ in $(seq 1 300); do
+    if grep -q "listening on" "$T/$name.out" 2>/dev/null; then break; fi
+    if ! kill -0 "$pid" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  local port
+  port=$(sed -n 's/^listening on http:\/\/[^:]*:\([0-9]*\)$/\1/p' "$T/$name.out")
+  if [ -z "$port" ]; then
+    echo "FAIL: server $name did not start" >&2
+    cat "$T/$name.err" >&2
+    exit 1
+  fi
+  eval "PORT_$name=$port PID_$name=$pid"
+}
+
+KEY=test-key-123
+start A --api-key "$KEY" --max-model-len 512 --max-num-seqs 16
+start B --chat-template tests/data/chat_template/qwen3_5.jinja --max-model-len 1024 --max-num-seqs 4
+A="http://127.0.0.1:$PORT_A"
+B="http://127.0.0.1:$PORT_B"
+C=(curl -s -m 60 -H "Authorization: Bearer $KEY")
+
+# ------------------------------------------------------------ curl: routes and errors
+code() { "${C[@]}" -o "$T/body" -w '%{http_code}' "$@"; }
+check "[ \$(code $A/health) = 200 ]" "/health 200"
+check "[ \$(code $A/v1/models) = 200 ] && grep -q '\"object\":\"list\"' $T/body" "/v1/models"
+check "[ \$(curl -s -m 10 -o /dev/null -w '%{http_code}' $A/v1/models) = 401 ]" "no key -> 401"
+check "[ \$(curl -s -m 10 -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer nope' $A/v1/models) = 401 ]" "wrong key -> 401"
+check "[ \$(code $A/v1/unknown) = 404 ]" "unknown route -> 404"
+check "[ \$(code -X DELETE $A/v1/models) = 405 ]" "wrong method -> 405"
+check "[ \$(code -d '{bad json' $A/v1/chat/completions) = 400 ] && grep -q '\"type\":\"invalid_request_error\"' $T/body" "malformed JSON -> 400 OpenAI shape"
+check "[ \$(code -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":\"5\"}' $A/v1/chat/completions) = 400 ] && grep -q '\"param\":\"max_tokens\"' $T/body" "wrong type -> 400 naming the field"
+check "[ \$(code -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":-1}' $A/v1/chat/completions) = 400 ]" "negative max_tokens -> 400"
+check "[ \$(code -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":99999999}' $A/v1/chat/completions) = 400 ] && grep -q 'maximum context length' $T/body" "huge max_tokens -> 400"
+head -c 5000000 /dev/zero | tr '\0' a >"$T/big"
+check "[ \$(code --data-binary @$T/big $A/v1/completions) = 413 ]" "4 MiB+ body -> 413"
+check "[ \$(code -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":6,\"temperature\":0,\"whatever\":{\"x\":1}}' $A/v1/chat/completions) = 200 ] && grep -q '\"object\":\"chat.completion\"' $T/body && grep -q '\"completion_tokens\":' $T/body" "chat non-stream (unknown field ignored)"
+"${C[@]}" -N -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":6,"temperature":0,"stream":true}' $A/v1/chat/completions >"$T/sse"
+check "grep -q '^data: {.*chat.completion.chunk' $T/sse && [ \"\$(grep -v '^\$' $T/sse | tail -n 1)\" = 'data: [DONE]' ]" "chat stream ends with data: [DONE]"
+check "grep -q '\"finish_reason\":\"length\"' $T/sse" "chat stream finish_reason"
+check "[ \$(code -d '{\"prompt\":[10,20,30],\"max_tokens\":3,\"temperature\":0}' $A/v1/completions) = 200 ] && grep -q '\"prompt_tokens\":3' $T/body" "completions with token ids"
+check "curl -s -m 10 $A/metrics | grep -q '^qdelta_time_to_first_token_seconds_bucket'" "/metrics Prometheus text"
+
+# queue full: one running sequence and one waiting place, eight long requests at once
+start F --max-num-seqs 1 --max-waiting 1
+CURLS=()
+for i in 1 2 3 4 5 6 7 8; do
+  curl -s -m 120 -o /dev/null -w '%{http_code}\n' -d '{"prompt":"Once","max_tokens":300,"ignore_eos":true}' \
+    "http://127.0.0.1:$PORT_F/v1/completions" >"$T/full.$i" &
+  CURLS+=($!)
+done
+wait "${CURLS[@]}"
+check "cat $T/full.* | grep -q 503 && cat $T/full.* | grep -q 200" "queue full -> 503 (codes: $(cat $T/full.* | sort | uniq -c | tr '\n' ' '))"
+kill -TERM "$PID_F"
+rcF=0; wait "$PID_F" || rcF=$?
+check "[ $rcF = 0 ]" "server F exits 0 on SIGTERM"
+
+# ------------------------------------------------------------ the openai client suite
+if python3 tests/test_server.py --url "$A" --api-key "$KEY" --tools-url "$B" --pid "$PID_A" --soak "$SOAK" \
+     --soak-rss-check $((1 - ASAN)); then ok; else bad "tests/test_server.py"; fi
+
+# ------------------------------------------------------------ graceful shutdown
+# a stream is open when SIGTERM arrives: it ends (finish_reason abort + [DONE]) and the
+# process exits 0 (under ASan: with no leak report)
+"${C[@]}" -N -d '{"prompt":"Once","max_tokens":400,"temperature":0,"stream":true,"ignore_eos":true}' $A/v1/completions >"$T/open_stream" &
+CURL=$!
+for _ in $(seq 1 100); do grep -q 'data: ' "$T/open_stream" 2>/dev/null && break; sleep 0.05; done
+kill -TERM "$PID_A" "$PID_B"
+rcA=0; rcB=0
+wait "$PID_A" || rcA=$?
+wait "$PID_B" || rcB=$?
+wait "$CURL" 2>/dev/null
+check "[ $rcA = 0 ] && [ $rcB = 0 ]" "SIGTERM: servers exit 0 (A $rcA, B $rcB)"
+check "grep -q 'data: \[DONE\]' $T/open_stream" "SIGTERM: the open stream was ended with [DONE]"
+if [ $rcA != 0 ] || [ $rcB != 0 ]; then tail -n 30 "$T/A.err" "$T/B.err" >&2; fi
+
+echo "cli_server: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
