@@ -65,7 +65,8 @@ typedef struct qd_model qd_model;
 
 typedef enum qd_load_format {
     QD_LOAD_AUTO = 0,  /* read safetensors from the checkpoint directory */
-    QD_LOAD_DUMMY = 1  /* draw random weights from config.json alone (benchmarks) */
+    QD_LOAD_DUMMY = 1,     /* draw random BF16 weights from config.json alone (benchmarks) */
+    QD_LOAD_DUMMY_F32 = 2  /* the same in F32: measures weights converted to fp32 at load */
 } qd_load_format;
 
 typedef enum qd_backend_kind {

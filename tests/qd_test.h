@@ -38,6 +38,24 @@ static inline int qd_test_finish(const char *name) {
     return qd_test_failed ? 1 : 0;
 }
 
+/* Reads a whole file into a NUL-terminated malloc'd buffer; NULL if it cannot be read. */
+static inline char *qd_test_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) buf[n] = 0;
+    if (len) *len = buf ? (size_t)n : 0;
+    return buf;
+}
+
 static inline int qd_test_skip(const char *name, const char *why) {
     printf("%s: skipped: %s\n", name, why);
     return 77;

@@ -15,20 +15,6 @@
 static const char *bin;
 static char tmp[256];
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
-    fclose(f);
-    b[n] = 0;
-    if (len) *len = (size_t)n;
-    return b;
-}
-
 static void spit(const char *path, const void *data, size_t len) {
     FILE *f = fopen(path, "wb");
     fwrite(data, 1, len, f);
@@ -42,10 +28,10 @@ static void make_dir(const char *name, char *dir, size_t n) {
     const char *files[] = {"config.json", "model.safetensors"};
     for (int i = 0; i < 2; i++) {
         char src[512], dst[512];
-        size_t len;
+        size_t len = 0;
         snprintf(src, sizeof src, "%s/%s", SRC, files[i]);
         snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
-        char *b = slurp(src, &len);
+        char *b = qd_test_read_file(src, &len);
         spit(dst, b, len);
         free(b);
     }
@@ -54,9 +40,9 @@ static void make_dir(const char *name, char *dir, size_t n) {
 /* Replaces the first occurrence of `from` by `to` (same length) in a file. */
 static int patch(const char *dir, const char *file, const char *from, const char *to) {
     char path[512];
-    size_t len;
+    size_t len = 0;
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    char *b = slurp(path, &len);
+    char *b = qd_test_read_file(path, &len);
     size_t fl = strlen(from);
     for (size_t i = 0; i + fl <= len; i++) {
         if (!memcmp(b + i, from, fl)) {
@@ -76,7 +62,7 @@ static void expect_error(const char *what, const char *args, const char *expect)
     snprintf(errf, sizeof errf, "%s/stderr.txt", tmp);
     snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>%s", bin, args, errf);
     int st = system(cmd);
-    char *msg = slurp(errf, NULL);
+    char *msg = qd_test_read_file(errf, NULL);
     int clean = st != -1 && WIFEXITED(st) && WEXITSTATUS(st) != 0 && WEXITSTATUS(st) < 64;
     CHECKF(clean, "%s: expected a clean error exit, got status %d", what, st);
     CHECKF(msg && strstr(msg, expect), "%s: stderr does not mention '%s': %s", what, expect, msg ? msg : "(none)");

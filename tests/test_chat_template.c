@@ -121,6 +121,26 @@ static void expect_compile_error(const char *src, const char *needle) {
     qd_chat_template_free(t);
 }
 
+/* Small limits keep the limit tests quick; NULL = the defaults. */
+static const qd_chat_template_limits SMALL = {1u << 20, 32u << 20, 2000000, 50};
+
+static void expect_render_error_lim(const char *src, const char *vars, const char *needle,
+                                    const qd_chat_template_limits *lim) {
+    char *out = NULL;
+    qd_err err = {0};
+    qd_chat_template *t;
+    qd_status s = qd_chat_template_compile(src, strlen(src), &t, &err);
+    if (s == QD_OK) {
+        json_t *j = json_loads(vars, 0, NULL);
+        s = qd_chat_template_render_json(t, j, lim, &out, NULL, &err);
+        json_decref(j);
+        qd_chat_template_free(t);
+    }
+    CHECKF(s != QD_OK && out == NULL, "rendered: %s -> %.100s", src, out ? out : "");
+    if (s != QD_OK) CHECKF(strstr(err.msg, needle) != NULL, "error '%s' lacks '%s'", err.msg, needle);
+    free(out);
+}
+
 static void expect_render_error(const char *src, const char *vars, const char *needle) {
     char *out = NULL;
     qd_err err = {0};
@@ -151,21 +171,31 @@ static void test_errors(void) {
     /* raise_exception: its message comes back. */
     expect_render_error("x\n{{ raise_exception('Conversation roles must alternate!') }}", "{}",
                         "line 2: Conversation roles must alternate!");
+    expect_render_error("\n{{ lipsum(2) }}", "{}", "line 2: 'lipsum' is undefined (unsupported global function?)");
+    expect_render_error("{{ 'a'.zfill(3) }}", "{}", "'str' object has no method 'zfill'");
+    expect_render_error("{{ '%5s' % 1 }}{{ '{:>5}'.format(1) }}", "{}", "format specs");
     /* Runtime type errors. */
     expect_render_error("{{ 'a' + 1 }}", "{}", "unsupported operand");
     expect_render_error("{{ nope.attr }}", "{}", "undefined");
     expect_render_error("{{ 1 // 0 }}", "{}", "by zero");
     expect_render_error("{{ x | tojson }}", "{}", "not JSON serializable");
     /* Limits: hostile templates stop with a clear error. */
-    expect_render_error("{% set r = range(1000) %}{% for i in r %}{% for j in r %}{% for k in r %}{% endfor %}{% endfor %}{% endfor %}",
-                        "{}", "step limit");
-    expect_render_error("{% for i in range(100000) %}{% set x = range(100000) %}{% endfor %}", "{}", "limit");
+    expect_render_error_lim("{% set r = range(1000) %}{% for i in r %}{% for j in r %}{% for k in r %}{% endfor %}{% endfor %}{% endfor %}",
+                            "{}", "step limit", &SMALL);
+    expect_render_error_lim("{% for i in range(100000) %}{% set x = range(100000) %}{% endfor %}", "{}", "limit", &SMALL);
+    expect_render_error_lim("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "{}", "recursion depth", &SMALL);
+    expect_render_error_lim("{% set s = 'xxxxxxxxxxxxxxxx' %}{% for i in range(1000000) %}{{ s }}{% endfor %}", "{}",
+                            "output size limit", &SMALL);
+    expect_render_error_lim("{% set s = 'x' * 100000 %}{{ ([s] * 1000) | join }}", "{}", "limit", &SMALL);
+    expect_render_error_lim("{% set s = 'x' * 100000 %}{{ ([s] * 1000) | tojson }}", "{}", "limit", &SMALL);
+    expect_render_error_lim("{% set ns = namespace(a=[1, 2]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}{% endfor %}{{ ns.a | tojson }}", "{}",
+                            "limit", &SMALL);
+    expect_render_error_lim("{% set ns = namespace(a=[1, 2]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}{% endfor %}{{ ns.a }}", "{}",
+                            "limit", &SMALL);
+    /* With the default limits too. */
     expect_render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "{}", "recursion depth");
-    expect_render_error("{% set s = 'xxxxxxxxxxxxxxxx' %}{% for i in range(10000000) %}{{ s }}{% endfor %}", "{}", "limit");
     expect_render_error("{{ 'ab' * 4000000000 }}", "{}", "memory limit");
     expect_render_error("{{ range(100000000000) }}", "{}", "range()");
-    expect_render_error("{% set s = 'x' * 1000000 %}{{ ([s] * 1000) | join }}", "{}", "limit");
-    expect_render_error("{% set s = 'x' * 1000000 %}{% for i in range(100) %}{{ s }}{% endfor %}", "{}", "output size limit");
     {
         /* A namespace holding itself prints (depth-capped) instead of recursing forever. */
         char *out = NULL;
@@ -218,9 +248,10 @@ static void test_api(void) {
             free(out);
         }
         qd_chat_template_free(t);
-        remove(path);
-        snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-        f = fopen(path, "w");
+        /* chat_template.jinja takes precedence over tokenizer_config.json */
+        char jpath[256];
+        snprintf(jpath, sizeof jpath, "%s/chat_template.jinja", dir);
+        f = fopen(jpath, "w");
         fputs("J{{ messages | length }}\n", f);
         fclose(f);
         s = qd_chat_template_load_dir(dir, &t, &err);
@@ -230,6 +261,18 @@ static void test_api(void) {
             free(out);
         }
         qd_chat_template_free(t);
+        remove(jpath);
+        /* a list without "default" and a compile error both name the file */
+        f = fopen(path, "w");
+        fputs("{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}]}", f);
+        fclose(f);
+        s = qd_chat_template_load_dir(dir, &t, &err);
+        CHECKF(s == QD_ERR_NOT_FOUND && strstr(err.msg, "default"), "no default: %s", err.msg);
+        f = fopen(path, "w");
+        fputs("{\"chat_template\": \"{% if %}\"}", f);
+        fclose(f);
+        s = qd_chat_template_load_dir(dir, &t, &err);
+        CHECKF(s == QD_ERR_FORMAT && strstr(err.msg, "tokenizer_config.json") && strstr(err.msg, "line 1"), "bad tpl: %s", err.msg);
         remove(path);
         s = qd_chat_template_load_dir(dir, &t, &err);
         CHECK(s == QD_ERR_NOT_FOUND && t == NULL);
@@ -238,7 +281,7 @@ static void test_api(void) {
 }
 
 int main(void) {
-    const char *files[] = {"constructs.cases.json", "qwen3.cases.json", "qwen3_5.cases.json"};
+    const char *files[] = {"constructs.cases.json", "qwen3.cases.json", "qwen3_5.cases.json", "qwen3_5_small.cases.json"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         int n = run_cases(files[i]);
         printf("%s: %d cases\n", files[i], n);

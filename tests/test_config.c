@@ -156,8 +156,8 @@ static void test_qwen3_next(void) {
     CHECK(c.layer_kind[2] == QD_LAYER_ATTN && c.layer_kind[3] == QD_LAYER_GDN && c.layer_kind[7] == QD_LAYER_ATTN);
     CHECK(qd_config_n_attn_layers(&c) == 3);
     CHECK(!c.norm_topk_prob && c.intermediate_size == 96 && c.shared_expert_intermediate_size == 0);
-    /* defaults: head_dim = H/NQ, rope 10000 / 0.25, no bos/eos, untied, gate on */
-    CHECK(c.attn_head_dim == 16 && c.rope_dim == 4 && c.rope_theta == 10000.0);
+    /* defaults: head_dim 256 (transformers' default, not H/NQ), rope 10000 / 0.25, no bos/eos, untied, gate on */
+    CHECK(c.attn_head_dim == 256 && c.rope_dim == 64 && c.rope_theta == 10000.0);
     CHECK(c.bos_token_id == -1 && c.n_eos == 0 && !c.tie_word_embeddings && c.attn_output_gate);
     CHECK(fabsf(c.rms_norm_eps - 1e-5f) < 1e-12f);
 
@@ -209,7 +209,7 @@ static void test_qwen3_5(void) {
     s = parse(k_35moetext, NULL, NULL, &c, &e);
     CHECKF(s == QD_OK, "%s", e.msg);
     CHECK(c.arch == QD_ARCH_QWEN3_5_MOE && c.ffn_kind[0] == QD_FFN_MOE && c.norm_topk_prob);
-    CHECK(c.attn_head_dim == 32 && c.rope_dim == 8);
+    CHECK(c.attn_head_dim == 256 && c.rope_dim == 64);  /* no head_dim: transformers' 256 */
     /* composite name with a flat layout (no text_config) */
     s = parse(k_35moetext, "'qwen3_5_moe_text'", "'qwen3_5_moe'", &c, &e);
     CHECKF(s == QD_OK && c.arch == QD_ARCH_QWEN3_5_MOE, "%s", e.msg);

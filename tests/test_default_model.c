@@ -14,22 +14,8 @@
 #define DIR "models/qdelta-tiny"
 #define REF DIR "/reference"
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
-    fclose(f);
-    b[n] = 0;
-    if (len) *len = (size_t)n;
-    return b;
-}
-
 static int read_ids(const char *path, int32_t **ids) {
-    char *t = slurp(path, NULL);
+    char *t = qd_test_read_file(path, NULL);
     if (!t) return -1;
     int cap = 1024, n = 0;
     int32_t *v = malloc(sizeof(int32_t) * cap);
@@ -64,7 +50,7 @@ int main(void) {
     qd_err_clear(&e);
     CHECK(qd_tokenizer_load_dir(DIR, &tok, &e) == QD_OK);
     size_t text_len;
-    char *text = slurp(REF "/heldout.txt", &text_len);
+    char *text = qd_test_read_file(REF "/heldout.txt", &text_len);
     int32_t *ref_ids, *ids = NULL;
     int n_ref = read_ids(REF "/heldout.ids", &ref_ids);
     size_t n_ids = 0;
@@ -96,7 +82,7 @@ int main(void) {
         }
     }
     double ppl = exp(nll / count);
-    char *ref_txt = slurp(REF "/heldout_ppl.txt", NULL);
+    char *ref_txt = qd_test_read_file(REF "/heldout_ppl.txt", NULL);
     double ref_ppl = ref_txt ? strtod(ref_txt, NULL) : 0;
     printf("held-out perplexity over %ld tokens: qdelta %.6f, transformers %.6f, rel %.2e\n", count, ppl, ref_ppl,
            fabs(ppl - ref_ppl) / ref_ppl);

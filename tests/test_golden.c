@@ -12,20 +12,6 @@
 
 #define FIXTURES "tests/fixtures"
 
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); buf = NULL; }
-    fclose(f);
-    if (buf) buf[n] = 0;
-    if (len) *len = (size_t)n;
-    return buf;
-}
-
 static int parse_ids(const char *s, int32_t *out, int max) {
     int n = 0;
     while (*s && n < max) {
@@ -46,7 +32,7 @@ static void check_case(qd_model *m, const char *dir, const char *prompt_file) {
     char path[1024];
     int L = atoi(prompt_file + strlen("prompt_"));
     snprintf(path, sizeof path, "%s/%s", dir, prompt_file);
-    char *txt = read_all(path, NULL);
+    char *txt = qd_test_read_file(path, NULL);
     CHECKF(txt != NULL, "cannot read %s", path);
     if (!txt) return;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(L + 32));
@@ -67,7 +53,7 @@ static void check_case(qd_model *m, const char *dir, const char *prompt_file) {
 
     snprintf(path, sizeof path, "%s/logits_%d.f32", dir, L);
     size_t len;
-    float *ref = (float *)read_all(path, &len);
+    float *ref = (float *)qd_test_read_file(path, &len);
     if (ref) {
         CHECKF(len == sizeof(float) * (size_t)L * V, "%s: size %zu, expected %zu", path, len, sizeof(float) * (size_t)L * V);
         double mx = 0, err = 0;
@@ -84,7 +70,7 @@ static void check_case(qd_model *m, const char *dir, const char *prompt_file) {
 
     /* greedy: the prefill's last row, then decode steps */
     snprintf(path, sizeof path, "%s/greedy_%d.ids", dir, L);
-    txt = read_all(path, NULL);
+    txt = qd_test_read_file(path, NULL);
     if (txt) {
         int32_t want[64];
         int n_want = parse_ids(txt, want, 64);

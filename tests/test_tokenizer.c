@@ -93,6 +93,28 @@ static void free_cases(tcase *cs, size_t n) {
     free(cs);
 }
 
+/* NFC with utf8proc, except around U+11A7: utf8proc 2.8 wrongly composes an
+ * LV syllable with it (it is not a trailing jamo), HF and Python do not. The
+ * tokenizer works around this the same way; this keeps the expected value
+ * independent of the tokenizer's code. */
+static utf8proc_ssize_t nfc(const utf8proc_uint8_t *s, size_t len, utf8proc_uint8_t **out) {
+    for (size_t i = 0; i + 2 < len; i++)
+        if (s[i] == 0xE1 && s[i + 1] == 0x86 && s[i + 2] == 0xA7) {
+            utf8proc_uint8_t *a = NULL, *b = NULL;
+            utf8proc_ssize_t na = i ? utf8proc_map(s, (utf8proc_ssize_t)i, &a, UTF8PROC_STABLE | UTF8PROC_COMPOSE) : 0;
+            utf8proc_ssize_t nb = nfc(s + i + 3, len - i - 3, &b);
+            *out = malloc((size_t)(na + nb) + 4);
+            if (na) memcpy(*out, a, (size_t)na);
+            memcpy(*out + na, s + i, 3);
+            if (nb) memcpy(*out + na + 3, b, (size_t)nb);
+            free(a);
+            free(b);
+            return na + 3 + nb;
+        }
+    if (len == 0) { *out = calloc(1, 1); return 0; }
+    return utf8proc_map(s, (utf8proc_ssize_t)len, out, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+}
+
 /* What decode(encode(text)) must give: NFC of the (lossy-repaired) text. */
 static unsigned char *expected_decode(const tcase *c, size_t *len) {
     if (c->dec) {
@@ -105,8 +127,7 @@ static unsigned char *expected_decode(const tcase *c, size_t *len) {
     char *fixed = qd_utf8_lossy(c->text, c->len, &fl);
     if (fl == 0) { *len = 0; return (unsigned char *)fixed; }
     utf8proc_uint8_t *out = NULL;
-    utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)fixed, (utf8proc_ssize_t)fl, &out,
-                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    utf8proc_ssize_t n = nfc((const utf8proc_uint8_t *)fixed, fl, &out);
     free(fixed);
     *len = n < 0 ? 0 : (size_t)n;
     return out;
@@ -394,6 +415,19 @@ static void test_qwen3_api(const char *dir) {
     size_t dl;
     CHECK(qd_tokenizer_decode(tok, ids, n, 0, &dec, &dl, &err) == QD_OK && dl == big && memcmp(dec, s, big) == 0);
     free(dec);
+    free(ids);
+    /* 300K alternating combining marks: canonical reordering must stay
+     * near-linear (utf8proc's own reordering is quadratic: minutes here). */
+    size_t nm = 300000, sl = 0;
+    s[sl++] = 'a';
+    for (size_t i = 0; i < nm; i++) {
+        memcpy(s + sl, (i & 1) ? "\xcc\x81" : "\xcc\xa3", 2);  /* ccc 230, 220 */
+        sl += 2;
+    }
+    clock_t c0 = clock();
+    CHECK(qd_tokenizer_encode(tok, s, sl, 0, &ids, &n, &err) == QD_OK && n > 1000);
+    double secs = (double)(clock() - c0) / CLOCKS_PER_SEC;
+    CHECKF(secs < 5.0, "300K combining marks took %.1f s", secs);
     free(ids);
     free(s);
     qd_tokenizer_free(tok);

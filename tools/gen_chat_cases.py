@@ -126,7 +126,7 @@ def rand_tool_call(rng):
 
 
 def rand_content(rng, tpl, allow_list=True):
-    if tpl == "qwen3_5" and allow_list and rng.random() < 0.15:
+    if tpl.startswith("qwen3_5") and allow_list and rng.random() < 0.15:
         items = []
         for _ in range(rng.randint(1, 3)):
             r = rng.random()
@@ -192,7 +192,7 @@ def rand_conversation(rng, tpl, idx):
     if rng.random() < 0.3:
         v["bos_token"] = "<|endoftext|>"
         v["eos_token"] = "<|im_end|>"
-    if tpl == "qwen3_5" and rng.random() < 0.2:
+    if tpl.startswith("qwen3_5") and rng.random() < 0.2:
         v["add_vision_id"] = True
     if rng.random() < 0.1:
         v["preserve_thinking"] = True
@@ -259,6 +259,12 @@ SNIPPETS = [
     # output and literals
     ("{{ 'a' }}{{ \"b\" }}{{ 1 }}{{ 1.5 }}{{ true }}{{ True }}{{ none }}{{ None }}", {}),
     ("{{ 'ab' 'cd' }}|{{ '\\n\\t\\\\\\'\\x41\\u00e9\\U0001F600\\101' }}", {}),
+    ("{{ 0x1F }} {{ 0o17 }} {{ 0b101 }} {{ 1_000_000 }} {{ 0.5e1 }} {{ 2E3 }} {{ 1_0.2_5 }} {{ l.0 }} {{ [[1, [2, 3]]].0.1.1 }} {{ 00 }}", {"l": [4]}),
+    ("{{ 03 }}", {}),
+    ("{{ [1, zz, 3] }} {{ {'a': zz} }} {{ zz is callable }} {{ none | string }}", {}),
+    ("{{ zz | int }}", {}),
+    ("{{ zz | indent }}", {}),
+    ("{{ zz | selectattr('k', 'nosuchtest') | list }} {{ [] | map(bogus=1) | list }}", {}),
     ("{{ 0.1 }} {{ 1e20 }} {{ 1e16 }} {{ 1e15 }} {{ 1.0 }} {{ 1e-5 }} {{ 0.0001 }} {{ 123.456 }} {{ 1_000 }} {{ 2.5e-3 }}", {}),
     ("{{ f }} {{ big }} {{ neg }} {{ none }} {{ t }} {{ fl }} {{ l }} {{ d }} {{ words }}", M),
     ("{{ [1, 'a', none, true, 1.5, [2], {'k': 'v'}] }} {{ (1, 2) }} {{ (1,) }} {{ () }} {{ {} }}", {}),
@@ -321,6 +327,12 @@ SNIPPETS = [
     ("{% macro outer(x) %}<{{ inner(x) }}>{% endmacro %}{% macro inner(y) %}{{ y * 2 }}{% endmacro %}{{ outer(4) }}{% set g = 'G' %}{% macro useg() %}{{ g }}{{ n }}{% endmacro %}{{ useg() }}", M),
     ("{{ '%s-%d|%5.2f|%x|%r|%%|%05d|%-4s|' % ('a', 3, 3.14159, 255, 'q', 42, 'ab') }}{{ '%s' % 5 }}{{ '%(k)s=%(v)d' % {'k': 'x', 'v': 1} }}{{ '%s' % [1] }}{{ '%e %g' % (12345.678, 0.0001) }}", {}),
     ("{{ '%s %s' % ('only one',) }}", {}),
+    ("{{ 'abc' % [1] }}{{ 'abc' % {'a': 1} }}{{ '' is lower }}{{ 'a1' is lower }}{{ 2.5 is upper }}{{ 'A' is upper }}{{ zz is sequence }}", {}),
+    ("{{ 'abc' % 5 }}", {}),
+    ("{{ f is odd }}{{ f is even }}{{ 3.0 is odd }}{{ -1.0 is odd }}{{ 4.0 is even }}", {"f": 2.5}),
+    ("{{ t[:2] }}", {"t": True}),
+    ("{{ n[::-1] }}", {"n": 5}),
+    ("{{ d[::-1] }}", {"d": {"a": 1}}),
     ("{% for i in [1,2] %}{% if i == 2 %}[{{ x }}]{% endif %}{% set x = i %}{% endfor %}{{ x }}", {}),
     ("{% set x = 0 %}{% for i in [1,2] %}[{{ x }}]{% set x = i %}{% endfor %}{{ x }}|{{ i }}", {}),
     ("{% macro m() %}{{ late }}{% endmacro %}{% set late = 5 %}{{ m() }}", {}),

@@ -1,7 +1,17 @@
 #!/usr/bin/env python3
 """Generates tokenizer test cases with HF `tokenizers` as the reference.
 
-    python3 tools/gen_tokenizer_cases.py TOKENIZER_JSON OUT_CASES [--seed N] [--count N]
+    python3 tools/gen_tokenizer_cases.py TOKENIZER_JSON OUT_CASES [--seed N] [--count N] [--max-cases N]
+
+The committed files were made with (tokenizers 0.23.3):
+    ... ../shared/data/qwen3-tokenizer/tokenizer.json tests/data/tokenizer/qwen3_cases.txt
+    ... tests/data/qwen35-tokenizer/tokenizer.json tests/data/tokenizer/qwen35_cases.txt --seed 35
+    ... tests/data/tokenizer/flags/tokenizer.json tests/data/tokenizer/flags_cases.txt --seed 7 --max-cases 2000
+Other modes:
+    --from-tiktoken RANKS OUT_JSON   convert a tiktoken rank file (Qwen3.5) to tokenizer.json
+    --check-tiktoken RANKS JSON      compare HF on JSON with tiktoken on the case strings
+    --train-flags OUT_JSON           train the small test tokenizer with every AddedToken flag
+    --unicode-table OUT_C            regenerate src/io/tokenizer_unicode.c (Oniguruma vs PCRE2 classes)
 
 Every case is a few lines (see tests/test_tokenizer.c, which reads them):
     T <hex of the UTF-8 text>         or  B <hex of raw bytes, not valid UTF-8>
@@ -138,7 +148,7 @@ def gen_strings(rng, count, specials):
               "\ufb01", "\u2126", "ﬃ", "Ⅻ", "½", "²³", "٣٤٥", "१२३", "１２３", "a\x00b", "\x00", "\x7f\x01\x1f",
               "\ufeffBOM", "\ufffd", "\uffff", "\U0010ffff", "\ue000", "I'm", "don't", "WE'LL", "she'S",
               "it'ſ", "'s", "''s", "'", "#", "...", "!!!???", "a.b,c;d:e", "ｱｲｳ", "ﾊﾟ", "ガ", "カ\u3099",
-              "\u1100\u1161\u11a8", "한\u11a8", "\u1c89\u1c8a", "x\u0897y", "\U00031350\U00031351",
+              "\u1100\u1161\u11a8", "한\u11a8", "\uac00\u11a7", "큐\u11a7x\u0301", "\u11a7", "가\u11a7\u11a8", "\u1c89\u1c8a", "x\u0897y", "\U00031350\U00031351",
               "a\U00010d40b", "\u1c89's", "Mongolian\u180e\u1820\u180e ", "各\u11a8", "\u0958", "क\u093c", "K", "Ω", "Å", "ǅ"]:
         add(s)
     for b in range(256):
@@ -199,6 +209,9 @@ def gen_strings(rng, count, specials):
             s = rand_word(rng, SCRIPTS["latin"]) + s + rand_word(rng, SCRIPTS["latin"])
         add(s)
         add(unicodedata.normalize(rng.choice(["NFD", "NFKD", "NFKC"]), s + " " + rng.choice(WORDS["vi"])))
+    # Long runs of marks with mixed classes (canonical reordering of long runs).
+    for _ in range(40):
+        add(rng.choice(["a", "o", "\u03b1", "\u0915", "x "]) + combining(rng, rng.randint(17, 60)) + rng.choice(["", "b", "\u0301"]))
     # Emoji.
     for _ in range(150):
         parts = []

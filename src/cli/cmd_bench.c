@@ -9,7 +9,7 @@
 #include "cli/common.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: qdelta bench -m DIR [--load-format auto|dummy] [-t N] [--prefill 512,4096] [--decode N]\n"
+    fprintf(f, "usage: qdelta bench -m DIR [--load-format auto|dummy|dummy-f32] [-t N] [--prefill 512,4096] [--decode N]\n"
                "  Measures prefill tok/s for each prompt length, decode tok/s (batch 1) after a\n"
                "  512-token prompt, and the decode weight-read GB/s against memcpy bandwidth.\n");
 }

@@ -95,13 +95,7 @@ int qd_cmd_chat(int argc, char **argv) {
     size_t line_cap = 0;
     int rc = 1;
     if (cli_load_tokenizer(mo.model_dir, &tok) || cli_load_chat_template(mo.model_dir, &tpl)) goto done;
-    if (!go.temperature_set) {
-        qd_generation_defaults d = qd_model_generation_defaults(m);
-        go.sampling.temperature = d.do_sample ? d.temperature : 0.0f;
-        if (go.sampling.repetition_penalty == 1.0f) go.sampling.repetition_penalty = d.repetition_penalty;
-        if (d.do_sample && go.sampling.top_p == 1.0f) go.sampling.top_p = d.top_p;
-        if (d.do_sample && go.sampling.top_k == 0) go.sampling.top_k = d.top_k;
-    }
+    cli_apply_generation_defaults(&go, m);
     if (cli_session_open(&s, m, tok, (int)ctx_size, 512)) goto done;
     if (system_msg) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system_msg));
 

@@ -86,15 +86,7 @@ int qd_cmd_run(int argc, char **argv) {
         } else if (cli_tokenize(tok, prompt, strlen(prompt), &ids, &n_prompt)) {
             goto done;
         }
-        if (!go.temperature_set) { /* the checkpoint's defaults, as transformers' generate would use */
-            qd_generation_defaults d = qd_model_generation_defaults(m);
-            go.sampling.temperature = d.do_sample ? d.temperature : 0.0f;
-            if (go.sampling.repetition_penalty == 1.0f) go.sampling.repetition_penalty = d.repetition_penalty;
-            if (d.do_sample) {
-                if (go.sampling.top_p == 1.0f) go.sampling.top_p = d.top_p;
-                if (go.sampling.top_k == 0) go.sampling.top_k = d.top_k;
-            }
-        }
+        cli_apply_generation_defaults(&go, m);
     }
     if (!go.temperature_set && prompt_ids) go.sampling.temperature = 0.0f; /* ids: greedy unless told */
     if (n_prompt == 0) { fprintf(stderr, "qdelta run: empty prompt\n"); goto done; }

@@ -60,9 +60,10 @@ int cli_parse_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         const char *v = cli_value(argc, argv, i);
         if (!v) return -1;
         if (!strcmp(v, "dummy")) o->load_format = QD_LOAD_DUMMY;
+        else if (!strcmp(v, "dummy-f32")) o->load_format = QD_LOAD_DUMMY_F32;
         else if (!strcmp(v, "auto") || !strcmp(v, "safetensors")) o->load_format = QD_LOAD_AUTO;
         else {
-            fprintf(stderr, "qdelta: --load-format expects auto or dummy, got '%s'\n", v);
+            fprintf(stderr, "qdelta: --load-format expects auto, dummy or dummy-f32, got '%s'\n", v);
             return -1;
         }
         return 1;

@@ -14,6 +14,17 @@ cli_gen_opts cli_gen_default_opts(void) {
     return o;
 }
 
+void cli_apply_generation_defaults(cli_gen_opts *o, const qd_model *m) {
+    if (o->temperature_set) return;
+    qd_generation_defaults d = qd_model_generation_defaults(m);
+    o->sampling.temperature = d.do_sample ? d.temperature : 0.0f;
+    if (o->sampling.repetition_penalty == 1.0f) o->sampling.repetition_penalty = d.repetition_penalty;
+    if (d.do_sample) {
+        if (o->sampling.top_p == 1.0f) o->sampling.top_p = d.top_p;
+        if (o->sampling.top_k == 0) o->sampling.top_k = d.top_k;
+    }
+}
+
 int cli_session_open(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch) {
     memset(s, 0, sizeof *s);
     s->model = m;

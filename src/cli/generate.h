@@ -47,6 +47,9 @@ typedef struct cli_gen_result {
 } cli_gen_result;
 
 cli_gen_opts cli_gen_default_opts(void);
+/* Without --temperature: the checkpoint's generation_config.json sampling (do_sample,
+ * temperature, top_p, top_k, repetition_penalty), as transformers' generate would use. */
+void cli_apply_generation_defaults(cli_gen_opts *o, const qd_model *m);
 int cli_session_open(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch);
 void cli_session_close(cli_session *s);
 /* Streams text to `out` (may be NULL). Returns 0, or -1 with a message printed. */

@@ -121,55 +121,72 @@ static char *read_file(const char *path, size_t *len) {
     return p;
 }
 
+/* Takes the template from a JSON file's "chat_template": a string, or a list of
+ * {name, template} entries of which "default" is used. Returns 1 when found,
+ * 0 when the file or key is absent, -1 on a malformed value (err set). */
+static int template_from_json(const char *path, char **src, size_t *len, qd_err *err) {
+    json_error_t je;
+    json_t *cfg = json_load_file(path, 0, &je);
+    if (!cfg) return 0;
+    json_t *ct = json_object_get(cfg, "chat_template"), *found = NULL;
+    int rc = 0;
+    if (json_is_string(ct)) found = ct;
+    else if (json_is_array(ct)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(ct, i, e) {
+            const char *name = json_string_value(json_object_get(e, "name"));
+            if (name && strcmp(name, "default") == 0 && json_is_string(json_object_get(e, "template")))
+                found = json_object_get(e, "template");
+        }
+        if (!found) {
+            qd_seterr(err, QD_ERR_NOT_FOUND, "%s: chat_template list has no \"default\" entry", path);
+            rc = -1;
+        }
+    } else if (ct && !json_is_null(ct)) {
+        qd_seterr(err, QD_ERR_FORMAT, "%s: chat_template must be a string or a list", path);
+        rc = -1;
+    }
+    if (found) {
+        *len = json_string_length(found);
+        *src = malloc(*len + 1);
+        if (*src) {
+            memcpy(*src, json_string_value(found), *len + 1);
+            rc = 1;
+        } else {
+            qd_seterr(err, QD_ERR_OOM, "%s: out of memory", path);
+            rc = -1;
+        }
+    }
+    json_decref(cfg);
+    return rc;
+}
+
+/* Same precedence as transformers: a chat_template.jinja file overrides the
+ * tokenizer_config.json entry; processor-style chat_template.json comes last. */
 qd_status qd_chat_template_load_dir(const char *dir, qd_chat_template **out, qd_err *err) {
     *out = NULL;
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    json_error_t je;
-    json_t *cfg = json_load_file(path, 0, &je);
-    const char *src = NULL;
+    char *src = NULL;
     size_t len = 0;
-    char *owned = NULL;
-    qd_status s;
-    if (cfg) {
-        json_t *ct = json_object_get(cfg, "chat_template");
-        if (json_is_string(ct)) {
-            src = json_string_value(ct);
-            len = json_string_length(ct);
-        } else if (json_is_array(ct)) {
-            /* Named templates: [{"name": "default", "template": ...}, {"name": "tool_use", ...}] */
-            size_t i;
-            json_t *e;
-            json_array_foreach(ct, i, e) {
-                const char *name = json_string_value(json_object_get(e, "name"));
-                json_t *tt = json_object_get(e, "template");
-                if (name && strcmp(name, "default") == 0 && json_is_string(tt)) {
-                    src = json_string_value(tt);
-                    len = json_string_length(tt);
-                }
-            }
-            if (!src) {
-                json_decref(cfg);
-                return qd_seterr(err, QD_ERR_NOT_FOUND, "%s: chat_template list has no \"default\" entry", path);
-            }
-        } else if (ct && !json_is_null(ct)) {
-            json_decref(cfg);
-            return qd_seterr(err, QD_ERR_FORMAT, "%s: chat_template must be a string or a list", path);
-        }
-    }
+    qd_err local;
+    if (!err) err = &local;
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    src = read_file(path, &len);
     if (!src) {
-        snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-        owned = read_file(path, &len);
-        if (!owned) {
-            json_decref(cfg);
-            return qd_seterr(err, QD_ERR_NOT_FOUND,
-                             "%s: no chat template (neither tokenizer_config.json chat_template nor chat_template.jinja)", dir);
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        int r = template_from_json(path, &src, &len, err);
+        if (r == 0) {
+            snprintf(path, sizeof path, "%s/chat_template.json", dir);
+            r = template_from_json(path, &src, &len, err);
         }
-        src = owned;
+        if (r < 0) return err->status;
+        if (r == 0)
+            return qd_seterr(err, QD_ERR_NOT_FOUND,
+                             "%s: no chat template (chat_template.jinja, tokenizer_config.json or chat_template.json)", dir);
     }
-    s = qd_chat_template_compile(src, len, out, err);
-    if (s != QD_OK && err) qd_err_prefix(err, "%s", path);
-    free(owned);
-    json_decref(cfg);
+    qd_status s = qd_chat_template_compile(src, len, out, err);
+    if (s != QD_OK) qd_err_prefix(err, "%s", path);
+    free(src);
     return s;
 }

@@ -32,10 +32,11 @@ typedef struct qd_chat_template_limits {
  * the problem and the line. */
 qd_status qd_chat_template_compile(const char *src, size_t len, qd_chat_template **out, qd_err *err);
 
-/* Reads the template of a Hugging Face checkpoint or tokenizer directory: the
- * `chat_template` of DIR/tokenizer_config.json (a string, or a list of
- * {name, template} entries from which "default" is taken), else
- * DIR/chat_template.jinja. */
+/* Reads the template of a Hugging Face checkpoint or tokenizer directory:
+ * DIR/chat_template.jinja if present (it overrides the config, as in
+ * transformers), else the `chat_template` of DIR/tokenizer_config.json (a
+ * string, or a list of {name, template} entries from which "default" is
+ * taken), else that of DIR/chat_template.json. */
 qd_status qd_chat_template_load_dir(const char *dir, qd_chat_template **out, qd_err *err);
 
 void qd_chat_template_free(qd_chat_template *tpl);

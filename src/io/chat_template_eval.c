@@ -164,10 +164,11 @@ static int eval_slice(ct_ctx *c, const node *e, tv *out) {
     if (!hst) stepv = 1;
     if (stepv == 0) return ct_fail(c, QD_ERR_INVALID_ARG, "slice step cannot be zero");
     if (obj.t == TV_UNDEF) return ct_fail(c, QD_ERR_INVALID_ARG, "cannot slice an undefined value");
-    if (obj.t != TV_LIST && obj.t != TV_STR) {
-        *out = tv_undef();
-        return 0;
-    }
+    /* Jinja compiles slices to a plain Python subscription (no getitem
+     * fallback to Undefined), so slicing anything else is an error. */
+    if (obj.t == TV_DICT) return ct_fail(c, QD_ERR_INVALID_ARG, "unhashable type: 'slice'");
+    if (obj.t != TV_LIST && obj.t != TV_STR)
+        return ct_fail(c, QD_ERR_INVALID_ARG, "'%s' object is not subscriptable", ct_type_name(obj));
     size_t *offs = NULL;
     int64_t len;
     if (obj.t == TV_LIST) len = (int64_t)obj.l->n;
@@ -496,6 +497,19 @@ int ct_eval(ct_ctx *c, const node *e, tv *out) {
         tv *args, *kwv;
         if (ct_eval(c, e->a, &a) || eval_args(c, e, &args, &kwv)) { rc = -1; break; }
         c->line = e->line;
+        /* Name what cannot be called: an unknown global, or a method this
+         * interpreter does not implement. */
+        if (a.t == TV_UNDEF && e->a->kind == N_NAME) {
+            rc = ct_fail(c, QD_ERR_UNSUPPORTED, "'%s' is undefined (unsupported global function?)", e->a->name);
+            break;
+        }
+        if (a.t == TV_UNDEF && e->a->kind == N_GETATTR) {
+            tv obj;
+            if ((rc = ct_eval(c, e->a->a, &obj))) break;
+            rc = ct_fail(c, QD_ERR_UNSUPPORTED, "'%s' object has no method '%s' (unsupported or undefined)",
+                         ct_type_name(obj), e->a->name);
+            break;
+        }
         rc = ct_call_value(c, a, args, e->nkids, e->kw, kwv, e->nkw, out);
         break;
     }

@@ -121,7 +121,8 @@ static int filter_select(ct_ctx *c, tv v, tv *args, int nargs, int by_attr, int 
     int ai = by_attr ? 1 : 0;
     if (by_attr && nargs < 1) return ct_fail(c, QD_ERR_INVALID_ARG, "selectattr/rejectattr need an attribute name");
     int tid = -1;
-    if (nargs > ai) {
+    /* Like Jinja, the test name is only resolved when there is an item to test. */
+    if (nargs > ai && in->n) {
         if (args[ai].t != TV_STR) return ct_fail(c, QD_ERR_INVALID_ARG, "test name must be a string");
         char name[32];
         snprintf(name, sizeof name, "%.*s", (int)(args[ai].s.n > 31 ? 31 : args[ai].s.n), args[ai].s.p);
@@ -203,6 +204,9 @@ static int filter_indent(ct_ctx *c, tv v, tv *args, int nargs, const char **kw, 
     static const char *const P[] = {"width", "first", "blank", NULL};
     tv a[3], s;
     int g[3];
+    /* Jinja's indent does `s += "\n"`, so only strings are accepted. */
+    if (v.t != TV_STR)
+        return ct_fail(c, QD_ERR_INVALID_ARG, "filter 'indent': unsupported operand type(s) for +=: '%s' and 'str'", ct_type_name(v));
     if (bind(c, "indent", P, a, g, args, nargs, kw, kwv, nkw) || need_str(c, "indent", v, &s)) return -1;
     tv ind = tv_strn("    ", 4);
     if (g[0] && a[0].t == TV_STR) ind = a[0];
@@ -282,6 +286,7 @@ int ct_apply_filter(ct_ctx *c, int id, tv v, tv *args, int nargs, const char **k
         if (to_list(c, v, &l)) return -1;
         tlist *res = ct_list_new(c, l->n);
         if (!res) return -1;
+        if (l->n == 0) { *out = list_val(res); return 0; }   /* Jinja checks arguments lazily */
         tv attr = tv_undef(), dflt = tv_undef();
         for (int k = 0; k < nkw; k++) {
             if (strcmp(kw[k], "attribute") == 0) attr = kwv[k];
@@ -342,6 +347,8 @@ int ct_apply_filter(ct_ctx *c, int id, tv v, tv *args, int nargs, const char **k
         tv a[2];
         int g[2];
         if (bind(c, FILTERS[id], P, a, g, args, nargs, kw, kwv, nkw)) return -1;
+        /* int(Undefined) raises in Jinja rather than falling back to the default. */
+        if (v.t == TV_UNDEF) return ct_fail(c, QD_ERR_INVALID_ARG, "filter '%s' applied to an undefined value", FILTERS[id]);
         tv dflt = g[0] ? a[0] : id == F_INT ? tv_int(0) : tv_float(0.0);
         if (v.t == TV_INT || v.t == TV_BOOL) *out = id == F_INT ? tv_int(v.t == TV_INT ? v.i : v.b) : tv_float(v.t == TV_INT ? (double)v.i : v.b);
         else if (v.t == TV_FLOAT) {
@@ -514,20 +521,30 @@ int ct_apply_test(ct_ctx *c, int id, tv v, tv *args, int nargs, int *r) {
     case T_NUMBER: *r = v.t == TV_INT || v.t == TV_FLOAT || v.t == TV_BOOL; return 0;
     case T_INTEGER: *r = v.t == TV_INT; return 0;
     case T_FLOAT: *r = v.t == TV_FLOAT; return 0;
-    /* Python: str, list, tuple and dict all have len() and []; Undefined is iterable. */
-    case T_SEQUENCE: *r = v.t == TV_STR || v.t == TV_LIST || v.t == TV_DICT; return 0;
+    /* Python: str, list, tuple and dict all have len() and []; so has Undefined (it
+     * defines __len__ and __getitem__), which also makes it a "sequence" and iterable. */
+    case T_SEQUENCE: *r = v.t == TV_STR || v.t == TV_LIST || v.t == TV_DICT || v.t == TV_UNDEF; return 0;
     case T_ITERABLE: *r = v.t == TV_STR || v.t == TV_LIST || v.t == TV_DICT || v.t == TV_UNDEF; return 0;
-    case T_CALLABLE: *r = v.t == TV_FUNC || v.t == TV_MACRO || v.t == TV_METHOD; return 0;
+    /* Jinja's Undefined defines __call__ (to raise), so callable() says yes. */
+    case T_CALLABLE: *r = v.t == TV_FUNC || v.t == TV_MACRO || v.t == TV_METHOD || v.t == TV_UNDEF; return 0;
     case T_ESCAPED: *r = 0; return 0;
     case T_LOWER: case T_UPPER: {
-        if (v.t != TV_STR) { *r = 0; return 0; }
-        tv m;
-        if (ct_case_map(c, v, id == T_LOWER ? CT_CASE_LOWER : CT_CASE_UPPER, &m)) return -1;
-        *r = m.s.n == v.s.n && memcmp(m.s.p, v.s.p, v.s.n) == 0;
+        /* Jinja: str(value).islower() / .isupper() (needs a cased character). */
+        tv str;
+        if (v.t == TV_UNDEF) str = tv_strn("", 0);
+        else if (ct_stringify(c, v, &str)) return -1;
+        *r = ct_str_pred(str, id == T_LOWER ? 4 : 5);
         return 0;
     }
     case T_EVEN: case T_ODD:
-        if (v.t != TV_INT && v.t != TV_BOOL) return ct_fail(c, QD_ERR_INVALID_ARG, "test '%s' needs an integer", TESTS[id]);
+        /* Jinja: value % 2 == 1 / == 0 with Python's modulo, so floats work too. */
+        if (v.t == TV_FLOAT) {
+            double m = fmod(v.f, 2.0);
+            if (m < 0) m += 2.0;
+            *r = id == T_ODD ? m == 1.0 : m == 0.0;
+            return 0;
+        }
+        if (v.t != TV_INT && v.t != TV_BOOL) return ct_fail(c, QD_ERR_INVALID_ARG, "test '%s' needs a number", TESTS[id]);
         *r = ((v.t == TV_INT ? v.i : v.b) % 2 != 0) == (id == T_ODD);
         return 0;
     case T_DIVISIBLEBY: {

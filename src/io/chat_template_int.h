@@ -207,6 +207,8 @@ int ct_compare(ct_ctx *c, int op, tv a, tv b, int *result);
 tv ct_strip(tv s, const tv *chars, int left, int right);
 enum { CT_CASE_UPPER, CT_CASE_LOWER, CT_CASE_TITLE, CT_CASE_CAPITALIZE, CT_CASE_SWAP };
 int ct_case_map(ct_ctx *c, tv s, int mode, tv *out);
+/* str.isdigit/isalpha/isalnum/isspace/islower/isupper for kind 0..5. */
+int ct_str_pred(tv s, int kind);
 int ct_str_percent(ct_ctx *c, tv fmt, tv arg, tv *out);
 int ct_str_replace(ct_ctx *c, tv s, tv old, tv new_, int64_t count, tv *out);
 

@@ -9,6 +9,7 @@
  *   {% and {#        drop spaces/tabs between line start and the tag
  *                    (lstrip_blocks) unless {%+;
  * and one trailing newline of the whole template is dropped. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,6 +196,79 @@ static int lex_string(lexer *L, ct_token *tk) {
 static int is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
 
+/* `(\d+_)*\d+` starting at i: end of the run, or i when there is none. */
+static size_t digit_run(const char *p, size_t rem, size_t i) {
+    if (i >= rem || !is_digit(p[i])) return i;
+    size_t j = i;
+    for (;;) {
+        while (j < rem && is_digit(p[j])) j++;
+        if (j + 1 < rem && p[j] == '_' && is_digit(p[j + 1])) { j++; continue; }
+        return j;
+    }
+}
+
+/* Numbers with Jinja's rules: a float needs a fraction or an exponent (and
+ * cannot directly follow '.', so x.0.1 indexes twice); integers are 0, [1-9]...
+ * or 0x / 0o / 0b forms, all with single '_' separators. "03" is 0 then 3, which
+ * the parser rejects, as Jinja does. */
+static int lex_number(lexer *L, const char *p, size_t rem) {
+    char num[80];
+    size_t k = 0, m = 0;
+    int is_float = 0, base = 10;
+    ct_tokens *o = L->out;
+    int after_dot = o->n > 0 && o->v[o->n - 1].t == TK_OP && o->v[o->n - 1].n == 1 && o->v[o->n - 1].p[0] == '.';
+    size_t e1 = digit_run(p, rem, 0);
+    if (!after_dot) {
+        size_t j = e1, jf = 0;
+        if (j + 1 < rem && p[j] == '.' && (jf = digit_run(p, rem, j + 1)) > j + 1) j = jf;
+        else jf = 0;
+        if (j < rem && (p[j] == 'e' || p[j] == 'E')) {
+            size_t q = j + 1;
+            if (q < rem && (p[q] == '+' || p[q] == '-')) q++;
+            size_t e2 = digit_run(p, rem, q);
+            if (e2 > q) { k = e2; is_float = 1; }
+        }
+        if (!is_float && jf) { k = jf; is_float = 1; }
+    }
+    if (!is_float) {
+        if (p[0] == '0' && rem > 2 && strchr("xXoObB", p[1]) && p[1]) {
+            base = (p[1] == 'x' || p[1] == 'X') ? 16 : (p[1] == 'o' || p[1] == 'O') ? 8 : 2;
+            k = 2;
+            for (;;) {
+                size_t q = k < rem && p[k] == '_' ? k + 1 : k;
+                int d = q < rem ? hexval(p[q]) : -1;
+                if (d < 0 || d >= base) break;
+                k = q + 1;
+            }
+            if (k == 2) k = 1;   /* bare "0x": the integer 0, then a name */
+        } else if (p[0] == '0') {
+            k = 1;
+            while (k < rem && (p[k] == '0' || (p[k] == '_' && k + 1 < rem && p[k + 1] == '0'))) k++;
+        } else k = e1;
+        if (k == 1 && base != 10) base = 10;
+    }
+    for (size_t i = (base == 10 ? 0 : 2); i < k; i++)
+        if (p[i] != '_') {
+            if (m >= sizeof num - 1) return lex_fail(L, "numeric literal too long");
+            num[m++] = p[i];
+        }
+    num[m] = 0;
+    ct_token *tk = push(L, is_float ? TK_FLOAT : TK_INT, L->line);
+    if (!tk) return lex_fail(L, "out of memory");
+    if (is_float) tk->fval = strtod(num, NULL);
+    else {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(num, &end, base);
+        if (errno || v > (unsigned long long)INT64_MAX) return lex_fail(L, "integer literal too large (arbitrary precision is not supported)");
+        tk->ival = (int64_t)v;
+    }
+    tk->p = p;
+    tk->n = k;
+    L->pos += k;
+    return 0;
+}
+
 /* Lexes tokens inside a tag up to its end delimiter ("}}" or "%}"); returns
  * the strip sign found before the delimiter ('-', '+' or 0) in *sign. */
 static int lex_tag(lexer *L, char endc, int *sign) {
@@ -225,43 +299,7 @@ static int lex_tag(lexer *L, char endc, int *sign) {
             tk->n = k;
             L->pos += k;
         } else if (is_digit(*p)) {
-            size_t k = 0;
-            char num[64];
-            size_t m = 0;
-            int is_float = 0;
-            while (k < rem && (is_digit(p[k]) || (p[k] == '_' && k + 1 < rem && is_digit(p[k + 1])))) {
-                if (p[k] != '_' && m < 60) num[m++] = p[k];
-                k++;
-            }
-            if (k + 1 < rem && p[k] == '.' && is_digit(p[k + 1])) {
-                is_float = 1;
-                num[m++] = p[k++];
-                while (k < rem && is_digit(p[k]) && m < 60) num[m++] = p[k++];
-            }
-            if (k < rem && (p[k] == 'e' || p[k] == 'E')) {
-                size_t e = k + 1;
-                if (e < rem && (p[e] == '+' || p[e] == '-')) e++;
-                if (e < rem && is_digit(p[e])) {
-                    is_float = 1;
-                    num[m++] = 'e';
-                    for (size_t q = k + 1; q < e; q++) num[m++] = p[q];
-                    k = e;
-                    while (k < rem && is_digit(p[k]) && m < 62) num[m++] = p[k++];
-                }
-            }
-            num[m] = 0;
-            if (m >= 60) return lex_fail(L, "numeric literal too long");
-            if (!(tk = push(L, is_float ? TK_FLOAT : TK_INT, L->line))) return lex_fail(L, "out of memory");
-            if (is_float) tk->fval = strtod(num, NULL);
-            else {
-                char *end;
-                unsigned long long v = strtoull(num, &end, 10);
-                if (v > (unsigned long long)INT64_MAX || m > 19) return lex_fail(L, "integer literal too large");
-                tk->ival = (int64_t)v;
-            }
-            tk->p = p;
-            tk->n = k;
-            L->pos += k;
+            if (lex_number(L, p, rem)) return -1;
         } else if (*p == '\'' || *p == '"') {
             if (!(tk = push(L, TK_STRING, L->line))) return lex_fail(L, "out of memory");
             if (lex_string(L, tk)) return -1;

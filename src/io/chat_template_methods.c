@@ -284,7 +284,7 @@ int ct_str_replace(ct_ctx *c, tv s, tv old, tv new_, int64_t count, tv *out) {
     return ok ? 0 : -1;
 }
 
-static int pred_all(tv s, int kind) {
+int ct_str_pred(tv s, int kind) {
     if (s.s.n == 0) return 0;
     int has_cased = 0;
     for (size_t i = 0; i < s.s.n;) {
@@ -419,7 +419,7 @@ static int str_method(ct_ctx *c, tv s, const char *m, tv *args, int nargs, const
     }
     static const char *const preds[] = {"isdigit", "isalpha", "isalnum", "isspace", "islower", "isupper"};
     for (int k = 0; k < 6; k++)
-        if (IS(preds[k])) { *out = tv_bool(pred_all(s, k)); return 0; }
+        if (IS(preds[k])) { *out = tv_bool(ct_str_pred(s, k)); return 0; }
 #undef IS
     return ct_fail(c, QD_ERR_UNSUPPORTED, "unsupported construct: str.%s()", m);
 }
@@ -541,8 +541,10 @@ int ct_str_percent(ct_ctx *c, tv fmt, tv arg, tv *out) {
         } else { rc = ct_fail(c, QD_ERR_UNSUPPORTED, "unsupported format character '%c'", conv); break; }
         ct_buf_puts(&b, tmp);
     }
-    if (rc == 0 && !mapping && ai < nargs && !(nargs == 1 && ai == 0 && arg.t != TV_LIST))
-        rc = ct_fail(c, QD_ERR_INVALID_ARG, "not all arguments converted during string formatting");
+    /* Python: leftover tuple items, or a scalar never consumed, are an error; a
+     * dict or list argument (mapping-like) may go unused. */
+    int leftover = arg.t == TV_LIST && arg.l->tuple ? ai < nargs : (arg.t != TV_DICT && arg.t != TV_LIST && ai == 0);
+    if (rc == 0 && leftover) rc = ct_fail(c, QD_ERR_INVALID_ARG, "not all arguments converted during string formatting");
     if (rc == 0 && b.oom) rc = ct_oom(c);
     int ok = 1;
     if (rc == 0) *out = ct_str_dup(c, b.p ? b.p : "", b.n, &ok);

@@ -107,8 +107,9 @@ tv ct_str_dup(ct_ctx *c, const char *p, size_t n, int *ok) {
 tlist *ct_list_new(ct_ctx *c, size_t n) {
     if (n > ((size_t)1 << 40) / sizeof(tv)) { ct_oom(c); return NULL; }
     tlist *l = ct_alloc(c->ar, sizeof *l);
-    tv *v = n ? ct_alloc(c->ar, n * sizeof(tv)) : NULL;
-    if (!l || (n && !v)) { ct_oom(c); return NULL; }
+    /* Never NULL, even when empty, so memcpy of zero items stays well-defined. */
+    tv *v = ct_alloc(c->ar, (n ? n : 1) * sizeof(tv));
+    if (!l || !v) { ct_oom(c); return NULL; }
     l->n = n;
     l->v = v;
     return l;
@@ -406,6 +407,7 @@ static void repr_d(ct_buf *b, tv v, int depth) {
     if (b->oom) return;
     if (depth > 100) { ct_buf_puts(b, "..."); return; }
     switch (v.t) {
+    case TV_UNDEF: ct_buf_puts(b, "Undefined"); return;
     case TV_STR: put_repr_str(b, v.s.p, v.s.n); return;
     case TV_LIST:
         ct_buf_putc(b, v.l->tuple ? '(' : '[');

@@ -220,6 +220,14 @@ static qd_status read_rope(const cfg *c, qd_config *o) {
     if (rp) {
         QD_TRY(get_num(c, rp, rwhere, "rope_theta", theta, &theta));
         QD_TRY(get_num(c, rp, rwhere, "partial_rotary_factor", prf, &prf));
+    } else if (rs) {
+        /* transformers 5 reads a `rope_scaling` object as an alias of `rope_parameters`
+         * (configs written for both 4.x and 5.x put rope_theta there); without this the
+         * theta inside it would be ignored silently. */
+        char w[64];
+        snprintf(w, sizeof w, "%srope_scaling.", swhere);
+        QD_TRY(get_num(c, rs, w, "rope_theta", theta, &theta));
+        QD_TRY(get_num(c, rs, w, "partial_rotary_factor", prf, &prf));
     }
     if (!(theta > 0) || !isfinite(theta))
         return qd_seterr(c->err, QD_ERR_FORMAT, "%s: rope_theta = %g must be positive", c->what, theta);
@@ -371,7 +379,10 @@ static qd_status parse_root(cfg *c, qd_config *o) {
         return qd_seterr(c->err, QD_ERR_FORMAT,
                          "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", c->what, o->attn_nq,
                          o->attn_nkv);
-    QD_TRY(get_int(c, "head_dim", false, o->hidden_size / o->attn_nq, &o->attn_head_dim));
+    /* transformers' Qwen3NextConfig / Qwen3_5TextConfig default head_dim to 256 (not
+     * hidden_size / num_attention_heads as in Llama-style configs); a config without the
+     * field must mean what it means to transformers. */
+    QD_TRY(get_int(c, "head_dim", false, 256, &o->attn_head_dim));
     QD_TRY(check_dim(c, "head_dim", o->attn_head_dim));
     QD_TRY(get_bool(c, "attn_output_gate", true, &o->attn_output_gate));
     QD_TRY(read_rope(c, o));

@@ -411,6 +411,7 @@ static qd_status parse_vocab(qd_tokenizer *tok, json_t *vocab, json_t *added, qd
     for (int32_t id = 0; id < tok->n_ids; id++)
         if (tok->flags[id] & TK_FLAG_ADDED) str_hash_put(tok, id);
 
+    for (int b = 0; b < 256; b++) tok->byte_cp[b] = (uint16_t)cp_of[b];
     for (int b = 0; b < 256; b++) {
         unsigned char u[4];
         utf8proc_ssize_t l = utf8proc_encode_char((utf8proc_int32_t)cp_of[b], u);

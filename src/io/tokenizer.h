@@ -26,7 +26,14 @@
  * subpart becomes one U+FFFD. Encoding invalid bytes therefore equals HF
  * encoding of the lossy-decoded string. Decoding ids applies the same rule to
  * its output (HF decode also ends in from_utf8_lossy), so decode output is
- * always valid UTF-8.
+ * always valid UTF-8. Added tokens decode through the ByteLevel decoder as in
+ * HF: content made only of byte-level alphabet characters is read as bytes,
+ * so a non-ASCII added token such as "éé" decodes to U+FFFD U+FFFD (no
+ * Qwen added token is affected: they are all ASCII).
+ *
+ * Ids come from the file: an added token keeps its "id" even where HF would
+ * renumber it (HF assigns added ids sequentially after the model vocab and
+ * only warns about a mismatch; real tokenizer files agree with that order).
  *
  * Thread safety: a loaded tokenizer is read-only except for a word cache that
  * is guarded by a mutex taken with trylock; any number of threads may encode
@@ -42,12 +49,12 @@
 
 typedef struct qd_tokenizer qd_tokenizer;
 
-/* Loads DIR-less tokenizer.json. On failure *out is NULL and err names the
+/* Loads a tokenizer.json file. On failure *out is NULL and err names the
  * file and the field that was wrong. */
 qd_status qd_tokenizer_load(const char *tokenizer_json_path, qd_tokenizer **out, qd_err *err);
-/* Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json
- * (for eos_token / pad_token and added_tokens_decoder flags that are missing
- * from tokenizer.json). */
+/* Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json for
+ * eos_token and pad_token (a malformed tokenizer_config.json is an error, a
+ * missing one is not). Added tokens and their flags come from tokenizer.json. */
 qd_status qd_tokenizer_load_dir(const char *dir, qd_tokenizer **out, qd_err *err);
 void qd_tokenizer_free(qd_tokenizer *tok);
 

@@ -42,8 +42,12 @@ static void tk_inert_init(void) {
     }
 }
 
-static int tk_is_nfc_inert(const unsigned char *s, size_t len) {
-    size_t i = 0;
+static int cp_inert(uint32_t cp) { return cp < TK_INERT_LIMIT && (tk_inert[cp >> 3] & (1u << (cp & 7))); }
+
+static size_t cp_bytes(unsigned char b) { return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4; }
+
+/* Position of the first non-inert code point at or after i, or len. */
+static size_t next_non_inert(const unsigned char *s, size_t len, size_t i) {
     while (i < len) {
         /* Skip ASCII quickly, 8 bytes at a time. */
         while (i + 8 <= len) {
@@ -54,12 +58,161 @@ static int tk_is_nfc_inert(const unsigned char *s, size_t len) {
         }
         if (i >= len) break;
         if (s[i] < 0x80) { i++; continue; }
-        uint32_t cp = tk_utf8_decode(s + i, len - i);
-        size_t k = s[i] < 0xE0 ? 2 : s[i] < 0xF0 ? 3 : 4;
-        if (cp >= TK_INERT_LIMIT || !(tk_inert[cp >> 3] & (1u << (cp & 7)))) return 0;
+        size_t k = cp_bytes(s[i]);
+        if (!cp_inert(tk_utf8_decode(s + i, len - i))) return i;
         i += k;
     }
-    return 1;
+    return len;
+}
+
+/* Stable sort of a run of combining marks by canonical combining class.
+ * utf8proc's own reordering is a gnome sort, quadratic in the run length, so
+ * a few hundred KB of alternating marks would take minutes; runs are sorted
+ * here instead (insertion sort for the usual short runs, counting sort over
+ * the 255 classes for long ones). */
+static int order_marks(utf8proc_int32_t *cp, uint8_t *cc, size_t n) {
+    if (n <= 16) {
+        for (size_t i = 1; i < n; i++) {
+            utf8proc_int32_t c = cp[i];
+            uint8_t k = cc[i];
+            size_t j = i;
+            for (; j > 0 && cc[j - 1] > k; j--) {
+                cp[j] = cp[j - 1];
+                cc[j] = cc[j - 1];
+            }
+            cp[j] = c;
+            cc[j] = k;
+        }
+        return 0;
+    }
+    size_t start[257] = {0};
+    for (size_t i = 0; i < n; i++) start[cc[i] + 1]++;
+    for (int k = 1; k < 257; k++) start[k] += start[k - 1];
+    utf8proc_int32_t *tmp = malloc(n * sizeof *tmp);
+    if (!tmp) return -1;
+    for (size_t i = 0; i < n; i++) tmp[start[cc[i]]++] = cp[i];
+    memcpy(cp, tmp, n * sizeof *tmp);
+    free(tmp);
+    for (size_t i = 0; i < n; i++) cc[i] = (uint8_t)utf8proc_get_property(cp[i])->combining_class;
+    return 0;
+}
+
+/* One normalization form over valid UTF-8: decompose char by char (utf8proc),
+ * reorder marks (above), compose and re-encode (utf8proc_reencode). */
+static utf8proc_ssize_t norm_one(const unsigned char *s, size_t len, utf8proc_uint8_t **dst, int opts) {
+    size_t cap = len + 16, n = 0;
+    utf8proc_int32_t *buf = malloc((cap + 1) * sizeof *buf);
+    if (!buf) return UTF8PROC_ERROR_NOMEM;
+    utf8proc_option_t dopts = (utf8proc_option_t)(opts & (UTF8PROC_COMPAT | UTF8PROC_STABLE)) | UTF8PROC_DECOMPOSE;
+    for (size_t i = 0; i < len;) {
+        utf8proc_int32_t c;
+        utf8proc_ssize_t k = utf8proc_iterate(s + i, (utf8proc_ssize_t)(len - i), &c);
+        if (k <= 0) { free(buf); return UTF8PROC_ERROR_INVALIDUTF8; }
+        i += (size_t)k;
+        for (;;) {
+            int boundclass = 0;
+            utf8proc_ssize_t r = utf8proc_decompose_char(c, buf + n, (utf8proc_ssize_t)(cap - n), dopts, &boundclass);
+            if (r < 0) { free(buf); return r; }
+            if ((size_t)r <= cap - n) { n += (size_t)r; break; }
+            size_t nc = 2 * cap + (size_t)r;
+            utf8proc_int32_t *nb = realloc(buf, (nc + 1) * sizeof *buf);
+            if (!nb) { free(buf); return UTF8PROC_ERROR_NOMEM; }
+            buf = nb;
+            cap = nc;
+        }
+    }
+    uint8_t *cc = malloc(n + 1);
+    if (!cc) { free(buf); return UTF8PROC_ERROR_NOMEM; }
+    for (size_t i = 0; i < n; i++) cc[i] = (uint8_t)utf8proc_get_property(buf[i])->combining_class;
+    for (size_t i = 0; i < n;) {
+        if (!cc[i]) { i++; continue; }
+        size_t j = i;
+        while (j < n && cc[j]) j++;
+        if (j - i > 1 && order_marks(buf + i, cc + i, j - i) < 0) { free(cc); free(buf); return UTF8PROC_ERROR_NOMEM; }
+        i = j;
+    }
+    free(cc);
+    /* reencode composes (with UTF8PROC_COMPOSE) and writes UTF-8 over the
+     * code-point buffer, which has room for it plus a NUL. */
+    utf8proc_ssize_t out = utf8proc_reencode(buf, (utf8proc_ssize_t)n, (utf8proc_option_t)(opts & (UTF8PROC_COMPOSE | UTF8PROC_STABLE)));
+    if (out < 0) { free(buf); return out; }
+    *dst = (utf8proc_uint8_t *)buf;
+    return out;
+}
+
+/* utf8proc (2.8) composes an LV syllable with U+11A7, which is one below the
+ * first trailing consonant and so not a T jamo: it swallows the U+11A7.
+ * U+11A7 is a starter that composes with nothing, so normalizing the text on
+ * either side of it separately gives the correct (HF, Python) result. */
+static utf8proc_ssize_t norm_map(const unsigned char *s, size_t len, utf8proc_uint8_t **dst, int opts) {
+    const unsigned char *cut = NULL;
+    if (opts & UTF8PROC_COMPOSE)
+        for (size_t i = 0; i + 2 < len; i++)
+            if (s[i] == 0xE1 && s[i + 1] == 0x86 && s[i + 2] == 0xA7) { cut = s + i; break; }
+    if (!cut) return norm_one(s, len, dst, opts);
+    utf8proc_uint8_t *a = NULL, *b = NULL;
+    size_t la = (size_t)(cut - s);
+    utf8proc_ssize_t na = la ? norm_one(s, la, &a, opts) : 0;
+    if (na < 0) return na;
+    utf8proc_ssize_t nb = norm_map(cut + 3, len - la - 3, &b, opts);
+    if (nb < 0) { free(a); return nb; }
+    utf8proc_uint8_t *o = malloc((size_t)na + 3 + (size_t)nb + 1);
+    if (!o) { free(a); free(b); return UTF8PROC_ERROR_NOMEM; }
+    if (na) memcpy(o, a, (size_t)na);
+    memcpy(o + na, cut, 3);
+    if (nb) memcpy(o + na + 3, b, (size_t)nb);
+    o[na + 3 + nb] = 0;
+    free(a);
+    free(b);
+    *dst = o;
+    return na + 3 + nb;
+}
+
+/* NFC touching only what can change. No composition or reordering crosses
+ * the left edge of an inert code point (it has class 0 and is never the
+ * second half of a pair), so NFC(x y) = NFC(x) NFC(y) whenever y starts with
+ * one. Each run of non-inert code points is normalized together with the
+ * inert code point before it (a possible base for its marks) up to the next
+ * inert code point; everything else is copied. first = first non-inert. */
+static utf8proc_ssize_t nfc_segments(const unsigned char *s, size_t len, size_t first, utf8proc_uint8_t **dst) {
+    size_t cap = len + len / 2 + 16, o = 0, from = 0, i = first;
+    unsigned char *out = malloc(cap);
+    if (!out) return UTF8PROC_ERROR_NOMEM;
+    while (i < len) {
+        size_t seg = i;
+        if (i > from) {  /* include the inert code point just before */
+            seg = i - 1;
+            while (seg > from && (s[seg] & 0xC0) == 0x80) seg--;
+        }
+        size_t j = i + cp_bytes(s[i]);
+        while (j < len && !cp_inert(tk_utf8_decode(s + j, len - j))) j += cp_bytes(s[j]);
+        utf8proc_uint8_t *n = NULL;
+        utf8proc_ssize_t nl = norm_map(s + seg, j - seg, &n, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (nl < 0) { free(out); return nl; }
+        if (o + (seg - from) + (size_t)nl + 1 > cap) {
+            cap = 2 * (o + (seg - from) + (size_t)nl + 1) + len - j;
+            unsigned char *p = realloc(out, cap);
+            if (!p) { free(n); free(out); return UTF8PROC_ERROR_NOMEM; }
+            out = p;
+        }
+        memcpy(out + o, s + from, seg - from);
+        o += seg - from;
+        memcpy(out + o, n, (size_t)nl);
+        o += (size_t)nl;
+        free(n);
+        from = j;
+        i = next_non_inert(s, len, j);
+    }
+    if (o + (len - from) + 1 > cap) {
+        unsigned char *p = realloc(out, o + (len - from) + 1);
+        if (!p) { free(out); return UTF8PROC_ERROR_NOMEM; }
+        out = p;
+    }
+    memcpy(out + o, s + from, len - from);
+    o += len - from;
+    out[o] = 0;
+    *dst = out;
+    return (utf8proc_ssize_t)o;
 }
 
 qd_status tk_normalize(const qd_tokenizer *tok, const unsigned char *s, size_t len, unsigned char **out,
@@ -75,9 +228,15 @@ qd_status tk_normalize(const qd_tokenizer *tok, const unsigned char *s, size_t l
     pthread_once(&tk_inert_once, tk_inert_init);
     for (int k = 0; k < tok->n_norm; k++) {
         int opts = tok->norm_opts[k];
-        if (opts == (UTF8PROC_STABLE | UTF8PROC_COMPOSE) && tk_is_nfc_inert(*out, *out_len)) continue;
         utf8proc_uint8_t *dst = NULL;
-        utf8proc_ssize_t n = utf8proc_map(*out, (utf8proc_ssize_t)*out_len, &dst, (utf8proc_option_t)opts);
+        utf8proc_ssize_t n;
+        if (opts == (UTF8PROC_STABLE | UTF8PROC_COMPOSE)) {
+            size_t first = next_non_inert(*out, *out_len, 0);
+            if (first == *out_len) continue;  /* already NFC: no copy */
+            n = nfc_segments(*out, *out_len, first, &dst);
+        } else {
+            n = norm_map(*out, *out_len, &dst, opts);
+        }
         if (n < 0) {
             if (*owned) free(*out);
             *owned = 0;
@@ -284,16 +443,12 @@ static qd_status bpe_word(enc *e, const unsigned char *s, size_t len) {
         if (len <= TK_CACHE_MAX_KEY) {
             size_t n = 0;
             for (size_t k = 0; k < len; k++) {
-                int b = s[k];
-                int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-                uint32_t cp = (uint32_t)b;
-                if (!printable) {
-                    int idx = 0;
-                    for (int x = 0; x < b; x++)
-                        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174))) idx++;
-                    cp = 256u + (uint32_t)idx;
+                uint32_t cp = tok->byte_cp[s[k]];  /* < 0x800: one or two UTF-8 bytes */
+                if (cp < 0x80) tmp[n++] = (unsigned char)cp;
+                else {
+                    tmp[n++] = (unsigned char)(0xC0 | (cp >> 6));
+                    tmp[n++] = (unsigned char)(0x80 | (cp & 0x3F));
                 }
-                n += (size_t)utf8proc_encode_char((utf8proc_int32_t)cp, tmp + n);
             }
             int32_t id = tk_lookup(tok, (const char *)tmp, n);
             if (id >= 0) {

@@ -78,6 +78,7 @@ struct qd_tokenizer {
     uint32_t merges_mask;
     size_t n_merges;
     int32_t byte_id[256];          /* id of each single byte, -1 when not in vocab */
+    uint16_t byte_cp[256];         /* byte -> its byte-level alphabet code point */
     int32_t unk_id;
     int fuse_unk, ignore_merges;
 

@@ -71,6 +71,7 @@ struct qd_model {
     int n_eos;
     qd_err err;
     qd_safetensors *st;       /* NULL for dummy weights */
+    qd_dtype dummy_dtype;     /* storage of dummy weights */
     qd_threadpool *pool;
     qd_weight embed;          /* [V][H] */
     qd_weight lm_head;        /* [V][H]; the embedding when tied */
@@ -93,7 +94,7 @@ void *qd_model_alloc(qd_model *m, size_t bytes);
 
 /* Fills the weights from the checkpoint (model_load.c) or at random (model_dummy.c). */
 qd_status qd_model_bind_checkpoint(qd_model *m, qd_err *err);
-qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_err *err);
+qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err *err);
 /* Parameter and byte counts from the bound weights. */
 void qd_model_account(qd_model *m);
 

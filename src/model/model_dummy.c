@@ -6,7 +6,8 @@
 #include "model/model.h"
 
 typedef struct {
-    uint16_t *dst;
+    void *dst;
+    qd_dtype dtype;
     int64_t n;
     float scale;
     uint64_t seed;
@@ -27,17 +28,18 @@ static void fill_worker(void *user, int64_t begin, int64_t end, int worker) {
         int64_t lo = blk * 4096, hi = lo + 4096 < j->n ? lo + 4096 : j->n;
         for (int64_t i = lo; i < hi; i++) {
             float u = (float)((splitmix(&s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-            j->dst[i] = qd_f32_to_bf16(u * j->scale);
+            if (j->dtype == QD_DTYPE_F32) ((float *)j->dst)[i] = qd_bf16_to_f32(qd_f32_to_bf16(u * j->scale));
+            else ((uint16_t *)j->dst)[i] = qd_f32_to_bf16(u * j->scale);
         }
     }
 }
 
 static qd_status rand_matrix(qd_model *m, qd_weight *w, int64_t rows, int64_t cols, uint64_t *seed, qd_err *err) {
-    uint16_t *d = qd_model_alloc(m, (size_t)(rows * cols) * 2);
+    void *d = qd_model_alloc(m, (size_t)(rows * cols) * qd_dtype_size(m->dummy_dtype));
     if (!d) return qd_seterr(err, QD_ERR_OOM, "out of memory for a %lldx%lld dummy weight", (long long)rows, (long long)cols);
-    fill_job j = {d, rows * cols, sqrtf(3.0f / (float)cols), splitmix(seed)};
+    fill_job j = {d, m->dummy_dtype, rows * cols, sqrtf(3.0f / (float)cols), splitmix(seed)};
     qd_parallel_for(m->pool, (j.n + 4095) / 4096, 16, fill_worker, &j);
-    *w = (qd_weight){QD_DTYPE_BF16, rows, cols, d};
+    *w = (qd_weight){m->dummy_dtype, rows, cols, d};
     return QD_OK;
 }
 
@@ -57,7 +59,8 @@ static qd_status rand_mlp(qd_model *m, qd_mlp_weights *w, int I, uint64_t *seed,
     return QD_OK;
 }
 
-qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_err *err) {
+qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err *err) {
+    m->dummy_dtype = dtype; /* values are bf16-representable either way: F32 and BF16 dummies compute alike */
     const qd_config *c = &m->cfg;
     const int H = c->hidden_size, hv = c->gdn_hv, hd = c->attn_head_dim;
     uint64_t s = seed;
