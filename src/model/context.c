@@ -1,6 +1,6 @@
 /* Context: per-sequence state (GDN conv + recurrent state, KV block tables), the KV
- * block pool (kv_cache.c) and the scratch
- * of one forward, all sized at creation so that qd_forward never allocates. */
+ * block pool (kv_cache.c) and the scratch of one forward, all sized at creation so
+ * that qd_forward never allocates. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,7 +97,7 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
 oom:
     qd_context_free(ctx);
     return qd_seterr(&m->err, QD_ERR_OOM,
-                     "out of memory creating a context (max_seqs %d, max_ctx %d, max_batch %d, %d KV blocks of %d)",
+                     "out of memory creating a context (max_seqs %d, max_ctx %d, max_batch %d, n_kv_blocks %d, kv_block_size %d)",
                      p.max_seqs, p.max_ctx, p.max_batch, p.n_kv_blocks, p.kv_block_size);
 }
 

@@ -26,7 +26,7 @@ typedef struct qd_engine_params {
     int max_num_seqs;       /* running sequences (GDN state slots) */
     int max_model_len;      /* prompt + generated tokens per request */
     int max_batch_tokens;   /* tokens per step (prefill chunks + decodes) */
-    int kv_block_size;      /* tokens per KV block */
+    int kv_block_size;      /* tokens per KV block (0: 16) */
     int n_kv_blocks;        /* 0: enough for max_num_seqs x max_model_len */
     int max_waiting;        /* queued requests beyond which submit returns QD_ERR_CAPACITY */
 } qd_engine_params;
@@ -61,7 +61,14 @@ typedef struct qd_engine_event {
 /* Called on the engine thread, once per generated token and once more (or on the
  * same event) when the request finishes; after the finishing event the request is
  * gone. Return nonzero to stop the request now (finish reason STOP). Must not block
- * for long and must not call back into the engine except qd_engine_cancel. */
+ * for long and must not call back into the engine except qd_engine_cancel.
+ *
+ * Every accepted request gets exactly one finishing event (finish != NONE): on its
+ * last token for LENGTH and EOS; as one more event with has_token = 0 for STOP
+ * (after the event whose callback returned nonzero), CANCELLED and ERROR. Tokens
+ * are reported once each, in order, also across preemptions. When the finishing
+ * event arrives the request is already counted in requests_finished and a cancel
+ * of its id is ignored. */
 typedef int (*qd_engine_callback)(void *user, const qd_engine_event *ev);
 
 qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_engine **out, qd_err *err);
@@ -69,7 +76,10 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
 void qd_engine_free(qd_engine *e);
 
 /* Queues a request; the prompt is copied. QD_ERR_INVALID_ARG for bad params or token
- * ids, QD_ERR_CAPACITY when prompt + max_tokens > max_model_len or the queue is full. */
+ * ids, QD_ERR_CAPACITY when prompt + max_tokens > max_model_len or the queue is full.
+ * (also when prompt + max_tokens alone would need more KV blocks than the pool has,
+ * possible only with an explicit small n_kv_blocks). *request_id is written before
+ * the request's first callback can run. */
 qd_status qd_engine_submit(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params,
                            qd_engine_callback cb, void *user, uint64_t *request_id, qd_err *err);
 /* Cancels a queued or running request; frees its slot and blocks at the next step
