@@ -65,5 +65,29 @@ fi
 
 echo "== summary: $(sed -n 2p "$LOGDIR/gpu.txt" | cut -d, -f1), $(tail -1 "$LOGDIR/gpu.txt")"
 echo "test_cuda_gdn: $( [ $trc -eq 0 ] && echo PASS || echo "FAIL (rc $trc)")"
-grep -h -E "^(RESULT|FLA) " "$LOGDIR/bench.log" "$LOGDIR/peer_bench.log" 2>/dev/null | sed 's/^RESULT /qdelta /'
+# One table from the "RESULT ..." lines of the benchmark and, if run, the
+# "FLA ..." lines of the reference script (key=value fields).
+cat "$LOGDIR/bench.log" "$LOGDIR/peer_bench.log" 2>/dev/null | awk '
+function kv(line, key,    i, n, f, p) {
+    n = split(line, f, " ")
+    for (i = 1; i <= n; i++) { split(f[i], p, "="); if (p[1] == key) return p[2] }
+    return ""
+}
+/^RESULT copy_GBps/ { qcopy = kv($0, "copy_GBps") }
+/^FLA copy_GBps/    { fcopy = kv($0, "copy_GBps") }
+/^RESULT decode/    { b = kv($0, "B"); qd[b] = kv($0, "us"); qp[b] = kv($0, "pct_copy"); if (!(b in seen)) { seen[b] = 1; order[++nb] = b } }
+/^FLA decode/       { b = kv($0, "B"); fd[b] = kv($0, "graph_us"); fp[b] = kv($0, "pct_copy") }
+/^RESULT chunked/ && /part=total/ { s = kv($0, "B") "x" kv($0, "T"); qc[s] = kv($0, "ms"); corder[++nc] = s }
+/^RESULT chunked/ && /part=(wy|state|out)/ { s = kv($0, "B") "x" kv($0, "T"); parts[s] = parts[s] " " kv($0, "part") "=" kv($0, "ms") }
+/^FLA chunked/      { s = kv($0, "B") "x" kv($0, "T"); fc[s] = kv($0, "ms") }
+END {
+    printf "copy bandwidth GB/s: qdelta run %s, FLA run %s\n", qcopy, fcopy
+    printf "%-22s %10s %10s %8s   %s\n", "GDN prefill (BxT)", "qdelta ms", "FLA ms", "ratio", "qdelta parts (ms)"
+    for (i = 1; i <= nc; i++) { s = corder[i]
+        printf "%-22s %10s %10s %8s  %s\n", s, qc[s], (s in fc) ? fc[s] : "-", (s in fc && fc[s] > 0) ? sprintf("%.2fx", fc[s] / qc[s]) : "-", parts[s] }
+    printf "%-22s %10s %10s %8s %8s\n", "GDN decode (B)", "qdelta us", "FLA us", "qd %copy", "FLA %copy"
+    for (i = 1; i <= nb; i++) { b = order[i]
+        printf "%-22s %10s %10s %8s %8s\n", b, qd[b], (b in fd) ? fd[b] : "-", qp[b], (b in fp) ? fp[b] : "-" }
+    print "ratio = FLA time / qdelta time (> 1: qdelta faster); qdelta decode: back-to-back launches, FLA: CUDA-graph replays"
+}'
 exit $status

