@@ -27,7 +27,7 @@ extern "C" int qd_cuda_device_count(void) {
     int n = 0;
     /* No driver, no device or a driver too old all mean "no usable GPU" here. */
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        (void)cudaGetLastError(); /* clear the sticky-free error so later calls start clean */
+        (void)cudaGetLastError(); /* not a sticky error: clear it so a later launch check does not report it */
         return 0;
     }
     return n;
