@@ -1,0 +1,213 @@
+/* Benchmark of the CUDA GDN kernels at the shapes of issue 4 (HK=16, HV=32,
+ * dk=dv=128): chunked prefill at 1x8192, 1x32768, 8x4096 and decode at
+ * B = 1, 32, 128, 512, plus a device-to-device copy for the bandwidth
+ * ceiling, all in one process. Times are CUDA-event medians over repeats,
+ * after warm-up. Decode rotates over a state pool larger than L2 so that
+ * every call reads its states from memory, as one layer of a real decode
+ * step would. Prints one line per measurement ("key value" pairs) and
+ * a table; exits 77 without a GPU. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_gdn.h"
+
+#define HK 16
+#define HV 32
+#define DK 128
+#define DV 128
+
+static int failed(qd_status s, const char *what) {
+    if (s == QD_OK) return 0;
+    fprintf(stderr, "gdn_cuda_bench: %s: %s (%s)\n", what, qd_status_name(s), qd_cuda_last_error());
+    return 1;
+}
+#define TRY(call)                                  \
+    do {                                           \
+        if (failed((call), #call)) exit(1);        \
+    } while (0)
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static float urand(void) { /* [-1, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
+}
+static uint16_t f2bf(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* n_vec vectors of length dim, unit L2 norm times scale, as bf16. */
+static uint16_t *unit_rows(size_t n_vec, int dim, float scale) {
+    uint16_t *b = malloc(n_vec * dim * 2);
+    float *x = malloc((size_t)dim * 4);
+    if (!b || !x) exit(1);
+    for (size_t r = 0; r < n_vec; r++) {
+        double ss = 0;
+        for (int i = 0; i < dim; i++) {
+            x[i] = urand();
+            ss += (double)x[i] * x[i];
+        }
+        const float f = (float)(scale / sqrt(ss + 1e-6));
+        for (int i = 0; i < dim; i++) b[r * dim + i] = f2bf(x[i] * f);
+    }
+    free(x);
+    return b;
+}
+static void *upload(const void *h, size_t bytes) {
+    void *d;
+    TRY(qd_cuda_malloc(&d, bytes));
+    if (h) TRY(qd_cuda_memcpy_h2d(d, h, bytes));
+    return d;
+}
+static float *gates(size_t n, int is_beta) {
+    float *g = malloc(n * 4);
+    if (!g) exit(1);
+    for (size_t i = 0; i < n; i++) g[i] = is_beta ? 0.5f + 0.45f * urand() : -0.05f - 0.5f * (urand() + 1.0f);
+    return g;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+static float median(float *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_float);
+    return v[n / 2];
+}
+
+/* Copy bandwidth, counting bytes read plus written. */
+static double copy_bw(void) {
+    const size_t bytes = (size_t)1 << 30;
+    void *a = upload(NULL, bytes), *b = upload(NULL, bytes);
+    TRY(qd_cuda_memset(a, 1, bytes));
+    qd_cuda_timer t;
+    TRY(qd_cuda_timer_create(&t));
+    float ms[10];
+    for (int w = 0; w < 3; w++) TRY(qd_cuda_memcpy_d2d(b, a, bytes, NULL));
+    for (int r = 0; r < 10; r++) {
+        TRY(qd_cuda_timer_start(&t));
+        TRY(qd_cuda_memcpy_d2d(b, a, bytes, NULL));
+        TRY(qd_cuda_timer_stop(&t, &ms[r]));
+    }
+    qd_cuda_timer_destroy(&t);
+    qd_cuda_free(a);
+    qd_cuda_free(b);
+    return 2.0 * bytes / (median(ms, 10) * 1e-3) / 1e9;
+}
+
+static void bench_decode(int B, double copy_gbs) {
+    const size_t per = (size_t)HV * DK * DV; /* floats per sequence state */
+    /* Enough distinct states to exceed L2 (60 MB) by a wide margin. */
+    const size_t min_states = (size_t)(512u << 20) / (per * 4);
+    const int nrot = B >= (int)min_states ? 1 : (int)((min_states + B - 1) / B);
+    const size_t nst = (size_t)nrot * B * per;
+    uint16_t *q = unit_rows((size_t)B * HK, DK, 1.0f / sqrtf((float)DK)), *k = unit_rows((size_t)B * HK, DK, 1.0f);
+    uint16_t *v = unit_rows((size_t)B * HV, DV, 8.0f);
+    float *g = gates((size_t)B * HV, 0), *beta = gates((size_t)B * HV, 1);
+    float *S = malloc(nst * 4);
+    if (!S) exit(1);
+    for (size_t i = 0; i < nst; i++) S[i] = 0.1f * urand();
+    uint16_t *dq = upload(q, (size_t)B * HK * DK * 2), *dk = upload(k, (size_t)B * HK * DK * 2);
+    uint16_t *dv = upload(v, (size_t)B * HV * DV * 2), *dO = upload(NULL, (size_t)B * HV * DV * 2);
+    float *dg = upload(g, (size_t)B * HV * 4), *db = upload(beta, (size_t)B * HV * 4), *dS = upload(S, nst * 4);
+    qd_cuda_gdn_decode_args a = {HK, HV, DK, DV, B, dq, dk, dv, dg, db, dS, NULL, dO};
+    const int iters = 200;
+    for (int i = 0; i < 20; i++) {
+        a.d_state = dS + (size_t)(i % nrot) * B * per;
+        TRY(qd_cuda_gdn_decode(&a, NULL));
+    }
+    qd_cuda_timer t;
+    TRY(qd_cuda_timer_create(&t));
+    float ms[7];
+    for (int r = 0; r < 7; r++) {
+        TRY(qd_cuda_timer_start(&t));
+        for (int i = 0; i < iters; i++) {
+            a.d_state = dS + (size_t)(i % nrot) * B * per;
+            TRY(qd_cuda_gdn_decode(&a, NULL));
+        }
+        TRY(qd_cuda_timer_stop(&t, &ms[r]));
+    }
+    qd_cuda_timer_destroy(&t);
+    const double us = median(ms, 7) * 1e3 / iters;
+    const double bytes = 2.0 * B * per * 4; /* state read + written */
+    const double gbs = bytes / (us * 1e-6) / 1e9;
+    printf("RESULT decode B=%d us=%.2f state_GBps=%.0f pct_copy=%.1f\n", B, us, gbs, 100.0 * gbs / copy_gbs);
+    qd_cuda_free(dq); qd_cuda_free(dk); qd_cuda_free(dv); qd_cuda_free(dO);
+    qd_cuda_free(dg); qd_cuda_free(db); qd_cuda_free(dS);
+    free(q); free(k); free(v); free(g); free(beta); free(S);
+}
+
+static void bench_chunked(int B, int T) {
+    const size_t N = (size_t)B * T;
+    int32_t *cu = malloc(sizeof(int32_t) * (B + 1));
+    if (!cu) exit(1);
+    for (int b = 0; b <= B; b++) cu[b] = b * T;
+    uint16_t *q = unit_rows(N * HK, DK, 1.0f / sqrtf((float)DK)), *k = unit_rows(N * HK, DK, 1.0f);
+    uint16_t *v = unit_rows(N * HV, DV, 8.0f);
+    float *g = gates(N * HV, 0), *beta = gates(N * HV, 1);
+    uint16_t *dq = upload(q, N * HK * DK * 2), *dk = upload(k, N * HK * DK * 2), *dv = upload(v, N * HV * DV * 2);
+    float *dg = upload(g, N * HV * 4), *db = upload(beta, N * HV * 4);
+    const size_t nst = (size_t)B * HV * DK * DV;
+    float *dS0 = upload(NULL, nst * 4), *dS1 = upload(NULL, nst * 4);
+    TRY(qd_cuda_memset(dS0, 0, nst * 4));
+    uint16_t *dO = upload(NULL, N * HV * DV * 2);
+    qd_cuda_gdn_plan plan;
+    TRY(qd_cuda_gdn_plan_create(&plan, HK, HV, DK, DV, cu, B));
+    qd_cuda_gdn_chunked_args a = {dq, dk, dv, HK * DK, HK * DK, HV * DV, dg, db, dS0, dS1, dO};
+    qd_cuda_timer t;
+    TRY(qd_cuda_timer_create(&t));
+    const int masks[4] = {7, 1, 2, 4};
+    const char *names[4] = {"total", "wy", "state", "out"};
+    double total = 0;
+    for (int m = 0; m < 4; m++) {
+        for (int i = 0; i < 3; i++) TRY(qd_cuda_gdn_chunked_stages(&plan, &a, NULL, masks[m]));
+        float ms[15];
+        for (int r = 0; r < 15; r++) {
+            TRY(qd_cuda_timer_start(&t));
+            TRY(qd_cuda_gdn_chunked_stages(&plan, &a, NULL, masks[m]));
+            TRY(qd_cuda_timer_stop(&t, &ms[r]));
+        }
+        const double med = median(ms, 15);
+        if (m == 0) total = med;
+        printf("RESULT chunked B=%d T=%d part=%s ms=%.4f\n", B, T, names[m], med);
+    }
+    printf("RESULT chunked B=%d T=%d Mtok_per_s=%.1f scratch_MiB=%.0f\n", B, T, N / (total * 1e-3) / 1e6,
+           plan.bytes / 1048576.0);
+    qd_cuda_timer_destroy(&t);
+    qd_cuda_gdn_plan_destroy(&plan);
+    qd_cuda_free(dq); qd_cuda_free(dk); qd_cuda_free(dv); qd_cuda_free(dg); qd_cuda_free(db);
+    qd_cuda_free(dS0); qd_cuda_free(dS1); qd_cuda_free(dO);
+    free(q); free(k); free(v); free(g); free(beta); free(cu);
+}
+
+int main(int argc, char **argv) {
+    /* --chunked-only: one chunked shape (1x8192), e.g. under a profiler */
+    const int chunked_only = argc > 1 && strcmp(argv[1], "--chunked-only") == 0;
+    if (qd_cuda_device_count() <= 0) {
+        printf("gdn_cuda_bench: skipped: no CUDA device\n");
+        return 77;
+    }
+    char name[128];
+    int sms = 0;
+    TRY(qd_cuda_device_info(name, sizeof name, &sms));
+    printf("device: %s, %d SMs; HK=%d HV=%d dk=%d dv=%d\n", name, sms, HK, HV, DK, DV);
+    if (chunked_only) {
+        bench_chunked(1, 8192);
+        return 0;
+    }
+    const double bw = copy_bw();
+    printf("RESULT copy_GBps=%.0f\n", bw);
+    const int Bs[4] = {1, 32, 128, 512};
+    for (int i = 0; i < 4; i++) bench_decode(Bs[i], bw);
+    bench_chunked(1, 8192);
+    bench_chunked(1, 32768);
+    bench_chunked(8, 4096);
+    return 0;
+}

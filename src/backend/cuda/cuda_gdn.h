@@ -1,0 +1,119 @@
+/* CUDA kernels for the Gated DeltaNet delta rule (spec 3.3 step 6 and 4.1),
+ * with C-callable launchers. Every function returns a qd_status and never
+ * aborts; on QD_ERR_BACKEND the CUDA error text is available through
+ * qd_cuda_last_error(). Pointers named d_* are device memory; `stream` is a
+ * cudaStream_t passed as void * so that C callers need no CUDA headers.
+ *
+ * Dtypes follow the serving engine: q/k/v and o are bf16 (stored as uint16_t
+ * bit patterns), g (log-decay), beta and the recurrent state are fp32.
+ * State layout matches the CPU backend: [seq][hv][dk][dv] fp32. */
+#ifndef QD_CUDA_GDN_H
+#define QD_CUDA_GDN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qdelta.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------ cuda_util.cu */
+
+/* Text of the last CUDA failure seen by any qd_cuda_* call (thread-local). */
+const char *qd_cuda_last_error(void);
+/* Number of usable CUDA devices; 0 when there is no driver or no GPU. */
+int qd_cuda_device_count(void);
+/* Name and multiprocessor count of the current device. */
+qd_status qd_cuda_device_info(char *name, size_t name_size, int *sm_count);
+
+qd_status qd_cuda_malloc(void **p, size_t bytes);
+void qd_cuda_free(void *p);
+qd_status qd_cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);
+qd_status qd_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);
+qd_status qd_cuda_memcpy_d2d(void *dst, const void *src, size_t bytes, void *stream);
+/* Fills bytes with the byte value (poisoning outputs in tests). */
+qd_status qd_cuda_memset(void *p, int value, size_t bytes);
+qd_status qd_cuda_sync(void);
+
+/* Event timer on the default stream: start, then stop returns milliseconds. */
+typedef struct qd_cuda_timer { void *start, *stop; } qd_cuda_timer;
+qd_status qd_cuda_timer_create(qd_cuda_timer *t);
+qd_status qd_cuda_timer_start(qd_cuda_timer *t);
+qd_status qd_cuda_timer_stop(qd_cuda_timer *t, float *ms);
+void qd_cuda_timer_destroy(qd_cuda_timer *t);
+
+/* ---------------------------------------------------------- gdn_decode.cu */
+
+/* One token for each of n_seq sequences (spec 3.6):
+ *   d_q, d_k [n_seq][hk][dk] bf16 (q L2-normalised and scaled by dk^-0.5, k L2-normalised)
+ *   d_v      [n_seq][hv][dv] bf16
+ *   d_g, d_beta [n_seq][hv] fp32
+ *   d_state  pool of states [slots][hv][dk][dv] fp32; sequence b uses slot
+ *            d_slot[b] (d_slot NULL: slot b). Read once and overwritten with the new state.
+ *   d_o      [n_seq][hv][dv] bf16
+ * Any dk, dv >= 1 work; dk in {64, 128, 256} with dv a multiple of 32 take the
+ * fast path (state tile held in registers, 16-byte accesses). */
+typedef struct qd_cuda_gdn_decode_args {
+    int hk, hv, dk, dv; /* key heads, value heads (value head h reads key head h / (hv/hk)), head dims */
+    int n_seq;
+    const uint16_t *d_q, *d_k, *d_v;
+    const float *d_g, *d_beta;
+    float *d_state;
+    const int32_t *d_slot;
+    uint16_t *d_o;
+} qd_cuda_gdn_decode_args;
+
+qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *stream);
+
+/* --------------------------------------------------------- gdn_chunked.cu */
+
+/* A varlen batch for the chunked (prefill) kernel, planned once per set of
+ * sequence lengths: the chunk table and the scratch for the WY factors, the
+ * per-chunk entry states and the corrected values live on the device.
+ * cu_seqlens_host: n_seq + 1 nondecreasing token offsets starting at 0. */
+typedef struct qd_cuda_gdn_plan {
+    int hk, hv, dk, dv;
+    int n_seq, n_chunks, n_tokens;
+    int32_t *d_chunks;   /* [n_chunks][4]: first token, length, sequence, chunk index in the sequence */
+    int32_t *d_seqs;     /* [n_seq][4]: first token, first chunk, chunk count, length */
+    uint16_t *d_w, *d_u; /* WY factors W [n_tokens][hv][dk], U [n_tokens][hv][dv] (bf16) */
+    float *d_gc;         /* [n_tokens][hv] chunk-local inclusive cumsum of g */
+    uint16_t *d_vnew;    /* [n_tokens][hv][dv] corrected values (bf16) */
+    uint16_t *d_h;       /* [n_chunks][hv][dk][dv] state entering each chunk (bf16) */
+    size_t bytes;        /* device scratch held by the plan */
+} qd_cuda_gdn_plan;
+
+qd_status qd_cuda_gdn_plan_create(qd_cuda_gdn_plan *p, int hk, int hv, int dk, int dv,
+                                  const int32_t *cu_seqlens_host, int n_seq);
+void qd_cuda_gdn_plan_destroy(qd_cuda_gdn_plan *p);
+
+/* Token-major packed inputs of all sequences (row t of every tensor is token t):
+ *   d_q, d_k [n_tokens] rows of hk*dk bf16 at row strides q_stride, k_stride (elements)
+ *   d_v      [n_tokens] rows of hv*dv bf16 at row stride v_stride
+ *   d_g, d_beta [n_tokens][hv] fp32
+ *   d_state0 [n_seq][hv][dk][dv] fp32 initial states (NULL: zero)
+ *   d_state1 [n_seq][hv][dk][dv] fp32 final states (NULL: not written; may equal d_state0)
+ *   d_o      [n_tokens][hv][dv] bf16
+ * dk and dv must be multiples of 16 and at most 256. */
+typedef struct qd_cuda_gdn_chunked_args {
+    const uint16_t *d_q, *d_k, *d_v;
+    int64_t q_stride, k_stride, v_stride;
+    const float *d_g, *d_beta;
+    const float *d_state0;
+    float *d_state1;
+    uint16_t *d_o;
+} qd_cuda_gdn_chunked_args;
+
+qd_status qd_cuda_gdn_chunked(const qd_cuda_gdn_plan *p, const qd_cuda_gdn_chunked_args *a, void *stream);
+/* Benchmarks only: runs the subset of the three kernels named by stage_mask
+ * (1 = WY factors, 2 = state walk, 4 = outputs), to time each one. */
+qd_status qd_cuda_gdn_chunked_stages(const qd_cuda_gdn_plan *p, const qd_cuda_gdn_chunked_args *a, void *stream,
+                                     int stage_mask);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,33 @@
+/* Device helpers shared by the GDN kernels: bf16 <-> fp32 on raw bit
+ * patterns (the public API passes bf16 as uint16_t so C callers need no CUDA
+ * types), and cp.async for the software pipeline of the state kernel. */
+#ifndef QD_CUDA_GDN_COMMON_CUH
+#define QD_CUDA_GDN_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+/* bf16 is the top half of an fp32: widening is a shift. */
+__device__ __forceinline__ float qd_bf2f(uint16_t x) { return __uint_as_float((uint32_t)x << 16); }
+
+/* Round to nearest even, as the CPU side and the tensor cores expect. */
+__device__ __forceinline__ uint16_t qd_f2bf(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+
+__device__ __forceinline__ uint32_t qd_pack_bf2(float a, float b) {
+    return (uint32_t)qd_f2bf(a) | ((uint32_t)qd_f2bf(b) << 16);
+}
+
+/* 16-byte global -> shared copy that bypasses registers; with valid == false
+ * the 16 bytes are zero-filled (rows past the end of a short chunk), and the
+ * source address is not read. */
+__device__ __forceinline__ void qd_cp_async16(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+}
+__device__ __forceinline__ void qd_cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void qd_cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+#endif

@@ -1,0 +1,327 @@
+/* CUDA GDN kernels against the CPU reference (qd_cpu_gdn_recurrent), on
+ * fresh random inputs with awkward shapes: varlen spans of 0, 1, 63, 64, 65,
+ * 200 tokens, GQA ratios, head dims off the fast paths, strided rows,
+ * permuted state slots. Outputs and states are poisoned (NaN) before each run
+ * and every element is checked. Inputs are rounded to bf16 first, so the CPU
+ * sees exactly what the GPU sees and the difference is the kernels' own
+ * rounding (bf16 operands on the tensor cores in the chunked kernel).
+ * Also checks chunked == recurrent on the GPU (the decode kernel stepped
+ * token by token over a whole sequence). Skips (77) without a GPU. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "base/threadpool.h"
+#include "qd_test.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_gdn.h"
+#endif
+
+#ifdef QD_HAVE_CUDA
+
+static uint16_t f2bf(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Rounds x to bf16 in place and returns the bit patterns (NULL on OOM). */
+static uint16_t *to_bf16(float *x, size_t n) {
+    uint16_t *b = malloc(n * sizeof *b + 2);
+    if (!b) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        b[i] = f2bf(x[i]);
+        x[i] = bf2f(b[i]);
+    }
+    return b;
+}
+
+static void fill_unit(qd_test_rng *rng, float *x, int n, float scale) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = qd_test_normal(rng);
+        ss += (double)x[i] * x[i];
+    }
+    const double f = scale / sqrt(ss + 1e-6);
+    for (int i = 0; i < n; i++) x[i] = (float)(x[i] * f);
+}
+
+/* Log-decays as in test_gdn: mostly [-3, 0), some ~0, some ~-20 (state wiped). */
+static float rand_g(qd_test_rng *rng) {
+    const float u = 0.5f * (qd_test_uniform(rng) + 1.0f);
+    if (u < 0.1f) return -20.0f + 5.0f * qd_test_uniform(rng);
+    if (u < 0.3f) return -1e-3f * (0.5f * (qd_test_uniform(rng) + 1.0f)) - 1e-7f;
+    return -3.0f * (0.5f * (qd_test_uniform(rng) + 1.0f)) - 1e-7f;
+}
+
+/* Compares n values; got is bf16 bits (is_bf16) or floats. Every element must
+ * be finite and within atol_rel * rms(ref) + rtol * |ref|; the whole tensor
+ * within l2_tol in relative L2 norm. The chunked kernel multiplies bf16
+ * operands (relative rounding 2^-9) in sums of up to ~200 terms whose sizes
+ * exceed the result's, so its single-element error reaches ~0.1 rms on
+ * H200 runs while the relative L2 error stays ~3e-3: the chunked checks use
+ * atol 0.2 rms per element and 1.5e-2 in L2 (fp32 decode paths: far tighter). */
+static void compare(const char *what, const void *got, int is_bf16, const float *ref, size_t n, double rtol,
+                    double atol_rel, double l2_tol) {
+    double ss = 0, se = 0, maxe = 0;
+    for (size_t i = 0; i < n; i++) ss += (double)ref[i] * ref[i];
+    const double rms = sqrt(ss / (double)(n ? n : 1));
+    size_t bad = 0, first = (size_t)-1;
+    for (size_t i = 0; i < n; i++) {
+        const double g = is_bf16 ? bf2f(((const uint16_t *)got)[i]) : ((const float *)got)[i];
+        const double e = fabs(g - ref[i]);
+        if (!isfinite(g) || !(e <= atol_rel * rms + rtol * fabs(ref[i]))) {
+            if (!bad) first = i;
+            bad++;
+        }
+        if (isfinite(g)) {
+            se += e * e;
+            if (e > maxe) maxe = e;
+        }
+    }
+    const double l2 = ss > 0 ? sqrt(se / ss) : sqrt(se);
+    printf("  %-34s n=%-9zu rms=%.3e max_err=%.3e (%.2e rms) rel_l2=%.2e bad=%zu\n", what, n, rms, maxe,
+           rms > 0 ? maxe / rms : maxe, l2, bad);
+    CHECKF(bad == 0, "%s: %zu bad elements, first %zu: got %g want %g", what, bad, first,
+           bad ? (is_bf16 ? bf2f(((const uint16_t *)got)[first]) : ((const float *)got)[first]) : 0.0,
+           bad ? ref[first] : 0.0);
+    CHECKF(l2 <= l2_tol, "%s: relative L2 error %.3e > %.1e", what, l2, l2_tol);
+}
+
+static void *dev_upload(const void *h, size_t bytes) {
+    void *d = NULL;
+    if (qd_cuda_malloc(&d, bytes)) return NULL;
+    if (h && qd_cuda_memcpy_h2d(d, h, bytes)) {
+        qd_cuda_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+#define ST_OK(call)                                                                             \
+    do {                                                                                        \
+        qd_status s_ = (call);                                                                  \
+        CHECKF(s_ == QD_OK, "%s -> %s: %s", #call, qd_status_name(s_), qd_cuda_last_error());   \
+    } while (0)
+
+/* One chunked case: n_seq spans of the given lengths packed in one batch. */
+static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, int dk, int dv, const int *lens,
+                         int n_seq, int with_state0, int gpu_recurrent) {
+    const int hv = hk * r;
+    int32_t cu[16];
+    cu[0] = 0;
+    for (int s = 0; s < n_seq; s++) cu[s + 1] = cu[s] + lens[s];
+    const int T = cu[n_seq];
+    const int64_t qs = (int64_t)hk * dk + 8, ks = (int64_t)hk * dk + 16, vs = (int64_t)hv * dv + 8;
+    const size_t nq = (size_t)(T ? T : 1) * qs, nk = (size_t)(T ? T : 1) * ks, nv = (size_t)(T ? T : 1) * vs;
+    const size_t ng = (size_t)(T ? T : 1) * hv, no = (size_t)(T ? T : 1) * hv * dv;
+    const size_t nst = (size_t)n_seq * hv * dk * dv;
+    float *q = calloc(nq, 4), *k = calloc(nk, 4), *v = calloc(nv, 4), *g = calloc(ng, 4), *beta = calloc(ng, 4);
+    float *S = malloc(nst * 4), *o = malloc(no * 4), *S0 = malloc(nst * 4);
+    printf("chunked hk=%d hv=%d dk=%d dv=%d T=%d spans=%d state0=%d\n", hk, hv, dk, dv, T, n_seq, with_state0);
+    CHECK(q && k && v && g && beta && S && o && S0);
+    if (!q || !k || !v || !g || !beta || !S || !o || !S0) goto out_host;
+    for (int t = 0; t < T; t++) {
+        for (int jj = 0; jj < hk; jj++) {
+            fill_unit(rng, q + t * qs + (int64_t)jj * dk, dk, 1.0f / sqrtf((float)dk));
+            fill_unit(rng, k + t * ks + (int64_t)jj * dk, dk, 1.0f);
+        }
+        for (int i = 0; i < hv * dv; i++) v[t * vs + i] = qd_test_normal(rng);
+        for (int h = 0; h < hv; h++) {
+            g[(int64_t)t * hv + h] = rand_g(rng);
+            beta[(int64_t)t * hv + h] = 0.5f * (qd_test_uniform(rng) + 1.0f) * 0.998f + 0.001f;
+        }
+    }
+    for (size_t i = 0; i < nst; i++) S0[i] = with_state0 ? 0.5f * qd_test_normal(rng) : 0.0f;
+    uint16_t *qb = to_bf16(q, nq), *kb = to_bf16(k, nk), *vb = to_bf16(v, nv);
+    CHECK(qb && kb && vb);
+    /* CPU reference, per span. */
+    memcpy(S, S0, nst * 4);
+    for (int s = 0; s < n_seq; s++) {
+        const int t0 = cu[s];
+        qd_gdn_dims d = {hk, hv, dk, dv};
+        qd_gdn_span sp = {q + t0 * qs, qs, k + t0 * ks, ks, v + t0 * vs, vs, g + (int64_t)t0 * hv,
+                          beta + (int64_t)t0 * hv, S + (size_t)s * hv * dk * dv, o + (int64_t)t0 * hv * dv,
+                          lens[s]};
+        qd_cpu_gdn_recurrent(pool, d, &sp);
+    }
+    /* GPU. */
+    uint16_t *dq = dev_upload(qb, nq * 2), *dk_ = dev_upload(kb, nk * 2), *dvv = dev_upload(vb, nv * 2);
+    float *dg = dev_upload(g, ng * 4), *dbeta = dev_upload(beta, ng * 4);
+    float *dS0 = dev_upload(S0, nst * 4), *dS1 = dev_upload(NULL, nst * 4);
+    uint16_t *dO = dev_upload(NULL, no * 2);
+    uint16_t *ho = malloc(no * 2);
+    float *hS = malloc(nst * 4);
+    CHECK(dq && dk_ && dvv && dg && dbeta && dS0 && dS1 && dO && ho && hS);
+    if (dq && dk_ && dvv && dg && dbeta && dS0 && dS1 && dO && ho && hS) {
+        qd_cuda_gdn_plan plan;
+        ST_OK(qd_cuda_gdn_plan_create(&plan, hk, hv, dk, dv, cu, n_seq));
+        ST_OK(qd_cuda_memset(dO, 0xff, no * 2)); /* NaN poison */
+        ST_OK(qd_cuda_memset(dS1, 0xff, nst * 4));
+        qd_cuda_gdn_chunked_args a = {dq, dk_, dvv, qs, ks, vs, dg, dbeta, with_state0 ? dS0 : NULL, dS1, dO};
+        ST_OK(qd_cuda_gdn_chunked(&plan, &a, NULL));
+        ST_OK(qd_cuda_sync());
+        ST_OK(qd_cuda_memcpy_d2h(ho, dO, no * 2));
+        ST_OK(qd_cuda_memcpy_d2h(hS, dS1, nst * 4));
+        if (T) compare("chunked output vs CPU", ho, 1, o, (size_t)T * hv * dv, 3e-2, 0.2, 1.5e-2);
+        compare("chunked final state vs CPU", hS, 0, S, nst, 3e-2, 0.2, 1.5e-2);
+        /* In place (state1 == state0) must give the same. */
+        if (with_state0) {
+            ST_OK(qd_cuda_memcpy_h2d(dS1, S0, nst * 4));
+            qd_cuda_gdn_chunked_args b = a;
+            b.d_state0 = dS1;
+            ST_OK(qd_cuda_gdn_chunked(&plan, &b, NULL));
+            ST_OK(qd_cuda_memcpy_d2h(hS, dS1, nst * 4));
+            compare("chunked in-place state vs CPU", hS, 0, S, nst, 3e-2, 0.2, 1.5e-2);
+        }
+        qd_cuda_gdn_plan_destroy(&plan);
+        /* Recurrent on the GPU: the decode kernel stepped over each span. */
+        if (gpu_recurrent) {
+            uint16_t *dOr = dev_upload(NULL, no * 2);
+            uint16_t *hor = malloc(no * 2);
+            CHECK(dOr && hor);
+            if (dOr && hor) {
+                ST_OK(qd_cuda_memset(dOr, 0xff, no * 2));
+                ST_OK(qd_cuda_memcpy_h2d(dS1, S0, nst * 4));
+                for (int s = 0; s < n_seq; s++)
+                    for (int t = cu[s]; t < cu[s + 1]; t++) {
+                        qd_cuda_gdn_decode_args da = {hk, hv, dk, dv, 1, dq + t * qs, dk_ + t * ks, dvv + t * vs,
+                                                      dg + (int64_t)t * hv, dbeta + (int64_t)t * hv,
+                                                      dS1 + (size_t)s * hv * dk * dv, NULL,
+                                                      dOr + (int64_t)t * hv * dv};
+                        ST_OK(qd_cuda_gdn_decode(&da, NULL));
+                    }
+                ST_OK(qd_cuda_sync());
+                ST_OK(qd_cuda_memcpy_d2h(hor, dOr, no * 2));
+                ST_OK(qd_cuda_memcpy_d2h(hS, dS1, nst * 4));
+                float *of = malloc(no * 4);
+                if (of) {
+                    for (size_t i = 0; i < (size_t)T * hv * dv; i++) of[i] = bf2f(hor[i]);
+                    compare("GPU recurrent output vs CPU", hor, 1, o, (size_t)T * hv * dv, 1e-2, 1e-2, 4e-3);
+                    compare("GPU recurrent state vs CPU", hS, 0, S, nst, 1e-4, 1e-4, 1e-5);
+                    compare("GPU chunked vs GPU recurrent output", ho, 1, of, (size_t)T * hv * dv, 3e-2, 0.2,
+                            1.5e-2);
+                    free(of);
+                }
+            }
+            qd_cuda_free(dOr);
+            free(hor);
+        }
+    }
+    qd_cuda_free(dq); qd_cuda_free(dk_); qd_cuda_free(dvv); qd_cuda_free(dg); qd_cuda_free(dbeta);
+    qd_cuda_free(dS0); qd_cuda_free(dS1); qd_cuda_free(dO);
+    free(ho); free(hS); free(qb); free(kb); free(vb);
+out_host:
+    free(q); free(k); free(v); free(g); free(beta); free(S); free(o); free(S0);
+}
+
+/* Decode: n_seq sequences, one token each, states in a pool of n_slots with a
+ * permuted slot map; slots not in the map must stay untouched. */
+static void decode_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, int dk, int dv, int n_seq,
+                        int n_slots) {
+    const int hv = hk * r;
+    const size_t nq = (size_t)n_seq * hk * dk, nv = (size_t)n_seq * hv * dv, ng = (size_t)n_seq * hv;
+    const size_t per = (size_t)hv * dk * dv, nst = (size_t)n_slots * per;
+    printf("decode hk=%d hv=%d dk=%d dv=%d seqs=%d slots=%d\n", hk, hv, dk, dv, n_seq, n_slots);
+    float *q = malloc(nq * 4), *k = malloc(nq * 4), *v = malloc(nv * 4), *g = malloc(ng * 4);
+    float *beta = malloc(ng * 4), *S = malloc(nst * 4), *o = malloc(nv * 4), *hS = malloc(nst * 4);
+    int32_t *slot = malloc((size_t)n_slots * 4);
+    uint16_t *ho = malloc(nv * 2);
+    CHECK(q && k && v && g && beta && S && o && hS && slot && ho);
+    if (!q || !k || !v || !g || !beta || !S || !o || !hS || !slot || !ho) goto out;
+    for (int i = 0; i < n_slots; i++) slot[i] = i;
+    for (int i = n_slots - 1; i > 0; i--) { /* Fisher-Yates */
+        const int jj = (int)(qd_test_next(rng) % (uint64_t)(i + 1));
+        const int t = slot[i]; slot[i] = slot[jj]; slot[jj] = t;
+    }
+    for (int b = 0; b < n_seq; b++) {
+        for (int jj = 0; jj < hk; jj++) {
+            fill_unit(rng, q + ((size_t)b * hk + jj) * dk, dk, 1.0f / sqrtf((float)dk));
+            fill_unit(rng, k + ((size_t)b * hk + jj) * dk, dk, 1.0f);
+        }
+        for (int i = 0; i < hv * dv; i++) v[(size_t)b * hv * dv + i] = qd_test_normal(rng);
+        for (int h = 0; h < hv; h++) {
+            g[(size_t)b * hv + h] = rand_g(rng);
+            beta[(size_t)b * hv + h] = 0.5f * (qd_test_uniform(rng) + 1.0f) * 0.998f + 0.001f;
+        }
+    }
+    for (size_t i = 0; i < nst; i++) S[i] = 0.5f * qd_test_normal(rng);
+    uint16_t *qb = to_bf16(q, nq), *kb = to_bf16(k, nq), *vb = to_bf16(v, nv);
+    CHECK(qb && kb && vb);
+    uint16_t *dq = dev_upload(qb, nq * 2), *dk_ = dev_upload(kb, nq * 2), *dvv = dev_upload(vb, nv * 2);
+    float *dg = dev_upload(g, ng * 4), *dbeta = dev_upload(beta, ng * 4), *dS = dev_upload(S, nst * 4);
+    int32_t *dslot = dev_upload(slot, (size_t)n_seq * 4);
+    uint16_t *dO = dev_upload(NULL, nv * 2);
+    CHECK(dq && dk_ && dvv && dg && dbeta && dS && dslot && dO);
+    if (dq && dk_ && dvv && dg && dbeta && dS && dslot && dO) {
+        ST_OK(qd_cuda_memset(dO, 0xff, nv * 2));
+        qd_cuda_gdn_decode_args a = {hk, hv, dk, dv, n_seq, dq, dk_, dvv, dg, dbeta, dS, dslot, dO};
+        ST_OK(qd_cuda_gdn_decode(&a, NULL));
+        ST_OK(qd_cuda_sync());
+        ST_OK(qd_cuda_memcpy_d2h(ho, dO, nv * 2));
+        ST_OK(qd_cuda_memcpy_d2h(hS, dS, nst * 4));
+        qd_gdn_dims d = {hk, hv, dk, dv};
+        for (int b = 0; b < n_seq; b++) {
+            qd_gdn_span sp = {q + (size_t)b * hk * dk, hk * dk, k + (size_t)b * hk * dk, hk * dk,
+                              v + (size_t)b * hv * dv, hv * dv, g + (size_t)b * hv, beta + (size_t)b * hv,
+                              S + (size_t)slot[b] * per, o + (size_t)b * hv * dv, 1};
+            qd_cpu_gdn_recurrent(pool, d, &sp);
+        }
+        compare("decode output vs CPU", ho, 1, o, nv, 1e-2, 1e-2, 4e-3);
+        compare("decode state pool vs CPU (all slots)", hS, 0, S, nst, 1e-4, 1e-4, 1e-5);
+    }
+    qd_cuda_free(dq); qd_cuda_free(dk_); qd_cuda_free(dvv); qd_cuda_free(dg); qd_cuda_free(dbeta);
+    qd_cuda_free(dS); qd_cuda_free(dslot); qd_cuda_free(dO);
+    free(qb); free(kb); free(vb);
+out:
+    free(q); free(k); free(v); free(g); free(beta); free(S); free(o); free(hS); free(slot); free(ho);
+}
+
+int main(void) {
+    if (qd_cuda_device_count() <= 0) return qd_test_skip("test_cuda_gdn", "no CUDA device");
+    char name[128];
+    int sms = 0;
+    if (qd_cuda_device_info(name, sizeof name, &sms) == QD_OK) printf("device: %s, %d SMs\n", name, sms);
+    qd_test_rng rng = qd_test_rng_from_env();
+    qd_threadpool *pool = qd_threadpool_create(0);
+
+    /* Decode: fast path (dk 128/64/256, dv % 32 == 0) and the generic kernel. */
+    decode_case(pool, &rng, 4, 2, 128, 128, 37, 50);
+    decode_case(pool, &rng, 2, 3, 64, 96, 5, 9);
+    decode_case(pool, &rng, 1, 2, 256, 32, 3, 3);
+    decode_case(pool, &rng, 3, 1, 96, 80, 7, 8);
+    decode_case(pool, &rng, 1, 1, 5, 3, 2, 2);
+
+    /* Chunked: the spans named in the issue, GQA 2, with an initial state,
+     * plus the recurrent decode kernel stepped over the same batch. */
+    const int l1[] = {1, 63, 64, 65, 200};
+    chunked_case(pool, &rng, 2, 2, 128, 128, l1, 5, 1, 1);
+    const int l2[] = {130, 0, 5};
+    chunked_case(pool, &rng, 1, 3, 64, 48, l2, 3, 0, 0); /* dv % 32 != 0: 16-column state tiles */
+    const int l3[] = {70};
+    chunked_case(pool, &rng, 1, 1, 256, 256, l3, 1, 1, 0); /* largest head dims */
+    const int l4[] = {17, 129};
+    chunked_case(pool, &rng, 2, 1, 32, 16, l4, 2, 1, 1);
+    const int l5[] = {1000};
+    chunked_case(pool, &rng, 1, 2, 128, 128, l5, 1, 1, 0); /* long span: error growth over 16 chunks */
+
+    qd_threadpool_free(pool);
+    return qd_test_finish("test_cuda_gdn");
+}
+
+#else /* no CUDA compiler: nothing to test */
+
+int main(void) { return qd_test_skip("test_cuda_gdn", "built without CUDA"); }
+
+#endif
