@@ -31,7 +31,10 @@ int cli_session_open(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx
     s->tok = tok;
     s->max_ctx = max_ctx;
     s->max_batch = max_batch;
-    qd_context_params cp = {1, max_ctx, max_batch};
+    qd_context_params cp = qd_context_default_params();
+    cp.max_seqs = 1;
+    cp.max_ctx = max_ctx;
+    cp.max_batch = max_batch;
     if (qd_context_create(m, &cp, &s->ctx) != QD_OK) {
         fprintf(stderr, "qdelta: %s\n", qd_model_errmsg(m));
         return -1;

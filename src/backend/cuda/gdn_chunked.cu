@@ -671,17 +671,7 @@ template <typename K> static qd_status set_smem(K kernel, size_t bytes) {
  * (ncu on the H200: 12.5% occupancy and L2 at 26% with 32-column tiles), so
  * more resident warps win over fewer L2 re-reads of W and K: 16-column tiles
  * ran the walk in 0.46 ms at 1x8192 against 0.50 ms for 32-column tiles, and
- * 0.77 ms for 32-column tiles of 4 warps. QD_GDN_STATE_TILE=32 selects the
- * 32-column tiles (for measurements). */
-static int state_tile(void) {
-    static int v = 0;
-    if (!v) {
-        const char *e = getenv("QD_GDN_STATE_TILE");
-        v = e && atoi(e) == 32 ? 32 : 16;
-    }
-    return v;
-}
-
+ * 0.77 ms for 32-column tiles of 4 warps. So 16-column tiles are the one variant. */
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 extern "C" qd_status qd_cuda_gdn_chunked_stages(const qd_cuda_gdn_plan *p, const qd_cuda_gdn_chunked_args *a,
@@ -710,12 +700,6 @@ extern "C" qd_status qd_cuda_gdn_chunked_stages(const qd_cuda_gdn_plan *p, const
     }
     if (!(mask & 2)) {
         /* state walk skipped (benchmark breakdown) */
-    } else if (dv % 32 == 0 && state_tile() == 32) {
-        const size_t sm = st_layout<32>(dk).total;
-        if ((s = set_smem(gdn_state_kernel<32>, sm))) return s;
-        gdn_state_kernel<32><<<dim3(dv / 32, hv, p->n_seq), ST_NT, sm, st>>>(
-            p->d_seqs, a->d_k, a->k_stride, p->d_w, p->d_u, p->d_gc, a->d_state0, a->d_state1, p->d_h,
-            p->d_vnew, hk, hv, dk, dv);
     } else {
         const size_t sm = st_layout<16>(dk).total;
         if ((s = set_smem(gdn_state_kernel<16>, sm))) return s;
