@@ -134,8 +134,9 @@ typedef struct req {
     int n_prompt, max_tokens;
 } req;
 
-static qd_engine *make_engine(qd_model *m, size_t cache_bytes, int interval) {
+static qd_engine *make_engine_blocks(qd_model *m, size_t cache_bytes, int interval, int n_kv_blocks) {
     qd_engine_params p = qd_engine_default_params();
+    p.n_kv_blocks = n_kv_blocks;
     p.max_num_seqs = 4;
     p.max_model_len = 320;
     p.max_batch_tokens = 48;
@@ -146,6 +147,10 @@ static qd_engine *make_engine(qd_model *m, size_t cache_bytes, int interval) {
     qd_err err = {0};
     CHECKF(qd_engine_create(m, &p, &e, &err) == QD_OK, "engine: %s", err.msg);
     return e;
+}
+
+static qd_engine *make_engine(qd_model *m, size_t cache_bytes, int interval) {
+    return make_engine_blocks(m, cache_bytes, interval, 0);
 }
 
 static void run(qd_engine *e, const req *rs, int n, collector *cs) {
@@ -214,8 +219,8 @@ static void exactness(qd_model *m, const char *dir) {
 
     const size_t budgets[2] = {(size_t)1 << 30, 1}; /* 1 byte: everything evicted at once */
     const size_t small = 3; /* snapshots, in units of one snapshot + its blocks (set below) */
-    for (int b = 0; b < 3; b++) {
-        size_t budget = b < 2 ? budgets[b] : 0;
+    for (int b = 0; b < 4; b++) {
+        size_t budget = b < 2 ? budgets[b] : b == 3 ? budgets[0] : 0;
         if (b == 2) { /* a few snapshots: evictions of live and dead prefixes mid-run */
             e = make_engine(m, (size_t)1 << 30, 16);
             if (!e) return;
@@ -225,7 +230,10 @@ static void exactness(qd_model *m, const char *dir) {
             budget = small * (s.prefix_snapshots ? s.prefix_bytes / (size_t)s.prefix_snapshots : 4096);
             qd_engine_free(e);
         }
-        e = make_engine(m, budget, 16);
+        /* b == 3: a KV pool of 14 blocks (224 tokens) for 4 sequences of up to ~190 tokens:
+         * the cache must give its blocks back (evictions before preemptions), and
+         * preempted requests are readmitted through the cache */
+        e = make_engine_blocks(m, budget, 16, b == 3 ? 14 : 0);
         if (!e) return;
         /* solo, in order: each later request can hit what earlier ones left */
         for (int i = 0; i < N_REQ; i++) {
@@ -248,8 +256,9 @@ static void exactness(qd_model *m, const char *dir) {
         CHECK(s.prefix_bytes <= budget);
         if (b == 0) CHECKF(s.prefix_hit_tokens > 0, "%s: no hits", dir);
         if (b == 1) CHECK(s.prefix_hit_tokens == 0 && s.prefix_snapshots == 0);
-        if (b == 2) CHECKF(s.prefix_evictions > 0 && s.prefix_hit_tokens > 0, "%s: small budget: %llu evictions", dir,
-                           (unsigned long long)s.prefix_evictions);
+        if (b >= 2) CHECKF(s.prefix_evictions > 0 && s.prefix_hit_tokens > 0, "%s: small budget or pool: %llu evictions",
+                           dir, (unsigned long long)s.prefix_evictions);
+        if (b == 3) printf("  %s: small KV pool: %llu preemptions\n", dir, (unsigned long long)s.preemptions);
         qd_engine_free(e);
     }
 }
