@@ -256,8 +256,9 @@ static void exactness(qd_model *m, const char *dir) {
         CHECK(s.prefix_bytes <= budget);
         if (b == 0) CHECKF(s.prefix_hit_tokens > 0, "%s: no hits", dir);
         if (b == 1) CHECK(s.prefix_hit_tokens == 0 && s.prefix_snapshots == 0);
-        if (b >= 2) CHECKF(s.prefix_evictions > 0 && s.prefix_hit_tokens > 0, "%s: small budget or pool: %llu evictions",
-                           dir, (unsigned long long)s.prefix_evictions);
+        /* hits under these budgets depend on the order of evictions: only exactness is required */
+        if (b >= 2) CHECKF(s.prefix_evictions > 0, "%s: small budget or pool: %llu evictions", dir,
+                           (unsigned long long)s.prefix_evictions);
         if (b == 3) printf("  %s: small KV pool: %llu preemptions\n", dir, (unsigned long long)s.preemptions);
         qd_engine_free(e);
     }

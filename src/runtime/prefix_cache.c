@@ -321,6 +321,14 @@ int qd_prefix_cache_evict_one(qd_prefix_cache *pc) {
     return 1;
 }
 
+int qd_prefix_cache_reclaimable_blocks(const qd_prefix_cache *pc) {
+    int k = 0;
+    if (!pc->ctx) return 0;
+    for (int b = 0; b < pc->n_pool_blocks; b++)
+        if (pc->block_users[b] > 0 && pc->ctx->kv.ref[b] == pc->block_users[b]) k++;
+    return k;
+}
+
 void qd_prefix_cache_enforce_budget(qd_prefix_cache *pc) {
     while (pc->st.bytes > pc->budget && qd_prefix_cache_evict_one(pc)) {
     }

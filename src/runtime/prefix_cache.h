@@ -69,6 +69,9 @@ void *qd_prefix_cache_insert(qd_prefix_cache *pc, uint64_t key, const int32_t *t
 /* Evicts snapshots, least recently used first, until the budget holds. Call after
  * filling the buffer that insert returned. */
 void qd_prefix_cache_enforce_budget(qd_prefix_cache *pc);
+/* KV blocks that only the cache holds: what evicting everything would give back to
+ * the pool at most (so the engine does not empty the cache when that cannot help). */
+int qd_prefix_cache_reclaimable_blocks(const qd_prefix_cache *pc);
 /* Evicts the least recently used snapshot; 0 when there is none. */
 int qd_prefix_cache_evict_one(qd_prefix_cache *pc);
 

@@ -134,6 +134,12 @@ static int tokens_fitting(const qd_engine *e, const qd_request *r, int want, int
     if (qd_kv_total_blocks(ctx) == 0) return want;
     const int bs = ctx->kv.block_size;
     const qd_seq_state *q = &ctx->seqs[r->slot];
+    /* a partly filled last block shared with the prefix cache is copied before the
+     * first write, and the copy takes one of the free blocks */
+    if (q->length % bs != 0 && qd_kv_blocks_needed(ctx, r->slot, 1) > 0) {
+        if (free_blocks < 1) return 0;
+        free_blocks--;
+    }
     int room = (q->n_blocks + free_blocks) * bs - q->length;
     return room < 0 ? 0 : min_i(want, room);
 }
@@ -165,7 +171,7 @@ static int schedule_running(qd_engine *e, int *budget) {
         int self_preempted = 0;
         while (qd_kv_blocks_needed(e->ctx, r->slot, chunk) > avail_blocks(e)) {
             /* cached prefixes give way before any running request does */
-            if (e->pc && qd_prefix_cache_evict_one(e->pc)) continue;
+            if (e->pc && qd_prefix_cache_reclaimable_blocks(e->pc) > 0 && qd_prefix_cache_evict_one(e->pc)) continue;
             int fit = tokens_fitting(e, r, chunk, avail_blocks(e));
             if (fit >= 1) {
                 chunk = fit;
@@ -206,8 +212,10 @@ static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
             /* blocks taken: the new ones past the hit plus a copy of a shared partial block */
             const int need = qd_kv_blocks_for(e->ctx, start + chunk) - qd_kv_blocks_for(e->ctx, start) + (part != 0);
             if (need <= free_b) break;
-            /* evicting may drop the hit itself: look it up again */
-            if (e->pc && qd_prefix_cache_evict_one(e->pc)) continue;
+            /* evict only when that can make room (else the request just waits and the
+             * cache stays); evicting may drop the hit itself: look it up again */
+            if (e->pc && free_b + qd_prefix_cache_reclaimable_blocks(e->pc) >= need && qd_prefix_cache_evict_one(e->pc))
+                continue;
             int fit = free_b < 1 ? 0 : part ? (bs - part) + (free_b - 1) * bs : free_b * bs;
             /* a lone request may take the whole pool (submit checked that it fits) */
             if (e->n_running > 0 || fit < 1) return n_spans;
