@@ -54,7 +54,8 @@ start() {
 
 KEY=test-key-123
 start A --api-key "$KEY" --max-model-len 512 --max-num-seqs 16
-start B --chat-template tests/data/chat_template/qwen3_5.jinja --max-model-len 1024 --max-num-seqs 4
+start B --chat-template tests/data/chat_template/qwen3_5.jinja --max-model-len 1024 --max-num-seqs 4 \
+  --prefix-cache-memory 67108864
 A="http://127.0.0.1:$PORT_A"
 B="http://127.0.0.1:$PORT_B"
 C=(curl -s -m 60 -H "Authorization: Bearer $KEY")
@@ -79,6 +80,13 @@ check "grep -q '^data: {.*chat.completion.chunk' $T/sse && [ \"\$(grep -v '^\$' 
 check "grep -q '\"finish_reason\":\"length\"' $T/sse" "chat stream finish_reason"
 check "[ \$(code -d '{\"prompt\":[10,20,30],\"max_tokens\":3,\"temperature\":0}' $A/v1/completions) = 200 ] && grep -q '\"prompt_tokens\":3' $T/body" "completions with token ids"
 check "curl -s -m 10 $A/metrics | grep -q '^qdelta_time_to_first_token_seconds_bucket'" "/metrics Prometheus text"
+# prefix cache (on in B): the same prompt twice, the second hits; identical greedy text
+for i in 1 2; do
+  curl -s -m 60 -o "$T/pc.$i" -d '{"prompt":[11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30],"max_tokens":5,"temperature":0}' $B/v1/completions
+done
+check "grep -q '\"text\"' $T/pc.1 && [ \"\$(grep -o '\"text\":\"[^\"]*\"' $T/pc.1)\" = \"\$(grep -o '\"text\":\"[^\"]*\"' $T/pc.2)\" ]" "prefix cache: same text on a hit"
+check "curl -s -m 10 $B/metrics | grep -q '^qdelta_prefix_cache_hit_tokens_total [1-9]'" "prefix cache: /metrics counts hits"
+check "curl -s -m 10 $B/metrics | grep -q '^qdelta_prefix_cache_snapshots [1-9]'" "prefix cache: /metrics counts snapshots"
 
 # queue full: one running sequence and one waiting place, eight long requests at once
 start F --max-num-seqs 1 --max-waiting 1

@@ -2,6 +2,7 @@
  * Loads the model, tokenizer and chat template, starts the engine and the HTTP
  * daemon, then waits for SIGINT/SIGTERM and shuts down gracefully (stop accepting,
  * cancel what is running, let the streams end, free everything, exit 0). */
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,9 @@ static void usage(FILE *f) {
                "  --max-batch-tokens N      tokens per engine step (default 512)\n"
                "  --kv-block-size N         tokens per KV block (default: the engine's)\n"
                "  --max-waiting N           queued requests before 503 (default 256)\n"
+               "  --prefix-cache-memory B   bytes for the prefix cache (GDN state snapshots and\n"
+               "                            the KV blocks they keep); 0 = off (default)\n"
+               "  --prefix-snapshot-interval N  also snapshot every N prompt tokens (default 512)\n"
                "  --http-threads N          HTTP polling threads (default 1)\n"
                "  --max-body-bytes N        request body limit (default 4 MiB)\n"
                "  --load-format auto|dummy, --backend cpu|cuda, -t N threads, -q quiet\n");
@@ -94,6 +98,14 @@ int qd_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-batch-tokens")) bad = parse_int_opt(argc, argv, &i, 1, 1 << 20, &c->engine.max_batch_tokens);
         else if (!strcmp(a, "--kv-block-size")) bad = parse_int_opt(argc, argv, &i, 1, 4096, &c->engine.kv_block_size);
         else if (!strcmp(a, "--max-waiting")) bad = parse_int_opt(argc, argv, &i, 0, 1 << 20, &c->engine.max_waiting);
+        else if (!strcmp(a, "--prefix-cache-memory")) {
+            const char *v = cli_value(argc, argv, &i);
+            long n;
+            bad = !v || cli_int(a, v, 0, LONG_MAX, &n);
+            if (!bad) c->engine.prefix_cache_bytes = (size_t)n;
+        }
+        else if (!strcmp(a, "--prefix-snapshot-interval"))
+            bad = parse_int_opt(argc, argv, &i, 0, 1 << 24, &c->engine.prefix_snapshot_interval);
         else if (!strcmp(a, "--http-threads")) bad = parse_int_opt(argc, argv, &i, 1, 256, &c->http_threads);
         else if (!strcmp(a, "--max-body-bytes")) bad = parse_int_opt(argc, argv, &i, 1024, 1 << 30, &max_body);
         else { fprintf(stderr, "qdelta serve: unknown option '%s'\n", a); usage(stderr); return 2; }

@@ -197,3 +197,37 @@ qd_status qd_seq_fork(qd_context *ctx, int src, int dst) {
     b->length = a->length;
     return QD_OK;
 }
+
+/* ------------------------------------------------- prefix cache support */
+
+void qd_kv_block_ref(qd_context *ctx, int32_t b) { ctx->kv.ref[b]++; }
+void qd_kv_block_unref(qd_context *ctx, int32_t b) { unref(&ctx->kv, b); }
+
+qd_status qd_seq_state_attach(qd_context *ctx, int seq, const void *src, size_t size, const int32_t *blocks,
+                              int n_blocks) {
+    QD_TRY(check_seq(ctx, seq));
+    if (!src || size < qd_seq_state_size(ctx))
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "state snapshot of %zu bytes, need %zu", size,
+                         qd_seq_state_size(ctx));
+    int64_t len;
+    memcpy(&len, src, sizeof len);
+    if (len < 0 || len > ctx->params.max_ctx || n_blocks != qd_kv_blocks_for(ctx, (int)len) ||
+        n_blocks > ctx->kv.max_blocks_per_seq)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
+                         "snapshot of %lld tokens comes with %d KV blocks, needs %d (context length %d)",
+                         (long long)len, n_blocks, qd_kv_blocks_for(ctx, len < 0 ? 0 : (int)len), ctx->params.max_ctx);
+    QD_TRY(qd_seq_reset(ctx, seq));
+    qd_seq_state *q = &ctx->seqs[seq];
+    const unsigned char *s = src;
+    memcpy(q->conv, s + SNAP_HEADER, conv_floats(ctx) * sizeof(float));
+    memcpy(q->ssm, s + SNAP_HEADER + conv_floats(ctx) * sizeof(float), ssm_floats(ctx) * sizeof(float));
+    /* shared, not copied: a partly filled last block is copied by qd_kv_reserve before
+     * this sequence writes into it, because the cache still holds a reference */
+    for (int i = 0; i < n_blocks; i++) {
+        q->blocks[i] = blocks[i];
+        ctx->kv.ref[blocks[i]]++;
+    }
+    q->n_blocks = n_blocks;
+    q->length = (int)len;
+    return QD_OK;
+}

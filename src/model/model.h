@@ -212,6 +212,16 @@ qd_status qd_seq_state_restore(qd_context *ctx, int seq, const void *src, size_t
  * raised); dst's previous contents are released. */
 qd_status qd_seq_fork(qd_context *ctx, int src, int dst);
 
+/* Prefix cache support: take or drop one reference to a KV block (the cache holds
+ * references to the blocks of the prefixes it keeps). */
+void qd_kv_block_ref(qd_context *ctx, int32_t b);
+void qd_kv_block_unref(qd_context *ctx, int32_t b);
+/* `seq` (whatever it held is released) becomes the state of a snapshot taken from any
+ * sequence, with that sequence's first n_blocks KV blocks shared (n_blocks must be
+ * exactly the blocks covering the snapshot's length). */
+qd_status qd_seq_state_attach(qd_context *ctx, int seq, const void *src, size_t size, const int32_t *blocks,
+                              int n_blocks);
+
 /* Layers: each runs over the packed rows of a ragged batch (src/layers). */
 qd_status qd_layer_gdn_forward(qd_context *ctx, const qd_layer *L, const qd_span_rt *spans, int n_spans,
                                int n_rows, const float *x, float *y);

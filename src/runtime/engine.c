@@ -42,6 +42,8 @@ qd_engine_params qd_engine_default_params(void) {
         .kv_block_size = 16,
         .n_kv_blocks = 0,
         .max_waiting = 1024,
+        .prefix_cache_bytes = 0,
+        .prefix_snapshot_interval = 512,
     };
     return p;
 }
@@ -62,6 +64,17 @@ static void publish_stats(qd_engine *e) {
     s->generated_tokens_total = e->generated_total;
     s->preemptions = e->preemptions;
     s->steps = e->steps;
+    s->prefill_tokens_total = e->prefill_total;
+    if (e->pc) {
+        qd_prefix_cache_stats ps;
+        qd_prefix_cache_get_stats(e->pc, &ps);
+        s->prefix_hit_tokens = ps.hit_tokens;
+        s->prefix_query_tokens = ps.query_tokens;
+        s->prefix_evictions = ps.evictions;
+        s->prefix_snapshots = ps.snapshots;
+        s->prefix_blocks = ps.blocks;
+        s->prefix_bytes = ps.bytes;
+    }
 }
 
 /* Finishes every request whose cancel flag was seen at this boundary. */
@@ -110,6 +123,7 @@ static void *engine_main(void *arg) {
 }
 
 static void engine_destroy(qd_engine *e) {
+    qd_prefix_cache_free(e->pc); /* first: it drops references to the context's KV blocks */
     qd_context_free(e->ctx);
     free(e->running);
     free(e->free_slots);
@@ -128,12 +142,13 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
     qd_engine_params p = params ? *params : qd_engine_default_params();
     if (p.kv_block_size == 0) p.kv_block_size = 16;
     if (p.max_num_seqs < 1 || p.max_model_len < 1 || p.max_batch_tokens < 1 || p.kv_block_size < 1 ||
-        p.n_kv_blocks < 0 || p.max_waiting < 1)
+        p.n_kv_blocks < 0 || p.max_waiting < 1 || p.prefix_snapshot_interval < 0)
         return qd_seterr(err, QD_ERR_INVALID_ARG,
                          "engine params out of range: max_num_seqs %d, max_model_len %d, max_batch_tokens %d, "
-                         "kv_block_size %d, max_waiting %d must be >= 1 and n_kv_blocks %d >= 0",
+                         "kv_block_size %d, max_waiting %d must be >= 1 and n_kv_blocks %d, "
+                         "prefix_snapshot_interval %d >= 0",
                          p.max_num_seqs, p.max_model_len, p.max_batch_tokens, p.kv_block_size, p.max_waiting,
-                         p.n_kv_blocks);
+                         p.n_kv_blocks, p.prefix_snapshot_interval);
     qd_engine *e = calloc(1, sizeof *e);
     if (!e) return qd_seterr(err, QD_ERR_OOM, "out of memory for an engine");
     pthread_mutex_init(&e->mu, NULL);
@@ -154,6 +169,15 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
         qd_seterr(err, st, "engine context: %s", qd_model_errmsg(model));
         engine_destroy(e);
         return st;
+    }
+    if (p.prefix_cache_bytes > 0) {
+        e->snap_bytes = qd_seq_state_size(e->ctx);
+        size_t block_bytes = 2 * e->ctx->kv.block_floats * sizeof(float); /* keys and values */
+        st = qd_prefix_cache_create(e->ctx, p.prefix_cache_bytes, e->snap_bytes, block_bytes, &e->pc, err);
+        if (st != QD_OK) {
+            engine_destroy(e);
+            return st;
+        }
     }
     const size_t n = (size_t)p.max_num_seqs;
     e->running = calloc(n, sizeof *e->running);

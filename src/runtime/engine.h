@@ -14,6 +14,7 @@
 #define QD_RUNTIME_ENGINE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -29,6 +30,14 @@ typedef struct qd_engine_params {
     int kv_block_size;      /* tokens per KV block (0: 16) */
     int n_kv_blocks;        /* 0: enough for max_num_seqs x max_model_len */
     int max_waiting;        /* queued requests beyond which submit returns QD_ERR_CAPACITY */
+    /* Prefix cache (prefix_cache.h): bytes for GDN snapshots plus the KV blocks they
+     * keep alive; 0 turns it off. Snapshots are taken one token before the end of each
+     * prompt (so an identical prompt recomputes only its last token and samples the
+     * same first token), where a prompt leaves the cached path (the branch point of a
+     * shared system prompt), every prefix_snapshot_interval prompt tokens (0: never)
+     * and when a request finishes (so the next turn of a conversation hits). */
+    size_t prefix_cache_bytes;
+    int prefix_snapshot_interval;
 } qd_engine_params;
 
 qd_engine_params qd_engine_default_params(void);
@@ -94,6 +103,11 @@ typedef struct qd_engine_stats {
     uint64_t prompt_tokens_total, generated_tokens_total;
     uint64_t preemptions;
     uint64_t steps;
+    uint64_t prefill_tokens_total;  /* tokens run through prefill spans (not cache hits, not decodes) */
+    /* prefix cache (all 0 when off); query tokens: each admission's known tokens */
+    uint64_t prefix_hit_tokens, prefix_query_tokens, prefix_evictions;
+    int prefix_snapshots, prefix_blocks;
+    size_t prefix_bytes;
 } qd_engine_stats;
 void qd_engine_get_stats(qd_engine *e, qd_engine_stats *out);
 

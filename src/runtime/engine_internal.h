@@ -10,6 +10,7 @@
 
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "runtime/prefix_cache.h"
 
 typedef enum qd_seq_phase {
     QD_SEQ_WAITING = 0,  /* queued; holds no slot and no blocks */
@@ -37,6 +38,7 @@ typedef struct qd_request {
     int cancel_requested;     /* set by qd_engine_cancel, under mu */
     int cancel_seen;          /* copied from cancel_requested at a step boundary (engine thread) */
     int step_chunk;           /* tokens scheduled in the current step */
+    int snap_branch;          /* prefix cache: where this prompt left the cached path (a snapshot target), 0: none */
     struct qd_request *prev, *next;            /* submit queue or waiting deque */
     struct qd_request *live_prev, *live_next;  /* every request not yet finished, under mu */
 } qd_request;
@@ -76,7 +78,9 @@ struct qd_engine {
     qd_span *spans;           /* [max_num_seqs] the step's ragged batch */
     qd_request **span_req;    /* [max_num_seqs] request of each span */
     float *logits;            /* [max_num_seqs][vocab] one row per span that samples */
-    uint64_t preemptions, steps, finished, prompt_total, generated_total;
+    uint64_t preemptions, steps, finished, prompt_total, generated_total, prefill_total;
+    qd_prefix_cache *pc;      /* NULL when off */
+    size_t snap_bytes;        /* one GDN state snapshot */
     char errbuf[QD_ERRMSG_SIZE + 128]; /* the message of an ERROR event, valid during its callback */
 };
 

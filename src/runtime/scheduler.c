@@ -1,6 +1,7 @@
 /* The engine's step: which tokens of which requests go into this step's one ragged
  * batch, the forward pass, sampling, and the events that follow. Engine thread only
  * (see engine.c for the algorithm in words and the memory plan). */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,38 @@ void qd_req_list_remove(qd_req_list *l, qd_request *r) {
     l->count--;
 }
 
+/* The prefix cache's model identity: one base model per engine for now; a LoRA
+ * adapter would get its own key so that snapshots never cross adapters. */
+#define PREFIX_KEY_BASE 0
+
+/* Stores r's state (tokens[0..n_computed), the GDN state of its slot and the KV
+ * blocks covering them) in the prefix cache. */
+static void take_snapshot(qd_engine *e, qd_request *r) {
+    if (!e->pc || r->slot < 0 || r->n_computed < 1) return;
+    const qd_seq_state *q = &e->ctx->seqs[r->slot];
+    if (q->length != r->n_computed) return; /* never store a state that does not match its tokens */
+    int nb = qd_kv_blocks_for(e->ctx, r->n_computed);
+    void *buf = qd_prefix_cache_insert(e->pc, PREFIX_KEY_BASE, r->tokens, r->n_computed, q->blocks, nb);
+    if (!buf) return; /* already cached (marked used) or no memory: the cache is optional */
+    /* cannot fail: the slot is valid and the buffer has the snapshot size */
+    qd_seq_state_save(e->ctx, r->slot, buf, e->snap_bytes);
+    qd_prefix_cache_enforce_budget(e->pc);
+}
+
+/* The next prompt position after n_computed where a snapshot is wanted (the chunk
+ * is cut there), INT_MAX for none. */
+static int next_snapshot_target(const qd_engine *e, const qd_request *r) {
+    if (!e->pc || r->n_computed >= r->n_prompt - 1) return INT_MAX;
+    int t = r->n_prompt - 1; /* one short: a repeat of this prompt still has a token to compute */
+    if (r->snap_branch > r->n_computed && r->snap_branch < t) t = r->snap_branch;
+    const int iv = e->params.prefix_snapshot_interval;
+    if (iv > 0) {
+        int m = (r->n_computed / iv + 1) * iv;
+        if (m < t) t = m;
+    }
+    return t;
+}
+
 /* Takes r out of the running array (keeping admission order) and gives its slot and
  * KV blocks back. */
 static void release_slot(qd_engine *e, qd_request *r) {
@@ -63,6 +96,9 @@ static void preempt(qd_engine *e, qd_request *r) {
 
 void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const qd_sample_result *sample,
                       const char *error) {
+    /* a finished generation's state is the start of the next turn of a conversation */
+    if (r->slot >= 0 && (why == QD_FINISH_EOS || why == QD_FINISH_LENGTH || why == QD_FINISH_STOP))
+        take_snapshot(e, r);
     if (r->slot >= 0) release_slot(e, r);
     else if (r->phase == QD_SEQ_WAITING) qd_req_list_remove(&e->waiting, r);
     r->phase = why == QD_FINISH_CANCELLED ? QD_SEQ_CANCELLED : QD_SEQ_FINISHED;
@@ -98,6 +134,12 @@ static int tokens_fitting(const qd_engine *e, const qd_request *r, int want, int
     if (qd_kv_total_blocks(ctx) == 0) return want;
     const int bs = ctx->kv.block_size;
     const qd_seq_state *q = &ctx->seqs[r->slot];
+    /* a partly filled last block shared with the prefix cache is copied before the
+     * first write, and the copy takes one of the free blocks */
+    if (q->length % bs != 0 && qd_kv_blocks_needed(ctx, r->slot, 1) > 0) {
+        if (free_blocks < 1) return 0;
+        free_blocks--;
+    }
     int room = (q->n_blocks + free_blocks) * bs - q->length;
     return room < 0 ? 0 : min_i(want, room);
 }
@@ -106,6 +148,9 @@ static int tokens_fitting(const qd_engine *e, const qd_request *r, int want, int
 static int avail_blocks(const qd_engine *e) { return qd_kv_free_blocks(e->ctx) - e->step_reserved; }
 
 static void add_span(qd_engine *e, int *n_spans, qd_request *r, int chunk) {
+    const int target = next_snapshot_target(e, r);
+    if (target != INT_MAX && r->n_computed + chunk > target) chunk = target - r->n_computed;
+    if (r->phase == QD_SEQ_PREFILLING) e->prefill_total += (uint64_t)chunk;
     e->step_reserved += qd_kv_blocks_needed(e->ctx, r->slot, chunk);
     r->step_chunk = chunk;
     const int last = r->n_computed + chunk == r->n_tokens;
@@ -125,6 +170,8 @@ static int schedule_running(qd_engine *e, int *budget) {
         int chunk = min_i(r->n_tokens - r->n_computed, *budget);
         int self_preempted = 0;
         while (qd_kv_blocks_needed(e->ctx, r->slot, chunk) > avail_blocks(e)) {
+            /* cached prefixes give way before any running request does */
+            if (e->pc && qd_prefix_cache_reclaimable_blocks(e->pc) > 0 && qd_prefix_cache_evict_one(e->pc)) continue;
             int fit = tokens_fitting(e, r, chunk, avail_blocks(e));
             if (fit >= 1) {
                 chunk = fit;
@@ -139,7 +186,7 @@ static int schedule_running(qd_engine *e, int *budget) {
         }
         if (self_preempted) break; /* r was the newest: nothing after it is running */
         add_span(e, &n_spans, r, chunk);
-        *budget -= chunk;
+        *budget -= r->step_chunk;
     }
     return n_spans;
 }
@@ -151,27 +198,56 @@ static int schedule_running(qd_engine *e, int *budget) {
 static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
     while (*budget > 0 && e->waiting.head && e->n_free_slots > 0) {
         qd_request *r = e->waiting.head;
-        int chunk = min_i(r->n_tokens, *budget);
-        if (qd_kv_total_blocks(e->ctx) > 0) {
-            int reserve = e->n_running, free_b = avail_blocks(e) - reserve;
-            int fit = free_b > 0 ? free_b * e->ctx->kv.block_size : 0;
-            if (fit < chunk) {
-                /* a lone request may take the whole pool (submit checked that it fits) */
-                if (e->n_running > 0 || fit < 1) break;
-                chunk = fit;
-            }
+        qd_prefix_hit hit = {0};
+        int start, chunk;
+        for (;;) {
+            /* at most n_tokens - 1 from the cache: the last known token is always
+             * computed, which gives the logits for the next one */
+            if (e->pc) qd_prefix_cache_lookup(e->pc, PREFIX_KEY_BASE, r->tokens, r->n_tokens - 1, &hit);
+            start = hit.n_tokens;
+            chunk = min_i(r->n_tokens - start, *budget);
+            if (qd_kv_total_blocks(e->ctx) == 0) break;
+            const int bs = e->ctx->kv.block_size, part = start % bs;
+            const int free_b = avail_blocks(e) - e->n_running;
+            /* blocks taken: the new ones past the hit plus a copy of a shared partial block */
+            const int need = qd_kv_blocks_for(e->ctx, start + chunk) - qd_kv_blocks_for(e->ctx, start) + (part != 0);
+            if (need <= free_b) break;
+            /* evict only when that can make room (else the request just waits and the
+             * cache stays); evicting may drop the hit itself: look it up again */
+            if (e->pc && free_b + qd_prefix_cache_reclaimable_blocks(e->pc) >= need && qd_prefix_cache_evict_one(e->pc))
+                continue;
+            int fit = free_b < 1 ? 0 : part ? (bs - part) + (free_b - 1) * bs : free_b * bs;
+            /* a lone request may take the whole pool (submit checked that it fits) */
+            if (e->n_running > 0 || fit < 1) return n_spans;
+            chunk = min_i(chunk, fit);
+            break;
         }
         qd_req_list_remove(&e->waiting, r);
         r->slot = e->free_slots[--e->n_free_slots];
         r->n_computed = 0;
+        r->snap_branch = 0;
         r->phase = QD_SEQ_PREFILLING;
         e->running[e->n_running++] = r;
         if (!r->admitted_once) {
             r->admitted_once = 1;
             e->prompt_total += (uint64_t)r->n_prompt;
         }
+        if (e->pc) {
+            if (start > 0 &&
+                qd_seq_state_attach(e->ctx, r->slot, hit.snapshot, e->snap_bytes, hit.blocks, hit.n_blocks) != QD_OK) {
+                snprintf(e->errbuf, sizeof e->errbuf, "request %llu: restoring a cached prefix failed: %s",
+                         (unsigned long long)r->id, qd_context_errmsg(e->ctx));
+                qd_engine_finish(e, r, QD_FINISH_ERROR, NULL, e->errbuf);
+                continue;
+            }
+            r->n_computed = start;
+            /* the cached path goes on past the last snapshot: snapshot where this prompt
+             * leaves it, so the next prompt sharing that much hits there */
+            if (hit.n_matched > start) r->snap_branch = hit.n_matched;
+            qd_prefix_cache_count_query(e->pc, r->n_tokens, start);
+        }
         add_span(e, &n_spans, r, chunk);
-        *budget -= chunk;
+        *budget -= r->step_chunk;
     }
     return n_spans;
 }
@@ -244,6 +320,13 @@ int qd_engine_step(qd_engine *e) {
     for (int i = 0; i < n_spans; i++) {
         qd_request *r = e->span_req[i];
         r->n_computed += r->step_chunk;
+        /* a cut chunk ended on a snapshot target (see add_span) */
+        if (e->pc && r->phase == QD_SEQ_PREFILLING && r->n_computed < r->n_prompt) {
+            const int iv = e->params.prefix_snapshot_interval;
+            if (r->n_computed == r->n_prompt - 1 || r->n_computed == r->snap_branch ||
+                (iv > 0 && r->n_computed % iv == 0))
+                take_snapshot(e, r);
+        }
         if (e->spans[i].logits == QD_LOGITS_NONE) continue;
         sample_and_report(e, r, e->logits + (size_t)row * e->vocab);
         row++;

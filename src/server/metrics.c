@@ -134,6 +134,18 @@ char *srv_metrics_render(srv_metrics *m, const qd_engine_stats *st, int open_str
         put_one(&o, "qdelta_engine_requests_finished_total", "counter", "Requests the engine finished.", (double)st->requests_finished);
         put_one(&o, "qdelta_engine_preemptions_total", "counter", "Sequences preempted for KV blocks.", (double)st->preemptions);
         put_one(&o, "qdelta_engine_steps_total", "counter", "Engine steps (batched forwards).", (double)st->steps);
+        put_one(&o, "qdelta_prefill_tokens_total", "counter", "Tokens computed in prefill (cache hits excluded).",
+                (double)st->prefill_tokens_total);
+        put_one(&o, "qdelta_prefix_cache_hit_tokens_total", "counter", "Tokens restored from the prefix cache.",
+                (double)st->prefix_hit_tokens);
+        put_one(&o, "qdelta_prefix_cache_query_tokens_total", "counter", "Tokens looked up in the prefix cache.",
+                (double)st->prefix_query_tokens);
+        put_one(&o, "qdelta_prefix_cache_snapshots", "gauge", "GDN state snapshots held by the prefix cache.",
+                st->prefix_snapshots);
+        put_one(&o, "qdelta_prefix_cache_bytes", "gauge", "Bytes of snapshots and KV blocks held by the prefix cache.",
+                (double)st->prefix_bytes);
+        put_one(&o, "qdelta_prefix_cache_evictions_total", "counter", "Prefix cache snapshots evicted.",
+                (double)st->prefix_evictions);
     }
     if (o.oom) {
         free(o.p);
