@@ -53,7 +53,8 @@ start() {
 }
 
 KEY=test-key-123
-start A --api-key "$KEY" --max-model-len 512 --max-num-seqs 16
+printf '%s\n' "$KEY" > "$T/api.key"   # the key from a file (--api-key-file), trailing newline dropped
+start A --api-key-file "$T/api.key" --max-model-len 512 --max-num-seqs 16
 start B --chat-template tests/data/chat_template/qwen3_5.jinja --max-model-len 1024 --max-num-seqs 4 \
   --prefix-cache-memory 67108864
 A="http://127.0.0.1:$PORT_A"

@@ -19,7 +19,8 @@ static void usage(FILE *f) {
                "  --host ADDR               address to listen on (default 127.0.0.1)\n"
                "  --port N                  port (default 8000; 0 = any free port, printed)\n"
                "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/*\n"
-               "                            (default: $QDELTA_API_KEY when set)\n"
+               "  --api-key-file FILE       the same, the key read from FILE's first line\n"
+               "                            (keeps the key out of the process list)\n"
                "  --served-model-name NAME  model id in the API (default: the directory name)\n"
                "  --chat-template FILE      Jinja chat template overriding the checkpoint's\n"
                "  --max-num-seqs N          sequences running at once (default 16)\n"
@@ -72,7 +73,7 @@ int qd_cmd_serve(int argc, char **argv) {
     srv_config *c = &s.cfg;
     c->host = "127.0.0.1";
     c->port = 8000;
-    c->api_key = getenv("QDELTA_API_KEY");
+    char *api_key_buf = NULL; /* from --api-key-file */
     c->http_threads = 1;
     c->max_connections = 4096;
     int max_body = 4 << 20;
@@ -83,14 +84,23 @@ int qd_cmd_serve(int argc, char **argv) {
     c->engine.max_waiting = 256;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_model_opt(&mo, argc, argv, &i);
-        if (r < 0) return 2;
+        if (r < 0) { free(api_key_buf); return 2; }
         if (r > 0) continue;
         const char *a = argv[i];
         int bad = 0;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); free(api_key_buf); return 0; }
         else if (!strcmp(a, "--host")) bad = !(c->host = cli_value(argc, argv, &i));
         else if (!strcmp(a, "--port")) bad = parse_int_opt(argc, argv, &i, 0, 65535, &c->port);
         else if (!strcmp(a, "--api-key")) bad = !(c->api_key = cli_value(argc, argv, &i));
+        else if (!strcmp(a, "--api-key-file")) {
+            const char *path = cli_value(argc, argv, &i);
+            free(api_key_buf);
+            api_key_buf = path ? cli_read_file(path, NULL) : NULL;
+            if (api_key_buf) api_key_buf[strcspn(api_key_buf, "\r\n")] = '\0';
+            bad = !api_key_buf || !api_key_buf[0];
+            if (api_key_buf && !api_key_buf[0]) fprintf(stderr, "qdelta serve: %s holds no API key\n", path);
+            c->api_key = api_key_buf;
+        }
         else if (!strcmp(a, "--served-model-name")) bad = !(c->model_name = cli_value(argc, argv, &i));
         else if (!strcmp(a, "--chat-template")) bad = !(c->chat_template = cli_value(argc, argv, &i));
         else if (!strcmp(a, "--max-num-seqs")) bad = parse_int_opt(argc, argv, &i, 1, 65536, &c->engine.max_num_seqs);
@@ -108,11 +118,11 @@ int qd_cmd_serve(int argc, char **argv) {
             bad = parse_int_opt(argc, argv, &i, 0, 1 << 24, &c->engine.prefix_snapshot_interval);
         else if (!strcmp(a, "--http-threads")) bad = parse_int_opt(argc, argv, &i, 1, 256, &c->http_threads);
         else if (!strcmp(a, "--max-body-bytes")) bad = parse_int_opt(argc, argv, &i, 1024, 1 << 30, &max_body);
-        else { fprintf(stderr, "qdelta serve: unknown option '%s'\n", a); usage(stderr); return 2; }
-        if (bad) return 2;
+        else { fprintf(stderr, "qdelta serve: unknown option '%s'\n", a); usage(stderr); free(api_key_buf); return 2; }
+        if (bad) { free(api_key_buf); return 2; }
     }
     c->max_body = (size_t)max_body;
-    if (!cli_default_model(&mo)) return 2;
+    if (!cli_default_model(&mo)) { free(api_key_buf); return 2; }
     c->model_dir = mo.model_dir;
     if (!c->model_name) c->model_name = base_name(mo.model_dir);
     if (!c->engine.max_model_len) {
@@ -179,5 +189,6 @@ done:
     qd_model_free(s.model);
     srv_metrics_destroy(&s.metrics);
     pthread_rwlock_destroy(&s.engine_lock);
+    free(api_key_buf);
     return rc;
 }
