@@ -117,7 +117,7 @@ static void bench_decode(int B, double copy_gbs) {
     uint16_t *dq = upload(q, (size_t)B * HK * DK * 2), *dk = upload(k, (size_t)B * HK * DK * 2);
     uint16_t *dv = upload(v, (size_t)B * HV * DV * 2), *dO = upload(NULL, (size_t)B * HV * DV * 2);
     float *dg = upload(g, (size_t)B * HV * 4), *db = upload(beta, (size_t)B * HV * 4), *dS = upload(S, nst * 4);
-    qd_cuda_gdn_decode_args a = {HK, HV, DK, DV, B, dq, dk, dv, dg, db, dS, NULL, dO};
+    qd_cuda_gdn_decode_args a = {HK, HV, DK, DV, B, dq, dk, dv, dg, db, dS, NULL, NULL, dO};
     const int iters = 200;
     for (int i = 0; i < 20; i++) {
         a.d_state = dS + (size_t)(i % nrot) * B * per;
@@ -160,7 +160,7 @@ static void bench_chunked(int B, int T) {
     uint16_t *dO = upload(NULL, N * HV * DV * 2);
     qd_cuda_gdn_plan plan;
     TRY(qd_cuda_gdn_plan_create(&plan, HK, HV, DK, DV, cu, B));
-    qd_cuda_gdn_chunked_args a = {dq, dk, dv, HK * DK, HK * DK, HV * DV, dg, db, dS0, dS1, dO};
+    qd_cuda_gdn_chunked_args a = {dq, dk, dv, HK * DK, HK * DK, HV * DV, dg, db, dS0, dS1, NULL, dO};
     qd_cuda_timer t;
     TRY(qd_cuda_timer_create(&t));
     const int masks[4] = {7, 1, 2, 4};

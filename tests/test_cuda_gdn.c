@@ -169,7 +169,7 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
         ST_OK(qd_cuda_gdn_plan_create(&plan, hk, hv, dk, dv, cu, n_seq));
         ST_OK(qd_cuda_memset(dO, 0xff, no * 2)); /* NaN poison */
         ST_OK(qd_cuda_memset(dS1, 0xff, nst * 4));
-        qd_cuda_gdn_chunked_args a = {dq, dk_, dvv, qs, ks, vs, dg, dbeta, with_state0 ? dS0 : NULL, dS1, dO};
+        qd_cuda_gdn_chunked_args a = {dq, dk_, dvv, qs, ks, vs, dg, dbeta, with_state0 ? dS0 : NULL, dS1, NULL, dO};
         ST_OK(qd_cuda_gdn_chunked(&plan, &a, NULL));
         ST_OK(qd_cuda_sync());
         ST_OK(qd_cuda_memcpy_d2h(ho, dO, no * 2));
@@ -198,7 +198,7 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
                     for (int t = cu[s]; t < cu[s + 1]; t++) {
                         qd_cuda_gdn_decode_args da = {hk, hv, dk, dv, 1, dq + t * qs, dk_ + t * ks, dvv + t * vs,
                                                       dg + (int64_t)t * hv, dbeta + (int64_t)t * hv,
-                                                      dS1 + (size_t)s * hv * dk * dv, NULL,
+                                                      dS1 + (size_t)s * hv * dk * dv, NULL, NULL,
                                                       dOr + (int64_t)t * hv * dv};
                         ST_OK(qd_cuda_gdn_decode(&da, NULL));
                     }
@@ -266,7 +266,7 @@ static void decode_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, in
     CHECK(dq && dk_ && dvv && dg && dbeta && dS && dslot && dO);
     if (dq && dk_ && dvv && dg && dbeta && dS && dslot && dO) {
         ST_OK(qd_cuda_memset(dO, 0xff, nv * 2));
-        qd_cuda_gdn_decode_args a = {hk, hv, dk, dv, n_seq, dq, dk_, dvv, dg, dbeta, dS, dslot, dO};
+        qd_cuda_gdn_decode_args a = {hk, hv, dk, dv, n_seq, dq, dk_, dvv, dg, dbeta, dS, dslot, NULL, dO};
         ST_OK(qd_cuda_gdn_decode(&a, NULL));
         ST_OK(qd_cuda_sync());
         ST_OK(qd_cuda_memcpy_d2h(ho, dO, nv * 2));

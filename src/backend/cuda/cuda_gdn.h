@@ -62,6 +62,8 @@ typedef struct qd_cuda_gdn_decode_args {
     const float *d_g, *d_beta;
     float *d_state;
     const int32_t *d_slot;
+    const int32_t *d_row; /* [n_seq] row of sequence b in q/k/v/g/beta/o (NULL: row b), for
+                           * decode tokens scattered through a mixed batch */
     uint16_t *d_o;
 } qd_cuda_gdn_decode_args;
 
@@ -93,8 +95,8 @@ void qd_cuda_gdn_plan_destroy(qd_cuda_gdn_plan *p);
  *   d_q, d_k [n_tokens] rows of hk*dk bf16 at row strides q_stride, k_stride (elements)
  *   d_v      [n_tokens] rows of hv*dv bf16 at row stride v_stride
  *   d_g, d_beta [n_tokens][hv] fp32
- *   d_state0 [n_seq][hv][dk][dv] fp32 initial states (NULL: zero)
- *   d_state1 [n_seq][hv][dk][dv] fp32 final states (NULL: not written; may equal d_state0)
+ *   d_state0 [slots][hv][dk][dv] fp32 initial states (NULL: zero), sequence s at slot d_slot[s]
+ *   d_state1 [slots][hv][dk][dv] fp32 final states (NULL: not written; may equal d_state0)
  *   d_o      [n_tokens][hv][dv] bf16
  * dk and dv must be multiples of 16 and at most 256. */
 typedef struct qd_cuda_gdn_chunked_args {
@@ -103,6 +105,7 @@ typedef struct qd_cuda_gdn_chunked_args {
     const float *d_g, *d_beta;
     const float *d_state0;
     float *d_state1;
+    const int32_t *d_slot; /* [n_seq] state of sequence s at index d_slot[s] of state0/state1 (NULL: s) */
     uint16_t *d_o;
 } qd_cuda_gdn_chunked_args;
 

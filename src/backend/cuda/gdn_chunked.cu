@@ -291,7 +291,8 @@ template <int ST_BV>
 __global__ void __launch_bounds__(ST_NT)
 gdn_state_kernel(const int32_t *__restrict__ seqs, const uint16_t *__restrict__ k, int64_t k_stride,
                  const uint16_t *__restrict__ W, const uint16_t *__restrict__ U, const float *__restrict__ gc,
-                 const float *state0, float *state1 /* may alias state0 */, uint16_t *__restrict__ H,
+                 const float *state0, float *state1 /* may alias state0 */, const int32_t *__restrict__ slot,
+                 uint16_t *__restrict__ H,
                  uint16_t *__restrict__ vnew, int hk, int hv, int dk, int dv) {
     extern __shared__ __align__(128) unsigned char smem[];
     const st_smem L = st_layout<ST_BV>(dk);
@@ -308,7 +309,8 @@ gdn_state_kernel(const int32_t *__restrict__ seqs, const uint16_t *__restrict__ 
     uint16_t *Sb = (uint16_t *)(smem + L.sb), *Vd = (uint16_t *)(smem + L.vd);
     const int ntiles = (dk / 16) * (ST_BV / 16);
     const int col0 = tile * ST_BV;
-    const size_t sbase = ((size_t)seq * hv + h) * dk * dv + col0; /* this block's tile of the state */
+    const int64_t sl = slot ? (int64_t)slot[seq] : (int64_t)seq;
+    const size_t sbase = ((size_t)sl * hv + h) * dk * dv + col0; /* this block's tile of the state */
 
     /* Stage chunk c's W, K rows (dk wide) and U tile into buffer b. */
     auto issue = [&](int c, int b) {
@@ -704,7 +706,7 @@ extern "C" qd_status qd_cuda_gdn_chunked_stages(const qd_cuda_gdn_plan *p, const
         const size_t sm = st_layout<16>(dk).total;
         if ((s = set_smem(gdn_state_kernel<16>, sm))) return s;
         gdn_state_kernel<16><<<dim3(dv / 16, hv, p->n_seq), ST_NT, sm, st>>>(
-            p->d_seqs, a->d_k, a->k_stride, p->d_w, p->d_u, p->d_gc, a->d_state0, a->d_state1, p->d_h,
+            p->d_seqs, a->d_k, a->k_stride, p->d_w, p->d_u, p->d_gc, a->d_state0, a->d_state1, a->d_slot, p->d_h,
             p->d_vnew, hk, hv, dk, dv);
     }
     QD_CUDA_CHECK_LAUNCH("gdn_state_kernel");

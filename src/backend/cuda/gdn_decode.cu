@@ -24,9 +24,11 @@ template <int DK>
 __global__ void __launch_bounds__(DEC_NT)
 gdn_decode_fast(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, const uint16_t *__restrict__ v,
                 const float *__restrict__ g, const float *__restrict__ beta, float *__restrict__ state,
-                const int32_t *__restrict__ slot, uint16_t *__restrict__ o, int hk, int hv, int dv) {
+                const int32_t *__restrict__ slot, const int32_t *__restrict__ rowmap, uint16_t *__restrict__ o, int hk, int hv,
+                int dv) {
     constexpr int RPT = DK / DEC_RPP; /* rows per thread */
     const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int64_t r = rowmap ? (int64_t)rowmap[b] : (int64_t)b; /* batch row of sequence b */
     const int j = h / (hv / hk);
     const int tid = threadIdx.x, cg = tid % DEC_LPR, rg = tid / DEC_LPR;
     const int warp = tid / 32, lane = tid % 32;
@@ -43,10 +45,10 @@ gdn_decode_fast(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, 
     for (int p = 0; p < RPT; p++) s[p] = __ldcs((const float4 *)(S + (size_t)(rg + DEC_RPP * p) * dv));
 
     for (int i = tid; i < DK; i += DEC_NT) {
-        ks[i] = qd_bf2f(k[((size_t)b * hk + j) * DK + i]);
-        qs[i] = qd_bf2f(q[((size_t)b * hk + j) * DK + i]);
+        ks[i] = qd_bf2f(k[((size_t)r * hk + j) * DK + i]);
+        qs[i] = qd_bf2f(q[((size_t)r * hk + j) * DK + i]);
     }
-    const size_t row = (size_t)b * hv + h;
+    const size_t row = (size_t)r * hv + h;
     const float a = expf(g[row]);
     const float bt = beta[row];
     const uint2 vb = *(const uint2 *)(v + row * dv + tile * DEC_BV + cg * 4);
@@ -121,21 +123,23 @@ gdn_decode_fast(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, 
 __global__ void __launch_bounds__(128)
 gdn_decode_generic(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, const uint16_t *__restrict__ v,
                    const float *__restrict__ g, const float *__restrict__ beta, float *__restrict__ state,
-                   const int32_t *__restrict__ slot, uint16_t *__restrict__ o, int hk, int hv, int dk, int dv) {
+                   const int32_t *__restrict__ slot, const int32_t *__restrict__ rowmap, uint16_t *__restrict__ o, int hk,
+                   int hv, int dk, int dv) {
     extern __shared__ float sm[]; /* k then q, dk floats each */
     const int h = blockIdx.y, b = blockIdx.z;
+    const int64_t r = rowmap ? (int64_t)rowmap[b] : (int64_t)b;
     const int j = h / (hv / hk);
     const int e = blockIdx.x * blockDim.x + threadIdx.x;
     float *ks = sm, *qs = sm + dk;
     for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-        ks[i] = qd_bf2f(k[((size_t)b * hk + j) * dk + i]);
-        qs[i] = qd_bf2f(q[((size_t)b * hk + j) * dk + i]);
+        ks[i] = qd_bf2f(k[((size_t)r * hk + j) * dk + i]);
+        qs[i] = qd_bf2f(q[((size_t)r * hk + j) * dk + i]);
     }
     __syncthreads();
     if (e >= dv) return;
     const int64_t sl = slot ? (int64_t)slot[b] : (int64_t)b;
     float *S = state + ((size_t)sl * hv + h) * dk * dv + e;
-    const size_t row = (size_t)b * hv + h;
+    const size_t row = (size_t)r * hv + h;
     const float a = expf(g[row]);
     float m = 0.f;
     for (int i = 0; i < dk; i++) m = fmaf(S[(size_t)i * dv], ks[i], m);
@@ -166,7 +170,7 @@ extern "C" qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *
         const dim3 grid(a->dv / DEC_BV, a->hv, a->n_seq);
 #define QD_DEC_LAUNCH(DK)                                                                                  \
     gdn_decode_fast<DK><<<grid, DEC_NT, 0, st>>>(a->d_q, a->d_k, a->d_v, a->d_g, a->d_beta, a->d_state,  \
-                                                 a->d_slot, a->d_o, a->hk, a->hv, a->dv)
+                                                 a->d_slot, a->d_row, a->d_o, a->hk, a->hv, a->dv)
         if (a->dk == 64) QD_DEC_LAUNCH(64);
         else if (a->dk == 128) QD_DEC_LAUNCH(128);
         else QD_DEC_LAUNCH(256);
@@ -176,7 +180,7 @@ extern "C" qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *
         const size_t smem = 2 * (size_t)a->dk * sizeof(float);
         if (smem > 48 * 1024) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "gdn_decode: dk too large");
         gdn_decode_generic<<<grid, 128, smem, st>>>(a->d_q, a->d_k, a->d_v, a->d_g, a->d_beta, a->d_state,
-                                                    a->d_slot, a->d_o, a->hk, a->hv, a->dk, a->dv);
+                                                    a->d_slot, a->d_row, a->d_o, a->hk, a->hv, a->dk, a->dv);
     }
     QD_CUDA_CHECK_LAUNCH("gdn_decode");
     return QD_OK;

@@ -1,0 +1,50 @@
+/* CUDA kernels of the routed experts of a MoE block (spec 6.2), C-callable.
+ * The router logits come from a cuBLAS GEMM (fp32); the shared expert is a dense
+ * SwiGLU run by the caller. Expert weights are bf16, stacked per layer:
+ *   gate_up [E][2 * I][H]   rows 0..I-1 are gate_proj, rows I..2I-1 up_proj
+ *   down    [E][H][I]
+ * Everything a decode step reads is in device memory (graph-capturable); the
+ * prefill path may read the expert counts back to the host (documented below). */
+#ifndef QD_CUDA_MOE_H
+#define QD_CUDA_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qdelta.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Softmax over E logits in fp32, top-k (highest first, ties to the lower expert
+ * index), optionally renormalised to sum 1 (norm_topk_prob).
+ *   d_logits [n][E] fp32 -> d_sel [n][k] int32, d_w [n][k] fp32. */
+qd_status qd_cuda_moe_route(const float *d_logits, int n, int E, int k, int renorm, int32_t *d_sel, float *d_w,
+                            void *stream);
+
+typedef struct qd_cuda_moe_args {
+    int n;                    /* tokens */
+    int H, I, E, k;           /* hidden, expert intermediate, experts, experts per token */
+    const uint16_t *d_x;      /* [n][H] bf16 input (post-attention norm) */
+    const int32_t *d_sel;     /* [n][k] */
+    const float *d_w;         /* [n][k] routing weights */
+    const uint16_t *d_gate_up; /* [E][2I][H] bf16 */
+    const uint16_t *d_down;   /* [E][H][I] bf16 */
+    float *d_y;               /* [n][H] fp32: y += sum_j w[t][j] * expert_sel(x[t]) (accumulates) */
+    void *d_work;             /* scratch of qd_cuda_moe_work_bytes(n_max, ...) bytes */
+    void *cublas;             /* cublasHandle_t for the prefill path (may be NULL if n <= graph_max_tokens) */
+} qd_cuda_moe_args;
+
+/* Scratch bytes for up to n_max tokens. */
+size_t qd_cuda_moe_work_bytes(int n_max, int H, int I, int E, int k);
+/* Token counts up to this bound take the graph-safe decode path (no host sync). */
+int qd_cuda_moe_graph_max_tokens(void);
+/* Routed experts of n tokens, added into d_y. Chooses the path by n (table). */
+qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
