@@ -99,6 +99,12 @@ int64_t qd_model_n_params(const qd_model *model);
 int64_t qd_model_weight_bytes(const qd_model *model); /* bytes of weights as stored */
 /* Bytes of weights read per decoded token (MoE: only the active experts). */
 int64_t qd_model_active_weight_bytes(const qd_model *model);
+/* Bytes of one sequence's GDN state (conv + recurrent, fp32, every GDN layer): read
+ * and written once per decoded token. */
+int64_t qd_model_state_bytes(const qd_model *model);
+/* Bytes of KV cache per token of one sequence (every attention layer, keys and
+ * values, in the backend's cache dtype: fp32 on the CPU, bf16 on CUDA). */
+int64_t qd_model_kv_bytes_per_token(const qd_model *model);
 /* End-of-sequence token ids: generation_config.json's eos_token_id if given, else
  * config.json's. Returns the count; *ids stays valid for the model's lifetime. */
 int qd_model_eos_ids(const qd_model *model, const int32_t **ids);
@@ -126,6 +132,8 @@ typedef struct qd_context_params {
     int n_kv_blocks;   /* blocks in the pool shared by all sequences; 0 = enough for
                         * every sequence at max_ctx. With fewer, a forward whose spans
                         * need more blocks than are free fails with QD_ERR_CAPACITY. */
+    int eager;         /* CUDA: 1 = never capture or replay CUDA graphs (debugging; graphs
+                        * change no result, only launch overhead) */
 } qd_context_params;
 
 qd_context_params qd_context_default_params(void);
@@ -158,6 +166,11 @@ typedef struct qd_span {
 /* Runs one forward pass over a ragged batch. Logit rows are written to `logits`
  * (vocab_size floats each) in span order; it may be NULL if no span wants logits. */
 qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits);
+
+/* The same forward, returning for each logit row only the id of its largest logit
+ * (the lowest id among equals): greedy decoding without moving logits off the
+ * device. ids holds one int32 per logit row. */
+qd_status qd_forward_greedy(qd_context *ctx, const qd_span *spans, int n_spans, int32_t *ids);
 
 #ifdef __cplusplus
 }

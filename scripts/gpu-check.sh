@@ -1,93 +1,128 @@
 #!/usr/bin/env bash
 # GPU check for the CUDA backend, run on a machine with an NVIDIA Hopper GPU:
-# builds with -gencode=arch=compute_90a,code=sm_90a, runs the CUDA tests and
-# the benchmarks, writes logs under $LOGDIR (default $OUT, else build-gpu/logs)
-# and prints a short table last.
-#   scripts/gpu-check.sh            build, test, bench
-#   PEER_BENCH=path/to/script.py    also run a reference timing script (e.g. FLA), if given
-# Without the library's system dependencies (jansson, pcre2, utf8proc) the
-# full CMake build cannot configure; then only the GDN pieces are built
-# directly with nvcc and gcc, which is all the CUDA tests and benchmark need.
+# builds with -gencode=arch=compute_90a,code=sm_90a, runs the CUDA tests, the
+# kernel benchmarks and the end-to-end `qdelta bench` runs, writes logs under
+# $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
+#
+#   scripts/gpu-check.sh [tests] [kernels] [e2e]     default: all three
+#   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given
+#
+# The library needs jansson, pcre2, utf8proc and libmicrohttpd. Where the system
+# lacks them (the GPU image here), stage them first on a Debian machine that has
+# them with scripts/stage-deps.sh and bring the .deps folder along: it is used
+# when present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGDIR=${LOGDIR:-${OUT:-$PWD/build-gpu/logs}}
 BUILD=${BUILD:-build-gpu}
 mkdir -p "$LOGDIR" "$BUILD"
 GENCODE="-gencode=arch=compute_90a,code=sm_90a"
+parts=${*:-tests kernels e2e}
+has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 status=0
-
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$LOGDIR/gpu.txt" 2>&1
-echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u '+%Y-%m-%d %H:%M UTC')" >>"$LOGDIR/gpu.txt"
-
-if [ -z "${QD_DIRECT_BUILD:-}" ] && cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
-      "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/configure.log" 2>&1; then
-    cmake --build "$BUILD" -j"$(nproc)" >"$LOGDIR/build.log" 2>&1 || { echo "build failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
-    TEST_BIN="$BUILD/tests/test_cuda_gdn"
-    BENCH_BIN="$BUILD/gdn_cuda_bench"
-else
-    echo "full CMake configure failed (see configure.log); building the GDN pieces directly"
-    set -e
-    objs=()
-    for f in src/backend/cuda/*.cu; do
-        o="$BUILD/$(basename "$f" .cu).o"
-        nvcc $GENCODE -O3 -std=c++17 -Isrc -Iinclude -Xcompiler=-Wall,-Wextra -c "$f" -o "$o" 2>>"$LOGDIR/build.log"
-        objs+=("$o")
-    done
-    for f in src/backend/cpu/gdn.c src/base/threadpool.c src/base/err.c; do
-        o="$BUILD/$(basename "$f" .c).o"
-        gcc -std=c11 -O2 -march=native -D_GNU_SOURCE -DQD_HAVE_CUDA=1 -Isrc -Iinclude -Wall -Wextra -Wno-unused-parameter \
-            -c "$f" -o "$o" 2>>"$LOGDIR/build.log"
-        objs+=("$o")
-    done
-    CUDA_LIB=$(dirname "$(command -v nvcc)")/../lib64
-    for t in tests/test_cuda_gdn.c bench/gdn_cuda_bench.c; do
-        gcc -std=c11 -O2 -D_GNU_SOURCE -DQD_HAVE_CUDA=1 -Isrc -Iinclude -Itests -Wall -Wextra -Wno-unused-parameter \
-            "$t" "${objs[@]}" -L"$CUDA_LIB" -lcudart -lstdc++ -lpthread -lm -o "$BUILD/$(basename "$t" .c)" \
-            2>>"$LOGDIR/build.log"
-    done
-    set +e
-    TEST_BIN="$BUILD/test_cuda_gdn"
-    BENCH_BIN="$BUILD/gdn_cuda_bench"
+if [ -d .deps ]; then
+    export PKG_CONFIG_PATH="$PWD/.deps/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+    export LD_LIBRARY_PATH="$PWD/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo '+changes'), $(date -u '+%Y-%m-%d %H:%M UTC')"
+} >"$LOGDIR/gpu.txt" 2>&1
+
+t0=$(date +%s)
+cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
+    "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
+targets="qdelta test_cuda_gdn test_cuda_model gdn_cuda_bench"
+for t in test_cuda_attn test_cuda_moe attn_cuda_bench moe_cuda_bench; do
+    grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
+done
+# shellcheck disable=SC2086
+cmake --build "$BUILD" -j"$(nproc)" --target $targets >>"$LOGDIR/build.log" 2>&1 ||
+    { echo "build failed"; grep -E "error|Error" "$LOGDIR/build.log" | head -30; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
 grep -i "warning" "$LOGDIR/build.log" | head -5
 
-echo "== tests"
-QD_TEST_SEED=${QD_TEST_SEED:-$(date +%s)} "$TEST_BIN" >"$LOGDIR/test_cuda_gdn.log" 2>&1
-trc=$?
-tail -4 "$LOGDIR/test_cuda_gdn.log"
-[ $trc -eq 0 ] || { status=1; grep -m5 "CHECK failed" "$LOGDIR/test_cuda_gdn.log"; }
-
-echo "== benchmark"
-"$BENCH_BIN" >"$LOGDIR/bench.log" 2>&1 || status=1
-if [ -n "${PEER_BENCH:-}" ]; then
-    PYTHONUNBUFFERED=1 python3 "$PEER_BENCH" >"$LOGDIR/peer_bench.log" 2>&1 || { status=1; tail -5 "$LOGDIR/peer_bench.log"; }
+TESTS_LOG="$LOGDIR/tests.log"
+declare -A result
+if has tests; then
+    : >"$TESTS_LOG"
+    for t in test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model; do
+        bin=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
+        [ -n "$bin" ] || { result[$t]="not built"; continue; }
+        echo "=== $t" >>"$TESTS_LOG"
+        ts=$(date +%s)
+        QD_TEST_SEED=${QD_TEST_SEED:-$(date +%s)} timeout 300 "$bin" >>"$TESTS_LOG" 2>&1
+        rc=$?
+        line=$(grep -E "^$t: [0-9]+ passed" "$TESTS_LOG" | tail -1)
+        result[$t]="$( [ $rc -eq 0 ] && echo PASS || echo "FAIL rc=$rc") ${line#*: } ($(( $(date +%s) - ts )) s)"
+        [ $rc -eq 0 ] || status=1
+    done
 fi
 
-echo "== summary: $(sed -n 2p "$LOGDIR/gpu.txt" | cut -d, -f1), $(tail -1 "$LOGDIR/gpu.txt")"
-echo "test_cuda_gdn: $( [ $trc -eq 0 ] && echo PASS || echo "FAIL (rc $trc)")"
-# One table from the "RESULT ..." lines of the benchmark and, if run, the
-# "FLA ..." lines of the reference script (key=value fields).
-cat "$LOGDIR/bench.log" "$LOGDIR/peer_bench.log" 2>/dev/null | awk '
+BENCH_LOG="$LOGDIR/kernels.log"
+if has kernels; then
+    : >"$BENCH_LOG"
+    for b in gdn_cuda_bench attn_cuda_bench moe_cuda_bench; do
+        bin=$(find "$BUILD" -name "$b" -type f -perm -u+x | head -1)
+        [ -n "$bin" ] || continue
+        echo "=== $b" >>"$BENCH_LOG"
+        timeout 240 "$bin" >>"$BENCH_LOG" 2>&1 || { status=1; echo "$b failed" >>"$BENCH_LOG"; }
+    done
+    if [ -n "${PEER_BENCH:-}" ]; then
+        echo "=== peer: $PEER_BENCH" >>"$BENCH_LOG"
+        PYTHONUNBUFFERED=1 timeout 240 python3 "$PEER_BENCH" >>"$BENCH_LOG" 2>&1 || { status=1; echo "peer bench failed" >>"$BENCH_LOG"; }
+    fi
+fi
+
+E2E_LOG="$LOGDIR/e2e.log"
+if has e2e; then
+    : >"$E2E_LOG"
+    Q="$BUILD/qdelta"
+    run_bench() { # config, extra args
+        local cfg=$1; shift
+        echo "=== $cfg $*" >>"$E2E_LOG"
+        timeout 300 "$Q" bench -q -m "bench/configs/$cfg" --backend cuda --load-format dummy "$@" >>"$E2E_LOG" 2>&1 ||
+            { status=1; echo "FAILED: $cfg $*" >>"$E2E_LOG"; }
+    }
+    run_bench qwen3_5_35b_a3b --prefill 1024,8192 --decode 64 --batch 1
+    run_bench qwen3_5_35b_a3b --prefill 1024 --decode 32 --batch 32
+    run_bench qwen3_5_27b --prefill 1024,8192 --decode 64 --batch 1
+    run_bench qwen3_5_9b_shape --prefill 512,4096 --decode 128 --batch 1
+fi
+
+echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
+for t in test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model; do
+    [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
+done
+cat "$BENCH_LOG" "$E2E_LOG" 2>/dev/null | awk '
 function kv(line, key,    i, n, f, p) {
     n = split(line, f, " ")
     for (i = 1; i <= n; i++) { split(f[i], p, "="); if (p[1] == key) return p[2] }
     return ""
 }
+/^=== qwen/      { cfg = $2 }
 /^RESULT copy_GBps/ { qcopy = kv($0, "copy_GBps") }
 /^FLA copy_GBps/    { fcopy = kv($0, "copy_GBps") }
+/^RESULT decode/ && /backend=/ { e2e[++ne] = sprintf("%-18s decode B=%-3s %9s tok/s  %6s ms/step  %5s%% of roofline (%s GB/step at %s GB/s)", cfg, kv($0, "B"), kv($0, "tok_s"), kv($0, "step_ms"), kv($0, "pct_roofline"), kv($0, "GB_per_step"), kv($0, "copy_GBps")); next }
+/^RESULT prefill/ && /backend=/ { e2e[++ne] = sprintf("%-18s prefill T=%-6s %9s tok/s", cfg, kv($0, "T"), kv($0, "tok_s")); next }
 /^RESULT decode/    { b = kv($0, "B"); qd[b] = kv($0, "us"); qp[b] = kv($0, "pct_copy"); if (!(b in seen)) { seen[b] = 1; order[++nb] = b } }
 /^FLA decode/       { b = kv($0, "B"); fd[b] = kv($0, "graph_us"); fp[b] = kv($0, "pct_copy") }
 /^RESULT chunked/ && /part=total/ { s = kv($0, "B") "x" kv($0, "T"); qc[s] = kv($0, "ms"); corder[++nc] = s }
-/^RESULT chunked/ && /part=(wy|state|out)/ { s = kv($0, "B") "x" kv($0, "T"); parts[s] = parts[s] " " kv($0, "part") "=" kv($0, "ms") }
 /^FLA chunked/      { s = kv($0, "B") "x" kv($0, "T"); fc[s] = kv($0, "ms") }
+/^RESULT (attn|moe)/ { other[++no] = $0 }
 END {
-    printf "copy bandwidth GB/s: qdelta run %s, FLA run %s\n", qcopy, fcopy
-    printf "%-22s %10s %10s %8s   %s\n", "GDN prefill (BxT)", "qdelta ms", "FLA ms", "ratio", "qdelta parts (ms)"
-    for (i = 1; i <= nc; i++) { s = corder[i]
-        printf "%-22s %10s %10s %8s  %s\n", s, qc[s], (s in fc) ? fc[s] : "-", (s in fc && fc[s] > 0) ? sprintf("%.2fx", fc[s] / qc[s]) : "-", parts[s] }
-    printf "%-22s %10s %10s %8s %8s\n", "GDN decode (B)", "qdelta us", "FLA us", "qd %copy", "FLA %copy"
-    for (i = 1; i <= nb; i++) { b = order[i]
-        printf "%-22s %10s %10s %8s %8s\n", b, qd[b], (b in fd) ? fd[b] : "-", qp[b], (b in fp) ? fp[b] : "-" }
-    print "ratio = FLA time / qdelta time (> 1: qdelta faster); qdelta decode: back-to-back launches, FLA: CUDA-graph replays"
+    if (nc) {
+        printf "copy bandwidth GB/s: qdelta run %s, FLA run %s\n", qcopy, fcopy
+        printf "%-22s %10s %10s %8s\n", "GDN prefill (BxT)", "qdelta ms", "FLA ms", "FLA/qd"
+        for (i = 1; i <= nc; i++) { s = corder[i]
+            printf "%-22s %10s %10s %8s\n", s, qc[s], (s in fc) ? fc[s] : "-", (s in fc && qc[s] > 0) ? sprintf("%.2fx", fc[s] / qc[s]) : "-" }
+        printf "%-22s %10s %10s %8s %8s\n", "GDN decode (B)", "qdelta us", "FLA us", "qd %copy", "FLA %copy"
+        for (i = 1; i <= nb; i++) { b = order[i]
+            printf "%-22s %10s %10s %8s %8s\n", b, qd[b], (b in fd) ? fd[b] : "-", qp[b], (b in fp) ? fp[b] : "-" }
+    }
+    for (i = 1; i <= no; i++) print other[i]
+    for (i = 1; i <= ne; i++) print e2e[i]
 }'
+grep -h "^FAILED" "$E2E_LOG" 2>/dev/null
 exit $status

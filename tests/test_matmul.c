@@ -44,7 +44,7 @@ static int make_weight(test_w *t, qd_dtype dt, int64_t rows, int64_t cols) {
             t->f[i] = v;
         }
     }
-    t->w = (qd_weight){dt, rows, cols, t->data};
+    t->w = (qd_weight){.dtype = dt, .rows = rows, .cols = cols, .data = t->data};
     return 1;
 }
 
@@ -223,7 +223,7 @@ static void bench_gemv(qd_threadpool *pool, qd_dtype dt, int64_t rows, int64_t c
     }
     /* Small random weights; the bit pattern only has to be finite. */
     for (size_t i = 0; i < bytes / 2; i++) ((uint16_t *)data)[i] = (uint16_t)(0x3c00 | (qd_test_next(&rng) & 0xff));
-    qd_weight w = {dt, rows, cols, data};
+    qd_weight w = {.dtype = dt, .rows = rows, .cols = cols, .data = data};
     double t = time_matmul(pool, &w, x, n, y, reps);
     double gbps = (double)bytes / t * 1e-9;
     printf("  GEMV %-4s %6lldx%-5lld n=%lld threads=%d: %8.3f ms  %6.2f GB/s  (%3.0f%% of read bw%s)%s\n",
@@ -245,7 +245,7 @@ static void bench_gemm(qd_threadpool *pool, qd_dtype dt, int64_t rows, int64_t c
         return;
     }
     for (size_t i = 0; i < bytes / 2; i++) ((uint16_t *)data)[i] = (uint16_t)(0x3c00 | (qd_test_next(&rng) & 0xff));
-    qd_weight w = {dt, rows, cols, data};
+    qd_weight w = {.dtype = dt, .rows = rows, .cols = cols, .data = data};
     double t = time_matmul(pool, &w, x, n, y, reps);
     printf("  GEMM %-4s %6lldx%-5lld n=%lld threads=%d: %8.3f ms  %6.1f GFLOP/s\n", qd_dtype_name(dt),
            (long long)rows, (long long)cols, (long long)n, qd_threadpool_size(pool), t * 1e3,

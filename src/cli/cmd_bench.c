@@ -1,17 +1,25 @@
-/* qdelta bench -m DIR [--load-format dummy]: prefill tok/s at 512 and 4096 tokens,
- * decode tok/s, and decode weight-read bandwidth against a memcpy measured in the
- * same run. */
+/* qdelta bench -m DIR [--backend cpu|cuda] [--load-format dummy]: prefill tok/s
+ * for each prompt length, then decode tok/s for a batch of sequences after a
+ * prompt, with the decode roofline: the bytes a step must move (active weights
+ * once, plus each sequence's GDN state read and written and its KV cache read)
+ * over the copy bandwidth measured in the same run. Machine-readable RESULT lines
+ * follow the human-readable ones. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/membw.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_gdn.h"
+#endif
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: qdelta bench -m DIR [--load-format auto|dummy|dummy-f32] [-t N] [--prefill 512,4096] [--decode N]\n"
-               "  Measures prefill tok/s for each prompt length, decode tok/s (batch 1) after a\n"
-               "  512-token prompt, and the decode weight-read GB/s against memcpy bandwidth.\n");
+    fprintf(f, "usage: qdelta bench -m DIR [--backend cpu|cuda] [--load-format auto|dummy|dummy-f32] [-t N]\n"
+               "                    [--prefill 512,4096] [--decode N] [--batch B] [--context T]\n"
+               "  Measures prefill tok/s for each prompt length (one sequence), then decode tok/s for\n"
+               "  B sequences (default 1) after a T-token prompt each (default 512), against the decode\n"
+               "  roofline: weights + GDN state + KV bytes per step over the measured copy bandwidth.\n");
 }
 
 static int parse_list(const char *s, int *out, int max) {
@@ -27,10 +35,27 @@ static int parse_list(const char *s, int *out, int max) {
     return n;
 }
 
+/* Copy bandwidth of the memory the backend streams weights from (GB/s, read + write). */
+static double measure_bandwidth(const cli_model_opts *mo) {
+#ifdef QD_HAVE_CUDA
+    if (mo->backend == QD_BACKEND_CUDA) {
+        double g = 0;
+        if (qd_cuda_copy_gbps((size_t)1 << 30, &g) != QD_OK) fprintf(stderr, "qdelta bench: %s\n", qd_cuda_last_error());
+        return g;
+    }
+#endif
+    return qd_measure_memcpy_gbps((size_t)1 << 30, mo->threads);
+}
+
+static int fail(qd_context *ctx) {
+    fprintf(stderr, "qdelta bench: %s\n", qd_context_errmsg(ctx));
+    return 1;
+}
+
 int qd_cmd_bench(int argc, char **argv) {
     cli_model_opts mo = {0};
     int prefill[8] = {512, 4096}, n_prefill = 2;
-    long n_decode = 32;
+    long n_decode = 32, batch = 1, context = 512;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_model_opt(&mo, argc, argv, &i);
         if (r < 0) return 2;
@@ -42,6 +67,12 @@ int qd_cmd_bench(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--decode")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_int("--decode", v, 1, 100000, &n_decode)) return 2;
+        } else if (!strcmp(argv[i], "--batch")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_int("--batch", v, 1, 4096, &batch)) return 2;
+        } else if (!strcmp(argv[i], "--context")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_int("--context", v, 1, 1 << 20, &context)) return 2;
         } else { fprintf(stderr, "qdelta bench: unknown option '%s'\n", argv[i]); usage(stderr); return 2; }
     }
     if (!mo.model_dir) { usage(stderr); return 2; }
@@ -49,56 +80,87 @@ int qd_cmd_bench(int argc, char **argv) {
     qd_model *m = cli_load_model(&mo);
     if (!m) return 1;
     double t_load = cli_now() - t0;
-    int max_prefill = 512;
+    int max_prefill = (int)context;
     for (int i = 0; i < n_prefill; i++) if (prefill[i] > max_prefill) max_prefill = prefill[i];
     qd_context_params cp = qd_context_default_params();
-    cp.max_ctx = max_prefill + (int)n_decode + 1;
-    cp.max_batch = max_prefill;
+    cp.max_seqs = (int)batch;
+    cp.max_ctx = max_prefill + (int)n_decode + 8;
+    cp.max_batch = max_prefill > batch ? max_prefill : (int)batch;
+    /* the prefill runs use one sequence, the decode run `batch` sequences at `context` */
+    const int kv_block = 16;
+    cp.kv_block_size = kv_block;
+    cp.n_kv_blocks = (cp.max_ctx + kv_block - 1) / kv_block + (int)batch * (int)((context + n_decode + 8 + kv_block - 1) / kv_block);
     qd_context *ctx;
     if (qd_context_create(m, &cp, &ctx) != QD_OK) { fprintf(stderr, "qdelta bench: %s\n", qd_model_errmsg(m)); qd_model_free(m); return 1; }
     const int V = qd_model_vocab_size(m);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)max_prefill);
-    float *logits = malloc(sizeof(float) * (size_t)V);
+    int32_t *next = malloc(sizeof(int32_t) * (size_t)batch);
+    qd_span *spans = malloc(sizeof(qd_span) * (size_t)batch);
     int rc = 1;
-    if (!ids || !logits) goto done;
+    if (!ids || !next || !spans) goto done;
     uint64_t s = 12345;
     for (int i = 0; i < max_prefill; i++) { s = s * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((s >> 33) % (uint64_t)V); }
 
+    const char *backend = mo.backend == QD_BACKEND_CUDA ? "cuda" : "cpu";
     printf("model: %s\n", qd_model_describe(m));
-    printf("weights: %.2f GB stored, %.3f GB read per decoded token; loaded in %.2f s\n",
+    printf("backend %s; weights: %.2f GB stored, %.3f GB read per decode step at batch 1; loaded in %.2f s\n", backend,
            qd_model_weight_bytes(m) / 1e9, qd_model_active_weight_bytes(m) / 1e9, t_load);
-    for (int i = 0; i < n_prefill; i++) {
+    /* warm-up: first calls pick kernels and (CUDA) capture graphs */
+    {
+        qd_span w = {0, ids, prefill[0] < 64 ? prefill[0] : 64, QD_LOGITS_LAST};
+        int32_t tok;
+        if (qd_forward_greedy(ctx, &w, 1, &tok) != QD_OK) { rc = fail(ctx); goto done; }
         qd_seq_reset(ctx, 0);
-        qd_span span = {0, ids, prefill[i], QD_LOGITS_LAST};
-        double a = cli_now();
-        if (qd_forward(ctx, &span, 1, logits) != QD_OK) { fprintf(stderr, "qdelta bench: %s\n", qd_context_errmsg(ctx)); goto done; }
-        double dt = cli_now() - a;
-        printf("prefill %5d tokens: %8.3f s  %9.1f tok/s\n", prefill[i], dt, prefill[i] / dt);
+    }
+    for (int i = 0; i < n_prefill; i++) {
+        double best = 1e30;
+        for (int rep = 0; rep < 2; rep++) { /* the second run reuses the chunk plan: steady state */
+            qd_seq_reset(ctx, 0);
+            qd_span span = {0, ids, prefill[i], QD_LOGITS_LAST};
+            int32_t tok;
+            double a = cli_now();
+            if (qd_forward_greedy(ctx, &span, 1, &tok) != QD_OK) { rc = fail(ctx); goto done; }
+            double dt = cli_now() - a;
+            best = dt < best ? dt : best;
+        }
+        printf("prefill %5d tokens: %8.4f s  %10.1f tok/s\n", prefill[i], best, prefill[i] / best);
+        printf("RESULT prefill backend=%s T=%d s=%.5f tok_s=%.1f\n", backend, prefill[i], best, prefill[i] / best);
         fflush(stdout);
     }
-    /* decode after a 512-token prompt */
     qd_seq_reset(ctx, 0);
-    qd_span span = {0, ids, 512 < max_prefill ? 512 : max_prefill, QD_LOGITS_LAST};
-    if (qd_forward(ctx, &span, 1, logits) != QD_OK) { fprintf(stderr, "qdelta bench: %s\n", qd_context_errmsg(ctx)); goto done; }
-    int32_t tok = ids[0];
-    double a = cli_now();
-    for (long t = 0; t < n_decode; t++) {
-        qd_span d = {0, &tok, 1, QD_LOGITS_LAST};
-        if (qd_forward(ctx, &d, 1, logits) != QD_OK) { fprintf(stderr, "qdelta bench: %s\n", qd_context_errmsg(ctx)); goto done; }
-        int best = 0;
-        for (int v = 1; v < V; v++) if (logits[v] > logits[best]) best = v;
-        tok = best;
+    /* decode: `batch` sequences each after a `context`-token prompt */
+    for (int b = 0; b < batch; b++) {
+        qd_span span = {b, ids, (int)context, QD_LOGITS_LAST};
+        if (qd_forward_greedy(ctx, &span, 1, &next[b]) != QD_OK) { rc = fail(ctx); goto done; }
+    }
+    const int warm = 4;
+    double a = 0;
+    for (long t = 0; t < n_decode + warm; t++) {
+        if (t == warm) a = cli_now();
+        for (int b = 0; b < batch; b++) spans[b] = (qd_span){b, &next[b], 1, QD_LOGITS_LAST};
+        if (qd_forward_greedy(ctx, spans, (int)batch, next) != QD_OK) { rc = fail(ctx); goto done; }
     }
     double dt = cli_now() - a;
-    double tps = n_decode / dt;
-    double gbps = qd_model_active_weight_bytes(m) * tps / 1e9;
-    double bw = qd_measure_memcpy_gbps((size_t)1 << 30, mo.threads);
-    printf("decode  %5ld tokens: %8.3f s  %9.2f tok/s  weights %.1f GB/s = %.0f%% of memcpy %.1f GB/s\n", n_decode, dt,
-           tps, gbps, 100.0 * gbps / bw, bw);
+    double steps = n_decode / dt;
+    /* bytes per step: weights once (MoE: the experts of one token, a lower bound for larger
+     * batches), each sequence's state read + written, its KV read at the mean context */
+    const double mean_ctx = (double)context + warm + n_decode / 2.0;
+    const double bytes = (double)qd_model_active_weight_bytes(m) +
+                         (double)batch * (2.0 * (double)qd_model_state_bytes(m) + mean_ctx * (double)qd_model_kv_bytes_per_token(m));
+    double bw = measure_bandwidth(&mo);
+    double roof_steps = bw > 0 ? bw * 1e9 / bytes : 0;
+    printf("decode batch %ld, %ld steps after %ld-token prompts: %8.4f s  %9.2f steps/s  %9.1f tok/s\n", batch, n_decode,
+           context, dt, steps, steps * batch);
+    printf("  roofline: %.3f GB per step over copy bandwidth %.0f GB/s = %.1f steps/s; reached %.1f%%\n", bytes / 1e9,
+           bw, roof_steps, roof_steps > 0 ? 100.0 * steps / roof_steps : 0.0);
+    printf("RESULT decode backend=%s B=%ld ctx=%ld tok_s=%.2f step_ms=%.4f GB_per_step=%.4f copy_GBps=%.0f pct_roofline=%.1f\n",
+           backend, batch, context, steps * batch, 1e3 / steps, bytes / 1e9, bw,
+           roof_steps > 0 ? 100.0 * steps / roof_steps : 0.0);
     rc = 0;
 done:
     free(ids);
-    free(logits);
+    free(next);
+    free(spans);
     qd_context_free(ctx);
     qd_model_free(m);
     return rc;

@@ -7,6 +7,9 @@
 
 #include "base/arena.h"
 #include "model/model.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_model.h"
+#endif
 
 qd_context_params qd_context_default_params(void) {
     qd_context_params p = {.max_seqs = 1, .max_ctx = 4096, .max_batch = 512, .kv_block_size = 16, .n_kv_blocks = 0};
@@ -71,16 +74,20 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
     if (!ctx) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory for a context");
     ctx->model = m;
     ctx->params = p;
-    size_t bytes = plan_scratch(c, (size_t)p.max_batch, NULL, &ctx->s);
+    const int on_gpu = m->backend == QD_BACKEND_CUDA;
+    /* the CPU forward's scratch; a CUDA context keeps its scratch on the device */
+    size_t bytes = on_gpu ? 64 : plan_scratch(c, (size_t)p.max_batch, NULL, &ctx->s);
     ctx->scratch_block = qd_aligned_alloc(bytes);
+    ctx->row_logits = on_gpu ? NULL : qd_aligned_alloc((size_t)c->vocab_size * sizeof(float));
+    if (!on_gpu && !ctx->row_logits) goto oom;
     ctx->seqs = calloc((size_t)p.max_seqs, sizeof(qd_seq_state));
     ctx->spans_rt = calloc((size_t)p.max_seqs, sizeof(qd_span_rt));
     ctx->gdn_spans = calloc((size_t)p.max_seqs, sizeof(qd_gdn_span));
     if (!ctx->scratch_block || !ctx->seqs || !ctx->spans_rt || !ctx->gdn_spans) goto oom;
-    plan_scratch(c, (size_t)p.max_batch, ctx->scratch_block, &ctx->s);
+    if (!on_gpu) plan_scratch(c, (size_t)p.max_batch, ctx->scratch_block, &ctx->s);
     const size_t conv = (size_t)m->n_gdn * qd_config_conv_dim(c) * (size_t)(c->gdn_conv_kernel - 1);
     const size_t ssm = (size_t)m->n_gdn * c->gdn_hv * c->gdn_dk * c->gdn_dv;
-    for (int i = 0; i < p.max_seqs; i++) {
+    for (int i = 0; i < p.max_seqs && !on_gpu; i++) { /* on the GPU the state lives in the device pool */
         qd_seq_state *q = &ctx->seqs[i];
         q->conv = qd_aligned_calloc(conv * sizeof(float));
         q->ssm = qd_aligned_calloc(ssm * sizeof(float));
@@ -92,6 +99,12 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
         qd_context_free(ctx);
         return st;
     }
+#ifdef QD_HAVE_CUDA
+    if (on_gpu && (st = qd_cuda_ctx_create(ctx)) != QD_OK) {
+        qd_context_free(ctx);
+        return st;
+    }
+#endif
     *out = ctx;
     return QD_OK;
 oom:
@@ -103,6 +116,10 @@ oom:
 
 void qd_context_free(qd_context *ctx) {
     if (!ctx) return;
+#ifdef QD_HAVE_CUDA
+    qd_cuda_ctx_free(ctx);
+#endif
+    qd_aligned_free(ctx->row_logits);
     if (ctx->seqs) {
         for (int i = 0; i < ctx->params.max_seqs; i++) {
             qd_aligned_free(ctx->seqs[i].conv);
@@ -125,6 +142,14 @@ qd_status qd_seq_reset(qd_context *ctx, int seq) {
     const qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
     qd_seq_state *q = &ctx->seqs[seq];
+#ifdef QD_HAVE_CUDA
+    if (ctx->cuda) {
+        QD_TRY(qd_cuda_state_put(ctx, seq, NULL, NULL));
+        q->length = 0;
+        qd_kv_truncate(ctx, seq, 0);
+        return QD_OK;
+    }
+#endif
     memset(q->conv, 0, (size_t)m->n_gdn * qd_config_conv_dim(c) * (size_t)(c->gdn_conv_kernel - 1) * sizeof(float));
     memset(q->ssm, 0, (size_t)m->n_gdn * c->gdn_hv * c->gdn_dk * c->gdn_dv * sizeof(float));
     q->length = 0;

@@ -3,6 +3,9 @@
 #include <string.h>
 
 #include "model/model.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_model.h"
+#endif
 
 static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd_span_rt *rt, int *n_rows,
                           int *n_logit_rows) {
@@ -65,7 +68,15 @@ static void add_rows(float *h, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] += y[i];
 }
 
-qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits) {
+/* Index of the largest logit, the lowest among equals (as the CUDA argmax). */
+static int32_t argmax_row(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, int32_t *ids) {
     if (!ctx) return QD_ERR_INVALID_ARG;
     qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
@@ -73,7 +84,18 @@ qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *
     qd_span_rt *rt = ctx->spans_rt;
     int n_rows = 0, n_logit_rows = 0;
     QD_TRY(validate(ctx, spans, n_spans, rt, &n_rows, &n_logit_rows));
-    if (n_logit_rows > 0 && !logits) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
+    if (n_logit_rows > 0 && !logits && !ids)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
+#ifdef QD_HAVE_CUDA
+    if (ctx->cuda) {
+        qd_status st = qd_cuda_forward(ctx, spans, n_spans, rt, n_rows, n_logit_rows, logits, ids);
+        /* the state has advanced on the device unless the failure came first; a failed
+         * CUDA step leaves the context unusable for those sequences, as the message says */
+        if (st == QD_OK)
+            for (int i = 0; i < n_spans; i++) ctx->seqs[rt[i].seq].length += rt[i].T;
+        return st;
+    }
+#endif
 
     const int H = c->hidden_size;
     for (int i = 0; i < n_spans; i++)
@@ -103,6 +125,24 @@ qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *
             qd_cpu_rmsnorm(s->h + (size_t)(rt[i].row0 + t) * H, 1, H, H, m->final_norm, 1.0f, c->rms_norm_eps,
                            s->x + (size_t)lr * H, H);
     }
-    qd_cpu_matmul(m->pool, &m->lm_head, s->x, n_logit_rows, logits);
+    if (logits) {
+        qd_cpu_matmul(m->pool, &m->lm_head, s->x, n_logit_rows, logits);
+        if (ids)
+            for (int r = 0; r < n_logit_rows; r++) ids[r] = argmax_row(logits + (size_t)r * c->vocab_size, c->vocab_size);
+        return QD_OK;
+    }
+    for (int r = 0; r < n_logit_rows; r++) { /* ids only: one row of logits at a time */
+        qd_cpu_matmul(m->pool, &m->lm_head, s->x + (size_t)r * H, 1, ctx->row_logits);
+        ids[r] = argmax_row(ctx->row_logits, c->vocab_size);
+    }
     return QD_OK;
+}
+
+qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits) {
+    return forward(ctx, spans, n_spans, logits, NULL);
+}
+
+qd_status qd_forward_greedy(qd_context *ctx, const qd_span *spans, int n_spans, int32_t *ids) {
+    if (!ids) return ctx ? qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "no output buffer for token ids") : QD_ERR_INVALID_ARG;
+    return forward(ctx, spans, n_spans, NULL, ids);
 }

@@ -10,6 +10,9 @@
 
 #include "base/arena.h"
 #include "model/model.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_model.h"
+#endif
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -38,11 +41,14 @@ qd_status qd_kv_pool_init(qd_context *ctx) {
         if (!ctx->seqs[i].blocks) return QD_ERR_OOM;
     }
     if (kv->n_blocks == 0) return QD_OK;
-    kv->k = qd_aligned_alloc((size_t)kv->n_blocks * kv->block_floats * sizeof(float));
-    kv->v = qd_aligned_alloc((size_t)kv->n_blocks * kv->block_floats * sizeof(float));
+    if (m->backend == QD_BACKEND_CPU) { /* a CUDA context keeps the blocks' contents on the device */
+        kv->k = qd_aligned_alloc((size_t)kv->n_blocks * kv->block_floats * sizeof(float));
+        kv->v = qd_aligned_alloc((size_t)kv->n_blocks * kv->block_floats * sizeof(float));
+        if (!kv->k || !kv->v) return QD_ERR_OOM;
+    }
     kv->ref = calloc((size_t)kv->n_blocks, sizeof(int32_t));
     kv->free_ids = malloc((size_t)kv->n_blocks * sizeof(int32_t));
-    if (!kv->k || !kv->v || !kv->ref || !kv->free_ids) return QD_ERR_OOM;
+    if (!kv->ref || !kv->free_ids) return QD_ERR_OOM;
     /* stack with block 0 on top, so a fresh context hands out blocks in order */
     for (int i = 0; i < kv->n_blocks; i++) kv->free_ids[i] = kv->n_blocks - 1 - i;
     kv->n_free = kv->n_blocks;
@@ -102,8 +108,22 @@ qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens) {
         int i = q->length / kv->block_size;
         int32_t old = q->blocks[i], nb = kv->free_ids[--kv->n_free];
         kv->ref[nb] = 1;
-        memcpy(kv->k + (size_t)nb * kv->block_floats, kv->k + (size_t)old * kv->block_floats, kv->block_floats * sizeof(float));
-        memcpy(kv->v + (size_t)nb * kv->block_floats, kv->v + (size_t)old * kv->block_floats, kv->block_floats * sizeof(float));
+#ifdef QD_HAVE_CUDA
+        if (ctx->cuda) {
+            qd_status st = qd_cuda_kv_copy_block(ctx, nb, old);
+            if (st != QD_OK) {
+                kv->free_ids[kv->n_free++] = nb;
+                kv->ref[nb] = 0;
+                return st;
+            }
+        } else
+#endif
+        {
+            memcpy(kv->k + (size_t)nb * kv->block_floats, kv->k + (size_t)old * kv->block_floats,
+                   kv->block_floats * sizeof(float));
+            memcpy(kv->v + (size_t)nb * kv->block_floats, kv->v + (size_t)old * kv->block_floats,
+                   kv->block_floats * sizeof(float));
+        }
         q->blocks[i] = nb;
         unref(kv, old);
     }
@@ -133,6 +153,26 @@ static size_t ssm_floats(const qd_context *ctx) {
     return (size_t)ctx->model->n_gdn * c->gdn_hv * c->gdn_dk * c->gdn_dv;
 }
 
+/* A sequence's GDN state to or from plain buffers (snapshot layout), wherever the
+ * backend keeps it. */
+static qd_status state_read(qd_context *ctx, int seq, float *conv, float *ssm) {
+#ifdef QD_HAVE_CUDA
+    if (ctx->cuda) return qd_cuda_state_get(ctx, seq, conv, ssm);
+#endif
+    memcpy(conv, ctx->seqs[seq].conv, conv_floats(ctx) * sizeof(float));
+    memcpy(ssm, ctx->seqs[seq].ssm, ssm_floats(ctx) * sizeof(float));
+    return QD_OK;
+}
+
+static qd_status state_write(qd_context *ctx, int seq, const float *conv, const float *ssm) {
+#ifdef QD_HAVE_CUDA
+    if (ctx->cuda) return qd_cuda_state_put(ctx, seq, conv, ssm);
+#endif
+    memcpy(ctx->seqs[seq].conv, conv, conv_floats(ctx) * sizeof(float));
+    memcpy(ctx->seqs[seq].ssm, ssm, ssm_floats(ctx) * sizeof(float));
+    return QD_OK;
+}
+
 /* Layout: int64 length, padding to 64 bytes, conv floats, ssm floats. */
 #define SNAP_HEADER 64
 
@@ -156,9 +196,7 @@ qd_status qd_seq_state_save(qd_context *ctx, int seq, void *dst, size_t size) {
     int64_t len = q->length;
     memset(d, 0, SNAP_HEADER);
     memcpy(d, &len, sizeof len);
-    memcpy(d + SNAP_HEADER, q->conv, conv_floats(ctx) * sizeof(float));
-    memcpy(d + SNAP_HEADER + conv_floats(ctx) * sizeof(float), q->ssm, ssm_floats(ctx) * sizeof(float));
-    return QD_OK;
+    return state_read(ctx, seq, (float *)(d + SNAP_HEADER), (float *)(d + SNAP_HEADER + conv_floats(ctx) * sizeof(float)));
 }
 
 qd_status qd_seq_state_restore(qd_context *ctx, int seq, const void *src, size_t size) {
@@ -174,8 +212,8 @@ qd_status qd_seq_state_restore(qd_context *ctx, int seq, const void *src, size_t
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
                          "snapshot of %lld tokens cannot be restored into sequence %d holding %d (KV would be missing)",
                          (long long)len, seq, q->length);
-    memcpy(q->conv, s + SNAP_HEADER, conv_floats(ctx) * sizeof(float));
-    memcpy(q->ssm, s + SNAP_HEADER + conv_floats(ctx) * sizeof(float), ssm_floats(ctx) * sizeof(float));
+    QD_TRY(state_write(ctx, seq, (const float *)(s + SNAP_HEADER),
+                       (const float *)(s + SNAP_HEADER + conv_floats(ctx) * sizeof(float))));
     q->length = (int)len;
     qd_kv_truncate(ctx, seq, q->length);
     return QD_OK;
@@ -187,8 +225,14 @@ qd_status qd_seq_fork(qd_context *ctx, int src, int dst) {
     if (src == dst) return QD_OK;
     QD_TRY(qd_seq_reset(ctx, dst));
     qd_seq_state *a = &ctx->seqs[src], *b = &ctx->seqs[dst];
-    memcpy(b->conv, a->conv, conv_floats(ctx) * sizeof(float));
-    memcpy(b->ssm, a->ssm, ssm_floats(ctx) * sizeof(float));
+#ifdef QD_HAVE_CUDA
+    if (ctx->cuda) QD_TRY(qd_cuda_state_copy(ctx, src, dst));
+    else
+#endif
+    {
+        memcpy(b->conv, a->conv, conv_floats(ctx) * sizeof(float));
+        memcpy(b->ssm, a->ssm, ssm_floats(ctx) * sizeof(float));
+    }
     for (int i = 0; i < a->n_blocks; i++) {
         b->blocks[i] = a->blocks[i];
         ctx->kv.ref[a->blocks[i]]++;
@@ -219,8 +263,8 @@ qd_status qd_seq_state_attach(qd_context *ctx, int seq, const void *src, size_t 
     QD_TRY(qd_seq_reset(ctx, seq));
     qd_seq_state *q = &ctx->seqs[seq];
     const unsigned char *s = src;
-    memcpy(q->conv, s + SNAP_HEADER, conv_floats(ctx) * sizeof(float));
-    memcpy(q->ssm, s + SNAP_HEADER + conv_floats(ctx) * sizeof(float), ssm_floats(ctx) * sizeof(float));
+    QD_TRY(state_write(ctx, seq, (const float *)(s + SNAP_HEADER),
+                       (const float *)(s + SNAP_HEADER + conv_floats(ctx) * sizeof(float))));
     /* shared, not copied: a partly filled last block is copied by qd_kv_reserve before
      * this sequence writes into it, because the cache still holds a reference */
     for (int i = 0; i < n_blocks; i++) {

@@ -6,6 +6,9 @@
 #include "base/arena.h"
 #include "base/log.h"
 #include "model/model.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_model.h"
+#endif
 
 qd_model_params qd_model_default_params(void) {
     qd_model_params p;
@@ -120,10 +123,21 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
         s = qd_seterr(&err, QD_ERR_INVALID_ARG, "no model directory given");
         goto fail;
     }
-    if (params->backend != QD_BACKEND_CPU) {
-        s = qd_seterr(&err, QD_ERR_UNSUPPORTED, "this build has only the CPU backend");
+    if (params->backend != QD_BACKEND_CPU && params->backend != QD_BACKEND_CUDA) {
+        s = qd_seterr(&err, QD_ERR_INVALID_ARG, "unknown backend %d", (int)params->backend);
         goto fail;
     }
+#ifndef QD_HAVE_CUDA
+    if (params->backend == QD_BACKEND_CUDA) {
+        s = qd_seterr(&err, QD_ERR_UNSUPPORTED, "this build of qdelta has no CUDA backend (no CUDA compiler at build time)");
+        goto fail;
+    }
+#else
+    if (params->backend == QD_BACKEND_CUDA && qd_cuda_device_count() == 0) {
+        s = qd_seterr(&err, QD_ERR_BACKEND, "--backend cuda: no CUDA device found (no GPU or no driver)");
+        goto fail;
+    }
+#endif
     m = calloc(1, sizeof *m);
     if (!m) {
         s = qd_seterr(&err, QD_ERR_OOM, "out of memory");
@@ -136,6 +150,7 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
         m->n_eos = m->gen.n_eos ? m->gen.n_eos : m->cfg.n_eos;
         for (int i = 0; i < m->n_eos; i++) m->eos_ids[i] = src[i];
     }
+    m->backend = params->backend;
     if ((s = model_init_layers(m, &err)) != QD_OK) goto fail;
     m->pool = qd_threadpool_create(params->n_threads);
     if (!m->pool) {
@@ -151,6 +166,9 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
     }
     if (s != QD_OK) goto fail;
     qd_model_account(m);
+#ifdef QD_HAVE_CUDA
+    if (m->backend == QD_BACKEND_CUDA && (s = qd_cuda_model_upload(m, &err)) != QD_OK) goto fail;
+#endif
     if (params->progress) params->progress(1.0f, params->progress_user);
     *out = m;
     return QD_OK;
@@ -162,6 +180,9 @@ fail:
 
 void qd_model_free(qd_model *m) {
     if (!m) return;
+#ifdef QD_HAVE_CUDA
+    qd_cuda_model_free(m);
+#endif
     for (int i = 0; i < m->n_owned; i++) qd_aligned_free(m->owned[i]);
     free(m->owned);
     qd_st_close(m->st);
@@ -179,6 +200,15 @@ const char *qd_model_type(const qd_model *m) {
 int64_t qd_model_n_params(const qd_model *m) { return m->n_params; }
 int64_t qd_model_weight_bytes(const qd_model *m) { return m->weight_bytes; }
 int64_t qd_model_active_weight_bytes(const qd_model *m) { return m->active_weight_bytes; }
+int64_t qd_model_state_bytes(const qd_model *m) {
+    const qd_config *c = &m->cfg;
+    return (int64_t)m->n_gdn * 4 *
+           ((int64_t)qd_config_conv_dim(c) * (c->gdn_conv_kernel - 1) + (int64_t)c->gdn_hv * c->gdn_dk * c->gdn_dv);
+}
+int64_t qd_model_kv_bytes_per_token(const qd_model *m) {
+    const qd_config *c = &m->cfg;
+    return (int64_t)m->n_attn * 2 * c->attn_nkv * c->attn_head_dim * (m->backend == QD_BACKEND_CUDA ? 2 : 4);
+}
 int qd_model_eos_ids(const qd_model *m, const int32_t **ids) {
     *ids = m->eos_ids;
     return m->n_eos;

@@ -70,6 +70,8 @@ struct qd_model {
     int32_t eos_ids[QD_MAX_EOS];  /* from gen, else cfg */
     int n_eos;
     qd_err err;
+    qd_backend_kind backend;
+    struct qd_cuda_model *cuda; /* device weights (CUDA backend), else NULL */
     qd_safetensors *st;       /* NULL for dummy weights */
     qd_dtype dummy_dtype;     /* storage of dummy weights */
     qd_threadpool *pool;
@@ -168,8 +170,10 @@ struct qd_context {
     qd_kv_pool kv;
     qd_span_rt *spans_rt;   /* [max_seqs] validated spans of the current forward */
     qd_gdn_span *gdn_spans; /* [max_seqs] a GDN layer's recurrent spans, run in one call */
-    qd_scratch s;
+    qd_scratch s;             /* CPU backend only */
+    float *row_logits;        /* [vocab] one row of logits (qd_forward_greedy on the CPU) */
     void *scratch_block;
+    struct qd_cuda_ctx *cuda; /* device state and scratch (CUDA backend), else NULL */
 };
 
 /* ------------------------------------------------------ KV blocks (kv_cache.c) */

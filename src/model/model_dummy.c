@@ -35,11 +35,15 @@ static void fill_worker(void *user, int64_t begin, int64_t end, int worker) {
 }
 
 static qd_status rand_matrix(qd_model *m, qd_weight *w, int64_t rows, int64_t cols, uint64_t *seed, qd_err *err) {
+    if (m->backend == QD_BACKEND_CUDA) { /* drawn on the device at upload: no host copy of a 70 GB model */
+        *w = (qd_weight){QD_DTYPE_BF16, rows, cols, NULL, splitmix(seed), sqrtf(3.0f / (float)cols)};
+        return QD_OK;
+    }
     void *d = qd_model_alloc(m, (size_t)(rows * cols) * qd_dtype_size(m->dummy_dtype));
     if (!d) return qd_seterr(err, QD_ERR_OOM, "out of memory for a %lldx%lld dummy weight", (long long)rows, (long long)cols);
     fill_job j = {d, m->dummy_dtype, rows * cols, sqrtf(3.0f / (float)cols), splitmix(seed)};
     qd_parallel_for(m->pool, (j.n + 4095) / 4096, 16, fill_worker, &j);
-    *w = (qd_weight){m->dummy_dtype, rows, cols, d};
+    *w = (qd_weight){m->dummy_dtype, rows, cols, d, j.seed, j.scale};
     return QD_OK;
 }
 

@@ -76,7 +76,7 @@ static qd_status get_matrix(binder *b, qd_weight *w, int64_t rows, int64_t cols,
     int64_t shape[2] = {rows, cols};
     QD_TRY(get_tensor(b, &t, 2, shape, "%s", rel));
     QD_TRY(check_matrix_dtype(b, t));
-    *w = (qd_weight){t->dtype, rows, cols, t->data};
+    *w = (qd_weight){.dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data};
     return QD_OK;
 }
 
@@ -117,7 +117,7 @@ static qd_status gather_rows(binder *b, const qd_st_tensor *src, const row_run *
                (size_t)(runs[i].n_rows * cols) * esz);
         r += runs[i].n_rows;
     }
-    *out = (qd_weight){src->dtype, rows, cols, dst};
+    *out = (qd_weight){.dtype = src->dtype, .rows = rows, .cols = cols, .data = dst};
     return QD_OK;
 }
 
@@ -216,9 +216,10 @@ static qd_status bind_moe(binder *b, int L, qd_moe_weights *w) {
         size_t e1 = qd_dtype_size(gu->dtype), e2 = qd_dtype_size(dn->dtype);
         for (int e = 0; e < E; e++) {
             const unsigned char *base = (const unsigned char *)gu->data + (size_t)e * 2 * I * H * e1;
-            w->experts[e].gate = (qd_weight){gu->dtype, I, H, base};
-            w->experts[e].up = (qd_weight){gu->dtype, I, H, base + (size_t)I * H * e1};
-            w->experts[e].down = (qd_weight){dn->dtype, H, I, (const unsigned char *)dn->data + (size_t)e * H * I * e2};
+            w->experts[e].gate = (qd_weight){.dtype = gu->dtype, .rows = I, .cols = H, .data = base};
+            w->experts[e].up = (qd_weight){.dtype = gu->dtype, .rows = I, .cols = H, .data = base + (size_t)I * H * e1};
+            w->experts[e].down = (qd_weight){.dtype = dn->dtype, .rows = H, .cols = I,
+                                              .data = (const unsigned char *)dn->data + (size_t)e * H * I * e2};
         }
     } else {
         for (int e = 0; e < E; e++) {

@@ -36,6 +36,27 @@ qd_status qd_cuda_memcpy_d2d(void *dst, const void *src, size_t bytes, void *str
 /* Fills bytes with the byte value (poisoning outputs in tests). */
 qd_status qd_cuda_memset(void *p, int value, size_t bytes);
 qd_status qd_cuda_sync(void);
+qd_status qd_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* Device copy bandwidth in GB/s (read + write), best of 10 copies of `bytes`. */
+qd_status qd_cuda_copy_gbps(size_t bytes, double *gbps);
+
+/* Streams (non-blocking), pinned host memory, async copies, CUDA graphs. */
+qd_status qd_cuda_stream_create(void **stream);
+void qd_cuda_stream_destroy(void *stream);
+qd_status qd_cuda_stream_sync(void *stream);
+qd_status qd_cuda_malloc_host(void **p, size_t bytes);
+void qd_cuda_free_host(void *p);
+qd_status qd_cuda_memcpy_h2d_async(void *dst, const void *src, size_t bytes, void *stream);
+qd_status qd_cuda_memcpy_d2h_async(void *dst, const void *src, size_t bytes, void *stream);
+/* 2-D copy in any direction (cudaMemcpyDefault: unified addressing tells host from device). */
+qd_status qd_cuda_memcpy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                           void *stream);
+qd_status qd_cuda_memset_async(void *p, int value, size_t bytes, void *stream);
+/* Stream capture into an instantiated graph; launch replays it on a stream. */
+qd_status qd_cuda_graph_begin(void *stream);
+qd_status qd_cuda_graph_end(void *stream, void **exec);
+qd_status qd_cuda_graph_launch(void *exec, void *stream);
+void qd_cuda_graph_destroy(void *exec);
 
 /* Event timer on the default stream: start, then stop returns milliseconds. */
 typedef struct qd_cuda_timer { void *start, *stop; } qd_cuda_timer;

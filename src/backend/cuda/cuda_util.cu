@@ -108,3 +108,114 @@ extern "C" void qd_cuda_timer_destroy(qd_cuda_timer *t) {
     if (t->stop) cudaEventDestroy((cudaEvent_t)t->stop);
     t->start = t->stop = NULL;
 }
+
+/* ------------------------------------------------ streams, pinned memory, graphs */
+
+extern "C" qd_status qd_cuda_stream_create(void **stream) {
+    cudaStream_t s = NULL;
+    *stream = NULL;
+    QD_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    *stream = s;
+    return QD_OK;
+}
+
+extern "C" void qd_cuda_stream_destroy(void *stream) {
+    if (stream) (void)cudaStreamDestroy((cudaStream_t)stream);
+}
+
+extern "C" qd_status qd_cuda_stream_sync(void *stream) {
+    return qd_cuda_status(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");
+}
+
+extern "C" qd_status qd_cuda_malloc_host(void **p, size_t bytes) {
+    *p = NULL;
+    cudaError_t e = cudaMallocHost(p, bytes ? bytes : 1);
+    if (e == cudaErrorMemoryAllocation) {
+        qd_cuda_status(e, "cudaMallocHost");
+        return QD_ERR_OOM;
+    }
+    return qd_cuda_status(e, "cudaMallocHost");
+}
+
+extern "C" void qd_cuda_free_host(void *p) {
+    if (p) (void)cudaFreeHost(p);
+}
+
+extern "C" qd_status qd_cuda_memcpy_h2d_async(void *dst, const void *src, size_t bytes, void *stream) {
+    return qd_cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream),
+                          "cudaMemcpyAsync H2D");
+}
+
+extern "C" qd_status qd_cuda_memcpy_d2h_async(void *dst, const void *src, size_t bytes, void *stream) {
+    return qd_cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream),
+                          "cudaMemcpyAsync D2H");
+}
+
+extern "C" qd_status qd_cuda_memcpy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                      size_t height, void *stream) {
+    return qd_cuda_status(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault,
+                                            (cudaStream_t)stream),
+                          "cudaMemcpy2DAsync");
+}
+
+extern "C" qd_status qd_cuda_memset_async(void *p, int value, size_t bytes, void *stream) {
+    return qd_cuda_status(cudaMemsetAsync(p, value, bytes, (cudaStream_t)stream), "cudaMemsetAsync");
+}
+
+extern "C" qd_status qd_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    return qd_cuda_status(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+}
+
+extern "C" qd_status qd_cuda_graph_begin(void *stream) {
+    return qd_cuda_status(cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal),
+                          "cudaStreamBeginCapture");
+}
+
+extern "C" qd_status qd_cuda_graph_end(void *stream, void **exec) {
+    cudaGraph_t g = NULL;
+    *exec = NULL;
+    QD_CUDA_TRY(cudaStreamEndCapture((cudaStream_t)stream, &g));
+    cudaGraphExec_t x = NULL;
+    cudaError_t e = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) return qd_cuda_status(e, "cudaGraphInstantiate");
+    *exec = x;
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_graph_launch(void *exec, void *stream) {
+    return qd_cuda_status(cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream), "cudaGraphLaunch");
+}
+
+extern "C" void qd_cuda_graph_destroy(void *exec) {
+    if (exec) (void)cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
+/* Device-to-device copy bandwidth (bytes read + written per second), best of 10
+ * copies of `bytes` after a warm-up: the roofline that decode is measured against. */
+extern "C" qd_status qd_cuda_copy_gbps(size_t bytes, double *gbps) {
+    *gbps = 0;
+    void *a = NULL, *b = NULL;
+    qd_status s = qd_cuda_malloc(&a, bytes);
+    if (!s) s = qd_cuda_malloc(&b, bytes);
+    if (!s) s = qd_cuda_memset(a, 1, bytes);
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    if (!s) s = qd_cuda_status(cudaEventCreate(&e0), "cudaEventCreate");
+    if (!s) s = qd_cuda_status(cudaEventCreate(&e1), "cudaEventCreate");
+    float best = 1e30f;
+    for (int i = 0; i < 11 && !s; i++) {
+        cudaEventRecord(e0, 0);
+        s = qd_cuda_status(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0), "cudaMemcpyAsync");
+        cudaEventRecord(e1, 0);
+        if (!s) s = qd_cuda_status(cudaEventSynchronize(e1), "cudaEventSynchronize");
+        float ms = 0;
+        if (!s) s = qd_cuda_status(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+        if (i > 0 && ms < best) best = ms;
+    }
+    if (!s) *gbps = 2.0 * (double)bytes / (best * 1e-3) / 1e9;
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    qd_cuda_free(a);
+    qd_cuda_free(b);
+    return s;
+}

@@ -1,0 +1,242 @@
+/* Device side of a context: the state pool, the paged KV cache, the scratch of one
+ * forward and the step metadata buffers, planned together so that a context that
+ * does not fit fails at creation with the sizes named, never in the middle of a
+ * forward. Also the state copies behind snapshots, forks and copy-on-write. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_attn.h"
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/cuda_moe.h"
+#include "base/log.h"
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+/* Logit rows computed per lm_head pass: bounds the [rows][V] fp32 scratch. */
+#define QD_CUDA_LOGIT_CHUNK 256
+
+typedef struct carve {
+    unsigned char *base;
+    size_t off;
+} carve;
+
+static void *take(carve *c, size_t bytes) {
+    void *r = c->base ? c->base + c->off : NULL;
+    c->off += (bytes + 255) / 256 * 256;
+    return r;
+}
+
+int qd_cuda_logit_chunk(const qd_context *ctx) {
+    return ctx->params.max_batch < QD_CUDA_LOGIT_CHUNK ? ctx->params.max_batch : QD_CUDA_LOGIT_CHUNK;
+}
+
+/* Lays out every device buffer of the context (base NULL: measure only). */
+static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, carve *cv) {
+    const qd_model *m = ctx->model;
+    const qd_config *c = &m->cfg;
+    const size_t B = (size_t)ctx->params.max_batch, S = (size_t)ctx->params.max_seqs;
+    const size_t H = (size_t)c->hidden_size, hv = (size_t)c->gdn_hv;
+    const size_t conv_dim = (size_t)qd_config_conv_dim(c), value_dim = (size_t)qd_config_value_dim(c);
+    const size_t key_dim = (size_t)c->gdn_hk * c->gdn_dk;
+    const size_t qdim = (size_t)c->attn_nq * c->attn_head_dim, kvd = (size_t)c->attn_nkv * c->attn_head_dim;
+    const size_t q_rows = qdim * (c->attn_output_gate ? 2 : 1);
+    const size_t gdn_in = conv_dim + value_dim + 2 * hv;
+    size_t I = (size_t)c->intermediate_size;
+    if (c->n_experts > 0) I = max_sz(I, (size_t)c->shared_expert_intermediate_size);
+    const size_t E = (size_t)c->n_experts, k = (size_t)(c->n_experts > 0 ? c->n_experts_per_tok : 0);
+    const size_t LC = (size_t)qd_cuda_logit_chunk(ctx);
+
+    g->conv_slot = conv_dim * (size_t)(c->gdn_conv_kernel - 1);
+    g->ssm_slot = hv * (size_t)c->gdn_dk * c->gdn_dv;
+    g->conv = take(cv, (size_t)m->n_gdn * S * g->conv_slot * 4);
+    g->ssm = take(cv, (size_t)m->n_gdn * S * g->ssm_slot * 4);
+    const size_t kv_bytes = (size_t)ctx->kv.n_blocks * ctx->kv.block_floats * 2;
+    g->kv_k = take(cv, kv_bytes);
+    g->kv_v = take(cv, kv_bytes);
+    g->h = take(cv, B * H * 4);
+    g->y = take(cv, B * H * 4);
+    g->ys = take(cv, B * H * 4);
+    g->x = take(cv, B * H * 2);
+    g->proj = take(cv, B * max_sz(gdn_in, q_rows) * 4);
+    g->proj2 = take(cv, B * kvd * 4);
+    g->proj3 = take(cv, B * kvd * 4);
+    g->conv_out = take(cv, B * conv_dim * 4);
+    g->q = take(cv, B * max_sz(key_dim, qdim) * 2);
+    g->k = take(cv, B * key_dim * 2);
+    g->v = take(cv, B * value_dim * 2);
+    g->g = take(cv, B * hv * 4);
+    g->beta = take(cv, B * hv * 4);
+    g->o = take(cv, B * max_sz(value_dim, qdim) * 2);
+    g->u = take(cv, B * max_sz(value_dim, qdim) * 2);
+    g->ffn = take(cv, B * 2 * I * 4);
+    g->act = take(cv, B * I * 2);
+    g->router = take(cv, B * (E + 1) * 4);
+    g->sel = take(cv, B * (k ? k : 1) * 4);
+    g->selw = take(cv, B * (k ? k : 1) * 4);
+    g->logits = take(cv, LC * (size_t)c->vocab_size * 4);
+    g->ids = take(cv, B * 4);
+    if (m->n_attn > 0)
+        g->attn_work = take(cv, qd_cuda_attn_work_bytes((int)B, c->attn_nq, c->attn_head_dim, ctx->params.max_ctx));
+    if (E > 0)
+        g->moe_work = take(cv, qd_cuda_moe_work_bytes((int)B, (int)H, c->moe_intermediate_size, (int)E, (int)k));
+    g->meta_dev = take(cv, g->meta_bytes);
+}
+
+/* The step metadata layout, identical on host and device (see qd_cuda_step). */
+static size_t plan_meta(const qd_context *ctx, unsigned char *base, qd_cuda_step *st) {
+    const size_t B = (size_t)ctx->params.max_batch, S = (size_t)ctx->params.max_seqs;
+    size_t off = 0;
+#define META(field, count)                                       \
+    do {                                                         \
+        if (base) st->field = (int32_t *)(base + off);           \
+        off += ((count) * 4 + 15) / 16 * 16;                     \
+    } while (0)
+    META(tokens, B);
+    META(row_span, B);
+    META(row_pos, B);
+    META(spans, 4 * S);
+    META(attn_spans, 4 * S);
+    META(dec_slots, S);
+    META(logit_rows, B);
+    META(pre_slots, S);
+    META(cu_seqlens, S + 1);
+    META(tables, S * (size_t)(ctx->kv.max_blocks_per_seq > 0 ? ctx->kv.max_blocks_per_seq : 1)); /* last: copied in part */
+#undef META
+    return off;
+}
+
+static qd_status fail(qd_context *ctx, qd_status s, const char *what) {
+    return qd_seterr(&ctx->model->err, s, "%s: %s", what, qd_cuda_last_error());
+}
+
+qd_status qd_cuda_ctx_create(qd_context *ctx) {
+    qd_model *m = ctx->model;
+    qd_cuda_ctx *g = calloc(1, sizeof *g);
+    if (!g) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory");
+    ctx->cuda = g;
+    qd_status s;
+    g->meta_bytes = plan_meta(ctx, NULL, NULL);
+    carve cv = {0};
+    plan_device(ctx, g, &cv);
+    size_t free_b = 0, total_b = 0;
+    if ((s = qd_cuda_mem_info(&free_b, &total_b))) return fail(ctx, s, "querying device memory");
+    const qd_cuda_ctx probe = *g;
+    const size_t state_b = (size_t)m->n_gdn * ctx->params.max_seqs * (probe.conv_slot + probe.ssm_slot) * 4;
+    const size_t kv_b = 2 * (size_t)ctx->kv.n_blocks * ctx->kv.block_floats * 2;
+    if (cv.off + (64u << 20) > free_b)
+        return qd_seterr(&m->err, QD_ERR_OOM,
+                         "the context needs %.2f GiB of device memory (GDN state %.2f GiB for %d sequences, KV cache "
+                         "%.2f GiB in %d blocks of %d tokens, scratch %.2f GiB for %d tokens per step) but %.2f GiB are "
+                         "free: lower max_seqs, n_kv_blocks, max_ctx or max_batch",
+                         (double)cv.off / (1 << 30), (double)state_b / (1 << 30), ctx->params.max_seqs,
+                         (double)kv_b / (1 << 30), ctx->kv.n_blocks, ctx->kv.block_size,
+                         (double)(cv.off - state_b - kv_b) / (1 << 30), ctx->params.max_batch,
+                         (double)free_b / (1 << 30));
+    void *block = NULL;
+    if ((s = qd_cuda_malloc(&block, cv.off))) return fail(ctx, s, "allocating the context's device memory");
+    carve real = {block, 0};
+    plan_device(ctx, g, &real);
+    g->bytes = cv.off;
+    /* the block starts with the state: remember it for freeing */
+    if ((s = qd_cuda_malloc_host(&g->meta_host, g->meta_bytes))) {
+        qd_cuda_free(block);
+        g->conv = NULL;
+        return fail(ctx, s, "pinned metadata");
+    }
+    plan_meta(ctx, g->meta_host, &g->host);
+    plan_meta(ctx, g->meta_dev, &g->dev);
+    if ((s = qd_cuda_malloc_host((void **)&g->ids_host, (size_t)ctx->params.max_batch * 4)) ||
+        (s = qd_cuda_stream_create(&g->stream)) || (s = qd_cuda_blas_create(&g->blas, g->stream)))
+        return fail(ctx, s, "creating the CUDA stream and cuBLAS");
+    g->plan_cu = calloc((size_t)ctx->params.max_seqs + 1, sizeof(int));
+    g->graphs = calloc((size_t)ctx->params.max_seqs + 1, sizeof(void *));
+    if (!g->plan_cu || !g->graphs) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory");
+    /* fresh sequences start from zero state */
+    if ((s = qd_cuda_memset_async(g->conv, 0, state_b, g->stream)) || (s = qd_cuda_stream_sync(g->stream)))
+        return fail(ctx, s, "clearing the state pool");
+    QD_LOGI("CUDA context: %.2f GiB (state %.2f GiB, KV %.2f GiB)", (double)cv.off / (1 << 30),
+            (double)state_b / (1 << 30), (double)kv_b / (1 << 30));
+    return QD_OK;
+}
+
+void qd_cuda_ctx_free(qd_context *ctx) {
+    qd_cuda_ctx *g = ctx->cuda;
+    if (!g) return;
+    if (g->graphs)
+        for (int i = 0; i <= ctx->params.max_seqs; i++) qd_cuda_graph_destroy(g->graphs[i]);
+    free(g->graphs);
+    qd_cuda_gdn_plan_destroy(&g->plan);
+    free(g->plan_cu);
+    qd_cuda_blas_destroy(g->blas);
+    qd_cuda_stream_destroy(g->stream);
+    qd_cuda_free(g->conv); /* the first buffer of the context's one device block */
+    qd_cuda_free_host(g->meta_host);
+    qd_cuda_free_host(g->ids_host);
+    free(g);
+    ctx->cuda = NULL;
+}
+
+/* --------------------------------------------------------- state copies */
+
+/* The snapshot layout is sequence-major ([n_gdn][...] per sequence); the pool is
+ * layer-major, so one sequence's state is n_gdn pieces at a layer pitch: 2-D copies. */
+qd_status qd_cuda_state_get(qd_context *ctx, int seq, float *conv, float *ssm) {
+    qd_cuda_ctx *g = ctx->cuda;
+    const size_t S = (size_t)ctx->params.max_seqs, n = (size_t)ctx->model->n_gdn;
+    qd_status s;
+    if (n == 0) return QD_OK;
+    if ((s = qd_cuda_memcpy2d(conv, g->conv_slot * 4, g->conv + (size_t)seq * g->conv_slot, S * g->conv_slot * 4,
+                              g->conv_slot * 4, n, g->stream)) ||
+        (s = qd_cuda_memcpy2d(ssm, g->ssm_slot * 4, g->ssm + (size_t)seq * g->ssm_slot, S * g->ssm_slot * 4,
+                              g->ssm_slot * 4, n, g->stream)) ||
+        (s = qd_cuda_stream_sync(g->stream)))
+        return qd_seterr(&ctx->err, s, "reading sequence %d's state from the device: %s", seq, qd_cuda_last_error());
+    return QD_OK;
+}
+
+qd_status qd_cuda_state_put(qd_context *ctx, int seq, const float *conv, const float *ssm) {
+    qd_cuda_ctx *g = ctx->cuda;
+    const size_t S = (size_t)ctx->params.max_seqs, n = (size_t)ctx->model->n_gdn;
+    qd_status s = QD_OK;
+    if (n == 0) return QD_OK;
+    for (size_t l = 0; l < n && !s; l++)
+        if (!conv || !ssm) {
+            s = qd_cuda_memset_async(g->conv + (l * S + (size_t)seq) * g->conv_slot, 0, g->conv_slot * 4, g->stream);
+            if (!s)
+                s = qd_cuda_memset_async(g->ssm + (l * S + (size_t)seq) * g->ssm_slot, 0, g->ssm_slot * 4, g->stream);
+        }
+    if (!s && conv && ssm)
+        s = qd_cuda_memcpy2d(g->conv + (size_t)seq * g->conv_slot, S * g->conv_slot * 4, conv, g->conv_slot * 4,
+                             g->conv_slot * 4, n, g->stream);
+    if (!s && conv && ssm)
+        s = qd_cuda_memcpy2d(g->ssm + (size_t)seq * g->ssm_slot, S * g->ssm_slot * 4, ssm, g->ssm_slot * 4,
+                             g->ssm_slot * 4, n, g->stream);
+    if (!s) s = qd_cuda_stream_sync(g->stream);
+    if (s) return qd_seterr(&ctx->err, s, "writing sequence %d's state to the device: %s", seq, qd_cuda_last_error());
+    return QD_OK;
+}
+
+qd_status qd_cuda_state_copy(qd_context *ctx, int src, int dst) {
+    qd_cuda_ctx *g = ctx->cuda;
+    const size_t S = (size_t)ctx->params.max_seqs, n = (size_t)ctx->model->n_gdn;
+    qd_status s = QD_OK;
+    if (n == 0) return QD_OK;
+    if ((s = qd_cuda_memcpy2d(g->conv + (size_t)dst * g->conv_slot, S * g->conv_slot * 4,
+                              g->conv + (size_t)src * g->conv_slot, S * g->conv_slot * 4, g->conv_slot * 4, n,
+                              g->stream)) ||
+        (s = qd_cuda_memcpy2d(g->ssm + (size_t)dst * g->ssm_slot, S * g->ssm_slot * 4, g->ssm + (size_t)src * g->ssm_slot,
+                              S * g->ssm_slot * 4, g->ssm_slot * 4, n, g->stream)) ||
+        (s = qd_cuda_stream_sync(g->stream)))
+        return qd_seterr(&ctx->err, s, "copying sequence %d's state to %d: %s", src, dst, qd_cuda_last_error());
+    return QD_OK;
+}
+
+qd_status qd_cuda_kv_copy_block(qd_context *ctx, int32_t dst, int32_t src) {
+    qd_cuda_ctx *g = ctx->cuda;
+    const size_t bf = ctx->kv.block_floats;
+    qd_status s;
+    if ((s = qd_cuda_memcpy_d2d(g->kv_k + (size_t)dst * bf, g->kv_k + (size_t)src * bf, bf * 2, g->stream)) ||
+        (s = qd_cuda_memcpy_d2d(g->kv_v + (size_t)dst * bf, g->kv_v + (size_t)src * bf, bf * 2, g->stream)))
+        return qd_seterr(&ctx->err, s, "copying KV block %d: %s", src, qd_cuda_last_error());
+    return QD_OK;
+}

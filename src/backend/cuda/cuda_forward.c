@@ -1,0 +1,282 @@
+/* The forward pass on the GPU: the same ragged batch as the CPU backend, one
+ * path for every batch shape. Rows are reordered internally so that prefill spans
+ * (more than one token) come first and decode spans (one token) last: the chunked
+ * GDN kernel then sees its tokens packed, the decode kernel its sequences packed,
+ * and a sequence's result never depends on which kernel its neighbours took.
+ * A step made only of decode spans, each wanting its last logits, is replayed from
+ * a CUDA graph captured the first time that batch size is seen. */
+#include <string.h>
+
+#include "backend/cuda/cuda_attn.h"
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/cuda_moe.h"
+
+int qd_cuda_logit_chunk(const qd_context *ctx);
+
+#define TRYC(call)                                  \
+    do {                                            \
+        qd_status s_ = (call);                      \
+        if (s_ != QD_OK) return s_;                 \
+    } while (0)
+
+/* Builds the step's metadata on the host (internal row order) and returns the
+ * number of bytes of the metadata block to copy. */
+static size_t build_step(qd_context *ctx, const qd_span *spans, int n_spans, const qd_span_rt *rt) {
+    qd_cuda_ctx *g = ctx->cuda;
+    qd_cuda_step *h = &g->host;
+    const int mb = ctx->kv.max_blocks_per_seq > 0 ? ctx->kv.max_blocks_per_seq : 1;
+    int order[2][n_spans > 0 ? n_spans : 1], n_pre = 0, n_dec = 0;
+    for (int i = 0; i < n_spans; i++) {
+        if (rt[i].T > 1) order[0][n_pre++] = i;
+        else order[1][n_dec++] = i;
+    }
+    int row = 0, j = 0;
+    int first_row[n_spans > 0 ? n_spans : 1];
+    h->cu_seqlens[0] = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int q = 0; q < (pass ? n_dec : n_pre); q++, j++) {
+            const int i = order[pass][q];
+            const int T = rt[i].T, seq = rt[i].seq;
+            first_row[i] = row;
+            int32_t *sp = h->spans + 4 * j, *ap = h->attn_spans + 4 * j;
+            sp[0] = ap[0] = row;
+            sp[1] = ap[1] = T;
+            sp[2] = ap[2] = rt[i].pos0;
+            sp[3] = seq;
+            ap[3] = j;
+            for (int t = 0; t < T; t++) {
+                h->tokens[row + t] = spans[i].tokens[t];
+                h->row_span[row + t] = j;
+                h->row_pos[row + t] = rt[i].pos0 + t;
+            }
+            if (pass == 0) {
+                h->pre_slots[q] = seq;
+                h->cu_seqlens[q + 1] = row + T;
+            } else {
+                h->dec_slots[q] = seq;
+            }
+            const int nb = ctx->kv.n_blocks > 0 ? ctx->seqs[seq].n_blocks : 0;
+            if (nb > 0) memcpy(h->tables + (size_t)j * mb, ctx->seqs[seq].blocks, (size_t)nb * 4);
+            row += T;
+        }
+    }
+    int lr = 0;
+    for (int i = 0; i < n_spans; i++) {
+        if (spans[i].logits == QD_LOGITS_NONE) continue;
+        const int first = spans[i].logits == QD_LOGITS_ALL ? 0 : rt[i].T - 1;
+        for (int t = first; t < rt[i].T; t++) h->logit_rows[lr++] = first_row[i] + t;
+    }
+    h->n_rows = row;
+    h->n_spans = n_spans;
+    h->n_pre_spans = n_pre;
+    h->n_pre_rows = h->cu_seqlens[n_pre];
+    h->n_dec = n_dec;
+    h->n_logit = lr;
+    return (size_t)((unsigned char *)(h->tables + (size_t)n_spans * mb) - (unsigned char *)g->meta_host);
+}
+
+/* ------------------------------------------------------------------ layers */
+
+static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
+    const qd_config *c = &ctx->model->cfg;
+    qd_cuda_ctx *g = ctx->cuda;
+    const qd_cuda_step *h = &g->host, *dv = &g->dev;
+    const int n = h->n_rows, H = c->hidden_size;
+    const int hk = c->gdn_hk, hv = c->gdn_hv, dk = c->gdn_dk, dvh = c->gdn_dv, K = c->gdn_conv_kernel;
+    const int conv_dim = qd_config_conv_dim(c), value_dim = qd_config_value_dim(c), key_dim = hk * dk;
+    const int W = conv_dim + value_dim + 2 * hv;
+    const size_t S = (size_t)ctx->params.max_seqs;
+    float *conv_state = g->conv + (size_t)gi * S * g->conv_slot;
+    float *ssm = g->ssm + (size_t)gi * S * g->ssm_slot;
+
+    TRYC(qd_cuda_matmul(g->blas, d->gdn_in, W, H, g->x, H, n, g->proj, W, 0));
+    qd_cuda_conv_args ca = {n, conv_dim, K, h->n_spans, g->proj, W, d->conv_w, conv_state, dv->spans, dv->row_span,
+                            g->conv_out};
+    TRYC(qd_cuda_conv1d_silu(&ca, g->stream));
+    TRYC(qd_cuda_gdn_prep(n, hk, hv, dk, dvh, g->conv_out, g->proj + conv_dim + value_dim + hv,
+                          g->proj + conv_dim + value_dim, W, d->A_log, d->dt_bias, g->q, g->k, g->v, g->g, g->beta,
+                          g->stream));
+    if (h->n_pre_spans > 0) {
+        qd_cuda_gdn_chunked_args a = {g->q, g->k, g->v, key_dim, key_dim, value_dim, g->g, g->beta,
+                                      ssm, ssm, dv->pre_slots, g->o};
+        TRYC(qd_cuda_gdn_chunked(&g->plan, &a, g->stream));
+    }
+    if (h->n_dec > 0) {
+        const size_t r0 = (size_t)h->n_pre_rows;
+        qd_cuda_gdn_decode_args a = {hk, hv, dk, dvh, h->n_dec, g->q + r0 * key_dim, g->k + r0 * key_dim,
+                                     g->v + r0 * value_dim, g->g + r0 * hv, g->beta + r0 * hv, ssm, dv->dec_slots,
+                                     NULL, g->o + r0 * value_dim};
+        TRYC(qd_cuda_gdn_decode(&a, g->stream));
+    }
+    TRYC(qd_cuda_gated_rmsnorm(g->o, g->proj + conv_dim, W, d->gdn_norm, c->rms_norm_eps, n, hv, dvh, g->u, g->stream));
+    return qd_cuda_matmul(g->blas, d->gdn_out, H, value_dim, g->u, value_dim, n, g->y, H, 0);
+}
+
+static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int max_span_rows) {
+    const qd_config *c = &ctx->model->cfg;
+    qd_cuda_ctx *g = ctx->cuda;
+    const qd_cuda_step *h = &g->host, *dv = &g->dev;
+    const int n = h->n_rows, H = c->hidden_size;
+    const int nq = c->attn_nq, nkv = c->attn_nkv, hd = c->attn_head_dim;
+    const int qdim = nq * hd, kvd = nkv * hd, q_rows = qdim * (c->attn_output_gate ? 2 : 1);
+    TRYC(qd_cuda_matmul(g->blas, d->q, q_rows, H, g->x, H, n, g->proj, q_rows, 0));
+    TRYC(qd_cuda_matmul(g->blas, d->k, kvd, H, g->x, H, n, g->proj2, kvd, 0));
+    TRYC(qd_cuda_matmul(g->blas, d->v, kvd, H, g->x, H, n, g->proj3, kvd, 0));
+    const size_t layer_off = (size_t)ai * ctx->kv.block_size * kvd;
+    qd_cuda_attn_args a = {
+        .n_rows = n, .nq = nq, .nkv = nkv, .hd = hd, .rope_dim = c->rope_dim, .rope_theta = (float)c->rope_theta,
+        .eps = c->rms_norm_eps, .gated = c->attn_output_gate,
+        .d_qg = g->proj, .d_k = g->proj2, .d_v = g->proj3, .d_q_norm = d->q_norm, .d_k_norm = d->k_norm,
+        .d_row_slot = dv->row_span, .d_row_pos = dv->row_pos, .d_spans = dv->attn_spans, .n_spans = h->n_spans,
+        .max_span_rows = max_span_rows, .max_ctx = ctx->params.max_ctx,
+        .d_block_tables = dv->tables, .max_blocks_per_seq = ctx->kv.max_blocks_per_seq,
+        .block_size = ctx->kv.block_size, .block_stride = (int64_t)ctx->kv.block_floats,
+        .d_kcache = g->kv_k + layer_off, .d_vcache = g->kv_v + layer_off,
+        .d_q = g->q, .d_out = g->o, .d_work = g->attn_work,
+    };
+    TRYC(qd_cuda_attn_prep(&a, g->stream));
+    TRYC(qd_cuda_attn(&a, g->stream));
+    return qd_cuda_matmul(g->blas, d->o, H, qdim, g->o, qdim, n, g->y, H, 0);
+}
+
+/* SwiGLU MLP of width I into y (fp32). */
+static qd_status mlp(qd_context *ctx, const uint16_t *gate_up, const uint16_t *down, int I, float *y) {
+    qd_cuda_ctx *g = ctx->cuda;
+    const int n = g->host.n_rows, H = ctx->model->cfg.hidden_size;
+    TRYC(qd_cuda_matmul(g->blas, gate_up, 2 * I, H, g->x, H, n, g->ffn, 2 * I, 0));
+    TRYC(qd_cuda_silu_mul(g->ffn, n, I, g->act, g->stream));
+    return qd_cuda_matmul(g->blas, down, H, I, g->act, I, n, y, H, 0);
+}
+
+static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
+    const qd_config *c = &ctx->model->cfg;
+    qd_cuda_ctx *g = ctx->cuda;
+    const int n = g->host.n_rows, H = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok;
+    /* router logits [n][E], then the shared expert's gate logit per row after them */
+    float *sg = g->router + (size_t)ctx->params.max_batch * E;
+    TRYC(qd_cuda_matmul(g->blas, d->router, E, H, g->x, H, n, g->router, E, 0));
+    if (d->shared_gate) {
+        TRYC(qd_cuda_matmul(g->blas, d->shared_gate, 1, H, g->x, H, n, sg, 1, 0));
+        TRYC(mlp(ctx, d->gate_up, d->down, d->I, g->ys));
+        TRYC(qd_cuda_sigmoid_scale(g->y, g->ys, sg, 1, n, H, g->stream));
+    } else {
+        TRYC(qd_cuda_memset_async(g->y, 0, (size_t)n * H * 4, g->stream));
+    }
+    TRYC(qd_cuda_moe_route(g->router, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
+    qd_cuda_moe_args a = {n, H, c->moe_intermediate_size, E, k, g->x, g->sel, g->selw, d->experts_gate_up,
+                          d->experts_down, g->y, g->moe_work, qd_cuda_blas_handle(g->blas)};
+    return qd_cuda_moe_experts(&a, g->stream);
+}
+
+/* Everything from the embedding to the logits of the first logit chunk, all on the
+ * stream with no host synchronisation except inside the MoE prefill path. */
+static qd_status run_layers(qd_context *ctx, int max_span_rows, int n_logit_first) {
+    const qd_model *m = ctx->model;
+    const qd_config *c = &m->cfg;
+    qd_cuda_ctx *g = ctx->cuda;
+    const qd_cuda_model *cm = m->cuda;
+    const int n = g->host.n_rows, H = c->hidden_size;
+    TRYC(qd_cuda_embed(cm->embed, g->dev.tokens, n, H, g->h, g->stream));
+    const float *pending = NULL; /* block output not yet added to the residual */
+    for (int L = 0; L < c->n_layers; L++) {
+        const qd_layer *ly = &m->layers[L];
+        const qd_cuda_layer *d = &cm->layers[L];
+        TRYC(qd_cuda_add_rmsnorm(g->h, pending, d->input_norm, c->rms_norm_eps, n, H, NULL, g->x, g->stream));
+        if (ly->kind == QD_LAYER_GDN) TRYC(gdn_layer(ctx, d, ly->state_index));
+        else TRYC(attn_layer(ctx, d, ly->state_index, max_span_rows));
+        TRYC(qd_cuda_add_rmsnorm(g->h, g->y, d->post_norm, c->rms_norm_eps, n, H, NULL, g->x, g->stream));
+        if (ly->ffn_kind == QD_FFN_MOE) TRYC(moe_layer(ctx, d));
+        else TRYC(mlp(ctx, d->gate_up, d->down, d->I, g->y));
+        pending = g->y;
+    }
+    /* the last block's output joins the residual for every row (later chunks read h) */
+    if (pending) TRYC(qd_cuda_add_rmsnorm(g->h, pending, cm->final_norm, c->rms_norm_eps, n, H, NULL, g->x, g->stream));
+    if (n_logit_first > 0) {
+        TRYC(qd_cuda_add_rmsnorm(g->h, NULL, cm->final_norm, c->rms_norm_eps, n_logit_first, H, g->dev.logit_rows,
+                                 g->x, g->stream));
+        TRYC(qd_cuda_matmul(g->blas, cm->lm_head, c->vocab_size, H, g->x, H, n_logit_first, g->logits, c->vocab_size, 0));
+        TRYC(qd_cuda_argmax(g->logits, n_logit_first, c->vocab_size, g->ids, g->stream));
+    }
+    return QD_OK;
+}
+
+static qd_status backend_error(qd_context *ctx, qd_status s) {
+    return qd_seterr(&ctx->err, s, "CUDA forward: %s", qd_cuda_last_error());
+}
+
+/* Makes the chunk plan match the prefill spans (rebuilt only when lengths change). */
+static qd_status update_plan(qd_context *ctx) {
+    qd_cuda_ctx *g = ctx->cuda;
+    const qd_config *c = &ctx->model->cfg;
+    const qd_cuda_step *h = &g->host;
+    if (h->n_pre_spans == 0 || ctx->model->n_gdn == 0) return QD_OK;
+    if (g->plan.d_chunks && g->plan_n == h->n_pre_spans &&
+        !memcmp(g->plan_cu, h->cu_seqlens, sizeof(int) * (size_t)(h->n_pre_spans + 1)))
+        return QD_OK;
+    qd_cuda_gdn_plan_destroy(&g->plan);
+    g->plan_n = 0;
+    TRYC(qd_cuda_gdn_plan_create(&g->plan, c->gdn_hk, c->gdn_hv, c->gdn_dk, c->gdn_dv, h->cu_seqlens, h->n_pre_spans));
+    g->plan_n = h->n_pre_spans;
+    memcpy(g->plan_cu, h->cu_seqlens, sizeof(int) * (size_t)(h->n_pre_spans + 1));
+    return QD_OK;
+}
+
+qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, const qd_span_rt *rt, int n_rows,
+                          int n_logit_rows, float *logits, int32_t *argmax) {
+    qd_cuda_ctx *g = ctx->cuda;
+    const qd_config *c = &ctx->model->cfg;
+    const int V = c->vocab_size, H = c->hidden_size;
+    qd_status s;
+    /* KV copy-on-write copies (qd_kv_reserve) were queued on the stream already */
+    const size_t meta = build_step(ctx, spans, n_spans, rt);
+    const qd_cuda_step *h = &g->host;
+    (void)n_rows;
+    int max_span_rows = 1;
+    for (int i = 0; i < n_spans; i++) max_span_rows = rt[i].T > max_span_rows ? rt[i].T : max_span_rows;
+    if ((s = qd_cuda_memcpy_h2d_async(g->meta_dev, g->meta_host, meta, g->stream))) return backend_error(ctx, s);
+    if ((s = update_plan(ctx))) return backend_error(ctx, s);
+
+    const int LC = qd_cuda_logit_chunk(ctx);
+    const int first = n_logit_rows < LC ? n_logit_rows : LC;
+    /* graph: decode-only steps whose every span wants its last logits, within the MoE
+     * decode path's bound (no host sync inside) */
+    const int graphable = !ctx->params.eager && h->n_pre_spans == 0 && n_logit_rows == n_spans && n_spans <= LC &&
+                          (c->n_experts == 0 || n_spans <= qd_cuda_moe_graph_max_tokens());
+    if (graphable) {
+        void **exec = &g->graphs[n_spans];
+        if (!*exec) {
+            if ((s = qd_cuda_graph_begin(g->stream))) return backend_error(ctx, s);
+            qd_status rs = run_layers(ctx, max_span_rows, first);
+            void *e = NULL;
+            s = qd_cuda_graph_end(g->stream, &e);
+            if (rs) {
+                qd_cuda_graph_destroy(e);
+                return backend_error(ctx, rs);
+            }
+            if (s) return backend_error(ctx, s);
+            *exec = e;
+        }
+        if ((s = qd_cuda_graph_launch(*exec, g->stream))) return backend_error(ctx, s);
+    } else if ((s = run_layers(ctx, max_span_rows, first))) {
+        return backend_error(ctx, s);
+    }
+    /* logits (and argmax) back to the host, a chunk of rows at a time */
+    for (int r0 = 0; r0 < n_logit_rows; r0 += LC) {
+        const int nr = n_logit_rows - r0 < LC ? n_logit_rows - r0 : LC;
+        if (r0 > 0) {
+            if ((s = qd_cuda_add_rmsnorm(g->h, NULL, ctx->model->cuda->final_norm, c->rms_norm_eps, nr, H,
+                                         g->dev.logit_rows + r0, g->x, g->stream)) ||
+                (s = qd_cuda_matmul(g->blas, ctx->model->cuda->lm_head, V, H, g->x, H, nr, g->logits, V, 0)) ||
+                (s = qd_cuda_argmax(g->logits, nr, V, g->ids, g->stream)))
+                return backend_error(ctx, s);
+        }
+        if (logits && (s = qd_cuda_memcpy_d2h_async(logits + (size_t)r0 * V, g->logits, (size_t)nr * V * 4, g->stream)))
+            return backend_error(ctx, s);
+        if (argmax && (s = qd_cuda_memcpy_d2h_async(g->ids_host + r0, g->ids, (size_t)nr * 4, g->stream)))
+            return backend_error(ctx, s);
+        if (r0 + nr < n_logit_rows && (s = qd_cuda_stream_sync(g->stream))) return backend_error(ctx, s);
+    }
+    if ((s = qd_cuda_stream_sync(g->stream))) return backend_error(ctx, s);
+    if (argmax) memcpy(argmax, g->ids_host, (size_t)n_logit_rows * 4);
+    return QD_OK;
+}

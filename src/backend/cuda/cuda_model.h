@@ -1,0 +1,120 @@
+/* The CUDA backend of a model and a context: weights on the device (bf16 matrices,
+ * fp32 vectors, laid out for the kernels), the state pool, the paged KV cache and
+ * the scratch of one forward, all planned at creation so that a forward never
+ * allocates. Host code in C; kernels behind cuda_ops.h, cuda_gdn.h, cuda_attn.h,
+ * cuda_moe.h. */
+#ifndef QD_CUDA_MODEL_H
+#define QD_CUDA_MODEL_H
+
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_gdn.h"
+#include "model/model.h"
+
+/* One layer's device weights. Matrices are bf16 [rows][cols]; several of the
+ * checkpoint's projections are stacked so that one GEMM computes them together. */
+typedef struct qd_cuda_layer {
+    float *input_norm, *post_norm;   /* [H] zero-centred */
+    /* GDN */
+    uint16_t *gdn_in;                /* [conv_dim + value_dim + 2 hv][H]: in_qkv | in_z | in_b | in_a */
+    float *conv_w;                   /* [conv_dim][K] */
+    float *A_log, *dt_bias;          /* [hv] */
+    float *gdn_norm;                 /* [dv] */
+    uint16_t *gdn_out;               /* [H][value_dim] */
+    /* attention */
+    uint16_t *q, *k, *v, *o;         /* q [nq*hd*(1+gate)][H], k/v [nkv*hd][H], o [H][nq*hd] */
+    float *q_norm, *k_norm;          /* [hd] zero-centred */
+    /* dense FFN, or the MoE's shared expert */
+    uint16_t *gate_up;               /* [2I][H]: gate rows then up rows */
+    uint16_t *down;                  /* [H][I] */
+    int I;
+    /* MoE */
+    uint16_t *router;                /* [E][H] */
+    uint16_t *shared_gate;           /* [1][H], NULL without a shared expert */
+    uint16_t *experts_gate_up;       /* [E][2 I_e][H] */
+    uint16_t *experts_down;          /* [E][H][I_e] */
+} qd_cuda_layer;
+
+typedef struct qd_cuda_model {
+    uint16_t *embed;                 /* [V][H] */
+    uint16_t *lm_head;               /* [V][H] (the embedding when tied) */
+    float *final_norm;               /* [H] */
+    qd_cuda_layer *layers;           /* [n_layers] host array of device pointers */
+    void *arena;                     /* one device allocation holding every weight */
+    size_t bytes;
+    char device_name[128];
+} qd_cuda_model;
+
+/* Uploads the bound weights (checkpoint, or dummy weights generated on the device). */
+qd_status qd_cuda_model_upload(qd_model *m, qd_err *err);
+void qd_cuda_model_free(qd_model *m);
+
+/* Step metadata built on the host and copied to the device in one transfer. */
+typedef struct qd_cuda_step {
+    int n_rows, n_spans, n_pre_spans, n_pre_rows, n_dec, n_logit;
+    int32_t *tokens;      /* [max_batch] in internal row order (prefill spans first, then decodes) */
+    int32_t *row_span;    /* [max_batch] span index of each row */
+    int32_t *row_pos;     /* [max_batch] position of each row */
+    int32_t *spans;       /* [max_seqs][4] first row, rows, first position, state slot */
+    int32_t *attn_spans;  /* [max_seqs][4] the same with the slot replaced by the span index (block table row) */
+    int32_t *dec_slots;   /* [max_seqs] state slots of the decode spans, in row order */
+    int32_t *logit_rows;  /* [max_batch] internal row of each logit row, in the caller's order */
+    int32_t *cu_seqlens;  /* [max_seqs + 1] prefill spans' token offsets (host only) */
+    int32_t *pre_slots;   /* [max_seqs] state slots of the prefill spans */
+    int32_t *tables;      /* [max_seqs][max_blocks_per_seq] block tables of the spans, by span index */
+} qd_cuda_step;
+
+typedef struct qd_cuda_ctx {
+    void *stream;
+    qd_cuda_blas *blas;
+    /* state pool: layer-major so that one layer's states form a slot-indexed pool */
+    float *conv;                     /* [n_gdn][max_seqs][conv_dim][K-1] */
+    float *ssm;                      /* [n_gdn][max_seqs][hv][dk][dv] */
+    size_t conv_slot, ssm_slot;      /* floats per slot of one layer */
+    uint16_t *kv_k, *kv_v;           /* [n_blocks][n_attn][block_size][nkv][hd] bf16 */
+    /* scratch of one forward (max_batch rows) */
+    float *h, *y, *ys;               /* [B][H] */
+    uint16_t *x;                     /* [B][H] normed activations, bf16 */
+    float *proj;                     /* [B][max projection width] */
+    float *proj2, *proj3;            /* [B][kvd] attention k and v */
+    float *conv_out;                 /* [B][conv_dim] */
+    uint16_t *q, *k, *v;             /* [B][key_dim] / [B][value_dim] GDN inputs, or attention q */
+    float *g, *beta;                 /* [B][hv] */
+    uint16_t *o, *u;                 /* [B][max(value_dim, nq*hd)] */
+    float *ffn;                      /* [B][2 max(I, I_s)] gate|up */
+    uint16_t *act;                   /* [B][max(I, I_s)] */
+    float *router;                   /* [B][E] router logits, then [B] shared-expert gate logits */
+    int32_t *sel;                    /* [B][k] */
+    float *selw;                     /* [B][k] */
+    float *logits;                   /* [B][V] */
+    int32_t *ids;                    /* [B] argmax */
+    void *attn_work, *moe_work;
+    /* metadata: one pinned host block mirrored by one device block */
+    void *meta_host, *meta_dev;
+    size_t meta_bytes;
+    qd_cuda_step host, dev;          /* views into meta_host and meta_dev */
+    int32_t *ids_host;               /* [B] pinned */
+    /* GDN chunk plan of the last prefill batch, reused while the span lengths repeat */
+    qd_cuda_gdn_plan plan;
+    int plan_n, *plan_cu;            /* plan_cu [max_seqs + 1] */
+    /* CUDA graphs of pure decode steps, by batch size (index n_seqs) */
+    void **graphs;                   /* [max_seqs + 1] */
+    int graph_logits_mode[2];
+    size_t bytes;                    /* device bytes held by the context */
+} qd_cuda_ctx;
+
+qd_status qd_cuda_ctx_create(qd_context *ctx);
+void qd_cuda_ctx_free(qd_context *ctx);
+
+/* The forward of qd_forward after validation (rt: the validated spans). Writes
+ * logits (n_logit_rows x V floats) and/or the argmax of each logit row. */
+qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, const qd_span_rt *rt, int n_rows,
+                          int n_logit_rows, float *logits, int32_t *argmax);
+
+/* Sequence state in the snapshot layout (conv [n_gdn][conv_dim][K-1], ssm
+ * [n_gdn][hv][dk][dv]); NULL sources put zeros. */
+qd_status qd_cuda_state_get(qd_context *ctx, int seq, float *conv, float *ssm);
+qd_status qd_cuda_state_put(qd_context *ctx, int seq, const float *conv, const float *ssm);
+qd_status qd_cuda_state_copy(qd_context *ctx, int src, int dst);
+qd_status qd_cuda_kv_copy_block(qd_context *ctx, int32_t dst, int32_t src);
+
+#endif

@@ -1,0 +1,96 @@
+/* CUDA kernels of the model's small ops (embedding, norms, conv, gates, SwiGLU,
+ * argmax) and the cuBLAS matmul, with C-callable launchers. Conventions as in
+ * cuda_gdn.h: d_* are device pointers, bf16 is passed as uint16_t, every
+ * launcher returns a qd_status and records the CUDA error text.
+ *
+ * The batch is ragged: n rows packed from several sequences' spans. A span table
+ * d_spans [n_spans][4] = {first row, row count, position of the first row, state
+ * slot} and d_row_span [n] (the span of each row) describe it on the device. */
+#ifndef QD_CUDA_OPS_H
+#define QD_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qdelta.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------- elementwise.cu */
+
+/* y[i] = bf16(x[i]), round to nearest even. */
+qd_status qd_cuda_f32_to_bf16(const float *d_x, uint16_t *d_y, int64_t n, void *stream);
+/* Dummy weights on the device, the same values as the CPU's --load-format dummy
+ * (model_dummy.c): blocks of 4096 elements, each with its own splitmix64 stream
+ * seeded from seed ^ (block * 0xd1b54a32d192ed03), u in [-1, 1) times scale, to bf16. */
+qd_status qd_cuda_fill_dummy_bf16(uint16_t *d, int64_t n, float scale, uint64_t seed, void *stream);
+
+/* h[r] = embed[tokens[r]] widened to fp32. embed: [V][H] bf16. */
+qd_status qd_cuda_embed(const uint16_t *d_embed, const int32_t *d_tokens, int n, int H, float *d_h, void *stream);
+
+/* Residual add and RMSNorm: for each output row i with source row r = d_rows ? d_rows[i] : i:
+ * if d_y, h[r] += y[r] (written back); x[i] = bf16(h[r] * rsqrt(mean(h[r]^2) + eps) * (1 + w)). */
+qd_status qd_cuda_add_rmsnorm(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
+                              const int32_t *d_rows, uint16_t *d_x, void *stream);
+
+/* Causal depthwise conv1d + SiLU over a ragged batch with per-slot state.
+ *   d_x     [n][C] at row stride x_stride (fp32 projection)
+ *   d_w     [C][K]
+ *   d_state [slots][C][K-1] this layer's pool: the last K-1 inputs of each sequence, oldest first;
+ *           updated to the last K-1 inputs after the span
+ *   d_y     [n][C] contiguous */
+typedef struct qd_cuda_conv_args {
+    int n, C, K, n_spans;
+    const float *d_x;
+    int64_t x_stride;
+    const float *d_w;
+    float *d_state;
+    const int32_t *d_spans, *d_row_span;
+    float *d_y;
+} qd_cuda_conv_args;
+qd_status qd_cuda_conv1d_silu(const qd_cuda_conv_args *a, void *stream);
+
+/* GDN inputs from the conv output [n][2*hk*dk + hv*dv] (q | k | v): q and k L2-normalised per
+ * head (eps 1e-6), q scaled by dk^-0.5, all to bf16 (q, k [n][hk*dk], v [n][hv*dv]); gates
+ * g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b) ([n][hv]) from the a and b
+ * projections (rows at stride ab_stride). */
+qd_status qd_cuda_gdn_prep(int n, int hk, int hv, int dk, int dv, const float *d_conv, const float *d_a,
+                           const float *d_b, int64_t ab_stride, const float *d_A_log, const float *d_dt_bias,
+                           uint16_t *d_q, uint16_t *d_k, uint16_t *d_v, float *d_g, float *d_beta, void *stream);
+
+/* Gated RMSNorm per value head: u = bf16(rmsnorm(o) * w * silu(z)), o bf16 [n][hv][dv],
+ * z fp32 rows at stride z_stride, w [dv] (plain weight, no +1). */
+qd_status qd_cuda_gated_rmsnorm(const uint16_t *d_o, const float *d_z, int64_t z_stride, const float *d_w,
+                                float eps, int n, int hv, int dv, uint16_t *d_u, void *stream);
+
+/* SwiGLU activation: gu [n][2I] fp32 (gate | up) -> out [n][I] bf16 = silu(gate) * up. */
+qd_status qd_cuda_silu_mul(const float *d_gu, int n, int I, uint16_t *d_out, void *stream);
+
+/* Shared expert scaling: y[r] = sigmoid(sg[r * sg_stride]) * ys[r], rows of H. */
+qd_status qd_cuda_sigmoid_scale(float *d_y, const float *d_ys, const float *d_sg, int64_t sg_stride, int n, int H,
+                                void *stream);
+
+/* ids[r] = argmax of logits row r (the lowest index among equal maxima). */
+qd_status qd_cuda_argmax(const float *d_logits, int n, int V, int32_t *d_ids, void *stream);
+
+/* ------------------------------------------------------------------ gemm.cu */
+
+/* A cuBLAS handle bound to a stream, with its workspace (graph capture needs a
+ * preallocated workspace). */
+typedef struct qd_cuda_blas qd_cuda_blas;
+qd_status qd_cuda_blas_create(qd_cuda_blas **out, void *stream);
+void qd_cuda_blas_destroy(qd_cuda_blas *b);
+void *qd_cuda_blas_handle(qd_cuda_blas *b); /* cublasHandle_t */
+
+/* y[n][rows] = x[n][cols] . W^T with W [rows][cols] bf16 (nn.Linear), x bf16 rows at stride
+ * ldx, fp32 accumulation; y fp32 (y_bf16 = 0) or bf16 rows at stride ldy. */
+qd_status qd_cuda_matmul(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
+                         int64_t ldx, int n, void *d_y, int64_t ldy, int y_bf16);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,322 @@
+/* The model's small ops on the GPU (cuda_ops.h): each is memory-bound, so each is
+ * one pass over its rows with fp32 arithmetic, bf16 where the next consumer is a
+ * tensor-core matmul. Reductions use a fixed tree, so results do not depend on
+ * which other rows share the batch. */
+#include <math.h>
+
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/gdn_common.cuh"
+
+static int grid_for(int64_t n, int threads) {
+    int64_t g = (n + threads - 1) / threads;
+    return (int)(g > 65535 * 16 ? 65535 * 16 : (g < 1 ? 1 : g));
+}
+
+/* Sum over a block of NT threads; every thread gets the total. */
+template <int NT> __device__ __forceinline__ float block_sum(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads(); /* red may still be read from a previous call */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < NT / 32; w++) t += red[w];
+    return t;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
+
+/* ------------------------------------------------------------ conversions */
+
+__global__ void f32_to_bf16_kernel(const float *__restrict__ x, uint16_t *__restrict__ y, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = qd_f2bf(x[i]);
+}
+
+extern "C" qd_status qd_cuda_f32_to_bf16(const float *d_x, uint16_t *d_y, int64_t n, void *stream) {
+    if (n <= 0) return QD_OK;
+    f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(d_x, d_y, n);
+    QD_CUDA_CHECK_LAUNCH("f32_to_bf16");
+    return QD_OK;
+}
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* One thread per block of 4096 elements: the streams are sequential within a block. */
+__global__ void fill_dummy_kernel(uint16_t *__restrict__ d, int64_t n, float scale, uint64_t seed) {
+    const int64_t blk = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const int64_t lo = blk * 4096;
+    if (lo >= n) return;
+    const int64_t hi = lo + 4096 < n ? lo + 4096 : n;
+    uint64_t s = seed ^ ((uint64_t)blk * 0xd1b54a32d192ed03ull);
+    for (int64_t i = lo; i < hi; i++) {
+        const float u = (float)((double)(splitmix64(&s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+        d[i] = qd_f2bf(u * scale);
+    }
+}
+
+extern "C" qd_status qd_cuda_fill_dummy_bf16(uint16_t *d, int64_t n, float scale, uint64_t seed, void *stream) {
+    if (n <= 0) return QD_OK;
+    const int64_t blocks = (n + 4095) / 4096;
+    fill_dummy_kernel<<<(unsigned)((blocks + 127) / 128), 128, 0, (cudaStream_t)stream>>>(d, n, scale, seed);
+    QD_CUDA_CHECK_LAUNCH("fill_dummy");
+    return QD_OK;
+}
+
+/* -------------------------------------------------------------- embedding */
+
+__global__ void embed_kernel(const uint16_t *__restrict__ table, const int32_t *__restrict__ tokens, int H,
+                             float *__restrict__ h) {
+    const int r = blockIdx.x;
+    const uint16_t *src = table + (size_t)tokens[r] * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) h[(size_t)r * H + i] = qd_bf2f(src[i]);
+}
+
+extern "C" qd_status qd_cuda_embed(const uint16_t *d_embed, const int32_t *d_tokens, int n, int H, float *d_h,
+                                   void *stream) {
+    if (n <= 0) return QD_OK;
+    embed_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(d_embed, d_tokens, H, d_h);
+    QD_CUDA_CHECK_LAUNCH("embed");
+    return QD_OK;
+}
+
+/* ---------------------------------------------------- residual + RMSNorm */
+
+#define NORM_NT 256
+__global__ void __launch_bounds__(NORM_NT)
+add_rmsnorm_kernel(float *__restrict__ h, const float *__restrict__ y, const float *__restrict__ w, float eps, int H,
+                   const int32_t *__restrict__ rows, uint16_t *__restrict__ x) {
+    __shared__ float red[NORM_NT / 32];
+    const int i = blockIdx.x;
+    const int r = rows ? rows[i] : i;
+    float *hr = h + (size_t)r * H;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < H; c += NORM_NT) {
+        float v = hr[c];
+        if (y) {
+            v += y[(size_t)r * H + c];
+            hr[c] = v;
+        }
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum<NORM_NT>(ss, red) / (float)H + eps);
+    for (int c = threadIdx.x; c < H; c += NORM_NT) x[(size_t)i * H + c] = qd_f2bf(hr[c] * inv * (1.f + w[c]));
+}
+
+extern "C" qd_status qd_cuda_add_rmsnorm(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
+                                         const int32_t *d_rows, uint16_t *d_x, void *stream) {
+    if (n <= 0) return QD_OK;
+    add_rmsnorm_kernel<<<n, NORM_NT, 0, (cudaStream_t)stream>>>(d_h, d_y, d_w, eps, H, d_rows, d_x);
+    QD_CUDA_CHECK_LAUNCH("add_rmsnorm");
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------------ conv */
+
+/* One thread per (row, channel): the window reaches back K-1 inputs, into the
+ * sequence's state where the span has not yet supplied them. */
+__global__ void conv_kernel(int n, int C, int K, const float *__restrict__ x, int64_t xs, const float *__restrict__ w,
+                            const float *__restrict__ state, const int32_t *__restrict__ spans,
+                            const int32_t *__restrict__ row_span, float *__restrict__ y) {
+    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)n * C) return;
+    const int r = (int)(idx / C), c = (int)(idx % C);
+    const int32_t *sp = spans + 4 * row_span[r];
+    const int row0 = sp[0], slot = sp[3], t = r - row0;
+    const float *st = state + ((size_t)slot * C + c) * (K - 1);
+    float acc = 0.f;
+    for (int j = 0; j < K; j++) {
+        const int src = t - (K - 1) + j; /* position within the span; < 0 reads the state */
+        const float in = src >= 0 ? x[(size_t)(row0 + src) * xs + c] : st[(K - 1) + src];
+        acc = fmaf(w[(size_t)c * K + j], in, acc);
+    }
+    y[(size_t)r * C + c] = silu(acc);
+}
+
+/* After the outputs: each (span, channel) keeps the last K-1 inputs of [state | x]. */
+__global__ void conv_state_kernel(int n_spans, int C, int K, const float *__restrict__ x, int64_t xs,
+                                  float *__restrict__ state, const int32_t *__restrict__ spans) {
+    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)n_spans * C) return;
+    const int s = (int)(idx / C), c = (int)(idx % C);
+    const int row0 = spans[4 * s], T = spans[4 * s + 1], slot = spans[4 * s + 3];
+    float *st = state + ((size_t)slot * C + c) * (K - 1);
+    float keep[16];
+    for (int j = 0; j < K - 1; j++) {
+        const int src = T - (K - 1) + j;
+        keep[j] = src >= 0 ? x[(size_t)(row0 + src) * xs + c] : st[(K - 1) + src];
+    }
+    for (int j = 0; j < K - 1; j++) st[j] = keep[j];
+}
+
+extern "C" qd_status qd_cuda_conv1d_silu(const qd_cuda_conv_args *a, void *stream) {
+    if (a->K < 1 || a->K > 17) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "conv1d: kernel size must be 1..17");
+    if (a->n <= 0) return QD_OK;
+    cudaStream_t st = (cudaStream_t)stream;
+    const int64_t n1 = (int64_t)a->n * a->C, n2 = (int64_t)a->n_spans * a->C;
+    conv_kernel<<<(unsigned)((n1 + 255) / 256), 256, 0, st>>>(a->n, a->C, a->K, a->d_x, a->x_stride, a->d_w,
+                                                             a->d_state, a->d_spans, a->d_row_span, a->d_y);
+    QD_CUDA_CHECK_LAUNCH("conv1d");
+    if (a->K > 1) {
+        conv_state_kernel<<<(unsigned)((n2 + 255) / 256), 256, 0, st>>>(a->n_spans, a->C, a->K, a->d_x, a->x_stride,
+                                                                       a->d_state, a->d_spans);
+        QD_CUDA_CHECK_LAUNCH("conv1d_state");
+    }
+    return QD_OK;
+}
+
+/* --------------------------------------------------------------- GDN prep */
+
+/* Block per row: warps take the q and k heads (L2 norm needs a per-head sum),
+ * then all threads convert v and compute the gates. */
+#define PREP_NT 256
+__global__ void __launch_bounds__(PREP_NT)
+gdn_prep_kernel(int hk, int hv, int dk, int dv, const float *__restrict__ conv, const float *__restrict__ a,
+                const float *__restrict__ b, int64_t abs_, const float *__restrict__ A_log,
+                const float *__restrict__ dt_bias, uint16_t *__restrict__ q, uint16_t *__restrict__ k,
+                uint16_t *__restrict__ v, float *__restrict__ g, float *__restrict__ beta) {
+    const int r = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int key_dim = hk * dk, value_dim = hv * dv, C = 2 * key_dim + value_dim;
+    const float *row = conv + (size_t)r * C;
+    const float qscale = rsqrtf((float)dk);
+    for (int hh = warp; hh < 2 * hk; hh += PREP_NT / 32) {
+        const float *src = row + (size_t)hh * dk; /* q heads then k heads */
+        float ss = 0.f;
+        for (int i = lane; i < dk; i += 32) ss += src[i] * src[i];
+        const float inv = 1.f / sqrtf(warp_sum(ss) + 1e-6f);
+        const float sc = hh < hk ? inv * qscale : inv;
+        uint16_t *dst = hh < hk ? q + (size_t)r * key_dim + (size_t)hh * dk : k + (size_t)r * key_dim + (size_t)(hh - hk) * dk;
+        for (int i = lane; i < dk; i += 32) dst[i] = qd_f2bf(src[i] * sc);
+    }
+    for (int i = threadIdx.x; i < value_dim; i += PREP_NT) v[(size_t)r * value_dim + i] = qd_f2bf(row[2 * key_dim + i]);
+    for (int h = threadIdx.x; h < hv; h += PREP_NT) {
+        const float xa = a[(size_t)r * abs_ + h] + dt_bias[h];
+        const float sp = xa > 20.f ? xa : log1pf(expf(xa)); /* softplus, as torch (threshold 20) */
+        g[(size_t)r * hv + h] = -expf(A_log[h]) * sp;
+        beta[(size_t)r * hv + h] = sigmoidf_(b[(size_t)r * abs_ + h]);
+    }
+}
+
+extern "C" qd_status qd_cuda_gdn_prep(int n, int hk, int hv, int dk, int dv, const float *d_conv, const float *d_a,
+                                      const float *d_b, int64_t ab_stride, const float *d_A_log,
+                                      const float *d_dt_bias, uint16_t *d_q, uint16_t *d_k, uint16_t *d_v, float *d_g,
+                                      float *d_beta, void *stream) {
+    if (n <= 0) return QD_OK;
+    gdn_prep_kernel<<<n, PREP_NT, 0, (cudaStream_t)stream>>>(hk, hv, dk, dv, d_conv, d_a, d_b, ab_stride, d_A_log,
+                                                             d_dt_bias, d_q, d_k, d_v, d_g, d_beta);
+    QD_CUDA_CHECK_LAUNCH("gdn_prep");
+    return QD_OK;
+}
+
+/* --------------------------------------------------------- gated RMSNorm */
+
+/* Warp per (row, head). */
+__global__ void gated_rmsnorm_kernel(const uint16_t *__restrict__ o, const float *__restrict__ z, int64_t zs,
+                                     const float *__restrict__ w, float eps, int n, int hv, int dv,
+                                     uint16_t *__restrict__ u) {
+    const int64_t wid = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (wid >= (int64_t)n * hv) return;
+    const int r = (int)(wid / hv), h = (int)(wid % hv);
+    const uint16_t *oh = o + ((size_t)r * hv + h) * dv;
+    const float *zh = z + (size_t)r * zs + (size_t)h * dv;
+    float ss = 0.f;
+    for (int e = lane; e < dv; e += 32) {
+        const float x = qd_bf2f(oh[e]);
+        ss += x * x;
+    }
+    const float inv = 1.f / sqrtf(warp_sum(ss) / (float)dv + eps);
+    uint16_t *uh = u + ((size_t)r * hv + h) * dv;
+    for (int e = lane; e < dv; e += 32) uh[e] = qd_f2bf(qd_bf2f(oh[e]) * inv * w[e] * silu(zh[e]));
+}
+
+extern "C" qd_status qd_cuda_gated_rmsnorm(const uint16_t *d_o, const float *d_z, int64_t z_stride, const float *d_w,
+                                           float eps, int n, int hv, int dv, uint16_t *d_u, void *stream) {
+    if (n <= 0) return QD_OK;
+    const int64_t warps = (int64_t)n * hv;
+    gated_rmsnorm_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, (cudaStream_t)stream>>>(
+        d_o, d_z, z_stride, d_w, eps, n, hv, dv, d_u);
+    QD_CUDA_CHECK_LAUNCH("gated_rmsnorm");
+    return QD_OK;
+}
+
+/* ----------------------------------------------------------------- SwiGLU */
+
+__global__ void silu_mul_kernel(const float *__restrict__ gu, int n, int I, uint16_t *__restrict__ out) {
+    const int64_t N = (int64_t)n * I;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / I, c = i % I;
+        out[i] = qd_f2bf(silu(gu[r * 2 * I + c]) * gu[r * 2 * I + I + c]);
+    }
+}
+
+extern "C" qd_status qd_cuda_silu_mul(const float *d_gu, int n, int I, uint16_t *d_out, void *stream) {
+    if (n <= 0) return QD_OK;
+    silu_mul_kernel<<<grid_for((int64_t)n * I, 256), 256, 0, (cudaStream_t)stream>>>(d_gu, n, I, d_out);
+    QD_CUDA_CHECK_LAUNCH("silu_mul");
+    return QD_OK;
+}
+
+__global__ void sigmoid_scale_kernel(float *__restrict__ y, const float *__restrict__ ys, const float *__restrict__ sg,
+                                     int64_t sgs, int n, int H) {
+    const int64_t N = (int64_t)n * H;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = sigmoidf_(sg[(i / H) * sgs]) * ys[i];
+}
+
+extern "C" qd_status qd_cuda_sigmoid_scale(float *d_y, const float *d_ys, const float *d_sg, int64_t sg_stride, int n,
+                                           int H, void *stream) {
+    if (n <= 0) return QD_OK;
+    sigmoid_scale_kernel<<<grid_for((int64_t)n * H, 256), 256, 0, (cudaStream_t)stream>>>(d_y, d_ys, d_sg, sg_stride,
+                                                                                         n, H);
+    QD_CUDA_CHECK_LAUNCH("sigmoid_scale");
+    return QD_OK;
+}
+
+/* ----------------------------------------------------------------- argmax */
+
+#define ARGMAX_NT 1024
+__global__ void __launch_bounds__(ARGMAX_NT) argmax_kernel(const float *__restrict__ logits, int V, int32_t *ids) {
+    __shared__ float bv[ARGMAX_NT / 32];
+    __shared__ int bi[ARGMAX_NT / 32];
+    const float *row = logits + (size_t)blockIdx.x * V;
+    float best = -INFINITY;
+    int besti = 0x7fffffff;
+    for (int i = threadIdx.x; i < V; i += ARGMAX_NT) {
+        const float x = row[i];
+        if (x > best) { best = x; besti = i; } /* i increases: the first maximum stays */
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, besti, o);
+        if (ov > best || (ov == best && oi < besti)) { best = ov; besti = oi; }
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) { bv[warp] = best; bi[warp] = besti; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ARGMAX_NT / 32; w++)
+            if (bv[w] > best || (bv[w] == best && bi[w] < besti)) { best = bv[w]; besti = bi[w]; }
+        ids[blockIdx.x] = besti == 0x7fffffff ? 0 : besti;
+    }
+}
+
+extern "C" qd_status qd_cuda_argmax(const float *d_logits, int n, int V, int32_t *d_ids, void *stream) {
+    if (n <= 0) return QD_OK;
+    argmax_kernel<<<n, ARGMAX_NT, 0, (cudaStream_t)stream>>>(d_logits, V, d_ids);
+    QD_CUDA_CHECK_LAUNCH("argmax");
+    return QD_OK;
+}

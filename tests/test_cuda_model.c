@@ -1,0 +1,379 @@
+/* The whole model on the CUDA backend (skipped without a GPU):
+ *  - golden: every fixture and prompt, logits of every position from one prefill
+ *    within bf16 tolerance of transformers' fp32 reference (max|diff| <= 2e-2 x
+ *    max|ref|, top-1 agreement >= 99% of positions) and the greedy continuation
+ *    (device argmax, one decode step per token, CUDA graphs) identical;
+ *  - equivalences on the GPU: chunked prefill == token-by-token decode, a ragged
+ *    batch mixing prefills and decodes == each sequence alone, snapshot/restore and
+ *    fork reproduce the state, CUDA-graph decode == eager decode;
+ *  - the device's dummy weights equal the CPU's (same logits within tolerance). */
+#include <dirent.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backend/cuda/cuda_gdn.h"
+#include "qd_test.h"
+#include "qdelta.h"
+
+#define FIXTURES "tests/fixtures"
+
+static int parse_ids(const char *s, int32_t *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s) break;
+        out[n++] = (int32_t)v;
+        s = end;
+    }
+    return n;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* max |a - b| / max |b| over n values */
+static double rel_err(const float *a, const float *b, size_t n) {
+    double mx = 0, err = 0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(b[i]));
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= err)) err = d; /* NaN counts as the worst */
+    }
+    return mx > 0 ? err / mx : err;
+}
+
+static qd_model *load(const char *dir, qd_backend_kind be, qd_load_format fmt) {
+    qd_model_params mp = qd_model_default_params();
+    mp.path = dir;
+    mp.backend = be;
+    mp.load_format = fmt;
+    mp.n_threads = 2;
+    qd_model *m = NULL;
+    char err[1024];
+    qd_status s = qd_model_load(&mp, &m, err, sizeof err);
+    CHECKF(s == QD_OK, "%s: load failed: %s", dir, err);
+    return s == QD_OK ? m : NULL;
+}
+
+static qd_context *context(qd_model *m, int max_seqs, int max_ctx, int max_batch) {
+    qd_context_params cp = qd_context_default_params();
+    cp.max_seqs = max_seqs;
+    cp.max_ctx = max_ctx;
+    cp.max_batch = max_batch;
+    cp.kv_block_size = 16;
+    qd_context *ctx = NULL;
+    qd_status s = qd_context_create(m, &cp, &ctx);
+    CHECKF(s == QD_OK, "context: %s", qd_model_errmsg(m));
+    return s == QD_OK ? ctx : NULL;
+}
+
+static double worst_golden = 0, worst_agree = 1;
+static int n_cases = 0;
+
+static void golden_case(qd_model *m, const char *dir, const char *prompt_file) {
+    char path[1024];
+    const int L = atoi(prompt_file + strlen("prompt_"));
+    snprintf(path, sizeof path, "%s/%s", dir, prompt_file);
+    char *txt = qd_test_read_file(path, NULL);
+    CHECKF(txt != NULL, "cannot read %s", path);
+    if (!txt) return;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(L + 32));
+    const int n = parse_ids(txt, ids, L + 32);
+    free(txt);
+    CHECKF(n == L, "%s: expected %d ids, read %d", path, L, n);
+    const int V = qd_model_vocab_size(m);
+    qd_context *ctx = context(m, 1, L + 32, L);
+    if (!ctx) { free(ids); return; }
+    float *logits = malloc(sizeof(float) * (size_t)L * V);
+    qd_span span = {0, ids, L, QD_LOGITS_ALL};
+    CHECKF(qd_forward(ctx, &span, 1, logits) == QD_OK, "%s: forward: %s", path, qd_context_errmsg(ctx));
+
+    snprintf(path, sizeof path, "%s/logits_%d.f32", dir, L);
+    size_t len;
+    float *ref = (float *)qd_test_read_file(path, &len);
+    CHECKF(ref && len == sizeof(float) * (size_t)L * V, "%s: missing or wrong size", path);
+    if (ref && len == sizeof(float) * (size_t)L * V) {
+        const double e = rel_err(logits, ref, (size_t)L * V);
+        int agree = 0;
+        for (int t = 0; t < L; t++) agree += argmax(logits + (size_t)t * V, V) == argmax(ref + (size_t)t * V, V);
+        const double frac = (double)agree / L;
+        printf("  %-36s L=%-4d max|diff|/max|ref| = %.2e  top-1 agree %d/%d\n", dir + strlen(FIXTURES) + 1, L, e, agree, L);
+        CHECKF(e <= 2e-2, "%s: logits differ: %.3e > 2e-2", path, e);
+        CHECKF(frac >= 0.99 || L - agree <= 0, "%s: top-1 agreement %d/%d below 99%%", path, agree, L);
+        worst_golden = fmax(worst_golden, e);
+        worst_agree = fmin(worst_agree, frac);
+    }
+    free(ref);
+
+    /* greedy continuation through the device argmax: prefill (last row), then decodes */
+    snprintf(path, sizeof path, "%s/greedy_%d.ids", dir, L);
+    txt = qd_test_read_file(path, NULL);
+    CHECKF(txt != NULL, "cannot read %s", path);
+    if (txt) {
+        int32_t want[64], got[64];
+        const int n_want = parse_ids(txt, want, 64);
+        free(txt);
+        CHECK(qd_seq_reset(ctx, 0) == QD_OK);
+        qd_span p = {0, ids, L, QD_LOGITS_LAST};
+        CHECK(qd_forward_greedy(ctx, &p, 1, &got[0]) == QD_OK);
+        for (int t = 1; t < n_want; t++) {
+            qd_span d = {0, &got[t - 1], 1, QD_LOGITS_LAST};
+            CHECK(qd_forward_greedy(ctx, &d, 1, &got[t]) == QD_OK);
+        }
+        int same = 1;
+        for (int t = 0; t < n_want; t++) same &= got[t] == want[t];
+        CHECKF(same, "%s: greedy continuation differs", path);
+        if (!same) {
+            fprintf(stderr, "    want:");
+            for (int t = 0; t < n_want; t++) fprintf(stderr, " %d", want[t]);
+            fprintf(stderr, "\n    got: ");
+            for (int t = 0; t < n_want; t++) fprintf(stderr, " %d", got[t]);
+            fprintf(stderr, "\n");
+        }
+    }
+    n_cases++;
+    free(logits);
+    free(ids);
+    qd_context_free(ctx);
+}
+
+static void golden_fixture(const char *dir) {
+    qd_model *m = load(dir, QD_BACKEND_CUDA, QD_LOAD_AUTO);
+    if (!m) return;
+    DIR *d = opendir(dir);
+    char *names[64];
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < 64)
+        if (!strncmp(e->d_name, "prompt_", 7)) names[n++] = strdup(e->d_name);
+    if (d) closedir(d);
+    qsort(names, (size_t)n, sizeof(char *), cmp_str);
+    for (int i = 0; i < n; i++) {
+        golden_case(m, dir, names[i]);
+        free(names[i]);
+    }
+    qd_model_free(m);
+}
+
+/* ------------------------------------------------------------ equivalences */
+
+static void random_ids(int32_t *ids, int n, int V, uint64_t *s) {
+    for (int i = 0; i < n; i++) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((*s >> 33) % (uint64_t)V);
+    }
+}
+
+/* chunked prefill of T tokens == the same tokens decoded one by one */
+static void chunked_vs_recurrent(qd_model *m, int T, uint64_t *seed) {
+    const int V = qd_model_vocab_size(m);
+    qd_context *ctx = context(m, 2, T + 8, T);
+    if (!ctx) return;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
+    random_ids(ids, T, V, seed);
+    float *a = malloc(sizeof(float) * (size_t)T * V), *b = malloc(sizeof(float) * (size_t)T * V);
+    qd_span p = {0, ids, T, QD_LOGITS_ALL};
+    CHECK(qd_forward(ctx, &p, 1, a) == QD_OK);
+    for (int t = 0; t < T; t++) {
+        qd_span d = {1, &ids[t], 1, QD_LOGITS_LAST};
+        CHECK(qd_forward(ctx, &d, 1, b + (size_t)t * V) == QD_OK);
+    }
+    const double e = rel_err(a, b, (size_t)T * V);
+    printf("  chunked prefill vs token-by-token decode, T=%d: %.2e\n", T, e);
+    CHECKF(e <= 2e-2, "chunked vs recurrent T=%d: %.3e", T, e);
+    free(ids);
+    free(a);
+    free(b);
+    qd_context_free(ctx);
+}
+
+/* a ragged batch (prefill chunks and decodes of several sequences) == each alone */
+static void batched_vs_alone(qd_model *m, uint64_t *seed) {
+    enum { NS = 5 };
+    const int V = qd_model_vocab_size(m);
+    const int pre[NS] = {1, 63, 64, 65, 130}, more[NS] = {1, 7, 1, 70, 1};
+    qd_context *ctx = context(m, 2 * NS, 256, 512);
+    if (!ctx) return;
+    int32_t ids[NS][256];
+    for (int i = 0; i < NS; i++) random_ids(ids[i], pre[i] + more[i], V, seed);
+    float *alone = malloc(sizeof(float) * NS * V), *batch = malloc(sizeof(float) * NS * V);
+    /* alone: sequence i prefills pre[i] then appends more[i] (seq slots 0..NS-1) */
+    for (int i = 0; i < NS; i++) {
+        qd_span a = {i, ids[i], pre[i], QD_LOGITS_NONE};
+        CHECK(qd_forward(ctx, &a, 1, NULL) == QD_OK);
+        qd_span b = {i, ids[i] + pre[i], more[i], QD_LOGITS_LAST};
+        CHECK(qd_forward(ctx, &b, 1, alone + (size_t)i * V) == QD_OK);
+    }
+    /* batched: the prefills together, then all appends in one mixed step (slots NS..) */
+    qd_span sp[NS];
+    for (int i = 0; i < NS; i++) sp[i] = (qd_span){NS + i, ids[i], pre[i], QD_LOGITS_NONE};
+    CHECK(qd_forward(ctx, sp, NS, NULL) == QD_OK);
+    for (int i = 0; i < NS; i++) sp[i] = (qd_span){NS + (NS - 1 - i), ids[NS - 1 - i] + pre[NS - 1 - i], more[NS - 1 - i], QD_LOGITS_LAST};
+    float *tmp = malloc(sizeof(float) * NS * V);
+    CHECK(qd_forward(ctx, sp, NS, tmp) == QD_OK);
+    for (int i = 0; i < NS; i++) memcpy(batch + (size_t)(NS - 1 - i) * V, tmp + (size_t)i * V, sizeof(float) * V);
+    double worst = 0;
+    int same_top = 1;
+    for (int i = 0; i < NS; i++) {
+        worst = fmax(worst, rel_err(batch + (size_t)i * V, alone + (size_t)i * V, (size_t)V));
+        same_top &= argmax(batch + (size_t)i * V, V) == argmax(alone + (size_t)i * V, V);
+    }
+    printf("  ragged batch vs alone (5 sequences, mixed prefill/decode): %.2e, same top-1: %d\n", worst, same_top);
+    CHECKF(worst <= 2e-2, "batched vs alone: %.3e", worst);
+    CHECK(same_top);
+    free(alone);
+    free(batch);
+    free(tmp);
+    qd_context_free(ctx);
+}
+
+/* snapshot, run on, restore, run again: identical logits; a fork continues alike */
+static void snapshot_and_fork(qd_model *m, uint64_t *seed) {
+    const int V = qd_model_vocab_size(m);
+    qd_context *ctx = context(m, 3, 256, 128);
+    if (!ctx) return;
+    int32_t ids[120];
+    random_ids(ids, 120, V, seed);
+    qd_span p = {0, ids, 70, QD_LOGITS_NONE};
+    CHECK(qd_forward(ctx, &p, 1, NULL) == QD_OK);
+    size_t sz = qd_seq_state_size(ctx);
+    void *snap = malloc(sz);
+    CHECK(qd_seq_state_save(ctx, 0, snap, sz) == QD_OK);
+    float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V), *c = malloc(sizeof(float) * V);
+    CHECK(qd_seq_fork(ctx, 0, 2) == QD_OK);
+    qd_span q = {0, ids + 70, 50, QD_LOGITS_LAST};
+    CHECK(qd_forward(ctx, &q, 1, a) == QD_OK);
+    CHECK(qd_seq_state_restore(ctx, 0, snap, sz) == QD_OK);
+    CHECK(qd_seq_length(ctx, 0) == 70);
+    CHECK(qd_forward(ctx, &q, 1, b) == QD_OK);
+    qd_span r = {2, ids + 70, 50, QD_LOGITS_LAST};
+    CHECK(qd_forward(ctx, &r, 1, c) == QD_OK);
+    CHECKF(!memcmp(a, b, sizeof(float) * V), "restore: logits differ (%.3e)", rel_err(a, b, V));
+    CHECKF(!memcmp(a, c, sizeof(float) * V), "fork: logits differ (%.3e)", rel_err(a, c, V));
+    printf("  snapshot/restore and fork: bit-identical %d %d\n", !memcmp(a, b, sizeof(float) * V),
+           !memcmp(a, c, sizeof(float) * V));
+    free(snap);
+    free(a);
+    free(b);
+    free(c);
+    qd_context_free(ctx);
+}
+
+/* decode steps replayed from CUDA graphs == the same steps run eagerly: two
+ * contexts, one with graphs off, fed the same tokens; bit-identical logits */
+static void graph_vs_eager(qd_model *m, uint64_t *seed) {
+    const int V = qd_model_vocab_size(m);
+    qd_context *cg = context(m, 2, 128, 64);
+    qd_context_params cp = qd_context_default_params();
+    cp.max_seqs = 2;
+    cp.max_ctx = 128;
+    cp.max_batch = 64;
+    cp.kv_block_size = 16;
+    cp.eager = 1;
+    qd_context *ce = NULL;
+    CHECK(qd_context_create(m, &cp, &ce) == QD_OK);
+    if (!cg || !ce) {
+        qd_context_free(cg);
+        qd_context_free(ce);
+        return;
+    }
+    int32_t ids[40];
+    random_ids(ids, 40, V, seed);
+    float *g = malloc(sizeof(float) * 2 * V), *e = malloc(sizeof(float) * 2 * V);
+    for (int s = 0; s < 2; s++) {
+        qd_span p = {s, ids + s, 20, QD_LOGITS_NONE};
+        CHECK(qd_forward(cg, &p, 1, NULL) == QD_OK);
+        CHECK(qd_forward(ce, &p, 1, NULL) == QD_OK);
+    }
+    int same = 1;
+    for (int t = 21; t < 31; t++) {
+        qd_span st[2] = {{0, &ids[t], 1, QD_LOGITS_LAST}, {1, &ids[t + 1], 1, QD_LOGITS_LAST}};
+        CHECK(qd_forward(cg, st, 2, g) == QD_OK);
+        CHECK(qd_forward(ce, st, 2, e) == QD_OK);
+        same &= !memcmp(g, e, sizeof(float) * 2 * V);
+    }
+    printf("  CUDA-graph decode vs eager decode: bit-identical %d\n", same);
+    CHECKF(same, "graph replay differs from eager: %.3e", rel_err(g, e, (size_t)2 * V));
+    free(g);
+    free(e);
+    qd_context_free(cg);
+    qd_context_free(ce);
+}
+
+/* dummy weights drawn on the device equal the CPU's: same logits within tolerance */
+static void dummy_cpu_vs_gpu(const char *dir, uint64_t *seed) {
+    qd_model *mc = load(dir, QD_BACKEND_CPU, QD_LOAD_DUMMY), *mg = load(dir, QD_BACKEND_CUDA, QD_LOAD_DUMMY);
+    if (!mc || !mg) {
+        qd_model_free(mc);
+        qd_model_free(mg);
+        return;
+    }
+    const int V = qd_model_vocab_size(mc), T = 90;
+    qd_context *cc = context(mc, 1, 128, 128), *cg = context(mg, 1, 128, 128);
+    int32_t ids[T];
+    random_ids(ids, T, V, seed);
+    float *a = malloc(sizeof(float) * (size_t)T * V), *b = malloc(sizeof(float) * (size_t)T * V);
+    qd_span p = {0, ids, T, QD_LOGITS_ALL};
+    CHECK(cc && qd_forward(cc, &p, 1, a) == QD_OK);
+    CHECK(cg && qd_forward(cg, &p, 1, b) == QD_OK);
+    const double e = rel_err(b, a, (size_t)T * V);
+    printf("  dummy weights, CPU vs CUDA (%s): %.2e\n", dir + strlen(FIXTURES) + 1, e);
+    CHECKF(e <= 2e-2, "dummy CPU vs CUDA: %.3e", e);
+    free(a);
+    free(b);
+    qd_context_free(cc);
+    qd_context_free(cg);
+    qd_model_free(mc);
+    qd_model_free(mg);
+}
+
+int main(void) {
+    if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_model", "no CUDA device");
+    uint64_t seed = (uint64_t)time(NULL);
+    printf("seed %llu\n", (unsigned long long)seed);
+    DIR *d = opendir(FIXTURES);
+    CHECKF(d != NULL, "no %s directory (run from the repository root)", FIXTURES);
+    if (!d) return qd_test_finish("test_cuda_model");
+    char *dirs[64];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 64) {
+        if (e->d_name[0] == '.') continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s/config.json", FIXTURES, e->d_name);
+        struct stat st;
+        if (stat(path, &st) == 0) {
+            snprintf(path, sizeof path, "%s/%s", FIXTURES, e->d_name);
+            dirs[n++] = strdup(path);
+        }
+    }
+    closedir(d);
+    qsort(dirs, (size_t)n, sizeof(char *), cmp_str);
+    CHECKF(n >= 6, "expected at least 6 fixture models, found %d", n);
+    printf("golden fixtures on the GPU\n");
+    for (int i = 0; i < n; i++) golden_fixture(dirs[i]);
+    printf("worst golden error %.2e, worst top-1 agreement %.3f, %d cases\n", worst_golden, worst_agree, n_cases);
+    printf("equivalences on the GPU\n");
+    for (int i = 0; i < n; i++) {
+        if (!strstr(dirs[i], "_bf16")) continue; /* the f32 twins have the same shapes */
+        printf(" %s\n", dirs[i]);
+        qd_model *m = load(dirs[i], QD_BACKEND_CUDA, QD_LOAD_AUTO);
+        if (!m) continue;
+        chunked_vs_recurrent(m, 200, &seed);
+        chunked_vs_recurrent(m, 65, &seed);
+        batched_vs_alone(m, &seed);
+        snapshot_and_fork(m, &seed);
+        graph_vs_eager(m, &seed);
+        qd_model_free(m);
+        dummy_cpu_vs_gpu(dirs[i], &seed);
+    }
+    for (int i = 0; i < n; i++) free(dirs[i]);
+    return qd_test_finish("test_cuda_model");
+}
