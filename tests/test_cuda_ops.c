@@ -1,0 +1,323 @@
+/* The CUDA backend's small ops and matmul (cuda_ops.h) against the CPU reference
+ * on fresh random inputs with awkward shapes: outputs poisoned (NaN) before each
+ * launch, every element checked. Inputs that the GPU reads as bf16 are rounded to
+ * bf16 first, so the comparison measures the kernel's own arithmetic. Skips (77)
+ * without a GPU. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "base/dtype.h"
+#include "qd_test.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_ops.h"
+#endif
+
+#ifdef QD_HAVE_CUDA
+
+static qd_test_rng rng;
+
+static float *rnd(size_t n, float scale) {
+    float *x = malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++) x[i] = qd_test_normal(&rng) * scale;
+    return x;
+}
+/* bf16 bit patterns of x, and x itself rounded to them */
+static uint16_t *bf(float *x, size_t n) {
+    uint16_t *b = malloc(n * 2 + 2);
+    for (size_t i = 0; i < n; i++) {
+        b[i] = qd_f32_to_bf16(x[i]);
+        x[i] = qd_bf16_to_f32(b[i]);
+    }
+    return b;
+}
+static void *dev(const void *h, size_t bytes) {
+    void *d = NULL;
+    CHECK(qd_cuda_malloc(&d, bytes) == QD_OK);
+    if (h) CHECK(qd_cuda_memcpy_h2d(d, h, bytes) == QD_OK);
+    else CHECK(qd_cuda_memset(d, 0xff, bytes) == QD_OK); /* poison: NaN as fp32 and bf16 */
+    return d;
+}
+static void *host(const void *d, size_t bytes) {
+    void *h = malloc(bytes + 4);
+    CHECK(qd_cuda_sync() == QD_OK);
+    CHECK(qd_cuda_memcpy_d2h(h, d, bytes) == QD_OK);
+    return h;
+}
+
+/* |got - ref| <= atol + rtol |ref| for every element (NaN fails); returns the worst ratio */
+static double compare(const char *what, const float *got, const float *ref, size_t n, double rtol, double atol) {
+    double worst = 0;
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double lim = atol + rtol * fabs(ref[i]), d = fabs((double)got[i] - ref[i]);
+        if (!(d <= lim)) {
+            if (!bad) first = i;
+            bad++;
+        }
+        if (lim > 0 && d / lim > worst) worst = d / lim;
+    }
+    CHECKF(bad == 0, "%s: %zu of %zu elements off (first %zu: got %g want %g)", what, bad, n, first,
+           bad ? got[first] : 0, bad ? ref[first] : 0);
+    return worst;
+}
+static float *widen(const uint16_t *b, size_t n) {
+    float *f = malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++) f[i] = qd_bf16_to_f32(b[i]);
+    return f;
+}
+
+static void test_matmul(qd_cuda_blas *blas, int64_t rows, int64_t cols, int n, int64_t ldx, int64_t ldy, int y_bf16) {
+    float *w = rnd((size_t)(rows * cols), 0.5f), *x = rnd((size_t)(n * ldx), 1.0f);
+    uint16_t *wb = bf(w, (size_t)(rows * cols)), *xb = bf(x, (size_t)(n * ldx));
+    const size_t ysz = (size_t)n * ldy * (y_bf16 ? 2 : 4);
+    void *dW = dev(wb, (size_t)(rows * cols) * 2), *dx = dev(xb, (size_t)(n * ldx) * 2), *dy = dev(NULL, ysz);
+    CHECK(qd_cuda_matmul(blas, dW, rows, cols, dx, ldx, n, dy, ldy, y_bf16) == QD_OK);
+    void *yh = host(dy, ysz);
+    float *got = malloc(sizeof(float) * (size_t)(n * rows)), *ref = malloc(sizeof(float) * (size_t)(n * rows));
+    double worst_bound = 0;
+    for (int t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double acc = 0, mag = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                acc += (double)w[r * cols + c] * x[t * ldx + c];
+                mag += fabs((double)w[r * cols + c] * x[t * ldx + c]);
+            }
+            ref[t * rows + r] = (float)acc;
+            got[t * rows + r] = y_bf16 ? qd_bf16_to_f32(((uint16_t *)yh)[t * ldy + r]) : ((float *)yh)[t * ldy + r];
+            worst_bound = fmax(worst_bound, mag);
+        }
+    char what[96];
+    snprintf(what, sizeof what, "matmul %lldx%lld n=%d ldx=%lld %s", (long long)rows, (long long)cols, n, (long long)ldx,
+             y_bf16 ? "bf16" : "fp32");
+    /* fp32 accumulation: error far below 1e-5 of the sum of |terms|; bf16 output: its rounding */
+    const double w_ = compare(what, got, ref, (size_t)(n * rows), y_bf16 ? 8e-3 : 0, 1e-5 * worst_bound + 1e-6);
+    printf("  %-44s worst/limit %.2f\n", what, w_);
+    free(w); free(x); free(wb); free(xb); free(yh); free(got); free(ref);
+    qd_cuda_free(dW); qd_cuda_free(dx); qd_cuda_free(dy);
+}
+
+static void test_embed_norm(void) {
+    const int V = 37, H = 333, n = 6;
+    float *tab = rnd((size_t)V * H, 1.0f);
+    uint16_t *tb = bf(tab, (size_t)V * H);
+    int32_t tok[6] = {0, 36, 5, 5, 17, 2};
+    void *dt = dev(tb, (size_t)V * H * 2), *dtok = dev(tok, sizeof tok), *dh = dev(NULL, (size_t)n * H * 4);
+    CHECK(qd_cuda_embed(dt, dtok, n, H, dh, NULL) == QD_OK);
+    float *h = host(dh, (size_t)n * H * 4);
+    int same = 1;
+    for (int r = 0; r < n; r++) same &= !memcmp(h + r * H, tab + tok[r] * H, sizeof(float) * H);
+    CHECKF(same, "embedding rows differ");
+    /* residual add + norm, all rows; then a gather of rows 4, 1 without add */
+    float *y = rnd((size_t)n * H, 2.0f), *w = rnd(H, 0.3f);
+    void *dy = dev(y, (size_t)n * H * 4), *dw = dev(w, (size_t)H * 4), *dx = dev(NULL, (size_t)n * H * 2);
+    CHECK(qd_cuda_add_rmsnorm(dh, dy, dw, 1e-6f, n, H, NULL, dx, NULL) == QD_OK);
+    float *h2 = host(dh, (size_t)n * H * 4);
+    uint16_t *xb = host(dx, (size_t)n * H * 2);
+    float *sum = malloc(sizeof(float) * n * H), *ref = malloc(sizeof(float) * n * H);
+    for (int i = 0; i < n * H; i++) sum[i] = h[i] + y[i];
+    compare("residual add", h2, sum, (size_t)n * H, 0, 0);
+    qd_cpu_rmsnorm(sum, n, H, H, w, 1.0f, 1e-6f, ref, H);
+    float *x = widen(xb, (size_t)n * H);
+    compare("add_rmsnorm", x, ref, (size_t)n * H, 8e-3, 1e-6);
+    int32_t rows[2] = {4, 1};
+    void *drows = dev(rows, sizeof rows), *dx2 = dev(NULL, (size_t)2 * H * 2);
+    CHECK(qd_cuda_add_rmsnorm(dh, NULL, dw, 1e-6f, 2, H, drows, dx2, NULL) == QD_OK);
+    uint16_t *x2b = host(dx2, (size_t)2 * H * 2);
+    float *x2 = widen(x2b, (size_t)2 * H), ref2[2 * 333];
+    memcpy(ref2, ref + 4 * H, sizeof(float) * H);
+    memcpy(ref2 + H, ref + 1 * H, sizeof(float) * H);
+    compare("rmsnorm row gather", x2, ref2, (size_t)2 * H, 8e-3, 1e-6);
+    free(tab); free(tb); free(h); free(y); free(w); free(h2); free(xb); free(sum); free(ref); free(x); free(x2b); free(x2);
+    qd_cuda_free(dt); qd_cuda_free(dtok); qd_cuda_free(dh); qd_cuda_free(dy); qd_cuda_free(dw); qd_cuda_free(dx);
+    qd_cuda_free(drows); qd_cuda_free(dx2);
+}
+
+/* conv over a ragged batch with permuted state slots == the CPU per span */
+static void test_conv(int C, int K) {
+    enum { NS = 4, SLOTS = 6 };
+    const int T[NS] = {1, 5, 2, 70}, slot[NS] = {3, 0, 5, 2};
+    int n = 0;
+    for (int i = 0; i < NS; i++) n += T[i];
+    const int xs = C + 5;
+    float *x = rnd((size_t)n * xs, 1.0f), *w = rnd((size_t)C * K, 0.5f), *st = rnd((size_t)SLOTS * C * (K - 1) + 1, 1.0f);
+    int32_t spans[4 * NS], row_span[128];
+    for (int i = 0, r = 0; i < NS; r += T[i], i++) {
+        spans[4 * i] = r; spans[4 * i + 1] = T[i]; spans[4 * i + 2] = 0; spans[4 * i + 3] = slot[i];
+        for (int t = 0; t < T[i]; t++) row_span[r + t] = i;
+    }
+    const size_t stb = ((size_t)SLOTS * C * (K - 1) + 1) * 4;
+    void *dx = dev(x, (size_t)n * xs * 4), *dw = dev(w, (size_t)C * K * 4), *dst = dev(st, stb),
+         *dsp = dev(spans, sizeof spans), *drs = dev(row_span, sizeof(int32_t) * n), *dy = dev(NULL, (size_t)n * C * 4);
+    qd_cuda_conv_args a = {n, C, K, NS, dx, xs, dw, dst, dsp, drs, dy};
+    CHECK(qd_cuda_conv1d_silu(&a, NULL) == QD_OK);
+    float *y = host(dy, (size_t)n * C * 4), *st2 = host(dst, stb);
+    float *ref = malloc(sizeof(float) * (size_t)n * C);
+    for (int i = 0; i < NS; i++)
+        qd_cpu_conv1d_silu(x + (size_t)spans[4 * i] * xs, T[i], C, xs, w, K, st + (size_t)slot[i] * C * (K - 1),
+                           ref + (size_t)spans[4 * i] * C);
+    char what[64];
+    snprintf(what, sizeof what, "conv1d C=%d K=%d outputs", C, K);
+    compare(what, y, ref, (size_t)n * C, 1e-5, 1e-6);
+    snprintf(what, sizeof what, "conv1d C=%d K=%d states", C, K);
+    compare(what, st2, st, (size_t)SLOTS * C * (K - 1), 0, 0);
+    free(x); free(w); free(st); free(y); free(st2); free(ref);
+    qd_cuda_free(dx); qd_cuda_free(dw); qd_cuda_free(dst); qd_cuda_free(dsp); qd_cuda_free(drs); qd_cuda_free(dy);
+}
+
+static void test_gdn_prep(int n, int hk, int hv, int dk, int dv) {
+    const int C = 2 * hk * dk + hv * dv, abs_ = 2 * hv + 3;
+    float *conv = rnd((size_t)n * C, 1.0f), *ab = rnd((size_t)n * abs_, 2.0f), *A = rnd(hv, 1.0f), *dtb = rnd(hv, 1.0f);
+    void *dc = dev(conv, (size_t)n * C * 4), *dab = dev(ab, (size_t)n * abs_ * 4), *dA = dev(A, hv * 4), *dd = dev(dtb, hv * 4);
+    void *dq = dev(NULL, (size_t)n * hk * dk * 2), *dk_ = dev(NULL, (size_t)n * hk * dk * 2), *dvv = dev(NULL, (size_t)n * hv * dv * 2);
+    void *dg = dev(NULL, (size_t)n * hv * 4), *db = dev(NULL, (size_t)n * hv * 4);
+    /* a at column hv + 3 - ... : b at offset 0, a at offset hv (both at row stride abs_) */
+    CHECK(qd_cuda_gdn_prep(n, hk, hv, dk, dv, dc, (float *)dab + hv, dab, abs_, dA, dd, dq, dk_, dvv, dg, db, NULL) == QD_OK);
+    uint16_t *q = host(dq, (size_t)n * hk * dk * 2), *k = host(dk_, (size_t)n * hk * dk * 2), *v = host(dvv, (size_t)n * hv * dv * 2);
+    float *g = host(dg, (size_t)n * hv * 4), *beta = host(db, (size_t)n * hv * 4);
+    float *ref = malloc(sizeof(float) * (size_t)n * C);
+    memcpy(ref, conv, sizeof(float) * (size_t)n * C);
+    qd_cpu_l2norm_heads(ref, n, hk, dk, C, 1e-6f, 1.0f / sqrtf((float)dk));
+    qd_cpu_l2norm_heads(ref + hk * dk, n, hk, dk, C, 1e-6f, 1.0f);
+    float *rq = malloc(sizeof(float) * (size_t)n * hk * dk), *rk = malloc(sizeof(float) * (size_t)n * hk * dk),
+          *rv = malloc(sizeof(float) * (size_t)n * hv * dv);
+    for (int r = 0; r < n; r++) {
+        memcpy(rq + (size_t)r * hk * dk, ref + (size_t)r * C, sizeof(float) * hk * dk);
+        memcpy(rk + (size_t)r * hk * dk, ref + (size_t)r * C + hk * dk, sizeof(float) * hk * dk);
+        memcpy(rv + (size_t)r * hv * dv, ref + (size_t)r * C + 2 * hk * dk, sizeof(float) * hv * dv);
+    }
+    float *rg = malloc(sizeof(float) * (size_t)n * hv), *rb = malloc(sizeof(float) * (size_t)n * hv);
+    qd_cpu_gdn_gates(ab + hv, abs_, ab, abs_, n, hv, A, dtb, rg, rb);
+    float *fq = widen(q, (size_t)n * hk * dk), *fk = widen(k, (size_t)n * hk * dk), *fv = widen(v, (size_t)n * hv * dv);
+    compare("gdn_prep q", fq, rq, (size_t)n * hk * dk, 8e-3, 1e-6);
+    compare("gdn_prep k", fk, rk, (size_t)n * hk * dk, 8e-3, 1e-6);
+    compare("gdn_prep v", fv, rv, (size_t)n * hv * dv, 4e-3, 0);
+    compare("gdn_prep g", g, rg, (size_t)n * hv, 1e-5, 1e-7);
+    compare("gdn_prep beta", beta, rb, (size_t)n * hv, 1e-5, 1e-7);
+    free(conv); free(ab); free(A); free(dtb); free(q); free(k); free(v); free(g); free(beta); free(ref);
+    free(rq); free(rk); free(rv); free(rg); free(rb); free(fq); free(fk); free(fv);
+    qd_cuda_free(dc); qd_cuda_free(dab); qd_cuda_free(dA); qd_cuda_free(dd); qd_cuda_free(dq); qd_cuda_free(dk_);
+    qd_cuda_free(dvv); qd_cuda_free(dg); qd_cuda_free(db);
+}
+
+static void test_gated_norm_and_ffn(int n, int hv, int dv, int I, int H) {
+    const size_t no = (size_t)n * hv * dv;
+    const int zs = hv * dv + 7;
+    float *o = rnd(no, 1.0f), *z = rnd((size_t)n * zs, 2.0f), *w = rnd(dv, 1.0f);
+    uint16_t *ob = bf(o, no);
+    void *dob = dev(ob, no * 2), *dz = dev(z, (size_t)n * zs * 4), *dw = dev(w, dv * 4), *du = dev(NULL, no * 2);
+    CHECK(qd_cuda_gated_rmsnorm(dob, dz, zs, dw, 1e-6f, n, hv, dv, du, NULL) == QD_OK);
+    uint16_t *ub = host(du, no * 2);
+    float *zc = malloc(sizeof(float) * no), *ref = malloc(sizeof(float) * no);
+    for (int r = 0; r < n; r++) memcpy(zc + (size_t)r * hv * dv, z + (size_t)r * zs, sizeof(float) * hv * dv);
+    qd_cpu_gated_rmsnorm(o, zc, w, n, hv, dv, 1e-6f, ref);
+    float *u = widen(ub, no);
+    compare("gated_rmsnorm", u, ref, no, 8e-3, 1e-6);
+    /* SwiGLU and the shared-expert sigmoid scale */
+    float *gu = rnd((size_t)n * 2 * I, 2.0f);
+    void *dgu = dev(gu, (size_t)n * 2 * I * 4), *dact = dev(NULL, (size_t)n * I * 2);
+    CHECK(qd_cuda_silu_mul(dgu, n, I, dact, NULL) == QD_OK);
+    uint16_t *actb = host(dact, (size_t)n * I * 2);
+    float *act = widen(actb, (size_t)n * I), *aref = malloc(sizeof(float) * (size_t)n * I);
+    for (int r = 0; r < n; r++) qd_cpu_silu_mul(gu + (size_t)r * 2 * I, gu + (size_t)r * 2 * I + I, I, aref + (size_t)r * I);
+    compare("silu_mul", act, aref, (size_t)n * I, 8e-3, 1e-6);
+    float *ys = rnd((size_t)n * H, 1.0f), *sg = rnd((size_t)n * 3, 2.0f);
+    void *dys = dev(ys, (size_t)n * H * 4), *dsg = dev(sg, (size_t)n * 3 * 4), *dy = dev(NULL, (size_t)n * H * 4);
+    CHECK(qd_cuda_sigmoid_scale(dy, dys, dsg, 3, n, H, NULL) == QD_OK);
+    float *y = host(dy, (size_t)n * H * 4), *yref = malloc(sizeof(float) * (size_t)n * H);
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < H; i++) yref[r * H + i] = qd_sigmoid(sg[r * 3]) * ys[r * H + i];
+    compare("sigmoid_scale", y, yref, (size_t)n * H, 1e-6, 1e-7);
+    free(o); free(z); free(w); free(ob); free(ub); free(zc); free(ref); free(u); free(gu); free(actb); free(act); free(aref);
+    free(ys); free(sg); free(y); free(yref);
+    qd_cuda_free(dob); qd_cuda_free(dz); qd_cuda_free(dw); qd_cuda_free(du); qd_cuda_free(dgu); qd_cuda_free(dact);
+    qd_cuda_free(dys); qd_cuda_free(dsg); qd_cuda_free(dy);
+}
+
+static void test_argmax(int n, int V) {
+    float *x = rnd((size_t)n * V, 1.0f);
+    int32_t want[16];
+    for (int r = 0; r < n; r++) {
+        float *row = x + (size_t)r * V;
+        if (r % 2 == 0) { /* a tie: the maximum at two places, the first must win */
+            int a = (int)(qd_test_next(&rng) % (uint64_t)V), b = (int)(qd_test_next(&rng) % (uint64_t)V);
+            row[a] = row[b] = 100.0f;
+        }
+        want[r] = 0;
+        for (int i = 1; i < V; i++)
+            if (row[i] > row[want[r]]) want[r] = i;
+    }
+    void *dx = dev(x, (size_t)n * V * 4), *di = dev(NULL, (size_t)n * 4);
+    CHECK(qd_cuda_argmax(dx, n, V, di, NULL) == QD_OK);
+    int32_t *got = host(di, (size_t)n * 4);
+    CHECKF(!memcmp(got, want, sizeof(int32_t) * n), "argmax V=%d differs", V);
+    free(x); free(got);
+    qd_cuda_free(dx); qd_cuda_free(di);
+}
+
+/* the device's dummy weights are the CPU's (model_dummy.c): same splitmix streams */
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static void test_dummy(void) {
+    const int64_t n = 3 * 4096 + 77;
+    const float scale = 0.0371f;
+    const uint64_t seed = qd_test_next(&rng);
+    uint16_t *want = malloc(sizeof(uint16_t) * (size_t)n);
+    for (int64_t blk = 0; blk * 4096 < n; blk++) {
+        uint64_t s = seed ^ ((uint64_t)blk * 0xd1b54a32d192ed03ull);
+        for (int64_t i = blk * 4096; i < n && i < (blk + 1) * 4096; i++) {
+            float u = (float)((splitmix(&s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+            want[i] = qd_f32_to_bf16(u * scale);
+        }
+    }
+    void *d = dev(NULL, (size_t)n * 2);
+    CHECK(qd_cuda_fill_dummy_bf16(d, n, scale, seed, NULL) == QD_OK);
+    uint16_t *got = host(d, (size_t)n * 2);
+    CHECKF(!memcmp(got, want, (size_t)n * 2), "dummy weights differ from the CPU's");
+    free(want); free(got);
+    qd_cuda_free(d);
+}
+
+int main(void) {
+    if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_ops", "no CUDA device");
+    rng = qd_test_rng_from_env();
+    void *stream = NULL;
+    qd_cuda_blas *blas = NULL;
+    CHECK(qd_cuda_blas_create(&blas, stream) == QD_OK);
+    /* GEMV path (n <= 8, 16-byte rows) and cuBLAS path; strided x and y; bf16 output */
+    test_matmul(blas, 1, 8, 1, 8, 1, 0);
+    test_matmul(blas, 37, 200, 1, 200, 37, 0);
+    test_matmul(blas, 513, 1000, 3, 1008, 520, 0);
+    test_matmul(blas, 96, 2048, 8, 2048, 96, 0);
+    test_matmul(blas, 1000, 264, 9, 264, 1000, 0);
+    test_matmul(blas, 77, 130, 17, 136, 77, 0);
+    test_matmul(blas, 77, 130, 2, 130, 80, 0); /* cols % 8 != 0: cuBLAS even at small n */
+    test_matmul(blas, 300, 512, 65, 512, 300, 1);
+    test_embed_norm();
+    test_conv(37, 4);
+    test_conv(64, 2);
+    test_conv(19, 1);
+    test_gdn_prep(7, 2, 4, 32, 24);
+    test_gdn_prep(3, 16, 32, 128, 128);
+    test_gated_norm_and_ffn(5, 3, 48, 70, 200);
+    test_gated_norm_and_ffn(1, 32, 128, 512, 2048);
+    test_argmax(5, 1000);
+    test_argmax(3, 151936);
+    test_dummy();
+    qd_cuda_blas_destroy(blas);
+    return qd_test_finish("test_cuda_ops");
+}
+
+#else /* no CUDA compiler: nothing to test */
+
+int main(void) { return qd_test_skip("test_cuda_ops", "built without CUDA"); }
+
+#endif
