@@ -4,7 +4,9 @@
 # kernel benchmarks and the end-to-end `qdelta bench` runs, writes logs under
 # $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
 #
-#   scripts/gpu-check.sh [tests] [kernels] [e2e]     default: all three
+#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve]   default: tests kernels e2e
+#     serve: qdelta serve --backend cuda on the Qwen3.5-35B-A3B dummy config with bench/loadgen.py
+#            at concurrency 1, 8, 64 and bench/prefix_bench.py (prefix cache off and on)
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given
 #
 # The library needs jansson, pcre2, utf8proc and libmicrohttpd. Where the system
@@ -91,6 +93,25 @@ if has e2e; then
     run_bench qwen3_5_9b_shape --prefill 512,4096 --decode 128 --batch 1
 fi
 
+SERVE_LOG="$LOGDIR/serve.log"
+if has serve; then
+    : >"$SERVE_LOG"
+    M="$BUILD/q35-dummy" # the dummy 35B-A3B config with a Qwen3.5 tokenizer, so that the server can start
+    mkdir -p "$M" && cp bench/configs/qwen3_5_35b_a3b/config.json tests/data/qwen35-tokenizer/tokenizer.json "$M/"
+    TPL=tests/data/chat_template/qwen3_5.jinja
+    SARGS=(-m "$M" --backend cuda --load-format dummy --chat-template "$TPL")
+    "$BUILD/qdelta" serve -q "${SARGS[@]}" --port 18711 --max-num-seqs 64 --max-model-len 4096 2>>"$SERVE_LOG" &
+    spid=$!
+    for _ in $(seq 180); do curl -sf http://127.0.0.1:18711/health >/dev/null 2>&1 && break; sleep 1; done
+    echo "=== loadgen" >>"$SERVE_LOG"
+    timeout 300 python3 bench/loadgen.py --url http://127.0.0.1:18711 --concurrency 1,8,64 --input-len 512 \
+        --output-len 64 --requests 64 --id-range 100..150000 --markdown >>"$SERVE_LOG" 2>&1 || status=1
+    curl -s http://127.0.0.1:18711/metrics | grep -E "^qdelta_(requests|prompt|generation|kv|state)" >>"$SERVE_LOG"
+    kill -INT $spid; wait $spid
+    echo "=== prefix cache" >>"$SERVE_LOG"
+    timeout 400 python3 bench/prefix_bench.py --qdelta "$BUILD/qdelta" --markdown -- "${SARGS[@]}" >>"$SERVE_LOG" 2>&1 || status=1
+fi
+
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
 for t in test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
@@ -125,4 +146,5 @@ END {
     for (i = 1; i <= ne; i++) print e2e[i]
 }'
 grep -h "^FAILED" "$E2E_LOG" 2>/dev/null
+[ -s "$SERVE_LOG" ] && grep -E "^\|" "$SERVE_LOG" | head -30
 exit $status
