@@ -1,0 +1,255 @@
+/* Benchmark of the CUDA routed experts at the Qwen3.5-35B-A3B shape (H=2048,
+ * E=256, k=8, I=512) for n = 1, 8, 64 (decode path) and 512, 4096 (prefill
+ * path), plus a device-to-device copy for the bandwidth ceiling, all in one
+ * process. Each timed call uses one of 16 pre-drawn random routings (k
+ * distinct uniform experts per token), so the weights of a call are mostly
+ * not in L2 from the call before, as in a real step where every layer has its
+ * own weights. Times are CUDA-event medians over repeats after warm-up.
+ * GBps counts the expert weights a call must read (3 I H bf16 per distinct
+ * expert chosen, averaged over the routings); TFLOPS the expert matmuls
+ * (6 I H per pair). Decode sizes are also timed as CUDA-graph replays on a
+ * created stream ("moe_graph", how the engine runs a decode step). Also
+ * times the router. Arguments, if any, replace the list of n. Exits 77
+ * without a GPU. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_moe.h"
+
+#define H 2048
+#define E 256
+#define K 8
+#define I 512
+#define NROUTE 16
+
+static int failed(qd_status s, const char *what) {
+    if (s == QD_OK) return 0;
+    fprintf(stderr, "moe_cuda_bench: %s: %s (%s)\n", what, qd_status_name(s), qd_cuda_last_error());
+    return 1;
+}
+#define TRY(call)                                  \
+    do {                                           \
+        if (failed((call), #call)) exit(1);        \
+    } while (0)
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint64_t next_u64(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static float urand(void) { /* [-1, 1) */
+    return (float)((next_u64() >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
+}
+static uint16_t f2bf(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static void *upload(const void *h, size_t bytes) {
+    void *d;
+    TRY(qd_cuda_malloc(&d, bytes));
+    if (h) TRY(qd_cuda_memcpy_h2d(d, h, bytes));
+    return d;
+}
+/* n bf16 values of scale s: a random pool repeated (filling 10^9 values one by one is slow). */
+static uint16_t *bf16_fill(size_t n, float s) {
+    uint16_t *b = malloc(n * 2);
+    const size_t pool = (size_t)1 << 20;
+    if (!b) exit(1);
+    for (size_t i = 0; i < pool && i < n; i++) b[i] = f2bf(s * urand());
+    for (size_t i = pool; i < n; i += pool) memcpy(b + i, b, (n - i < pool ? n - i : pool) * 2);
+    return b;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+static float median(float *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_float);
+    return v[n / 2];
+}
+
+/* Copy bandwidth, counting bytes read plus written. */
+static double copy_bw(void) {
+    const size_t bytes = (size_t)1 << 30;
+    void *a = upload(NULL, bytes), *b = upload(NULL, bytes);
+    TRY(qd_cuda_memset(a, 1, bytes));
+    qd_cuda_timer t;
+    TRY(qd_cuda_timer_create(&t));
+    float ms[10];
+    for (int w = 0; w < 3; w++) TRY(qd_cuda_memcpy_d2d(b, a, bytes, NULL));
+    for (int r = 0; r < 10; r++) {
+        TRY(qd_cuda_timer_start(&t));
+        TRY(qd_cuda_memcpy_d2d(b, a, bytes, NULL));
+        TRY(qd_cuda_timer_stop(&t, &ms[r]));
+    }
+    qd_cuda_timer_destroy(&t);
+    qd_cuda_free(a);
+    qd_cuda_free(b);
+    return 2.0 * bytes / (median(ms, 10) * 1e-3) / 1e9;
+}
+
+/* Decode as the engine runs it: the NROUTE calls captured in one CUDA graph
+ * on a created stream and replayed, so host launch costs are out of the
+ * picture. Microseconds per call, or -1 (and a message) if capture fails. */
+static double graph_us(qd_cuda_moe_args a, const int32_t *dsel, const float *dw, size_t P) {
+    cudaStream_t s = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double us = -1;
+    int ok = cudaStreamCreate(&s) == cudaSuccess && cudaEventCreate(&e0) == cudaSuccess &&
+             cudaEventCreate(&e1) == cudaSuccess;
+    ok = ok && cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    if (ok) {
+        for (int i = 0; i < NROUTE; i++) {
+            a.d_sel = dsel + i * P;
+            a.d_w = dw + i * P;
+            ok &= qd_cuda_moe_experts(&a, s) == QD_OK;
+        }
+        ok = cudaStreamEndCapture(s, &g) == cudaSuccess && ok;
+    }
+    ok = ok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+    for (int i = 0; ok && i < 3; i++) ok = cudaGraphLaunch(ge, s) == cudaSuccess;
+    float ms[7];
+    const int reps = 5;
+    for (int r = 0; ok && r < 7; r++) {
+        ok = cudaEventRecord(e0, s) == cudaSuccess;
+        for (int i = 0; ok && i < reps; i++) ok = cudaGraphLaunch(ge, s) == cudaSuccess;
+        ok = ok && cudaEventRecord(e1, s) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+             cudaEventElapsedTime(&ms[r], e0, e1) == cudaSuccess;
+    }
+    if (ok) us = median(ms, 7) * 1e3 / (reps * NROUTE);
+    else printf("moe_cuda_bench: graph replay failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (s) cudaStreamDestroy(s);
+    return us;
+}
+
+static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, double copy_gbs) {
+    const size_t P = (size_t)n * K;
+    int32_t *sel = malloc(NROUTE * P * 4);
+    float *w = malloc(NROUTE * P * 4);
+    if (!sel || !w) exit(1);
+    double distinct = 0;
+    for (int r = 0; r < NROUTE; r++) {
+        unsigned char used[E] = {0};
+        for (int t = 0; t < n; t++) {
+            unsigned char mine[E] = {0};
+            for (int j = 0; j < K; j++) {
+                int e;
+                do e = (int)(next_u64() % E);
+                while (mine[e]);
+                mine[e] = used[e] = 1;
+                sel[r * P + (size_t)t * K + j] = e;
+                w[r * P + (size_t)t * K + j] = 0.05f + 0.1f * (urand() + 1.0f);
+            }
+        }
+        for (int e = 0; e < E; e++) distinct += used[e];
+    }
+    distinct /= NROUTE;
+    uint16_t *x = bf16_fill((size_t)n * H, 1.0f);
+    uint16_t *dx = upload(x, (size_t)n * H * 2);
+    int32_t *dsel = upload(sel, NROUTE * P * 4);
+    float *dw = upload(w, NROUTE * P * 4), *dy = upload(NULL, (size_t)n * H * 4);
+    TRY(qd_cuda_memset(dy, 0, (size_t)n * H * 4));
+    void *work = upload(NULL, qd_cuda_moe_work_bytes(n, H, I, E, K));
+    qd_cuda_moe_args a = {n, H, I, E, K, dx, dsel, dw, dgu, ddn, dy, work, NULL};
+    const int iters = n >= 512 ? 10 : 40;
+    for (int i = 0; i < 8; i++) {
+        a.d_sel = dsel + (i % NROUTE) * P;
+        a.d_w = dw + (i % NROUTE) * P;
+        TRY(qd_cuda_moe_experts(&a, NULL));
+    }
+    qd_cuda_timer t;
+    TRY(qd_cuda_timer_create(&t));
+    float ms[7];
+    for (int r = 0; r < 7; r++) {
+        TRY(qd_cuda_timer_start(&t));
+        for (int i = 0; i < iters; i++) {
+            a.d_sel = dsel + (i % NROUTE) * P;
+            a.d_w = dw + (i % NROUTE) * P;
+            TRY(qd_cuda_moe_experts(&a, NULL));
+        }
+        TRY(qd_cuda_timer_stop(&t, &ms[r]));
+    }
+    qd_cuda_timer_destroy(&t);
+    const double us = median(ms, 7) * 1e3 / iters;
+    const double bytes = distinct * 3.0 * I * H * 2;
+    const double gbs = bytes / (us * 1e-6) / 1e9;
+    const double tflops = 6.0 * I * H * (double)P / (us * 1e-6) / 1e12;
+    printf("RESULT moe n=%d us=%.2f GBps=%.0f pct_copy=%.1f experts_read=%.1f TFLOPS=%.1f path=%s\n", n, us, gbs,
+           100.0 * gbs / copy_gbs, distinct, tflops, n <= qd_cuda_moe_graph_max_tokens() ? "decode" : "prefill");
+    if (n <= qd_cuda_moe_graph_max_tokens()) {
+        const double gus = graph_us(a, dsel, dw, P);
+        const double ggbs = bytes / (gus * 1e-6) / 1e9;
+        if (gus > 0)
+            printf("RESULT moe_graph n=%d us=%.2f GBps=%.0f pct_copy=%.1f\n", n, gus, ggbs, 100.0 * ggbs / copy_gbs);
+    }
+    qd_cuda_free(dx); qd_cuda_free(dsel); qd_cuda_free(dw); qd_cuda_free(dy); qd_cuda_free(work);
+    free(sel); free(w); free(x);
+}
+
+static void bench_route(int n) {
+    float *lg = malloc((size_t)n * E * 4);
+    if (!lg) exit(1);
+    for (size_t i = 0; i < (size_t)n * E; i++) lg[i] = 4.0f * urand();
+    float *dlg = upload(lg, (size_t)n * E * 4), *dw = upload(NULL, (size_t)n * K * 4);
+    int32_t *dsel = upload(NULL, (size_t)n * K * 4);
+    for (int i = 0; i < 5; i++) TRY(qd_cuda_moe_route(dlg, n, E, K, 1, dsel, dw, NULL));
+    qd_cuda_timer t;
+    TRY(qd_cuda_timer_create(&t));
+    float ms[7];
+    for (int r = 0; r < 7; r++) {
+        TRY(qd_cuda_timer_start(&t));
+        for (int i = 0; i < 50; i++) TRY(qd_cuda_moe_route(dlg, n, E, K, 1, dsel, dw, NULL));
+        TRY(qd_cuda_timer_stop(&t, &ms[r]));
+    }
+    qd_cuda_timer_destroy(&t);
+    printf("RESULT route n=%d E=%d k=%d us=%.2f\n", n, E, K, median(ms, 7) * 1e3 / 50);
+    qd_cuda_free(dlg); qd_cuda_free(dw); qd_cuda_free(dsel);
+    free(lg);
+}
+
+int main(int argc, char **argv) {
+    if (qd_cuda_device_count() <= 0) {
+        printf("moe_cuda_bench: skipped: no CUDA device\n");
+        return 77;
+    }
+    char name[128];
+    int sms = 0;
+    TRY(qd_cuda_device_info(name, sizeof name, &sms));
+    printf("device: %s, %d SMs; H=%d E=%d k=%d I=%d (%.2f GB of expert weights)\n", name, sms, H, E, K, I,
+           (double)E * 3 * I * H * 2 / 1e9);
+    const double bw = copy_bw();
+    printf("RESULT copy_GBps=%.0f\n", bw);
+    uint16_t *gu = bf16_fill((size_t)E * 2 * I * H, sqrtf(3.0f / H));
+    uint16_t *dn = bf16_fill((size_t)E * H * I, sqrtf(3.0f / I));
+    uint16_t *dgu = upload(gu, (size_t)E * 2 * I * H * 2), *ddn = upload(dn, (size_t)E * H * I * 2);
+    free(gu);
+    free(dn);
+    if (argc > 1) { /* moe_cuda_bench n...: only these batch sizes (e.g. under a profiler) */
+        for (int i = 1; i < argc; i++) bench_experts(atoi(argv[i]), dgu, ddn, bw);
+    } else {
+        const int ns[5] = {1, 8, 64, 512, 4096};
+        for (int i = 0; i < 5; i++) bench_experts(ns[i], dgu, ddn, bw);
+        bench_route(1);
+        bench_route(4096);
+    }
+    qd_cuda_free(dgu);
+    qd_cuda_free(ddn);
+    return 0;
+}

@@ -1,0 +1,69 @@
+/* Routed experts of a MoE block: argument checks, the scratch layout and the
+ * choice of path by batch size.
+ *
+ *   tokens n                        path                          host sync
+ *   n <= 64 and n * k <= 1024       decode: GEMV kernels          none
+ *   otherwise                       prefill: sorted pairs, grouped none
+ *                                   mma.sync GEMMs, combine
+ *
+ * Neither path reads anything back or allocates, so both can be captured in
+ * a CUDA graph; args->cublas is not used.
+ *
+ * Requirements beyond cuda_moe.h, checked here: H and I multiples of 8 and
+ * d_x, d_gate_up, d_down, d_y, d_work 16-byte aligned (16-byte vector
+ * accesses to whole rows), E <= 1024. */
+#include <stdint.h>
+
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/moe_internal.cuh"
+
+static size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
+
+size_t qd_moe_layout(int n, int H, int I, int E, int k, char *base, qd_moe_work *w) {
+    const size_t P = (size_t)n * k;
+    size_t off = 0;
+#define QD_MOE_SEG(field, type, count)                                  \
+    do {                                                                \
+        if (w) w->field = (type *)(base + off);                         \
+        off += align_up(sizeof(type) * (size_t)(count));                \
+    } while (0)
+    QD_MOE_SEG(act, float, P * I);
+    QD_MOE_SEG(out, float, P * H);
+    QD_MOE_SEG(counters, int32_t, (size_t)n * ((H + QD_MOE_DN_ROWS - 1) / QD_MOE_DN_ROWS));
+    QD_MOE_SEG(seg, int32_t, E + 1);
+    QD_MOE_SEG(n_tiles, int32_t, 1);
+    QD_MOE_SEG(tiles, int2, qd_moe_max_tiles((int64_t)P, E));
+    QD_MOE_SEG(sorted, int32_t, P);
+    QD_MOE_SEG(pos, int32_t, P);
+#undef QD_MOE_SEG
+    return off;
+}
+
+extern "C" size_t qd_cuda_moe_work_bytes(int n_max, int H, int I, int E, int k) {
+    if (n_max < 1 || H < 1 || I < 1 || E < 1 || k < 1) return 0;
+    return qd_moe_layout(n_max, H, I, E, k, NULL, NULL);
+}
+
+extern "C" int qd_cuda_moe_graph_max_tokens(void) { return QD_MOE_GRAPH_MAX_TOKENS; }
+
+static int misaligned(const void *p) { return ((uintptr_t)p & 15) != 0; }
+
+extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream) {
+    if (!a) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: NULL args");
+    if (a->n < 0 || a->H < 8 || a->I < 8 || a->H % 8 || a->I % 8 || a->E < 1 || a->E > QD_MOE_MAX_EXPERTS ||
+        a->k < 1 || a->k > a->E)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG,
+                            "qd_cuda_moe_experts: need H, I multiples of 8, 1 <= k <= E <= 1024");
+    if (a->n == 0) return QD_OK;
+    if (!a->d_x || !a->d_sel || !a->d_w || !a->d_gate_up || !a->d_down || !a->d_y || !a->d_work)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: NULL pointer");
+    if (misaligned(a->d_x) || misaligned(a->d_gate_up) || misaligned(a->d_down) || misaligned(a->d_y) ||
+        misaligned(a->d_work))
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: pointers must be 16-byte aligned");
+    qd_moe_work w;
+    qd_moe_layout(a->n, a->H, a->I, a->E, a->k, (char *)a->d_work, &w);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (a->n <= QD_MOE_GRAPH_MAX_TOKENS && (int64_t)a->n * a->k <= QD_MOE_DECODE_MAX_PAIRS)
+        return qd_moe_decode(a, &w, s);
+    return qd_moe_prefill(a, &w, s);
+}

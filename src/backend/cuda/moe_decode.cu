@@ -1,0 +1,322 @@
+/* Decode path of the routed experts: a few tokens, so two GEMV kernels bound
+ * by reading the expert weights (3 I H bf16 per active expert).
+ *
+ *   gate_up: block (8 rows i, pair p). act[q][i] = silu(gate_i . x) * (up_i . x)
+ *   down:    block (32 rows h, pair p). out[q][h] = down_h . act[q], then
+ *            y[t][h] += sum_j w[t][j] out[t k + j][h] once all k slots are in.
+ *
+ * Weights are read once per step even when several tokens chose the same
+ * expert: the block of the first pair (in pair order) that chose expert e
+ * owns e and runs every pair that chose it, GU_TG / DN_TG tokens per pass
+ * over the weights; blocks of the other pairs exit at once. The grid depends
+ * only on n, nothing is read back, nothing allocated: graph-capturable.
+ *
+ * Batch invariance: one dot product is always summed the same way (lane l
+ * takes the same 8-element blocks in the same order, then a fixed xor-shuffle
+ * tree), whatever pass or group the token lands in, so a token's result is
+ * bit-identical for any batch. The k slots of a token are added into y in slot
+ * order by whichever down block completes the token's row tile last (a
+ * completion counter per (token, row tile), reset by the gate_up kernel), so
+ * no atomics touch y and runs repeat exactly.
+ *
+ * The down kernel is launched as a programmatic dependent of gate_up: its
+ * blocks start while gate_up drains and load their down_proj weights (which
+ * do not depend on gate_up), then wait (griddepcontrol.wait) for the
+ * activations. */
+#include <math.h>
+
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/gdn_common.cuh"
+#include "backend/cuda/moe_internal.cuh"
+
+#define GU_NT 256        /* threads of a gate_up block: 8 warps, one row i (gate and up) each */
+#define GU_WARPS (GU_NT / 32)
+#define GU_TG 4          /* tokens per pass over the weights */
+#define GU_U 4           /* 16-byte weight loads per row per lane in flight: 1024 columns a chunk */
+#define DN_NT 256        /* threads of a down block: 8 warps */
+#define DN_R (QD_MOE_DN_ROWS / (DN_NT / 32)) /* rows h per warp */
+#define DN_TG 4
+#define DN_U 2           /* 16-byte loads per row per lane: 512 columns a chunk */
+
+/* Weights are streamed once per step: 16-byte read-only loads that do not
+ * allocate in L1, with a 256-byte L2 prefetch of the rest of the line pair. */
+__device__ __forceinline__ uint4 ld_weights(const uint4 *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void bf16x8(const uint4 v, float f[8]) {
+    f[0] = __uint_as_float(v.x << 16); f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16); f[3] = __uint_as_float(v.y & 0xffff0000u);
+    f[4] = __uint_as_float(v.z << 16); f[5] = __uint_as_float(v.z & 0xffff0000u);
+    f[6] = __uint_as_float(v.w << 16); f[7] = __uint_as_float(v.w & 0xffff0000u);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* 1 if an earlier pair chose the same expert (that pair's block owns it). */
+__device__ __forceinline__ int not_owner(const int32_t *__restrict__ sel, int p, int e) {
+    int dup = 0;
+    for (int q = threadIdx.x; q < p; q += blockDim.x) dup |= sel[q] == e;
+    return __syncthreads_or(dup);
+}
+
+/* The pairs q >= p that chose expert e, in increasing order, into list;
+ * returns their count. wcnt: blockDim.x / 32 ints of shared scratch. */
+__device__ int pairs_of_expert(const int32_t *__restrict__ sel, int p, int P, int e, int *list, int *wcnt) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    int m = 0;
+    for (int base = p; base < P; base += blockDim.x) {
+        const int q = base + threadIdx.x;
+        const bool hit = q < P && sel[q] == e;
+        const unsigned bal = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) wcnt[warp] = __popc(bal);
+        __syncthreads();
+        int off = m, tot = 0;
+        for (int w = 0; w < nw; w++) {
+            off += w < warp ? wcnt[w] : 0;
+            tot += wcnt[w];
+        }
+        if (hit) list[off + __popc(bal & ((1u << lane) - 1u))] = q;
+        __syncthreads();
+        m += tot;
+    }
+    return m;
+}
+
+__global__ void __launch_bounds__(GU_NT, 4)
+moe_gate_up_decode(const uint16_t *__restrict__ x, const int32_t *__restrict__ sel,
+                   const uint16_t *__restrict__ gate_up, float *__restrict__ act, int32_t *__restrict__ counters,
+                   int n_ctr, int P, int H, int I, int E, int k) {
+    extern __shared__ uint4 xs[]; /* [GU_TG][H / 8] the pass's token rows, bf16 */
+    __shared__ int list[QD_MOE_DECODE_MAX_PAIRS];
+    __shared__ int wcnt[GU_WARPS];
+    const int p = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int i = blockIdx.x * GU_WARPS + warp; /* I % 8 == 0: every warp has a row */
+    /* The down kernel may start now: it only reads sel and its weights until it waits. */
+    asm volatile("griddepcontrol.launch_dependents;");
+    if (blockIdx.x == 0 && p % k == 0)
+        for (int c = tid; c < n_ctr; c += GU_NT) counters[(size_t)(p / k) * n_ctr + c] = 0;
+    const int e = sel[p];
+    if (not_owner(sel, p, e)) return;
+    const bool ok = e >= 0 && e < E; /* an id out of range gives zeros */
+    const int H8 = H >> 3;
+    const uint4 *wg = (const uint4 *)(gate_up + ((size_t)(ok ? e : 0) * 2 * I + i) * H);
+    const uint4 *wu = wg + (size_t)I * H8;
+    const int nch = (H8 + 32 * GU_U - 1) / (32 * GU_U);
+    uint4 g[GU_U], u[GU_U];
+    /* First chunk of weights before anything else: the long-latency traffic. */
+#pragma unroll
+    for (int uu = 0; uu < GU_U; uu++) {
+        const int b = uu * 32 + lane;
+        const bool in = ok && b < H8;
+        g[uu] = in ? ld_weights(wg + b) : make_uint4(0, 0, 0, 0);
+        u[uu] = in ? ld_weights(wu + b) : make_uint4(0, 0, 0, 0);
+    }
+    const int m = pairs_of_expert(sel, p, P, e, list, wcnt);
+    const uint4 *x4 = (const uint4 *)x;
+    for (int g0 = 0; g0 < m; g0 += GU_TG) {
+        const int gs = min(GU_TG, m - g0);
+        if (g0) __syncthreads(); /* the previous pass is done with xs */
+        for (int c = tid; c < gs * H8; c += GU_NT) {
+            const int tt = c / H8, b = c - tt * H8;
+            xs[c] = __ldg(x4 + (size_t)(list[g0 + tt] / k) * H8 + b);
+        }
+        __syncthreads();
+        float ag[GU_TG], au[GU_TG];
+#pragma unroll
+        for (int tt = 0; tt < GU_TG; tt++) ag[tt] = au[tt] = 0.0f;
+        for (int c = 0; c < nch; c++) {
+            if (c || g0) {
+#pragma unroll
+                for (int uu = 0; uu < GU_U; uu++) {
+                    const int b = (c * GU_U + uu) * 32 + lane;
+                    const bool in = ok && b < H8;
+                    g[uu] = in ? ld_weights(wg + b) : make_uint4(0, 0, 0, 0);
+                    u[uu] = in ? ld_weights(wu + b) : make_uint4(0, 0, 0, 0);
+                }
+            }
+#pragma unroll
+            for (int uu = 0; uu < GU_U; uu++) {
+                const int b = (c * GU_U + uu) * 32 + lane;
+                if (b < H8) {
+                    float gf[8], uf[8];
+                    bf16x8(g[uu], gf);
+                    bf16x8(u[uu], uf);
+#pragma unroll
+                    for (int tt = 0; tt < GU_TG; tt++) {
+                        if (tt < gs) {
+                            float xf[8];
+                            bf16x8(xs[tt * H8 + b], xf);
+#pragma unroll
+                            for (int q = 0; q < 8; q++) {
+                                ag[tt] = fmaf(gf[q], xf[q], ag[tt]);
+                                au[tt] = fmaf(uf[q], xf[q], au[tt]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int tt = 0; tt < GU_TG; tt++) {
+            if (tt < gs) {
+                const float sg = warp_sum(ag[tt]), su = warp_sum(au[tt]);
+                if (lane == 0) act[(size_t)list[g0 + tt] * I + i] = sg / (1.0f + expf(-sg)) * su;
+            }
+        }
+    }
+}
+
+__global__ void __launch_bounds__(DN_NT, 4)
+moe_down_decode(const int32_t *__restrict__ sel, const float *__restrict__ wts, const uint16_t *__restrict__ down,
+                const float *act, float *out, int32_t *counters, float *__restrict__ y, int n_ctr, int P, int H,
+                int I, int E, int k) {
+    extern __shared__ float4 as4[]; /* [DN_TG][I / 4] the pass's activations */
+    __shared__ int list[QD_MOE_DECODE_MAX_PAIRS];
+    __shared__ int wcnt[DN_NT / 32];
+    __shared__ int last[DN_TG];
+    const int p = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int e = sel[p];
+    if (not_owner(sel, p, e)) return;
+    const bool ok = e >= 0 && e < E;
+    const int I8 = I >> 3, I4 = I >> 2;
+    const int h0 = blockIdx.x * QD_MOE_DN_ROWS + warp * DN_R;
+    const uint4 *wd = (const uint4 *)(down + ((size_t)(ok ? e : 0) * H + h0) * I);
+    const int nch = (I8 + 32 * DN_U - 1) / (32 * DN_U);
+    uint4 w[DN_R][DN_U];
+#pragma unroll
+    for (int r = 0; r < DN_R; r++)
+#pragma unroll
+        for (int uu = 0; uu < DN_U; uu++) {
+            const int b = uu * 32 + lane;
+            const bool in = ok && h0 + r < H && b < I8;
+            w[r][uu] = in ? ld_weights(wd + (size_t)r * I8 + b) : make_uint4(0, 0, 0, 0);
+        }
+    const int m = pairs_of_expert(sel, p, P, e, list, wcnt);
+    /* From here on the activations of gate_up are needed (and the counters it reset). */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    for (int g0 = 0; g0 < m; g0 += DN_TG) {
+        const int gs = min(DN_TG, m - g0);
+        if (g0) __syncthreads();
+        for (int c = tid; c < gs * I4; c += DN_NT) {
+            const int tt = c / I4, b = c - tt * I4;
+            as4[c] = __ldcg((const float4 *)(act + (size_t)list[g0 + tt] * I) + b);
+        }
+        __syncthreads();
+        float acc[DN_R][DN_TG];
+#pragma unroll
+        for (int r = 0; r < DN_R; r++)
+#pragma unroll
+            for (int tt = 0; tt < DN_TG; tt++) acc[r][tt] = 0.0f;
+        for (int c = 0; c < nch; c++) {
+            if (c || g0) {
+#pragma unroll
+                for (int r = 0; r < DN_R; r++)
+#pragma unroll
+                    for (int uu = 0; uu < DN_U; uu++) {
+                        const int b = (c * DN_U + uu) * 32 + lane;
+                        const bool in = ok && h0 + r < H && b < I8;
+                        w[r][uu] = in ? ld_weights(wd + (size_t)r * I8 + b) : make_uint4(0, 0, 0, 0);
+                    }
+            }
+#pragma unroll
+            for (int uu = 0; uu < DN_U; uu++) {
+                const int b = (c * DN_U + uu) * 32 + lane;
+                if (b < I8) {
+#pragma unroll
+                    for (int tt = 0; tt < DN_TG; tt++) {
+                        if (tt < gs) {
+                            const float4 a0 = as4[tt * I4 + 2 * b], a1 = as4[tt * I4 + 2 * b + 1];
+                            const float af[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+#pragma unroll
+                            for (int r = 0; r < DN_R; r++) {
+                                float wf[8];
+                                bf16x8(w[r][uu], wf);
+#pragma unroll
+                                for (int q = 0; q < 8; q++) acc[r][tt] = fmaf(wf[q], af[q], acc[r][tt]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int tt = 0; tt < DN_TG; tt++) {
+            if (tt < gs) {
+                const size_t q = (size_t)list[g0 + tt];
+#pragma unroll
+                for (int r = 0; r < DN_R; r++) {
+                    const float v = warp_sum(acc[r][tt]);
+                    if (lane == 0 && h0 + r < H) out[q * H + h0 + r] = v;
+                }
+            }
+        }
+        /* Publish this pass's outputs, then count them in; the block that
+         * brings a (token, row tile) to k adds the token's k slots into y. */
+        __threadfence();
+        __syncthreads();
+        if (tid < gs) {
+            const int t = list[g0 + tid] / k;
+            last[tid] = atomicAdd(&counters[(size_t)t * n_ctr + blockIdx.x], 1) == k - 1;
+        }
+        __syncthreads();
+        if (tid < gs * QD_MOE_DN_ROWS) {
+            const int tt = tid / QD_MOE_DN_ROWS, h = blockIdx.x * QD_MOE_DN_ROWS + tid % QD_MOE_DN_ROWS;
+            if (last[tt] && h < H) {
+                __threadfence();
+                const size_t t = (size_t)(list[g0 + tt] / k);
+                float s = 0.0f;
+                for (int j = 0; j < k; j++) s = fmaf(wts[t * k + j], __ldcg(out + (t * k + j) * H + h), s);
+                y[t * H + h] += s;
+            }
+        }
+    }
+}
+
+qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s) {
+    const int P = a->n * a->k;
+    const int n_ctr = (a->H + QD_MOE_DN_ROWS - 1) / QD_MOE_DN_ROWS;
+    const int tg = P < GU_TG ? P : GU_TG, dg = P < DN_TG ? P : DN_TG;
+    const size_t gu_smem = (size_t)tg * a->H * 2, dn_smem = (size_t)dg * a->I * 4;
+    if (gu_smem > 48 * 1024)
+        QD_CUDA_TRY(cudaFuncSetAttribute(moe_gate_up_decode, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)gu_smem));
+    if (dn_smem > 48 * 1024)
+        QD_CUDA_TRY(cudaFuncSetAttribute(moe_down_decode, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)dn_smem));
+    moe_gate_up_decode<<<dim3((unsigned)(a->I / GU_WARPS), (unsigned)P), GU_NT, gu_smem, s>>>(
+        a->d_x, a->d_sel, a->d_gate_up, w->act, w->counters, n_ctr, P, a->H, a->I, a->E, a->k);
+    QD_CUDA_CHECK_LAUNCH("moe_gate_up_decode");
+
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)n_ctr, (unsigned)P);
+    cfg.blockDim = dim3(DN_NT);
+    cfg.dynamicSmemBytes = dn_smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const float *act = w->act;
+    cudaError_t err = cudaLaunchKernelEx(&cfg, moe_down_decode, a->d_sel, a->d_w, a->d_down, act, w->out,
+                                         w->counters, a->d_y, n_ctr, P, a->H, a->I, a->E, a->k);
+    if (err != cudaSuccess) {
+        /* No programmatic launch here (the kernel's wait is then a no-op): plain stream order. */
+        (void)cudaGetLastError();
+        cfg.numAttrs = 0;
+        err = cudaLaunchKernelEx(&cfg, moe_down_decode, a->d_sel, a->d_w, a->d_down, act, w->out, w->counters,
+                                 a->d_y, n_ctr, P, a->H, a->I, a->E, a->k);
+    }
+    QD_CUDA_TRY(err);
+    QD_CUDA_CHECK_LAUNCH("moe_down_decode");
+    return QD_OK;
+}

@@ -1,0 +1,49 @@
+/* Internal to the MoE kernels (moe.cu, moe_decode.cu, moe_prefill.cu): the
+ * carving of the caller's scratch into arrays, and the two expert paths that
+ * qd_cuda_moe_experts chooses between. */
+#ifndef QD_CUDA_MOE_INTERNAL_CUH
+#define QD_CUDA_MOE_INTERNAL_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_moe.h"
+
+/* Batches up to this many tokens take the decode path (GEMV kernels). */
+#define QD_MOE_GRAPH_MAX_TOKENS 64
+/* The decode kernels keep one block's list of (token, slot) pairs in shared memory. */
+#define QD_MOE_DECODE_MAX_PAIRS 1024
+/* The router holds a token's logits in one warp's registers and the prefill
+ * planner one expert per thread of a 1024-thread block. */
+#define QD_MOE_MAX_EXPERTS 1024
+/* Rows of down_proj per block of the decode down kernel: the unit of the
+ * per-token completion counters. */
+#define QD_MOE_DN_ROWS 32
+/* Rows (sorted pairs) per tile of the prefill grouped GEMMs. */
+#define QD_MOE_BM 64
+
+/* Views into d_work for one call of n tokens (P = n * k pairs). Every size
+ * grows with n, so a scratch laid out for n_max holds any n <= n_max. */
+typedef struct qd_moe_work {
+    float *act;         /* decode: [P][I] fp32 silu(gate) * up; prefill: the same as bf16 */
+    float *out;         /* [P][H] fp32 down_proj output of each pair (before the routing weight) */
+    int32_t *counters;  /* decode: [n][ceil(H / QD_MOE_DN_ROWS)] finished slots per (token, row tile) */
+    int32_t *seg;       /* prefill: [E + 1] first sorted row of each expert */
+    int32_t *n_tiles;   /* prefill: [1] tiles of QD_MOE_BM sorted rows in use */
+    int2 *tiles;        /* prefill: [max_tiles] {expert, first sorted row} */
+    int32_t *sorted;    /* prefill: [P] pair (t * k + j) at each sorted row */
+    int32_t *pos;       /* prefill: [P] sorted row of each pair, -1 for an expert id out of range */
+} qd_moe_work;
+
+/* Upper bound of the prefill tiles: each expert's last tile may be partial. */
+static inline int qd_moe_max_tiles(int64_t P, int E) {
+    return (int)((P + QD_MOE_BM - 1) / QD_MOE_BM + (P < E ? P : E));
+}
+
+/* Bytes of the layout for n tokens; fills *w from base when w is not NULL. */
+size_t qd_moe_layout(int n, int H, int I, int E, int k, char *base, qd_moe_work *w);
+
+qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
+qd_status qd_moe_prefill(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
+
+#endif

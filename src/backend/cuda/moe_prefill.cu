@@ -1,0 +1,271 @@
+/* Prefill path of the routed experts: many tokens, so grouped GEMMs on the
+ * tensor cores over the (token, slot) pairs sorted by expert.
+ *
+ *   plan:    counting sort of the pairs by expert on the device (one block):
+ *            per-expert segments, the list of 64-row tiles, each pair's row.
+ *   gate_up: per tile, act[row][i] = silu(x[token] . gate_i) * (x[token] . up_i)
+ *            (token rows gathered straight from x by the tile loader), bf16.
+ *   down:    per tile, out[row][h] = act[row] . down_h, fp32.
+ *   combine: y[t] += sum_j w[t][j] out[row of (t, j)], slots in order.
+ *
+ * Nothing is read back to the host: the GEMM grids are sized by the bound
+ * qd_moe_max_tiles(P, E) and blocks past the planned tile count exit, so this
+ * path is graph-capturable too. The order of rows within an expert comes from
+ * shared-memory atomics and may change between runs, but a row's result does
+ * not depend on its position in a tile (each output is the same sequence of
+ * mma k-steps), and the combine adds the slots of a token in slot order: the
+ * results are run-to-run identical and batch-invariant.
+ *
+ * GEMM tile: 64 rows x 128 weight rows (gate_up: 64 gate + the matching 64 up
+ * rows, so silu(gate) * up is formed in registers), k-steps of 32 through a
+ * 3-stage cp.async pipeline, 4 warps each 32 x 64, mma.sync m16n8k16 bf16
+ * with fp32 accumulation. */
+#include <math.h>
+
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/gdn_common.cuh"
+#include "backend/cuda/moe_internal.cuh"
+
+#define GM_BM QD_MOE_BM
+#define GM_BN 128
+#define GM_BK 32
+#define GM_ST 3
+#define GM_LD 40 /* smem row stride (bf16): 80 bytes keeps ldmatrix conflict-free and rows 16-byte aligned */
+#define GM_NT 128
+#define PL_NT 1024
+
+__global__ void __launch_bounds__(PL_NT)
+moe_plan(const int32_t *__restrict__ sel, int P, int E, int32_t *__restrict__ seg, int32_t *__restrict__ n_tiles,
+         int2 *__restrict__ tiles, int32_t *__restrict__ sorted, int32_t *__restrict__ pos) {
+    __shared__ int cnt[PL_NT], sa[PL_NT], sb[PL_NT], base[PL_NT];
+    const int tid = threadIdx.x;
+    cnt[tid] = 0;
+    __syncthreads();
+    for (int p = tid; p < P; p += PL_NT) {
+        const int e = sel[p];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    /* Inclusive scans of the pair counts and the tile counts (Hillis-Steele). */
+    const int c = cnt[tid], tc = (c + GM_BM - 1) / GM_BM;
+    sa[tid] = c;
+    sb[tid] = tc;
+    __syncthreads();
+    for (int off = 1; off < PL_NT; off <<= 1) {
+        const int va = tid >= off ? sa[tid - off] : 0, vb = tid >= off ? sb[tid - off] : 0;
+        __syncthreads();
+        sa[tid] += va;
+        sb[tid] += vb;
+        __syncthreads();
+    }
+    const int first = sa[tid] - c, tfirst = sb[tid] - tc;
+    base[tid] = first;
+    cnt[tid] = 0; /* now the per-expert cursor */
+    if (tid < E) {
+        seg[tid] = first;
+        for (int q = 0; q < tc; q++) tiles[tfirst + q] = make_int2(tid, first + q * GM_BM);
+    }
+    if (tid == 0) {
+        seg[E] = sa[PL_NT - 1];
+        *n_tiles = sb[PL_NT - 1];
+    }
+    __syncthreads();
+    for (int p = tid; p < P; p += PL_NT) {
+        const int e = sel[p];
+        int r = -1;
+        if (e >= 0 && e < E) {
+            r = base[e] + atomicAdd(&cnt[e], 1);
+            sorted[r] = p;
+        }
+        pos[p] = r;
+    }
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* MODE 0: gate_up (K = H, A rows gathered from x, bf16 act out);
+ * MODE 1: down (K = I, A = act rows, fp32 out). */
+template <int MODE>
+__global__ void __launch_bounds__(GM_NT)
+moe_gemm(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, const int32_t *__restrict__ seg,
+         const int32_t *__restrict__ n_tiles, const int2 *__restrict__ tiles, const int32_t *__restrict__ sorted,
+         uint16_t *__restrict__ act_out, float *__restrict__ out, int H, int I, int k) {
+    __shared__ __align__(16) uint16_t As[GM_ST][GM_BM][GM_LD];
+    __shared__ __align__(16) uint16_t Bs[GM_ST][GM_BN][GM_LD];
+    if ((int)blockIdx.y >= *n_tiles) return;
+    const int2 tl = tiles[blockIdx.y];
+    const int e = tl.x, row0 = tl.y, rows = min(GM_BM, seg[e + 1] - row0);
+    const int K = MODE == 0 ? H : I;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wm = warp & 1, wn = warp >> 1;
+    const int cc = (tid & 3) * 8; /* this thread's 16-byte column chunk in a k-step */
+
+    const uint16_t *a_src[2];
+    bool a_ok[2];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const int r = (tid >> 2) + 32 * q;
+        a_ok[q] = r < rows;
+        const int rr = a_ok[q] ? row0 + r : row0;
+        a_src[q] = MODE == 0 ? A + (size_t)(sorted[rr] / k) * H : A + (size_t)rr * I;
+    }
+    const uint16_t *b_src[4];
+    bool b_ok[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int rb = (tid >> 2) + 32 * q;
+        size_t wrow;
+        if (MODE == 0) {
+            const int i = blockIdx.x * (GM_BN / 2) + (rb & (GM_BN / 2 - 1));
+            b_ok[q] = i < I;
+            wrow = (size_t)e * 2 * I + (rb < GM_BN / 2 ? 0 : I) + (b_ok[q] ? i : 0);
+        } else {
+            const int h = blockIdx.x * GM_BN + rb;
+            b_ok[q] = h < H;
+            wrow = (size_t)e * H + (b_ok[q] ? h : 0);
+        }
+        b_src[q] = W + wrow * K;
+    }
+
+    const int KT = (K + GM_BK - 1) / GM_BK;
+    auto load = [&](int st, int kt) {
+        const int kc = kt * GM_BK + cc;
+        const bool kin = kc < K; /* K % 8 == 0: a 16-byte chunk is all in or all out */
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+            qd_cp_async16(&As[st][(tid >> 2) + 32 * q][cc], a_src[q] + (kin ? kc : 0), a_ok[q] && kin);
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            qd_cp_async16(&Bs[st][(tid >> 2) + 32 * q][cc], b_src[q] + (kin ? kc : 0), b_ok[q] && kin);
+    };
+
+    float acc[2][8][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[mi][t][c] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < GM_ST - 1; s++) {
+        if (s < KT) load(s, s);
+        qd_cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        qd_cp_async_wait<GM_ST - 2>();
+        __syncthreads(); /* stage kt landed for all; stage kt - 1 is free to refill */
+        const int nk = kt + GM_ST - 1;
+        if (nk < KT) load(nk % GM_ST, nk);
+        qd_cp_async_commit();
+        const int st = kt % GM_ST;
+#pragma unroll
+        for (int kk = 0; kk < GM_BK; kk += 16) {
+            uint32_t af[2][4], bfr[8][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+                ldmatrix_x4(af[mi], &As[st][wm * 32 + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+#pragma unroll
+            for (int pr = 0; pr < 4; pr++) {
+                /* gate_up: n8 tiles 0-3 are gate columns, 4-7 the same columns of up */
+                const int nb = MODE == 0 ? (pr < 2 ? wn * 32 + 16 * pr : GM_BN / 2 + wn * 32 + 16 * (pr - 2))
+                                         : wn * 64 + 16 * pr;
+                uint32_t r[4];
+                ldmatrix_x4(r, &Bs[st][nb + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
+                bfr[2 * pr][0] = r[0];
+                bfr[2 * pr][1] = r[1];
+                bfr[2 * pr + 1][0] = r[2];
+                bfr[2 * pr + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int t = 0; t < 8; t++) mma_bf16(acc[mi][t], af[mi], bfr[t]);
+        }
+    }
+    qd_cp_async_wait<0>();
+
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = wm * 32 + mi * 16 + (lane >> 2) + half * 8;
+            if (r >= rows) continue;
+            const size_t grow = (size_t)row0 + r;
+            if (MODE == 0) {
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    const int i = blockIdx.x * (GM_BN / 2) + wn * 32 + 8 * t + 2 * (lane & 3);
+                    if (i >= I) continue;
+                    const float g0 = acc[mi][t][2 * half], g1 = acc[mi][t][2 * half + 1];
+                    const float u0 = acc[mi][t + 4][2 * half], u1 = acc[mi][t + 4][2 * half + 1];
+                    *(uint32_t *)(act_out + grow * I + i) =
+                        qd_pack_bf2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+                }
+            } else {
+#pragma unroll
+                for (int t = 0; t < 8; t++) {
+                    const int h = blockIdx.x * GM_BN + wn * 64 + 8 * t + 2 * (lane & 3);
+                    if (h >= H) continue;
+                    *(float2 *)(out + grow * H + h) = make_float2(acc[mi][t][2 * half], acc[mi][t][2 * half + 1]);
+                }
+            }
+        }
+}
+
+/* y[t][h..h+3] += sum_j w[t][j] out[pos[t][j]][h..h+3], j in order. */
+__global__ void __launch_bounds__(256)
+moe_combine(const int32_t *__restrict__ pos, const float *__restrict__ wts, const float *__restrict__ out,
+            float *__restrict__ y, int H, int k) {
+    const size_t t = blockIdx.y;
+    const int h = (blockIdx.x * 256 + threadIdx.x) * 4;
+    if (h >= H) return;
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < k; j++) {
+        const int r = pos[t * k + j];
+        if (r < 0) continue;
+        const float wj = wts[t * k + j];
+        const float4 o = *(const float4 *)(out + (size_t)r * H + h);
+        s.x = fmaf(wj, o.x, s.x);
+        s.y = fmaf(wj, o.y, s.y);
+        s.z = fmaf(wj, o.z, s.z);
+        s.w = fmaf(wj, o.w, s.w);
+    }
+    float4 *yp = (float4 *)(y + t * H + h);
+    float4 v = *yp;
+    v.x += s.x;
+    v.y += s.y;
+    v.z += s.z;
+    v.w += s.w;
+    *yp = v;
+}
+
+qd_status qd_moe_prefill(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s) {
+    const int64_t P = (int64_t)a->n * a->k;
+    const int max_tiles = qd_moe_max_tiles(P, a->E);
+    if (max_tiles > 65535) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: batch too large");
+    uint16_t *act = (uint16_t *)w->act;
+    moe_plan<<<1, PL_NT, 0, s>>>(a->d_sel, (int)P, a->E, w->seg, w->n_tiles, w->tiles, w->sorted, w->pos);
+    QD_CUDA_CHECK_LAUNCH("moe_plan");
+    moe_gemm<0><<<dim3((unsigned)((a->I + GM_BN / 2 - 1) / (GM_BN / 2)), (unsigned)max_tiles), GM_NT, 0, s>>>(
+        a->d_x, a->d_gate_up, w->seg, w->n_tiles, w->tiles, w->sorted, act, NULL, a->H, a->I, a->k);
+    QD_CUDA_CHECK_LAUNCH("moe_gemm gate_up");
+    moe_gemm<1><<<dim3((unsigned)((a->H + GM_BN - 1) / GM_BN), (unsigned)max_tiles), GM_NT, 0, s>>>(
+        act, a->d_down, w->seg, w->n_tiles, w->tiles, w->sorted, NULL, w->out, a->H, a->I, a->k);
+    QD_CUDA_CHECK_LAUNCH("moe_gemm down");
+    moe_combine<<<dim3((unsigned)((a->H + 1023) / 1024), (unsigned)a->n), 256, 0, s>>>(w->pos, a->d_w, w->out,
+                                                                                      a->d_y, a->H, a->k);
+    QD_CUDA_CHECK_LAUNCH("moe_combine");
+    return QD_OK;
+}
