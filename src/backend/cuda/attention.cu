@@ -1,0 +1,670 @@
+/* Gated attention, step 2 (spec 5.2): causal GQA attention of every query row
+ * over its sequence's paged bf16 KV cache, softmax in fp32, output gate,
+ * bf16 output. Two kernels, both on the tensor cores (mma.sync m16n8k16, bf16
+ * operands, fp32 accumulation), chosen by the table in qd_cuda_attn:
+ *
+ *   prefill  flash-attention style: a block owns 64 consecutive query rows of
+ *            one span and one query head (16 rows per warp) and walks the keys
+ *            0..last row's position in tiles of 64 with an online softmax; the
+ *            diagonal tiles are masked causally.
+ *   decode   split-K (flash-decoding) for spans of at most ATT_DEC_ROWS rows: a
+ *            block owns one row, the (up to 16) query heads of one kv head as
+ *            the 16 rows of the mma, and one slice of the context; the 4 warps
+ *            take interleaved 16-key pieces of each 64-key tile and are merged
+ *            at the end. Slices of one row are combined by a second kernel
+ *            (partials in d_work) unless a single slice covers the context.
+ *
+ * Table: a batch whose spans all have at most ATT_DEC_ROWS rows runs the decode
+ * kernels only; a single longer span runs the prefill kernel only; a batch with
+ * several spans, one of them longer, runs both, each skipping the other's spans.
+ *
+ * Every grid depends only on host-side shapes; the decode grids only on n_rows
+ * and max_ctx, so a decode step can be captured in a CUDA graph. Blocks whose
+ * slice or tile lies past a row's length exit at once. Limits beyond the
+ * header's: max_ctx < 2^24, d_work 16-byte aligned (cudaMalloc is).
+ *
+ * Queries arrive pre-scaled by hd^-0.5 (attention_prep.cu); scores are moved to
+ * base 2 (times log2 e) so that the softmax uses exp2. Head dims that are not
+ * a power of two run in the next larger instantiation with zero-filled padding. */
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "backend/cuda/cuda_attn.h"
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/gdn_common.cuh"
+
+#define ATT_DEC_ROWS 16     /* spans of at most this many rows use the split-K decode kernel */
+#define ATT_TILE 64         /* query rows of a prefill block; keys of a kv tile */
+#define ATT_THREADS 128     /* 4 warps */
+#define ATT_SPLIT_TARGET 512 /* (row, slice) pairs the decode grid aims for: a few waves of blocks */
+#define ATT_MIN_SPLIT 128   /* shortest context slice of a decode block */
+#define ATT_MAX_SPLITS 4096 /* slices of one row: bounds the combine kernel's shared weights (16 KB) */
+#define ATT_LOG2E 1.4426950408889634f
+
+struct attn_params {
+    int n_rows, nq, nkv, hd, gated, n_spans;
+    const float *qg;
+    const int32_t *row_slot, *row_pos, *spans, *block_tables;
+    int mbps, bs;
+    float inv_bs; /* 1 / bs, for the block index of a key */
+    long long stride;
+    const uint16_t *kc, *vc, *q;
+    uint16_t *out;
+    float *work;
+    int split_len, nsp; /* decode: context slice length and slice count */
+};
+
+/* ------------------------------------------------------------------ helpers */
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint16_t *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+/* c += a b: a 16x16 (row), b 16x8 (col), bf16 in, fp32 accumulate. */
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* ROWS rows of HDP bf16 from global (row i at src + i * row_stride) into shared
+ * memory with row stride HDP + 8; rows >= n_valid and columns >= hd are zeroed. */
+template <int HDP, int ROWS>
+__device__ __forceinline__ void load_rows(uint16_t *dst, const uint16_t *src, long long row_stride, int n_valid,
+                                          int hd) {
+    constexpr int CPR = HDP / 8; /* 16-byte chunks per row */
+    for (int c = threadIdx.x; c < ROWS * CPR; c += ATT_THREADS) {
+        const int i = c / CPR, col = (c % CPR) * 8;
+        const bool ok = i < n_valid && col < hd;
+        qd_cp_async16(dst + i * (HDP + 8) + col, ok ? src + i * row_stride + col : src, ok);
+    }
+}
+
+/* Keys key0 .. key0+63 of kv head kvh through the block table into a shared
+ * tile [64][HDP + 8] (and the values into a second tile when dv is not null);
+ * keys >= key_end and columns >= hd are zero-filled without being read. A
+ * thread keeps one 16-byte column of rows RSTEP apart. The block-table reads
+ * all go out before the first copy (cp.async is a compiler memory barrier, so
+ * interleaving them would serialise one table latency per row); the block
+ * index is a float reciprocal product corrected by one (keys < 2^24). */
+template <int HDP, bool WITH_V>
+__device__ __forceinline__ void load_kv_tile(uint16_t *dk, uint16_t *dv, const uint16_t *ck, const uint16_t *cv,
+                                             const int32_t *bt, int key0, int key_end, int kvh,
+                                             const attn_params &p) {
+    constexpr int CPR = HDP / 8;
+    constexpr int RSTEP = ATT_THREADS / CPR;
+    constexpr int NR = ATT_TILE / RSTEP;
+    const int col = (threadIdx.x % CPR) * 8, row0 = threadIdx.x / CPR;
+    const bool col_ok = col < p.hd;
+    int blk[NR], off[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        const int key = key0 + row0 + i * RSTEP;
+        int b = __float2int_rz((float)key * p.inv_bs);
+        int o = key - b * p.bs;
+        if (o >= p.bs) { b++; o -= p.bs; }
+        if (o < 0) { b--; o += p.bs; }
+        const bool ok = col_ok && key < key_end;
+        blk[i] = ok ? __ldg(bt + b) : -1;
+        off[i] = (o * p.nkv + kvh) * p.hd + col;
+    }
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        const bool ok = blk[i] >= 0;
+        const long long g = (long long)blk[i] * p.stride + off[i];
+        const int d = (row0 + i * RSTEP) * (HDP + 8) + col;
+        qd_cp_async16(dk + d, ok ? ck + g : ck, ok);
+        if (WITH_V) qd_cp_async16(dv + d, ok ? cv + g : cv, ok);
+    }
+}
+
+/* In a batch that mixes long and short spans, whether row r belongs to a short
+ * span (owned by the decode kernels) rather than a long one (prefill kernel).
+ * Block-wide: every thread must call it. */
+__device__ bool row_in_short_span(const int32_t *spans, int n_spans, int r) {
+    __shared__ int flag;
+    if (threadIdx.x == 0) flag = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_spans; i += blockDim.x) {
+        const int row0 = spans[4 * i], cnt = spans[4 * i + 1];
+        if (r >= row0 && r < row0 + cnt && cnt <= ATT_DEC_ROWS) flag = 1;
+    }
+    __syncthreads();
+    return flag != 0;
+}
+
+/* Online-softmax update of one warp's 16 rows with scores s[NS][4] (base 2,
+ * masked entries -inf): new row maxima m0/m1 (rows g, g+8), running sums l0/l1
+ * (this thread's columns only), scores replaced by probabilities, and the
+ * factors by which the caller must rescale its output accumulator. */
+template <int NS>
+__device__ __forceinline__ void softmax_update(float (&s)[NS][4], float &m0, float &m1, float &l0, float &l1,
+                                               float &al0, float &al1) {
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NS; n++) {
+        mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+    }
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+    }
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    /* a row with no visible key yet keeps max -inf: subtract 0 so that exp2 gives 0, not NaN */
+    const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+    al0 = exp2f(m0 - mu0);
+    al1 = exp2f(m1 - mu1);
+    m0 = mn0;
+    m1 = mn1;
+    float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+    for (int n = 0; n < NS; n++) {
+        s[n][0] = exp2f(s[n][0] - mu0);
+        s[n][1] = exp2f(s[n][1] - mu0);
+        s[n][2] = exp2f(s[n][2] - mu1);
+        s[n][3] = exp2f(s[n][3] - mu1);
+        rs0 += s[n][0] + s[n][1];
+        rs1 += s[n][2] + s[n][3];
+    }
+    l0 = l0 * al0 + rs0;
+    l1 = l1 * al1 + rs1;
+}
+
+/* Probabilities of n-tiles 2k, 2k+1 (C layout) as the A fragment of key step k. */
+__device__ __forceinline__ void p_to_a(uint32_t (&a)[4], const float (&s0)[4], const float (&s1)[4]) {
+    a[0] = qd_pack_bf2(s0[0], s0[1]);
+    a[1] = qd_pack_bf2(s0[2], s0[3]);
+    a[2] = qd_pack_bf2(s1[0], s1[1]);
+    a[3] = qd_pack_bf2(s1[2], s1[3]);
+}
+
+/* -------------------------------------------------------------- prefill */
+
+/* Block (query head, tile from the end, span). Shared: Q, K, V tiles of 64 rows.
+ * K of tile j+1 is fetched while P V of tile j is computed, V of tile j while
+ * the scores of tile j are (one buffer each, two barriers per tile). */
+template <int HDP>
+__global__ void __launch_bounds__(ATT_THREADS, 2) attn_prefill_kernel(attn_params p, int skip_short) {
+    constexpr int LDS = HDP + 8;
+    constexpr int NT = HDP / 8;
+    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t *sQ = smem, *sK = sQ + ATT_TILE * LDS, *sV = sK + ATT_TILE * LDS;
+
+    const int h = blockIdx.x, tile = gridDim.y - 1 - blockIdx.y, si = blockIdx.z;
+    const int row0 = p.spans[4 * si], cnt = p.spans[4 * si + 1], pos0 = p.spans[4 * si + 2];
+    const int slot = p.spans[4 * si + 3];
+    if (skip_short && cnt <= ATT_DEC_ROWS) return;
+    if (tile * ATT_TILE >= cnt) return;
+    const int kvh = h / (p.nq / p.nkv);
+    const int nrow = min(ATT_TILE, cnt - tile * ATT_TILE);
+    const int q_first = pos0 + tile * ATT_TILE; /* position of the tile's first row */
+    const int n_keys = q_first + nrow;
+    const int n_kt = (n_keys + ATT_TILE - 1) / ATT_TILE;
+    const int first_row = row0 + tile * ATT_TILE;
+    const int32_t *bt = p.block_tables + (long long)slot * p.mbps;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+
+    load_rows<HDP, ATT_TILE>(sQ, p.q + ((long long)first_row * p.nq + h) * p.hd, (long long)p.nq * p.hd, nrow,
+                             p.hd);
+    load_kv_tile<HDP, false>(sK, nullptr, p.kc, nullptr, bt, 0, n_keys, kvh, p);
+    qd_cp_async_commit();
+
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const int wpos = q_first + w * 16; /* position of the warp's first row */
+    const int qp0 = wpos + g;          /* positions of this thread's rows: qp0, qp0 + 8 */
+
+    for (int j = 0; j < n_kt; j++) {
+        const int kbase = j * ATT_TILE;
+        qd_cp_async_wait<0>();
+        __syncthreads(); /* K_j visible; every warp is done with V_{j-1} */
+        load_kv_tile<HDP, false>(sV, nullptr, p.vc, nullptr, bt, kbase, n_keys, kvh, p);
+        qd_cp_async_commit();
+        /* warps whose rows all precede the tile skip it (fully masked) */
+        const bool active = kbase <= wpos + 15;
+        uint32_t pa[4][4];
+        if (active) {
+            float s[8][4];
+#pragma unroll
+            for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < HDP / 16; kk++) {
+                uint32_t a[4];
+                ldsm_x4(a, sQ + (w * 16 + (lane % 16)) * LDS + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t b[4];
+                    ldsm_x4(b, sK + (np * 16 + (lane % 8) + (lane / 16) * 8) * LDS + kk * 16 + ((lane / 8) % 2) * 8);
+                    mma_bf16(s[2 * np], a, b[0], b[1]);
+                    mma_bf16(s[2 * np + 1], a, b[2], b[3]);
+                }
+            }
+            const bool diag = kbase + ATT_TILE - 1 > wpos;
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = s[n][e] * ATT_LOG2E;
+                    if (diag && kbase + n * 8 + 2 * tq + (e & 1) > qp0 + (e >> 1) * 8) v = -INFINITY;
+                    s[n][e] = v;
+                }
+            float al0, al1;
+            softmax_update<8>(s, m0, m1, l0, l1, al0, al1);
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                o[n][0] *= al0;
+                o[n][1] *= al0;
+                o[n][2] *= al1;
+                o[n][3] *= al1;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) p_to_a(pa[k], s[2 * k], s[2 * k + 1]);
+        }
+        qd_cp_async_wait<0>();
+        __syncthreads(); /* V_j visible; every warp is done with K_j */
+        if (j + 1 < n_kt) load_kv_tile<HDP, false>(sK, nullptr, p.kc, nullptr, bt, kbase + ATT_TILE, n_keys, kvh, p);
+        qd_cp_async_commit();
+        if (active) {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int dp = 0; dp < HDP / 16; dp++) {
+                    uint32_t b[4];
+                    ldsm_x4_t(b, sV + (k * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LDS + dp * 16 + (lane / 16) * 8);
+                    mma_bf16(o[2 * dp], pa[k], b[0], b[1]);
+                    mma_bf16(o[2 * dp + 1], pa[k], b[2], b[3]);
+                }
+        }
+    }
+
+#pragma unroll
+    for (int s = 1; s <= 2; s <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, s);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, s);
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int qi = w * 16 + g + hf * 8;
+        if (qi >= nrow) continue;
+        const long long row = first_row + qi;
+        const float inv = 1.0f / (hf ? l1 : l0);
+        const float *gp = p.qg + (row * p.nq + h) * 2LL * p.hd + p.hd;
+        uint16_t *op = p.out + (row * p.nq + h) * p.hd;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const int d = n * 8 + 2 * tq;
+            if (d < p.hd) {
+                float v0 = o[n][2 * hf] * inv, v1 = o[n][2 * hf + 1] * inv;
+                if (p.gated) {
+                    const float2 gv = *(const float2 *)(gp + d);
+                    v0 *= sigmoidf_(gv.x);
+                    v1 *= sigmoidf_(gv.y);
+                }
+                *(uint32_t *)(op + d) = qd_pack_bf2(v0, v1);
+            }
+        }
+    }
+}
+
+/* --------------------------------------------------------------- decode */
+
+/* Block (row, kv head x group of 16 query heads, context slice). K/V tiles go
+ * through a DEC_STAGES-deep cp.async ring (two tiles in flight while one is
+ * computed: a block alone must keep enough bytes in flight to approach the
+ * memory bandwidth); warp w takes keys 16w..16w+15 of each tile. */
+#define DEC_STAGES 3
+template <int HDP>
+__global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p, int mixed) {
+    constexpr int LDS = HDP + 8;
+    constexpr int NT = HDP / 8;
+    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t *sQ = smem, *sK = sQ + 16 * LDS, *sV = sK + DEC_STAGES * ATT_TILE * LDS;
+
+    const int r = blockIdx.x, sl = blockIdx.z;
+    const int G = p.nq / p.nkv, hg = (G + 15) / 16;
+    const int kvh = blockIdx.y / hg, h0 = kvh * G + (blockIdx.y % hg) * 16;
+    const int nh = min(16, kvh * G + G - h0);
+    if (mixed && !row_in_short_span(p.spans, p.n_spans, r)) return;
+    const int n_keys = p.row_pos[r] + 1;
+    const int k0 = sl * p.split_len;
+    if (k0 >= n_keys) return;
+    /* the last slice takes any remainder, should a position exceed max_ctx */
+    const int k1 = sl == p.nsp - 1 ? n_keys : min(k0 + p.split_len, n_keys);
+    const int n_kt = (k1 - k0 + ATT_TILE - 1) / ATT_TILE;
+    const int32_t *bt = p.block_tables + (long long)p.row_slot[r] * p.mbps;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+
+    load_rows<HDP, 16>(sQ, p.q + ((long long)r * p.nq + h0) * p.hd, p.hd, nh, p.hd);
+#pragma unroll
+    for (int st = 0; st < DEC_STAGES - 1; st++) {
+        if (st < n_kt)
+            load_kv_tile<HDP, true>(sK + st * ATT_TILE * LDS, sV + st * ATT_TILE * LDS, p.kc, p.vc, bt,
+                                    k0 + st * ATT_TILE, k1, kvh, p);
+        qd_cp_async_commit(); /* one group per tile, empty or not, so that the wait count is fixed */
+    }
+
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    for (int t = 0; t < n_kt; t++) {
+        qd_cp_async_wait<DEC_STAGES - 2>();
+        __syncthreads(); /* tile t visible; every warp is done with tile t-1, whose buffer is refilled now */
+        {
+            const int tn = t + DEC_STAGES - 1, bn = tn % DEC_STAGES;
+            if (tn < n_kt)
+                load_kv_tile<HDP, true>(sK + bn * ATT_TILE * LDS, sV + bn * ATT_TILE * LDS, p.kc, p.vc, bt,
+                                        k0 + tn * ATT_TILE, k1, kvh, p);
+            qd_cp_async_commit();
+        }
+        const int buf = t % DEC_STAGES;
+        const uint16_t *K = sK + (buf * ATT_TILE + w * 16) * LDS;
+        const uint16_t *V = sV + (buf * ATT_TILE + w * 16) * LDS;
+        const int kb = k0 + t * ATT_TILE + w * 16; /* first key of this warp's piece */
+        if (kb < k1) {
+            float s[2][4];
+#pragma unroll
+            for (int n = 0; n < 2; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < HDP / 16; kk++) {
+                uint32_t a[4], b[4];
+                ldsm_x4(a, sQ + (lane % 16) * LDS + kk * 16 + (lane / 16) * 8);
+                ldsm_x4(b, K + ((lane % 8) + (lane / 16) * 8) * LDS + kk * 16 + ((lane / 8) % 2) * 8);
+                mma_bf16(s[0], a, b[0], b[1]);
+                mma_bf16(s[1], a, b[2], b[3]);
+            }
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = s[n][e] * ATT_LOG2E;
+                    if (kb + n * 8 + 2 * tq + (e & 1) >= k1) v = -INFINITY;
+                    s[n][e] = v;
+                }
+            float al0, al1;
+            softmax_update<2>(s, m0, m1, l0, l1, al0, al1);
+            uint32_t pa[4];
+            p_to_a(pa, s[0], s[1]);
+#pragma unroll
+            for (int dp = 0; dp < HDP / 16; dp++) {
+                uint32_t b[4];
+                ldsm_x4_t(b, V + ((lane % 8) + ((lane / 8) % 2) * 8) * LDS + dp * 16 + (lane / 16) * 8);
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    o[2 * dp + u][0] *= al0;
+                    o[2 * dp + u][1] *= al0;
+                    o[2 * dp + u][2] *= al1;
+                    o[2 * dp + u][3] *= al1;
+                }
+                mma_bf16(o[2 * dp], pa, b[0], b[1]);
+                mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+            }
+        }
+    }
+    qd_cp_async_wait<0>(); /* only empty groups can remain; drained before the buffers are reused */
+    __syncthreads();
+
+    /* Merge the 4 warps: each stores its accumulator and row statistics, then
+     * per row the common maximum gives each warp's weight. Q's buffer holds
+     * the statistics, the K ring the accumulators. */
+#pragma unroll
+    for (int s = 1; s <= 2; s <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, s);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, s);
+    }
+    float *stat = reinterpret_cast<float *>(sQ);
+    float *wm = stat, *wl = stat + 64, *wf = stat + 128, *rowm = stat + 192, *rowl = stat + 208;
+    float *wo = reinterpret_cast<float *>(sK) + w * 16 * HDP; /* [16][HDP] of warp w */
+    if (tq == 0) {
+        wm[w * 16 + g] = m0;
+        wm[w * 16 + g + 8] = m1;
+        wl[w * 16 + g] = l0;
+        wl[w * 16 + g + 8] = l1;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        const int d = n * 8 + 2 * tq;
+        *(float2 *)(wo + g * HDP + d) = make_float2(o[n][0], o[n][1]);
+        *(float2 *)(wo + (g + 8) * HDP + d) = make_float2(o[n][2], o[n][3]);
+    }
+    __syncthreads();
+    if (threadIdx.x < 64) {
+        const int ww = threadIdx.x / 16, i = threadIdx.x % 16;
+        float M = -INFINITY;
+#pragma unroll
+        for (int x = 0; x < 4; x++) M = fmaxf(M, wm[x * 16 + i]);
+        /* warp 0 saw the slice's first key, so M is finite */
+        const float mw = wm[ww * 16 + i];
+        wf[ww * 16 + i] = mw == -INFINITY ? 0.f : exp2f(mw - M);
+        if (ww == 0) {
+            float L = 0.f;
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                if (wm[x * 16 + i] != -INFINITY) L += wl[x * 16 + i] * exp2f(wm[x * 16 + i] - M);
+            rowm[i] = M;
+            rowl[i] = L;
+        }
+    }
+    __syncthreads();
+
+    const int hd = p.hd;
+    const float *acc = reinterpret_cast<const float *>(sK);
+    float *pwo = p.work, *pml = p.work + (long long)p.n_rows * p.nq * p.nsp * hd;
+    for (int idx = threadIdx.x; idx < nh * hd; idx += ATT_THREADS) {
+        const int i = idx / hd, d = idx - i * hd;
+        float v = 0.f;
+#pragma unroll
+        for (int x = 0; x < 4; x++) v += wf[x * 16 + i] * acc[(x * 16 + i) * HDP + d];
+        const long long rh = (long long)r * p.nq + h0 + i;
+        if (p.nsp == 1) {
+            v /= rowl[i];
+            if (p.gated) v *= sigmoidf_(p.qg[rh * 2 * hd + hd + d]);
+            p.out[rh * hd + d] = qd_f2bf(v);
+        } else {
+            const long long e = rh * p.nsp + sl;
+            pwo[e * hd + d] = v;
+            if (d == 0) {
+                pml[2 * e] = rowm[i];
+                pml[2 * e + 1] = rowl[i];
+            }
+        }
+    }
+}
+
+/* Block (row, query head): merges the row's slices, normalises, gates. The
+ * slices' vectors are summed by COMB_THREADS / (hd/4) groups of threads, each
+ * reading float4s, so that many loads are in flight even for one row. */
+#define COMB_THREADS 256
+__global__ void __launch_bounds__(COMB_THREADS) attn_combine_kernel(attn_params p, int mixed) {
+    extern __shared__ float csm[]; /* [hd] sums, then [nsp rounded up to 4] slice weights */
+    __shared__ float red[2][COMB_THREADS / 32];
+    const int r = blockIdx.x, h = blockIdx.y, hd = p.hd;
+    if (mixed && !row_in_short_span(p.spans, p.n_spans, r)) return;
+    float *acc = csm, *wts = csm + hd;
+    const int n_keys = p.row_pos[r] + 1;
+    const int ns = min((n_keys + p.split_len - 1) / p.split_len, p.nsp);
+    const long long base = ((long long)r * p.nq + h) * p.nsp;
+    const float *wo = p.work + base * hd;
+    const float *wml = p.work + (long long)p.n_rows * p.nq * p.nsp * hd + 2 * base;
+    const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
+    for (int d = threadIdx.x; d < hd; d += COMB_THREADS) acc[d] = 0.f;
+    float M = -INFINITY;
+    for (int i = threadIdx.x; i < ns; i += COMB_THREADS) M = fmaxf(M, wml[2 * i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (lane == 0) red[0][wid] = M;
+    __syncthreads();
+    M = red[0][0];
+#pragma unroll
+    for (int x = 1; x < COMB_THREADS / 32; x++) M = fmaxf(M, red[0][x]);
+    float L = 0.f;
+    for (int i = threadIdx.x; i < ns; i += COMB_THREADS) {
+        const float f = exp2f(wml[2 * i] - M);
+        wts[i] = f;
+        L += wml[2 * i + 1] * f;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    if (lane == 0) red[1][wid] = L;
+    __syncthreads();
+    L = 0.f;
+#pragma unroll
+    for (int x = 0; x < COMB_THREADS / 32; x++) L += red[1][x];
+
+    const int tpv = hd / 4, ng = COMB_THREADS / tpv; /* threads per vector, vector groups */
+    const int grp = threadIdx.x / tpv, c = threadIdx.x % tpv;
+    if (grp < ng) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int i = grp; i < ns; i += ng) {
+            const float4 x = *(const float4 *)(wo + (long long)i * hd + 4 * c);
+            const float f = wts[i];
+            a.x += f * x.x;
+            a.y += f * x.y;
+            a.z += f * x.z;
+            a.w += f * x.w;
+        }
+        atomicAdd(&acc[4 * c], a.x);
+        atomicAdd(&acc[4 * c + 1], a.y);
+        atomicAdd(&acc[4 * c + 2], a.z);
+        atomicAdd(&acc[4 * c + 3], a.w);
+    }
+    __syncthreads();
+    const float inv = 1.0f / L;
+    const long long rh = (long long)r * p.nq + h;
+    for (int d = threadIdx.x; d < hd; d += COMB_THREADS) {
+        float v = acc[d] * inv;
+        if (p.gated) v *= sigmoidf_(p.qg[rh * 2 * hd + hd + d]);
+        p.out[rh * hd + d] = qd_f2bf(v);
+    }
+}
+
+/* ------------------------------------------------------------- launchers */
+
+/* The decode table: context slices per row so that rows x slices is about
+ * ATT_SPLIT_TARGET, slices of at least ATT_MIN_SPLIT keys (a multiple of the
+ * tile). Depends on n_rows and max_ctx only. One slice covers any length. */
+static void split_plan(int n_rows, int max_ctx, int *split_len, int *nsp) {
+    if (max_ctx < 1) max_ctx = 1;
+    int cap = (max_ctx + ATT_MIN_SPLIT - 1) / ATT_MIN_SPLIT;
+    if (cap > ATT_MAX_SPLITS) cap = ATT_MAX_SPLITS;
+    int want = (ATT_SPLIT_TARGET + n_rows - 1) / (n_rows > 0 ? n_rows : 1);
+    int n = want < cap ? want : cap;
+    if (n <= 1) {
+        *split_len = 1 << 30;
+        *nsp = 1;
+        return;
+    }
+    int len = (max_ctx + n - 1) / n;
+    len = (len + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    *split_len = len;
+    *nsp = (max_ctx + len - 1) / len;
+    if (*nsp <= 1) {
+        *split_len = 1 << 30;
+        *nsp = 1;
+    }
+}
+
+extern "C" size_t qd_cuda_attn_work_bytes(int max_rows, int nq, int hd, int max_ctx) {
+    size_t best = 0;
+    for (int r = 1; r <= max_rows && r <= ATT_SPLIT_TARGET; r++) {
+        int len, n;
+        split_plan(r, max_ctx, &len, &n);
+        if (n > 1 && (size_t)r * n > best) best = (size_t)r * n;
+    }
+    return best * (size_t)(nq > 0 ? nq : 0) * (size_t)((hd > 0 ? hd : 0) + 2) * sizeof(float);
+}
+
+template <int HDP> static size_t prefill_smem(void) { return (size_t)3 * ATT_TILE * (HDP + 8) * 2; }
+template <int HDP> static size_t decode_smem(void) {
+    return (size_t)(16 + 2 * DEC_STAGES * ATT_TILE) * (HDP + 8) * 2;
+}
+
+template <int HDP>
+static qd_status launch_prefill(const qd_cuda_attn_args *a, const attn_params &p, int skip_short,
+                                cudaStream_t st) {
+    const size_t sm = prefill_smem<HDP>();
+    QD_CUDA_TRY(cudaFuncSetAttribute(attn_prefill_kernel<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    const dim3 grid((unsigned)a->nq, (unsigned)((a->max_span_rows + ATT_TILE - 1) / ATT_TILE), (unsigned)a->n_spans);
+    attn_prefill_kernel<HDP><<<grid, ATT_THREADS, sm, st>>>(p, skip_short);
+    QD_CUDA_CHECK_LAUNCH("attn_prefill_kernel");
+    return QD_OK;
+}
+
+template <int HDP>
+static qd_status launch_decode(const qd_cuda_attn_args *a, const attn_params &p, int mixed, cudaStream_t st) {
+    const size_t sm = decode_smem<HDP>();
+    QD_CUDA_TRY(cudaFuncSetAttribute(attn_decode_kernel<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    const int G = a->nq / a->nkv;
+    const dim3 grid((unsigned)a->n_rows, (unsigned)(a->nkv * ((G + 15) / 16)), (unsigned)p.nsp);
+    attn_decode_kernel<HDP><<<grid, ATT_THREADS, sm, st>>>(p, mixed);
+    QD_CUDA_CHECK_LAUNCH("attn_decode_kernel");
+    if (p.nsp > 1) {
+        attn_combine_kernel<<<dim3((unsigned)a->n_rows, (unsigned)a->nq), COMB_THREADS,
+                              (size_t)(a->hd + (p.nsp + 3) / 4 * 4) * sizeof(float),
+                              st>>>(p, mixed);
+        QD_CUDA_CHECK_LAUNCH("attn_combine_kernel");
+    }
+    return QD_OK;
+}
+
+template <int HDP>
+static qd_status run_attn(const qd_cuda_attn_args *a, const attn_params &p, cudaStream_t st) {
+    if (a->max_span_rows <= ATT_DEC_ROWS) return launch_decode<HDP>(a, p, 0, st);
+    /* A single span is all prefill, whatever its actual length; several spans
+     * may mix: short ones go to the decode kernels, which skip the long ones. */
+    const int mixed = a->n_spans > 1;
+    qd_status s = launch_prefill<HDP>(a, p, mixed, st);
+    if (s != QD_OK || !mixed) return s;
+    return launch_decode<HDP>(a, p, 1, st);
+}
+
+extern "C" qd_status qd_cuda_attn(const qd_cuda_attn_args *a, void *stream) {
+    if (!a) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_attn: no arguments");
+    if (a->n_rows <= 0) return QD_OK;
+    if (a->nq <= 0 || a->nkv <= 0 || a->nq % a->nkv || a->hd <= 0 || a->hd > 256 || a->hd % 8 ||
+        a->block_size <= 0 || a->max_blocks_per_seq <= 0 || a->block_stride % 8 || a->n_spans <= 0 ||
+        a->n_spans > 65535 || a->max_span_rows <= 0 || a->max_ctx <= 0 ||
+        a->max_ctx >= (1 << 24) /* exact float block index, load_kv_tile */)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_attn: bad shape");
+    if (!a->d_qg || !a->d_row_slot || !a->d_row_pos || !a->d_spans || !a->d_block_tables || !a->d_kcache ||
+        !a->d_vcache || !a->d_q || !a->d_out)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_attn: null pointer");
+    /* 16-byte cp.async of cache and query rows, 4-byte output pairs, 8-byte gate pairs */
+    if (((uintptr_t)a->d_kcache | (uintptr_t)a->d_vcache | (uintptr_t)a->d_q) % 16 || (uintptr_t)a->d_out % 4 ||
+        (uintptr_t)a->d_qg % 8)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_attn: misaligned buffer");
+    attn_params p;
+    p.n_rows = a->n_rows; p.nq = a->nq; p.nkv = a->nkv; p.hd = a->hd; p.gated = a->gated != 0;
+    p.n_spans = a->n_spans; p.qg = a->d_qg; p.row_slot = a->d_row_slot; p.row_pos = a->d_row_pos;
+    p.spans = a->d_spans; p.block_tables = a->d_block_tables; p.mbps = a->max_blocks_per_seq;
+    p.bs = a->block_size; p.inv_bs = 1.0f / (float)a->block_size; p.stride = (long long)a->block_stride; p.kc = a->d_kcache; p.vc = a->d_vcache;
+    p.q = a->d_q; p.out = a->d_out; p.work = a->d_work;
+    split_plan(a->n_rows, a->max_ctx, &p.split_len, &p.nsp);
+    const int G = a->nq / a->nkv;
+    if ((long long)a->nkv * ((G + 15) / 16) > 65535 || p.nsp > 65535 || (a->max_span_rows + ATT_TILE - 1) / ATT_TILE > 65535)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_attn: grid too large");
+    if (p.nsp > 1 && (!a->d_work || (uintptr_t)a->d_work % 16))
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_attn: d_work missing or not 16-byte aligned");
+    const cudaStream_t st = (cudaStream_t)stream;
+    if (a->hd <= 32) return run_attn<32>(a, p, st);
+    if (a->hd <= 64) return run_attn<64>(a, p, st);
+    if (a->hd <= 128) return run_attn<128>(a, p, st);
+    return run_attn<256>(a, p, st);
+}

@@ -1,0 +1,363 @@
+/* CUDA gated-attention kernels (qd_cuda_attn_prep + qd_cuda_attn) against the
+ * CPU reference of src/layers/attention.c: qd_cpu_rmsnorm (zero-centred, w
+ * offset 1), qd_cpu_rope_neox, qd_cpu_attention, sigmoid gate. Fresh random
+ * inputs from a printed seed; awkward ragged batches: spans of 1, 5, 16, 63,
+ * 64, 65, 200 rows at aligned and unaligned start positions, decode-only,
+ * prefill-only and mixed batches, block sizes 16 and 7 with shuffled block
+ * ids, two layers sharing each block (this one second), GQA 16/2, 32/2, 24/1,
+ * 8/8, 6/3, 4/2, 4/1, head dims 256, 128, 64, 40, 32, gated and not, partial
+ * rotary. Outputs, query scratch and split-K scratch are poisoned (NaN) and
+ * every element of the output, the queries and the whole cache is checked:
+ * new cache rows against the CPU within bf16 rounding, every other cache
+ * element bit-exact against its old contents. The attention reference reads
+ * fp32 copies of the GPU's bf16 cache (checked first) and the CPU's fp32
+ * queries, so the difference is the kernels' bf16 query, probabilities and
+ * output rounding. Skips (77) without a GPU. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "base/threadpool.h"
+#include "qd_test.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_attn.h"
+#include "backend/cuda/cuda_gdn.h"
+#endif
+
+#ifdef QD_HAVE_CUDA
+
+static uint16_t f2bf(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+#define ST_OK(call)                                                                             \
+    do {                                                                                        \
+        qd_status s_ = (call);                                                                  \
+        CHECKF(s_ == QD_OK, "%s -> %s: %s", #call, qd_status_name(s_), qd_cuda_last_error());   \
+    } while (0)
+
+static void *dev_upload(const void *h, size_t bytes) {
+    void *d = NULL;
+    if (qd_cuda_malloc(&d, bytes)) return NULL;
+    if (h && qd_cuda_memcpy_h2d(d, h, bytes)) {
+        qd_cuda_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* got (bf16) against ref: every element finite and within atol * max|ref| +
+ * rtol * |ref|, and the relative L2 error within l2_tol. */
+static void compare(const char *what, const uint16_t *got, const float *ref, size_t n, double atol, double rtol,
+                    double l2_tol) {
+    double mx = 0, ss = 0, se = 0, maxe = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs(ref[i]) > mx) mx = fabs(ref[i]);
+        ss += (double)ref[i] * ref[i];
+    }
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double g = bf2f(got[i]), e = fabs(g - ref[i]);
+        if (!isfinite(g) || !(e <= atol * mx + rtol * fabs(ref[i]))) {
+            if (!bad) first = i;
+            bad++;
+        }
+        if (isfinite(g)) {
+            se += e * e;
+            if (e > maxe) maxe = e;
+        }
+    }
+    const double l2 = ss > 0 ? sqrt(se / ss) : sqrt(se);
+    printf("  %-22s n=%-9zu max|ref|=%.3e max_err=%.3e (%.2e of max) rel_l2=%.2e bad=%zu\n", what, n, mx, maxe,
+           mx > 0 ? maxe / mx : maxe, l2, bad);
+    CHECKF(bad == 0, "%s: %zu bad elements, first %zu: got %g want %g", what, bad, first,
+           bad ? bf2f(got[first]) : 0.0, bad ? ref[first] : 0.0);
+    CHECKF(l2 <= l2_tol, "%s: relative L2 error %.3e > %.1e", what, l2, l2_tol);
+}
+
+typedef struct {
+    int T, pos0;
+} span_def;
+
+typedef struct {
+    const char *name;
+    int nq, nkv, hd, rope_dim, gated, bs, max_ctx;
+    float theta;
+} shape_def;
+
+#define NLAY 2 /* attention layers sharing a cache block; the one under test is the second */
+
+static void run_case(qd_threadpool *pool, qd_test_rng *rng, const shape_def *c, const span_def *sp, int n_spans) {
+    const int nq = c->nq, nkv = c->nkv, hd = c->hd, bs = c->bs, kvd = nkv * hd;
+    const int qw = (c->gated ? 2 : 1) * hd;
+    const float eps = 1e-6f;
+    int n_rows = 0, max_span = 0;
+    for (int i = 0; i < n_spans; i++) {
+        n_rows += sp[i].T;
+        if (sp[i].T > max_span) max_span = sp[i].T;
+        if (sp[i].pos0 + sp[i].T > c->max_ctx) {
+            CHECKF(0, "%s: span %d exceeds max_ctx", c->name, i);
+            return;
+        }
+    }
+    const int n_slots = n_spans + 1, mbps = (c->max_ctx + bs - 1) / bs, n_blocks = n_slots * mbps;
+    const int64_t stride = (int64_t)NLAY * bs * kvd, layer_off = (int64_t)bs * kvd;
+    const size_t n_cache = (size_t)n_blocks * stride;
+    printf("%s: nq=%d nkv=%d hd=%d rope=%d gated=%d bs=%d max_ctx=%d rows=%d spans=%d:", c->name, nq, nkv, hd,
+           c->rope_dim, c->gated, bs, c->max_ctx, n_rows, n_spans);
+    for (int i = 0; i < n_spans && i < 12; i++) printf(" %d@%d", sp[i].T, sp[i].pos0);
+    printf("%s\n", n_spans > 12 ? " ..." : "");
+
+    /* slots: a shuffled assignment; block tables: a shuffled permutation of all blocks */
+    int32_t *slot_of = malloc(sizeof(int32_t) * n_slots), *table = malloc(sizeof(int32_t) * n_blocks);
+    int32_t *spans = malloc(sizeof(int32_t) * 4 * n_spans), *row_slot = malloc(sizeof(int32_t) * n_rows);
+    int32_t *row_pos = malloc(sizeof(int32_t) * n_rows);
+    float *qg = malloc(sizeof(float) * n_rows * nq * qw), *kin = malloc(sizeof(float) * n_rows * kvd);
+    float *vin = malloc(sizeof(float) * n_rows * kvd), *qnw = malloc(sizeof(float) * hd);
+    float *knw = malloc(sizeof(float) * hd), *qf = malloc(sizeof(float) * n_rows * nq * hd);
+    float *gate = malloc(sizeof(float) * n_rows * nq * hd), *kn = malloc(sizeof(float) * n_rows * kvd);
+    float *ref = malloc(sizeof(float) * n_rows * nq * hd), *qref = malloc(sizeof(float) * n_rows * nq * hd);
+    uint16_t *kc0 = malloc(2 * n_cache), *vc0 = malloc(2 * n_cache), *kc1 = malloc(2 * n_cache);
+    uint16_t *vc1 = malloc(2 * n_cache), *hq = malloc(2 * (size_t)n_rows * nq * hd);
+    uint16_t *hout = malloc(2 * (size_t)n_rows * nq * hd);
+    uint8_t *is_new = calloc(n_cache, 1);
+    float *kf = malloc(sizeof(float) * n_cache), *vf = malloc(sizeof(float) * n_cache);
+    float *kexp = malloc(sizeof(float) * n_cache);
+    CHECK(slot_of && table && spans && row_slot && row_pos && qg && kin && vin && qnw && knw && qf && gate && kn &&
+          ref && qref && kc0 && vc0 && kc1 && vc1 && hq && hout && is_new && kf && vf && kexp);
+    if (!(slot_of && table && spans && row_slot && row_pos && qg && kin && vin && qnw && knw && qf && gate && kn &&
+          ref && qref && kc0 && vc0 && kc1 && vc1 && hq && hout && is_new && kf && vf && kexp))
+        goto out;
+    for (int i = 0; i < n_slots; i++) slot_of[i] = i;
+    for (int i = n_slots - 1; i > 0; i--) {
+        const int j = (int)(qd_test_next(rng) % (uint64_t)(i + 1));
+        const int t = slot_of[i]; slot_of[i] = slot_of[j]; slot_of[j] = t;
+    }
+    for (int i = 0; i < n_blocks; i++) table[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        const int j = (int)(qd_test_next(rng) % (uint64_t)(i + 1));
+        const int t = table[i]; table[i] = table[j]; table[j] = t;
+    }
+    /* cache: NaN everywhere (other layer, unused positions, rows this batch writes),
+     * random bf16 for each sequence's earlier positions */
+    memset(kc0, 0xff, 2 * n_cache);
+    memset(vc0, 0xff, 2 * n_cache);
+    for (int i = 0, r = 0; i < n_spans; i++) {
+        const int s = slot_of[i];
+        spans[4 * i] = r; spans[4 * i + 1] = sp[i].T; spans[4 * i + 2] = sp[i].pos0; spans[4 * i + 3] = s;
+        for (int p = 0; p < sp[i].pos0; p++) {
+            const size_t off = (size_t)table[s * mbps + p / bs] * stride + layer_off + (size_t)(p % bs) * kvd;
+            for (int e = 0; e < kvd; e++) {
+                kc0[off + e] = f2bf(1.5f * qd_test_normal(rng));
+                vc0[off + e] = f2bf(qd_test_normal(rng));
+            }
+        }
+        for (int t = 0; t < sp[i].T; t++, r++) {
+            row_slot[r] = s;
+            row_pos[r] = sp[i].pos0 + t;
+        }
+    }
+    for (size_t i = 0; i < (size_t)n_rows * nq * qw; i++) qg[i] = qd_test_normal(rng);
+    for (size_t i = 0; i < (size_t)n_rows * kvd; i++) {
+        kin[i] = 2.0f * qd_test_normal(rng);
+        vin[i] = qd_test_normal(rng);
+    }
+    for (int i = 0; i < hd; i++) {
+        qnw[i] = 0.5f + 0.3f * qd_test_normal(rng);
+        knw[i] = 0.5f + 0.3f * qd_test_normal(rng);
+    }
+
+    /* CPU reference: split, norms, rope (as src/layers/attention.c) */
+    for (int r = 0; r < n_rows; r++)
+        for (int h = 0; h < nq; h++) {
+            const float *src = qg + ((size_t)r * nq + h) * qw;
+            memcpy(qf + ((size_t)r * nq + h) * hd, src, sizeof(float) * hd);
+            if (c->gated) memcpy(gate + ((size_t)r * nq + h) * hd, src + hd, sizeof(float) * hd);
+        }
+    memcpy(kn, kin, sizeof(float) * n_rows * kvd);
+    qd_cpu_rmsnorm(qf, (int64_t)n_rows * nq, hd, hd, qnw, 1.0f, eps, qf, hd);
+    qd_cpu_rmsnorm(kn, (int64_t)n_rows * nkv, hd, hd, knw, 1.0f, eps, kn, hd);
+    qd_cpu_rope_neox(qf, n_rows, nq, hd, (int64_t)nq * hd, c->rope_dim, c->theta, row_pos);
+    qd_cpu_rope_neox(kn, n_rows, nkv, hd, kvd, c->rope_dim, c->theta, row_pos);
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (size_t i = 0; i < (size_t)n_rows * nq * hd; i++) qref[i] = qf[i] * scale;
+
+    /* GPU */
+    {
+        int32_t *d_table = dev_upload(table, sizeof(int32_t) * n_blocks);
+        int32_t *d_spans = dev_upload(spans, sizeof(int32_t) * 4 * n_spans);
+        int32_t *d_rs = dev_upload(row_slot, sizeof(int32_t) * n_rows), *d_rp = dev_upload(row_pos, sizeof(int32_t) * n_rows);
+        float *d_qg = dev_upload(qg, sizeof(float) * n_rows * nq * qw), *d_k = dev_upload(kin, sizeof(float) * n_rows * kvd);
+        float *d_v = dev_upload(vin, sizeof(float) * n_rows * kvd), *d_qn = dev_upload(qnw, sizeof(float) * hd);
+        float *d_kn = dev_upload(knw, sizeof(float) * hd);
+        uint16_t *d_kc = dev_upload(kc0, 2 * n_cache), *d_vc = dev_upload(vc0, 2 * n_cache);
+        uint16_t *d_q = dev_upload(NULL, 2 * (size_t)n_rows * nq * hd), *d_out = dev_upload(NULL, 2 * (size_t)n_rows * nq * hd);
+        const size_t wb = qd_cuda_attn_work_bytes(n_rows, nq, hd, c->max_ctx);
+        float *d_work = dev_upload(NULL, wb ? wb : 4);
+        const int ok = d_table && d_spans && d_rs && d_rp && d_qg && d_k && d_v && d_qn && d_kn && d_kc && d_vc &&
+                       d_q && d_out && d_work;
+        CHECK(ok);
+        if (ok) {
+            ST_OK(qd_cuda_memset(d_q, 0xff, 2 * (size_t)n_rows * nq * hd));
+            ST_OK(qd_cuda_memset(d_out, 0xff, 2 * (size_t)n_rows * nq * hd));
+            ST_OK(qd_cuda_memset(d_work, 0xff, wb ? wb : 4));
+            qd_cuda_attn_args a;
+            memset(&a, 0, sizeof a);
+            a.n_rows = n_rows; a.nq = nq; a.nkv = nkv; a.hd = hd; a.rope_dim = c->rope_dim;
+            a.rope_theta = c->theta; a.eps = eps; a.gated = c->gated;
+            a.d_qg = d_qg; a.d_k = d_k; a.d_v = d_v; a.d_q_norm = d_qn; a.d_k_norm = d_kn;
+            a.d_row_slot = d_rs; a.d_row_pos = d_rp; a.d_spans = d_spans; a.n_spans = n_spans;
+            a.max_span_rows = max_span; a.max_ctx = c->max_ctx;
+            a.d_block_tables = d_table; a.max_blocks_per_seq = mbps; a.block_size = bs; a.block_stride = stride;
+            a.d_kcache = d_kc + layer_off; a.d_vcache = d_vc + layer_off;
+            a.d_q = d_q; a.d_out = d_out; a.d_work = d_work;
+            ST_OK(qd_cuda_attn_prep(&a, NULL));
+            ST_OK(qd_cuda_attn(&a, NULL));
+            ST_OK(qd_cuda_sync());
+            ST_OK(qd_cuda_memcpy_d2h(hq, d_q, 2 * (size_t)n_rows * nq * hd));
+            ST_OK(qd_cuda_memcpy_d2h(hout, d_out, 2 * (size_t)n_rows * nq * hd));
+            ST_OK(qd_cuda_memcpy_d2h(kc1, d_kc, 2 * n_cache));
+            ST_OK(qd_cuda_memcpy_d2h(vc1, d_vc, 2 * n_cache));
+        }
+        qd_cuda_free(d_table); qd_cuda_free(d_spans); qd_cuda_free(d_rs); qd_cuda_free(d_rp);
+        qd_cuda_free(d_qg); qd_cuda_free(d_k); qd_cuda_free(d_v); qd_cuda_free(d_qn); qd_cuda_free(d_kn);
+        qd_cuda_free(d_kc); qd_cuda_free(d_vc); qd_cuda_free(d_q); qd_cuda_free(d_out); qd_cuda_free(d_work);
+        if (!ok) goto out;
+    }
+
+    compare("queries (d_q)", hq, qref, (size_t)n_rows * nq * hd, 1e-3, 8e-3, 5e-3);
+
+    /* cache: rows written by this batch against the CPU keys / exact bf16 values;
+     * every other element unchanged bit for bit */
+    for (size_t i = 0; i < n_cache; i++) kexp[i] = bf2f(kc0[i]);
+    for (int r = 0; r < n_rows; r++) {
+        const int p = row_pos[r];
+        const size_t off = (size_t)table[row_slot[r] * mbps + p / bs] * stride + layer_off + (size_t)(p % bs) * kvd;
+        for (int e = 0; e < kvd; e++) {
+            is_new[off + e] = 1;
+            kexp[off + e] = kn[(size_t)r * kvd + e];
+            vc0[off + e] = f2bf(vin[(size_t)r * kvd + e]);
+        }
+    }
+    {
+        size_t bad_old = 0, bad_v = 0;
+        for (size_t i = 0; i < n_cache; i++) {
+            if (!is_new[i] && kc1[i] != kc0[i]) bad_old++;
+            if (vc1[i] != vc0[i]) bad_v++;
+        }
+        CHECKF(bad_old == 0, "%s: %zu key cache elements outside this batch's rows changed", c->name, bad_old);
+        CHECKF(bad_v == 0, "%s: %zu value cache elements differ (new rows: exact bf16 of v; others: unchanged)",
+               c->name, bad_v);
+        /* new keys: gather them to compare with the usual tolerance */
+        size_t nn = (size_t)n_rows * kvd, j = 0;
+        uint16_t *gk = malloc(2 * nn);
+        float *rk = malloc(sizeof(float) * nn);
+        CHECK(gk && rk);
+        if (gk && rk) {
+            for (size_t i = 0; i < n_cache; i++)
+                if (is_new[i]) {
+                    gk[j] = kc1[i];
+                    rk[j++] = kexp[i];
+                }
+            CHECK(j == nn);
+            compare("new cache keys", gk, rk, j, 1e-3, 8e-3, 5e-3);
+        }
+        free(gk);
+        free(rk);
+    }
+
+    /* attention reference over fp32 copies of the GPU's cache */
+    for (size_t i = 0; i < n_cache; i++) {
+        kf[i] = bf2f(kc1[i]);
+        vf[i] = bf2f(vc1[i]);
+    }
+    for (int i = 0; i < n_spans; i++) {
+        const int r0 = spans[4 * i];
+        qd_kv_view view = {kf + layer_off, vf + layer_off, table + (size_t)spans[4 * i + 3] * mbps, bs, stride};
+        qd_cpu_attention(pool, qf + (size_t)r0 * nq * hd, (int64_t)nq * hd, &view, sp[i].T, sp[i].pos0, nq, nkv, hd,
+                         scale, ref + (size_t)r0 * nq * hd);
+    }
+    if (c->gated)
+        for (size_t i = 0; i < (size_t)n_rows * nq * hd; i++) ref[i] *= qd_sigmoid(gate[i]);
+    compare("attention output", hout, ref, (size_t)n_rows * nq * hd, 2e-2, 0.0, 1e-2);
+
+out:
+    free(slot_of); free(table); free(spans); free(row_slot); free(row_pos); free(qg); free(kin); free(vin);
+    free(qnw); free(knw); free(qf); free(gate); free(kn); free(ref); free(qref); free(kc0); free(vc0);
+    free(kc1); free(vc1); free(hq); free(hout); free(is_new); free(kf); free(vf); free(kexp);
+}
+
+int main(void) {
+    if (qd_cuda_device_count() <= 0) return qd_test_skip("test_cuda_attn", "no CUDA device");
+    char name[128];
+    int sms = 0;
+    if (qd_cuda_device_info(name, sizeof name, &sms) == QD_OK) printf("device: %s, %d SMs\n", name, sms);
+    qd_test_rng rng = qd_test_rng_from_env();
+    qd_threadpool *pool = qd_threadpool_create(0);
+
+    /* Qwen3-Next shape, a mixed batch: decode rows, short and long prefill spans */
+    const shape_def s1 = {"mixed", 16, 2, 256, 64, 1, 16, 4096, 1e7f};
+    const span_def p1[] = {{1, 0}, {63, 0}, {64, 37}, {65, 128}, {200, 1000}, {1, 2500}, {5, 300}};
+    run_case(pool, &rng, &s1, p1, 7);
+    /* decode only, many context slices, block size 7, no GQA, ungated, full rotary */
+    const shape_def s2 = {"decode", 8, 8, 128, 128, 0, 7, 3200, 1e4f};
+    const span_def p2[] = {{1, 0}, {1, 6}, {1, 7}, {1, 500}, {1, 3000}, {1, 3199}};
+    run_case(pool, &rng, &s2, p2, 6);
+    /* one span: prefill only */
+    const shape_def s3 = {"prefill", 6, 3, 64, 32, 1, 16, 256, 1e4f};
+    const span_def p3[] = {{200, 0}};
+    run_case(pool, &rng, &s3, p3, 1);
+    /* short multi-row spans (speculative-style) all through the decode kernels */
+    const shape_def s4 = {"short spans", 16, 2, 256, 64, 1, 16, 1024, 1e7f};
+    const span_def p4[] = {{3, 700}, {16, 0}, {1, 129}, {16, 1000}};
+    run_case(pool, &rng, &s4, p4, 4);
+    /* two long spans, 16 query heads per kv head, block size 7 */
+    const shape_def s5 = {"long spans", 32, 2, 256, 64, 1, 7, 256, 1e7f};
+    const span_def p5[] = {{130, 0}, {64, 64}};
+    run_case(pool, &rng, &s5, p5, 2);
+    /* small head dim, mixed, one context slice per row (direct decode output) */
+    const shape_def s6 = {"hd32 mixed", 4, 2, 32, 32, 0, 16, 128, 1e4f};
+    const span_def p6[] = {{1, 40}, {65, 0}, {2, 100}};
+    run_case(pool, &rng, &s6, p6, 3);
+    /* head dim off the instantiations (padded to 64), rotary 20 of 40 */
+    const shape_def s7 = {"hd40", 4, 1, 40, 20, 1, 16, 256, 1e4f};
+    const span_def p7[] = {{70, 10}, {2, 100}};
+    run_case(pool, &rng, &s7, p7, 2);
+    /* 24 query heads per kv head: two mma row groups */
+    const shape_def s8 = {"group 24", 24, 1, 64, 64, 1, 16, 512, 1e7f};
+    const span_def p8[] = {{1, 300}, {1, 0}, {7, 100}};
+    run_case(pool, &rng, &s8, p8, 3);
+    /* Qwen3.5-style 32/2 decode at long contexts, rotary 64 of 256 */
+    const shape_def s9 = {"decode g16", 32, 2, 256, 64, 1, 16, 4096, 1e7f};
+    const span_def p9[] = {{1, 4000}, {1, 2047}, {2, 100}, {1, 4095}};
+    run_case(pool, &rng, &s9, p9, 4);
+    /* many decode rows with max_ctx 128: a single slice, written directly */
+    {
+        const shape_def s10 = {"decode direct", 8, 2, 128, 32, 0, 16, 128, 1e7f};
+        span_def p10[40];
+        for (int i = 0; i < 40; i++) p10[i] = (span_def){1, (int)(qd_test_next(&rng) % 128)};
+        run_case(pool, &rng, &s10, p10, 40);
+    }
+
+    qd_threadpool_free(pool);
+    return qd_test_finish("test_cuda_attn");
+}
+
+#else /* no CUDA compiler: nothing to test */
+
+int main(void) { return qd_test_skip("test_cuda_attn", "built without CUDA"); }
+
+#endif
