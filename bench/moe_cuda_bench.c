@@ -209,13 +209,13 @@ static void bench_route(int n) {
     for (size_t i = 0; i < (size_t)n * E; i++) lg[i] = 4.0f * urand();
     float *dlg = upload(lg, (size_t)n * E * 4), *dw = upload(NULL, (size_t)n * K * 4);
     int32_t *dsel = upload(NULL, (size_t)n * K * 4);
-    for (int i = 0; i < 5; i++) TRY(qd_cuda_moe_route(dlg, n, E, K, 1, dsel, dw, NULL));
+    for (int i = 0; i < 5; i++) TRY(qd_cuda_moe_route(dlg, E, n, E, K, 1, dsel, dw, NULL));
     qd_cuda_timer t;
     TRY(qd_cuda_timer_create(&t));
     float ms[7];
     for (int r = 0; r < 7; r++) {
         TRY(qd_cuda_timer_start(&t));
-        for (int i = 0; i < 50; i++) TRY(qd_cuda_moe_route(dlg, n, E, K, 1, dsel, dw, NULL));
+        for (int i = 0; i < 50; i++) TRY(qd_cuda_moe_route(dlg, E, n, E, K, 1, dsel, dw, NULL));
         TRY(qd_cuda_timer_stop(&t, &ms[r]));
     }
     qd_cuda_timer_destroy(&t);

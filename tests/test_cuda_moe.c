@@ -126,7 +126,7 @@ static void route_case(qd_test_rng *rng, int n, int E, int k, int renorm) {
     if (dlg && dw && dsel) {
         ST_OK(qd_cuda_memset(dw, 0xff, (size_t)n * k * 4));
         ST_OK(qd_cuda_memset(dsel, 0xff, (size_t)n * k * 4));
-        ST_OK(qd_cuda_moe_route(dlg, n, E, k, renorm, dsel, dw, NULL));
+        ST_OK(qd_cuda_moe_route(dlg, E, n, E, k, renorm, dsel, dw, NULL));
         ST_OK(qd_cuda_sync());
         ST_OK(qd_cuda_memcpy_d2h(hsel, dsel, (size_t)n * k * 4));
         ST_OK(qd_cuda_memcpy_d2h(hw, dw, (size_t)n * k * 4));
@@ -415,7 +415,7 @@ int main(void) {
     /* argument checks */
     qd_cuda_moe_args bad = {1, 100, 64, 8, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     CHECK(qd_cuda_moe_experts(&bad, NULL) == QD_ERR_INVALID_ARG); /* H % 8 != 0 */
-    CHECK(qd_cuda_moe_route(NULL, 1, 8, 9, 0, NULL, NULL, NULL) == QD_ERR_INVALID_ARG);
+    CHECK(qd_cuda_moe_route(NULL, 8, 1, 8, 9, 0, NULL, NULL, NULL) == QD_ERR_INVALID_ARG);
     return qd_test_finish("test_cuda_moe");
 }
 

@@ -138,9 +138,9 @@ static void test_embed_norm(void) {
 }
 
 /* conv over a ragged batch with permuted state slots == the CPU per span */
-static void test_conv(int C, int K) {
+static void test_conv(int C, int K, int decode_only) {
     enum { NS = 4, SLOTS = 6 };
-    const int T[NS] = {1, 5, 2, 70}, slot[NS] = {3, 0, 5, 2};
+    const int T[NS] = {1, decode_only ? 1 : 5, decode_only ? 1 : 2, decode_only ? 1 : 70}, slot[NS] = {3, 0, 5, 2};
     int n = 0;
     for (int i = 0; i < NS; i++) n += T[i];
     const int xs = C + 5;
@@ -153,7 +153,7 @@ static void test_conv(int C, int K) {
     const size_t stb = ((size_t)SLOTS * C * (K - 1) + 1) * 4;
     void *dx = dev(x, (size_t)n * xs * 4), *dw = dev(w, (size_t)C * K * 4), *dst = dev(st, stb),
          *dsp = dev(spans, sizeof spans), *drs = dev(row_span, sizeof(int32_t) * n), *dy = dev(NULL, (size_t)n * C * 4);
-    qd_cuda_conv_args a = {n, C, K, NS, dx, xs, dw, dst, dsp, drs, dy};
+    qd_cuda_conv_args a = {n, C, K, NS, dx, xs, dw, dst, dsp, drs, dy, decode_only};
     CHECK(qd_cuda_conv1d_silu(&a, NULL) == QD_OK);
     float *y = host(dy, (size_t)n * C * 4), *st2 = host(dst, stb);
     float *ref = malloc(sizeof(float) * (size_t)n * C);
@@ -161,9 +161,9 @@ static void test_conv(int C, int K) {
         qd_cpu_conv1d_silu(x + (size_t)spans[4 * i] * xs, T[i], C, xs, w, K, st + (size_t)slot[i] * C * (K - 1),
                            ref + (size_t)spans[4 * i] * C);
     char what[64];
-    snprintf(what, sizeof what, "conv1d C=%d K=%d outputs", C, K);
+    snprintf(what, sizeof what, "conv1d C=%d K=%d%s outputs", C, K, decode_only ? " decode" : "");
     compare(what, y, ref, (size_t)n * C, 1e-5, 1e-6);
-    snprintf(what, sizeof what, "conv1d C=%d K=%d states", C, K);
+    snprintf(what, sizeof what, "conv1d C=%d K=%d%s states", C, K, decode_only ? " decode" : "");
     compare(what, st2, st, (size_t)SLOTS * C * (K - 1), 0, 0);
     free(x); free(w); free(st); free(y); free(st2); free(ref);
     qd_cuda_free(dx); qd_cuda_free(dw); qd_cuda_free(dst); qd_cuda_free(dsp); qd_cuda_free(drs); qd_cuda_free(dy);
@@ -302,9 +302,11 @@ int main(void) {
     test_matmul(blas, 77, 130, 2, 130, 80, 0); /* cols % 8 != 0: cuBLAS even at small n */
     test_matmul(blas, 300, 512, 65, 512, 300, 1);
     test_embed_norm();
-    test_conv(37, 4);
-    test_conv(64, 2);
-    test_conv(19, 1);
+    test_conv(37, 4, 0);
+    test_conv(64, 2, 0);
+    test_conv(19, 1, 0);
+    test_conv(37, 4, 1);
+    test_conv(8, 3, 1);
     test_gdn_prep(7, 2, 4, 32, 24);
     test_gdn_prep(3, 16, 32, 128, 128);
     test_gated_norm_and_ffn(5, 3, 48, 70, 200);

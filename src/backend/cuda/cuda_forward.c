@@ -77,6 +77,14 @@ static size_t build_step(qd_context *ctx, const qd_span *spans, int n_spans, con
 
 /* ------------------------------------------------------------------ layers */
 
+/* Kernel table for the prefill spans of a GDN layer: the chunked tensor-core
+ * kernel takes head dims that are multiples of 16 up to 256 (every released
+ * model: 128); other shapes (small test models) step the decode kernel through
+ * each span token by token, which computes the same recurrence. */
+static int gdn_chunked_supported(const qd_config *c) {
+    return c->gdn_dk % 16 == 0 && c->gdn_dv % 16 == 0 && c->gdn_dk <= 256 && c->gdn_dv <= 256;
+}
+
 static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
     const qd_config *c = &ctx->model->cfg;
     qd_cuda_ctx *g = ctx->cuda;
@@ -91,15 +99,23 @@ static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
 
     TRYC(qd_cuda_matmul(g->blas, d->gdn_in, W, H, g->x, H, n, g->proj, W, 0));
     qd_cuda_conv_args ca = {n, conv_dim, K, h->n_spans, g->proj, W, d->conv_w, conv_state, dv->spans, dv->row_span,
-                            g->conv_out};
+                            g->conv_out, h->n_pre_spans == 0};
     TRYC(qd_cuda_conv1d_silu(&ca, g->stream));
     TRYC(qd_cuda_gdn_prep(n, hk, hv, dk, dvh, g->conv_out, g->proj + conv_dim + value_dim + hv,
                           g->proj + conv_dim + value_dim, W, d->A_log, d->dt_bias, g->q, g->k, g->v, g->g, g->beta,
                           g->stream));
-    if (h->n_pre_spans > 0) {
+    if (h->n_pre_spans > 0 && gdn_chunked_supported(c)) {
         qd_cuda_gdn_chunked_args a = {g->q, g->k, g->v, key_dim, key_dim, value_dim, g->g, g->beta,
                                       ssm, ssm, dv->pre_slots, g->o};
         TRYC(qd_cuda_gdn_chunked(&g->plan, &a, g->stream));
+    } else {
+        for (int q = 0; q < h->n_pre_spans; q++)
+            for (int r = h->cu_seqlens[q]; r < h->cu_seqlens[q + 1]; r++) {
+                qd_cuda_gdn_decode_args a = {hk, hv, dk, dvh, 1, g->q + (size_t)r * key_dim, g->k + (size_t)r * key_dim,
+                                             g->v + (size_t)r * value_dim, g->g + (size_t)r * hv, g->beta + (size_t)r * hv,
+                                             ssm, dv->pre_slots + q, NULL, g->o + (size_t)r * value_dim};
+                TRYC(qd_cuda_gdn_decode(&a, g->stream));
+            }
     }
     if (h->n_dec > 0) {
         const size_t r0 = (size_t)h->n_pre_rows;
@@ -152,17 +168,16 @@ static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
     const qd_config *c = &ctx->model->cfg;
     qd_cuda_ctx *g = ctx->cuda;
     const int n = g->host.n_rows, H = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok;
-    /* router logits [n][E], then the shared expert's gate logit per row after them */
-    float *sg = g->router + (size_t)ctx->params.max_batch * E;
-    TRYC(qd_cuda_matmul(g->blas, d->router, E, H, g->x, H, n, g->router, E, 0));
-    if (d->shared_gate) {
-        TRYC(qd_cuda_matmul(g->blas, d->shared_gate, 1, H, g->x, H, n, sg, 1, 0));
+    /* router logits and the shared expert's gate logit in one product: [n][E + 1] */
+    const int Er = E + (d->has_shared_gate ? 1 : 0);
+    TRYC(qd_cuda_matmul(g->blas, d->router, Er, H, g->x, H, n, g->router, E + 1, 0));
+    if (d->has_shared_gate) {
         TRYC(mlp(ctx, d->gate_up, d->down, d->I, g->ys));
-        TRYC(qd_cuda_sigmoid_scale(g->y, g->ys, sg, 1, n, H, g->stream));
+        TRYC(qd_cuda_sigmoid_scale(g->y, g->ys, g->router + E, E + 1, n, H, g->stream));
     } else {
         TRYC(qd_cuda_memset_async(g->y, 0, (size_t)n * H * 4, g->stream));
     }
-    TRYC(qd_cuda_moe_route(g->router, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
+    TRYC(qd_cuda_moe_route(g->router, E + 1, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
     qd_cuda_moe_args a = {n, H, c->moe_intermediate_size, E, k, g->x, g->sel, g->selw, d->experts_gate_up,
                           d->experts_down, g->y, g->moe_work, qd_cuda_blas_handle(g->blas)};
     return qd_cuda_moe_experts(&a, g->stream);
@@ -209,7 +224,7 @@ static qd_status update_plan(qd_context *ctx) {
     qd_cuda_ctx *g = ctx->cuda;
     const qd_config *c = &ctx->model->cfg;
     const qd_cuda_step *h = &g->host;
-    if (h->n_pre_spans == 0 || ctx->model->n_gdn == 0) return QD_OK;
+    if (h->n_pre_spans == 0 || ctx->model->n_gdn == 0 || !gdn_chunked_supported(c)) return QD_OK;
     if (g->plan.d_chunks && g->plan_n == h->n_pre_spans &&
         !memcmp(g->plan_cu, h->cu_seqlens, sizeof(int) * (size_t)(h->n_pre_spans + 1)))
         return QD_OK;

@@ -120,7 +120,9 @@ static qd_status place(qd_model *m, qd_cuda_model *cm, planner *p) {
             QD_TRY(mlp(p, &ly->mlp, &d->gate_up, &d->down));
         } else {
             const qd_moe_weights *w = &ly->moe;
-            QD_TRY(one(p, &d->router, &w->router));
+            const qd_weight *rg[2] = {&w->router, &w->shared_gate};
+            d->has_shared_gate = w->has_shared;
+            QD_TRY(matrix(p, &d->router, rg, w->has_shared ? 2 : 1));
             const int E = c->n_experts, Ie = c->moe_intermediate_size;
             /* experts stacked [E][2 Ie][H] and [E][H][Ie] */
             d->experts_gate_up = take(p, (size_t)E * 2 * Ie * H * 2);
@@ -134,7 +136,6 @@ static qd_status place(qd_model *m, qd_cuda_model *cm, planner *p) {
             if (w->has_shared) {
                 d->I = c->shared_expert_intermediate_size;
                 QD_TRY(mlp(p, &w->shared, &d->gate_up, &d->down));
-                QD_TRY(one(p, &d->shared_gate, &w->shared_gate));
             }
         }
     }

@@ -28,8 +28,9 @@ typedef struct qd_cuda_layer {
     uint16_t *down;                  /* [H][I] */
     int I;
     /* MoE */
-    uint16_t *router;                /* [E][H] */
-    uint16_t *shared_gate;           /* [1][H], NULL without a shared expert */
+    uint16_t *router;                /* [E (+1)][H]: the router, then the shared expert's gate row
+                                      * when there is one (one GEMV computes both) */
+    int has_shared_gate;
     uint16_t *experts_gate_up;       /* [E][2 I_e][H] */
     uint16_t *experts_down;          /* [E][H][I_e] */
 } qd_cuda_layer;
@@ -82,7 +83,7 @@ typedef struct qd_cuda_ctx {
     uint16_t *o, *u;                 /* [B][max(value_dim, nq*hd)] */
     float *ffn;                      /* [B][2 max(I, I_s)] gate|up */
     uint16_t *act;                   /* [B][max(I, I_s)] */
-    float *router;                   /* [B][E] router logits, then [B] shared-expert gate logits */
+    float *router;                   /* [B][E + 1] router logits | shared-expert gate logit */
     int32_t *sel;                    /* [B][k] */
     float *selw;                     /* [B][k] */
     float *logits;                   /* [B][V] */

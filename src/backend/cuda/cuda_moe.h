@@ -22,8 +22,8 @@ extern "C" {
 
 /* Softmax over E logits in fp32, top-k (highest first, ties to the lower expert
  * index), optionally renormalised to sum 1 (norm_topk_prob).
- *   d_logits [n][E] fp32 -> d_sel [n][k] int32, d_w [n][k] fp32. */
-qd_status qd_cuda_moe_route(const float *d_logits, int n, int E, int k, int renorm, int32_t *d_sel, float *d_w,
+ *   d_logits [n][E] fp32 rows at stride ld (>= E) -> d_sel [n][k] int32, d_w [n][k] fp32. */
+qd_status qd_cuda_moe_route(const float *d_logits, int64_t ld, int n, int E, int k, int renorm, int32_t *d_sel, float *d_w,
                             void *stream);
 
 typedef struct qd_cuda_moe_args {

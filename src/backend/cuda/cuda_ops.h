@@ -49,6 +49,8 @@ typedef struct qd_cuda_conv_args {
     float *d_state;
     const int32_t *d_spans, *d_row_span;
     float *d_y;
+    int decode_only;    /* every span has one row: the output kernel shifts the state itself
+                         * (one launch instead of two on the decode path) */
 } qd_cuda_conv_args;
 qd_status qd_cuda_conv1d_silu(const qd_cuda_conv_args *a, void *stream);
 

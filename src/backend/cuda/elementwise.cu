@@ -129,21 +129,24 @@ extern "C" qd_status qd_cuda_add_rmsnorm(float *d_h, const float *d_y, const flo
 /* One thread per (row, channel): the window reaches back K-1 inputs, into the
  * sequence's state where the span has not yet supplied them. */
 __global__ void conv_kernel(int n, int C, int K, const float *__restrict__ x, int64_t xs, const float *__restrict__ w,
-                            const float *__restrict__ state, const int32_t *__restrict__ spans,
-                            const int32_t *__restrict__ row_span, float *__restrict__ y) {
+                            const float *state, const int32_t *__restrict__ spans,
+                            const int32_t *__restrict__ row_span, float *__restrict__ y, int shift_state) {
     const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (idx >= (int64_t)n * C) return;
     const int r = (int)(idx / C), c = (int)(idx % C);
     const int32_t *sp = spans + 4 * row_span[r];
     const int row0 = sp[0], slot = sp[3], t = r - row0;
-    const float *st = state + ((size_t)slot * C + c) * (K - 1);
-    float acc = 0.f;
+    float *st = (float *)state + ((size_t)slot * C + c) * (K - 1);
+    float acc = 0.f, win[17];
     for (int j = 0; j < K; j++) {
         const int src = t - (K - 1) + j; /* position within the span; < 0 reads the state */
-        const float in = src >= 0 ? x[(size_t)(row0 + src) * xs + c] : st[(K - 1) + src];
-        acc = fmaf(w[(size_t)c * K + j], in, acc);
+        win[j] = src >= 0 ? x[(size_t)(row0 + src) * xs + c] : st[(K - 1) + src];
+        acc = fmaf(w[(size_t)c * K + j], win[j], acc);
     }
     y[(size_t)r * C + c] = silu(acc);
+    /* one-row spans: this thread is the only reader of its state, so it may shift it */
+    if (shift_state)
+        for (int j = 0; j < K - 1; j++) st[j] = win[j + 1];
 }
 
 /* After the outputs: each (span, channel) keeps the last K-1 inputs of [state | x]. */
@@ -168,9 +171,10 @@ extern "C" qd_status qd_cuda_conv1d_silu(const qd_cuda_conv_args *a, void *strea
     cudaStream_t st = (cudaStream_t)stream;
     const int64_t n1 = (int64_t)a->n * a->C, n2 = (int64_t)a->n_spans * a->C;
     conv_kernel<<<(unsigned)((n1 + 255) / 256), 256, 0, st>>>(a->n, a->C, a->K, a->d_x, a->x_stride, a->d_w,
-                                                             a->d_state, a->d_spans, a->d_row_span, a->d_y);
+                                                             a->d_state, a->d_spans, a->d_row_span, a->d_y,
+                                                             a->decode_only);
     QD_CUDA_CHECK_LAUNCH("conv1d");
-    if (a->K > 1) {
+    if (a->K > 1 && !a->decode_only) {
         conv_state_kernel<<<(unsigned)((n2 + 255) / 256), 256, 0, st>>>(a->n_spans, a->C, a->K, a->d_x, a->x_stride,
                                                                        a->d_state, a->d_spans);
         QD_CUDA_CHECK_LAUNCH("conv1d_state");

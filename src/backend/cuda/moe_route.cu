@@ -16,12 +16,12 @@
 
 template <int V>
 __global__ void __launch_bounds__(RT_WARPS * 32)
-moe_route_kernel(const float *__restrict__ logits, int n, int E, int k, int renorm, int32_t *__restrict__ sel,
+moe_route_kernel(const float *__restrict__ logits, int64_t ld, int n, int E, int k, int renorm, int32_t *__restrict__ sel,
                  float *__restrict__ w) {
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * RT_WARPS + (threadIdx.x >> 5);
     if (t >= n) return;
-    const float *l = logits + (size_t)t * E;
+    const float *l = logits + (size_t)t * ld;
     float v[V];
     float mx = -INFINITY;
 #pragma unroll
@@ -82,20 +82,21 @@ moe_route_kernel(const float *__restrict__ logits, int n, int E, int k, int reno
     }
 }
 
-extern "C" qd_status qd_cuda_moe_route(const float *d_logits, int n, int E, int k, int renorm, int32_t *d_sel,
+extern "C" qd_status qd_cuda_moe_route(const float *d_logits, int64_t ld, int n, int E, int k, int renorm, int32_t *d_sel,
                                        float *d_w, void *stream) {
     if (n < 0 || E < 1 || E > QD_MOE_MAX_EXPERTS || k < 1 || k > 32 || k > E)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_route: need 1 <= k <= min(E, 32), E <= 1024");
+    if (ld < E) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_route: row stride below E");
     if (n == 0) return QD_OK;
     if (!d_logits || !d_sel || !d_w) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_route: NULL pointer");
     const dim3 grid((unsigned)((n + RT_WARPS - 1) / RT_WARPS)), block(RT_WARPS * 32);
     cudaStream_t s = (cudaStream_t)stream;
-    if (E <= 32) moe_route_kernel<1><<<grid, block, 0, s>>>(d_logits, n, E, k, renorm, d_sel, d_w);
-    else if (E <= 64) moe_route_kernel<2><<<grid, block, 0, s>>>(d_logits, n, E, k, renorm, d_sel, d_w);
-    else if (E <= 128) moe_route_kernel<4><<<grid, block, 0, s>>>(d_logits, n, E, k, renorm, d_sel, d_w);
-    else if (E <= 256) moe_route_kernel<8><<<grid, block, 0, s>>>(d_logits, n, E, k, renorm, d_sel, d_w);
-    else if (E <= 512) moe_route_kernel<16><<<grid, block, 0, s>>>(d_logits, n, E, k, renorm, d_sel, d_w);
-    else moe_route_kernel<32><<<grid, block, 0, s>>>(d_logits, n, E, k, renorm, d_sel, d_w);
+    if (E <= 32) moe_route_kernel<1><<<grid, block, 0, s>>>(d_logits, ld, n, E, k, renorm, d_sel, d_w);
+    else if (E <= 64) moe_route_kernel<2><<<grid, block, 0, s>>>(d_logits, ld, n, E, k, renorm, d_sel, d_w);
+    else if (E <= 128) moe_route_kernel<4><<<grid, block, 0, s>>>(d_logits, ld, n, E, k, renorm, d_sel, d_w);
+    else if (E <= 256) moe_route_kernel<8><<<grid, block, 0, s>>>(d_logits, ld, n, E, k, renorm, d_sel, d_w);
+    else if (E <= 512) moe_route_kernel<16><<<grid, block, 0, s>>>(d_logits, ld, n, E, k, renorm, d_sel, d_w);
+    else moe_route_kernel<32><<<grid, block, 0, s>>>(d_logits, ld, n, E, k, renorm, d_sel, d_w);
     QD_CUDA_CHECK_LAUNCH("moe_route");
     return QD_OK;
 }
