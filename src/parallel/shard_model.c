@@ -10,7 +10,8 @@
 
 static qd_weight rows_view(const qd_weight *w, qd_shard_range r) {
     const size_t esz = qd_dtype_size(w->dtype);
-    return (qd_weight){w->dtype, r.count, w->cols, (const unsigned char *)w->data + (size_t)(r.begin * w->cols) * esz};
+    return (qd_weight){.dtype = w->dtype, .rows = r.count, .cols = w->cols,
+                       .data = (const unsigned char *)w->data + (size_t)(r.begin * w->cols) * esz};
 }
 
 static int runs_contiguous(const qd_shard_range *runs, int n) {
@@ -37,7 +38,7 @@ static qd_status rows_gather(qd_model *m, const qd_weight *w, const qd_shard_ran
                (size_t)runs[i].count * row_bytes);
         off += (size_t)runs[i].count * row_bytes;
     }
-    *out = (qd_weight){w->dtype, rows, w->cols, dst};
+    *out = (qd_weight){.dtype = w->dtype, .rows = rows, .cols = w->cols, .data = dst};
     return QD_OK;
 }
 
@@ -53,14 +54,14 @@ static qd_status cols_copy(qd_model *m, const qd_weight *w, qd_shard_range c, qd
     for (int64_t r = 0; r < w->rows; r++)
         memcpy(dst + (size_t)(r * c.count) * esz, (const unsigned char *)w->data + (size_t)(r * w->cols + c.begin) * esz,
                (size_t)c.count * esz);
-    *out = (qd_weight){w->dtype, w->rows, c.count, dst};
+    *out = (qd_weight){.dtype = w->dtype, .rows = w->rows, .cols = c.count, .data = dst};
     return QD_OK;
 }
 
 /* conv1d taps [C][K] of the channels in `runs` */
 static qd_status conv_gather(qd_model *m, const float *src, int K, const qd_shard_range *runs, int n, float **out,
                              qd_err *err) {
-    const qd_weight w = {QD_DTYPE_F32, runs[n - 1].begin + runs[n - 1].count, K, src};
+    const qd_weight w = {.dtype = QD_DTYPE_F32, .rows = runs[n - 1].begin + runs[n - 1].count, .cols = K, .data = src};
     qd_weight g;
     QD_TRY(rows_gather(m, &w, runs, n, &g, err));
     *out = (float *)g.data;  /* a view into the full model's own fp32 buffer, or a fresh copy */
@@ -142,6 +143,7 @@ qd_status qd_shard_model_slice(qd_model *full, const qd_shard_plan *p, qd_model 
     qd_model *m = calloc(1, sizeof *m);
     if (!m) return qd_seterr(err, QD_ERR_OOM, "out of memory for a rank model");
     m->cfg = p->local;
+    m->backend = QD_BACKEND_CPU;  /* host slices; no device weights */
     m->gen = full->gen;
     memcpy(m->eos_ids, full->eos_ids, sizeof m->eos_ids);
     m->n_eos = full->n_eos;

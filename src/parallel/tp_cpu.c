@@ -23,6 +23,8 @@ qd_status qd_tp_cpu_create(qd_model *full, int tp_size, bool expert_parallel, co
                            qd_tp_cpu **out, qd_err *err) {
     *out = NULL;
     if (tp_size < 1) return qd_seterr(err, QD_ERR_INVALID_ARG, "tensor parallel size %d must be at least 1", tp_size);
+    if (full->backend != QD_BACKEND_CPU)
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "the in-process tensor-parallel group slices a CPU-backend model");
     qd_tp_cpu *g = calloc(1, sizeof *g);
     if (!g) return qd_seterr(err, QD_ERR_OOM, "out of memory for a tensor-parallel group");
     g->tp_size = tp_size;
