@@ -35,6 +35,13 @@ static void route_token(const float *logits, int E, int k, int renorm, int32_t *
 }
 
 qd_status qd_layer_moe_forward(qd_context *ctx, const qd_moe_weights *w, int n_rows, const float *x, float *y) {
+    return qd_layer_moe_forward_experts(ctx, w, 0, ctx->model->cfg.n_experts, n_rows, x, y);
+}
+
+/* Only the pairs routed to experts [e0, e1) are gathered, computed and added, so an
+ * expert-parallel rank (src/parallel) runs its own experts and the others contribute 0. */
+qd_status qd_layer_moe_forward_experts(qd_context *ctx, const qd_moe_weights *w, int e0, int e1, int n_rows,
+                                       const float *x, float *y) {
     const qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
     qd_threadpool *pool = m->pool;
@@ -67,16 +74,16 @@ qd_status qd_layer_moe_forward(qd_context *ctx, const qd_moe_weights *w, int n_r
     int32_t *cursor = count + E + 1;
     memcpy(cursor, count, sizeof(int32_t) * (size_t)E);
     for (int i = 0; i < n_rows * k; i++) s->moe_order[cursor[s->moe_sel[i]]++] = i;
-    for (int j = 0; j < n_rows * k; j++)
+    for (int j = count[e0]; j < count[e1]; j++)
         memcpy(s->moe_x + (size_t)j * H, x + (size_t)(s->moe_order[j] / k) * H, sizeof(float) * H);
 
     /* gate and up products for every active expert in one batch, then down */
     qd_matmul_item items[2 * 1024];
-    int n_items = 0, base_e = 0;
-    while (base_e < E) {
+    int n_items = 0, base_e = e0;
+    while (base_e < e1) {
         n_items = 0;
         int e = base_e;
-        for (; e < E && n_items + 2 <= (int)(sizeof items / sizeof items[0]); e++) {
+        for (; e < e1 && n_items + 2 <= (int)(sizeof items / sizeof items[0]); e++) {
             int n = count[e + 1] - count[e];
             if (!n) continue;
             size_t off = (size_t)count[e];
@@ -86,12 +93,13 @@ qd_status qd_layer_moe_forward(qd_context *ctx, const qd_moe_weights *w, int n_r
         qd_cpu_matmul_batch(pool, items, n_items);
         base_e = e;
     }
-    qd_cpu_silu_mul(s->ffn_a, s->ffn_b, (int64_t)n_rows * k * I, s->ffn_a);
-    base_e = 0;
-    while (base_e < E) {
+    qd_cpu_silu_mul(s->ffn_a + (size_t)count[e0] * I, s->ffn_b + (size_t)count[e0] * I,
+                    (int64_t)(count[e1] - count[e0]) * I, s->ffn_a + (size_t)count[e0] * I);
+    base_e = e0;
+    while (base_e < e1) {
         n_items = 0;
         int e = base_e;
-        for (; e < E && n_items + 1 <= (int)(sizeof items / sizeof items[0]); e++) {
+        for (; e < e1 && n_items + 1 <= (int)(sizeof items / sizeof items[0]); e++) {
             int n = count[e + 1] - count[e];
             if (!n) continue;
             size_t off = (size_t)count[e];
@@ -101,7 +109,7 @@ qd_status qd_layer_moe_forward(qd_context *ctx, const qd_moe_weights *w, int n_r
         base_e = e;
     }
     /* weighted scatter-add back to tokens */
-    for (int j = 0; j < n_rows * k; j++) {
+    for (int j = count[e0]; j < count[e1]; j++) {
         int pair = s->moe_order[j];
         float wgt = s->moe_w[pair];
         float *yr = y + (size_t)(pair / k) * H;

@@ -76,43 +76,23 @@ static int32_t argmax_row(const float *x, int n) {
     return best;
 }
 
-static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, int32_t *ids) {
-    if (!ctx) return QD_ERR_INVALID_ARG;
-    qd_model *m = ctx->model;
-    const qd_config *c = &m->cfg;
-    qd_scratch *s = &ctx->s;
-    qd_span_rt *rt = ctx->spans_rt;
-    int n_rows = 0, n_logit_rows = 0;
-    QD_TRY(validate(ctx, spans, n_spans, rt, &n_rows, &n_logit_rows));
-    if (n_logit_rows > 0 && !logits && !ids)
-        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
-#ifdef QD_HAVE_CUDA
-    if (ctx->cuda) {
-        qd_status st = qd_cuda_forward(ctx, spans, n_spans, rt, n_rows, n_logit_rows, logits, ids);
-        /* the state has advanced on the device unless the failure came first; a failed
-         * CUDA step leaves the context unusable for those sequences, as the message says */
-        if (st == QD_OK)
-            for (int i = 0; i < n_spans; i++) ctx->seqs[rt[i].seq].length += rt[i].T;
-        return st;
-    }
-#endif
-
-    const int H = c->hidden_size;
+/* Positions and embeddings of a validated batch (CPU forward). */
+static void begin_rows(qd_context *ctx, const qd_span *spans, int n_spans) {
+    const qd_span_rt *rt = ctx->spans_rt;
     for (int i = 0; i < n_spans; i++)
-        for (int t = 0; t < rt[i].T; t++) s->pos[rt[i].row0 + t] = rt[i].pos0 + t;
-    embed_rows(m, spans, n_spans, s->h);
+        for (int t = 0; t < rt[i].T; t++) ctx->s.pos[rt[i].row0 + t] = rt[i].pos0 + t;
+    embed_rows(ctx->model, spans, n_spans, ctx->s.h);
+}
 
-    for (int L = 0; L < c->n_layers; L++) {
-        const qd_layer *ly = &m->layers[L];
-        qd_cpu_rmsnorm(s->h, n_rows, H, H, ly->input_norm, 1.0f, c->rms_norm_eps, s->x, H);
-        if (ly->kind == QD_LAYER_GDN) QD_TRY(qd_layer_gdn_forward(ctx, ly, rt, n_spans, n_rows, s->x, s->y));
-        else QD_TRY(qd_layer_attn_forward(ctx, ly, rt, n_spans, n_rows, s->x, s->y));
-        add_rows(s->h, s->y, (int64_t)n_rows * H);
-        qd_cpu_rmsnorm(s->h, n_rows, H, H, ly->post_norm, 1.0f, c->rms_norm_eps, s->x, H);
-        if (ly->ffn_kind == QD_FFN_MOE) QD_TRY(qd_layer_moe_forward(ctx, &ly->moe, n_rows, s->x, s->y));
-        else QD_TRY(qd_layer_mlp_forward(ctx, &ly->mlp, n_rows, s->x, s->y));
-        add_rows(s->h, s->y, (int64_t)n_rows * H);
-    }
+/* After the layer stack: sequence lengths, then the logits (and/or greedy ids) of the
+ * rows that want them. */
+static qd_status finish(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, float *logits,
+                        int32_t *ids) {
+    const qd_model *m = ctx->model;
+    const qd_config *c = &m->cfg;
+    const int H = c->hidden_size;
+    qd_scratch *s = &ctx->s;
+    const qd_span_rt *rt = ctx->spans_rt;
     for (int i = 0; i < n_spans; i++) ctx->seqs[rt[i].seq].length += rt[i].T;
 
     if (n_logit_rows == 0) return QD_OK;
@@ -136,6 +116,57 @@ static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, flo
         ids[r] = argmax_row(ctx->row_logits, c->vocab_size);
     }
     return QD_OK;
+}
+
+static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, int32_t *ids) {
+    if (!ctx) return QD_ERR_INVALID_ARG;
+    qd_model *m = ctx->model;
+    const qd_config *c = &m->cfg;
+    qd_scratch *s = &ctx->s;
+    qd_span_rt *rt = ctx->spans_rt;
+    int n_rows = 0, n_logit_rows = 0;
+    QD_TRY(validate(ctx, spans, n_spans, rt, &n_rows, &n_logit_rows));
+    if (n_logit_rows > 0 && !logits && !ids)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
+#ifdef QD_HAVE_CUDA
+    if (ctx->cuda) {
+        qd_status st = qd_cuda_forward(ctx, spans, n_spans, rt, n_rows, n_logit_rows, logits, ids);
+        /* the state has advanced on the device unless the failure came first; a failed
+         * CUDA step leaves the context unusable for those sequences, as the message says */
+        if (st == QD_OK)
+            for (int i = 0; i < n_spans; i++) ctx->seqs[rt[i].seq].length += rt[i].T;
+        return st;
+    }
+#endif
+
+    const int H = c->hidden_size;
+    begin_rows(ctx, spans, n_spans);
+    for (int L = 0; L < c->n_layers; L++) {
+        const qd_layer *ly = &m->layers[L];
+        qd_cpu_rmsnorm(s->h, n_rows, H, H, ly->input_norm, 1.0f, c->rms_norm_eps, s->x, H);
+        if (ly->kind == QD_LAYER_GDN) QD_TRY(qd_layer_gdn_forward(ctx, ly, rt, n_spans, n_rows, s->x, s->y));
+        else QD_TRY(qd_layer_attn_forward(ctx, ly, rt, n_spans, n_rows, s->x, s->y));
+        add_rows(s->h, s->y, (int64_t)n_rows * H);
+        qd_cpu_rmsnorm(s->h, n_rows, H, H, ly->post_norm, 1.0f, c->rms_norm_eps, s->x, H);
+        if (ly->ffn_kind == QD_FFN_MOE) QD_TRY(qd_layer_moe_forward(ctx, &ly->moe, n_rows, s->x, s->y));
+        else QD_TRY(qd_layer_mlp_forward(ctx, &ly->mlp, n_rows, s->x, s->y));
+        add_rows(s->h, s->y, (int64_t)n_rows * H);
+    }
+    return finish(ctx, spans, n_spans, n_logit_rows, logits, ids);
+}
+
+/* The CPU steps around the layer stack, for the in-process tensor-parallel forward
+ * (src/parallel/tp_cpu.c), which runs the stack of every rank in between. */
+qd_status qd_forward_begin(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, int *n_rows,
+                           int *n_logit_rows) {
+    QD_TRY(validate(ctx, spans, n_spans, ctx->spans_rt, n_rows, n_logit_rows));
+    if (*n_logit_rows > 0 && !logits) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
+    begin_rows(ctx, spans, n_spans);
+    return QD_OK;
+}
+
+qd_status qd_forward_end(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, float *logits) {
+    return finish(ctx, spans, n_spans, n_logit_rows, logits, NULL);
 }
 
 qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits) {

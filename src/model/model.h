@@ -233,5 +233,17 @@ qd_status qd_layer_attn_forward(qd_context *ctx, const qd_layer *L, const qd_spa
                                 int n_rows, const float *x, float *y);
 qd_status qd_layer_mlp_forward(qd_context *ctx, const qd_mlp_weights *w, int n_rows, const float *x, float *y);
 qd_status qd_layer_moe_forward(qd_context *ctx, const qd_moe_weights *w, int n_rows, const float *x, float *y);
+/* The MoE block restricted to experts [e0, e1) (the shared expert included): an
+ * expert-parallel rank's share of the block's output. */
+qd_status qd_layer_moe_forward_experts(qd_context *ctx, const qd_moe_weights *w, int e0, int e1, int n_rows,
+                                       const float *x, float *y);
+
+/* qd_forward without its layer stack (forward.c), for the tensor-parallel forward: begin
+ * validates the batch, reserves KV blocks, fills positions and embeds the tokens into
+ * ctx->s.h; end advances the sequence lengths and writes the requested logits from
+ * ctx->s.h (none when n_logit_rows is 0). */
+qd_status qd_forward_begin(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, int *n_rows,
+                           int *n_logit_rows);
+qd_status qd_forward_end(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, float *logits);
 
 #endif
