@@ -1,8 +1,15 @@
 /* The whole model on the CUDA backend (skipped without a GPU):
- *  - golden: every fixture and prompt, logits of every position from one prefill
- *    within bf16 tolerance of transformers' fp32 reference (max|diff| <= 2e-2 x
- *    max|ref|, top-1 agreement >= 99% of positions) and the greedy continuation
- *    (device argmax, one decode step per token, CUDA graphs) identical;
+ *  - golden, gpu_* fixtures (tools/make_gpu_fixtures.py: the released models' head
+ *    dims, greedy steps with a top-1/top-2 gap bf16 can resolve): logits of every
+ *    position from one prefill within bf16 tolerance of transformers' fp32 reference
+ *    (max|diff| <= 2e-2 x max|ref|, top-1 agreement >= 99% of positions) and the
+ *    greedy continuation (device argmax, one decode step per token, CUDA graphs)
+ *    identical;
+ *  - golden, the tiny fixtures of tools/make_fixtures.py: those are built for the fp32
+ *    CPU backend (unit-gain random weights, greedy gaps down to 1e-3, head dims 16/24/32
+ *    that take the GPU's fallback paths), and bf16 activations move their logits by
+ *    up to tens of percent of the largest one; here they must agree on the top-1 token
+ *    at >= 85% of positions and the errors are reported;
  *  - equivalences on the GPU: chunked prefill == token-by-token decode, a ragged
  *    batch mixing prefills and decodes == each sequence alone, snapshot/restore and
  *    fork reproduce the state, CUDA-graph decode == eager decode;
@@ -11,9 +18,14 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "backend/cuda/cuda_gdn.h"
+#include "model/model.h"
 #include "qd_test.h"
 #include "qdelta.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_gdn.h"
+#endif
+
+#ifdef QD_HAVE_CUDA
 
 #define FIXTURES "tests/fixtures"
 
@@ -74,10 +86,10 @@ static qd_context *context(qd_model *m, int max_seqs, int max_ctx, int max_batch
     return s == QD_OK ? ctx : NULL;
 }
 
-static double worst_golden = 0, worst_agree = 1;
+static double worst_golden = 0, worst_agree = 1, worst_tiny = 0;
 static int n_cases = 0;
 
-static void golden_case(qd_model *m, const char *dir, const char *prompt_file) {
+static void golden_case(qd_model *m, const char *dir, const char *prompt_file, int strict) {
     char path[1024];
     const int L = atoi(prompt_file + strlen("prompt_"));
     snprintf(path, sizeof path, "%s/%s", dir, prompt_file);
@@ -105,17 +117,22 @@ static void golden_case(qd_model *m, const char *dir, const char *prompt_file) {
         for (int t = 0; t < L; t++) agree += argmax(logits + (size_t)t * V, V) == argmax(ref + (size_t)t * V, V);
         const double frac = (double)agree / L;
         printf("  %-36s L=%-4d max|diff|/max|ref| = %.2e  top-1 agree %d/%d\n", dir + strlen(FIXTURES) + 1, L, e, agree, L);
-        CHECKF(e <= 2e-2, "%s: logits differ: %.3e > 2e-2", path, e);
-        CHECKF(frac >= 0.99 || L - agree <= 0, "%s: top-1 agreement %d/%d below 99%%", path, agree, L);
-        worst_golden = fmax(worst_golden, e);
-        worst_agree = fmin(worst_agree, frac);
+        if (strict) {
+            CHECKF(e <= 2e-2, "%s: logits differ: %.3e > 2e-2", path, e);
+            CHECKF(frac >= 0.99, "%s: top-1 agreement %d/%d below 99%%", path, agree, L);
+            worst_golden = fmax(worst_golden, e);
+            worst_agree = fmin(worst_agree, frac);
+        } else {
+            CHECKF(frac >= 0.85, "%s: top-1 agreement %d/%d below 85%%", path, agree, L);
+            worst_tiny = fmax(worst_tiny, e);
+        }
     }
     free(ref);
 
     /* greedy continuation through the device argmax: prefill (last row), then decodes */
     snprintf(path, sizeof path, "%s/greedy_%d.ids", dir, L);
-    txt = qd_test_read_file(path, NULL);
-    CHECKF(txt != NULL, "cannot read %s", path);
+    txt = strict ? qd_test_read_file(path, NULL) : NULL;
+    CHECKF(!strict || txt != NULL, "cannot read %s", path);
     if (txt) {
         int32_t want[64], got[64];
         const int n_want = parse_ids(txt, want, 64);
@@ -145,6 +162,7 @@ static void golden_case(qd_model *m, const char *dir, const char *prompt_file) {
 }
 
 static void golden_fixture(const char *dir) {
+    const int strict = strstr(dir, "/gpu_") != NULL;
     qd_model *m = load(dir, QD_BACKEND_CUDA, QD_LOAD_AUTO);
     if (!m) return;
     DIR *d = opendir(dir);
@@ -156,7 +174,7 @@ static void golden_fixture(const char *dir) {
     if (d) closedir(d);
     qsort(names, (size_t)n, sizeof(char *), cmp_str);
     for (int i = 0; i < n; i++) {
-        golden_case(m, dir, names[i]);
+        golden_case(m, dir, names[i], strict);
         free(names[i]);
     }
     qd_model_free(m);
@@ -336,8 +354,8 @@ static void dummy_cpu_vs_gpu(const char *dir, uint64_t *seed) {
 
 int main(void) {
     if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_model", "no CUDA device");
-    uint64_t seed = (uint64_t)time(NULL);
-    printf("seed %llu\n", (unsigned long long)seed);
+    qd_test_rng rng = qd_test_rng_from_env();
+    uint64_t seed = qd_test_next(&rng);
     DIR *d = opendir(FIXTURES);
     CHECKF(d != NULL, "no %s directory (run from the repository root)", FIXTURES);
     if (!d) return qd_test_finish("test_cuda_model");
@@ -359,10 +377,15 @@ int main(void) {
     CHECKF(n >= 6, "expected at least 6 fixture models, found %d", n);
     printf("golden fixtures on the GPU\n");
     for (int i = 0; i < n; i++) golden_fixture(dirs[i]);
-    printf("worst golden error %.2e, worst top-1 agreement %.3f, %d cases\n", worst_golden, worst_agree, n_cases);
+    printf("gpu_* fixtures: worst error %.2e, worst top-1 agreement %.3f; tiny fixtures: worst error %.2e; %d cases\n",
+           worst_golden, worst_agree, worst_tiny, n_cases);
     printf("equivalences on the GPU\n");
+    /* on the gpu_* fixtures: the released models' head dims take the tensor-core
+     * kernels, and their outputs are far enough from ties for bf16 comparisons */
+    int n_gpu = 0;
     for (int i = 0; i < n; i++) {
-        if (!strstr(dirs[i], "_bf16")) continue; /* the f32 twins have the same shapes */
+        if (!strstr(dirs[i], "/gpu_")) continue;
+        n_gpu++;
         printf(" %s\n", dirs[i]);
         qd_model *m = load(dirs[i], QD_BACKEND_CUDA, QD_LOAD_AUTO);
         if (!m) continue;
@@ -374,6 +397,13 @@ int main(void) {
         qd_model_free(m);
         dummy_cpu_vs_gpu(dirs[i], &seed);
     }
+    CHECKF(n_gpu >= 2, "expected the gpu_* fixtures of tools/make_gpu_fixtures.py, found %d", n_gpu);
     for (int i = 0; i < n; i++) free(dirs[i]);
     return qd_test_finish("test_cuda_model");
 }
+
+#else /* no CUDA compiler: nothing to test */
+
+int main(void) { return qd_test_skip("test_cuda_model", "built without CUDA"); }
+
+#endif
