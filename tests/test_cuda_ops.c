@@ -101,6 +101,30 @@ static void test_matmul(qd_cuda_blas *blas, int64_t rows, int64_t cols, int n, i
     qd_cuda_free(dW); qd_cuda_free(dx); qd_cuda_free(dy);
 }
 
+static void test_matmul_xf32(int64_t rows, int64_t cols, int n, int64_t ldx, int64_t ldy) {
+    float *w = rnd((size_t)(rows * cols), 0.5f), *x = rnd((size_t)(n * ldx), 1.0f);
+    uint16_t *wb = bf(w, (size_t)(rows * cols));
+    void *dW = dev(wb, (size_t)(rows * cols) * 2), *dx = dev(x, (size_t)(n * ldx) * 4), *dy = dev(NULL, (size_t)n * ldy * 4);
+    CHECK(qd_cuda_matmul_xf32(dW, rows, cols, dx, ldx, n, dy, ldy, NULL) == QD_OK);
+    float *yh = host(dy, (size_t)n * ldy * 4);
+    float *got = malloc(sizeof(float) * (size_t)(n * rows)), *ref = malloc(sizeof(float) * (size_t)(n * rows));
+    double worst = 0;
+    for (int t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double acc = 0, mag = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                acc += (double)w[r * cols + c] * x[t * ldx + c];
+                mag += fabs((double)w[r * cols + c] * x[t * ldx + c]);
+            }
+            ref[t * rows + r] = (float)acc;
+            got[t * rows + r] = yh[t * ldy + r];
+            worst = fmax(worst, mag);
+        }
+    compare("matmul_xf32", got, ref, (size_t)(n * rows), 0, 1e-5 * worst + 1e-6);
+    free(w); free(x); free(wb); free(yh); free(got); free(ref);
+    qd_cuda_free(dW); qd_cuda_free(dx); qd_cuda_free(dy);
+}
+
 static void test_embed_norm(void) {
     const int V = 37, H = 333, n = 6;
     float *tab = rnd((size_t)V * H, 1.0f);
@@ -114,19 +138,23 @@ static void test_embed_norm(void) {
     CHECKF(same, "embedding rows differ");
     /* residual add + norm, all rows; then a gather of rows 4, 1 without add */
     float *y = rnd((size_t)n * H, 2.0f), *w = rnd(H, 0.3f);
-    void *dy = dev(y, (size_t)n * H * 4), *dw = dev(w, (size_t)H * 4), *dx = dev(NULL, (size_t)n * H * 2);
-    CHECK(qd_cuda_add_rmsnorm(dh, dy, dw, 1e-6f, n, H, NULL, dx, NULL) == QD_OK);
+    void *dy = dev(y, (size_t)n * H * 4), *dw = dev(w, (size_t)H * 4), *dx = dev(NULL, (size_t)n * H * 2),
+         *dxf = dev(NULL, (size_t)n * H * 4);
+    CHECK(qd_cuda_add_rmsnorm(dh, dy, dw, 1e-6f, n, H, NULL, dx, dxf, NULL) == QD_OK);
     float *h2 = host(dh, (size_t)n * H * 4);
     uint16_t *xb = host(dx, (size_t)n * H * 2);
     float *sum = malloc(sizeof(float) * n * H), *ref = malloc(sizeof(float) * n * H);
     for (int i = 0; i < n * H; i++) sum[i] = h[i] + y[i];
     compare("residual add", h2, sum, (size_t)n * H, 0, 0);
     qd_cpu_rmsnorm(sum, n, H, H, w, 1.0f, 1e-6f, ref, H);
-    float *x = widen(xb, (size_t)n * H);
+    float *x = widen(xb, (size_t)n * H), *xf = host(dxf, (size_t)n * H * 4);
     compare("add_rmsnorm", x, ref, (size_t)n * H, 8e-3, 1e-6);
+    compare("add_rmsnorm fp32 copy", xf, ref, (size_t)n * H, 1e-5, 1e-7);
+    free(xf);
+    qd_cuda_free(dxf);
     int32_t rows[2] = {4, 1};
     void *drows = dev(rows, sizeof rows), *dx2 = dev(NULL, (size_t)2 * H * 2);
-    CHECK(qd_cuda_add_rmsnorm(dh, NULL, dw, 1e-6f, 2, H, drows, dx2, NULL) == QD_OK);
+    CHECK(qd_cuda_add_rmsnorm(dh, NULL, dw, 1e-6f, 2, H, drows, dx2, NULL, NULL) == QD_OK);
     uint16_t *x2b = host(dx2, (size_t)2 * H * 2);
     float *x2 = widen(x2b, (size_t)2 * H), ref2[2 * 333];
     memcpy(ref2, ref + 4 * H, sizeof(float) * H);
@@ -301,6 +329,8 @@ int main(void) {
     test_matmul(blas, 77, 130, 17, 136, 77, 0);
     test_matmul(blas, 77, 130, 2, 130, 80, 0); /* cols % 8 != 0: cuBLAS even at small n */
     test_matmul(blas, 300, 512, 65, 512, 300, 1);
+    test_matmul_xf32(257, 2048, 1, 2048, 257);
+    test_matmul_xf32(9, 100, 70, 104, 10);
     test_embed_norm();
     test_conv(37, 4, 0);
     test_conv(64, 2, 0);

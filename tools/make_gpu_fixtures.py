@@ -67,6 +67,9 @@ SPECS = [
          config_layer_types=False, mtp_stray=False, shards=1),
     dict(name="gpu_qwen3_5_moe", family="qwen3_5_moe", layout="composite", seed=606, hv=4, theta=1e7,
          interval=4, tie=False, extra=dict(mf.MOE), config_layer_types=True, shards=1),
+    # dense FFN: no routing decisions, so only the arithmetic separates it from the reference
+    dict(name="gpu_qwen3_5_dense", family="qwen3_5", layout="composite", seed=707, hv=4, theta=1e7,
+         interval=4, tie=False, extra={}, config_layer_types=True, shards=1),
 ]
 
 

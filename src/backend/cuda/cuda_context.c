@@ -57,6 +57,7 @@ static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, carve *cv) {
     g->y = take(cv, B * H * 4);
     g->ys = take(cv, B * H * 4);
     g->x = take(cv, B * H * 2);
+    g->xf = take(cv, E > 0 ? B * H * 4 : 0);
     g->proj = take(cv, B * max_sz(gdn_in, q_rows) * 4);
     g->proj2 = take(cv, B * kvd * 4);
     g->proj3 = take(cv, B * kvd * 4);

@@ -170,7 +170,8 @@ static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
     const int n = g->host.n_rows, H = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok;
     /* router logits and the shared expert's gate logit in one product: [n][E + 1] */
     const int Er = E + (d->has_shared_gate ? 1 : 0);
-    TRYC(qd_cuda_matmul(g->blas, d->router, Er, H, g->x, H, n, g->router, E + 1, 0));
+    /* fp32 input: a bf16-rounded x would flip near-tied expert choices (discrete changes) */
+    TRYC(qd_cuda_matmul_xf32(d->router, Er, H, g->xf, H, n, g->router, E + 1, g->stream));
     if (d->has_shared_gate) {
         TRYC(mlp(ctx, d->gate_up, d->down, d->I, g->ys));
         TRYC(qd_cuda_sigmoid_scale(g->y, g->ys, g->router + E, E + 1, n, H, g->stream));
@@ -196,19 +197,20 @@ static qd_status run_layers(qd_context *ctx, int max_span_rows, int n_logit_firs
     for (int L = 0; L < c->n_layers; L++) {
         const qd_layer *ly = &m->layers[L];
         const qd_cuda_layer *d = &cm->layers[L];
-        TRYC(qd_cuda_add_rmsnorm(g->h, pending, d->input_norm, c->rms_norm_eps, n, H, NULL, g->x, g->stream));
+        TRYC(qd_cuda_add_rmsnorm(g->h, pending, d->input_norm, c->rms_norm_eps, n, H, NULL, g->x, NULL, g->stream));
         if (ly->kind == QD_LAYER_GDN) TRYC(gdn_layer(ctx, d, ly->state_index));
         else TRYC(attn_layer(ctx, d, ly->state_index, max_span_rows));
-        TRYC(qd_cuda_add_rmsnorm(g->h, g->y, d->post_norm, c->rms_norm_eps, n, H, NULL, g->x, g->stream));
+        TRYC(qd_cuda_add_rmsnorm(g->h, g->y, d->post_norm, c->rms_norm_eps, n, H, NULL, g->x,
+                                 ly->ffn_kind == QD_FFN_MOE ? g->xf : NULL, g->stream));
         if (ly->ffn_kind == QD_FFN_MOE) TRYC(moe_layer(ctx, d));
         else TRYC(mlp(ctx, d->gate_up, d->down, d->I, g->y));
         pending = g->y;
     }
     /* the last block's output joins the residual for every row (later chunks read h) */
-    if (pending) TRYC(qd_cuda_add_rmsnorm(g->h, pending, cm->final_norm, c->rms_norm_eps, n, H, NULL, g->x, g->stream));
+    if (pending) TRYC(qd_cuda_add_rmsnorm(g->h, pending, cm->final_norm, c->rms_norm_eps, n, H, NULL, g->x, NULL, g->stream));
     if (n_logit_first > 0) {
         TRYC(qd_cuda_add_rmsnorm(g->h, NULL, cm->final_norm, c->rms_norm_eps, n_logit_first, H, g->dev.logit_rows,
-                                 g->x, g->stream));
+                                 g->x, NULL, g->stream));
         TRYC(qd_cuda_matmul(g->blas, cm->lm_head, c->vocab_size, H, g->x, H, n_logit_first, g->logits, c->vocab_size, 0));
         TRYC(qd_cuda_argmax(g->logits, n_logit_first, c->vocab_size, g->ids, g->stream));
     }
@@ -280,7 +282,7 @@ qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, co
         const int nr = n_logit_rows - r0 < LC ? n_logit_rows - r0 : LC;
         if (r0 > 0) {
             if ((s = qd_cuda_add_rmsnorm(g->h, NULL, ctx->model->cuda->final_norm, c->rms_norm_eps, nr, H,
-                                         g->dev.logit_rows + r0, g->x, g->stream)) ||
+                                         g->dev.logit_rows + r0, g->x, NULL, g->stream)) ||
                 (s = qd_cuda_matmul(g->blas, ctx->model->cuda->lm_head, V, H, g->x, H, nr, g->logits, V, 0)) ||
                 (s = qd_cuda_argmax(g->logits, nr, V, g->ids, g->stream)))
                 return backend_error(ctx, s);

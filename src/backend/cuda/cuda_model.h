@@ -75,6 +75,7 @@ typedef struct qd_cuda_ctx {
     /* scratch of one forward (max_batch rows) */
     float *h, *y, *ys;               /* [B][H] */
     uint16_t *x;                     /* [B][H] normed activations, bf16 */
+    float *xf;                       /* [B][H] the same in fp32 (MoE router input) */
     float *proj;                     /* [B][max projection width] */
     float *proj2, *proj3;            /* [B][kvd] attention k and v */
     float *conv_out;                 /* [B][conv_dim] */

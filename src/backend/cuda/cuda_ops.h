@@ -31,9 +31,10 @@ qd_status qd_cuda_fill_dummy_bf16(uint16_t *d, int64_t n, float scale, uint64_t 
 qd_status qd_cuda_embed(const uint16_t *d_embed, const int32_t *d_tokens, int n, int H, float *d_h, void *stream);
 
 /* Residual add and RMSNorm: for each output row i with source row r = d_rows ? d_rows[i] : i:
- * if d_y, h[r] += y[r] (written back); x[i] = bf16(h[r] * rsqrt(mean(h[r]^2) + eps) * (1 + w)). */
+ * if d_y, h[r] += y[r] (written back); x[i] = bf16(h[r] * rsqrt(mean(h[r]^2) + eps) * (1 + w)),
+ * and the same row unrounded in d_xf when it is not NULL (the MoE router's fp32 input). */
 qd_status qd_cuda_add_rmsnorm(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
-                              const int32_t *d_rows, uint16_t *d_x, void *stream);
+                              const int32_t *d_rows, uint16_t *d_x, float *d_xf, void *stream);
 
 /* Causal depthwise conv1d + SiLU over a ragged batch with per-slot state.
  *   d_x     [n][C] at row stride x_stride (fp32 projection)
@@ -90,6 +91,11 @@ void *qd_cuda_blas_handle(qd_cuda_blas *b); /* cublasHandle_t */
  * ldx, fp32 accumulation; y fp32 (y_bf16 = 0) or bf16 rows at stride ldy. */
 qd_status qd_cuda_matmul(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
                          int64_t ldx, int n, void *d_y, int64_t ldy, int y_bf16);
+
+/* The same product with fp32 activations (bf16 weights, fp32 arithmetic): for small
+ * matrices whose outputs make discrete decisions, the MoE router. */
+qd_status qd_cuda_matmul_xf32(const uint16_t *d_W, int64_t rows, int64_t cols, const float *d_x, int64_t ldx, int n,
+                              float *d_y, int64_t ldy, void *stream);
 
 #ifdef __cplusplus
 }

@@ -98,7 +98,7 @@ extern "C" qd_status qd_cuda_embed(const uint16_t *d_embed, const int32_t *d_tok
 #define NORM_NT 256
 __global__ void __launch_bounds__(NORM_NT)
 add_rmsnorm_kernel(float *__restrict__ h, const float *__restrict__ y, const float *__restrict__ w, float eps, int H,
-                   const int32_t *__restrict__ rows, uint16_t *__restrict__ x) {
+                   const int32_t *__restrict__ rows, uint16_t *__restrict__ x, float *__restrict__ xf) {
     __shared__ float red[NORM_NT / 32];
     const int i = blockIdx.x;
     const int r = rows ? rows[i] : i;
@@ -113,13 +113,17 @@ add_rmsnorm_kernel(float *__restrict__ h, const float *__restrict__ y, const flo
         ss += v * v;
     }
     const float inv = rsqrtf(block_sum<NORM_NT>(ss, red) / (float)H + eps);
-    for (int c = threadIdx.x; c < H; c += NORM_NT) x[(size_t)i * H + c] = qd_f2bf(hr[c] * inv * (1.f + w[c]));
+    for (int c = threadIdx.x; c < H; c += NORM_NT) {
+        const float v = hr[c] * inv * (1.f + w[c]);
+        x[(size_t)i * H + c] = qd_f2bf(v);
+        if (xf) xf[(size_t)i * H + c] = v;
+    }
 }
 
 extern "C" qd_status qd_cuda_add_rmsnorm(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
-                                         const int32_t *d_rows, uint16_t *d_x, void *stream) {
+                                         const int32_t *d_rows, uint16_t *d_x, float *d_xf, void *stream) {
     if (n <= 0) return QD_OK;
-    add_rmsnorm_kernel<<<n, NORM_NT, 0, (cudaStream_t)stream>>>(d_h, d_y, d_w, eps, H, d_rows, d_x);
+    add_rmsnorm_kernel<<<n, NORM_NT, 0, (cudaStream_t)stream>>>(d_h, d_y, d_w, eps, H, d_rows, d_x, d_xf);
     QD_CUDA_CHECK_LAUNCH("add_rmsnorm");
     return QD_OK;
 }
