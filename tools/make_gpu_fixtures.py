@@ -9,17 +9,18 @@ activations can resolve, so a bf16 engine cannot be expected to reproduce those 
 
 This script builds the same kind of checkpoint with transformers' real classes and the
 published on-disk layouts, reusing make_fixtures.py's initialisation and writers, but with:
-  * GDN key/value head dim 128 (2 key heads, 4 value heads), attention head dim 256 (4 query /
-    2 KV heads, partial rotary 0.25 -> 64 rotated dims), hidden 256, MoE 8 experts top-2 of
-    width 64 plus a shared expert: the kernels and tiling of Qwen3-Next / Qwen3.5;
-  * prompts of 1, 64, 65, 200 and 333 tokens (several 64-token chunks, partial last chunks);
+  * GDN key/value head dim 128 (1 key head, 2 value heads), attention head dim 256 (2 query /
+    1 KV heads, partial rotary 0.25 -> 64 rotated dims), hidden 128, two layers (GDN, then
+    attention), MoE 4 experts top-2 of width 32 plus a shared expert: the kernels and tiling of
+    Qwen3-Next / Qwen3.5 at a size that keeps the repository small (about 1.5 MB a fixture);
+  * prompts of 1, 64, 65 and 130 tokens (one chunk, a chunk plus one, two chunks plus two);
   * BF16 storage (the GPU's format), references from the float32 model holding those weights;
   * every greedy step's top-1/top-2 gap >= MIN_GAP (0.05, about 1% of the largest logit), so
     a continuation is a fair test for bf16 arithmetic; prompts that fail are redrawn.
 
 Run on the device machine (torch + transformers, no internet), from the repository root:
-    PYTHONUNBUFFERED=1 python3 tools/make_gpu_fixtures.py --out /tmp/gfx --tar $OUT/gpu_fixtures.tar.gz
-then here:  tar -xzf <files_at>/gpu_fixtures.tar.gz -C tests/fixtures
+    PYTHONUNBUFFERED=1 python3 tools/make_gpu_fixtures.py --out /tmp/gfx --tar $OUT/gfx.tar.gz
+then here:  for f in <files_at>/gfx_*.tar.gz; do tar -xzf $f -C tests/fixtures; done
 Fixture directories are named gpu_*; their manifest is tests/fixtures/MANIFEST_gpu.json."""
 import argparse
 import hashlib
@@ -36,19 +37,19 @@ import transformers
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as mf  # noqa: E402
 
-H = 256
+H = 128
 mf.H = H
 mf.VOCAB = 320
-mf.PROMPT_LENS = [1, 64, 65, 200, 333]
+mf.PROMPT_LENS = [1, 64, 65, 130]
 mf.MIN_GAP = 0.05
 mf.COMMON = dict(
-    vocab_size=mf.VOCAB, hidden_size=H, intermediate_size=512, num_hidden_layers=4,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=256, hidden_act="silu",
+    vocab_size=mf.VOCAB, hidden_size=H, intermediate_size=256, num_hidden_layers=2,
+    num_attention_heads=2, num_key_value_heads=1, head_dim=256, hidden_act="silu",
     max_position_embeddings=4096, initializer_range=0.02, rms_norm_eps=1e-6, use_cache=True,
     attention_bias=False, attention_dropout=0.0, linear_conv_kernel_dim=4,
-    linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=2,
+    linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=1,
 )
-mf.MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)
+mf.MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
 mf.VISION = dict(mf.VISION, out_hidden_size=H)
 
 
@@ -62,14 +63,14 @@ def rope_params(spec):
 mf.rope_params = rope_params
 
 SPECS = [
-    dict(name="gpu_qwen3_next_moe", family="qwen3_next", layout="flat", seed=505, hv=4, theta=1e7, interval=4,
+    dict(name="gpu_qwen3_next_moe", family="qwen3_next", layout="flat", seed=505, hv=2, theta=1e7, interval=2,
          tie=False, extra=dict(mf.MOE, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
          config_layer_types=False, mtp_stray=False, shards=1),
-    dict(name="gpu_qwen3_5_moe", family="qwen3_5_moe", layout="composite", seed=606, hv=4, theta=1e7,
-         interval=4, tie=False, extra=dict(mf.MOE), config_layer_types=True, shards=1),
+    dict(name="gpu_qwen3_5_moe", family="qwen3_5_moe", layout="composite", seed=606, hv=2, theta=1e7,
+         interval=2, tie=False, extra=dict(mf.MOE), config_layer_types=True, shards=1),
     # dense FFN: no routing decisions, so only the arithmetic separates it from the reference
-    dict(name="gpu_qwen3_5_dense", family="qwen3_5", layout="composite", seed=707, hv=4, theta=1e7,
-         interval=4, tie=False, extra={}, config_layer_types=True, shards=1),
+    dict(name="gpu_qwen3_5_dense", family="qwen3_5", layout="composite", seed=707, hv=2, theta=1e7,
+         interval=2, tie=False, extra={}, config_layer_types=True, shards=1),
 ]
 
 
@@ -113,7 +114,7 @@ def main():
                               min_gap=r["min_gap"], logits_absmax=r["logits"].abs().max().item()))
             mf.log(f"    L={L} seed={r['seed']} attempts={r['attempts']} gap={r['min_gap']:.3g} "
                    f"absmax={r['logits'].abs().max().item():.3g}")
-        ids = [int(t) for t in open(os.path.join(d, "prompt_65.ids")).read().split()]
+        ids = [int(t) for t in open(os.path.join(d, "prompt_65.ids")).read().split()]  # reload check
         ref = torch.from_numpy(np.fromfile(os.path.join(d, "logits_65.f32"), dtype="<f4")).view(len(ids), mf.VOCAB)
         rc = mf.reload_checks(spec, "bf16", d, cfg, ids, ref)
         manifest["fixtures"].append(dict(name=fname, family=spec["family"], layout=spec["layout"], storage="bf16",
@@ -121,9 +122,9 @@ def main():
                                          reload_checks=rc, files=sorted(files + ["config.json"])))
     with open(os.path.join(args.out, "MANIFEST_gpu.json"), "w") as f:
         json.dump(manifest, f, indent=1)
-    if args.tar:
-        with tarfile.open(args.tar, "w:gz") as t:
-            for n in sorted(os.listdir(args.out)):
+    if args.tar:  # one archive per fixture (the device returns files of at most 16 MiB)
+        for n in sorted(os.listdir(args.out)):
+            with tarfile.open(args.tar.replace(".tar.gz", "") + "_" + n.replace(".json", "") + ".tar.gz", "w:gz") as t:
                 t.add(os.path.join(args.out, n), arcname=n)
     mf.log("done")
 
