@@ -5,7 +5,7 @@
 # none of these packages and no network; carrying .deps there lets the full CMake
 # build configure and link:
 #   PKG_CONFIG_PATH=$PWD/.deps/lib/pkgconfig LD_LIBRARY_PATH=$PWD/.deps/lib cmake ...
-# The libraries need glibc >= 2.34 at run time.
+# The libraries need glibc >= 2.34 at run time. Also writes .deps.tar.xz (the same, compressed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D=.deps
@@ -43,4 +43,6 @@ pc jansson jansson
 pc libpcre2-8 pcre2-8
 pc libutf8proc utf8proc
 pc libmicrohttpd microhttpd
-du -sh "$D"
+# the GPU machine's calls carry a size-limited tree: carry this archive (scripts/gpu-check.sh unpacks it)
+tar -cJf .deps.tar.xz "$D"
+du -sh "$D" .deps.tar.xz

@@ -370,7 +370,7 @@ static void graph_vs_eager(qd_model *m, uint64_t *seed) {
 }
 
 /* dummy weights drawn on the device equal the CPU's: same logits within tolerance */
-static void dummy_cpu_vs_gpu(const char *dir, uint64_t *seed, int moe) {
+static void dummy_cpu_vs_gpu(const char *dir, uint64_t *seed) {
     qd_model *mc = load(dir, QD_BACKEND_CPU, QD_LOAD_DUMMY), *mg = load(dir, QD_BACKEND_CUDA, QD_LOAD_DUMMY);
     if (!mc || !mg) {
         qd_model_free(mc);
@@ -385,7 +385,9 @@ static void dummy_cpu_vs_gpu(const char *dir, uint64_t *seed, int moe) {
     qd_span p = {0, ids, T, QD_LOGITS_ALL};
     CHECK(cc && qd_forward(cc, &p, 1, a) == QD_OK);
     CHECK(cg && qd_forward(cg, &p, 1, b) == QD_OK);
-    if (cc && cg) check_logits("dummy weights drawn on the device vs the CPU's", b, a, T, V, moe);
+    /* the dummy models are unconditioned random weights (no gap filtering): near-ties are
+     * allowed as for routing; the weights themselves are compared bit for bit in test_cuda_ops */
+    if (cc && cg) check_logits("dummy weights drawn on the device vs the CPU's", b, a, T, V, 1);
     free(a);
     free(b);
     qd_context_free(cc);
@@ -438,7 +440,7 @@ int main(void) {
         snapshot_and_fork(m, &seed);
         graph_vs_eager(m, &seed);
         qd_model_free(m);
-        dummy_cpu_vs_gpu(dirs[i], &seed, moe);
+        dummy_cpu_vs_gpu(dirs[i], &seed);
     }
     CHECKF(n_gpu >= 2, "expected the gpu_* fixtures of tools/make_gpu_fixtures.py, found %d", n_gpu);
     for (int i = 0; i < n; i++) free(dirs[i]);
