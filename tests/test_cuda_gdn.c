@@ -1,7 +1,7 @@
 /* CUDA GDN kernels against the CPU reference (qd_cpu_gdn_recurrent), on
  * fresh random inputs with awkward shapes: varlen spans of 0, 1, 63, 64, 65,
  * 200 tokens, GQA ratios, head dims off the fast paths, strided rows,
- * permuted state slots. Outputs and states are poisoned (NaN) before each run
+ * permuted state slots (decode and chunked). Outputs and states are poisoned (NaN) before each run
  * and every element is checked. Inputs are rounded to bf16 first, so the CPU
  * sees exactly what the GPU sees and the difference is the kernels' own
  * rounding (bf16 operands on the tensor cores in the chunked kernel).
@@ -226,6 +226,85 @@ out_host:
     free(q); free(k); free(v); free(g); free(beta); free(S); free(o); free(S0);
 }
 
+/* Chunked with pooled states: sequence s reads and writes slot slot[s] of a
+ * pool of n_slots states (a permuted subset), in place; every other slot
+ * must come back bit for bit. */
+static void chunked_slots_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, int dk, int dv, const int *lens,
+                               int n_seq, int n_slots) {
+    const int hv = hk * r;
+    int32_t cu[16];
+    cu[0] = 0;
+    for (int s = 0; s < n_seq; s++) cu[s + 1] = cu[s] + lens[s];
+    const int T = cu[n_seq];
+    const int64_t qs = (int64_t)hk * dk, vs = (int64_t)hv * dv;
+    const size_t nq = (size_t)(T ? T : 1) * qs, nv = (size_t)(T ? T : 1) * vs, ng = (size_t)(T ? T : 1) * hv;
+    const size_t per = (size_t)hv * dk * dv, npool = (size_t)n_slots * per;
+    printf("chunked slots hk=%d hv=%d dk=%d dv=%d T=%d spans=%d slots=%d\n", hk, hv, dk, dv, T, n_seq, n_slots);
+    float *q = calloc(nq, 4), *k = calloc(nq, 4), *v = calloc(nv, 4), *g = calloc(ng, 4), *beta = calloc(ng, 4);
+    float *P0 = malloc(npool * 4), *Pref = malloc(npool * 4), *hP = malloc(npool * 4), *o = malloc(nv * 4);
+    int32_t *slot = malloc((size_t)n_slots * 4);
+    uint16_t *ho = malloc(nv * 2);
+    CHECK(q && k && v && g && beta && P0 && Pref && hP && o && slot && ho);
+    if (!q || !k || !v || !g || !beta || !P0 || !Pref || !hP || !o || !slot || !ho) goto out;
+    for (int i = 0; i < n_slots; i++) slot[i] = i;
+    for (int i = n_slots - 1; i > 0; i--) {
+        const int jj = (int)(qd_test_next(rng) % (uint64_t)(i + 1));
+        const int t = slot[i]; slot[i] = slot[jj]; slot[jj] = t;
+    }
+    for (int t = 0; t < T; t++) {
+        for (int jj = 0; jj < hk; jj++) {
+            fill_unit(rng, q + t * qs + (int64_t)jj * dk, dk, 1.0f / sqrtf((float)dk));
+            fill_unit(rng, k + t * qs + (int64_t)jj * dk, dk, 1.0f);
+        }
+        for (int i = 0; i < hv * dv; i++) v[t * vs + i] = qd_test_normal(rng);
+        for (int h = 0; h < hv; h++) {
+            g[(int64_t)t * hv + h] = rand_g(rng);
+            beta[(int64_t)t * hv + h] = 0.5f * (qd_test_uniform(rng) + 1.0f) * 0.998f + 0.001f;
+        }
+    }
+    for (size_t i = 0; i < npool; i++) P0[i] = 0.5f * qd_test_normal(rng);
+    uint16_t *qb = to_bf16(q, nq), *kb = to_bf16(k, nq), *vb = to_bf16(v, nv);
+    CHECK(qb && kb && vb);
+    memcpy(Pref, P0, npool * 4);
+    for (int s = 0; s < n_seq; s++) {
+        const int t0 = cu[s];
+        qd_gdn_dims d = {hk, hv, dk, dv};
+        qd_gdn_span sp = {q + t0 * qs, qs, k + t0 * qs, qs, v + t0 * vs, vs, g + (int64_t)t0 * hv,
+                          beta + (int64_t)t0 * hv, Pref + (size_t)slot[s] * per, o + (int64_t)t0 * hv * dv, lens[s]};
+        qd_cpu_gdn_recurrent(pool, d, &sp);
+    }
+    uint16_t *dq = dev_upload(qb, nq * 2), *dk_ = dev_upload(kb, nq * 2), *dvv = dev_upload(vb, nv * 2);
+    float *dg = dev_upload(g, ng * 4), *dbeta = dev_upload(beta, ng * 4), *dP = dev_upload(P0, npool * 4);
+    int32_t *dslot = dev_upload(slot, (size_t)n_seq * 4);
+    uint16_t *dO = dev_upload(NULL, nv * 2);
+    CHECK(dq && dk_ && dvv && dg && dbeta && dP && dslot && dO);
+    if (dq && dk_ && dvv && dg && dbeta && dP && dslot && dO && qb && kb && vb) {
+        qd_cuda_gdn_plan plan;
+        ST_OK(qd_cuda_gdn_plan_create(&plan, hk, hv, dk, dv, cu, n_seq));
+        ST_OK(qd_cuda_memset(dO, 0xff, nv * 2));
+        qd_cuda_gdn_chunked_args a = {dq, dk_, dvv, qs, qs, vs, dg, dbeta, dP, dP, dslot, dO};
+        ST_OK(qd_cuda_gdn_chunked(&plan, &a, NULL));
+        ST_OK(qd_cuda_sync());
+        ST_OK(qd_cuda_memcpy_d2h(ho, dO, nv * 2));
+        ST_OK(qd_cuda_memcpy_d2h(hP, dP, npool * 4));
+        if (T) compare("chunked (slots) output vs CPU", ho, 1, o, (size_t)T * hv * dv, 3e-2, 0.2, 1.5e-2);
+        compare("chunked (slots) state pool vs CPU", hP, 0, Pref, npool, 3e-2, 0.2, 1.5e-2);
+        size_t changed = 0;
+        for (int sl = 0; sl < n_slots; sl++) {
+            int used = 0;
+            for (int s = 0; s < n_seq; s++) used |= slot[s] == sl;
+            if (!used) changed += memcmp(hP + (size_t)sl * per, P0 + (size_t)sl * per, per * 4) != 0;
+        }
+        CHECKF(changed == 0, "chunked (slots): %zu slots outside the map were modified", changed);
+        qd_cuda_gdn_plan_destroy(&plan);
+    }
+    qd_cuda_free(dq); qd_cuda_free(dk_); qd_cuda_free(dvv); qd_cuda_free(dg); qd_cuda_free(dbeta);
+    qd_cuda_free(dP); qd_cuda_free(dslot); qd_cuda_free(dO);
+    free(qb); free(kb); free(vb);
+out:
+    free(q); free(k); free(v); free(g); free(beta); free(P0); free(Pref); free(hP); free(o); free(slot); free(ho);
+}
+
 /* Decode: n_seq sequences, one token each, states in a pool of n_slots with a
  * permuted slot map; slots not in the map must stay untouched. */
 static void decode_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, int dk, int dv, int n_seq,
@@ -315,6 +394,15 @@ int main(void) {
     chunked_case(pool, &rng, 2, 1, 32, 16, l4, 2, 1, 1);
     const int l5[] = {1000};
     chunked_case(pool, &rng, 1, 2, 128, 128, l5, 1, 1, 0); /* long span: error growth over 16 chunks */
+    const int l6[] = {100, 64, 1};
+    chunked_case(pool, &rng, 2, 2, 128, 48, l6, 3, 1, 0); /* 3 state tiles: a walk block with an idle warp */
+    const int l7[] = {33, 190};
+    chunked_case(pool, &rng, 3, 1, 96, 64, l7, 2, 1, 0); /* dk padded to 128 inside the kernels */
+    /* Pooled states: 4 sequences (one empty) over 7 permuted slots, in place. */
+    const int l8[] = {65, 0, 130, 7};
+    chunked_slots_case(pool, &rng, 2, 2, 128, 128, l8, 4, 7);
+    const int l9[] = {20, 64};
+    chunked_slots_case(pool, &rng, 1, 3, 64, 32, l9, 2, 5);
 
     qd_threadpool_free(pool);
     return qd_test_finish("test_cuda_gdn");
