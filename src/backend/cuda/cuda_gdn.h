@@ -92,19 +92,21 @@ qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *stream);
 
 /* --------------------------------------------------------- gdn_chunked.cu */
 
-/* A varlen batch for the chunked (prefill) kernel, planned once per set of
- * sequence lengths: the chunk table and the scratch for the WY factors, the
- * per-chunk entry states and the corrected values live on the device.
+/* A varlen batch for the chunked (prefill) kernels, planned once per set of
+ * sequence lengths: the chunk table and the scratch that the WY kernel writes for
+ * the state walk (per chunk and value head, each piece contiguous and laid out for
+ * one bulk copy) live on the device. The walk keeps the state in registers and
+ * writes the outputs itself, so no per-chunk state goes through device memory.
  * cu_seqlens_host: n_seq + 1 nondecreasing token offsets starting at 0. */
 typedef struct qd_cuda_gdn_plan {
     int hk, hv, dk, dv;
     int n_seq, n_chunks, n_tokens;
     int32_t *d_chunks;   /* [n_chunks][4]: first token, length, sequence, chunk index in the sequence */
     int32_t *d_seqs;     /* [n_seq][4]: first token, first chunk, chunk count, length */
-    uint16_t *d_w, *d_u; /* WY factors W [n_tokens][hv][dk], U [n_tokens][hv][dv] (bf16) */
-    float *d_gc;         /* [n_tokens][hv] chunk-local inclusive cumsum of g */
-    uint16_t *d_vnew;    /* [n_tokens][hv][dv] corrected values (bf16) */
-    uint16_t *d_h;       /* [n_chunks][hv][dk][dv] state entering each chunk (bf16) */
+    uint16_t *d_w, *d_u; /* WY factors W and U per chunk and value head (bf16) */
+    float *d_gc;         /* per chunk and value head: the decay factors of the chunk's tokens */
+    uint16_t *d_vnew;    /* per chunk and value head: the intra-chunk matrix A (bf16) */
+    uint16_t *d_h;       /* per chunk and key head: copies of the chunk's K and Q rows (bf16) */
     size_t bytes;        /* device scratch held by the plan */
 } qd_cuda_gdn_plan;
 
@@ -131,8 +133,8 @@ typedef struct qd_cuda_gdn_chunked_args {
 } qd_cuda_gdn_chunked_args;
 
 qd_status qd_cuda_gdn_chunked(const qd_cuda_gdn_plan *p, const qd_cuda_gdn_chunked_args *a, void *stream);
-/* Benchmarks only: runs the subset of the three kernels named by stage_mask
- * (1 = WY factors, 2 = state walk, 4 = outputs), to time each one. */
+/* Benchmarks only: runs the subset of the two kernels named by stage_mask
+ * (1 = WY factors, 2 = state walk with the outputs), to time each one. */
 qd_status qd_cuda_gdn_chunked_stages(const qd_cuda_gdn_plan *p, const qd_cuda_gdn_chunked_args *a, void *stream,
                                      int stage_mask);
 

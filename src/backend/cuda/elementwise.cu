@@ -188,19 +188,22 @@ extern "C" qd_status qd_cuda_conv1d_silu(const qd_cuda_conv_args *a, void *strea
 
 /* --------------------------------------------------------------- GDN prep */
 
-/* Block per row: warps take the q and k heads (L2 norm needs a per-head sum),
- * then all threads convert v and compute the gates. */
+/* Blocks (row, part): the PREP_PARTS parts of a row split its q and k heads (a warp
+ * per head: the L2 norm needs a per-head sum), its v values and its gates, so that a
+ * decode step (one row per sequence) still spreads over several SMs. */
+#define PREP_PARTS 8
 #define PREP_NT 256
 __global__ void __launch_bounds__(PREP_NT)
 gdn_prep_kernel(int hk, int hv, int dk, int dv, const float *__restrict__ conv, const float *__restrict__ a,
                 const float *__restrict__ b, int64_t abs_, const float *__restrict__ A_log,
                 const float *__restrict__ dt_bias, uint16_t *__restrict__ q, uint16_t *__restrict__ k,
                 uint16_t *__restrict__ v, float *__restrict__ g, float *__restrict__ beta) {
-    const int r = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r = blockIdx.x, part = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int key_dim = hk * dk, value_dim = hv * dv, C = 2 * key_dim + value_dim;
     const float *row = conv + (size_t)r * C;
     const float qscale = rsqrtf((float)dk);
-    for (int hh = warp; hh < 2 * hk; hh += PREP_NT / 32) {
+    const int tid = part * PREP_NT + threadIdx.x, nthreads = PREP_PARTS * PREP_NT;
+    for (int hh = part * (PREP_NT / 32) + warp; hh < 2 * hk; hh += PREP_PARTS * (PREP_NT / 32)) {
         const float *src = row + (size_t)hh * dk; /* q heads then k heads */
         float ss = 0.f;
         for (int i = lane; i < dk; i += 32) ss += src[i] * src[i];
@@ -209,8 +212,8 @@ gdn_prep_kernel(int hk, int hv, int dk, int dv, const float *__restrict__ conv, 
         uint16_t *dst = hh < hk ? q + (size_t)r * key_dim + (size_t)hh * dk : k + (size_t)r * key_dim + (size_t)(hh - hk) * dk;
         for (int i = lane; i < dk; i += 32) dst[i] = qd_f2bf(src[i] * sc);
     }
-    for (int i = threadIdx.x; i < value_dim; i += PREP_NT) v[(size_t)r * value_dim + i] = qd_f2bf(row[2 * key_dim + i]);
-    for (int h = threadIdx.x; h < hv; h += PREP_NT) {
+    for (int i = tid; i < value_dim; i += nthreads) v[(size_t)r * value_dim + i] = qd_f2bf(row[2 * key_dim + i]);
+    for (int h = tid; h < hv; h += nthreads) {
         const float xa = a[(size_t)r * abs_ + h] + dt_bias[h];
         const float sp = xa > 20.f ? xa : log1pf(expf(xa)); /* softplus, as torch (threshold 20) */
         g[(size_t)r * hv + h] = -expf(A_log[h]) * sp;
@@ -223,7 +226,7 @@ extern "C" qd_status qd_cuda_gdn_prep(int n, int hk, int hv, int dk, int dv, con
                                       const float *d_dt_bias, uint16_t *d_q, uint16_t *d_k, uint16_t *d_v, float *d_g,
                                       float *d_beta, void *stream) {
     if (n <= 0) return QD_OK;
-    gdn_prep_kernel<<<n, PREP_NT, 0, (cudaStream_t)stream>>>(hk, hv, dk, dv, d_conv, d_a, d_b, ab_stride, d_A_log,
+    gdn_prep_kernel<<<dim3(n, PREP_PARTS), PREP_NT, 0, (cudaStream_t)stream>>>(hk, hv, dk, dv, d_conv, d_a, d_b, ab_stride, d_A_log,
                                                              d_dt_bias, d_q, d_k, d_v, d_g, d_beta);
     QD_CUDA_CHECK_LAUNCH("gdn_prep");
     return QD_OK;
