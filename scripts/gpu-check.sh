@@ -7,7 +7,9 @@
 #   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve]   default: tests kernels e2e
 #     serve: qdelta serve --backend cuda on the Qwen3.5-35B-A3B dummy config with bench/loadgen.py
 #            at concurrency 1, 8, 64 and bench/prefix_bench.py (prefix cache off and on)
-#   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given
+#   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
+#                                  .peer (or .peer.tar.xz, unpacked) on PYTHONPATH: a peer's code is
+#                                  carried there, never committed
 #
 # The library needs jansson, pcre2, utf8proc and libmicrohttpd. Where the system
 # lacks them (the GPU image here), stage them first on a Debian machine that has
@@ -74,6 +76,8 @@ if has kernels; then
         timeout 240 "$bin" >>"$BENCH_LOG" 2>&1 || { status=1; echo "$b failed" >>"$BENCH_LOG"; }
     done
     if [ -n "${PEER_BENCH:-}" ]; then
+        [ -d .peer ] || [ ! -f .peer.tar.xz ] || tar -xJf .peer.tar.xz
+        export PYTHONPATH="$PWD/.peer${PYTHONPATH:+:$PYTHONPATH}"
         echo "=== peer: $PEER_BENCH" >>"$BENCH_LOG"
         PYTHONUNBUFFERED=1 timeout 240 python3 "$PEER_BENCH" >>"$BENCH_LOG" 2>&1 || { status=1; echo "peer bench failed" >>"$BENCH_LOG"; }
     fi
