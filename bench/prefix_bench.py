@@ -64,11 +64,15 @@ def stream(port, path, body):
             if not ev.startswith(b"data: ") or ev[6:] == b"[DONE]":
                 continue
             for ch in json.loads(ev[6:]).get("choices", []):
-                piece = ch.get("text") or (ch.get("delta") or {}).get("content") or ""
-                if ttft is None and (piece or ch.get("logprobs")):
+                delta = ch.get("delta") or {}
+                piece = ch.get("text") or delta.get("content") or ""
+                # the first generated token may surface as reasoning, or as text held back
+                if ttft is None and (piece or delta.get("reasoning_content") or ch.get("logprobs")):
                     ttft = time.perf_counter() - t0
                 text.append(piece)
     c.close()
+    if ttft is None:  # nothing visible came back (e.g. a dummy model's special tokens): the whole request
+        ttft = time.perf_counter() - t0
     return ttft, "".join(text)
 
 
