@@ -144,6 +144,8 @@ const char *qd_context_errmsg(const qd_context *ctx);
 
 /* Forgets a sequence: zero GDN state, empty KV cache (its blocks go back to the pool). */
 qd_status qd_seq_reset(qd_context *ctx, int seq);
+/* The backend the context's model runs on. */
+qd_backend_kind qd_context_backend(const qd_context *ctx);
 /* Number of tokens a sequence has consumed. */
 int qd_seq_length(const qd_context *ctx, int seq);
 
@@ -171,6 +173,11 @@ qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *
  * (the lowest id among equals): greedy decoding without moving logits off the
  * device. ids holds one int32 per logit row. */
 qd_status qd_forward_greedy(qd_context *ctx, const qd_span *spans, int n_spans, int32_t *ids);
+/* The same with the argmax taken over ids [0, vocab_limit) (0: the whole vocabulary;
+ * ids past a tokenizer's vocabulary are padding) and, when logprobs is not NULL, the
+ * chosen token's log-softmax over that range (one float per logit row). */
+qd_status qd_forward_greedy_logprobs(qd_context *ctx, const qd_span *spans, int n_spans, int vocab_limit,
+                                     int32_t *ids, float *logprobs);
 
 #ifdef __cplusplus
 }

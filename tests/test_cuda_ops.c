@@ -266,25 +266,32 @@ static void test_gated_norm_and_ffn(int n, int hv, int dv, int I, int H) {
     qd_cuda_free(dys); qd_cuda_free(dsg); qd_cuda_free(dy);
 }
 
-static void test_argmax(int n, int V) {
+static void test_argmax(int n, int V, int limit) {
     float *x = rnd((size_t)n * V, 1.0f);
     int32_t want[16];
+    float wlp[16];
     for (int r = 0; r < n; r++) {
         float *row = x + (size_t)r * V;
         if (r % 2 == 0) { /* a tie: the maximum at two places, the first must win */
             int a = (int)(qd_test_next(&rng) % (uint64_t)V), b = (int)(qd_test_next(&rng) % (uint64_t)V);
             row[a] = row[b] = 100.0f;
         }
+        if (limit < V) row[limit + (r % (V - limit))] = 1000.0f; /* a padding id must never win */
         want[r] = 0;
-        for (int i = 1; i < V; i++)
+        for (int i = 1; i < limit; i++)
             if (row[i] > row[want[r]]) want[r] = i;
+        double se = 0;
+        for (int i = 0; i < limit; i++) se += exp((double)row[i] - row[want[r]]);
+        wlp[r] = (float)-log(se);
     }
-    void *dx = dev(x, (size_t)n * V * 4), *di = dev(NULL, (size_t)n * 4);
-    CHECK(qd_cuda_argmax(dx, n, V, di, NULL) == QD_OK);
+    void *dx = dev(x, (size_t)n * V * 4), *di = dev(NULL, (size_t)n * 4), *dl = dev(NULL, (size_t)n * 4);
+    CHECK(qd_cuda_argmax(dx, n, V, limit, di, dl, NULL) == QD_OK);
     int32_t *got = host(di, (size_t)n * 4);
-    CHECKF(!memcmp(got, want, sizeof(int32_t) * n), "argmax V=%d differs", V);
-    free(x); free(got);
-    qd_cuda_free(dx); qd_cuda_free(di);
+    float *lp = host(dl, (size_t)n * 4);
+    CHECKF(!memcmp(got, want, sizeof(int32_t) * n), "argmax V=%d limit=%d differs", V, limit);
+    compare("argmax logprob", lp, wlp, (size_t)n, 1e-5, 1e-6);
+    free(x); free(got); free(lp);
+    qd_cuda_free(dx); qd_cuda_free(di); qd_cuda_free(dl);
 }
 
 /* the device's dummy weights are the CPU's (model_dummy.c): same splitmix streams */
@@ -341,8 +348,9 @@ int main(void) {
     test_gdn_prep(3, 16, 32, 128, 128);
     test_gated_norm_and_ffn(5, 3, 48, 70, 200);
     test_gated_norm_and_ffn(1, 32, 128, 512, 2048);
-    test_argmax(5, 1000);
-    test_argmax(3, 151936);
+    test_argmax(5, 1000, 1000);
+    test_argmax(3, 151936, 151936);
+    test_argmax(4, 248320, 248077); /* padding ids past the tokenizer's vocabulary */
     test_dummy();
     qd_cuda_blas_destroy(blas);
     return qd_test_finish("test_cuda_ops");

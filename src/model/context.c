@@ -157,6 +157,8 @@ qd_status qd_seq_reset(qd_context *ctx, int seq) {
     return QD_OK;
 }
 
+qd_backend_kind qd_context_backend(const qd_context *ctx) { return ctx->model->backend; }
+
 int qd_seq_length(const qd_context *ctx, int seq) {
     if (!ctx || seq < 0 || seq >= ctx->params.max_seqs) return -1;
     return ctx->seqs[seq].length;

@@ -1,5 +1,6 @@
 /* One forward pass over a ragged batch: prefill spans, decode spans and mixes of
  * both go through the same code; layers see packed rows plus span boundaries. */
+#include <math.h>
 #include <string.h>
 
 #include "model/model.h"
@@ -68,11 +69,17 @@ static void add_rows(float *h, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] += y[i];
 }
 
-/* Index of the largest logit, the lowest among equals (as the CUDA argmax). */
-static int32_t argmax_row(const float *x, int n) {
+/* Index of the largest logit, the lowest among equals (as the CUDA argmax), and its
+ * log-softmax when lp is not NULL. */
+static int32_t argmax_row(const float *x, int n, float *lp) {
     int32_t best = 0;
     for (int i = 1; i < n; i++)
         if (x[i] > x[best]) best = i;
+    if (lp) {
+        double se = 0;
+        for (int i = 0; i < n; i++) se += exp((double)x[i] - x[best]);
+        *lp = (float)-log(se);
+    }
     return best;
 }
 
@@ -87,7 +94,7 @@ static void begin_rows(qd_context *ctx, const qd_span *spans, int n_spans) {
 /* After the layer stack: sequence lengths, then the logits (and/or greedy ids) of the
  * rows that want them. */
 static qd_status finish(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, float *logits,
-                        int32_t *ids) {
+                        int32_t *ids, float *lps, int limit) {
     const qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
     const int H = c->hidden_size;
@@ -108,17 +115,19 @@ static qd_status finish(qd_context *ctx, const qd_span *spans, int n_spans, int 
     if (logits) {
         qd_cpu_matmul(m->pool, &m->lm_head, s->x, n_logit_rows, logits);
         if (ids)
-            for (int r = 0; r < n_logit_rows; r++) ids[r] = argmax_row(logits + (size_t)r * c->vocab_size, c->vocab_size);
+            for (int r = 0; r < n_logit_rows; r++)
+                ids[r] = argmax_row(logits + (size_t)r * c->vocab_size, limit, lps ? lps + r : NULL);
         return QD_OK;
     }
     for (int r = 0; r < n_logit_rows; r++) { /* ids only: one row of logits at a time */
         qd_cpu_matmul(m->pool, &m->lm_head, s->x + (size_t)r * H, 1, ctx->row_logits);
-        ids[r] = argmax_row(ctx->row_logits, c->vocab_size);
+        ids[r] = argmax_row(ctx->row_logits, limit, lps ? lps + r : NULL);
     }
     return QD_OK;
 }
 
-static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, int32_t *ids) {
+static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, int32_t *ids, float *lps,
+                         int limit) {
     if (!ctx) return QD_ERR_INVALID_ARG;
     qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
@@ -130,7 +139,7 @@ static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, flo
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
 #ifdef QD_HAVE_CUDA
     if (ctx->cuda) {
-        qd_status st = qd_cuda_forward(ctx, spans, n_spans, rt, n_rows, n_logit_rows, logits, ids);
+        qd_status st = qd_cuda_forward(ctx, spans, n_spans, rt, n_rows, n_logit_rows, logits, ids, lps, limit);
         /* the state has advanced on the device unless the failure came first; a failed
          * CUDA step leaves the context unusable for those sequences, as the message says */
         if (st == QD_OK)
@@ -152,7 +161,7 @@ static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, flo
         else QD_TRY(qd_layer_mlp_forward(ctx, &ly->mlp, n_rows, s->x, s->y));
         add_rows(s->h, s->y, (int64_t)n_rows * H);
     }
-    return finish(ctx, spans, n_spans, n_logit_rows, logits, ids);
+    return finish(ctx, spans, n_spans, n_logit_rows, logits, ids, lps, limit);
 }
 
 /* The CPU steps around the layer stack, for the in-process tensor-parallel forward
@@ -166,14 +175,23 @@ qd_status qd_forward_begin(qd_context *ctx, const qd_span *spans, int n_spans, f
 }
 
 qd_status qd_forward_end(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, float *logits) {
-    return finish(ctx, spans, n_spans, n_logit_rows, logits, NULL);
+    return finish(ctx, spans, n_spans, n_logit_rows, logits, NULL, NULL, ctx->model->cfg.vocab_size);
 }
 
 qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits) {
-    return forward(ctx, spans, n_spans, logits, NULL);
+    return forward(ctx, spans, n_spans, logits, NULL, NULL, ctx ? ctx->model->cfg.vocab_size : 0);
+}
+
+qd_status qd_forward_greedy_logprobs(qd_context *ctx, const qd_span *spans, int n_spans, int vocab_limit,
+                                     int32_t *ids, float *logprobs) {
+    if (!ctx) return QD_ERR_INVALID_ARG;
+    if (!ids) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "no output buffer for token ids");
+    const int V = ctx->model->cfg.vocab_size;
+    if (vocab_limit < 0 || vocab_limit > V)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "vocab_limit %d outside [0, %d]", vocab_limit, V);
+    return forward(ctx, spans, n_spans, NULL, ids, logprobs, vocab_limit ? vocab_limit : V);
 }
 
 qd_status qd_forward_greedy(qd_context *ctx, const qd_span *spans, int n_spans, int32_t *ids) {
-    if (!ids) return ctx ? qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "no output buffer for token ids") : QD_ERR_INVALID_ARG;
-    return forward(ctx, spans, n_spans, NULL, ids);
+    return qd_forward_greedy_logprobs(ctx, spans, n_spans, 0, ids, NULL);
 }

@@ -76,6 +76,7 @@ static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, carve *cv) {
     g->selw = take(cv, B * (k ? k : 1) * 4);
     g->logits = take(cv, LC * (size_t)c->vocab_size * 4);
     g->ids = take(cv, B * 4);
+    g->lp = take(cv, B * 4);
     if (m->n_attn > 0)
         g->attn_work = take(cv, qd_cuda_attn_work_bytes((int)B, c->attn_nq, c->attn_head_dim, ctx->params.max_ctx));
     if (E > 0)
@@ -173,6 +174,7 @@ void qd_cuda_ctx_free(qd_context *ctx) {
     qd_cuda_free(g->conv); /* the first buffer of the context's one device block */
     qd_cuda_free_host(g->meta_host);
     qd_cuda_free_host(g->ids_host);
+    qd_cuda_free_host(g->lp_host);
     free(g);
     ctx->cuda = NULL;
 }

@@ -75,8 +75,10 @@ qd_status qd_cuda_silu_mul(const float *d_gu, int n, int I, uint16_t *d_out, voi
 qd_status qd_cuda_sigmoid_scale(float *d_y, const float *d_ys, const float *d_sg, int64_t sg_stride, int n, int H,
                                 void *stream);
 
-/* ids[r] = argmax of logits row r (the lowest index among equal maxima). */
-qd_status qd_cuda_argmax(const float *d_logits, int n, int V, int32_t *d_ids, void *stream);
+/* ids[r] = argmax of logits row r over ids [0, limit) (limit <= 0: V; the lowest index
+ * among equal maxima) and, when d_logprob is not NULL, its log-softmax over [0, limit). */
+qd_status qd_cuda_argmax(const float *d_logits, int n, int V, int limit, int32_t *d_ids, float *d_logprob,
+                         void *stream);
 
 /* ------------------------------------------------------------------ gemm.cu */
 

@@ -300,13 +300,17 @@ extern "C" qd_status qd_cuda_sigmoid_scale(float *d_y, const float *d_ys, const 
 /* ----------------------------------------------------------------- argmax */
 
 #define ARGMAX_NT 1024
-__global__ void __launch_bounds__(ARGMAX_NT) argmax_kernel(const float *__restrict__ logits, int V, int32_t *ids) {
+/* Block per row over ids [0, limit): the first maximum, then (if asked) its log-softmax,
+ * -log(sum exp(x - max)), from a second pass over the row (in L2 by then). */
+__global__ void __launch_bounds__(ARGMAX_NT)
+argmax_kernel(const float *__restrict__ logits, int V, int limit, int32_t *ids, float *logprob) {
     __shared__ float bv[ARGMAX_NT / 32];
     __shared__ int bi[ARGMAX_NT / 32];
+    __shared__ float red[ARGMAX_NT / 32];
     const float *row = logits + (size_t)blockIdx.x * V;
     float best = -INFINITY;
     int besti = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += ARGMAX_NT) {
+    for (int i = threadIdx.x; i < limit; i += ARGMAX_NT) {
         const float x = row[i];
         if (x > best) { best = x; besti = i; } /* i increases: the first maximum stays */
     }
@@ -318,16 +322,23 @@ __global__ void __launch_bounds__(ARGMAX_NT) argmax_kernel(const float *__restri
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) { bv[warp] = best; bi[warp] = besti; }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < ARGMAX_NT / 32; w++)
-            if (bv[w] > best || (bv[w] == best && bi[w] < besti)) { best = bv[w]; besti = bi[w]; }
-        ids[blockIdx.x] = besti == 0x7fffffff ? 0 : besti;
-    }
+    best = bv[0];
+    besti = bi[0];
+    for (int w = 1; w < ARGMAX_NT / 32; w++)
+        if (bv[w] > best || (bv[w] == best && bi[w] < besti)) { best = bv[w]; besti = bi[w]; }
+    if (threadIdx.x == 0) ids[blockIdx.x] = besti == 0x7fffffff ? 0 : besti;
+    if (!logprob) return;
+    float sum = 0.f;
+    for (int i = threadIdx.x; i < limit; i += ARGMAX_NT) sum += expf(row[i] - best);
+    sum = block_sum<ARGMAX_NT>(sum, red);
+    if (threadIdx.x == 0) logprob[blockIdx.x] = -logf(sum);
 }
 
-extern "C" qd_status qd_cuda_argmax(const float *d_logits, int n, int V, int32_t *d_ids, void *stream) {
+extern "C" qd_status qd_cuda_argmax(const float *d_logits, int n, int V, int limit, int32_t *d_ids, float *d_logprob,
+                                    void *stream) {
     if (n <= 0) return QD_OK;
-    argmax_kernel<<<n, ARGMAX_NT, 0, (cudaStream_t)stream>>>(d_logits, V, d_ids);
+    if (limit <= 0 || limit > V) limit = V;
+    argmax_kernel<<<n, ARGMAX_NT, 0, (cudaStream_t)stream>>>(d_logits, V, limit, d_ids, d_logprob);
     QD_CUDA_CHECK_LAUNCH("argmax");
     return QD_OK;
 }
