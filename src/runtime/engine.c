@@ -130,8 +130,6 @@ static void engine_destroy(qd_engine *e) {
     free(e->spans);
     free(e->span_req);
     free(e->logits);
-    free(e->greedy_ids);
-    free(e->greedy_lps);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e);
@@ -187,9 +185,7 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
     e->spans = calloc(n, sizeof *e->spans);
     e->span_req = calloc(n, sizeof *e->span_req);
     e->logits = malloc(n * (size_t)e->vocab * sizeof(float));
-    e->greedy_ids = malloc(n * sizeof(int32_t));
-    e->greedy_lps = malloc(n * sizeof(float));
-    if (!e->running || !e->free_slots || !e->spans || !e->span_req || !e->logits || !e->greedy_ids || !e->greedy_lps) {
+    if (!e->running || !e->free_slots || !e->spans || !e->span_req || !e->logits) {
         engine_destroy(e);
         return qd_seterr(err, QD_ERR_OOM, "out of memory for the engine's step buffers (%d sequences)", p.max_num_seqs);
     }

@@ -262,40 +262,11 @@ static qd_finish_reason finish_after(const qd_engine *e, const qd_request *r, in
     return QD_FINISH_NONE;
 }
 
-/* A request whose next token is the argmax of its logits (greedy, no penalty, no
- * alternatives to report): the backend can pick it where the logits are, and only
- * the token and its log-probability come back (no vocabulary-wide row per step). */
-static int greedy_only(const qd_request *r) {
-    const qd_sampling_params *p = qd_sampler_params(r->sampler);
-    return p->temperature < QD_SAMPLER_GREEDY_EPS && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
-           p->frequency_penalty == 0.0f && p->n_logprobs == 0;
-}
-
-/* The step's forward: on a GPU, the argmax where the logits are when every span that
- * samples is greedy only and they agree on the vocabulary bound (the CPU computes the
- * rows in place anyway), else logits rows for the sampler. */
-static qd_status step_forward(qd_engine *e, int n_spans, int *greedy) {
-    int limit = -1;
-    *greedy = qd_context_backend(e->ctx) == QD_BACKEND_CUDA;
-    for (int i = 0; i < n_spans && *greedy; i++) {
-        if (e->spans[i].logits == QD_LOGITS_NONE) continue;
-        const qd_request *r = e->span_req[i];
-        const int l = qd_sampler_params(r->sampler)->vocab_limit;
-        if (!greedy_only(r) || (limit >= 0 && l != limit)) *greedy = 0;
-        limit = l;
-    }
-    if (*greedy && limit >= 0)
-        return qd_forward_greedy_logprobs(e->ctx, e->spans, n_spans, limit, e->greedy_ids, e->greedy_lps);
-    *greedy = 0;
-    return qd_forward(e->ctx, e->spans, n_spans, e->logits);
-}
-
-/* Samples the next token of r from its logits row (or takes the backend's argmax when
- * row is NULL) and reports it. */
-static void sample_and_report(qd_engine *e, qd_request *r, float *row, int32_t greedy_id, float greedy_lp) {
+/* Samples the next token of r from its logits row and reports it. */
+static void sample_and_report(qd_engine *e, qd_request *r, float *row) {
     qd_err err = {0};
-    qd_sample_result res = {.token = greedy_id, .logprob = greedy_lp, .n_top = 0};
-    if ((row && qd_sampler_sample(r->sampler, row, &res, &err) != QD_OK) ||
+    qd_sample_result res;
+    if (qd_sampler_sample(r->sampler, row, &res, &err) != QD_OK ||
         qd_sampler_accept(r->sampler, res.token, &err) != QD_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "request %llu: sampling failed: %s", (unsigned long long)r->id, err.msg);
         qd_engine_finish(e, r, QD_FINISH_ERROR, NULL, e->errbuf);
@@ -336,8 +307,7 @@ int qd_engine_step(qd_engine *e) {
         return 0;
     }
     e->steps++;
-    int greedy = 0;
-    qd_status st = step_forward(e, n_spans, &greedy);
+    qd_status st = qd_forward(e->ctx, e->spans, n_spans, e->logits);
     if (st != QD_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "forward pass failed (%s): %s", qd_status_name(st),
                  qd_context_errmsg(e->ctx));
@@ -358,8 +328,7 @@ int qd_engine_step(qd_engine *e) {
                 take_snapshot(e, r);
         }
         if (e->spans[i].logits == QD_LOGITS_NONE) continue;
-        if (greedy) sample_and_report(e, r, NULL, e->greedy_ids[row], e->greedy_lps[row]);
-        else sample_and_report(e, r, e->logits + (size_t)row * e->vocab, 0, 0.0f);
+        sample_and_report(e, r, e->logits + (size_t)row * e->vocab);
         row++;
     }
     return 1;
