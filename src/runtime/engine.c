@@ -53,8 +53,7 @@ qd_engine_params qd_engine_default_params(void) {
 static void publish_stats(qd_engine *e) {
     qd_engine_stats *s = &e->stats;
     s->running = e->n_running;
-    e->n_waiting_pub = e->waiting.count;
-    s->waiting = e->waiting.count + e->incoming.count;
+    s->waiting = e->n_queued; /* == waiting.count + incoming.count here */
     s->slots_total = e->params.max_num_seqs;
     s->slots_used = s->slots_total - e->n_free_slots;
     s->kv_blocks_total = qd_kv_total_blocks(e->ctx);
@@ -75,6 +74,13 @@ static void publish_stats(qd_engine *e) {
         s->prefix_blocks = ps.blocks;
         s->prefix_bytes = ps.bytes;
     }
+}
+
+void qd_engine_queued_add(qd_engine *e, int delta) {
+    pthread_mutex_lock(&e->mu);
+    e->n_queued += delta;
+    e->stats.waiting = e->n_queued;
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* Finishes every request whose cancel flag was seen at this boundary. */
@@ -102,7 +108,6 @@ static void *engine_main(void *arg) {
             qd_req_list_remove(&e->incoming, r);
             qd_req_list_push_back(&e->waiting, r);
         }
-        e->n_waiting_pub = e->waiting.count; /* keeps submit's queue bound exact */
         int cancels = e->cancel_pending;
         if (cancels)
             for (qd_request *r = e->live; r; r = r->live_next) r->cancel_seen = r->cancel_requested;
@@ -266,9 +271,9 @@ qd_status qd_engine_submit(qd_engine *e, const int32_t *prompt, int n_prompt, co
 
     pthread_mutex_lock(&e->mu);
     if (e->stop) st = qd_seterr(err, QD_ERR_INVALID_ARG, "the engine is shutting down");
-    else if (e->incoming.count + e->n_waiting_pub >= e->params.max_waiting)
-        st = qd_seterr(err, QD_ERR_CAPACITY, "request queue full (%d waiting, max_waiting %d)",
-                       e->incoming.count + e->n_waiting_pub, e->params.max_waiting);
+    else if (e->n_queued >= e->params.max_waiting)
+        st = qd_seterr(err, QD_ERR_CAPACITY, "request queue full (%d waiting, max_waiting %d)", e->n_queued,
+                       e->params.max_waiting);
     if (st == QD_OK) {
         r->id = e->next_id++;
         /* written before the engine thread can see r: its callback may run before we return */
@@ -277,7 +282,8 @@ qd_status qd_engine_submit(qd_engine *e, const int32_t *prompt, int n_prompt, co
         r->live_next = e->live;
         if (e->live) e->live->live_prev = r;
         e->live = r;
-        e->stats.waiting++;
+        e->n_queued++;
+        e->stats.waiting = e->n_queued;
         pthread_cond_signal(&e->cv);
     }
     pthread_mutex_unlock(&e->mu);

@@ -65,7 +65,13 @@ struct qd_engine {
     qd_req_list incoming;     /* under mu: submitted, not yet seen by the engine thread */
     qd_request *live;         /* under mu */
     uint64_t next_id;         /* under mu */
-    int n_waiting_pub;        /* under mu: the waiting deque's length as of the last boundary */
+    /* Under mu: accepted requests that hold no slot (incoming + the waiting deque,
+     * preempted ones included), i.e. what submit's queue bound counts. The engine
+     * thread changes it in the same moment it admits, preempts or finishes a queued
+     * request (qd_engine_queued_add), so it is exact at every instant, not only at
+     * step boundaries: a request admitted in a step is no longer counted when its
+     * first token is reported. Also published as stats.waiting. */
+    int n_queued;
     qd_engine_stats stats;    /* under mu */
 
     /* engine thread only, sized at creation */
@@ -83,6 +89,9 @@ struct qd_engine {
     size_t snap_bytes;        /* one GDN state snapshot */
     char errbuf[QD_ERRMSG_SIZE + 128]; /* the message of an ERROR event, valid during its callback */
 };
+
+/* Engine thread: n_queued += delta under mu (admission -1, preemption +1). */
+void qd_engine_queued_add(qd_engine *e, int delta);
 
 /* deque helpers (scheduler.c) */
 void qd_req_list_push_back(qd_req_list *l, qd_request *r);

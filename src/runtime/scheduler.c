@@ -91,6 +91,7 @@ static void preempt(qd_engine *e, qd_request *r) {
     release_slot(e, r);
     r->phase = QD_SEQ_WAITING;
     qd_req_list_push_front(&e->waiting, r);
+    qd_engine_queued_add(e, 1);
     e->preemptions++;
 }
 
@@ -99,8 +100,12 @@ void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const q
     /* a finished generation's state is the start of the next turn of a conversation */
     if (r->slot >= 0 && (why == QD_FINISH_EOS || why == QD_FINISH_LENGTH || why == QD_FINISH_STOP))
         take_snapshot(e, r);
+    int was_queued = 0;
     if (r->slot >= 0) release_slot(e, r);
-    else if (r->phase == QD_SEQ_WAITING) qd_req_list_remove(&e->waiting, r);
+    else if (r->phase == QD_SEQ_WAITING) {
+        qd_req_list_remove(&e->waiting, r);
+        was_queued = 1;
+    }
     r->phase = why == QD_FINISH_CANCELLED ? QD_SEQ_CANCELLED : QD_SEQ_FINISHED;
     qd_engine_event ev = {
         .request_id = r->id,
@@ -119,6 +124,7 @@ void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const q
     if (r->live_next) r->live_next->live_prev = r->live_prev;
     e->finished++;
     e->stats.requests_finished = e->finished;
+    if (was_queued) e->stats.waiting = --e->n_queued;
     pthread_mutex_unlock(&e->mu);
     if (r->cb) r->cb(r->user, &ev); /* the return value cannot change a finished request */
     qd_sampler_free(r->sampler);
@@ -223,6 +229,7 @@ static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
             break;
         }
         qd_req_list_remove(&e->waiting, r);
+        qd_engine_queued_add(e, -1); /* before its first token can be reported */
         r->slot = e->free_slots[--e->n_free_slots];
         r->n_computed = 0;
         r->snap_branch = 0;

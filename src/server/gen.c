@@ -31,11 +31,8 @@ srv_gen *srv_gen_new(srv_server *s, srv_kind kind) {
     return g;
 }
 
-void srv_gen_unref(srv_gen *g) {
-    pthread_mutex_lock(&g->mu);
-    int left = --g->refs;
-    pthread_mutex_unlock(&g->mu);
-    if (left > 0) return;
+/* The last reference is gone. */
+static void gen_free(srv_gen *g) {
     srv_server *s = g->srv;
     if (g->dt.tok) qd_detok_free(&g->dt);
     qd_stop_matcher_free(g->stop);
@@ -55,6 +52,13 @@ void srv_gen_unref(srv_gen *g) {
     pthread_mutex_destroy(&g->mu);
     free(g);
     __atomic_sub_fetch(&s->n_gens, 1, __ATOMIC_RELAXED);
+}
+
+void srv_gen_unref(srv_gen *g) {
+    pthread_mutex_lock(&g->mu);
+    int left = --g->refs;
+    pthread_mutex_unlock(&g->mu);
+    if (left == 0) gen_free(g);
 }
 
 /* ---------------------------------------------------------------- text */
@@ -343,9 +347,19 @@ static int on_event(void *user, const qd_engine_event *ev) {
         g->suspended = 0;
         resume = g->conn;
     }
+    /* The engine's reference goes in this critical section, not after the resume:
+     * the connection sends the end of the response only after seeing `done` under
+     * g->mu, so once a client has a complete response only the connection's
+     * reference is left, and MHD drops that (srv_gen_conn_done) in the same pass as
+     * the last write, before its thread serves another request. Dropped after the
+     * resume, a slow engine thread (ASan) left the generation counted in
+     * qdelta_open_generations after the client had its answer. If the connection
+     * still holds its reference g outlives the unlock; if not, no resume is due and
+     * g is freed here. */
+    const int free_now = last && --g->refs == 0;
     pthread_mutex_unlock(&g->mu);
     if (resume) MHD_resume_connection(resume);
-    if (last) srv_gen_unref(g);
+    if (free_now) gen_free(g);
     return want_stop && !last;
 }
 

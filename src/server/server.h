@@ -8,9 +8,10 @@
  * strings and JSON chunk building happen in the engine callback.
  *
  * Lifetime of one generation (srv_gen): two references, one held by the engine (until
- * its finishing event) and one by the HTTP connection (until MHD reports the request
- * completed, or the client went away). Whichever drops the last one frees it; a
- * connection that goes first cancels the engine request. */
+ * its finishing event, which drops it before the connection can finish the response)
+ * and one by the HTTP connection (until MHD reports the request completed, or the
+ * client went away). Whichever drops the last one frees it; a connection that goes
+ * first cancels the engine request. */
 #ifndef QD_SERVER_SERVER_H
 #define QD_SERVER_SERVER_H
 
