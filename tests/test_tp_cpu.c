@@ -316,6 +316,10 @@ static void check_model(qd_model *m, const char *name, const workload *w, const 
     CHECKF(ran, "%s: reference forward failed: %s", name, qd_context_errmsg(ref));
     for (int i = 0; ran && i < n_modes; i++) {
         if (modes[i][1] && !has_moe(&m->cfg)) continue;
+        if (m->cfg.gdn_hk % modes[i][0]) { /* e.g. the gpu_* fixtures' single key head: TP=1 only */
+            printf("  %s: %d key head(s), no %s=%d split\n", name, m->cfg.gdn_hk, modes[i][1] ? "EP" : "TP", modes[i][0]);
+            continue;
+        }
         check_group(m, name, w, &cp, ref, &want, modes[i][0], modes[i][1]);
     }
     free(want.logits);
@@ -419,7 +423,7 @@ static const int k_dummy_modes[][2] = {{1, 0}, {2, 0}, {4, 0}, {2, 1}, {4, 1}};
 static void check_fixture(const char *dir) {
     workload w;
     w.n0 = read_ids(dir, "prompt_65.ids", w.p0, MAX_PROMPT);
-    w.n1 = read_ids(dir, "prompt_63.ids", w.p1, 13);
+    w.n1 = read_ids(dir, "prompt_64.ids", w.p1, 13); /* present in both fixture sets */
     CHECKF(w.n0 == 65 && w.n1 == 13, "%s: prompts", dir);
     qd_model *m = load(dir, QD_LOAD_AUTO);
     if (!m || w.n0 != 65 || w.n1 != 13) {
