@@ -68,7 +68,9 @@ mkfifo "$T/in"
 pid=$!
 exec 3> "$T/in"
 echo "Tell me a story." >&3
-sleep 1.5
+# interrupt once the reply is streaming (a loaded machine may take seconds to get there)
+for _ in $(seq 600); do [ -s "$T/int.out" ] && break; sleep 0.1; done
+sleep 0.3
 kill -INT $pid
 sleep 0.5
 echo "Hi" >&3
