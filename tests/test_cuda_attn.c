@@ -25,39 +25,13 @@
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_attn.h"
 #include "backend/cuda/cuda_gdn.h"
+#include "qd_test_cuda.h"
 #endif
 
 #ifdef QD_HAVE_CUDA
 
-static uint16_t f2bf(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float bf2f(uint16_t b) {
-    const uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
-#define ST_OK(call)                                                                             \
-    do {                                                                                        \
-        qd_status s_ = (call);                                                                  \
-        CHECKF(s_ == QD_OK, "%s -> %s: %s", #call, qd_status_name(s_), qd_cuda_last_error());   \
-    } while (0)
 
-static void *dev_upload(const void *h, size_t bytes) {
-    void *d = NULL;
-    if (qd_cuda_malloc(&d, bytes)) return NULL;
-    if (h && qd_cuda_memcpy_h2d(d, h, bytes)) {
-        qd_cuda_free(d);
-        return NULL;
-    }
-    return d;
-}
 
 /* got (bf16) against ref: every element finite and within atol * max|ref| +
  * rtol * |ref|, and the relative L2 error within l2_tol. */
@@ -70,7 +44,7 @@ static void compare(const char *what, const uint16_t *got, const float *ref, siz
     }
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < n; i++) {
-        const double g = bf2f(got[i]), e = fabs(g - ref[i]);
+        const double g = qd_bf16_to_f32(got[i]), e = fabs(g - ref[i]);
         if (!isfinite(g) || !(e <= atol * mx + rtol * fabs(ref[i]))) {
             if (!bad) first = i;
             bad++;
@@ -84,7 +58,7 @@ static void compare(const char *what, const uint16_t *got, const float *ref, siz
     printf("  %-22s n=%-9zu max|ref|=%.3e max_err=%.3e (%.2e of max) rel_l2=%.2e bad=%zu\n", what, n, mx, maxe,
            mx > 0 ? maxe / mx : maxe, l2, bad);
     CHECKF(bad == 0, "%s: %zu bad elements, first %zu: got %g want %g", what, bad, first,
-           bad ? bf2f(got[first]) : 0.0, bad ? ref[first] : 0.0);
+           bad ? qd_bf16_to_f32(got[first]) : 0.0, bad ? ref[first] : 0.0);
     CHECKF(l2 <= l2_tol, "%s: relative L2 error %.3e > %.1e", what, l2, l2_tol);
 }
 
@@ -161,8 +135,8 @@ static void run_case(qd_threadpool *pool, qd_test_rng *rng, const shape_def *c, 
         for (int p = 0; p < sp[i].pos0; p++) {
             const size_t off = (size_t)table[s * mbps + p / bs] * stride + layer_off + (size_t)(p % bs) * kvd;
             for (int e = 0; e < kvd; e++) {
-                kc0[off + e] = f2bf(1.5f * qd_test_normal(rng));
-                vc0[off + e] = f2bf(qd_test_normal(rng));
+                kc0[off + e] = qd_f32_to_bf16(1.5f * qd_test_normal(rng));
+                vc0[off + e] = qd_f32_to_bf16(qd_test_normal(rng));
             }
         }
         for (int t = 0; t < sp[i].T; t++, r++) {
@@ -197,16 +171,16 @@ static void run_case(qd_threadpool *pool, qd_test_rng *rng, const shape_def *c, 
 
     /* GPU */
     {
-        int32_t *d_table = dev_upload(table, sizeof(int32_t) * n_blocks);
-        int32_t *d_spans = dev_upload(spans, sizeof(int32_t) * 4 * n_spans);
-        int32_t *d_rs = dev_upload(row_slot, sizeof(int32_t) * n_rows), *d_rp = dev_upload(row_pos, sizeof(int32_t) * n_rows);
-        float *d_qg = dev_upload(qg, sizeof(float) * n_rows * nq * qw), *d_k = dev_upload(kin, sizeof(float) * n_rows * kvd);
-        float *d_v = dev_upload(vin, sizeof(float) * n_rows * kvd), *d_qn = dev_upload(qnw, sizeof(float) * hd);
-        float *d_kn = dev_upload(knw, sizeof(float) * hd);
-        uint16_t *d_kc = dev_upload(kc0, 2 * n_cache), *d_vc = dev_upload(vc0, 2 * n_cache);
-        uint16_t *d_q = dev_upload(NULL, 2 * (size_t)n_rows * nq * hd), *d_out = dev_upload(NULL, 2 * (size_t)n_rows * nq * hd);
+        int32_t *d_table = qd_test_dev_upload(table, sizeof(int32_t) * n_blocks);
+        int32_t *d_spans = qd_test_dev_upload(spans, sizeof(int32_t) * 4 * n_spans);
+        int32_t *d_rs = qd_test_dev_upload(row_slot, sizeof(int32_t) * n_rows), *d_rp = qd_test_dev_upload(row_pos, sizeof(int32_t) * n_rows);
+        float *d_qg = qd_test_dev_upload(qg, sizeof(float) * n_rows * nq * qw), *d_k = qd_test_dev_upload(kin, sizeof(float) * n_rows * kvd);
+        float *d_v = qd_test_dev_upload(vin, sizeof(float) * n_rows * kvd), *d_qn = qd_test_dev_upload(qnw, sizeof(float) * hd);
+        float *d_kn = qd_test_dev_upload(knw, sizeof(float) * hd);
+        uint16_t *d_kc = qd_test_dev_upload(kc0, 2 * n_cache), *d_vc = qd_test_dev_upload(vc0, 2 * n_cache);
+        uint16_t *d_q = qd_test_dev_upload(NULL, 2 * (size_t)n_rows * nq * hd), *d_out = qd_test_dev_upload(NULL, 2 * (size_t)n_rows * nq * hd);
         const size_t wb = qd_cuda_attn_work_bytes(n_rows, nq, hd, c->max_ctx);
-        float *d_work = dev_upload(NULL, wb ? wb : 4);
+        float *d_work = qd_test_dev_upload(NULL, wb ? wb : 4);
         const int ok = d_table && d_spans && d_rs && d_rp && d_qg && d_k && d_v && d_qn && d_kn && d_kc && d_vc &&
                        d_q && d_out && d_work;
         CHECK(ok);
@@ -242,14 +216,14 @@ static void run_case(qd_threadpool *pool, qd_test_rng *rng, const shape_def *c, 
 
     /* cache: rows written by this batch against the CPU keys / exact bf16 values;
      * every other element unchanged bit for bit */
-    for (size_t i = 0; i < n_cache; i++) kexp[i] = bf2f(kc0[i]);
+    for (size_t i = 0; i < n_cache; i++) kexp[i] = qd_bf16_to_f32(kc0[i]);
     for (int r = 0; r < n_rows; r++) {
         const int p = row_pos[r];
         const size_t off = (size_t)table[row_slot[r] * mbps + p / bs] * stride + layer_off + (size_t)(p % bs) * kvd;
         for (int e = 0; e < kvd; e++) {
             is_new[off + e] = 1;
             kexp[off + e] = kn[(size_t)r * kvd + e];
-            vc0[off + e] = f2bf(vin[(size_t)r * kvd + e]);
+            vc0[off + e] = qd_f32_to_bf16(vin[(size_t)r * kvd + e]);
         }
     }
     {
@@ -281,8 +255,8 @@ static void run_case(qd_threadpool *pool, qd_test_rng *rng, const shape_def *c, 
 
     /* attention reference over fp32 copies of the GPU's cache */
     for (size_t i = 0; i < n_cache; i++) {
-        kf[i] = bf2f(kc1[i]);
-        vf[i] = bf2f(vc1[i]);
+        kf[i] = qd_bf16_to_f32(kc1[i]);
+        vf[i] = qd_bf16_to_f32(vc1[i]);
     }
     for (int i = 0; i < n_spans; i++) {
         const int r0 = spans[4 * i];

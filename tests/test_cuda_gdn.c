@@ -18,34 +18,12 @@
 #include "qd_test.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_gdn.h"
+#include "qd_test_cuda.h"
 #endif
 
 #ifdef QD_HAVE_CUDA
 
-static uint16_t f2bf(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float bf2f(uint16_t b) {
-    const uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
-/* Rounds x to bf16 in place and returns the bit patterns (NULL on OOM). */
-static uint16_t *to_bf16(float *x, size_t n) {
-    uint16_t *b = malloc(n * sizeof *b + 2);
-    if (!b) return NULL;
-    for (size_t i = 0; i < n; i++) {
-        b[i] = f2bf(x[i]);
-        x[i] = bf2f(b[i]);
-    }
-    return b;
-}
 
 static void fill_unit(qd_test_rng *rng, float *x, int n, float scale) {
     double ss = 0;
@@ -79,7 +57,7 @@ static void compare(const char *what, const void *got, int is_bf16, const float 
     const double rms = sqrt(ss / (double)(n ? n : 1));
     size_t bad = 0, first = (size_t)-1;
     for (size_t i = 0; i < n; i++) {
-        const double g = is_bf16 ? bf2f(((const uint16_t *)got)[i]) : ((const float *)got)[i];
+        const double g = is_bf16 ? qd_bf16_to_f32(((const uint16_t *)got)[i]) : ((const float *)got)[i];
         const double e = fabs(g - ref[i]);
         if (!isfinite(g) || !(e <= atol_rel * rms + rtol * fabs(ref[i]))) {
             if (!bad) first = i;
@@ -94,26 +72,12 @@ static void compare(const char *what, const void *got, int is_bf16, const float 
     printf("  %-34s n=%-9zu rms=%.3e max_err=%.3e (%.2e rms) rel_l2=%.2e bad=%zu\n", what, n, rms, maxe,
            rms > 0 ? maxe / rms : maxe, l2, bad);
     CHECKF(bad == 0, "%s: %zu bad elements, first %zu: got %g want %g", what, bad, first,
-           bad ? (is_bf16 ? bf2f(((const uint16_t *)got)[first]) : ((const float *)got)[first]) : 0.0,
+           bad ? (is_bf16 ? qd_bf16_to_f32(((const uint16_t *)got)[first]) : ((const float *)got)[first]) : 0.0,
            bad ? ref[first] : 0.0);
     CHECKF(l2 <= l2_tol, "%s: relative L2 error %.3e > %.1e", what, l2, l2_tol);
 }
 
-static void *dev_upload(const void *h, size_t bytes) {
-    void *d = NULL;
-    if (qd_cuda_malloc(&d, bytes)) return NULL;
-    if (h && qd_cuda_memcpy_h2d(d, h, bytes)) {
-        qd_cuda_free(d);
-        return NULL;
-    }
-    return d;
-}
 
-#define ST_OK(call)                                                                             \
-    do {                                                                                        \
-        qd_status s_ = (call);                                                                  \
-        CHECKF(s_ == QD_OK, "%s -> %s: %s", #call, qd_status_name(s_), qd_cuda_last_error());   \
-    } while (0)
 
 /* One chunked case: n_seq spans of the given lengths packed in one batch. */
 static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, int dk, int dv, const int *lens,
@@ -144,7 +108,7 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
         }
     }
     for (size_t i = 0; i < nst; i++) S0[i] = with_state0 ? 0.5f * qd_test_normal(rng) : 0.0f;
-    uint16_t *qb = to_bf16(q, nq), *kb = to_bf16(k, nk), *vb = to_bf16(v, nv);
+    uint16_t *qb = qd_test_round_bf16(q, nq), *kb = qd_test_round_bf16(k, nk), *vb = qd_test_round_bf16(v, nv);
     CHECK(qb && kb && vb);
     /* CPU reference, per span. */
     memcpy(S, S0, nst * 4);
@@ -157,10 +121,10 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
         qd_cpu_gdn_recurrent(pool, d, &sp);
     }
     /* GPU. */
-    uint16_t *dq = dev_upload(qb, nq * 2), *dk_ = dev_upload(kb, nk * 2), *dvv = dev_upload(vb, nv * 2);
-    float *dg = dev_upload(g, ng * 4), *dbeta = dev_upload(beta, ng * 4);
-    float *dS0 = dev_upload(S0, nst * 4), *dS1 = dev_upload(NULL, nst * 4);
-    uint16_t *dO = dev_upload(NULL, no * 2);
+    uint16_t *dq = qd_test_dev_upload(qb, nq * 2), *dk_ = qd_test_dev_upload(kb, nk * 2), *dvv = qd_test_dev_upload(vb, nv * 2);
+    float *dg = qd_test_dev_upload(g, ng * 4), *dbeta = qd_test_dev_upload(beta, ng * 4);
+    float *dS0 = qd_test_dev_upload(S0, nst * 4), *dS1 = qd_test_dev_upload(NULL, nst * 4);
+    uint16_t *dO = qd_test_dev_upload(NULL, no * 2);
     uint16_t *ho = malloc(no * 2);
     float *hS = malloc(nst * 4);
     CHECK(dq && dk_ && dvv && dg && dbeta && dS0 && dS1 && dO && ho && hS);
@@ -188,7 +152,7 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
         qd_cuda_gdn_plan_destroy(&plan);
         /* Recurrent on the GPU: the decode kernel stepped over each span. */
         if (gpu_recurrent) {
-            uint16_t *dOr = dev_upload(NULL, no * 2);
+            uint16_t *dOr = qd_test_dev_upload(NULL, no * 2);
             uint16_t *hor = malloc(no * 2);
             CHECK(dOr && hor);
             if (dOr && hor) {
@@ -207,7 +171,7 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
                 ST_OK(qd_cuda_memcpy_d2h(hS, dS1, nst * 4));
                 float *of = malloc(no * 4);
                 if (of) {
-                    for (size_t i = 0; i < (size_t)T * hv * dv; i++) of[i] = bf2f(hor[i]);
+                    for (size_t i = 0; i < (size_t)T * hv * dv; i++) of[i] = qd_bf16_to_f32(hor[i]);
                     compare("GPU recurrent output vs CPU", hor, 1, o, (size_t)T * hv * dv, 1e-2, 1e-2, 4e-3);
                     compare("GPU recurrent state vs CPU", hS, 0, S, nst, 1e-4, 1e-4, 1e-5);
                     compare("GPU chunked vs GPU recurrent output", ho, 1, of, (size_t)T * hv * dv, 3e-2, 0.2,
@@ -263,7 +227,7 @@ static void chunked_slots_case(qd_threadpool *pool, qd_test_rng *rng, int hk, in
         }
     }
     for (size_t i = 0; i < npool; i++) P0[i] = 0.5f * qd_test_normal(rng);
-    uint16_t *qb = to_bf16(q, nq), *kb = to_bf16(k, nq), *vb = to_bf16(v, nv);
+    uint16_t *qb = qd_test_round_bf16(q, nq), *kb = qd_test_round_bf16(k, nq), *vb = qd_test_round_bf16(v, nv);
     CHECK(qb && kb && vb);
     memcpy(Pref, P0, npool * 4);
     for (int s = 0; s < n_seq; s++) {
@@ -273,10 +237,10 @@ static void chunked_slots_case(qd_threadpool *pool, qd_test_rng *rng, int hk, in
                           beta + (int64_t)t0 * hv, Pref + (size_t)slot[s] * per, o + (int64_t)t0 * hv * dv, lens[s]};
         qd_cpu_gdn_recurrent(pool, d, &sp);
     }
-    uint16_t *dq = dev_upload(qb, nq * 2), *dk_ = dev_upload(kb, nq * 2), *dvv = dev_upload(vb, nv * 2);
-    float *dg = dev_upload(g, ng * 4), *dbeta = dev_upload(beta, ng * 4), *dP = dev_upload(P0, npool * 4);
-    int32_t *dslot = dev_upload(slot, (size_t)n_seq * 4);
-    uint16_t *dO = dev_upload(NULL, nv * 2);
+    uint16_t *dq = qd_test_dev_upload(qb, nq * 2), *dk_ = qd_test_dev_upload(kb, nq * 2), *dvv = qd_test_dev_upload(vb, nv * 2);
+    float *dg = qd_test_dev_upload(g, ng * 4), *dbeta = qd_test_dev_upload(beta, ng * 4), *dP = qd_test_dev_upload(P0, npool * 4);
+    int32_t *dslot = qd_test_dev_upload(slot, (size_t)n_seq * 4);
+    uint16_t *dO = qd_test_dev_upload(NULL, nv * 2);
     CHECK(dq && dk_ && dvv && dg && dbeta && dP && dslot && dO);
     if (dq && dk_ && dvv && dg && dbeta && dP && dslot && dO && qb && kb && vb) {
         qd_cuda_gdn_plan plan;
@@ -336,12 +300,12 @@ static void decode_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, in
         }
     }
     for (size_t i = 0; i < nst; i++) S[i] = 0.5f * qd_test_normal(rng);
-    uint16_t *qb = to_bf16(q, nq), *kb = to_bf16(k, nq), *vb = to_bf16(v, nv);
+    uint16_t *qb = qd_test_round_bf16(q, nq), *kb = qd_test_round_bf16(k, nq), *vb = qd_test_round_bf16(v, nv);
     CHECK(qb && kb && vb);
-    uint16_t *dq = dev_upload(qb, nq * 2), *dk_ = dev_upload(kb, nq * 2), *dvv = dev_upload(vb, nv * 2);
-    float *dg = dev_upload(g, ng * 4), *dbeta = dev_upload(beta, ng * 4), *dS = dev_upload(S, nst * 4);
-    int32_t *dslot = dev_upload(slot, (size_t)n_seq * 4);
-    uint16_t *dO = dev_upload(NULL, nv * 2);
+    uint16_t *dq = qd_test_dev_upload(qb, nq * 2), *dk_ = qd_test_dev_upload(kb, nq * 2), *dvv = qd_test_dev_upload(vb, nv * 2);
+    float *dg = qd_test_dev_upload(g, ng * 4), *dbeta = qd_test_dev_upload(beta, ng * 4), *dS = qd_test_dev_upload(S, nst * 4);
+    int32_t *dslot = qd_test_dev_upload(slot, (size_t)n_seq * 4);
+    uint16_t *dO = qd_test_dev_upload(NULL, nv * 2);
     CHECK(dq && dk_ && dvv && dg && dbeta && dS && dslot && dO);
     if (dq && dk_ && dvv && dg && dbeta && dS && dslot && dO) {
         ST_OK(qd_cuda_memset(dO, 0xff, nv * 2));

@@ -29,6 +29,7 @@
 
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_moe.h"
+#include "qd_test_cuda.h"
 #endif
 
 #ifdef QD_HAVE_CUDA
@@ -36,35 +37,8 @@
 #define GUARD 256 /* floats after y that must not change */
 #define GUARD_VAL 12345.5f
 
-static uint16_t f2bf(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static double bf2d(uint16_t b) {
-    const uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
-static void *dev_upload(const void *h, size_t bytes) {
-    void *d = NULL;
-    if (qd_cuda_malloc(&d, bytes)) return NULL;
-    if (h && qd_cuda_memcpy_h2d(d, h, bytes)) {
-        qd_cuda_free(d);
-        return NULL;
-    }
-    return d;
-}
 
-#define ST_OK(call)                                                                             \
-    do {                                                                                        \
-        qd_status s_ = (call);                                                                  \
-        CHECKF(s_ == QD_OK, "%s -> %s: %s", #call, qd_status_name(s_), qd_cuda_last_error());   \
-    } while (0)
 
 /* route_token of src/layers/moe.c, fp32. */
 static void route_ref(const float *logits, int E, int k, int renorm, int32_t *sel, float *wsel, float *prob) {
@@ -120,8 +94,8 @@ static void route_case(qd_test_rng *rng, int n, int E, int k, int renorm) {
     if (!lg || !w || !hw || !prob || !sel || !hsel) goto out;
     make_logits(rng, lg, n, E, 0.0f, 1);
     for (int t = 0; t < n; t++) route_ref(lg + (size_t)t * E, E, k, renorm, sel + (size_t)t * k, w + (size_t)t * k, prob);
-    float *dlg = dev_upload(lg, (size_t)n * E * 4), *dw = dev_upload(NULL, (size_t)n * k * 4);
-    int32_t *dsel = dev_upload(NULL, (size_t)n * k * 4);
+    float *dlg = qd_test_dev_upload(lg, (size_t)n * E * 4), *dw = qd_test_dev_upload(NULL, (size_t)n * k * 4);
+    int32_t *dsel = qd_test_dev_upload(NULL, (size_t)n * k * 4);
     CHECK(dlg && dw && dsel);
     if (dlg && dw && dsel) {
         ST_OK(qd_cuda_memset(dw, 0xff, (size_t)n * k * 4));
@@ -200,10 +174,10 @@ static int make_experts(qd_test_rng *rng, experts_t *ex, int H, int I, int E, in
     if (!ex->gu || !ex->dn) return 0;
     /* uniform with unit variance per output: gate/up . x ~ N(0, 1), down . act ~ O(1) */
     const float sg = sqrtf(3.0f / (float)H), sd = sqrtf(3.0f / (float)I);
-    for (size_t i = 0; i < ngu; i++) ex->gu[i] = f2bf(sg * qd_test_uniform(rng));
-    for (size_t i = 0; i < ndn; i++) ex->dn[i] = f2bf(sd * qd_test_uniform(rng));
-    ex->dgu = dev_upload(ex->gu, ngu * 2);
-    ex->ddn = dev_upload(ex->dn, ndn * 2);
+    for (size_t i = 0; i < ngu; i++) ex->gu[i] = qd_f32_to_bf16(sg * qd_test_uniform(rng));
+    for (size_t i = 0; i < ndn; i++) ex->dn[i] = qd_f32_to_bf16(sd * qd_test_uniform(rng));
+    ex->dgu = qd_test_dev_upload(ex->gu, ngu * 2);
+    ex->ddn = qd_test_dev_upload(ex->dn, ndn * 2);
     return ex->dgu && ex->ddn;
 }
 static void free_experts(experts_t *ex) {
@@ -223,7 +197,7 @@ static int make_batch(qd_test_rng *rng, const experts_t *ex, batch_t *b, int n, 
         free(lg); free(prob);
         return 0;
     }
-    for (size_t i = 0; i < (size_t)n * H; i++) b->x[i] = f2bf(qd_test_normal(rng));
+    for (size_t i = 0; i < (size_t)n * H; i++) b->x[i] = qd_f32_to_bf16(qd_test_normal(rng));
     for (size_t i = 0; i < (size_t)n * H; i++) b->y0[i] = qd_test_normal(rng);
     make_logits(rng, lg, n, E, skew, 0);
     for (int t = 0; t < n; t++)
@@ -244,22 +218,22 @@ static void experts_ref(const experts_t *ex, const batch_t *b, double *ref, doub
     for (int t = 0; t < b->n; t++) {
         double *c = contrib + (size_t)t * H;
         for (int h = 0; h < H; h++) c[h] = 0;
-        for (int h = 0; h < H; h++) xd[h] = bf2d(b->x[(size_t)t * H + h]);
+        for (int h = 0; h < H; h++) xd[h] = (double)qd_bf16_to_f32(b->x[(size_t)t * H + h]);
         for (int j = 0; j < k; j++) {
             const int e = b->sel[(size_t)t * k + j];
             const uint16_t *gu = ex->gu + (size_t)e * 2 * I * H, *dn = ex->dn + (size_t)e * H * I;
             for (int i = 0; i < I; i++) {
                 double g = 0, u = 0;
                 for (int h = 0; h < H; h++) {
-                    g += bf2d(gu[(size_t)i * H + h]) * xd[h];
-                    u += bf2d(gu[(size_t)(I + i) * H + h]) * xd[h];
+                    g += (double)qd_bf16_to_f32(gu[(size_t)i * H + h]) * xd[h];
+                    u += (double)qd_bf16_to_f32(gu[(size_t)(I + i) * H + h]) * xd[h];
                 }
                 a[i] = g / (1.0 + exp(-g)) * u;
             }
             const double wj = b->w[(size_t)t * k + j];
             for (int h = 0; h < H; h++) {
                 double o = 0;
-                for (int i = 0; i < I; i++) o += bf2d(dn[(size_t)h * I + i]) * a[i];
+                for (int i = 0; i < I; i++) o += (double)qd_bf16_to_f32(dn[(size_t)h * I + i]) * a[i];
                 c[h] += wj * o;
             }
         }
@@ -274,11 +248,11 @@ static void experts_ref(const experts_t *ex, const batch_t *b, double *ref, doub
 static int run_experts(const experts_t *ex, const batch_t *b, int t0, int n, float *y, int graph) {
     const int H = ex->H, k = ex->k;
     const size_t wb = qd_cuda_moe_work_bytes(n, H, ex->I, ex->E, k);
-    uint16_t *dx = dev_upload(b->x + (size_t)t0 * H, (size_t)n * H * 2);
-    int32_t *dsel = dev_upload(b->sel + (size_t)t0 * k, (size_t)n * k * 4);
-    float *dw = dev_upload(b->w + (size_t)t0 * k, (size_t)n * k * 4);
-    float *dy = dev_upload(NULL, ((size_t)n * H + GUARD) * 4);
-    void *work = dev_upload(NULL, wb);
+    uint16_t *dx = qd_test_dev_upload(b->x + (size_t)t0 * H, (size_t)n * H * 2);
+    int32_t *dsel = qd_test_dev_upload(b->sel + (size_t)t0 * k, (size_t)n * k * 4);
+    float *dw = qd_test_dev_upload(b->w + (size_t)t0 * k, (size_t)n * k * 4);
+    float *dy = qd_test_dev_upload(NULL, ((size_t)n * H + GUARD) * 4);
+    void *work = qd_test_dev_upload(NULL, wb);
     float guard[GUARD];
     int ok = dx && dsel && dw && dy && work && wb > 0;
     CHECK(ok);

@@ -15,6 +15,7 @@
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_ops.h"
+#include "qd_test_cuda.h"
 #endif
 
 #ifdef QD_HAVE_CUDA
@@ -25,15 +26,6 @@ static float *rnd(size_t n, float scale) {
     float *x = malloc(n * sizeof(float) + 4);
     for (size_t i = 0; i < n; i++) x[i] = qd_test_normal(&rng) * scale;
     return x;
-}
-/* bf16 bit patterns of x, and x itself rounded to them */
-static uint16_t *bf(float *x, size_t n) {
-    uint16_t *b = malloc(n * 2 + 2);
-    for (size_t i = 0; i < n; i++) {
-        b[i] = qd_f32_to_bf16(x[i]);
-        x[i] = qd_bf16_to_f32(b[i]);
-    }
-    return b;
 }
 static void *dev(const void *h, size_t bytes) {
     void *d = NULL;
@@ -73,7 +65,7 @@ static float *widen(const uint16_t *b, size_t n) {
 
 static void test_matmul(qd_cuda_blas *blas, int64_t rows, int64_t cols, int n, int64_t ldx, int64_t ldy, int y_bf16) {
     float *w = rnd((size_t)(rows * cols), 0.5f), *x = rnd((size_t)(n * ldx), 1.0f);
-    uint16_t *wb = bf(w, (size_t)(rows * cols)), *xb = bf(x, (size_t)(n * ldx));
+    uint16_t *wb = qd_test_round_bf16(w, (size_t)(rows * cols)), *xb = qd_test_round_bf16(x, (size_t)(n * ldx));
     const size_t ysz = (size_t)n * ldy * (y_bf16 ? 2 : 4);
     void *dW = dev(wb, (size_t)(rows * cols) * 2), *dx = dev(xb, (size_t)(n * ldx) * 2), *dy = dev(NULL, ysz);
     CHECK(qd_cuda_matmul(blas, dW, rows, cols, dx, ldx, n, dy, ldy, y_bf16) == QD_OK);
@@ -103,7 +95,7 @@ static void test_matmul(qd_cuda_blas *blas, int64_t rows, int64_t cols, int n, i
 
 static void test_matmul_xf32(int64_t rows, int64_t cols, int n, int64_t ldx, int64_t ldy) {
     float *w = rnd((size_t)(rows * cols), 0.5f), *x = rnd((size_t)(n * ldx), 1.0f);
-    uint16_t *wb = bf(w, (size_t)(rows * cols));
+    uint16_t *wb = qd_test_round_bf16(w, (size_t)(rows * cols));
     void *dW = dev(wb, (size_t)(rows * cols) * 2), *dx = dev(x, (size_t)(n * ldx) * 4), *dy = dev(NULL, (size_t)n * ldy * 4);
     CHECK(qd_cuda_matmul_xf32(dW, rows, cols, dx, ldx, n, dy, ldy, NULL) == QD_OK);
     float *yh = host(dy, (size_t)n * ldy * 4);
@@ -128,7 +120,7 @@ static void test_matmul_xf32(int64_t rows, int64_t cols, int n, int64_t ldx, int
 static void test_embed_norm(void) {
     const int V = 37, H = 333, n = 6;
     float *tab = rnd((size_t)V * H, 1.0f);
-    uint16_t *tb = bf(tab, (size_t)V * H);
+    uint16_t *tb = qd_test_round_bf16(tab, (size_t)V * H);
     int32_t tok[6] = {0, 36, 5, 5, 17, 2};
     void *dt = dev(tb, (size_t)V * H * 2), *dtok = dev(tok, sizeof tok), *dh = dev(NULL, (size_t)n * H * 4);
     CHECK(qd_cuda_embed(dt, dtok, n, H, dh, NULL) == QD_OK);
@@ -236,7 +228,7 @@ static void test_gated_norm_and_ffn(int n, int hv, int dv, int I, int H) {
     const size_t no = (size_t)n * hv * dv;
     const int zs = hv * dv + 7;
     float *o = rnd(no, 1.0f), *z = rnd((size_t)n * zs, 2.0f), *w = rnd(dv, 1.0f);
-    uint16_t *ob = bf(o, no);
+    uint16_t *ob = qd_test_round_bf16(o, no);
     void *dob = dev(ob, no * 2), *dz = dev(z, (size_t)n * zs * 4), *dw = dev(w, dv * 4), *du = dev(NULL, no * 2);
     CHECK(qd_cuda_gated_rmsnorm(dob, dz, zs, dw, 1e-6f, n, hv, dv, du, NULL) == QD_OK);
     uint16_t *ub = host(du, no * 2);
