@@ -14,11 +14,10 @@
  *    batch mixing prefills and decodes == each sequence alone, snapshot/restore and
  *    fork reproduce the state, CUDA-graph decode == eager decode;
  *  - the device's dummy weights equal the CPU's (same logits within tolerance). */
-#include <dirent.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "model/model.h"
+#include "qd_fixtures.h"
 #include "qd_test.h"
 #include "qdelta.h"
 #ifdef QD_HAVE_CUDA
@@ -27,21 +26,8 @@
 
 #ifdef QD_HAVE_CUDA
 
-#define FIXTURES "tests/fixtures"
+#define FIXTURES QD_FIXTURES
 
-static int parse_ids(const char *s, int32_t *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s) break;
-        out[n++] = (int32_t)v;
-        s = end;
-    }
-    return n;
-}
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static int argmax(const float *x, int n) {
     int b = 0;
@@ -153,7 +139,7 @@ static void golden_case(qd_model *m, const char *dir, const char *prompt_file, i
     CHECKF(txt != NULL, "cannot read %s", path);
     if (!txt) return;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(L + 32));
-    const int n = parse_ids(txt, ids, L + 32);
+    const int n = qd_fixture_parse_ids(txt, ids, L + 32);
     free(txt);
     CHECKF(n == L, "%s: expected %d ids, read %d", path, L, n);
     const int V = qd_model_vocab_size(m);
@@ -187,7 +173,7 @@ static void golden_case(qd_model *m, const char *dir, const char *prompt_file, i
     CHECKF(!strict || txt != NULL, "cannot read %s", path);
     if (txt) {
         int32_t want[64], got[64];
-        const int n_want = parse_ids(txt, want, 64);
+        const int n_want = qd_fixture_parse_ids(txt, want, 64);
         free(txt);
         CHECK(qd_seq_reset(ctx, 0) == QD_OK);
         qd_span p = {0, ids, L, QD_LOGITS_LAST};
@@ -217,14 +203,8 @@ static void golden_fixture(const char *dir) {
     const int strict = strstr(dir, "/gpu_") != NULL, moe = model_has_moe(dir);
     qd_model *m = load(dir, QD_BACKEND_CUDA, QD_LOAD_AUTO);
     if (!m) return;
-    DIR *d = opendir(dir);
     char *names[64];
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)) && n < 64)
-        if (!strncmp(e->d_name, "prompt_", 7)) names[n++] = strdup(e->d_name);
-    if (d) closedir(d);
-    qsort(names, (size_t)n, sizeof(char *), cmp_str);
+    const int n = qd_fixture_prompts(dir, names, 64);
     for (int i = 0; i < n; i++) {
         golden_case(m, dir, names[i], strict, moe);
         free(names[i]);
@@ -409,24 +389,10 @@ int main(void) {
     if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_model", "no CUDA device");
     qd_test_rng rng = qd_test_rng_from_env();
     uint64_t seed = qd_test_next(&rng);
-    DIR *d = opendir(FIXTURES);
-    CHECKF(d != NULL, "no %s directory (run from the repository root)", FIXTURES);
-    if (!d) return qd_test_finish("test_cuda_model");
     char *dirs[64];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 64) {
-        if (e->d_name[0] == '.') continue;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s/config.json", FIXTURES, e->d_name);
-        struct stat st;
-        if (stat(path, &st) == 0) {
-            snprintf(path, sizeof path, "%s/%s", FIXTURES, e->d_name);
-            dirs[n++] = strdup(path);
-        }
-    }
-    closedir(d);
-    qsort(dirs, (size_t)n, sizeof(char *), cmp_str);
+    const int n = qd_fixture_dirs("config.json", dirs, 64);
+    CHECKF(n >= 0, "no %s directory (run from the repository root)", FIXTURES);
+    if (n < 0) return qd_test_finish("test_cuda_model");
     CHECKF(n >= 6, "expected at least 6 fixture models, found %d", n);
     printf("golden fixtures on the GPU\n");
     for (int i = 0; i < n; i++) golden_fixture(dirs[i]);

@@ -3,28 +3,14 @@
  * every position from one prefill are within 5e-4 x max|ref| of the reference, and
  * the 16-token greedy continuation (prefill, then one decode step per token) is
  * identical. */
-#include <dirent.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "qd_fixtures.h"
 #include "qd_test.h"
 #include "qdelta.h"
 
-#define FIXTURES "tests/fixtures"
+#define FIXTURES QD_FIXTURES
 
-static int parse_ids(const char *s, int32_t *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s) break;
-        out[n++] = (int32_t)v;
-        s = end;
-    }
-    return n;
-}
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static int n_cases_total = 0;
 
@@ -36,7 +22,7 @@ static void check_case(qd_model *m, const char *dir, const char *prompt_file) {
     CHECKF(txt != NULL, "cannot read %s", path);
     if (!txt) return;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(L + 32));
-    int n = parse_ids(txt, ids, L + 32);
+    int n = qd_fixture_parse_ids(txt, ids, L + 32);
     free(txt);
     CHECKF(n == L, "%s: expected %d ids, read %d", path, L, n);
     const int V = qd_model_vocab_size(m);
@@ -73,7 +59,7 @@ static void check_case(qd_model *m, const char *dir, const char *prompt_file) {
     txt = qd_test_read_file(path, NULL);
     if (txt) {
         int32_t want[64];
-        int n_want = parse_ids(txt, want, 64);
+        int n_want = qd_fixture_parse_ids(txt, want, 64);
         free(txt);
         int32_t got[64];
         const float *row = logits + (size_t)(L - 1) * V;
@@ -114,14 +100,8 @@ static void check_fixture(const char *dir) {
     qd_status s = qd_model_load(&mp, &m, err, sizeof err);
     CHECKF(s == QD_OK, "%s: load failed: %s", dir, err);
     if (s != QD_OK) return;
-    DIR *d = opendir(dir);
     char *names[64];
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)) && n < 64)
-        if (!strncmp(e->d_name, "prompt_", 7)) names[n++] = strdup(e->d_name);
-    if (d) closedir(d);
-    qsort(names, (size_t)n, sizeof(char *), cmp_str);
+    const int n = qd_fixture_prompts(dir, names, 64);
     CHECKF(n > 0, "%s: no prompt_*.ids cases", dir);
     for (int i = 0; i < n; i++) {
         check_case(m, dir, names[i]);
@@ -131,24 +111,10 @@ static void check_fixture(const char *dir) {
 }
 
 int main(void) {
-    DIR *d = opendir(FIXTURES);
-    CHECKF(d != NULL, "no %s directory (run from the repository root)", FIXTURES);
-    if (!d) return qd_test_finish("test_golden");
     char *dirs[64];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 64) {
-        if (e->d_name[0] == '.') continue;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s/config.json", FIXTURES, e->d_name);
-        struct stat st;
-        if (stat(path, &st) == 0) {
-            snprintf(path, sizeof path, "%s/%s", FIXTURES, e->d_name);
-            dirs[n++] = strdup(path);
-        }
-    }
-    closedir(d);
-    qsort(dirs, (size_t)n, sizeof(char *), cmp_str);
+    const int n = qd_fixture_dirs("config.json", dirs, 64);
+    CHECKF(n >= 0, "no %s directory (run from the repository root)", FIXTURES);
+    if (n < 0) return qd_test_finish("test_golden");
     CHECKF(n >= 6, "expected at least 6 fixture models, found %d", n);
     for (int i = 0; i < n; i++) {
         printf("%s\n", dirs[i]);

@@ -17,17 +17,16 @@
  * small, so the reordering shows as 1e-6 .. 1.5e-5 x max|ref| in the KV cache and the
  * logits of these random fixtures (worst: the f32 Qwen3-Next dense fixture, 1.5e-5 with
  * EP=2). A wrong slice or a missing partial sum shows as 1e-2 and up. */
-#include <dirent.h>
 #include <stdarg.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "model/model.h"
 #include "parallel/tp_cpu.h"
+#include "qd_fixtures.h"
 #include "qd_test.h"
 
-#define FIXTURES "tests/fixtures"
+#define FIXTURES QD_FIXTURES
 #define N_DECODE 6
 #define TOL 5e-5
 #define MAX_PROMPT 96
@@ -395,12 +394,7 @@ static int read_ids(const char *dir, const char *file, int32_t *out, int max) {
     snprintf(path, sizeof path, "%s/%s", dir, file);
     char *txt = qd_test_read_file(path, NULL);
     if (!txt) return 0;
-    int n = 0;
-    for (char *s = txt, *end; n < max; s = end) {
-        long v = strtol(s, &end, 10);
-        if (end == s) break;
-        out[n++] = (int32_t)v;
-    }
+    const int n = qd_fixture_parse_ids(txt, out, max);
     free(txt);
     return n;
 }
@@ -470,24 +464,11 @@ static void check_dummy(int hk, int hv, int nq, int nkv) {
     qd_model_free(m);
 }
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 int main(void) {
-    DIR *d = opendir(FIXTURES);
-    CHECKF(d != NULL, "no %s directory (run from the repository root)", FIXTURES);
     char *dirs[64];
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)) && n < 64) {
-        char path[1024];
-        struct stat st;
-        snprintf(path, sizeof path, "%s/%s/prompt_65.ids", FIXTURES, e->d_name);
-        if (e->d_name[0] == '.' || stat(path, &st) != 0) continue;
-        snprintf(path, sizeof path, "%s/%s", FIXTURES, e->d_name);
-        dirs[n++] = strdup(path);
-    }
-    if (d) closedir(d);
-    qsort(dirs, (size_t)n, sizeof(char *), cmp_str);
+    int n = qd_fixture_dirs("prompt_65.ids", dirs, 64);
+    CHECKF(n >= 0, "no %s directory (run from the repository root)", FIXTURES);
+    if (n < 0) n = 0;
     CHECKF(n >= 6, "expected at least 6 fixture models, found %d", n);
     for (int i = 0; i < n; i++) {
         printf("%s\n", dirs[i]);
