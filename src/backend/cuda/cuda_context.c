@@ -15,23 +15,13 @@ static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 /* Logit rows computed per lm_head pass: bounds the [rows][V] fp32 scratch. */
 #define QD_CUDA_LOGIT_CHUNK 256
 
-typedef struct carve {
-    unsigned char *base;
-    size_t off;
-} carve;
-
-static void *take(carve *c, size_t bytes) {
-    void *r = c->base ? c->base + c->off : NULL;
-    c->off += (bytes + 255) / 256 * 256;
-    return r;
-}
 
 int qd_cuda_logit_chunk(const qd_context *ctx) {
     return ctx->params.max_batch < QD_CUDA_LOGIT_CHUNK ? ctx->params.max_batch : QD_CUDA_LOGIT_CHUNK;
 }
 
 /* Lays out every device buffer of the context (base NULL: measure only). */
-static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, carve *cv) {
+static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, qd_cuda_carve *cv) {
     const qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
     const size_t B = (size_t)ctx->params.max_batch, S = (size_t)ctx->params.max_seqs;
@@ -48,40 +38,40 @@ static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, carve *cv) {
 
     g->conv_slot = conv_dim * (size_t)(c->gdn_conv_kernel - 1);
     g->ssm_slot = hv * (size_t)c->gdn_dk * c->gdn_dv;
-    g->conv = take(cv, (size_t)m->n_gdn * S * g->conv_slot * 4);
-    g->ssm = take(cv, (size_t)m->n_gdn * S * g->ssm_slot * 4);
+    g->conv = qd_cuda_take(cv, (size_t)m->n_gdn * S * g->conv_slot * 4);
+    g->ssm = qd_cuda_take(cv, (size_t)m->n_gdn * S * g->ssm_slot * 4);
     const size_t kv_bytes = (size_t)ctx->kv.n_blocks * ctx->kv.block_floats * 2;
-    g->kv_k = take(cv, kv_bytes);
-    g->kv_v = take(cv, kv_bytes);
-    g->h = take(cv, B * H * 4);
-    g->y = take(cv, B * H * 4);
-    g->ys = take(cv, B * H * 4);
-    g->x = take(cv, B * H * 2);
-    g->xf = take(cv, E > 0 ? B * H * 4 : 0);
-    g->proj = take(cv, B * max_sz(gdn_in, q_rows) * 4);
-    g->proj2 = take(cv, B * kvd * 4);
-    g->proj3 = take(cv, B * kvd * 4);
-    g->conv_out = take(cv, B * conv_dim * 4);
-    g->q = take(cv, B * max_sz(key_dim, qdim) * 2);
-    g->k = take(cv, B * key_dim * 2);
-    g->v = take(cv, B * value_dim * 2);
-    g->g = take(cv, B * hv * 4);
-    g->beta = take(cv, B * hv * 4);
-    g->o = take(cv, B * max_sz(value_dim, qdim) * 2);
-    g->u = take(cv, B * max_sz(value_dim, qdim) * 2);
-    g->ffn = take(cv, B * 2 * I * 4);
-    g->act = take(cv, B * I * 2);
-    g->router = take(cv, B * (E + 1) * 4);
-    g->sel = take(cv, B * (k ? k : 1) * 4);
-    g->selw = take(cv, B * (k ? k : 1) * 4);
-    g->logits = take(cv, LC * (size_t)c->vocab_size * 4);
-    g->ids = take(cv, B * 4);
-    g->lp = take(cv, B * 4);
+    g->kv_k = qd_cuda_take(cv, kv_bytes);
+    g->kv_v = qd_cuda_take(cv, kv_bytes);
+    g->h = qd_cuda_take(cv, B * H * 4);
+    g->y = qd_cuda_take(cv, B * H * 4);
+    g->ys = qd_cuda_take(cv, B * H * 4);
+    g->x = qd_cuda_take(cv, B * H * 2);
+    g->xf = qd_cuda_take(cv, E > 0 ? B * H * 4 : 0);
+    g->proj = qd_cuda_take(cv, B * max_sz(gdn_in, q_rows) * 4);
+    g->proj2 = qd_cuda_take(cv, B * kvd * 4);
+    g->proj3 = qd_cuda_take(cv, B * kvd * 4);
+    g->conv_out = qd_cuda_take(cv, B * conv_dim * 4);
+    g->q = qd_cuda_take(cv, B * max_sz(key_dim, qdim) * 2);
+    g->k = qd_cuda_take(cv, B * key_dim * 2);
+    g->v = qd_cuda_take(cv, B * value_dim * 2);
+    g->g = qd_cuda_take(cv, B * hv * 4);
+    g->beta = qd_cuda_take(cv, B * hv * 4);
+    g->o = qd_cuda_take(cv, B * max_sz(value_dim, qdim) * 2);
+    g->u = qd_cuda_take(cv, B * max_sz(value_dim, qdim) * 2);
+    g->ffn = qd_cuda_take(cv, B * 2 * I * 4);
+    g->act = qd_cuda_take(cv, B * I * 2);
+    g->router = qd_cuda_take(cv, B * (E + 1) * 4);
+    g->sel = qd_cuda_take(cv, B * (k ? k : 1) * 4);
+    g->selw = qd_cuda_take(cv, B * (k ? k : 1) * 4);
+    g->logits = qd_cuda_take(cv, LC * (size_t)c->vocab_size * 4);
+    g->ids = qd_cuda_take(cv, B * 4);
+    g->lp = qd_cuda_take(cv, B * 4);
     if (m->n_attn > 0)
-        g->attn_work = take(cv, qd_cuda_attn_work_bytes((int)B, c->attn_nq, c->attn_head_dim, ctx->params.max_ctx));
+        g->attn_work = qd_cuda_take(cv, qd_cuda_attn_work_bytes((int)B, c->attn_nq, c->attn_head_dim, ctx->params.max_ctx));
     if (E > 0)
-        g->moe_work = take(cv, qd_cuda_moe_work_bytes((int)B, (int)H, c->moe_intermediate_size, (int)E, (int)k));
-    g->meta_dev = take(cv, g->meta_bytes);
+        g->moe_work = qd_cuda_take(cv, qd_cuda_moe_work_bytes((int)B, (int)H, c->moe_intermediate_size, (int)E, (int)k));
+    g->meta_dev = qd_cuda_take(cv, g->meta_bytes);
 }
 
 /* The step metadata layout, identical on host and device (see qd_cuda_step). */
@@ -118,7 +108,7 @@ qd_status qd_cuda_ctx_create(qd_context *ctx) {
     ctx->cuda = g;
     qd_status s;
     g->meta_bytes = plan_meta(ctx, NULL, NULL);
-    carve cv = {0};
+    qd_cuda_carve cv = {0};
     plan_device(ctx, g, &cv);
     size_t free_b = 0, total_b = 0;
     if ((s = qd_cuda_mem_info(&free_b, &total_b))) return fail(ctx, s, "querying device memory");
@@ -136,7 +126,7 @@ qd_status qd_cuda_ctx_create(qd_context *ctx) {
                          (double)free_b / (1 << 30));
     void *block = NULL;
     if ((s = qd_cuda_malloc(&block, cv.off))) return fail(ctx, s, "allocating the context's device memory");
-    carve real = {block, 0};
+    qd_cuda_carve real = {block, 0};
     plan_device(ctx, g, &real);
     g->bytes = cv.off;
     /* the block starts with the state: remember it for freeing */

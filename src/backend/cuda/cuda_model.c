@@ -10,18 +10,13 @@
 #include "base/log.h"
 
 typedef struct planner {
-    unsigned char *base; /* NULL while measuring */
-    size_t off;
+    qd_cuda_carve cv;    /* cv.base NULL while measuring */
     uint16_t *staging;   /* pinned bf16 staging for converted tensors */
     size_t staging_elems;
     qd_err *err;
 } planner;
 
-static void *take(planner *p, size_t bytes) {
-    void *r = p->base ? p->base + p->off : NULL;
-    p->off += (bytes + 255) / 256 * 256;
-    return r;
-}
+static void *take(planner *p, size_t bytes) { return qd_cuda_take(&p->cv, bytes); }
 
 static qd_status cuda_err(qd_err *err, qd_status s, const char *what) {
     return qd_seterr(err, s, "%s: %s", what, qd_cuda_last_error());
@@ -60,7 +55,7 @@ static qd_status matrix(planner *p, uint16_t **out, const qd_weight *const *part
     for (int i = 0; i < n_parts; i++) rows += parts[i]->rows;
     uint16_t *d = take(p, (size_t)(rows * parts[0]->cols) * 2);
     *out = d;
-    if (!p->base) return QD_OK;
+    if (!p->cv.base) return QD_OK;
     for (int i = 0; i < n_parts; i++) {
         QD_TRY(put_matrix(p, d, parts[i]));
         d += parts[i]->rows * parts[i]->cols;
@@ -73,7 +68,7 @@ static qd_status one(planner *p, uint16_t **out, const qd_weight *w) { return ma
 static qd_status vec(planner *p, float **out, const float *src, int64_t n) {
     float *d = take(p, (size_t)n * sizeof(float));
     *out = d;
-    if (!p->base) return QD_OK;
+    if (!p->cv.base) return QD_OK;
     qd_status s = qd_cuda_memcpy_h2d(d, src, (size_t)n * sizeof(float));
     return s ? cuda_err(p->err, s, "uploading a vector") : QD_OK;
 }
@@ -84,7 +79,7 @@ static qd_status mlp(planner *p, const qd_mlp_weights *w, uint16_t **gate_up, ui
     return one(p, down, &w->down);
 }
 
-/* Both passes: with p->base NULL only the offsets advance. */
+/* Both passes: with p->cv.base NULL only the offsets advance. */
 static qd_status place(qd_model *m, qd_cuda_model *cm, planner *p) {
     const qd_config *c = &m->cfg;
     const int H = c->hidden_size, hv = c->gdn_hv, hd = c->attn_head_dim;
@@ -127,7 +122,7 @@ static qd_status place(qd_model *m, qd_cuda_model *cm, planner *p) {
             /* experts stacked [E][2 Ie][H] and [E][H][Ie] */
             d->experts_gate_up = take(p, (size_t)E * 2 * Ie * H * 2);
             d->experts_down = take(p, (size_t)E * H * Ie * 2);
-            if (p->base)
+            if (p->cv.base)
                 for (int e = 0; e < E; e++) {
                     QD_TRY(put_matrix(p, d->experts_gate_up + (size_t)e * 2 * Ie * H, &w->experts[e].gate));
                     QD_TRY(put_matrix(p, d->experts_gate_up + (size_t)e * 2 * Ie * H + (size_t)Ie * H, &w->experts[e].up));
@@ -155,14 +150,14 @@ qd_status qd_cuda_model_upload(qd_model *m, qd_err *err) {
     QD_TRY(place(m, cm, &p));
     size_t free_b = 0, total_b = 0;
     if ((s = qd_cuda_mem_info(&free_b, &total_b))) return cuda_err(err, s, "querying device memory");
-    if (p.off > free_b)
+    if (p.cv.off > free_b)
         return qd_seterr(err, QD_ERR_OOM,
                          "the model's weights need %.2f GiB of device memory as bf16, but %s has %.2f GiB free of "
-                         "%.2f GiB", (double)p.off / (1 << 30), cm->device_name, (double)free_b / (1 << 30),
+                         "%.2f GiB", (double)p.cv.off / (1 << 30), cm->device_name, (double)free_b / (1 << 30),
                          (double)total_b / (1 << 30));
-    if ((s = qd_cuda_malloc(&cm->arena, p.off))) return cuda_err(err, s, "allocating device memory for the weights");
-    cm->bytes = p.off;
-    planner q = {.base = cm->arena, .err = err, .staging_elems = 1 << 22};
+    if ((s = qd_cuda_malloc(&cm->arena, p.cv.off))) return cuda_err(err, s, "allocating device memory for the weights");
+    cm->bytes = p.cv.off;
+    planner q = {.cv = {cm->arena, 0}, .err = err, .staging_elems = 1 << 22};
     if ((s = qd_cuda_malloc_host((void **)&q.staging, q.staging_elems * 2))) return cuda_err(err, s, "pinned staging");
     s = place(m, cm, &q);
     qd_cuda_free_host(q.staging);

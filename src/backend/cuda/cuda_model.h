@@ -10,6 +10,19 @@
 #include "backend/cuda/cuda_gdn.h"
 #include "model/model.h"
 
+/* Two-pass layout of one device allocation: with base NULL only the offset advances
+ * (measuring); with base set, each take returns the next 256-byte aligned piece. */
+typedef struct qd_cuda_carve {
+    unsigned char *base;
+    size_t off;
+} qd_cuda_carve;
+
+static inline void *qd_cuda_take(qd_cuda_carve *c, size_t bytes) {
+    void *r = c->base ? c->base + c->off : NULL;
+    c->off += (bytes + 255) / 256 * 256;
+    return r;
+}
+
 /* One layer's device weights. Matrices are bf16 [rows][cols]; several of the
  * checkpoint's projections are stacked so that one GEMM computes them together. */
 typedef struct qd_cuda_layer {
