@@ -139,19 +139,8 @@ const char *qd_context_errmsg(const qd_context *ctx) { return ctx ? ctx->err.msg
 qd_status qd_seq_reset(qd_context *ctx, int seq) {
     if (seq < 0 || seq >= ctx->params.max_seqs)
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, ctx->params.max_seqs);
-    const qd_model *m = ctx->model;
-    const qd_config *c = &m->cfg;
     qd_seq_state *q = &ctx->seqs[seq];
-#ifdef QD_HAVE_CUDA
-    if (ctx->cuda) {
-        QD_TRY(qd_cuda_state_put(ctx, seq, NULL, NULL));
-        q->length = 0;
-        qd_kv_truncate(ctx, seq, 0);
-        return QD_OK;
-    }
-#endif
-    memset(q->conv, 0, (size_t)m->n_gdn * qd_config_conv_dim(c) * (size_t)(c->gdn_conv_kernel - 1) * sizeof(float));
-    memset(q->ssm, 0, (size_t)m->n_gdn * c->gdn_hv * c->gdn_dk * c->gdn_dv * sizeof(float));
+    QD_TRY(qd_seq_state_write(ctx, seq, NULL, NULL));
     q->length = 0;
     qd_kv_truncate(ctx, seq, 0);
     return QD_OK;

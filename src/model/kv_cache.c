@@ -92,6 +92,17 @@ static void unref(qd_kv_pool *kv, int32_t b) {
     if (--kv->ref[b] == 0) kv->free_ids[kv->n_free++] = b;
 }
 
+/* Block dst's keys and values become a copy of block src's, wherever they live. */
+static qd_status block_copy(qd_context *ctx, int32_t dst, int32_t src) {
+#ifdef QD_HAVE_CUDA
+    if (ctx->cuda) return qd_cuda_kv_copy_block(ctx, dst, src);
+#endif
+    qd_kv_pool *kv = &ctx->kv;
+    memcpy(kv->k + (size_t)dst * kv->block_floats, kv->k + (size_t)src * kv->block_floats, kv->block_floats * sizeof(float));
+    memcpy(kv->v + (size_t)dst * kv->block_floats, kv->v + (size_t)src * kv->block_floats, kv->block_floats * sizeof(float));
+    return QD_OK;
+}
+
 qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens) {
     const int need = qd_kv_blocks_needed(ctx, seq, n_tokens);
     if (need == 0) return QD_OK;
@@ -108,21 +119,11 @@ qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens) {
         int i = q->length / kv->block_size;
         int32_t old = q->blocks[i], nb = kv->free_ids[--kv->n_free];
         kv->ref[nb] = 1;
-#ifdef QD_HAVE_CUDA
-        if (ctx->cuda) {
-            qd_status st = qd_cuda_kv_copy_block(ctx, nb, old);
-            if (st != QD_OK) {
-                kv->free_ids[kv->n_free++] = nb;
-                kv->ref[nb] = 0;
-                return st;
-            }
-        } else
-#endif
-        {
-            memcpy(kv->k + (size_t)nb * kv->block_floats, kv->k + (size_t)old * kv->block_floats,
-                   kv->block_floats * sizeof(float));
-            memcpy(kv->v + (size_t)nb * kv->block_floats, kv->v + (size_t)old * kv->block_floats,
-                   kv->block_floats * sizeof(float));
+        qd_status st = block_copy(ctx, nb, old);
+        if (st != QD_OK) {
+            kv->free_ids[kv->n_free++] = nb;
+            kv->ref[nb] = 0;
+            return st;
         }
         q->blocks[i] = nb;
         unref(kv, old);
@@ -164,12 +165,28 @@ static qd_status state_read(qd_context *ctx, int seq, float *conv, float *ssm) {
     return QD_OK;
 }
 
-static qd_status state_write(qd_context *ctx, int seq, const float *conv, const float *ssm) {
+qd_status qd_seq_state_write(qd_context *ctx, int seq, const float *conv, const float *ssm) {
 #ifdef QD_HAVE_CUDA
     if (ctx->cuda) return qd_cuda_state_put(ctx, seq, conv, ssm);
 #endif
-    memcpy(ctx->seqs[seq].conv, conv, conv_floats(ctx) * sizeof(float));
-    memcpy(ctx->seqs[seq].ssm, ssm, ssm_floats(ctx) * sizeof(float));
+    qd_seq_state *q = &ctx->seqs[seq];
+    if (conv && ssm) {
+        memcpy(q->conv, conv, conv_floats(ctx) * sizeof(float));
+        memcpy(q->ssm, ssm, ssm_floats(ctx) * sizeof(float));
+    } else {
+        memset(q->conv, 0, conv_floats(ctx) * sizeof(float));
+        memset(q->ssm, 0, ssm_floats(ctx) * sizeof(float));
+    }
+    return QD_OK;
+}
+
+/* dst's GDN state becomes a copy of src's. */
+static qd_status state_copy(qd_context *ctx, int src, int dst) {
+#ifdef QD_HAVE_CUDA
+    if (ctx->cuda) return qd_cuda_state_copy(ctx, src, dst);
+#endif
+    memcpy(ctx->seqs[dst].conv, ctx->seqs[src].conv, conv_floats(ctx) * sizeof(float));
+    memcpy(ctx->seqs[dst].ssm, ctx->seqs[src].ssm, ssm_floats(ctx) * sizeof(float));
     return QD_OK;
 }
 
@@ -212,7 +229,7 @@ qd_status qd_seq_state_restore(qd_context *ctx, int seq, const void *src, size_t
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
                          "snapshot of %lld tokens cannot be restored into sequence %d holding %d (KV would be missing)",
                          (long long)len, seq, q->length);
-    QD_TRY(state_write(ctx, seq, (const float *)(s + SNAP_HEADER),
+    QD_TRY(qd_seq_state_write(ctx, seq, (const float *)(s + SNAP_HEADER),
                        (const float *)(s + SNAP_HEADER + conv_floats(ctx) * sizeof(float))));
     q->length = (int)len;
     qd_kv_truncate(ctx, seq, q->length);
@@ -225,14 +242,7 @@ qd_status qd_seq_fork(qd_context *ctx, int src, int dst) {
     if (src == dst) return QD_OK;
     QD_TRY(qd_seq_reset(ctx, dst));
     qd_seq_state *a = &ctx->seqs[src], *b = &ctx->seqs[dst];
-#ifdef QD_HAVE_CUDA
-    if (ctx->cuda) QD_TRY(qd_cuda_state_copy(ctx, src, dst));
-    else
-#endif
-    {
-        memcpy(b->conv, a->conv, conv_floats(ctx) * sizeof(float));
-        memcpy(b->ssm, a->ssm, ssm_floats(ctx) * sizeof(float));
-    }
+    QD_TRY(state_copy(ctx, src, dst));
     for (int i = 0; i < a->n_blocks; i++) {
         b->blocks[i] = a->blocks[i];
         ctx->kv.ref[a->blocks[i]]++;
@@ -263,7 +273,7 @@ qd_status qd_seq_state_attach(qd_context *ctx, int seq, const void *src, size_t 
     QD_TRY(qd_seq_reset(ctx, seq));
     qd_seq_state *q = &ctx->seqs[seq];
     const unsigned char *s = src;
-    QD_TRY(state_write(ctx, seq, (const float *)(s + SNAP_HEADER),
+    QD_TRY(qd_seq_state_write(ctx, seq, (const float *)(s + SNAP_HEADER),
                        (const float *)(s + SNAP_HEADER + conv_floats(ctx) * sizeof(float))));
     /* shared, not copied: a partly filled last block is copied by qd_kv_reserve before
      * this sequence writes into it, because the cache still holds a reference */

@@ -206,6 +206,9 @@ static inline size_t qd_kv_offset(const qd_context *ctx, int seq, int attn_index
 /* GDN state (conv + recurrent, every GDN layer) and length of a sequence as a plain
  * copy: size in bytes of one snapshot. */
 size_t qd_seq_state_size(const qd_context *ctx);
+/* Sets a sequence's GDN state (conv [n_gdn][conv_dim][Kc-1], ssm [n_gdn][hv][dk][dv],
+ * the snapshot layout) wherever the backend keeps it; NULL conv/ssm: zeros. */
+qd_status qd_seq_state_write(qd_context *ctx, int seq, const float *conv, const float *ssm);
 qd_status qd_seq_state_save(qd_context *ctx, int seq, void *dst, size_t size);
 /* Rolls `seq` back to a snapshot taken from it (or from a sequence it was forked
  * from) at a length <= its current length: the GDN state is copied back, the length
