@@ -15,47 +15,20 @@
 #include "backend/cuda/cuda_attn.h"
 #include "backend/cuda/cuda_gdn.h"
 
+#define BENCH_NAME "attn_cuda_bench"
+#include "cuda_bench_util.h"
+
 #define NQ 16
 #define NKV 2
 #define HD 256
 #define BS 16
 
-static int failed(qd_status s, const char *what) {
-    if (s == QD_OK) return 0;
-    fprintf(stderr, "attn_cuda_bench: %s: %s (%s)\n", what, qd_status_name(s), qd_cuda_last_error());
-    return 1;
-}
-#define TRY(call)                                  \
-    do {                                           \
-        if (failed((call), #call)) exit(1);        \
-    } while (0)
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static float urand(void) { /* [-1, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
-}
-static void *upload(const void *h, size_t bytes) {
-    void *d;
-    TRY(qd_cuda_malloc(&d, bytes));
-    if (h) TRY(qd_cuda_memcpy_h2d(d, h, bytes));
-    return d;
-}
 static float *rand_floats(size_t n, float scale) {
     float *x = malloc(n * sizeof *x);
     if (!x) exit(1);
     for (size_t i = 0; i < n; i++) x[i] = scale * urand();
     return x;
-}
-static int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-static float median(float *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
-    return v[n / 2];
 }
 
 /* Median milliseconds per call of fn over reps of iters calls. */

@@ -15,34 +15,15 @@
 
 #include "backend/cuda/cuda_gdn.h"
 
+#define BENCH_NAME "gdn_cuda_bench"
+#include "cuda_bench_util.h"
+
 #define HK 16
 #define HV 32
 #define DK 128
 #define DV 128
 
-static int failed(qd_status s, const char *what) {
-    if (s == QD_OK) return 0;
-    fprintf(stderr, "gdn_cuda_bench: %s: %s (%s)\n", what, qd_status_name(s), qd_cuda_last_error());
-    return 1;
-}
-#define TRY(call)                                  \
-    do {                                           \
-        if (failed((call), #call)) exit(1);        \
-    } while (0)
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static float urand(void) { /* [-1, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
-}
-static uint16_t f2bf(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* n_vec vectors of length dim, unit L2 norm times scale, as bf16. */
 static uint16_t *unit_rows(size_t n_vec, int dim, float scale) {
@@ -56,16 +37,10 @@ static uint16_t *unit_rows(size_t n_vec, int dim, float scale) {
             ss += (double)x[i] * x[i];
         }
         const float f = (float)(scale / sqrt(ss + 1e-6));
-        for (int i = 0; i < dim; i++) b[r * dim + i] = f2bf(x[i] * f);
+        for (int i = 0; i < dim; i++) b[r * dim + i] = qd_f32_to_bf16(x[i] * f);
     }
     free(x);
     return b;
-}
-static void *upload(const void *h, size_t bytes) {
-    void *d;
-    TRY(qd_cuda_malloc(&d, bytes));
-    if (h) TRY(qd_cuda_memcpy_h2d(d, h, bytes));
-    return d;
 }
 static float *gates(size_t n, int is_beta) {
     float *g = malloc(n * 4);
@@ -74,34 +49,7 @@ static float *gates(size_t n, int is_beta) {
     return g;
 }
 
-static int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-static float median(float *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
-    return v[n / 2];
-}
 
-/* Copy bandwidth, counting bytes read plus written. */
-static double copy_bw(void) {
-    const size_t bytes = (size_t)1 << 30;
-    void *a = upload(NULL, bytes), *b = upload(NULL, bytes);
-    TRY(qd_cuda_memset(a, 1, bytes));
-    qd_cuda_timer t;
-    TRY(qd_cuda_timer_create(&t));
-    float ms[10];
-    for (int w = 0; w < 3; w++) TRY(qd_cuda_memcpy_d2d(b, a, bytes, NULL));
-    for (int r = 0; r < 10; r++) {
-        TRY(qd_cuda_timer_start(&t));
-        TRY(qd_cuda_memcpy_d2d(b, a, bytes, NULL));
-        TRY(qd_cuda_timer_stop(&t, &ms[r]));
-    }
-    qd_cuda_timer_destroy(&t);
-    qd_cuda_free(a);
-    qd_cuda_free(b);
-    return 2.0 * bytes / (median(ms, 10) * 1e-3) / 1e9;
-}
 
 static void bench_decode(int B, double copy_gbs) {
     const size_t per = (size_t)HV * DK * DV; /* floats per sequence state */

@@ -22,82 +22,27 @@
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_moe.h"
 
+#define BENCH_NAME "moe_cuda_bench"
+#include "cuda_bench_util.h"
+
 #define H 2048
 #define E 256
 #define K 8
 #define I 512
 #define NROUTE 16
 
-static int failed(qd_status s, const char *what) {
-    if (s == QD_OK) return 0;
-    fprintf(stderr, "moe_cuda_bench: %s: %s (%s)\n", what, qd_status_name(s), qd_cuda_last_error());
-    return 1;
-}
-#define TRY(call)                                  \
-    do {                                           \
-        if (failed((call), #call)) exit(1);        \
-    } while (0)
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint64_t next_u64(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static float urand(void) { /* [-1, 1) */
-    return (float)((next_u64() >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
-}
-static uint16_t f2bf(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static void *upload(const void *h, size_t bytes) {
-    void *d;
-    TRY(qd_cuda_malloc(&d, bytes));
-    if (h) TRY(qd_cuda_memcpy_h2d(d, h, bytes));
-    return d;
-}
 /* n bf16 values of scale s: a random pool repeated (filling 10^9 values one by one is slow). */
 static uint16_t *bf16_fill(size_t n, float s) {
     uint16_t *b = malloc(n * 2);
     const size_t pool = (size_t)1 << 20;
     if (!b) exit(1);
-    for (size_t i = 0; i < pool && i < n; i++) b[i] = f2bf(s * urand());
+    for (size_t i = 0; i < pool && i < n; i++) b[i] = qd_f32_to_bf16(s * urand());
     for (size_t i = pool; i < n; i += pool) memcpy(b + i, b, (n - i < pool ? n - i : pool) * 2);
     return b;
 }
 
-static int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-static float median(float *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
-    return v[n / 2];
-}
 
-/* Copy bandwidth, counting bytes read plus written. */
-static double copy_bw(void) {
-    const size_t bytes = (size_t)1 << 30;
-    void *a = upload(NULL, bytes), *b = upload(NULL, bytes);
-    TRY(qd_cuda_memset(a, 1, bytes));
-    qd_cuda_timer t;
-    TRY(qd_cuda_timer_create(&t));
-    float ms[10];
-    for (int w = 0; w < 3; w++) TRY(qd_cuda_memcpy_d2d(b, a, bytes, NULL));
-    for (int r = 0; r < 10; r++) {
-        TRY(qd_cuda_timer_start(&t));
-        TRY(qd_cuda_memcpy_d2d(b, a, bytes, NULL));
-        TRY(qd_cuda_timer_stop(&t, &ms[r]));
-    }
-    qd_cuda_timer_destroy(&t);
-    qd_cuda_free(a);
-    qd_cuda_free(b);
-    return 2.0 * bytes / (median(ms, 10) * 1e-3) / 1e9;
-}
 
 /* Decode as the engine runs it: the NROUTE calls captured in one CUDA graph
  * on a created stream and replayed, so host launch costs are out of the
