@@ -91,6 +91,12 @@ static void begin_rows(qd_context *ctx, const qd_span *spans, int n_spans) {
     embed_rows(ctx->model, spans, n_spans, ctx->s.h);
 }
 
+/* The spans' tokens are consumed: their sequences grow by them. */
+static void advance_lengths(qd_context *ctx, int n_spans) {
+    const qd_span_rt *rt = ctx->spans_rt;
+    for (int i = 0; i < n_spans; i++) ctx->seqs[rt[i].seq].length += rt[i].T;
+}
+
 /* After the layer stack: sequence lengths, then the logits (and/or greedy ids) of the
  * rows that want them. */
 static qd_status finish(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, float *logits,
@@ -100,7 +106,7 @@ static qd_status finish(qd_context *ctx, const qd_span *spans, int n_spans, int 
     const int H = c->hidden_size;
     qd_scratch *s = &ctx->s;
     const qd_span_rt *rt = ctx->spans_rt;
-    for (int i = 0; i < n_spans; i++) ctx->seqs[rt[i].seq].length += rt[i].T;
+    advance_lengths(ctx, n_spans);
 
     if (n_logit_rows == 0) return QD_OK;
     /* gather the rows that want logits, final norm, LM head */
@@ -142,8 +148,7 @@ static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, flo
         qd_status st = qd_cuda_forward(ctx, spans, n_spans, rt, n_rows, n_logit_rows, logits, ids, lps, limit);
         /* the state has advanced on the device unless the failure came first; a failed
          * CUDA step leaves the context unusable for those sequences, as the message says */
-        if (st == QD_OK)
-            for (int i = 0; i < n_spans; i++) ctx->seqs[rt[i].seq].length += rt[i].T;
+        if (st == QD_OK) advance_lengths(ctx, n_spans);
         return st;
     }
 #endif
