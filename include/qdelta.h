@@ -178,6 +178,16 @@ qd_status qd_forward_greedy(qd_context *ctx, const qd_span *spans, int n_spans, 
  * chosen token's log-softmax over that range (one float per logit row). */
 qd_status qd_forward_greedy_logprobs(qd_context *ctx, const qd_span *spans, int n_spans, int vocab_limit,
                                      int32_t *ids, float *logprobs);
+/* A step whose logit rows are used two ways (a server's greedy requests next to
+ * sampled ones): every logit row gets its argmax and log-softmax as in
+ * qd_forward_greedy_logprobs, and the rows r with full[r] != 0 also their whole row of
+ * vocab_size logits at logits + r * vocab_size, as qd_forward writes them. full NULL:
+ * every row (then this is qd_forward plus the argmax). logits NULL: no row (full must
+ * be NULL too). The other rows of `logits` may or may not be written: the CPU backend
+ * computes every row there in one matmul, the CUDA backend copies only the rows asked
+ * for off the device, so a step of greedy rows moves a few bytes per row, not a row. */
+qd_status qd_forward_mixed(qd_context *ctx, const qd_span *spans, int n_spans, int vocab_limit, const uint8_t *full,
+                           float *logits, int32_t *ids, float *logprobs);
 
 #ifdef __cplusplus
 }

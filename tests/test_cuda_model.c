@@ -12,7 +12,9 @@
  *    at >= 85% of positions and the errors are reported;
  *  - equivalences on the GPU: chunked prefill == token-by-token decode, a ragged
  *    batch mixing prefills and decodes == each sequence alone, snapshot/restore and
- *    fork reproduce the state, CUDA-graph decode == eager decode;
+ *    fork reproduce the state, CUDA-graph decode == eager decode, the device argmax
+ *    with its log-softmax (qd_forward_greedy_logprobs, qd_forward_mixed: the serving
+ *    engine's step) == qd_forward's logits;
  *  - the device's dummy weights equal the CPU's (same logits within tolerance). */
 #include <string.h>
 
@@ -357,6 +359,88 @@ static void graph_vs_eager(qd_model *m, uint64_t *seed) {
     qd_context_free(ce);
 }
 
+/* Checks one step's argmax outputs against qd_forward's logits of the same step: ids
+ * over [0, limit), log-softmax within float rounding of a double computation, the
+ * rows asked for bit-identical and (the point on a GPU) the others never copied. */
+static int check_rows(const char *what, const float *ref, const float *got, const uint8_t *full, const int32_t *ids,
+                      const float *lps, int rows, int V, int limit) {
+    int bad = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *x = ref + (size_t)r * V;
+        const int want = argmax(x, limit);
+        double se = 0;
+        for (int i = 0; i < limit; i++) se += exp((double)x[i] - x[want]);
+        const double lp = -log(se);
+        if (ids[r] != want || !(fabs(lps[r] - lp) <= 1e-4 * fmax(1.0, fabs(lp)))) {
+            if (bad++ < 3)
+                fprintf(stderr, "%s: row %d: argmax %d (%g), want %d (%g)\n", what, r, ids[r], lps[r], want, lp);
+        }
+        if (!got) continue;
+        const float *y = got + (size_t)r * V;
+        if (full[r] ? memcmp(y, x, sizeof(float) * (size_t)V) != 0 : !isnan(y[0]) || !isnan(y[V - 1])) {
+            if (bad++ < 3)
+                fprintf(stderr, "%s: row %d (%s): logits row %s\n", what, r, full[r] ? "asked for" : "not asked for",
+                        full[r] ? "differs from qd_forward's" : "was written");
+        }
+    }
+    CHECKF(bad == 0, "%s: %d bad rows of %d", what, bad, rows);
+    return bad == 0;
+}
+
+/* The serving engine's step on the device: two contexts fed the same spans, one
+ * through qd_forward, one through qd_forward_mixed / qd_forward_greedy_logprobs with a
+ * vocabulary bound below the LM head's rows (the tokenizer's padding). A prefill with
+ * more logit rows than one logit chunk (eager), then decode steps (CUDA graphs). At
+ * 8d6f697 the pinned buffer for the log-softmax was never allocated and every call
+ * with logprobs failed, which is what the server hit. */
+static void mixed_vs_forward(qd_model *m, uint64_t *seed) {
+    enum { NS = 3, T = 300 }; /* T + 2 logit rows: two chunks of QD_CUDA_LOGIT_CHUNK (256) */
+    const int V = qd_model_vocab_size(m), limit = V - V / 7;
+    qd_context *a = context(m, NS, 512, 512), *b = context(m, NS, 512, 512);
+    if (!a || !b) {
+        qd_context_free(a);
+        qd_context_free(b);
+        return;
+    }
+    const int rows = T + NS - 1;
+    int32_t ids[NS][T + 8], got_ids[T + NS];
+    float got_lp[T + NS];
+    uint8_t full[T + NS];
+    for (int i = 0; i < NS; i++) random_ids(ids[i], T + 8, V, seed);
+    float *ref = malloc(sizeof(float) * (size_t)rows * V), *got = malloc(sizeof(float) * (size_t)rows * V);
+    const int plen[NS] = {T, 20, 7};
+    qd_span sp[NS];
+    for (int i = 0; i < NS; i++) sp[i] = (qd_span){i, ids[i], plen[i], i == 0 ? QD_LOGITS_ALL : QD_LOGITS_LAST};
+    for (int r = 0; r < rows; r++) full[r] = r % 3 == 0;
+    for (size_t k = 0; k < (size_t)rows * V; k++) got[k] = NAN;
+    int ok = 1;
+    CHECKF(qd_forward(a, sp, NS, ref) == QD_OK, "forward: %s", qd_context_errmsg(a));
+    qd_status st = qd_forward_mixed(b, sp, NS, limit, full, got, got_ids, got_lp);
+    CHECKF(st == QD_OK, "qd_forward_mixed (prefill): %s", qd_context_errmsg(b));
+    if (st == QD_OK) ok &= check_rows("mixed prefill step", ref, got, full, got_ids, got_lp, rows, V, limit);
+    /* decode steps: graph-captured after the first; greedy only, then mixed */
+    for (int t = 0; t < 4; t++) {
+        for (int i = 0; i < NS; i++) sp[i] = (qd_span){i, &ids[i][plen[i] + t], 1, QD_LOGITS_LAST};
+        CHECK(qd_forward(a, sp, NS, ref) == QD_OK);
+        if (t % 2 == 0) {
+            st = qd_forward_greedy_logprobs(b, sp, NS, limit, got_ids, got_lp);
+            CHECKF(st == QD_OK, "qd_forward_greedy_logprobs (decode): %s", qd_context_errmsg(b));
+            if (st == QD_OK) ok &= check_rows("greedy decode step", ref, NULL, NULL, got_ids, got_lp, NS, V, limit);
+        } else {
+            for (int r = 0; r < NS; r++) full[r] = r == 1;
+            for (size_t k = 0; k < (size_t)NS * V; k++) got[k] = NAN;
+            st = qd_forward_mixed(b, sp, NS, limit, full, got, got_ids, got_lp);
+            CHECKF(st == QD_OK, "qd_forward_mixed (decode): %s", qd_context_errmsg(b));
+            if (st == QD_OK) ok &= check_rows("mixed decode step", ref, got, full, got_ids, got_lp, NS, V, limit);
+        }
+    }
+    printf("  device argmax + log-softmax (greedy and mixed steps) vs qd_forward: %s\n", ok ? "equal" : "DIFFER");
+    free(ref);
+    free(got);
+    qd_context_free(a);
+    qd_context_free(b);
+}
+
 /* dummy weights drawn on the device equal the CPU's: same logits within tolerance */
 static void dummy_cpu_vs_gpu(const char *dir, uint64_t *seed) {
     qd_model *mc = load(dir, QD_BACKEND_CPU, QD_LOAD_DUMMY), *mg = load(dir, QD_BACKEND_CUDA, QD_LOAD_DUMMY);
@@ -414,6 +498,7 @@ int main(void) {
         batched_vs_alone(m, &seed);
         snapshot_and_fork(m, &seed);
         graph_vs_eager(m, &seed);
+        mixed_vs_forward(m, &seed);
         qd_model_free(m);
         dummy_cpu_vs_gpu(dirs[i], &seed);
     }

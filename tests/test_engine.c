@@ -7,7 +7,11 @@
  *   (d) bad submits fail with clear errors (ids, lengths, sampling params, full queue);
  *   (e) qd_engine_free with requests in flight: each gets exactly one finishing event;
  *   (f) seeded sampling gives the same tokens on a rerun, and alone and batched with
- *       different others (up to rare rounding-induced flips: see check_invariance).
+ *       different others (up to rare rounding-induced flips: see check_invariance);
+ *   (g) greedy requests that report no alternatives take the forward's argmax
+ *       (qd_forward_mixed) instead of the sampler: the same tokens and logprobs as
+ *       through the sampler, and in (a)/(b) half the greedy requests go that way, so
+ *       steps mix argmax rows and sampled rows.
  * Nothing here depends on how fast the engine thread runs against this one (the CI
  * runs it under ASan): where the engine's state matters at a given moment, a callback
  * parks the engine thread (hold) until the test has done what it must. */
@@ -36,7 +40,7 @@ typedef struct collector {
     uint64_t id;
     int32_t toks[MAX_OUT];
     float logprobs[MAX_OUT];
-    float margin[MAX_OUT];  /* logprob of the best token minus the second best's */
+    float margin[MAX_OUT];  /* logprob of the best token minus the second best's (NaN: not reported) */
     int n;
     qd_finish_reason finish;
     int finish_events, events_after_finish, bad_counts;
@@ -51,7 +55,7 @@ static int on_event(void *user, const qd_engine_event *ev) {
     if (c->finish_events) c->events_after_finish++;
     if (ev->has_token && c->n < MAX_OUT) {
         c->logprobs[c->n] = ev->sample.logprob;
-        c->margin[c->n] = ev->sample.n_top >= 2 ? ev->sample.top[0].logprob - ev->sample.top[1].logprob : INFINITY;
+        c->margin[c->n] = ev->sample.n_top >= 2 ? ev->sample.top[0].logprob - ev->sample.top[1].logprob : NAN;
         c->toks[c->n++] = ev->sample.token;
     }
     if (ev->completion_tokens != c->n) c->bad_counts++;
@@ -181,7 +185,9 @@ static void make_requests(req *rs, int V, int greedy) {
          * the distribution; plain temperature sampling moves by that rounding only */
         r->rp.sampling.presence_penalty = greedy ? 0.0f : 0.5f;
         r->rp.sampling.seed = 1000 + (uint64_t)i;
-        r->rp.sampling.n_logprobs = 2; /* the margins of greedy choices */
+        /* the margins of greedy choices; odd greedy requests report none, so their tokens
+         * come from the forward's argmax (their solo margins: see check_invariance) */
+        r->rp.sampling.n_logprobs = greedy && i % 2 ? 0 : 2;
         r->rp.max_tokens = 1 + (int)(qd_test_next(&rng) % 24);
         r->rp.ignore_eos = i % 2;
     }
@@ -206,7 +212,8 @@ static double worst_logprob_diff = 0;
 
 /* Requests of `got` equal to their solo runs; mismatches are reported. With `ties`
  * (greedy runs), a mismatch whose first differing token was a near tie in both runs
- * is counted there instead: the same computation up to rounding. */
+ * (in the solo run only when the batched one reported no margins) is counted there
+ * instead: the same computation up to rounding. */
 static int count_same(const char *dir, const char *what, const collector *got, const collector *ref, int n, int ref_step,
                       int *ties) {
     int same = 0;
@@ -219,9 +226,39 @@ static int count_same(const char *dir, const char *what, const collector *got, c
         int ok = same_tokens(a, b);
         if (!ok) report_diff(dir, what, i * ref_step, a, b);
         same += ok;
-        if (!ok && ties && k < a->n && k < b->n && a->margin[k] < NEAR_TIE && b->margin[k] < NEAR_TIE) (*ties)++;
+        if (!ok && ties && k < a->n && k < b->n && (isnan(a->margin[k]) || a->margin[k] < NEAR_TIE) &&
+            b->margin[k] < NEAR_TIE)
+            (*ties)++;
     }
     return same;
+}
+
+/* (g) The greedy requests that took the forward's argmax alone (no alternatives
+ * reported) run alone again through the sampler (two alternatives): the same logits,
+ * so exactly the same tokens, and logprobs equal up to the sampler's exp (2.5e-7
+ * relative). Their solo margins then stand in for the argmax runs' (NaN). */
+static int argmax_vs_sampler(qd_engine *e, const char *dir, const req *rs, collector *alone) {
+    static collector lp;
+    int n = 0;
+    for (int i = 0; i < N_REQ; i++) {
+        if (rs[i].rp.sampling.n_logprobs != 0) continue;
+        req r = rs[i];
+        r.rp.sampling.n_logprobs = 2;
+        run_batch(e, &r, 1, &lp);
+        CHECKF(same_tokens(&lp, &alone[i]), "%s: request %d: argmax path and sampler differ", dir, i);
+        CHECKF(alone[i].finish == QD_FINISH_LENGTH || alone[i].finish == QD_FINISH_EOS,
+               "%s: request %d: argmax path finished with %d after %d tokens", dir, i, (int)alone[i].finish,
+               alone[i].n);
+        for (int k = 0; k < lp.n && k < alone[i].n; k++) {
+            CHECKF(fabsf(lp.logprobs[k] - alone[i].logprobs[k]) <= 1e-5f * fmaxf(1.0f, fabsf(lp.logprobs[k])),
+                   "%s: request %d token %d: logprob %g by argmax, %g by the sampler", dir, i, k,
+                   (double)alone[i].logprobs[k], (double)lp.logprobs[k]);
+            alone[i].margin[k] = lp.margin[k];
+        }
+        n++;
+    }
+    CHECKF(n >= N_REQ / 2, "%s: only %d greedy requests took the argmax path", dir, n);
+    return n;
 }
 
 /* (a), (b), (f) on one model.
@@ -248,6 +285,7 @@ static void check_invariance(qd_model *m, const char *dir, int seeded_slack) {
         qd_engine *e = make_engine(m, 6, 64, 16, 0);
         if (!e) return;
         for (int i = 0; i < N_REQ; i++) run_batch(e, &rs[i], 1, &alone[i]);
+        const int n_extra = greedy ? argmax_vs_sampler(e, dir, rs, alone) : 0;
         run_batch(e, rs, N_REQ, together);
         int ties = 0;
         int same = count_same(dir, mode, together, alone, N_REQ, 1, greedy ? &ties : NULL);
@@ -255,7 +293,7 @@ static void check_invariance(qd_model *m, const char *dir, int seeded_slack) {
                dir, mode, same, N_REQ, ties);
         qd_engine_stats st;
         qd_engine_get_stats(e, &st);
-        CHECK(st.requests_finished == 2 * N_REQ + 1); /* + the gate of run_batch */
+        CHECK(st.requests_finished == (uint64_t)(2 * N_REQ + 1 + n_extra)); /* + the gate of run_batch */
         check_clean(e, dir);
         qd_engine_free(e);
         /* (f) the same seeded request run again on a fresh engine: the same tokens, exactly */

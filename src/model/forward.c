@@ -77,7 +77,8 @@ static int32_t argmax_row(const float *x, int n, float *lp) {
         if (x[i] > x[best]) best = i;
     if (lp) {
         double se = 0;
-        for (int i = 0; i < n; i++) se += exp((double)x[i] - x[best]);
+        /* float terms (this is a pass over the whole vocabulary), a double sum */
+        for (int i = 0; i < n; i++) se += expf(x[i] - x[best]);
         *lp = (float)-log(se);
     }
     return best;
@@ -97,10 +98,11 @@ static void advance_lengths(qd_context *ctx, int n_spans) {
     for (int i = 0; i < n_spans; i++) ctx->seqs[rt[i].seq].length += rt[i].T;
 }
 
-/* After the layer stack: sequence lengths, then the logits (and/or greedy ids) of the
- * rows that want them. */
-static qd_status finish(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, float *logits,
-                        int32_t *ids, float *lps, int limit) {
+/* After the layer stack: sequence lengths, then what the rows that want logits hand
+ * back (see qd_logit_out). Into a caller's logits buffer every row is computed in one
+ * matmul (the LM head is read once); ids alone go one row at a time through the
+ * context's row buffer. */
+static qd_status finish(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, const qd_logit_out *out) {
     const qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
     const int H = c->hidden_size;
@@ -118,34 +120,33 @@ static qd_status finish(qd_context *ctx, const qd_span *spans, int n_spans, int 
             qd_cpu_rmsnorm(s->h + (size_t)(rt[i].row0 + t) * H, 1, H, H, m->final_norm, 1.0f, c->rms_norm_eps,
                            s->x + (size_t)lr * H, H);
     }
-    if (logits) {
-        qd_cpu_matmul(m->pool, &m->lm_head, s->x, n_logit_rows, logits);
-        if (ids)
+    if (out->logits) {
+        qd_cpu_matmul(m->pool, &m->lm_head, s->x, n_logit_rows, out->logits);
+        if (out->ids)
             for (int r = 0; r < n_logit_rows; r++)
-                ids[r] = argmax_row(logits + (size_t)r * c->vocab_size, limit, lps ? lps + r : NULL);
+                out->ids[r] = argmax_row(out->logits + (size_t)r * c->vocab_size, out->vocab_limit,
+                                         out->logprobs ? out->logprobs + r : NULL);
         return QD_OK;
     }
-    for (int r = 0; r < n_logit_rows; r++) { /* ids only: one row of logits at a time */
+    for (int r = 0; r < n_logit_rows; r++) {
         qd_cpu_matmul(m->pool, &m->lm_head, s->x + (size_t)r * H, 1, ctx->row_logits);
-        ids[r] = argmax_row(ctx->row_logits, limit, lps ? lps + r : NULL);
+        out->ids[r] = argmax_row(ctx->row_logits, out->vocab_limit, out->logprobs ? out->logprobs + r : NULL);
     }
     return QD_OK;
 }
 
-static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, int32_t *ids, float *lps,
-                         int limit) {
-    if (!ctx) return QD_ERR_INVALID_ARG;
+static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, const qd_logit_out *out) {
     qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
     qd_scratch *s = &ctx->s;
     qd_span_rt *rt = ctx->spans_rt;
     int n_rows = 0, n_logit_rows = 0;
     QD_TRY(validate(ctx, spans, n_spans, rt, &n_rows, &n_logit_rows));
-    if (n_logit_rows > 0 && !logits && !ids)
+    if (n_logit_rows > 0 && !out->logits && !out->ids)
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
 #ifdef QD_HAVE_CUDA
     if (ctx->cuda) {
-        qd_status st = qd_cuda_forward(ctx, spans, n_spans, rt, n_rows, n_logit_rows, logits, ids, lps, limit);
+        qd_status st = qd_cuda_forward(ctx, spans, n_spans, rt, n_rows, n_logit_rows, out);
         /* the state has advanced on the device unless the failure came first; a failed
          * CUDA step leaves the context unusable for those sequences, as the message says */
         if (st == QD_OK) advance_lengths(ctx, n_spans);
@@ -166,7 +167,7 @@ static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, flo
         else QD_TRY(qd_layer_mlp_forward(ctx, &ly->mlp, n_rows, s->x, s->y));
         add_rows(s->h, s->y, (int64_t)n_rows * H);
     }
-    return finish(ctx, spans, n_spans, n_logit_rows, logits, ids, lps, limit);
+    return finish(ctx, spans, n_spans, n_logit_rows, out);
 }
 
 /* The CPU steps around the layer stack, for the in-process tensor-parallel forward
@@ -180,21 +181,32 @@ qd_status qd_forward_begin(qd_context *ctx, const qd_span *spans, int n_spans, f
 }
 
 qd_status qd_forward_end(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, float *logits) {
-    return finish(ctx, spans, n_spans, n_logit_rows, logits, NULL, NULL, ctx->model->cfg.vocab_size);
+    const qd_logit_out out = {.logits = logits, .vocab_limit = ctx->model->cfg.vocab_size};
+    return finish(ctx, spans, n_spans, n_logit_rows, &out);
 }
 
 qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits) {
-    return forward(ctx, spans, n_spans, logits, NULL, NULL, ctx ? ctx->model->cfg.vocab_size : 0);
+    if (!ctx) return QD_ERR_INVALID_ARG;
+    const qd_logit_out out = {.logits = logits, .vocab_limit = ctx->model->cfg.vocab_size};
+    return forward(ctx, spans, n_spans, &out);
 }
 
-qd_status qd_forward_greedy_logprobs(qd_context *ctx, const qd_span *spans, int n_spans, int vocab_limit,
-                                     int32_t *ids, float *logprobs) {
+qd_status qd_forward_mixed(qd_context *ctx, const qd_span *spans, int n_spans, int vocab_limit, const uint8_t *full,
+                           float *logits, int32_t *ids, float *logprobs) {
     if (!ctx) return QD_ERR_INVALID_ARG;
     if (!ids) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "no output buffer for token ids");
     const int V = ctx->model->cfg.vocab_size;
     if (vocab_limit < 0 || vocab_limit > V)
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "vocab_limit %d outside [0, %d]", vocab_limit, V);
-    return forward(ctx, spans, n_spans, NULL, ids, logprobs, vocab_limit ? vocab_limit : V);
+    if (full && !logits)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "rows of logits asked for but no logits buffer");
+    const qd_logit_out out = {logits, full, ids, logprobs, vocab_limit ? vocab_limit : V};
+    return forward(ctx, spans, n_spans, &out);
+}
+
+qd_status qd_forward_greedy_logprobs(qd_context *ctx, const qd_span *spans, int n_spans, int vocab_limit,
+                                     int32_t *ids, float *logprobs) {
+    return qd_forward_mixed(ctx, spans, n_spans, vocab_limit, NULL, NULL, ids, logprobs);
 }
 
 qd_status qd_forward_greedy(qd_context *ctx, const qd_span *spans, int n_spans, int32_t *ids) {

@@ -162,6 +162,17 @@ typedef struct qd_span_rt {
     int pos0;           /* sequence length before this span */
 } qd_span_rt;
 
+/* What a forward hands back for its logit rows (qd_forward, qd_forward_greedy*,
+ * qd_forward_mixed: one internal path for all of them, so that each backend has a
+ * single place where rows leave the model). */
+typedef struct qd_logit_out {
+    float *logits;         /* [n_logit_rows][vocab_size], or NULL for none */
+    const uint8_t *full;   /* the rows of `logits` wanted (NULL: all); the others may be written */
+    int32_t *ids;          /* [n_logit_rows] argmax over [0, vocab_limit), or NULL */
+    float *logprobs;       /* [n_logit_rows] that token's log-softmax over the same range, or NULL */
+    int vocab_limit;       /* in [1, vocab_size] */
+} qd_logit_out;
+
 struct qd_context {
     qd_model *model;
     qd_context_params params;

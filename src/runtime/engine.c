@@ -14,19 +14,24 @@
  *      left in the budget and the pool has blocks for their first chunk (keeping one
  *      block per running request in reserve); the chunk is the whole prompt or what
  *      the budget leaves.
- *   4. One qd_forward over all these spans (decodes and prefill chunks mixed); spans
- *      that end at the last known token ask for their last logits row.
- *   5. Each such row is sampled with the request's own sampler; the token is appended
- *      and reported; EOS, max_tokens or max_model_len finish the request on that same
- *      event; a callback returning nonzero finishes it with STOP (one more event).
+ *   4. One forward over all these spans (decodes and prefill chunks mixed); spans
+ *      that end at the last known token ask for their last logits row. It returns
+ *      every such row's argmax and log-softmax, and the whole row only for requests
+ *      that need the sampler (qd_forward_mixed; greedy requests without penalties or
+ *      alternatives to report need just the argmax, and on a GPU their rows stay there).
+ *   5. Each such row gives the request its token (the argmax, or a draw by the
+ *      request's own sampler); the token is appended and reported; EOS, max_tokens or
+ *      max_model_len finish the request on that same event; a callback returning
+ *      nonzero finishes it with STOP (one more event).
  * When there is nothing to do the thread sleeps on a condition variable.
  *
  * Memory plan (all at creation; a step allocates nothing): one context with
  * max_num_seqs sequences (the GDN state slots: conv + recurrent state of every GDN
  * layer, fp32), a KV pool of n_kv_blocks blocks of kv_block_size tokens shared by all
  * of them (default: enough for every slot at max_model_len), the forward's scratch
- * for max_batch_tokens rows, a logits buffer of max_num_seqs rows, and the step's
- * bookkeeping arrays (spans, running list, free slots) of max_num_seqs entries. Per
+ * for max_batch_tokens rows, a logits buffer of max_num_seqs rows (with an argmax,
+ * a log-softmax and a wants-the-row flag per row), and the step's bookkeeping arrays
+ * (spans, running list, free slots) of max_num_seqs entries. Per
  * request, submit allocates its token array (prompt + max_tokens) and its sampler. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,6 +140,9 @@ static void engine_destroy(qd_engine *e) {
     free(e->spans);
     free(e->span_req);
     free(e->logits);
+    free(e->full);
+    free(e->greedy_ids);
+    free(e->greedy_lps);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e);
@@ -190,7 +198,11 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
     e->spans = calloc(n, sizeof *e->spans);
     e->span_req = calloc(n, sizeof *e->span_req);
     e->logits = malloc(n * (size_t)e->vocab * sizeof(float));
-    if (!e->running || !e->free_slots || !e->spans || !e->span_req || !e->logits) {
+    e->full = calloc(n, 1);
+    e->greedy_ids = calloc(n, sizeof *e->greedy_ids);
+    e->greedy_lps = calloc(n, sizeof *e->greedy_lps);
+    if (!e->running || !e->free_slots || !e->spans || !e->span_req || !e->logits || !e->full || !e->greedy_ids ||
+        !e->greedy_lps) {
         engine_destroy(e);
         return qd_seterr(err, QD_ERR_OOM, "out of memory for the engine's step buffers (%d sequences)", p.max_num_seqs);
     }

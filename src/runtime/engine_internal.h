@@ -84,6 +84,9 @@ struct qd_engine {
     qd_span *spans;           /* [max_num_seqs] the step's ragged batch */
     qd_request **span_req;    /* [max_num_seqs] request of each span */
     float *logits;            /* [max_num_seqs][vocab] one row per span that samples */
+    uint8_t *full;            /* [max_num_seqs] a row's request needs its logits (sampler), not just the argmax */
+    int32_t *greedy_ids;      /* [max_num_seqs] each row's argmax over the vocabulary bound */
+    float *greedy_lps;        /* [max_num_seqs] its log-softmax */
     uint64_t preemptions, steps, finished, prompt_total, generated_total, prefill_total;
     qd_prefix_cache *pc;      /* NULL when off */
     size_t snap_bytes;        /* one GDN state snapshot */

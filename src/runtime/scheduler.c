@@ -2,6 +2,7 @@
  * batch, the forward pass, sampling, and the events that follow. Engine thread only
  * (see engine.c for the algorithm in words and the memory plan). */
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -269,12 +270,49 @@ static qd_finish_reason finish_after(const qd_engine *e, const qd_request *r, in
     return QD_FINISH_NONE;
 }
 
-/* Samples the next token of r from its logits row and reports it. */
-static void sample_and_report(qd_engine *e, qd_request *r, float *row) {
+/* A request whose next token is the argmax of its raw logits over its vocabulary
+ * bound: greedy, no penalty, no alternatives to report (the sampler would pick that
+ * token and report its raw log-softmax, both of which the forward computes). */
+static int greedy_only(const qd_request *r) {
+    const qd_sampling_params *p = qd_sampler_params(r->sampler);
+    return p->temperature < QD_SAMPLER_GREEDY_EPS && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+           p->frequency_penalty == 0.0f && p->n_logprobs == 0;
+}
+
+/* The step's forward, one call for every mix of requests: each logit row comes back
+ * as its argmax and log-softmax, and the rows of requests that need the sampler
+ * (e->full) also as whole logits rows. On a GPU only those rows leave the device, so
+ * greedy traffic costs no vocabulary-wide copy or CPU pass per token. The argmax bound
+ * is the first greedy row's vocab_limit; a greedy request with another bound (the
+ * server gives all of them the tokenizer's) is sampled from its row instead, with the
+ * same result. */
+static qd_status step_forward(qd_engine *e, int n_spans) {
+    int limit = 0, row = 0;
+    for (int i = 0; i < n_spans; i++) {
+        if (e->spans[i].logits == QD_LOGITS_NONE) continue;
+        const qd_request *r = e->span_req[i];
+        const int l = qd_sampler_params(r->sampler)->vocab_limit;
+        const int bound = l > 0 ? l : e->vocab;
+        int full = !greedy_only(r);
+        if (!full && limit == 0) limit = bound;
+        else if (!full && bound != limit) full = 1;
+        e->full[row++] = (uint8_t)full;
+    }
+    return qd_forward_mixed(e->ctx, e->spans, n_spans, limit, e->full, e->logits, e->greedy_ids, e->greedy_lps);
+}
+
+/* The next token of r from logit row `row` (the sampler on its logits, or the
+ * forward's argmax), appended and reported. */
+static void sample_and_report(qd_engine *e, qd_request *r, int row) {
     qd_err err = {0};
-    qd_sample_result res;
-    if (qd_sampler_sample(r->sampler, row, &res, &err) != QD_OK ||
-        qd_sampler_accept(r->sampler, res.token, &err) != QD_OK) {
+    qd_sample_result res = {.token = e->greedy_ids[row], .logprob = e->greedy_lps[row]};
+    qd_status st;
+    if (e->full[row]) st = qd_sampler_sample(r->sampler, e->logits + (size_t)row * e->vocab, &res, &err);
+    /* NaN, +inf or all -inf in the row: the sampler refuses those, so does this path */
+    else if (isnan(res.logprob))
+        st = qd_seterr(&err, QD_ERR_INVALID_ARG, "the logits row is not finite (argmax %d)", res.token);
+    else st = QD_OK;
+    if (st != QD_OK || qd_sampler_accept(r->sampler, res.token, &err) != QD_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "request %llu: sampling failed: %s", (unsigned long long)r->id, err.msg);
         qd_engine_finish(e, r, QD_FINISH_ERROR, NULL, e->errbuf);
         return;
@@ -314,7 +352,7 @@ int qd_engine_step(qd_engine *e) {
         return 0;
     }
     e->steps++;
-    qd_status st = qd_forward(e->ctx, e->spans, n_spans, e->logits);
+    qd_status st = step_forward(e, n_spans);
     if (st != QD_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "forward pass failed (%s): %s", qd_status_name(st),
                  qd_context_errmsg(e->ctx));
@@ -335,8 +373,7 @@ int qd_engine_step(qd_engine *e) {
                 take_snapshot(e, r);
         }
         if (e->spans[i].logits == QD_LOGITS_NONE) continue;
-        sample_and_report(e, r, e->logits + (size_t)row * e->vocab);
-        row++;
+        sample_and_report(e, r, row++);
     }
     return 1;
 }

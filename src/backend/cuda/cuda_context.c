@@ -138,8 +138,9 @@ qd_status qd_cuda_ctx_create(qd_context *ctx) {
     plan_meta(ctx, g->meta_host, &g->host);
     plan_meta(ctx, g->meta_dev, &g->dev);
     if ((s = qd_cuda_malloc_host((void **)&g->ids_host, (size_t)ctx->params.max_batch * 4)) ||
+        (s = qd_cuda_malloc_host((void **)&g->lp_host, (size_t)ctx->params.max_batch * 4)) ||
         (s = qd_cuda_stream_create(&g->stream)) || (s = qd_cuda_blas_create(&g->blas, g->stream)))
-        return fail(ctx, s, "creating the CUDA stream and cuBLAS");
+        return fail(ctx, s, "pinned output buffers, the CUDA stream and cuBLAS");
     g->plan_cu = calloc((size_t)ctx->params.max_seqs + 1, sizeof(int));
     g->graphs = calloc((size_t)ctx->params.max_seqs + 1, sizeof(void *));
     if (!g->plan_cu || !g->graphs) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory");

@@ -185,8 +185,10 @@ static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
 }
 
 /* Everything from the embedding to the logits of the first logit chunk, all on the
- * stream with no host synchronisation except inside the MoE prefill path. */
-static qd_status run_layers(qd_context *ctx, int max_span_rows, int n_logit_first, int vocab_limit) {
+ * stream with no host synchronisation except inside the MoE prefill path. The argmax
+ * is left out (launched after it, see take_rows), so that a captured graph does not
+ * depend on which outputs or vocabulary bound a step asks for. */
+static qd_status run_layers(qd_context *ctx, int max_span_rows, int n_logit_first) {
     const qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
     qd_cuda_ctx *g = ctx->cuda;
@@ -212,7 +214,6 @@ static qd_status run_layers(qd_context *ctx, int max_span_rows, int n_logit_firs
         TRYC(qd_cuda_add_rmsnorm(g->h, NULL, cm->final_norm, c->rms_norm_eps, n_logit_first, H, g->dev.logit_rows,
                                  g->x, NULL, g->stream));
         TRYC(qd_cuda_matmul(g->blas, cm->lm_head, c->vocab_size, H, g->x, H, n_logit_first, g->logits, c->vocab_size, 0));
-        TRYC(qd_cuda_argmax(g->logits, n_logit_first, c->vocab_size, vocab_limit, g->ids, g->lp, g->stream));
     }
     return QD_OK;
 }
@@ -238,8 +239,38 @@ static qd_status update_plan(qd_context *ctx) {
     return QD_OK;
 }
 
+/* Queues the outputs of logit rows [r0, r0 + nr), whose logits are in g->logits: the
+ * argmax (and log-softmax) into the pinned buffers, and the logits rows asked for to
+ * the caller, as few copies as there are runs of consecutive wanted rows. */
+static qd_status take_rows(qd_context *ctx, const qd_logit_out *out, int r0, int nr) {
+    qd_cuda_ctx *g = ctx->cuda;
+    const int V = ctx->model->cfg.vocab_size;
+    qd_status s;
+    if (out->ids) {
+        if ((s = qd_cuda_argmax(g->logits, nr, V, out->vocab_limit, g->ids, out->logprobs ? g->lp : NULL, g->stream)) ||
+            (s = qd_cuda_memcpy_d2h_async(g->ids_host + r0, g->ids, (size_t)nr * 4, g->stream)))
+            return s;
+        if (out->logprobs && (s = qd_cuda_memcpy_d2h_async(g->lp_host + r0, g->lp, (size_t)nr * 4, g->stream)))
+            return s;
+    }
+    if (!out->logits) return QD_OK;
+    for (int a = 0; a < nr;) {
+        if (out->full && !out->full[r0 + a]) {
+            a++;
+            continue;
+        }
+        int b = a + 1;
+        while (b < nr && (!out->full || out->full[r0 + b])) b++;
+        if ((s = qd_cuda_memcpy_d2h_async(out->logits + (size_t)(r0 + a) * V, g->logits + (size_t)a * V,
+                                          (size_t)(b - a) * V * 4, g->stream)))
+            return s;
+        a = b;
+    }
+    return QD_OK;
+}
+
 qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, const qd_span_rt *rt, int n_rows,
-                          int n_logit_rows, float *logits, int32_t *argmax, float *logprobs, int vocab_limit) {
+                          int n_logit_rows, const qd_logit_out *out) {
     qd_cuda_ctx *g = ctx->cuda;
     const qd_config *c = &ctx->model->cfg;
     const int V = c->vocab_size, H = c->hidden_size;
@@ -259,18 +290,11 @@ qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, co
      * decode path's bound (no host sync inside) */
     const int graphable = !ctx->params.eager && h->n_pre_spans == 0 && n_logit_rows == n_spans && n_spans <= LC &&
                           (c->n_experts == 0 || n_spans <= qd_cuda_moe_graph_max_tokens());
-    if (graphable && vocab_limit != g->graph_vocab_limit) { /* the graphs hold the old argmax bound */
-        for (int i = 0; i <= ctx->params.max_seqs; i++) {
-            qd_cuda_graph_destroy(g->graphs[i]);
-            g->graphs[i] = NULL;
-        }
-        g->graph_vocab_limit = vocab_limit;
-    }
     if (graphable) {
         void **exec = &g->graphs[n_spans];
         if (!*exec) {
             if ((s = qd_cuda_graph_begin(g->stream))) return backend_error(ctx, s);
-            qd_status rs = run_layers(ctx, max_span_rows, first, vocab_limit);
+            qd_status rs = run_layers(ctx, max_span_rows, first);
             void *e = NULL;
             s = qd_cuda_graph_end(g->stream, &e);
             if (rs) {
@@ -281,29 +305,23 @@ qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, co
             *exec = e;
         }
         if ((s = qd_cuda_graph_launch(*exec, g->stream))) return backend_error(ctx, s);
-    } else if ((s = run_layers(ctx, max_span_rows, first, vocab_limit))) {
+    } else if ((s = run_layers(ctx, max_span_rows, first))) {
         return backend_error(ctx, s);
     }
-    /* logits (and argmax) back to the host, a chunk of rows at a time */
+    /* the outputs of each chunk of logit rows, the first one computed above */
     for (int r0 = 0; r0 < n_logit_rows; r0 += LC) {
         const int nr = n_logit_rows - r0 < LC ? n_logit_rows - r0 : LC;
         if (r0 > 0) {
             if ((s = qd_cuda_add_rmsnorm(g->h, NULL, ctx->model->cuda->final_norm, c->rms_norm_eps, nr, H,
                                          g->dev.logit_rows + r0, g->x, NULL, g->stream)) ||
-                (s = qd_cuda_matmul(g->blas, ctx->model->cuda->lm_head, V, H, g->x, H, nr, g->logits, V, 0)) ||
-                (s = qd_cuda_argmax(g->logits, nr, V, vocab_limit, g->ids, g->lp, g->stream)))
+                (s = qd_cuda_matmul(g->blas, ctx->model->cuda->lm_head, V, H, g->x, H, nr, g->logits, V, 0)))
                 return backend_error(ctx, s);
         }
-        if (logits && (s = qd_cuda_memcpy_d2h_async(logits + (size_t)r0 * V, g->logits, (size_t)nr * V * 4, g->stream)))
-            return backend_error(ctx, s);
-        if (argmax && (s = qd_cuda_memcpy_d2h_async(g->ids_host + r0, g->ids, (size_t)nr * 4, g->stream)))
-            return backend_error(ctx, s);
-        if (logprobs && (s = qd_cuda_memcpy_d2h_async(g->lp_host + r0, g->lp, (size_t)nr * 4, g->stream)))
-            return backend_error(ctx, s);
+        if ((s = take_rows(ctx, out, r0, nr))) return backend_error(ctx, s);
         if (r0 + nr < n_logit_rows && (s = qd_cuda_stream_sync(g->stream))) return backend_error(ctx, s);
     }
     if ((s = qd_cuda_stream_sync(g->stream))) return backend_error(ctx, s);
-    if (argmax) memcpy(argmax, g->ids_host, (size_t)n_logit_rows * 4);
-    if (logprobs) memcpy(logprobs, g->lp_host, (size_t)n_logit_rows * 4);
+    if (out->ids) memcpy(out->ids, g->ids_host, (size_t)n_logit_rows * 4);
+    if (out->ids && out->logprobs) memcpy(out->logprobs, g->lp_host, (size_t)n_logit_rows * 4);
     return QD_OK;
 }

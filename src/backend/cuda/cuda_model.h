@@ -110,7 +110,6 @@ typedef struct qd_cuda_ctx {
     qd_cuda_step host, dev;          /* views into meta_host and meta_dev */
     int32_t *ids_host;               /* [B] pinned */
     float *lp_host;                  /* [B] pinned */
-    int graph_vocab_limit;           /* the argmax bound the captured graphs use */
     /* GDN chunk plan of the last prefill batch, reused while the span lengths repeat */
     qd_cuda_gdn_plan plan;
     int plan_n, *plan_cu;            /* plan_cu [max_seqs + 1] */
@@ -123,11 +122,11 @@ typedef struct qd_cuda_ctx {
 qd_status qd_cuda_ctx_create(qd_context *ctx);
 void qd_cuda_ctx_free(qd_context *ctx);
 
-/* The forward of qd_forward after validation (rt: the validated spans). Writes
- * logits (n_logit_rows x V floats) and/or the argmax of each logit row over ids
- * [0, vocab_limit) (0: all) with its log-softmax (logprobs may be NULL). */
+/* The forward of qd_forward after validation (rt: the validated spans). Fills `out`
+ * (model.h): the argmax and its log-softmax of every logit row on the device, and
+ * copies off it only the logits rows asked for. */
 qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, const qd_span_rt *rt, int n_rows,
-                          int n_logit_rows, float *logits, int32_t *argmax, float *logprobs, int vocab_limit);
+                          int n_logit_rows, const qd_logit_out *out);
 
 /* Sequence state in the snapshot layout (conv [n_gdn][conv_dim][K-1], ssm
  * [n_gdn][hv][dk][dv]); NULL sources put zeros. */
