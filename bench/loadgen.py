@@ -61,6 +61,8 @@ def one_request(host, port, headers, body, timeout):
             if data == b"[DONE]":
                 continue
             j = json.loads(data)
+            if j.get("error"):  # a failure after the 200 (e.g. the forward pass): an error, not 0 tokens
+                raise RuntimeError(f"error event in the stream after {n_tok} tokens: {str(j['error'])[:200]}")
             if j.get("usage"):
                 usage = j["usage"]
             for ch in j.get("choices", []):

@@ -5,8 +5,10 @@
 # $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
 #
 #   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve]   default: tests kernels e2e
-#     serve: qdelta serve --backend cuda on the Qwen3.5-35B-A3B dummy config with bench/loadgen.py
-#            at concurrency 1, 8, 64 and bench/prefix_bench.py (prefix cache off and on)
+#     serve: qdelta serve --backend cuda on the Qwen3.5-35B-A3B dummy config: bench/invariance.py
+#            (24 concurrent greedy requests == each alone, token ids), bench/loadgen.py at
+#            concurrency 1, 8, 64 and bench/prefix_bench.py (prefix cache off and on); and
+#            bench/invariance.py on the gpu_qwen3_5_moe_bf16 fixture (real weights)
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
 #                                  .peer (or .peer.tar.xz, unpacked) on PYTHONPATH: a peer's code is
 #                                  carried there, never committed
@@ -109,6 +111,13 @@ if has serve; then
     "$BUILD/qdelta" serve -q "${SARGS[@]}" --port 18711 --max-num-seqs 64 --max-model-len 4096 2>>"$SERVE_LOG" &
     spid=$!
     for _ in $(seq 180); do curl -sf http://127.0.0.1:18711/health >/dev/null 2>&1 && break; sleep 1; done
+    # batch invariance first (greedy through the device argmax, as loadgen's requests);
+    # on a mismatch the same requests again through the sampler, to see near ties
+    echo "=== invariance" >>"$SERVE_LOG"
+    INV=(python3 bench/invariance.py --url http://127.0.0.1:18711 --requests 24 --id-range 100..150000
+         --prompt-len 1..1000 --max-tokens 8..64 --label qwen3_5_35b_a3b-dummy)
+    timeout 300 "${INV[@]}" >>"$SERVE_LOG" 2>&1 ||
+        { status=1; timeout 300 "${INV[@]}" --top-logprobs 2 >>"$SERVE_LOG" 2>&1; }
     echo "=== loadgen" >>"$SERVE_LOG"
     timeout 300 python3 bench/loadgen.py --url http://127.0.0.1:18711 --concurrency 1,8,64 --input-len 512 \
         --output-len 64 --requests 64 --id-range 100..150000 --markdown >>"$SERVE_LOG" 2>&1 || status=1
@@ -116,6 +125,14 @@ if has serve; then
     kill -INT $spid; wait $spid
     echo "=== prefix cache" >>"$SERVE_LOG"
     timeout 400 python3 bench/prefix_bench.py --qdelta "$BUILD/qdelta" --markdown -- "${SARGS[@]}" >>"$SERVE_LOG" 2>&1 || status=1
+    # the same check with weights read from disk (the gpu_* golden fixture, vocab 320)
+    echo "=== invariance, gpu fixture" >>"$SERVE_LOG"
+    F="$BUILD/gpu-moe-fixture"
+    G=tests/fixtures/gpu_qwen3_5_moe_bf16
+    mkdir -p "$F" && cp "$G/config.json" "$G/model.safetensors" tests/data/qwen35-tokenizer/tokenizer.json "$F/"
+    timeout 300 python3 bench/invariance.py --qdelta "$BUILD/qdelta" --requests 24 --id-range 0..319 \
+        --prompt-len 1..400 --max-tokens 8..64 --label gpu_qwen3_5_moe_bf16 -- -m "$F" --backend cuda --chat-template "$TPL" \
+        --max-model-len 1024 >>"$SERVE_LOG" 2>&1 || status=1
 fi
 
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
@@ -152,5 +169,5 @@ END {
     for (i = 1; i <= ne; i++) print e2e[i]
 }'
 grep -h "^FAILED" "$E2E_LOG" 2>/dev/null
-[ -s "$SERVE_LOG" ] && grep -E "^\|" "$SERVE_LOG" | head -30
+[ -s "$SERVE_LOG" ] && grep -E "^\||^RESULT invariance" "$SERVE_LOG" | head -40
 exit $status

@@ -100,9 +100,19 @@ static int is_eos(const srv_server *s, int32_t id) {
 
 /* --------------------------------------------------------------- logprobs */
 
-static json_t *chat_lp_entry(const srv_server *s, int32_t id, float lp) {
+/* A token as logprobs name it: its text, or "token_id:N" when the request asked so. */
+static json_t *lp_token(const srv_gen *g, int32_t id, json_t **bytes) {
+    json_t *t = srv_token_json(g->srv, id, bytes);
+    if (!g->o.token_ids) return t;
+    json_decref(t);
+    char buf[32];
+    snprintf(buf, sizeof buf, "token_id:%d", (int)id);
+    return json_string(buf);
+}
+
+static json_t *chat_lp_entry(const srv_gen *g, int32_t id, float lp) {
     json_t *bytes;
-    json_t *tok = srv_token_json(s, id, &bytes);
+    json_t *tok = lp_token(g, id, &bytes);
     return json_pack("{s:o, s:f, s:o}", "token", tok, "logprob", (double)lp, "bytes", bytes);
 }
 
@@ -110,22 +120,21 @@ static json_t *chat_lp_entry(const srv_server *s, int32_t id, float lp) {
  * chat: {"content": [{token, logprob, bytes, top_logprobs}]};
  * completions: {tokens, token_logprobs, top_logprobs, text_offset}. */
 static void add_logprobs(srv_gen *g, json_t **dst, const qd_sample_result *r) {
-    const srv_server *s = g->srv;
     if (g->kind == SRV_CHAT) {
         if (!*dst) *dst = json_pack("{s:[]}", "content");
-        json_t *e = chat_lp_entry(s, r->token, r->logprob);
+        json_t *e = chat_lp_entry(g, r->token, r->logprob);
         json_t *top = json_array();
         for (int i = 0; i < r->n_top && i < g->o.top_logprobs; i++)
-            json_array_append_new(top, chat_lp_entry(s, r->top[i].id, r->top[i].logprob));
+            json_array_append_new(top, chat_lp_entry(g, r->top[i].id, r->top[i].logprob));
         json_object_set_new(e, "top_logprobs", top);
         json_array_append_new(json_object_get(*dst, "content"), e);
     } else {
         if (!*dst) *dst = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
-        json_array_append_new(json_object_get(*dst, "tokens"), srv_token_json(s, r->token, NULL));
+        json_array_append_new(json_object_get(*dst, "tokens"), lp_token(g, r->token, NULL));
         json_array_append_new(json_object_get(*dst, "token_logprobs"), json_real(r->logprob));
         json_t *top = json_object();
         for (int i = 0; i < r->n_top && i < g->o.top_logprobs; i++) {
-            json_t *t = srv_token_json(s, r->top[i].id, NULL);
+            json_t *t = lp_token(g, r->top[i].id, NULL);
             json_object_set_new(top, json_string_value(t), json_real(r->top[i].logprob));
             json_decref(t);
         }

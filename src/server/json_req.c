@@ -168,6 +168,10 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
         if (r) o->echo = b;
     }
     sp->n_logprobs = o->top_logprobs;
+    /* vLLM's extension: tokens in logprobs as their ids, which text cannot always tell
+     * apart (partial UTF-8 sequences); used by bench/invariance.py */
+    if ((r = get_bool(req, "return_tokens_as_token_ids", &b, e)) < 0) return -1;
+    if (r) o->token_ids = b;
     qd_err err;
     qd_err_clear(&err);
     if (qd_sampling_params_validate(sp, qd_model_vocab_size(s->model), &err) != QD_OK)

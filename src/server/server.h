@@ -82,6 +82,7 @@ typedef struct srv_opts {
     int logprobs;      /* 0/1: report logprobs */
     int top_logprobs;  /* alternatives per token */
     int echo;          /* completions: prepend the prompt to the text */
+    int token_ids;     /* vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N" */
 } srv_opts;
 void srv_opts_free(srv_opts *o);
 
