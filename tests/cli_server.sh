@@ -80,6 +80,7 @@ check "[ \$(code -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\
 check "grep -q '^data: {.*chat.completion.chunk' $T/sse && [ \"\$(grep -v '^\$' $T/sse | tail -n 1)\" = 'data: [DONE]' ]" "chat stream ends with data: [DONE]"
 check "grep -q '\"finish_reason\":\"length\"' $T/sse" "chat stream finish_reason"
 check "[ \$(code -d '{\"prompt\":[10,20,30],\"max_tokens\":3,\"temperature\":0}' $A/v1/completions) = 200 ] && grep -q '\"prompt_tokens\":3' $T/body" "completions with token ids"
+check "[ \$(code -d '{\"prompt\":[10,20,30],\"max_tokens\":3,\"temperature\":0,\"logprobs\":0,\"ignore_eos\":true,\"return_tokens_as_token_ids\":true}' $A/v1/completions) = 200 ] && [ \$(grep -o '\"token_id:[0-9]*\"' $T/body | wc -l) = 3 ]" "return_tokens_as_token_ids: logprobs name tokens by id"
 check "curl -s -m 10 $A/metrics | grep -q '^qdelta_time_to_first_token_seconds_bucket'" "/metrics Prometheus text"
 # prefix cache (on in B): the same prompt twice, the second hits; identical greedy text
 for i in 1 2; do
