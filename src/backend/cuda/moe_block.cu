@@ -1,7 +1,7 @@
 /* The MoE block of a decode-sized batch in three launches (cuda_moe.h,
  * qd_cuda_moe_block): a router kernel that normalises the residual, computes
  * the router and shared-gate logits and routes each token; then the decode
- * expert kernels (moe_decode.cu) with the shared expert as one more block row,
+ * expert kernels (moe_decode.cu) with the shared expert in extra block rows,
  * whose combine adds everything into the residual. Unfused this was nine
  * launches (norm, router, shared gate_up, SwiGLU, shared down, sigmoid scale,
  * route, gate_up, down), each a few microseconds of latency at one token.

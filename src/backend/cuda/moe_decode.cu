@@ -27,12 +27,13 @@
  * (cuda_pdl.cuh); gate_up itself may be a programmatic dependent (the fused
  * MoE block launches it right after the router).
  *
- * Shared expert (optional, the fused decode block): one more block row after
- * the P pairs owns it and runs all n tokens, like an expert every token chose;
- * its down blocks count as one more slot of each (token, row tile), and the
- * block completing a tile adds sigmoid(gate) * shared + the routed sum. Its
- * weights are known before the routing, so its blocks load them before
- * waiting. */
+ * Shared expert (optional, the fused decode block): block rows after the P
+ * pairs run it, one row of blocks per SH_TG tokens (one pass over the weights
+ * each, the rows in parallel: a single row would make n / SH_TG passes in
+ * sequence and become the tail of the kernel); its down blocks count as one
+ * more slot of each (token, row tile), and the block completing a tile adds
+ * sigmoid(gate) * shared + the routed sum. Its weights are known before the
+ * routing, so its blocks load them before waiting. */
 #include <math.h>
 
 #include "backend/cuda/cuda_pdl.cuh"
@@ -48,6 +49,8 @@
 #define DN_R (QD_MOE_DN_ROWS / (DN_NT / 32)) /* rows h per warp */
 #define DN_TG 4
 #define DN_U 2           /* 16-byte loads per row per lane: 512 columns a chunk */
+#define SH_TG 4          /* tokens per block row of the shared expert: one pass of either kernel */
+static_assert(SH_TG <= GU_TG && SH_TG <= DN_TG, "a shared-expert block row is one pass");
 
 /* Weights are streamed once per step: 16-byte read-only loads that do not
  * allocate in L1, with a 256-byte L2 prefetch of the rest of the line pair. */
@@ -104,11 +107,12 @@ __device__ int pairs_of_expert(const int32_t *__restrict__ sel, int p, int P, in
     return m;
 }
 
-/* The token list of the shared expert's block: every token once. */
-__device__ __forceinline__ int all_tokens(int n, int *list) {
-    for (int q = threadIdx.x; q < n; q += blockDim.x) list[q] = q;
+/* The tokens of shared-expert block row g: SH_TG of the n, from g * SH_TG. */
+__device__ __forceinline__ int group_tokens(int n, int g, int *list) {
+    const int m = min(SH_TG, n - g * SH_TG);
+    if (threadIdx.x < m) list[threadIdx.x] = g * SH_TG + threadIdx.x;
     __syncthreads();
-    return n;
+    return m;
 }
 
 __global__ void __launch_bounds__(GU_NT, 4)
@@ -120,7 +124,7 @@ moe_gate_up_decode(const uint16_t *__restrict__ x, const int32_t *sel, const uin
     __shared__ int wcnt[GU_WARPS];
     const int p = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int i = blockIdx.x * GU_WARPS + warp; /* I, Is % 8 == 0: a block's warps all have rows or none */
-    const bool shared = p == P;                 /* the row of blocks after the pairs (only with sh_gate_up) */
+    const bool shared = p >= P;                 /* the block rows after the pairs (only with sh_gate_up) */
     const int rows = shared ? Is : I;
     const int H8 = H >> 3;
     const int nch = (H8 + 32 * GU_U - 1) / (32 * GU_U);
@@ -152,7 +156,7 @@ moe_gate_up_decode(const uint16_t *__restrict__ x, const int32_t *sel, const uin
     if (blockIdx.x * GU_WARPS >= rows) return; /* the grid covers the wider of I and Is */
     int m;
     if (shared) {
-        m = all_tokens(P / k, list);
+        m = group_tokens(P / k, p - P, list);
     } else {
         const int e = __ldcg(sel + p);
         if (not_owner(sel, p, e)) return;
@@ -234,7 +238,7 @@ moe_down_decode(const int32_t *sel, const float *wts, const uint16_t *__restrict
     __shared__ int wcnt[DN_NT / 32];
     __shared__ int last[DN_TG];
     const int p = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const bool shared = p == P;             /* only with sh_down */
+    const bool shared = p >= P;             /* only with sh_down */
     const int nslot = k + (sh_down ? 1 : 0); /* completions per (token, row tile) */
     int e = 0;
     if (!shared) {
@@ -257,7 +261,7 @@ moe_down_decode(const int32_t *sel, const float *wts, const uint16_t *__restrict
             const bool in = ok && h0 + r < H && b < I8;
             w[r][uu] = in ? ld_weights(wd + (size_t)r * I8 + b) : make_uint4(0, 0, 0, 0);
         }
-    const int m = shared ? all_tokens(P / k, list) : pairs_of_expert(sel, p, P, e, list, wcnt);
+    const int m = shared ? group_tokens(P / k, p - P, list) : pairs_of_expert(sel, p, P, e, list, wcnt);
     /* From here on the activations of gate_up are needed (and the counters it reset). */
     qd_pdl_wait();
     const int kd = shared ? 1 : k;           /* list entries: tokens, or pairs t * k + j */
@@ -359,7 +363,8 @@ qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, const q
     if (dn_smem > 48 * 1024)
         QD_CUDA_TRY(cudaFuncSetAttribute(moe_down_decode, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)dn_smem));
-    const dim3 grid_gu((unsigned)(Imax / GU_WARPS), (unsigned)(P + has_sh)), grid_dn((unsigned)n_ctr, (unsigned)(P + has_sh));
+    const int sh_rows = has_sh ? (a->n + SH_TG - 1) / SH_TG : 0;
+    const dim3 grid_gu((unsigned)(Imax / GU_WARPS), (unsigned)(P + sh_rows)), grid_dn((unsigned)n_ctr, (unsigned)(P + sh_rows));
     qd_status st = qd_launch_pdl(pdl, moe_gate_up_decode, grid_gu, dim3(GU_NT), gu_smem, s, a->d_x, a->d_sel,
                                  a->d_gate_up, w->act, w->counters, n_ctr, P, a->H, a->I, a->E, a->k,
                                  has_sh ? sh->gate_up : (const uint16_t *)NULL, Is,
