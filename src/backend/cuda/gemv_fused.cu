@@ -4,19 +4,23 @@
  * A product this small is bound by reading W once. Each block first builds the n
  * rows of x in shared memory from the layer's inputs (an RMSNorm of the residual,
  * the GDN gated norm, or SwiGLU; plain bf16 x is read in place), then its warps
- * stream weight rows: a warp per row, 16-byte pieces, FG_U per lane in flight, one
- * sum per row of x. The grid is one wave (blocks resident at once), each warp
- * taking rows at a grid stride, so the prologue is paid once per block, not once
- * per row tile. Up to three matrices that share x (attention q, k, v) are one
- * launch: their rows are concatenated.
+ * stream weight rows: a group of G warps per row (each warp every G-th run of
+ * 32 * FG_U 16-byte pieces, FG_U per lane in flight), one sum per row of x. The
+ * grid is one wave (blocks resident at once), each group taking rows at a grid
+ * stride, so the prologue is paid once per block, not once per row tile. G is
+ * chosen per matrix (fg_pick_group) so that the rows divide evenly over the
+ * groups of the wave: with a warp per row, a matrix of 5120 rows over 4224 warps
+ * would leave the wave idle for most of its second round. Up to three matrices
+ * that share x (attention q, k, v) are one launch: their rows are concatenated.
  *
  * Launched as a programmatic dependent (cuda_pdl.cuh): each warp loads the first
  * piece of its first weight row, then waits for the previous kernel.
  *
- * A row's dot product is summed the same way whatever n, the grid or the other
- * products are (lane l takes pieces l, l + 32, ... in order, then a fixed
- * shuffle tree), and x is built per row independently of n, so a token's
- * outputs do not depend on what else is in the batch. */
+ * A row's dot product is summed the same way whatever n is (each lane takes its
+ * pieces in order, then a fixed shuffle tree, then the G warps in order; G
+ * depends on the matrix and the SM count only), and x is built per row
+ * independently of n, so a token's outputs do not depend on what else is in the
+ * batch. */
 #include <math.h>
 #include <stdint.h>
 
@@ -33,6 +37,7 @@
 
 struct fg_params {
     int kind, n_out, accumulate, dv;
+    int G;        /* warps per row: 1, 2, 4, 8 or 16 */
     int x_global; /* plain x read in place (too large for shared memory) */
     int64_t cols, ldx, ldz;
     const uint16_t *x;
@@ -69,6 +74,12 @@ __device__ __forceinline__ float fg_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+/* Named barrier of the count threads (whole warps) of one row group; ids from 1
+ * (0 is __syncthreads). */
+__device__ __forceinline__ void fg_bar(int id, int count) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
 /* The product that concatenated row r belongs to. */
@@ -179,12 +190,16 @@ __device__ void fg_copy(const fg_params &p, int n, uint4 *xs) {
 template <int N>
 __global__ void __launch_bounds__(FG_NT, 2) gemv_fused_kernel(const __grid_constant__ fg_params p) {
     extern __shared__ uint4 xs[]; /* [N][cols / 8] when x is built here */
+    __shared__ float part[FG_WARPS][N]; /* the G warps' sums of a row */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t C8 = p.cols / 8, total = p.end[p.n_out - 1], stride = (int64_t)gridDim.x * FG_WARPS;
-    int64_t row = (int64_t)blockIdx.x * FG_WARPS + warp;
+    const int G = p.G, gpb = FG_WARPS / G, grp = warp / G, sub = warp - grp * G;
+    const int C8 = (int)(p.cols / 8); /* cols < 2^31 (checked by the launcher) */
+    const int64_t total = p.end[p.n_out - 1], stride = (int64_t)gridDim.x * gpb;
+    const int cfirst = 32 * FG_U * sub, cstep = 32 * FG_U * G;
+    int64_t row = (int64_t)blockIdx.x * gpb + grp;
     const uint4 zero = make_uint4(0, 0, 0, 0);
     /* Weights only before the wait: no kernel writes them. wv holds the piece
-     * in flight, first the first piece of this warp's first row. */
+     * in flight, first the first piece of this warp's share of its first row. */
     uint4 wv[FG_U];
 #pragma unroll
     for (int u = 0; u < FG_U; u++) wv[u] = zero;
@@ -193,7 +208,7 @@ __global__ void __launch_bounds__(FG_NT, 2) gemv_fused_kernel(const __grid_const
         const uint4 *w = (const uint4 *)(p.W[s] + (row - (s ? p.end[s - 1] : 0)) * p.cols);
 #pragma unroll
         for (int u = 0; u < FG_U; u++) {
-            const int64_t idx = 32 * u + lane;
+            const int idx = cfirst + 32 * u + lane;
             if (idx < C8) wv[u] = __ldcs(w + idx);
         }
     }
@@ -217,18 +232,18 @@ __global__ void __launch_bounds__(FG_NT, 2) gemv_fused_kernel(const __grid_const
         float acc[N];
 #pragma unroll
         for (int t = 0; t < N; t++) acc[t] = 0.f;
-        for (int64_t c0 = 0; c0 < C8; c0 += 32 * FG_U) {
+        for (int c0 = cfirst; c0 < C8; c0 += cstep) {
             if (!first) {
 #pragma unroll
                 for (int u = 0; u < FG_U; u++) {
-                    const int64_t idx = c0 + 32 * u + lane;
+                    const int idx = c0 + 32 * u + lane;
                     wv[u] = idx < C8 ? __ldcs(w + idx) : zero;
                 }
             }
             first = false;
 #pragma unroll
             for (int u = 0; u < FG_U; u++) {
-                const int64_t idx = c0 + 32 * u + lane;
+                const int idx = c0 + 32 * u + lane;
                 if (idx < C8) {
                     float wf[8];
                     fg_bf16x8(wv[u], wf);
@@ -243,13 +258,24 @@ __global__ void __launch_bounds__(FG_NT, 2) gemv_fused_kernel(const __grid_const
             }
         }
 #pragma unroll
-        for (int t = 0; t < N; t++) {
-            const float v = fg_warp_sum(acc[t]);
-            if (lane == 0) {
-                float *yp = p.y[s] + t * p.ldy[s] + lr;
-                *yp = p.accumulate ? __ldcg(yp) + v : v;
-            }
+        for (int t = 0; t < N; t++) acc[t] = fg_warp_sum(acc[t]);
+        if (G > 1) { /* the group's first warp adds the others' sums in order */
+            if (lane == 0)
+#pragma unroll
+                for (int t = 0; t < N; t++) part[warp][t] = acc[t];
+            fg_bar(1 + grp, 32 * G);
+            if (sub == 0)
+                for (int q = 1; q < G; q++)
+#pragma unroll
+                    for (int t = 0; t < N; t++) acc[t] += part[warp + q][t];
+            fg_bar(1 + grp, 32 * G); /* part is reused by the next row */
         }
+        if (sub == 0 && lane == 0)
+#pragma unroll
+            for (int t = 0; t < N; t++) {
+                float *yp = p.y[s] + t * p.ldy[s] + lr;
+                *yp = p.accumulate ? __ldcg(yp) + acc[t] : acc[t];
+            }
     }
 }
 
@@ -266,10 +292,33 @@ static int fg_sm_count(void) {
     return sms;
 }
 
+/* Warps per row for a matrix of `rows` rows of C8 16-byte pieces, on a wave of two
+ * blocks per SM (what the launch bounds give; a fixed assumption, so that G, and
+ * with it the summation order, does not depend on n): the G whose row groups take
+ * the rows in the most even rounds while filling the wave, the smallest G unless a
+ * larger one is clearly better. A warp keeps at least one run of 32 * FG_U pieces
+ * per row. */
+static int fg_pick_group(int64_t rows, int64_t C8) {
+    const double wave = 2.0 * fg_sm_count();
+    int best = 1;
+    double best_e = -1.0;
+    for (int G = 1; G <= FG_WARPS; G *= 2) {
+        if (G > 1 && C8 < (int64_t)32 * FG_U * G) break;
+        const int64_t gpb = FG_WARPS / G, tiles = (rows + gpb - 1) / gpb;
+        const double blocks = tiles < wave ? (double)tiles : wave, R = (double)rows / (blocks * (double)gpb);
+        const double e = R / ceil(R) * blocks / wave;
+        if (e > best_e * 1.02) {
+            best_e = e;
+            best = G;
+        }
+    }
+    return best;
+}
+
 /* One wave: as many blocks as fit at once (at most max_per_sm per SM), fewer when
- * there are fewer row tiles. */
+ * there are fewer row groups. */
 template <int N>
-static qd_status fg_launch(const fg_params &p, size_t smem, int max_per_sm, cudaStream_t st) {
+static qd_status fg_launch(fg_params p, size_t smem, int max_per_sm, cudaStream_t st) {
     static int smem_set = 0;
     if (!smem_set) {
         QD_CUDA_TRY(cudaFuncSetAttribute(gemv_fused_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -279,7 +328,9 @@ static qd_status fg_launch(const fg_params &p, size_t smem, int max_per_sm, cuda
     int occ = 0;
     QD_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_fused_kernel<N>, FG_NT, smem));
     occ = occ < 1 ? 1 : occ > max_per_sm ? max_per_sm : occ;
-    const int64_t tiles = (p.end[p.n_out - 1] + FG_WARPS - 1) / FG_WARPS, wave = (int64_t)occ * fg_sm_count();
+    const int64_t total = p.end[p.n_out - 1];
+    p.G = fg_pick_group(total, p.cols / 8);
+    const int64_t gpb = FG_WARPS / p.G, tiles = (total + gpb - 1) / gpb, wave = (int64_t)occ * fg_sm_count();
     const unsigned blocks = (unsigned)(tiles < wave ? tiles : wave);
     /* a programmatic dependent only when every activation goes through L2 (not x_global) */
     return qd_launch_pdl(!p.x_global, gemv_fused_kernel<N>, dim3(blocks), dim3(FG_NT), smem, st, p);
@@ -287,9 +338,10 @@ static qd_status fg_launch(const fg_params &p, size_t smem, int max_per_sm, cuda
 
 static qd_status fg_dispatch(const fg_params &p, int n, cudaStream_t st) {
     const size_t smem = p.x_global ? 0 : (size_t)n * (size_t)p.cols * 2;
-    /* the gated prologue reads ~6 bytes per element of x from L2: two blocks per SM
-     * keep that below a tenth of the weight traffic */
-    const int per_sm = p.kind == QD_LIN_GATED ? 2 : 4;
+    /* two blocks per SM (the launch bounds): the gated prologue reads ~6 bytes per
+     * element of x from L2, two blocks per SM keep that below a tenth of the weight
+     * traffic, and fg_pick_group assumes that wave */
+    const int per_sm = 2;
     switch (n) {
     case 1: return fg_launch<1>(p, smem, per_sm, st);
     case 2: return fg_launch<2>(p, smem, per_sm, st);
