@@ -41,7 +41,7 @@ fi
 t0=$(date +%s)
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
-targets="qdelta test_cuda_ops test_cuda_gdn test_cuda_model gdn_cuda_bench"
+targets="qdelta test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_model gdn_cuda_bench"
 for t in test_cuda_attn test_cuda_moe attn_cuda_bench moe_cuda_bench; do
     grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
 done
@@ -55,7 +55,7 @@ TESTS_LOG="$LOGDIR/tests.log"
 declare -A result
 if has tests; then
     : >"$TESTS_LOG"
-    for t in test_cuda_ops test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model; do
+    for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model; do
         bin=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
         [ -n "$bin" ] || { result[$t]="not built"; continue; }
         echo "=== $t" >>"$TESTS_LOG"
@@ -136,7 +136,7 @@ if has serve; then
 fi
 
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
-for t in test_cuda_ops test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model; do
+for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
 cat "$BENCH_LOG" "$E2E_LOG" 2>/dev/null | awk '

@@ -157,71 +157,72 @@ static void test_embed_norm(void) {
     qd_cuda_free(drows); qd_cuda_free(dx2);
 }
 
-/* conv over a ragged batch with permuted state slots == the CPU per span */
-static void test_conv(int C, int K, int decode_only) {
+/* GDN inputs (conv + SiLU, L2 norms, gates in one kernel) over a ragged batch with
+ * permuted state slots == the CPU's conv per span, then its norms and gates. The
+ * projection row holds the conv inputs, then b, then a (the layer's layout), at a
+ * stride wider than that. */
+static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_only) {
     enum { NS = 4, SLOTS = 6 };
     const int T[NS] = {1, decode_only ? 1 : 5, decode_only ? 1 : 2, decode_only ? 1 : 70}, slot[NS] = {3, 0, 5, 2};
     int n = 0;
     for (int i = 0; i < NS; i++) n += T[i];
-    const int xs = C + 5;
-    float *x = rnd((size_t)n * xs, 1.0f), *w = rnd((size_t)C * K, 0.5f), *st = rnd((size_t)SLOTS * C * (K - 1) + 1, 1.0f);
+    const int key_dim = hk * dk, value_dim = hv * dv, C = 2 * key_dim + value_dim, W = C + 2 * hv + 3;
+    const size_t stn = (size_t)SLOTS * C * (K - 1) + 1;
+    float *x = rnd((size_t)n * W, 1.0f), *w = rnd((size_t)C * K, 0.5f), *st = rnd(stn, 1.0f);
+    float *A = rnd(hv, 1.0f), *dtb = rnd(hv, 1.0f);
+    for (int r = 0; r < n; r++) /* the gates' inputs at the scale of real projections */
+        for (int i = C; i < W; i++) x[(size_t)r * W + i] *= 2.0f;
     int32_t spans[4 * NS], row_span[128];
     for (int i = 0, r = 0; i < NS; r += T[i], i++) {
         spans[4 * i] = r; spans[4 * i + 1] = T[i]; spans[4 * i + 2] = 0; spans[4 * i + 3] = slot[i];
         for (int t = 0; t < T[i]; t++) row_span[r + t] = i;
     }
-    const size_t stb = ((size_t)SLOTS * C * (K - 1) + 1) * 4;
-    void *dx = dev(x, (size_t)n * xs * 4), *dw = dev(w, (size_t)C * K * 4), *dst = dev(st, stb),
-         *dsp = dev(spans, sizeof spans), *drs = dev(row_span, sizeof(int32_t) * n), *dy = dev(NULL, (size_t)n * C * 4);
-    qd_cuda_conv_args a = {n, C, K, NS, dx, xs, dw, dst, dsp, drs, dy, decode_only};
-    CHECK(qd_cuda_conv1d_silu(&a, NULL) == QD_OK);
-    float *y = host(dy, (size_t)n * C * 4), *st2 = host(dst, stb);
+    void *dx = dev(x, (size_t)n * W * 4), *dw = dev(w, (size_t)C * K * 4), *dst = dev(st, stn * 4),
+         *dsp = dev(spans, sizeof spans), *drs = dev(row_span, sizeof(int32_t) * n), *dA = dev(A, hv * 4),
+         *dd = dev(dtb, hv * 4);
+    void *dq = dev(NULL, (size_t)n * key_dim * 2), *dk_ = dev(NULL, (size_t)n * key_dim * 2),
+         *dvv = dev(NULL, (size_t)n * value_dim * 2), *dg = dev(NULL, (size_t)n * hv * 4), *db = dev(NULL, (size_t)n * hv * 4);
+    const qd_cuda_gdn_in_args a = {n, hk, hv, dk, dv, K, NS, dx, W, (float *)dx + C + hv, (float *)dx + C, W, dw, dA, dd,
+                                   dst, dsp, drs, dq, dk_, dvv, dg, db, decode_only};
+    ST_OK(qd_cuda_gdn_inputs(&a, NULL));
+    uint16_t *q = host(dq, (size_t)n * key_dim * 2), *k = host(dk_, (size_t)n * key_dim * 2),
+             *v = host(dvv, (size_t)n * value_dim * 2);
+    float *g = host(dg, (size_t)n * hv * 4), *beta = host(db, (size_t)n * hv * 4), *st2 = host(dst, stn * 4);
+    /* reference: conv per span (updating st), then the norms and the gates */
     float *ref = malloc(sizeof(float) * (size_t)n * C);
     for (int i = 0; i < NS; i++)
-        qd_cpu_conv1d_silu(x + (size_t)spans[4 * i] * xs, T[i], C, xs, w, K, st + (size_t)slot[i] * C * (K - 1),
+        qd_cpu_conv1d_silu(x + (size_t)spans[4 * i] * W, T[i], C, W, w, K, st + (size_t)slot[i] * C * (K - 1),
                            ref + (size_t)spans[4 * i] * C);
-    char what[64];
-    snprintf(what, sizeof what, "conv1d C=%d K=%d%s outputs", C, K, decode_only ? " decode" : "");
-    compare(what, y, ref, (size_t)n * C, 1e-5, 1e-6);
-    snprintf(what, sizeof what, "conv1d C=%d K=%d%s states", C, K, decode_only ? " decode" : "");
-    compare(what, st2, st, (size_t)SLOTS * C * (K - 1), 0, 0);
-    free(x); free(w); free(st); free(y); free(st2); free(ref);
-    qd_cuda_free(dx); qd_cuda_free(dw); qd_cuda_free(dst); qd_cuda_free(dsp); qd_cuda_free(drs); qd_cuda_free(dy);
-}
-
-static void test_gdn_prep(int n, int hk, int hv, int dk, int dv) {
-    const int C = 2 * hk * dk + hv * dv, abs_ = 2 * hv + 3;
-    float *conv = rnd((size_t)n * C, 1.0f), *ab = rnd((size_t)n * abs_, 2.0f), *A = rnd(hv, 1.0f), *dtb = rnd(hv, 1.0f);
-    void *dc = dev(conv, (size_t)n * C * 4), *dab = dev(ab, (size_t)n * abs_ * 4), *dA = dev(A, hv * 4), *dd = dev(dtb, hv * 4);
-    void *dq = dev(NULL, (size_t)n * hk * dk * 2), *dk_ = dev(NULL, (size_t)n * hk * dk * 2), *dvv = dev(NULL, (size_t)n * hv * dv * 2);
-    void *dg = dev(NULL, (size_t)n * hv * 4), *db = dev(NULL, (size_t)n * hv * 4);
-    /* a at column hv + 3 - ... : b at offset 0, a at offset hv (both at row stride abs_) */
-    CHECK(qd_cuda_gdn_prep(n, hk, hv, dk, dv, dc, (float *)dab + hv, dab, abs_, dA, dd, dq, dk_, dvv, dg, db, NULL) == QD_OK);
-    uint16_t *q = host(dq, (size_t)n * hk * dk * 2), *k = host(dk_, (size_t)n * hk * dk * 2), *v = host(dvv, (size_t)n * hv * dv * 2);
-    float *g = host(dg, (size_t)n * hv * 4), *beta = host(db, (size_t)n * hv * 4);
-    float *ref = malloc(sizeof(float) * (size_t)n * C);
-    memcpy(ref, conv, sizeof(float) * (size_t)n * C);
     qd_cpu_l2norm_heads(ref, n, hk, dk, C, 1e-6f, 1.0f / sqrtf((float)dk));
-    qd_cpu_l2norm_heads(ref + hk * dk, n, hk, dk, C, 1e-6f, 1.0f);
-    float *rq = malloc(sizeof(float) * (size_t)n * hk * dk), *rk = malloc(sizeof(float) * (size_t)n * hk * dk),
-          *rv = malloc(sizeof(float) * (size_t)n * hv * dv);
+    qd_cpu_l2norm_heads(ref + key_dim, n, hk, dk, C, 1e-6f, 1.0f);
+    float *rq = malloc(sizeof(float) * (size_t)n * key_dim), *rk = malloc(sizeof(float) * (size_t)n * key_dim),
+          *rv = malloc(sizeof(float) * (size_t)n * value_dim);
     for (int r = 0; r < n; r++) {
-        memcpy(rq + (size_t)r * hk * dk, ref + (size_t)r * C, sizeof(float) * hk * dk);
-        memcpy(rk + (size_t)r * hk * dk, ref + (size_t)r * C + hk * dk, sizeof(float) * hk * dk);
-        memcpy(rv + (size_t)r * hv * dv, ref + (size_t)r * C + 2 * hk * dk, sizeof(float) * hv * dv);
+        memcpy(rq + (size_t)r * key_dim, ref + (size_t)r * C, sizeof(float) * key_dim);
+        memcpy(rk + (size_t)r * key_dim, ref + (size_t)r * C + key_dim, sizeof(float) * key_dim);
+        memcpy(rv + (size_t)r * value_dim, ref + (size_t)r * C + 2 * key_dim, sizeof(float) * value_dim);
     }
     float *rg = malloc(sizeof(float) * (size_t)n * hv), *rb = malloc(sizeof(float) * (size_t)n * hv);
-    qd_cpu_gdn_gates(ab + hv, abs_, ab, abs_, n, hv, A, dtb, rg, rb);
-    float *fq = widen(q, (size_t)n * hk * dk), *fk = widen(k, (size_t)n * hk * dk), *fv = widen(v, (size_t)n * hv * dv);
-    compare("gdn_prep q", fq, rq, (size_t)n * hk * dk, 8e-3, 1e-6);
-    compare("gdn_prep k", fk, rk, (size_t)n * hk * dk, 8e-3, 1e-6);
-    compare("gdn_prep v", fv, rv, (size_t)n * hv * dv, 4e-3, 0);
-    compare("gdn_prep g", g, rg, (size_t)n * hv, 1e-5, 1e-7);
-    compare("gdn_prep beta", beta, rb, (size_t)n * hv, 1e-5, 1e-7);
-    free(conv); free(ab); free(A); free(dtb); free(q); free(k); free(v); free(g); free(beta); free(ref);
-    free(rq); free(rk); free(rv); free(rg); free(rb); free(fq); free(fk); free(fv);
-    qd_cuda_free(dc); qd_cuda_free(dab); qd_cuda_free(dA); qd_cuda_free(dd); qd_cuda_free(dq); qd_cuda_free(dk_);
-    qd_cuda_free(dvv); qd_cuda_free(dg); qd_cuda_free(db);
+    qd_cpu_gdn_gates(x + C + hv, W, x + C, W, n, hv, A, dtb, rg, rb);
+    float *fq = widen(q, (size_t)n * key_dim), *fk = widen(k, (size_t)n * key_dim), *fv = widen(v, (size_t)n * value_dim);
+    char what[96];
+#define QD_GI_CMP(name, got, want, cnt, rt, at)                                                                     \
+    do {                                                                                                            \
+        snprintf(what, sizeof what, "gdn_inputs hk=%d hv=%d dk=%d dv=%d K=%d%s %s", hk, hv, dk, dv, K,              \
+                 decode_only ? " decode" : "", name);                                                               \
+        compare(what, got, want, cnt, rt, at);                                                                      \
+    } while (0)
+    QD_GI_CMP("q", fq, rq, (size_t)n * key_dim, 8e-3, 1e-6);
+    QD_GI_CMP("k", fk, rk, (size_t)n * key_dim, 8e-3, 1e-6);
+    QD_GI_CMP("v", fv, rv, (size_t)n * value_dim, 8e-3, 1e-6);
+    QD_GI_CMP("g", g, rg, (size_t)n * hv, 1e-5, 1e-7);
+    QD_GI_CMP("beta", beta, rb, (size_t)n * hv, 1e-5, 1e-7);
+    QD_GI_CMP("states", st2, st, (size_t)SLOTS * C * (K - 1), 0, 0);
+#undef QD_GI_CMP
+    free(x); free(w); free(st); free(A); free(dtb); free(q); free(k); free(v); free(g); free(beta); free(st2);
+    free(ref); free(rq); free(rk); free(rv); free(rg); free(rb); free(fq); free(fk); free(fv);
+    qd_cuda_free(dx); qd_cuda_free(dw); qd_cuda_free(dst); qd_cuda_free(dsp); qd_cuda_free(drs); qd_cuda_free(dA);
+    qd_cuda_free(dd); qd_cuda_free(dq); qd_cuda_free(dk_); qd_cuda_free(dvv); qd_cuda_free(dg); qd_cuda_free(db);
 }
 
 static void test_gated_norm_and_ffn(int n, int hv, int dv, int I, int H) {
@@ -245,15 +246,15 @@ static void test_gated_norm_and_ffn(int n, int hv, int dv, int I, int H) {
     float *act = widen(actb, (size_t)n * I), *aref = malloc(sizeof(float) * (size_t)n * I);
     for (int r = 0; r < n; r++) qd_cpu_silu_mul(gu + (size_t)r * 2 * I, gu + (size_t)r * 2 * I + I, I, aref + (size_t)r * I);
     compare("silu_mul", act, aref, (size_t)n * I, 8e-3, 1e-6);
-    float *ys = rnd((size_t)n * H, 1.0f), *sg = rnd((size_t)n * 3, 2.0f);
-    void *dys = dev(ys, (size_t)n * H * 4), *dsg = dev(sg, (size_t)n * 3 * 4), *dy = dev(NULL, (size_t)n * H * 4);
+    float *ys = rnd((size_t)n * H, 1.0f), *sg = rnd((size_t)n * 3, 2.0f), *y0 = rnd((size_t)n * H, 1.0f);
+    void *dys = dev(ys, (size_t)n * H * 4), *dsg = dev(sg, (size_t)n * 3 * 4), *dy = dev(y0, (size_t)n * H * 4);
     CHECK(qd_cuda_sigmoid_scale(dy, dys, dsg, 3, n, H, NULL) == QD_OK);
     float *y = host(dy, (size_t)n * H * 4), *yref = malloc(sizeof(float) * (size_t)n * H);
-    for (int r = 0; r < n; r++)
-        for (int i = 0; i < H; i++) yref[r * H + i] = qd_sigmoid(sg[r * 3]) * ys[r * H + i];
-    compare("sigmoid_scale", y, yref, (size_t)n * H, 1e-6, 1e-7);
+    for (int r = 0; r < n; r++) /* added into y */
+        for (int i = 0; i < H; i++) yref[r * H + i] = y0[r * H + i] + qd_sigmoid(sg[r * 3]) * ys[r * H + i];
+    compare("sigmoid_scale", y, yref, (size_t)n * H, 1e-6, 1e-6);
     free(o); free(z); free(w); free(ob); free(ub); free(zc); free(ref); free(u); free(gu); free(actb); free(act); free(aref);
-    free(ys); free(sg); free(y); free(yref);
+    free(ys); free(sg); free(y0); free(y); free(yref);
     qd_cuda_free(dob); qd_cuda_free(dz); qd_cuda_free(dw); qd_cuda_free(du); qd_cuda_free(dgu); qd_cuda_free(dact);
     qd_cuda_free(dys); qd_cuda_free(dsg); qd_cuda_free(dy);
 }
@@ -331,13 +332,12 @@ int main(void) {
     test_matmul_xf32(257, 2048, 1, 2048, 257);
     test_matmul_xf32(9, 100, 70, 104, 10);
     test_embed_norm();
-    test_conv(37, 4, 0);
-    test_conv(64, 2, 0);
-    test_conv(19, 1, 0);
-    test_conv(37, 4, 1);
-    test_conv(8, 3, 1);
-    test_gdn_prep(7, 2, 4, 32, 24);
-    test_gdn_prep(3, 16, 32, 128, 128);
+    test_gdn_inputs(2, 4, 32, 24, 4, 0);   /* test models' head dims, mixed prefill and decode */
+    test_gdn_inputs(3, 3, 40, 16, 2, 0);   /* dk not a multiple of 32 */
+    test_gdn_inputs(1, 2, 16, 8, 1, 0);    /* no window */
+    test_gdn_inputs(16, 32, 128, 128, 4, 1); /* the released models, decode (the kernel shifts the state) */
+    test_gdn_inputs(1, 1, 256, 32, 3, 1);  /* the largest key head */
+    test_gdn_inputs(2, 4, 32, 24, 4, 1);
     test_gated_norm_and_ffn(5, 3, 48, 70, 200);
     test_gated_norm_and_ffn(1, 32, 128, 512, 2048);
     test_argmax(5, 1000, 1000);

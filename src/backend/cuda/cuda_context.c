@@ -51,7 +51,6 @@ static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, qd_cuda_carve *cv
     g->proj = qd_cuda_take(cv, B * max_sz(gdn_in, q_rows) * 4);
     g->proj2 = qd_cuda_take(cv, B * kvd * 4);
     g->proj3 = qd_cuda_take(cv, B * kvd * 4);
-    g->conv_out = qd_cuda_take(cv, B * conv_dim * 4);
     g->q = qd_cuda_take(cv, B * max_sz(key_dim, qdim) * 2);
     g->k = qd_cuda_take(cv, B * key_dim * 2);
     g->v = qd_cuda_take(cv, B * value_dim * 2);
@@ -63,6 +62,7 @@ static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, qd_cuda_carve *cv
     g->act = qd_cuda_take(cv, B * I * 2);
     g->router = qd_cuda_take(cv, B * (E + 1) * 4);
     g->sel = qd_cuda_take(cv, B * (k ? k : 1) * 4);
+    g->route_cnt = qd_cuda_take(cv, B * 4);
     g->selw = qd_cuda_take(cv, B * (k ? k : 1) * 4);
     g->logits = qd_cuda_take(cv, LC * (size_t)c->vocab_size * 4);
     g->ids = qd_cuda_take(cv, B * 4);
@@ -141,14 +141,22 @@ qd_status qd_cuda_ctx_create(qd_context *ctx) {
         (s = qd_cuda_malloc_host((void **)&g->lp_host, (size_t)ctx->params.max_batch * 4)) ||
         (s = qd_cuda_stream_create(&g->stream)) || (s = qd_cuda_blas_create(&g->blas, g->stream)))
         return fail(ctx, s, "pinned output buffers, the CUDA stream and cuBLAS");
-    g->plan_cu = calloc((size_t)ctx->params.max_seqs + 1, sizeof(int));
     g->graphs = calloc((size_t)ctx->params.max_seqs + 1, sizeof(void *));
-    if (!g->plan_cu || !g->graphs) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory");
-    /* fresh sequences start from zero state */
-    if ((s = qd_cuda_memset_async(g->conv, 0, state_b, g->stream)) || (s = qd_cuda_stream_sync(g->stream)))
+    if (!g->graphs) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory");
+    /* the chunked GDN prefill's scratch for any step, so that a forward never allocates */
+    const qd_config *c = &m->cfg;
+    if (m->n_gdn > 0 && qd_cuda_gdn_chunked_supported(c) &&
+        (s = qd_cuda_gdn_plan_reserve(&g->plan, c->gdn_hk, c->gdn_hv, c->gdn_dk, c->gdn_dv, ctx->params.max_batch,
+                                      ctx->params.max_seqs)))
+        return fail(ctx, s, "reserving the GDN prefill scratch");
+    /* fresh sequences start from zero state; the router counters start (and stay) zero */
+    if ((s = qd_cuda_memset_async(g->conv, 0, state_b, g->stream)) ||
+        (s = qd_cuda_memset_async(g->route_cnt, 0, (size_t)ctx->params.max_batch * 4, g->stream)) ||
+        (s = qd_cuda_stream_sync(g->stream)))
         return fail(ctx, s, "clearing the state pool");
-    QD_LOGI("CUDA context: %.2f GiB (state %.2f GiB, KV %.2f GiB)", (double)cv.off / (1 << 30),
-            (double)state_b / (1 << 30), (double)kv_b / (1 << 30));
+    QD_LOGI("CUDA context: %.2f GiB (state %.2f GiB, KV %.2f GiB, GDN prefill scratch %.2f GiB)",
+            (double)cv.off / (1 << 30), (double)state_b / (1 << 30), (double)kv_b / (1 << 30),
+            (double)g->plan.bytes / (1 << 30));
     return QD_OK;
 }
 
@@ -159,7 +167,6 @@ void qd_cuda_ctx_free(qd_context *ctx) {
         for (int i = 0; i <= ctx->params.max_seqs; i++) qd_cuda_graph_destroy(g->graphs[i]);
     free(g->graphs);
     qd_cuda_gdn_plan_destroy(&g->plan);
-    free(g->plan_cu);
     qd_cuda_blas_destroy(g->blas);
     qd_cuda_stream_destroy(g->stream);
     qd_cuda_free(g->conv); /* the first buffer of the context's one device block */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_attn.h"
+#include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_moe.h"
 
@@ -77,12 +78,18 @@ static size_t build_step(qd_context *ctx, const qd_span *spans, int n_spans, con
 
 /* ------------------------------------------------------------------ layers */
 
-/* Kernel table for the prefill spans of a GDN layer: the chunked tensor-core
- * kernel takes head dims that are multiples of 16 up to 256 (every released
- * model: 128); other shapes (small test models) step the decode kernel through
- * each span token by token, which computes the same recurrence. */
-static int gdn_chunked_supported(const qd_config *c) {
-    return c->gdn_dk % 16 == 0 && c->gdn_dv % 16 == 0 && c->gdn_dk <= 256 && c->gdn_dv <= 256;
+/* The residual h is complete at every layer boundary: each block's output
+ * projection adds into it (qd_cuda_linear with accumulate, the MoE combine), and
+ * each norm is folded into the projection that reads it (the kernel table of
+ * qd_cuda_linear fuses it at decode sizes and materialises it into g->x above). */
+static qd_cuda_lin_in norm_in(qd_context *ctx, const float *w, const int32_t *rows) {
+    qd_cuda_lin_in in = {0};
+    in.kind = QD_LIN_RMSNORM;
+    in.h = ctx->cuda->h;
+    in.rows = rows;
+    in.w = w;
+    in.eps = ctx->model->cfg.rms_norm_eps;
+    return in;
 }
 
 static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
@@ -97,14 +104,16 @@ static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
     float *conv_state = g->conv + (size_t)gi * S * g->conv_slot;
     float *ssm = g->ssm + (size_t)gi * S * g->ssm_slot;
 
-    TRYC(qd_cuda_matmul(g->blas, d->gdn_in, W, H, g->x, H, n, g->proj, W, 0));
-    qd_cuda_conv_args ca = {n, conv_dim, K, h->n_spans, g->proj, W, d->conv_w, conv_state, dv->spans, dv->row_span,
-                            g->conv_out, h->n_pre_spans == 0};
-    TRYC(qd_cuda_conv1d_silu(&ca, g->stream));
-    TRYC(qd_cuda_gdn_prep(n, hk, hv, dk, dvh, g->conv_out, g->proj + conv_dim + value_dim + hv,
-                          g->proj + conv_dim + value_dim, W, d->A_log, d->dt_bias, g->q, g->k, g->v, g->g, g->beta,
-                          g->stream));
-    if (h->n_pre_spans > 0 && gdn_chunked_supported(c)) {
+    const qd_cuda_lin_in in = norm_in(ctx, d->input_norm, NULL);
+    const qd_cuda_lin_out proj = {d->gdn_in, W, g->proj, W};
+    TRYC(qd_cuda_linear(g->blas, &in, H, n, &proj, 1, 0, g->x, g->stream));
+    /* proj rows: in_qkv (conv inputs) | in_z | in_b | in_a */
+    const qd_cuda_gdn_in_args ia = {n, hk, hv, dk, dvh, K, h->n_spans, g->proj, W,
+                                    g->proj + conv_dim + value_dim + hv, g->proj + conv_dim + value_dim, W,
+                                    d->conv_w, d->A_log, d->dt_bias, conv_state, dv->spans, dv->row_span,
+                                    g->q, g->k, g->v, g->g, g->beta, h->n_pre_spans == 0};
+    TRYC(qd_cuda_gdn_inputs(&ia, g->stream));
+    if (h->n_pre_spans > 0 && qd_cuda_gdn_chunked_supported(c)) {
         qd_cuda_gdn_chunked_args a = {g->q, g->k, g->v, key_dim, key_dim, value_dim, g->g, g->beta,
                                       ssm, ssm, dv->pre_slots, g->o};
         TRYC(qd_cuda_gdn_chunked(&g->plan, &a, g->stream));
@@ -124,8 +133,17 @@ static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
                                      NULL, g->o + r0 * value_dim};
         TRYC(qd_cuda_gdn_decode(&a, g->stream));
     }
-    TRYC(qd_cuda_gated_rmsnorm(g->o, g->proj + conv_dim, W, d->gdn_norm, c->rms_norm_eps, n, hv, dvh, g->u, g->stream));
-    return qd_cuda_matmul(g->blas, d->gdn_out, H, value_dim, g->u, value_dim, n, g->y, H, 0);
+    /* out_proj of the gated norm of o (gate z = in_z), into the residual */
+    qd_cuda_lin_in gin = {0};
+    gin.kind = QD_LIN_GATED;
+    gin.o = g->o;
+    gin.z = g->proj + conv_dim;
+    gin.ldz = W;
+    gin.dv = dvh;
+    gin.w = d->gdn_norm;
+    gin.eps = c->rms_norm_eps;
+    const qd_cuda_lin_out out = {d->gdn_out, H, g->h, H};
+    return qd_cuda_linear(g->blas, &gin, value_dim, n, &out, 1, 1, g->u, g->stream);
 }
 
 static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int max_span_rows) {
@@ -135,9 +153,11 @@ static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int
     const int n = h->n_rows, H = c->hidden_size;
     const int nq = c->attn_nq, nkv = c->attn_nkv, hd = c->attn_head_dim;
     const int qdim = nq * hd, kvd = nkv * hd, q_rows = qdim * (c->attn_output_gate ? 2 : 1);
-    TRYC(qd_cuda_matmul(g->blas, d->q, q_rows, H, g->x, H, n, g->proj, q_rows, 0));
-    TRYC(qd_cuda_matmul(g->blas, d->k, kvd, H, g->x, H, n, g->proj2, kvd, 0));
-    TRYC(qd_cuda_matmul(g->blas, d->v, kvd, H, g->x, H, n, g->proj3, kvd, 0));
+    /* q (with its gate), k and v of one normed x: one launch at decode sizes */
+    const qd_cuda_lin_in in = norm_in(ctx, d->input_norm, NULL);
+    const qd_cuda_lin_out qkv[3] = {{d->q, q_rows, g->proj, q_rows}, {d->k, kvd, g->proj2, kvd},
+                                    {d->v, kvd, g->proj3, kvd}};
+    TRYC(qd_cuda_linear(g->blas, &in, H, n, qkv, 3, 0, g->x, g->stream));
     const size_t layer_off = (size_t)ai * ctx->kv.block_size * kvd;
     qd_cuda_attn_args a = {
         .n_rows = n, .nq = nq, .nkv = nkv, .hd = hd, .rope_dim = c->rope_dim, .rope_theta = (float)c->rope_theta,
@@ -152,36 +172,72 @@ static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int
     };
     TRYC(qd_cuda_attn_prep(&a, g->stream));
     TRYC(qd_cuda_attn(&a, g->stream));
-    return qd_cuda_matmul(g->blas, d->o, H, qdim, g->o, qdim, n, g->y, H, 0);
+    qd_cuda_lin_in oin = {0};
+    oin.kind = QD_LIN_BF16;
+    oin.x = g->o;
+    oin.ldx = qdim;
+    const qd_cuda_lin_out out = {d->o, H, g->h, H};
+    return qd_cuda_linear(g->blas, &oin, qdim, n, &out, 1, 1, NULL, g->stream);
 }
 
-/* SwiGLU MLP of width I into y (fp32). */
-static qd_status mlp(qd_context *ctx, const uint16_t *gate_up, const uint16_t *down, int I, float *y) {
+/* SwiGLU MLP of width I on the input `in` (of H columns): y (+)= down(silu(gate) * up). */
+static qd_status mlp(qd_context *ctx, const qd_cuda_lin_in *in, const uint16_t *gate_up, const uint16_t *down, int I,
+                     float *y, int accumulate) {
     qd_cuda_ctx *g = ctx->cuda;
     const int n = g->host.n_rows, H = ctx->model->cfg.hidden_size;
-    TRYC(qd_cuda_matmul(g->blas, gate_up, 2 * I, H, g->x, H, n, g->ffn, 2 * I, 0));
-    TRYC(qd_cuda_silu_mul(g->ffn, n, I, g->act, g->stream));
-    return qd_cuda_matmul(g->blas, down, H, I, g->act, I, n, y, H, 0);
+    const qd_cuda_lin_out gu = {gate_up, 2 * (int64_t)I, g->ffn, 2 * (int64_t)I};
+    TRYC(qd_cuda_linear(g->blas, in, H, n, &gu, 1, 0, g->x, g->stream));
+    qd_cuda_lin_in act = {0};
+    act.kind = QD_LIN_SILU;
+    act.gu = g->ffn;
+    const qd_cuda_lin_out dn = {down, H, y, H};
+    return qd_cuda_linear(g->blas, &act, I, n, &dn, 1, accumulate, g->act, g->stream);
 }
 
 static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
     const qd_config *c = &ctx->model->cfg;
     qd_cuda_ctx *g = ctx->cuda;
     const int n = g->host.n_rows, H = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok;
+    const int Ie = c->moe_intermediate_size;
+    /* kernel table: decode-sized batches run the whole block in three launches */
+    if (qd_cuda_moe_block_supported(n, H, Ie, d->has_shared_gate ? d->I : 0, E, k)) {
+        const qd_cuda_moe_block_args a = {
+            .n = n, .H = H, .I = Ie, .E = E, .k = k, .renorm = c->norm_topk_prob,
+            .d_h = g->h, .d_norm = d->post_norm, .eps = c->rms_norm_eps, .d_router = d->router,
+            .d_gate_up = d->experts_gate_up, .d_down = d->experts_down,
+            .d_sh_gate_up = d->has_shared_gate ? d->gate_up : NULL, .d_sh_down = d->down, .I_s = d->I,
+            .d_x = g->x, .d_logits = g->router, .d_sel = g->sel, .d_w = g->selw, .d_route_cnt = g->route_cnt,
+            .d_sh_act = g->ffn, .d_sh_out = g->ys, .d_work = g->moe_work,
+        };
+        return qd_cuda_moe_block(&a, g->stream);
+    }
     /* router logits and the shared expert's gate logit in one product: [n][E + 1] */
     const int Er = E + (d->has_shared_gate ? 1 : 0);
     /* fp32 input: a bf16-rounded x would flip near-tied expert choices (discrete changes) */
+    TRYC(qd_cuda_add_rmsnorm(g->h, NULL, d->post_norm, c->rms_norm_eps, n, H, NULL, g->x, g->xf, g->stream));
     TRYC(qd_cuda_matmul_xf32(d->router, Er, H, g->xf, H, n, g->router, E + 1, g->stream));
     if (d->has_shared_gate) {
-        TRYC(mlp(ctx, d->gate_up, d->down, d->I, g->ys));
-        TRYC(qd_cuda_sigmoid_scale(g->y, g->ys, g->router + E, E + 1, n, H, g->stream));
-    } else {
-        TRYC(qd_cuda_memset_async(g->y, 0, (size_t)n * H * 4, g->stream));
+        qd_cuda_lin_in x = {0};
+        x.kind = QD_LIN_BF16;
+        x.x = g->x;
+        x.ldx = H;
+        TRYC(mlp(ctx, &x, d->gate_up, d->down, d->I, g->ys, 0));
+        TRYC(qd_cuda_sigmoid_scale(g->h, g->ys, g->router + E, E + 1, n, H, g->stream));
     }
     TRYC(qd_cuda_moe_route(g->router, E + 1, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
-    qd_cuda_moe_args a = {n, H, c->moe_intermediate_size, E, k, g->x, g->sel, g->selw, d->experts_gate_up,
-                          d->experts_down, g->y, g->moe_work, qd_cuda_blas_handle(g->blas)};
+    qd_cuda_moe_args a = {n, H, Ie, E, k, g->x, g->sel, g->selw, d->experts_gate_up,
+                          d->experts_down, g->h, g->moe_work, qd_cuda_blas_handle(g->blas)};
     return qd_cuda_moe_experts(&a, g->stream);
+}
+
+/* Logits of logit rows [r0, r0 + nr) (the final norm of just those rows) into g->logits. */
+static qd_status logit_rows(qd_context *ctx, int r0, int nr) {
+    qd_cuda_ctx *g = ctx->cuda;
+    const qd_model *m = ctx->model;
+    const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+    const qd_cuda_lin_in in = norm_in(ctx, m->cuda->final_norm, g->dev.logit_rows + r0);
+    const qd_cuda_lin_out out = {m->cuda->lm_head, V, g->logits, V};
+    return qd_cuda_linear(g->blas, &in, H, nr, &out, 1, 0, g->x, g->stream);
 }
 
 /* Everything from the embedding to the logits of the first logit chunk, all on the
@@ -195,26 +251,19 @@ static qd_status run_layers(qd_context *ctx, int max_span_rows, int n_logit_firs
     const qd_cuda_model *cm = m->cuda;
     const int n = g->host.n_rows, H = c->hidden_size;
     TRYC(qd_cuda_embed(cm->embed, g->dev.tokens, n, H, g->h, g->stream));
-    const float *pending = NULL; /* block output not yet added to the residual */
     for (int L = 0; L < c->n_layers; L++) {
         const qd_layer *ly = &m->layers[L];
         const qd_cuda_layer *d = &cm->layers[L];
-        TRYC(qd_cuda_add_rmsnorm(g->h, pending, d->input_norm, c->rms_norm_eps, n, H, NULL, g->x, NULL, g->stream));
         if (ly->kind == QD_LAYER_GDN) TRYC(gdn_layer(ctx, d, ly->state_index));
         else TRYC(attn_layer(ctx, d, ly->state_index, max_span_rows));
-        TRYC(qd_cuda_add_rmsnorm(g->h, g->y, d->post_norm, c->rms_norm_eps, n, H, NULL, g->x,
-                                 ly->ffn_kind == QD_FFN_MOE ? g->xf : NULL, g->stream));
-        if (ly->ffn_kind == QD_FFN_MOE) TRYC(moe_layer(ctx, d));
-        else TRYC(mlp(ctx, d->gate_up, d->down, d->I, g->y));
-        pending = g->y;
+        if (ly->ffn_kind == QD_FFN_MOE) {
+            TRYC(moe_layer(ctx, d));
+        } else {
+            const qd_cuda_lin_in in = norm_in(ctx, d->post_norm, NULL);
+            TRYC(mlp(ctx, &in, d->gate_up, d->down, d->I, g->h, 1));
+        }
     }
-    /* the last block's output joins the residual for every row (later chunks read h) */
-    if (pending) TRYC(qd_cuda_add_rmsnorm(g->h, pending, cm->final_norm, c->rms_norm_eps, n, H, NULL, g->x, NULL, g->stream));
-    if (n_logit_first > 0) {
-        TRYC(qd_cuda_add_rmsnorm(g->h, NULL, cm->final_norm, c->rms_norm_eps, n_logit_first, H, g->dev.logit_rows,
-                                 g->x, NULL, g->stream));
-        TRYC(qd_cuda_matmul(g->blas, cm->lm_head, c->vocab_size, H, g->x, H, n_logit_first, g->logits, c->vocab_size, 0));
-    }
+    if (n_logit_first > 0) TRYC(logit_rows(ctx, 0, n_logit_first));
     return QD_OK;
 }
 
@@ -222,21 +271,13 @@ static qd_status backend_error(qd_context *ctx, qd_status s) {
     return qd_seterr(&ctx->err, s, "CUDA forward: %s", qd_cuda_last_error());
 }
 
-/* Makes the chunk plan match the prefill spans (rebuilt only when lengths change). */
+/* Points the chunk plan (reserved at context creation) at this step's prefill spans. */
 static qd_status update_plan(qd_context *ctx) {
     qd_cuda_ctx *g = ctx->cuda;
     const qd_config *c = &ctx->model->cfg;
     const qd_cuda_step *h = &g->host;
-    if (h->n_pre_spans == 0 || ctx->model->n_gdn == 0 || !gdn_chunked_supported(c)) return QD_OK;
-    if (g->plan.d_chunks && g->plan_n == h->n_pre_spans &&
-        !memcmp(g->plan_cu, h->cu_seqlens, sizeof(int) * (size_t)(h->n_pre_spans + 1)))
-        return QD_OK;
-    qd_cuda_gdn_plan_destroy(&g->plan);
-    g->plan_n = 0;
-    TRYC(qd_cuda_gdn_plan_create(&g->plan, c->gdn_hk, c->gdn_hv, c->gdn_dk, c->gdn_dv, h->cu_seqlens, h->n_pre_spans));
-    g->plan_n = h->n_pre_spans;
-    memcpy(g->plan_cu, h->cu_seqlens, sizeof(int) * (size_t)(h->n_pre_spans + 1));
-    return QD_OK;
+    if (h->n_pre_spans == 0 || ctx->model->n_gdn == 0 || !qd_cuda_gdn_chunked_supported(c)) return QD_OK;
+    return qd_cuda_gdn_plan_set(&g->plan, h->cu_seqlens, h->n_pre_spans, g->stream);
 }
 
 /* Queues the outputs of logit rows [r0, r0 + nr), whose logits are in g->logits: the
@@ -273,7 +314,6 @@ qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, co
                           int n_logit_rows, const qd_logit_out *out) {
     qd_cuda_ctx *g = ctx->cuda;
     const qd_config *c = &ctx->model->cfg;
-    const int V = c->vocab_size, H = c->hidden_size;
     qd_status s;
     /* KV copy-on-write copies (qd_kv_reserve) were queued on the stream already */
     const size_t meta = build_step(ctx, spans, n_spans, rt);
@@ -311,12 +351,7 @@ qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, co
     /* the outputs of each chunk of logit rows, the first one computed above */
     for (int r0 = 0; r0 < n_logit_rows; r0 += LC) {
         const int nr = n_logit_rows - r0 < LC ? n_logit_rows - r0 : LC;
-        if (r0 > 0) {
-            if ((s = qd_cuda_add_rmsnorm(g->h, NULL, ctx->model->cuda->final_norm, c->rms_norm_eps, nr, H,
-                                         g->dev.logit_rows + r0, g->x, NULL, g->stream)) ||
-                (s = qd_cuda_matmul(g->blas, ctx->model->cuda->lm_head, V, H, g->x, H, nr, g->logits, V, 0)))
-                return backend_error(ctx, s);
-        }
+        if (r0 > 0 && (s = logit_rows(ctx, r0, nr))) return backend_error(ctx, s);
         if ((s = take_rows(ctx, out, r0, nr))) return backend_error(ctx, s);
         if (r0 + nr < n_logit_rows && (s = qd_cuda_stream_sync(g->stream))) return backend_error(ctx, s);
     }

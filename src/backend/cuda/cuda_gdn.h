@@ -108,10 +108,20 @@ typedef struct qd_cuda_gdn_plan {
     uint16_t *d_vnew;    /* per chunk and value head: the intra-chunk matrix A (bf16) */
     uint16_t *d_h;       /* per chunk and key head: copies of the chunk's K and Q rows (bf16) */
     size_t bytes;        /* device scratch held by the plan */
+    int max_chunks, max_seqs; /* the bounds the scratch was sized for */
+    int32_t *h_tables;   /* pinned staging of the chunk and sequence tables */
 } qd_cuda_gdn_plan;
 
+/* A plan sized for exactly this batch, its tables in place on return (synchronous). */
 qd_status qd_cuda_gdn_plan_create(qd_cuda_gdn_plan *p, int hk, int hv, int dk, int dv,
                                   const int32_t *cu_seqlens_host, int n_seq);
+/* A plan sized once for every batch of up to max_tokens tokens in up to max_seqs
+ * sequences (a context reserves it at creation), then set per batch: set fills the
+ * tables and copies them on the stream, with no allocation and no host sync. The
+ * staging is reused by the next set, so a set must not be issued before the
+ * previous one's copy has run (the forward syncs its stream every step). */
+qd_status qd_cuda_gdn_plan_reserve(qd_cuda_gdn_plan *p, int hk, int hv, int dk, int dv, int max_tokens, int max_seqs);
+qd_status qd_cuda_gdn_plan_set(qd_cuda_gdn_plan *p, const int32_t *cu_seqlens_host, int n_seq, void *stream);
 void qd_cuda_gdn_plan_destroy(qd_cuda_gdn_plan *p);
 
 /* Token-major packed inputs of all sequences (row t of every tensor is token t):

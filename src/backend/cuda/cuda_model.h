@@ -91,7 +91,6 @@ typedef struct qd_cuda_ctx {
     float *xf;                       /* [B][H] the same in fp32 (MoE router input) */
     float *proj;                     /* [B][max projection width] */
     float *proj2, *proj3;            /* [B][kvd] attention k and v */
-    float *conv_out;                 /* [B][conv_dim] */
     uint16_t *q, *k, *v;             /* [B][key_dim] / [B][value_dim] GDN inputs, or attention q */
     float *g, *beta;                 /* [B][hv] */
     uint16_t *o, *u;                 /* [B][max(value_dim, nq*hd)] */
@@ -99,6 +98,7 @@ typedef struct qd_cuda_ctx {
     uint16_t *act;                   /* [B][max(I, I_s)] */
     float *router;                   /* [B][E + 1] router logits | shared-expert gate logit */
     int32_t *sel;                    /* [B][k] */
+    int32_t *route_cnt;              /* [B] the fused MoE router's per-token block counters, kept zero */
     float *selw;                     /* [B][k] */
     float *logits;                   /* [B][V] */
     int32_t *ids;                    /* [B] argmax */
@@ -110,14 +110,21 @@ typedef struct qd_cuda_ctx {
     qd_cuda_step host, dev;          /* views into meta_host and meta_dev */
     int32_t *ids_host;               /* [B] pinned */
     float *lp_host;                  /* [B] pinned */
-    /* GDN chunk plan of the last prefill batch, reused while the span lengths repeat */
+    /* GDN chunk plan: scratch reserved at creation for max_batch tokens, set per prefill step */
     qd_cuda_gdn_plan plan;
-    int plan_n, *plan_cu;            /* plan_cu [max_seqs + 1] */
     /* CUDA graphs of pure decode steps, by batch size (index n_seqs) */
     void **graphs;                   /* [max_seqs + 1] */
     int graph_logits_mode[2];
     size_t bytes;                    /* device bytes held by the context */
 } qd_cuda_ctx;
+
+/* Kernel table for the prefill spans of a GDN layer: the chunked tensor-core
+ * kernel takes head dims that are multiples of 16 up to 256 (every released
+ * model: 128); other shapes (small test models) step the decode kernel through
+ * each span token by token, which computes the same recurrence. */
+static inline int qd_cuda_gdn_chunked_supported(const qd_config *c) {
+    return c->gdn_dk % 16 == 0 && c->gdn_dv % 16 == 0 && c->gdn_dk <= 256 && c->gdn_dv <= 256;
+}
 
 qd_status qd_cuda_ctx_create(qd_context *ctx);
 void qd_cuda_ctx_free(qd_context *ctx);

@@ -51,6 +51,41 @@ int qd_cuda_moe_graph_max_tokens(void);
  * and from run to run: the k slots are summed in slot order, no float atomics. */
 qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream);
 
+/* The whole MoE block of a decode-sized batch in three launches (moe_block.cu):
+ *   router: x = rmsnorm(h) (zero-centred weight) per token, built by each block; the
+ *           router (and shared-gate) logits in fp32 from x unrounded; the last block
+ *           of a token routes it (top-k as qd_cuda_moe_route);
+ *   gate_up and down of the routed experts and the shared expert, the block that
+ *           completes a token's row tile adding sigmoid(gate) * shared + routed into h.
+ * h += moe(rmsnorm(h)): the residual add is part of the block. Every launch is a
+ * programmatic dependent of the one before (cuda_pdl.cuh). For
+ * qd_cuda_moe_block_supported shapes; graph-capturable, no host sync. */
+typedef struct qd_cuda_moe_block_args {
+    int n, H, I, E, k, renorm;
+    float *d_h;                   /* [n][H] fp32 residual, updated */
+    const float *d_norm;          /* [H] post-attention RMSNorm weight (zero-centred) */
+    float eps;
+    const uint16_t *d_router;     /* [E (+1)][H]: router rows, then the shared gate row when there is a shared expert */
+    const uint16_t *d_gate_up;    /* [E][2I][H] */
+    const uint16_t *d_down;       /* [E][H][I] */
+    const uint16_t *d_sh_gate_up; /* [2 I_s][H] shared expert, or NULL for none */
+    const uint16_t *d_sh_down;    /* [H][I_s] */
+    int I_s;
+    uint16_t *d_x;                /* [n][H] scratch: the normed input, bf16 */
+    float *d_logits;              /* [n][E + 1] scratch */
+    int32_t *d_sel;               /* [n][k] scratch */
+    float *d_w;                   /* [n][k] scratch */
+    int32_t *d_route_cnt;         /* [n] zeros on entry, left zero: blocks done per token */
+    float *d_sh_act;              /* [n][I_s] scratch */
+    float *d_sh_out;              /* [n][H] scratch */
+    void *d_work;                 /* qd_cuda_moe_work_bytes(n_max, H, I, E, k) bytes */
+} qd_cuda_moe_block_args;
+
+/* Whether qd_cuda_moe_block takes this shape: n <= qd_cuda_moe_graph_max_tokens(),
+ * n * k <= 1024, H, I, I_s multiples of 8, H <= 12288, 1 <= k <= min(E, 32), E <= 1024. */
+int qd_cuda_moe_block_supported(int n, int H, int I, int I_s, int E, int k);
+qd_status qd_cuda_moe_block(const qd_cuda_moe_block_args *a, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

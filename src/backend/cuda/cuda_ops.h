@@ -36,32 +36,31 @@ qd_status qd_cuda_embed(const uint16_t *d_embed, const int32_t *d_tokens, int n,
 qd_status qd_cuda_add_rmsnorm(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
                               const int32_t *d_rows, uint16_t *d_x, float *d_xf, void *stream);
 
-/* Causal depthwise conv1d + SiLU over a ragged batch with per-slot state.
- *   d_x     [n][C] at row stride x_stride (fp32 projection)
+/* The GDN inputs of a ragged batch (gdn_inputs.cu): causal depthwise conv1d + SiLU of the
+ * q|k|v channels with per-slot state, q and k L2-normalised per head (eps 1e-6), q scaled by
+ * dk^-0.5, all to bf16 (q, k [n][hk*dk], v [n][hv*dv]); gates g = -exp(A_log) *
+ * softplus(a + dt_bias), beta = sigmoid(b) ([n][hv]).
+ *   d_x     [n] rows at stride x_stride (fp32 projection): the C = 2*hk*dk + hv*dv conv inputs
+ *   d_a, d_b [n] rows of hv at stride ab_stride
  *   d_w     [C][K]
  *   d_state [slots][C][K-1] this layer's pool: the last K-1 inputs of each sequence, oldest first;
  *           updated to the last K-1 inputs after the span
- *   d_y     [n][C] contiguous */
-typedef struct qd_cuda_conv_args {
-    int n, C, K, n_spans;
+ * dk <= 256, 1 <= K <= 17. */
+typedef struct qd_cuda_gdn_in_args {
+    int n, hk, hv, dk, dv, K, n_spans;
     const float *d_x;
     int64_t x_stride;
-    const float *d_w;
+    const float *d_a, *d_b;
+    int64_t ab_stride;
+    const float *d_w, *d_A_log, *d_dt_bias;
     float *d_state;
     const int32_t *d_spans, *d_row_span;
-    float *d_y;
-    int decode_only;    /* every span has one row: the output kernel shifts the state itself
+    uint16_t *d_q, *d_k, *d_v;
+    float *d_g, *d_beta;
+    int decode_only;    /* every span has one row: the kernel shifts the state itself
                          * (one launch instead of two on the decode path) */
-} qd_cuda_conv_args;
-qd_status qd_cuda_conv1d_silu(const qd_cuda_conv_args *a, void *stream);
-
-/* GDN inputs from the conv output [n][2*hk*dk + hv*dv] (q | k | v): q and k L2-normalised per
- * head (eps 1e-6), q scaled by dk^-0.5, all to bf16 (q, k [n][hk*dk], v [n][hv*dv]); gates
- * g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b) ([n][hv]) from the a and b
- * projections (rows at stride ab_stride). */
-qd_status qd_cuda_gdn_prep(int n, int hk, int hv, int dk, int dv, const float *d_conv, const float *d_a,
-                           const float *d_b, int64_t ab_stride, const float *d_A_log, const float *d_dt_bias,
-                           uint16_t *d_q, uint16_t *d_k, uint16_t *d_v, float *d_g, float *d_beta, void *stream);
+} qd_cuda_gdn_in_args;
+qd_status qd_cuda_gdn_inputs(const qd_cuda_gdn_in_args *a, void *stream);
 
 /* Gated RMSNorm per value head: u = bf16(rmsnorm(o) * w * silu(z)), o bf16 [n][hv][dv],
  * z fp32 rows at stride z_stride, w [dv] (plain weight, no +1). */
@@ -71,7 +70,7 @@ qd_status qd_cuda_gated_rmsnorm(const uint16_t *d_o, const float *d_z, int64_t z
 /* SwiGLU activation: gu [n][2I] fp32 (gate | up) -> out [n][I] bf16 = silu(gate) * up. */
 qd_status qd_cuda_silu_mul(const float *d_gu, int n, int I, uint16_t *d_out, void *stream);
 
-/* Shared expert scaling: y[r] = sigmoid(sg[r * sg_stride]) * ys[r], rows of H. */
+/* Shared expert added in: y[r] += sigmoid(sg[r * sg_stride]) * ys[r], rows of H. */
 qd_status qd_cuda_sigmoid_scale(float *d_y, const float *d_ys, const float *d_sg, int64_t sg_stride, int n, int H,
                                 void *stream);
 
@@ -93,6 +92,10 @@ void *qd_cuda_blas_handle(qd_cuda_blas *b); /* cublasHandle_t */
  * ldx, fp32 accumulation; y fp32 (y_bf16 = 0) or bf16 rows at stride ldy. */
 qd_status qd_cuda_matmul(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
                          int64_t ldx, int n, void *d_y, int64_t ldy, int y_bf16);
+
+/* y[n][rows] += x . W^T (fp32 y; the residual add folded into the product). */
+qd_status qd_cuda_matmul_acc(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
+                             int64_t ldx, int n, float *d_y, int64_t ldy);
 
 /* The same product with fp32 activations (bf16 weights, fp32 arithmetic): for small
  * matrices whose outputs make discrete decisions, the MoE router. */

@@ -128,110 +128,6 @@ extern "C" qd_status qd_cuda_add_rmsnorm(float *d_h, const float *d_y, const flo
     return QD_OK;
 }
 
-/* ------------------------------------------------------------------ conv */
-
-/* One thread per (row, channel): the window reaches back K-1 inputs, into the
- * sequence's state where the span has not yet supplied them. */
-__global__ void conv_kernel(int n, int C, int K, const float *__restrict__ x, int64_t xs, const float *__restrict__ w,
-                            const float *state, const int32_t *__restrict__ spans,
-                            const int32_t *__restrict__ row_span, float *__restrict__ y, int shift_state) {
-    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (idx >= (int64_t)n * C) return;
-    const int r = (int)(idx / C), c = (int)(idx % C);
-    const int32_t *sp = spans + 4 * row_span[r];
-    const int row0 = sp[0], slot = sp[3], t = r - row0;
-    float *st = (float *)state + ((size_t)slot * C + c) * (K - 1);
-    float acc = 0.f, win[17];
-    for (int j = 0; j < K; j++) {
-        const int src = t - (K - 1) + j; /* position within the span; < 0 reads the state */
-        win[j] = src >= 0 ? x[(size_t)(row0 + src) * xs + c] : st[(K - 1) + src];
-        acc = fmaf(w[(size_t)c * K + j], win[j], acc);
-    }
-    y[(size_t)r * C + c] = silu(acc);
-    /* one-row spans: this thread is the only reader of its state, so it may shift it */
-    if (shift_state)
-        for (int j = 0; j < K - 1; j++) st[j] = win[j + 1];
-}
-
-/* After the outputs: each (span, channel) keeps the last K-1 inputs of [state | x]. */
-__global__ void conv_state_kernel(int n_spans, int C, int K, const float *__restrict__ x, int64_t xs,
-                                  float *__restrict__ state, const int32_t *__restrict__ spans) {
-    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (idx >= (int64_t)n_spans * C) return;
-    const int s = (int)(idx / C), c = (int)(idx % C);
-    const int row0 = spans[4 * s], T = spans[4 * s + 1], slot = spans[4 * s + 3];
-    float *st = state + ((size_t)slot * C + c) * (K - 1);
-    float keep[16];
-    for (int j = 0; j < K - 1; j++) {
-        const int src = T - (K - 1) + j;
-        keep[j] = src >= 0 ? x[(size_t)(row0 + src) * xs + c] : st[(K - 1) + src];
-    }
-    for (int j = 0; j < K - 1; j++) st[j] = keep[j];
-}
-
-extern "C" qd_status qd_cuda_conv1d_silu(const qd_cuda_conv_args *a, void *stream) {
-    if (a->K < 1 || a->K > 17) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "conv1d: kernel size must be 1..17");
-    if (a->n <= 0) return QD_OK;
-    cudaStream_t st = (cudaStream_t)stream;
-    const int64_t n1 = (int64_t)a->n * a->C, n2 = (int64_t)a->n_spans * a->C;
-    conv_kernel<<<(unsigned)((n1 + 255) / 256), 256, 0, st>>>(a->n, a->C, a->K, a->d_x, a->x_stride, a->d_w,
-                                                             a->d_state, a->d_spans, a->d_row_span, a->d_y,
-                                                             a->decode_only);
-    QD_CUDA_CHECK_LAUNCH("conv1d");
-    if (a->K > 1 && !a->decode_only) {
-        conv_state_kernel<<<(unsigned)((n2 + 255) / 256), 256, 0, st>>>(a->n_spans, a->C, a->K, a->d_x, a->x_stride,
-                                                                       a->d_state, a->d_spans);
-        QD_CUDA_CHECK_LAUNCH("conv1d_state");
-    }
-    return QD_OK;
-}
-
-/* --------------------------------------------------------------- GDN prep */
-
-/* Blocks (row, part): the PREP_PARTS parts of a row split its q and k heads (a warp
- * per head: the L2 norm needs a per-head sum), its v values and its gates, so that a
- * decode step (one row per sequence) still spreads over several SMs. */
-#define PREP_PARTS 8
-#define PREP_NT 256
-__global__ void __launch_bounds__(PREP_NT)
-gdn_prep_kernel(int hk, int hv, int dk, int dv, const float *__restrict__ conv, const float *__restrict__ a,
-                const float *__restrict__ b, int64_t abs_, const float *__restrict__ A_log,
-                const float *__restrict__ dt_bias, uint16_t *__restrict__ q, uint16_t *__restrict__ k,
-                uint16_t *__restrict__ v, float *__restrict__ g, float *__restrict__ beta) {
-    const int r = blockIdx.x, part = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int key_dim = hk * dk, value_dim = hv * dv, C = 2 * key_dim + value_dim;
-    const float *row = conv + (size_t)r * C;
-    const float qscale = rsqrtf((float)dk);
-    const int tid = part * PREP_NT + threadIdx.x, nthreads = PREP_PARTS * PREP_NT;
-    for (int hh = part * (PREP_NT / 32) + warp; hh < 2 * hk; hh += PREP_PARTS * (PREP_NT / 32)) {
-        const float *src = row + (size_t)hh * dk; /* q heads then k heads */
-        float ss = 0.f;
-        for (int i = lane; i < dk; i += 32) ss += src[i] * src[i];
-        const float inv = 1.f / sqrtf(warp_sum(ss) + 1e-6f);
-        const float sc = hh < hk ? inv * qscale : inv;
-        uint16_t *dst = hh < hk ? q + (size_t)r * key_dim + (size_t)hh * dk : k + (size_t)r * key_dim + (size_t)(hh - hk) * dk;
-        for (int i = lane; i < dk; i += 32) dst[i] = qd_f2bf(src[i] * sc);
-    }
-    for (int i = tid; i < value_dim; i += nthreads) v[(size_t)r * value_dim + i] = qd_f2bf(row[2 * key_dim + i]);
-    for (int h = tid; h < hv; h += nthreads) {
-        const float xa = a[(size_t)r * abs_ + h] + dt_bias[h];
-        const float sp = xa > 20.f ? xa : log1pf(expf(xa)); /* softplus, as torch (threshold 20) */
-        g[(size_t)r * hv + h] = -expf(A_log[h]) * sp;
-        beta[(size_t)r * hv + h] = sigmoidf_(b[(size_t)r * abs_ + h]);
-    }
-}
-
-extern "C" qd_status qd_cuda_gdn_prep(int n, int hk, int hv, int dk, int dv, const float *d_conv, const float *d_a,
-                                      const float *d_b, int64_t ab_stride, const float *d_A_log,
-                                      const float *d_dt_bias, uint16_t *d_q, uint16_t *d_k, uint16_t *d_v, float *d_g,
-                                      float *d_beta, void *stream) {
-    if (n <= 0) return QD_OK;
-    gdn_prep_kernel<<<dim3(n, PREP_PARTS), PREP_NT, 0, (cudaStream_t)stream>>>(hk, hv, dk, dv, d_conv, d_a, d_b, ab_stride, d_A_log,
-                                                             d_dt_bias, d_q, d_k, d_v, d_g, d_beta);
-    QD_CUDA_CHECK_LAUNCH("gdn_prep");
-    return QD_OK;
-}
-
 /* --------------------------------------------------------- gated RMSNorm */
 
 /* Warp per (row, head). */
@@ -285,7 +181,7 @@ __global__ void sigmoid_scale_kernel(float *__restrict__ y, const float *__restr
                                      int64_t sgs, int n, int H) {
     const int64_t N = (int64_t)n * H;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = sigmoidf_(sg[(i / H) * sgs]) * ys[i];
+        y[i] += sigmoidf_(sg[(i / H) * sgs]) * ys[i];
 }
 
 extern "C" qd_status qd_cuda_sigmoid_scale(float *d_y, const float *d_ys, const float *d_sg, int64_t sg_stride, int n,

@@ -38,39 +38,76 @@ extern "C" void qd_cuda_gdn_plan_destroy(qd_cuda_gdn_plan *p) {
     qd_cuda_free(p->d_gc);
     qd_cuda_free(p->d_vnew);
     qd_cuda_free(p->d_h);
+    qd_cuda_free_host(p->h_tables);
     memset(p, 0, sizeof *p);
 }
 
-/* The plan's scratch (layouts in gdn_chunked_wy.cuh): per (chunk, value head)
- * d_w holds W, d_u the U panels, d_gc the gate vectors and d_vnew the
- * intra-chunk matrices A; per (chunk, key head) d_h holds the copies of K and
- * Q. (The field names are those of the earlier three-kernel version: outputs
- * are now written by the walk, so per-chunk states and corrected values are
- * never stored.) */
-extern "C" qd_status qd_cuda_gdn_plan_create(qd_cuda_gdn_plan *p, int hk, int hv, int dk, int dv,
-                                             const int32_t *cu_seqlens_host, int n_seq) {
+/* The plan's scratch (layouts in gdn_chunked_wy.cuh) for up to max_chunks chunks:
+ * per (chunk, value head) d_w holds W, d_u the U panels, d_gc the gate vectors and
+ * d_vnew the intra-chunk matrices A; per (chunk, key head) d_h holds the copies of
+ * K and Q. (The field names are those of the earlier three-kernel version: outputs
+ * are now written by the walk, so per-chunk states and corrected values are never
+ * stored.) Every piece is indexed by chunk, so scratch for more chunks than a batch
+ * has serves it unchanged. The chunk and sequence tables are staged in pinned
+ * memory so that setting a batch is one asynchronous copy. */
+static qd_status plan_alloc(qd_cuda_gdn_plan *p, int hk, int hv, int dk, int dv, int64_t max_chunks, int max_seqs) {
     memset(p, 0, sizeof *p);
     if (hk <= 0 || hv <= 0 || hv % hk || hk > 65535 || dk <= 0 || dv <= 0 || dk % 16 || dv % 16 || dk > MAXD ||
-        dv > MAXD || n_seq <= 0 || n_seq > 65535 || !cu_seqlens_host || cu_seqlens_host[0] != 0)
-        return qd_cuda_fail(QD_ERR_INVALID_ARG, "gdn_plan: bad dimensions or cu_seqlens");
+        dv > MAXD || max_seqs <= 0 || max_seqs > 65535 || max_chunks < 0 || max_chunks > 0x7fffffff)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "gdn_plan: bad dimensions");
+    p->hk = hk; p->hv = hv; p->dk = dk; p->dv = dv;
+    p->max_chunks = (int)max_chunks;
+    p->max_seqs = max_seqs;
+    const size_t NCH = (size_t)max_chunks * hv; /* pieces of scratch */
+    const size_t wb = NCH * QD_CH * dk_padded(dk) * 2, ub = NCH * QD_CH * dv * 2, gb = NCH * QD_GV * 4,
+                 ab = NCH * QD_CH * QD_CH * 2, kqb = (size_t)max_chunks * hk * 2 * QD_CH * dk_padded(dk) * 2;
+    const size_t cb = 16 * (size_t)(max_chunks ? max_chunks : 1), sb = 16 * (size_t)max_seqs;
+    qd_status st;
+    if ((st = qd_cuda_malloc((void **)&p->d_chunks, cb)) || (st = qd_cuda_malloc((void **)&p->d_seqs, sb)) ||
+        (NCH && (st = qd_cuda_malloc((void **)&p->d_w, wb))) || (NCH && (st = qd_cuda_malloc((void **)&p->d_u, ub))) ||
+        (NCH && (st = qd_cuda_malloc((void **)&p->d_gc, gb))) ||
+        (NCH && (st = qd_cuda_malloc((void **)&p->d_vnew, ab))) ||
+        (NCH && (st = qd_cuda_malloc((void **)&p->d_h, kqb))) ||
+        (st = qd_cuda_malloc_host((void **)&p->h_tables, cb + sb))) {
+        qd_cuda_gdn_plan_destroy(p);
+        return st;
+    }
+    p->bytes = cb + sb + wb + ub + gb + ab + kqb;
+    return QD_OK;
+}
+
+/* Chunks of n_seq sequences given by cu_seqlens (-1: not a valid batch). */
+static int64_t count_chunks(const int32_t *cu, int n_seq) {
+    if (!cu || n_seq <= 0 || cu[0] != 0) return -1;
     int64_t nch = 0;
     for (int s = 0; s < n_seq; s++) {
-        const int64_t len = (int64_t)cu_seqlens_host[s + 1] - cu_seqlens_host[s];
-        if (len < 0) return qd_cuda_fail(QD_ERR_INVALID_ARG, "gdn_plan: cu_seqlens decreases");
+        const int64_t len = (int64_t)cu[s + 1] - cu[s];
+        if (len < 0) return -1;
         nch += (len + QD_CH - 1) / QD_CH;
     }
-    if (nch > 0x7fffffff) return qd_cuda_fail(QD_ERR_INVALID_ARG, "gdn_plan: too many chunks");
-    p->hk = hk; p->hv = hv; p->dk = dk; p->dv = dv;
-    p->n_seq = n_seq;
-    p->n_chunks = (int)nch;
-    p->n_tokens = cu_seqlens_host[n_seq];
-    int32_t *ch = (int32_t *)malloc(sizeof(int32_t) * 4 * (size_t)(nch ? nch : 1));
-    int32_t *sq = (int32_t *)malloc(sizeof(int32_t) * 4 * (size_t)n_seq);
-    if (!ch || !sq) {
-        free(ch);
-        free(sq);
-        return qd_cuda_fail(QD_ERR_OOM, "gdn_plan: host allocation");
+    return nch;
+}
+
+extern "C" qd_status qd_cuda_gdn_plan_reserve(qd_cuda_gdn_plan *p, int hk, int hv, int dk, int dv, int max_tokens,
+                                              int max_seqs) {
+    if (max_tokens < 1 || max_seqs < 1) {
+        memset(p, 0, sizeof *p);
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "gdn_plan: bad bounds");
     }
+    /* each sequence's chunks: ceil(len / 64) <= (len + 63) / 64, over at most
+     * min(max_seqs, max_tokens) sequences of max_tokens tokens in all */
+    const int64_t ns = max_seqs < max_tokens ? max_seqs : max_tokens;
+    return plan_alloc(p, hk, hv, dk, dv, ((int64_t)max_tokens + 63 * ns + QD_CH - 1) / QD_CH, max_seqs);
+}
+
+extern "C" qd_status qd_cuda_gdn_plan_set(qd_cuda_gdn_plan *p, const int32_t *cu_seqlens_host, int n_seq,
+                                          void *stream) {
+    if (!p || !p->h_tables) return qd_cuda_fail(QD_ERR_INVALID_ARG, "gdn_plan: not reserved");
+    const int64_t nch = count_chunks(cu_seqlens_host, n_seq);
+    if (nch < 0) return qd_cuda_fail(QD_ERR_INVALID_ARG, "gdn_plan: bad cu_seqlens");
+    if (nch > p->max_chunks || n_seq > p->max_seqs)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "gdn_plan: batch beyond the reserved chunks or sequences");
+    int32_t *ch = p->h_tables, *sq = p->h_tables + 4 * (size_t)(p->max_chunks ? p->max_chunks : 1);
     int c = 0;
     for (int s = 0; s < n_seq; s++) {
         const int a = cu_seqlens_host[s], z = cu_seqlens_host[s + 1];
@@ -85,27 +122,28 @@ extern "C" qd_status qd_cuda_gdn_plan_create(qd_cuda_gdn_plan *p, int hk, int hv
         }
         sq[4 * s + 2] = c - sq[4 * s + 1];
     }
-    const size_t NCH = (size_t)p->n_chunks * hv; /* pieces of scratch */
-    const size_t wb = NCH * QD_CH * dk_padded(dk) * 2, ub = NCH * QD_CH * dv * 2, gb = NCH * QD_GV * 4,
-                 ab = NCH * QD_CH * QD_CH * 2, kqb = (size_t)p->n_chunks * hk * 2 * QD_CH * dk_padded(dk) * 2;
+    p->n_seq = n_seq;
+    p->n_chunks = (int)nch;
+    p->n_tokens = cu_seqlens_host[n_seq];
     qd_status st;
-    if ((st = qd_cuda_malloc((void **)&p->d_chunks, 16 * (size_t)(nch ? nch : 1))) ||
-        (st = qd_cuda_malloc((void **)&p->d_seqs, 16 * (size_t)n_seq)) ||
-        (NCH && (st = qd_cuda_malloc((void **)&p->d_w, wb))) || (NCH && (st = qd_cuda_malloc((void **)&p->d_u, ub))) ||
-        (NCH && (st = qd_cuda_malloc((void **)&p->d_gc, gb))) ||
-        (NCH && (st = qd_cuda_malloc((void **)&p->d_vnew, ab))) ||
-        (NCH && (st = qd_cuda_malloc((void **)&p->d_h, kqb))) ||
-        (st = qd_cuda_memcpy_h2d(p->d_chunks, ch, 16 * (size_t)nch)) ||
-        (st = qd_cuda_memcpy_h2d(p->d_seqs, sq, 16 * (size_t)n_seq))) {
-        free(ch);
-        free(sq);
-        qd_cuda_gdn_plan_destroy(p);
+    if ((nch && (st = qd_cuda_memcpy_h2d_async(p->d_chunks, ch, 16 * (size_t)nch, stream))) ||
+        (st = qd_cuda_memcpy_h2d_async(p->d_seqs, sq, 16 * (size_t)n_seq, stream)))
         return st;
-    }
-    free(ch);
-    free(sq);
-    p->bytes = 16 * (size_t)(nch ? nch : 1) + 16 * (size_t)n_seq + wb + ub + gb + ab + kqb;
     return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_gdn_plan_create(qd_cuda_gdn_plan *p, int hk, int hv, int dk, int dv,
+                                             const int32_t *cu_seqlens_host, int n_seq) {
+    const int64_t nch = count_chunks(cu_seqlens_host, n_seq);
+    if (nch < 0 || n_seq > 65535) {
+        memset(p, 0, sizeof *p);
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "gdn_plan: bad dimensions or cu_seqlens");
+    }
+    qd_status st = plan_alloc(p, hk, hv, dk, dv, nch, n_seq);
+    if (!st) st = qd_cuda_gdn_plan_set(p, cu_seqlens_host, n_seq, NULL);
+    if (!st) st = qd_cuda_sync(); /* the tables are in place when this returns, as callers expect */
+    if (st) qd_cuda_gdn_plan_destroy(p);
+    return st;
 }
 
 /* Opt a kernel into more than 48 KiB of dynamic shared memory. */

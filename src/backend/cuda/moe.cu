@@ -64,6 +64,6 @@ extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream
     qd_moe_layout(a->n, a->H, a->I, a->E, a->k, (char *)a->d_work, &w);
     cudaStream_t s = (cudaStream_t)stream;
     if (a->n <= QD_MOE_GRAPH_MAX_TOKENS && (int64_t)a->n * a->k <= QD_MOE_DECODE_MAX_PAIRS)
-        return qd_moe_decode(a, &w, s);
+        return qd_moe_decode(a, &w, NULL, 0, s);
     return qd_moe_prefill(a, &w, s);
 }

@@ -22,9 +22,21 @@
  * The down kernel is launched as a programmatic dependent of gate_up: its
  * blocks start while gate_up drains and load their down_proj weights (which
  * do not depend on gate_up), then wait (griddepcontrol.wait) for the
- * activations. */
+ * activations. gate_up waits for its own predecessor before reading the
+ * routing and only then lets down launch, so down may read the routing early
+ * (cuda_pdl.cuh); gate_up itself may be a programmatic dependent (the fused
+ * MoE block launches it right after the router).
+ *
+ * Shared expert (optional, the fused decode block): block rows after the P
+ * pairs run it, one row of blocks per SH_TG tokens (one pass over the weights
+ * each, the rows in parallel: a single row would make n / SH_TG passes in
+ * sequence and become the tail of the kernel); its down blocks count as one
+ * more slot of each (token, row tile), and the block completing a tile adds
+ * sigmoid(gate) * shared + the routed sum. Its weights are known before the
+ * routing, so its blocks load them before waiting. */
 #include <math.h>
 
+#include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/gdn_common.cuh"
 #include "backend/cuda/moe_internal.cuh"
@@ -37,6 +49,8 @@
 #define DN_R (QD_MOE_DN_ROWS / (DN_NT / 32)) /* rows h per warp */
 #define DN_TG 4
 #define DN_U 2           /* 16-byte loads per row per lane: 512 columns a chunk */
+#define SH_TG 4          /* tokens per block row of the shared expert: one pass of either kernel */
+static_assert(SH_TG <= GU_TG && SH_TG <= DN_TG, "a shared-expert block row is one pass");
 
 /* Weights are streamed once per step: 16-byte read-only loads that do not
  * allocate in L1, with a 256-byte L2 prefetch of the rest of the line pair. */
@@ -61,10 +75,12 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* 1 if an earlier pair chose the same expert (that pair's block owns it). */
+/* 1 if an earlier pair chose the same expert (that pair's block owns it).
+ * The routing is read through L2 (ld.cg): the down kernel reads it before its
+ * programmatic wait, from a grid that finished while it was launching. */
 __device__ __forceinline__ int not_owner(const int32_t *__restrict__ sel, int p, int e) {
     int dup = 0;
-    for (int q = threadIdx.x; q < p; q += blockDim.x) dup |= sel[q] == e;
+    for (int q = threadIdx.x; q < p; q += blockDim.x) dup |= __ldcg(sel + q) == e;
     return __syncthreads_or(dup);
 }
 
@@ -75,7 +91,7 @@ __device__ int pairs_of_expert(const int32_t *__restrict__ sel, int p, int P, in
     int m = 0;
     for (int base = p; base < P; base += blockDim.x) {
         const int q = base + threadIdx.x;
-        const bool hit = q < P && sel[q] == e;
+        const bool hit = q < P && __ldcg(sel + q) == e;
         const unsigned bal = __ballot_sync(0xffffffffu, hit);
         if (lane == 0) wcnt[warp] = __popc(bal);
         __syncthreads();
@@ -91,43 +107,80 @@ __device__ int pairs_of_expert(const int32_t *__restrict__ sel, int p, int P, in
     return m;
 }
 
+/* The tokens of shared-expert block row g: SH_TG of the n, from g * SH_TG. */
+__device__ __forceinline__ int group_tokens(int n, int g, int *list) {
+    const int m = min(SH_TG, n - g * SH_TG);
+    if (threadIdx.x < m) list[threadIdx.x] = g * SH_TG + threadIdx.x;
+    __syncthreads();
+    return m;
+}
+
 __global__ void __launch_bounds__(GU_NT, 4)
-moe_gate_up_decode(const uint16_t *__restrict__ x, const int32_t *__restrict__ sel,
-                   const uint16_t *__restrict__ gate_up, float *__restrict__ act, int32_t *__restrict__ counters,
-                   int n_ctr, int P, int H, int I, int E, int k) {
+moe_gate_up_decode(const uint16_t *__restrict__ x, const int32_t *sel, const uint16_t *__restrict__ gate_up,
+                   float *__restrict__ act, int32_t *__restrict__ counters, int n_ctr, int P, int H, int I, int E,
+                   int k, const uint16_t *__restrict__ sh_gate_up, int Is, float *__restrict__ sh_act) {
     extern __shared__ uint4 xs[]; /* [GU_TG][H / 8] the pass's token rows, bf16 */
     __shared__ int list[QD_MOE_DECODE_MAX_PAIRS];
     __shared__ int wcnt[GU_WARPS];
     const int p = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int i = blockIdx.x * GU_WARPS + warp; /* I % 8 == 0: every warp has a row */
-    /* The down kernel may start now: it only reads sel and its weights until it waits. */
-    asm volatile("griddepcontrol.launch_dependents;");
-    if (blockIdx.x == 0 && p % k == 0)
-        for (int c = tid; c < n_ctr; c += GU_NT) counters[(size_t)(p / k) * n_ctr + c] = 0;
-    const int e = sel[p];
-    if (not_owner(sel, p, e)) return;
-    const bool ok = e >= 0 && e < E; /* an id out of range gives zeros */
+    const int i = blockIdx.x * GU_WARPS + warp; /* I, Is % 8 == 0: a block's warps all have rows or none */
+    const bool shared = p >= P;                 /* the block rows after the pairs (only with sh_gate_up) */
+    const int rows = shared ? Is : I;
     const int H8 = H >> 3;
-    const uint4 *wg = (const uint4 *)(gate_up + ((size_t)(ok ? e : 0) * 2 * I + i) * H);
-    const uint4 *wu = wg + (size_t)I * H8;
     const int nch = (H8 + 32 * GU_U - 1) / (32 * GU_U);
+    const uint4 *wg = NULL, *wu = NULL;
+    bool ok = false;
     uint4 g[GU_U], u[GU_U];
-    /* First chunk of weights before anything else: the long-latency traffic. */
 #pragma unroll
-    for (int uu = 0; uu < GU_U; uu++) {
-        const int b = uu * 32 + lane;
-        const bool in = ok && b < H8;
-        g[uu] = in ? ld_weights(wg + b) : make_uint4(0, 0, 0, 0);
-        u[uu] = in ? ld_weights(wu + b) : make_uint4(0, 0, 0, 0);
+    for (int uu = 0; uu < GU_U; uu++) g[uu] = u[uu] = make_uint4(0, 0, 0, 0);
+    /* The first chunk of weights before anything else: the long-latency traffic.
+     * The shared expert's are known before the routing, so before the wait. */
+    if (shared && blockIdx.x * GU_WARPS < Is) {
+        ok = true;
+        wg = (const uint4 *)(sh_gate_up + (size_t)i * H);
+        wu = wg + (size_t)Is * H8;
+#pragma unroll
+        for (int uu = 0; uu < GU_U; uu++) {
+            const int b = uu * 32 + lane;
+            if (b < H8) {
+                g[uu] = ld_weights(wg + b);
+                u[uu] = ld_weights(wu + b);
+            }
+        }
     }
-    const int m = pairs_of_expert(sel, p, P, e, list, wcnt);
+    qd_pdl_wait();
+    /* The down kernel may start now: it only reads the routing and its weights until it waits. */
+    qd_pdl_trigger();
+    if (blockIdx.x == 0 && !shared && p % k == 0)
+        for (int c = tid; c < n_ctr; c += GU_NT) counters[(size_t)(p / k) * n_ctr + c] = 0;
+    if (blockIdx.x * GU_WARPS >= rows) return; /* the grid covers the wider of I and Is */
+    int m;
+    if (shared) {
+        m = group_tokens(P / k, p - P, list);
+    } else {
+        const int e = __ldcg(sel + p);
+        if (not_owner(sel, p, e)) return;
+        ok = e >= 0 && e < E; /* an id out of range gives zeros */
+        wg = (const uint4 *)(gate_up + ((size_t)(ok ? e : 0) * 2 * I + i) * H);
+        wu = wg + (size_t)I * H8;
+#pragma unroll
+        for (int uu = 0; uu < GU_U; uu++) {
+            const int b = uu * 32 + lane;
+            const bool in = ok && b < H8;
+            g[uu] = in ? ld_weights(wg + b) : make_uint4(0, 0, 0, 0);
+            u[uu] = in ? ld_weights(wu + b) : make_uint4(0, 0, 0, 0);
+        }
+        m = pairs_of_expert(sel, p, P, e, list, wcnt);
+    }
+    const int kd = shared ? 1 : k;              /* list entries: tokens, or pairs t * k + j */
+    float *const ap = shared ? sh_act : act;    /* [list entry][rows] */
     const uint4 *x4 = (const uint4 *)x;
     for (int g0 = 0; g0 < m; g0 += GU_TG) {
         const int gs = min(GU_TG, m - g0);
         if (g0) __syncthreads(); /* the previous pass is done with xs */
         for (int c = tid; c < gs * H8; c += GU_NT) {
             const int tt = c / H8, b = c - tt * H8;
-            xs[c] = __ldg(x4 + (size_t)(list[g0 + tt] / k) * H8 + b);
+            xs[c] = __ldcg(x4 + (size_t)(list[g0 + tt] / kd) * H8 + b); /* L2: see cuda_pdl.cuh */
         }
         __syncthreads();
         float ag[GU_TG], au[GU_TG];
@@ -169,27 +222,35 @@ moe_gate_up_decode(const uint16_t *__restrict__ x, const int32_t *__restrict__ s
         for (int tt = 0; tt < GU_TG; tt++) {
             if (tt < gs) {
                 const float sg = warp_sum(ag[tt]), su = warp_sum(au[tt]);
-                if (lane == 0) act[(size_t)list[g0 + tt] * I + i] = sg / (1.0f + expf(-sg)) * su;
+                if (lane == 0) ap[(size_t)list[g0 + tt] * rows + i] = sg / (1.0f + expf(-sg)) * su;
             }
         }
     }
 }
 
 __global__ void __launch_bounds__(DN_NT, 4)
-moe_down_decode(const int32_t *__restrict__ sel, const float *__restrict__ wts, const uint16_t *__restrict__ down,
+moe_down_decode(const int32_t *sel, const float *wts, const uint16_t *__restrict__ down,
                 const float *act, float *out, int32_t *counters, float *__restrict__ y, int n_ctr, int P, int H,
-                int I, int E, int k) {
-    extern __shared__ float4 as4[]; /* [DN_TG][I / 4] the pass's activations */
+                int I, int E, int k, const uint16_t *__restrict__ sh_down, int Is, const float *sh_act,
+                float *sh_out, const float *sh_gate, int64_t sh_gate_ld) {
+    extern __shared__ float4 as4[]; /* [DN_TG][max(I, Is) / 4] the pass's activations */
     __shared__ int list[QD_MOE_DECODE_MAX_PAIRS];
     __shared__ int wcnt[DN_NT / 32];
     __shared__ int last[DN_TG];
     const int p = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int e = sel[p];
-    if (not_owner(sel, p, e)) return;
-    const bool ok = e >= 0 && e < E;
-    const int I8 = I >> 3, I4 = I >> 2;
+    const bool shared = p >= P;             /* only with sh_down */
+    const int nslot = k + (sh_down ? 1 : 0); /* completions per (token, row tile) */
+    int e = 0;
+    if (!shared) {
+        e = __ldcg(sel + p);
+        if (not_owner(sel, p, e)) return;
+    }
+    const bool ok = shared || (e >= 0 && e < E);
+    const int Ir = shared ? Is : I;
+    const int I8 = Ir >> 3, I4 = Ir >> 2;
     const int h0 = blockIdx.x * QD_MOE_DN_ROWS + warp * DN_R;
-    const uint4 *wd = (const uint4 *)(down + ((size_t)(ok ? e : 0) * H + h0) * I);
+    const uint4 *wd = shared ? (const uint4 *)(sh_down + (size_t)h0 * Is)
+                             : (const uint4 *)(down + ((size_t)(ok ? e : 0) * H + h0) * I);
     const int nch = (I8 + 32 * DN_U - 1) / (32 * DN_U);
     uint4 w[DN_R][DN_U];
 #pragma unroll
@@ -200,15 +261,18 @@ moe_down_decode(const int32_t *__restrict__ sel, const float *__restrict__ wts, 
             const bool in = ok && h0 + r < H && b < I8;
             w[r][uu] = in ? ld_weights(wd + (size_t)r * I8 + b) : make_uint4(0, 0, 0, 0);
         }
-    const int m = pairs_of_expert(sel, p, P, e, list, wcnt);
+    const int m = shared ? group_tokens(P / k, p - P, list) : pairs_of_expert(sel, p, P, e, list, wcnt);
     /* From here on the activations of gate_up are needed (and the counters it reset). */
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    qd_pdl_wait();
+    const int kd = shared ? 1 : k;           /* list entries: tokens, or pairs t * k + j */
+    const float *const ap = shared ? sh_act : act;
+    float *const op = shared ? sh_out : out;
     for (int g0 = 0; g0 < m; g0 += DN_TG) {
         const int gs = min(DN_TG, m - g0);
         if (g0) __syncthreads();
         for (int c = tid; c < gs * I4; c += DN_NT) {
             const int tt = c / I4, b = c - tt * I4;
-            as4[c] = __ldcg((const float4 *)(act + (size_t)list[g0 + tt] * I) + b);
+            as4[c] = __ldcg((const float4 *)(ap + (size_t)list[g0 + tt] * Ir) + b);
         }
         __syncthreads();
         float acc[DN_R][DN_TG];
@@ -255,68 +319,60 @@ moe_down_decode(const int32_t *__restrict__ sel, const float *__restrict__ wts, 
 #pragma unroll
                 for (int r = 0; r < DN_R; r++) {
                     const float v = warp_sum(acc[r][tt]);
-                    if (lane == 0 && h0 + r < H) out[q * H + h0 + r] = v;
+                    if (lane == 0 && h0 + r < H) op[q * H + h0 + r] = v;
                 }
             }
         }
         /* Publish this pass's outputs, then count them in; the block that
-         * brings a (token, row tile) to k adds the token's k slots into y. */
+         * brings a (token, row tile) to nslot adds the token's slots into y. */
         __threadfence();
         __syncthreads();
         if (tid < gs) {
-            const int t = list[g0 + tid] / k;
-            last[tid] = atomicAdd(&counters[(size_t)t * n_ctr + blockIdx.x], 1) == k - 1;
+            const int t = list[g0 + tid] / kd;
+            last[tid] = atomicAdd(&counters[(size_t)t * n_ctr + blockIdx.x], 1) == nslot - 1;
         }
         __syncthreads();
         if (tid < gs * QD_MOE_DN_ROWS) {
             const int tt = tid / QD_MOE_DN_ROWS, h = blockIdx.x * QD_MOE_DN_ROWS + tid % QD_MOE_DN_ROWS;
             if (last[tt] && h < H) {
                 __threadfence();
-                const size_t t = (size_t)(list[g0 + tt] / k);
+                const size_t t = (size_t)(list[g0 + tt] / kd);
                 float s = 0.0f;
-                for (int j = 0; j < k; j++) s = fmaf(wts[t * k + j], __ldcg(out + (t * k + j) * H + h), s);
-                y[t * H + h] += s;
+                for (int j = 0; j < k; j++) s = fmaf(__ldcg(wts + t * k + j), __ldcg(out + (t * k + j) * H + h), s);
+                if (sh_down) { /* as the unfused path: sigmoid(gate) * shared, then the routed sum */
+                    const float sg = __ldcg(sh_gate + t * sh_gate_ld);
+                    s = __fmul_rn(1.0f / (1.0f + expf(-sg)), __ldcg(sh_out + t * H + h)) + s;
+                }
+                y[t * H + h] = __ldcg(y + t * H + h) + s;
             }
         }
     }
 }
 
-qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s) {
+qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh, int pdl,
+                        cudaStream_t s) {
     const int P = a->n * a->k;
     const int n_ctr = (a->H + QD_MOE_DN_ROWS - 1) / QD_MOE_DN_ROWS;
+    const int has_sh = sh && sh->gate_up;
+    const int Is = has_sh ? sh->I : 0, Imax = a->I > Is ? a->I : Is;
     const int tg = P < GU_TG ? P : GU_TG, dg = P < DN_TG ? P : DN_TG;
-    const size_t gu_smem = (size_t)tg * a->H * 2, dn_smem = (size_t)dg * a->I * 4;
+    const size_t gu_smem = (size_t)tg * a->H * 2, dn_smem = (size_t)dg * Imax * 4;
     if (gu_smem > 48 * 1024)
         QD_CUDA_TRY(cudaFuncSetAttribute(moe_gate_up_decode, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)gu_smem));
     if (dn_smem > 48 * 1024)
         QD_CUDA_TRY(cudaFuncSetAttribute(moe_down_decode, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)dn_smem));
-    moe_gate_up_decode<<<dim3((unsigned)(a->I / GU_WARPS), (unsigned)P), GU_NT, gu_smem, s>>>(
-        a->d_x, a->d_sel, a->d_gate_up, w->act, w->counters, n_ctr, P, a->H, a->I, a->E, a->k);
-    QD_CUDA_CHECK_LAUNCH("moe_gate_up_decode");
-
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)n_ctr, (unsigned)P);
-    cfg.blockDim = dim3(DN_NT);
-    cfg.dynamicSmemBytes = dn_smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    const float *act = w->act;
-    cudaError_t err = cudaLaunchKernelEx(&cfg, moe_down_decode, a->d_sel, a->d_w, a->d_down, act, w->out,
-                                         w->counters, a->d_y, n_ctr, P, a->H, a->I, a->E, a->k);
-    if (err != cudaSuccess) {
-        /* No programmatic launch here (the kernel's wait is then a no-op): plain stream order. */
-        (void)cudaGetLastError();
-        cfg.numAttrs = 0;
-        err = cudaLaunchKernelEx(&cfg, moe_down_decode, a->d_sel, a->d_w, a->d_down, act, w->out, w->counters,
-                                 a->d_y, n_ctr, P, a->H, a->I, a->E, a->k);
-    }
-    QD_CUDA_TRY(err);
-    QD_CUDA_CHECK_LAUNCH("moe_down_decode");
-    return QD_OK;
+    const int sh_rows = has_sh ? (a->n + SH_TG - 1) / SH_TG : 0;
+    const dim3 grid_gu((unsigned)(Imax / GU_WARPS), (unsigned)(P + sh_rows)), grid_dn((unsigned)n_ctr, (unsigned)(P + sh_rows));
+    qd_status st = qd_launch_pdl(pdl, moe_gate_up_decode, grid_gu, dim3(GU_NT), gu_smem, s, a->d_x, a->d_sel,
+                                 a->d_gate_up, w->act, w->counters, n_ctr, P, a->H, a->I, a->E, a->k,
+                                 has_sh ? sh->gate_up : (const uint16_t *)NULL, Is,
+                                 has_sh ? sh->act : (float *)NULL);
+    if (st) return st;
+    return qd_launch_pdl(1, moe_down_decode, grid_dn, dim3(DN_NT), dn_smem, s, a->d_sel, a->d_w, a->d_down,
+                         (const float *)w->act, w->out, w->counters, a->d_y, n_ctr, P, a->H, a->I, a->E, a->k,
+                         has_sh ? sh->down : (const uint16_t *)NULL, Is, has_sh ? (const float *)sh->act : (const float *)NULL,
+                         has_sh ? sh->out : (float *)NULL, has_sh ? sh->gate : (const float *)NULL,
+                         has_sh ? sh->gate_ld : (int64_t)0);
 }

@@ -43,7 +43,23 @@ static inline int qd_moe_max_tiles(int64_t P, int E) {
 /* Bytes of the layout for n tokens; fills *w from base when w is not NULL. */
 size_t qd_moe_layout(int n, int H, int I, int E, int k, char *base, qd_moe_work *w);
 
-qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
+/* The shared expert run by the decode kernels (the fused MoE block): gate_up NULL
+ * for none. y += sigmoid(gate[t * gate_ld]) * down(silu(gate_up x)) with the
+ * routed experts. */
+typedef struct qd_moe_shared {
+    const uint16_t *gate_up; /* [2 I][H] bf16 */
+    const uint16_t *down;    /* [H][I] bf16 */
+    int I;                   /* multiple of 8 */
+    float *act;              /* [n][I] scratch */
+    float *out;              /* [n][H] scratch */
+    const float *gate;       /* the gate logit of token t at gate[t * gate_ld] */
+    int64_t gate_ld;
+} qd_moe_shared;
+
+/* pdl: launch gate_up as a programmatic dependent of the previous kernel (it
+ * waits before reading the routing). */
+qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh, int pdl,
+                        cudaStream_t s);
 qd_status qd_moe_prefill(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
 
 #endif

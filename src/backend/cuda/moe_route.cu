@@ -1,16 +1,9 @@
-/* MoE router (spec 6.2): per token, softmax over the E logits in fp32, top-k
- * highest first with ties to the lower expert index, optional renormalisation.
- *
- * One warp per token: lane l holds the probabilities of experts l, l+32, ...
- * in registers (V of them, E <= 32 V). The top-k is k rounds of a warp argmax
- * whose comparison (higher value, then lower index) is a total order, so the
- * winner does not depend on the shuffle pattern. The selection compares the
- * normalised probabilities, as the CPU reference does, and the renormalising
- * sum adds them in slot order, as it does. */
-#include <math.h>
-
+/* MoE router (spec 6.2) over precomputed logits: one warp per token runs the
+ * routing of moe_route.cuh (softmax in fp32, top-k with ties to the lower
+ * expert index, optional renormalisation). */
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/moe_internal.cuh"
+#include "backend/cuda/moe_route.cuh"
 
 #define RT_WARPS 4 /* tokens per block */
 
@@ -18,68 +11,9 @@ template <int V>
 __global__ void __launch_bounds__(RT_WARPS * 32)
 moe_route_kernel(const float *__restrict__ logits, int64_t ld, int n, int E, int k, int renorm, int32_t *__restrict__ sel,
                  float *__restrict__ w) {
-    const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * RT_WARPS + (threadIdx.x >> 5);
     if (t >= n) return;
-    const float *l = logits + (size_t)t * ld;
-    float v[V];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < V; i++) {
-        const int e = lane + 32 * i;
-        v[i] = e < E ? l[e] : -INFINITY;
-        mx = fmaxf(mx, v[i]);
-    }
-#pragma unroll
-    for (int off = 16; off; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < V; i++) {
-        v[i] = lane + 32 * i < E ? expf(v[i] - mx) : 0.0f;
-        sum += v[i];
-    }
-#pragma unroll
-    for (int off = 16; off; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    /* Probabilities are >= 0, so -1 marks "not selectable" (padding, taken). */
-#pragma unroll
-    for (int i = 0; i < V; i++) v[i] = lane + 32 * i < E ? v[i] / sum : -1.0f;
-
-    int my_sel = 0;
-    float my_w = 0.0f, wsum = 0.0f;
-    for (int j = 0; j < k; j++) {
-        float bv = -2.0f;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < V; i++) /* increasing index: strict > keeps the lower one on ties */
-            if (v[i] > bv) {
-                bv = v[i];
-                bi = lane + 32 * i;
-            }
-#pragma unroll
-        for (int off = 16; off; off >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        /* Non-finite logits can leave nothing comparable: keep the id in range. */
-        if (bi >= E) bi = 0;
-#pragma unroll
-        for (int i = 0; i < V; i++)
-            if (lane + 32 * i == bi) v[i] = -1.0f;
-        if (lane == j) {
-            my_sel = bi;
-            my_w = bv;
-        }
-        wsum += bv;
-    }
-    if (renorm) my_w /= wsum;
-    if (lane < k) {
-        sel[(size_t)t * k + lane] = my_sel;
-        w[(size_t)t * k + lane] = my_w;
-    }
+    qd_moe_route_warp<V>(logits + (size_t)t * ld, E, k, renorm, sel + (size_t)t * k, w + (size_t)t * k);
 }
 
 extern "C" qd_status qd_cuda_moe_route(const float *d_logits, int64_t ld, int n, int E, int k, int renorm, int32_t *d_sel,

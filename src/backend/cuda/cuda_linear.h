@@ -1,0 +1,70 @@
+/* Projections whose input is made on the fly: y (+)= W . x where the bf16 rows x
+ * come from an RMSNorm of the residual, the GDN gated norm, or the SwiGLU of a
+ * gate|up product. At decode sizes the GEMV kernel builds x itself (each block
+ * recomputes it into shared memory from inputs that are a few KiB per row), so a
+ * norm or activation costs no launch of its own; larger shapes materialise x into
+ * a scratch and run the plain product. The choice is a table on the shape
+ * (gemv_fused.cu), the same for every caller. */
+#ifndef QD_CUDA_LINEAR_H
+#define QD_CUDA_LINEAR_H
+
+#include <stdint.h>
+
+#include "backend/cuda/cuda_ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum qd_cuda_lin_kind {
+    QD_LIN_BF16 = 0,    /* x given: bf16 rows at stride ldx */
+    QD_LIN_RMSNORM = 1, /* x = bf16(h * rsqrt(mean(h^2) + eps) * (1 + w)), h fp32 rows of cols (contiguous);
+                         * row i of x reads h row rows[i] (rows NULL: i) */
+    QD_LIN_GATED = 2,   /* per head of dv: x = bf16(rmsnorm(o) * w * silu(z)), o bf16 [n][cols] contiguous,
+                         * z fp32 rows at stride ldz, w [dv] (plain weight, eps inside the norm) */
+    QD_LIN_SILU = 3,    /* x = bf16(silu(gu[c]) * gu[cols + c]), gu fp32 rows of 2 cols (gate | up) */
+} qd_cuda_lin_kind;
+
+typedef struct qd_cuda_lin_in {
+    int kind;
+    const uint16_t *x;
+    int64_t ldx;          /* BF16 */
+    const float *h;
+    const int32_t *rows;  /* RMSNORM */
+    const float *w;
+    float eps;            /* RMSNORM, GATED */
+    const uint16_t *o;
+    const float *z;
+    int64_t ldz;
+    int dv;               /* GATED */
+    const float *gu;      /* SILU */
+} qd_cuda_lin_in;
+
+/* One product of the call: W [rows][cols] bf16 into y, n rows at stride ldy (fp32). */
+typedef struct qd_cuda_lin_out {
+    const uint16_t *W;
+    int64_t rows;
+    float *y;
+    int64_t ldy;
+} qd_cuda_lin_out;
+
+#define QD_LIN_MAX_OUT 3
+
+/* y_j = W_j . x (accumulate 0) or y_j += W_j . x (accumulate 1) for the n_out <= 3
+ * products sharing the input x of n rows of cols. scratch: bf16 [n][cols], used when
+ * the table materialises x (NULL only for QD_LIN_BF16). A decode-sized call (n <= 8)
+ * is one launch for all n_out products, a programmatic dependent of the previous
+ * kernel (cuda_pdl.cuh): its first weight loads overlap that kernel's tail. */
+qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out,
+                         int n_out, int accumulate, uint16_t *scratch, void *stream);
+
+/* Internal to gemm.cu: the GEMV kernel on a given bf16 x (n <= 8, cols and ldx
+ * multiples of 8, 16-byte aligned W and x). */
+qd_status qd_cuda_gemv_bf16(const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x, int64_t ldx, int n,
+                            float *d_y, int64_t ldy, int accumulate, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,60 @@
+/* Programmatic dependent launch (PDL, sm_90): a kernel launched with
+ * qd_launch_pdl may start while the previous kernel on the stream drains, so its
+ * prologue (weight or state loads that no earlier kernel writes) overlaps the
+ * previous tail and the launch gap; it then waits (qd_pdl_wait) before touching
+ * anything an earlier kernel produces or consumes. Works inside CUDA graphs
+ * (the edge becomes a programmatic one).
+ *
+ * The rule every PDL kernel here keeps: before qd_pdl_wait it only reads data
+ * that no kernel of the current step writes (weights, or state last written a
+ * step ago: each step starts with a plain launch), and it writes nothing. Then a
+ * chain A -> B -> C is safe even though C may start before A ends: C's wait
+ * returns only after B completed, and B completed only after its own wait saw A
+ * complete. qd_pdl_trigger lets the next kernel launch; kernels call it after
+ * their wait, so a dependent that reads something early (the MoE down kernel
+ * reads the routing before its wait) sees it complete. */
+#ifndef QD_CUDA_PDL_CUH
+#define QD_CUDA_PDL_CUH
+
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_util.h"
+
+__device__ __forceinline__ void qd_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void qd_pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Launches kernel<<<grid, block, smem, s>>>(args...) as a programmatic dependent
+ * of the stream's previous kernel when pdl is set; where the device or driver
+ * refuses the attribute, as a plain launch (the kernel's wait is then a no-op). */
+template <typename... KArgs, typename... Args>
+static qd_status qd_launch_pdl(int pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                               Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+    if (e != cudaSuccess && pdl) {
+        (void)cudaGetLastError();
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+    }
+    return qd_cuda_status(e, "cudaLaunchKernelEx");
+}
+
+#endif

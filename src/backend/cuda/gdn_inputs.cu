@@ -1,0 +1,132 @@
+/* The inputs of the GDN delta rule from the layer's projection, in one pass per
+ * row (cuda_ops.h, qd_cuda_gdn_inputs): causal conv1d + SiLU over the ragged
+ * batch with per-slot state, the per-head L2 norm of q and k, bf16 q/k/v, and
+ * the gates. One launch instead of a conv kernel writing an fp32 intermediate
+ * and a prep kernel reading it back: at one token per sequence both are a few
+ * microseconds of latency and almost no bytes.
+ *
+ * Blocks (row, part): the GI_PARTS parts of a row split its q and k heads (a
+ * warp per head, whose lanes keep the head's conv outputs in registers for the
+ * norm), its v channels and its gates, so that a decode step still spreads over
+ * several SMs. Each conv output is summed over the window in tap order, as the
+ * CPU does. */
+#include <math.h>
+
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/gdn_common.cuh"
+
+#define GI_PARTS 8
+#define GI_NT 256
+#define GI_MAX_DK 256 /* a head's conv outputs: dk / 32 registers per lane */
+
+__device__ __forceinline__ float gi_silu(float x) { return x / (1.f + expf(-x)); }
+__device__ __forceinline__ float gi_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+/* silu(conv) of channel c at position t of a span starting at row0: the window
+ * reaches back K-1 inputs, into the state where the span has not supplied them.
+ * shift: the span is this one row and this thread its channel's only reader, so
+ * it moves the state on by one input itself. */
+__device__ __forceinline__ float gi_conv(const float *x, int64_t xs, const float *__restrict__ w,
+                                         float *st, int K, int row0, int t, int c, bool shift) {
+    float acc = 0.f;
+    for (int j = 0; j < K; j++) {
+        const int src = t - (K - 1) + j; /* position within the span; < 0 reads the state */
+        const float v = src >= 0 ? __ldcg(x + (size_t)(row0 + src) * xs + c) : __ldcg(st + (K - 1) + src);
+        acc = fmaf(w[(size_t)c * K + j], v, acc);
+    }
+    if (shift && K > 1) {
+        for (int j = 0; j + 1 < K - 1; j++) st[j] = __ldcg(st + j + 1);
+        st[K - 2] = __ldcg(x + (size_t)(row0 + t) * xs + c);
+    }
+    return gi_silu(acc);
+}
+
+__global__ void __launch_bounds__(GI_NT)
+gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t xs, const float *a,
+                  const float *b, int64_t abs_, const float *__restrict__ w,
+                  const float *__restrict__ A_log, const float *__restrict__ dt_bias, float *state,
+                  const int32_t *spans, const int32_t *row_span, uint16_t *__restrict__ q,
+                  uint16_t *__restrict__ k, uint16_t *__restrict__ v, float *__restrict__ g,
+                  float *__restrict__ beta, int shift) {
+    qd_pdl_wait(); /* the projection comes from the previous kernel */
+    qd_pdl_trigger();
+    const int r = blockIdx.x, part = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int key_dim = hk * dk, value_dim = hv * dv, C = 2 * key_dim + value_dim;
+    /* activations and state through L2 (ld.cg): the previous kernel may have run beside this one */
+    const int32_t *sp = spans + 4 * __ldcg(row_span + r);
+    const int row0 = __ldcg(sp), t = r - row0;
+    float *st = state + (size_t)__ldcg(sp + 3) * C * (K - 1);
+    const float qscale = rsqrtf((float)dk);
+    const int tid = part * GI_NT + threadIdx.x, nthreads = GI_PARTS * GI_NT;
+    for (int hh = part * (GI_NT / 32) + warp; hh < 2 * hk; hh += GI_PARTS * (GI_NT / 32)) {
+        float val[GI_MAX_DK / 32];
+        float ss = 0.f;
+#pragma unroll
+        for (int m = 0; m < GI_MAX_DK / 32; m++) {
+            const int i = lane + 32 * m;
+            val[m] = 0.f;
+            if (i < dk) {
+                const int c = hh * dk + i; /* q heads then k heads */
+                val[m] = gi_conv(x, xs, w, st + (size_t)c * (K - 1), K, row0, t, c, shift);
+                ss += val[m] * val[m];
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float inv = 1.f / sqrtf(ss + 1e-6f);
+        const float sc = hh < hk ? inv * qscale : inv;
+        uint16_t *dst = hh < hk ? q + (size_t)r * key_dim + (size_t)hh * dk : k + (size_t)r * key_dim + (size_t)(hh - hk) * dk;
+#pragma unroll
+        for (int m = 0; m < GI_MAX_DK / 32; m++)
+            if (lane + 32 * m < dk) dst[lane + 32 * m] = qd_f2bf(val[m] * sc);
+    }
+    for (int i = tid; i < value_dim; i += nthreads) {
+        const int c = 2 * key_dim + i;
+        v[(size_t)r * value_dim + i] = qd_f2bf(gi_conv(x, xs, w, st + (size_t)c * (K - 1), K, row0, t, c, shift));
+    }
+    for (int h = tid; h < hv; h += nthreads) {
+        const float xa = __ldcg(a + (size_t)r * abs_ + h) + dt_bias[h];
+        const float spl = xa > 20.f ? xa : log1pf(expf(xa)); /* softplus, as torch (threshold 20) */
+        g[(size_t)r * hv + h] = -expf(A_log[h]) * spl;
+        beta[(size_t)r * hv + h] = gi_sigmoid(__ldcg(b + (size_t)r * abs_ + h));
+    }
+}
+
+/* Spans of several rows: after the outputs, each (span, channel) keeps the last
+ * K-1 inputs of [state | x]. */
+__global__ void gdn_conv_state_kernel(int n_spans, int C, int K, const float *__restrict__ x, int64_t xs,
+                                      float *__restrict__ state, const int32_t *__restrict__ spans) {
+    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)n_spans * C) return;
+    const int s = (int)(idx / C), c = (int)(idx % C);
+    const int row0 = spans[4 * s], T = spans[4 * s + 1], slot = spans[4 * s + 3];
+    float *st = state + ((size_t)slot * C + c) * (K - 1);
+    float keep[16];
+    for (int j = 0; j < K - 1; j++) {
+        const int src = T - (K - 1) + j;
+        keep[j] = src >= 0 ? x[(size_t)(row0 + src) * xs + c] : st[(K - 1) + src];
+    }
+    for (int j = 0; j < K - 1; j++) st[j] = keep[j];
+}
+
+extern "C" qd_status qd_cuda_gdn_inputs(const qd_cuda_gdn_in_args *a, void *stream) {
+    if (a->K < 1 || a->K > 17) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "gdn_inputs: conv kernel size must be 1..17");
+    if (a->dk < 1 || a->dk > GI_MAX_DK || a->hk < 1 || a->hv < 1 || a->dv < 1)
+        return qd_cuda_fail(QD_ERR_UNSUPPORTED, "gdn_inputs: key head dim must be 1..256");
+    if (a->n <= 0) return QD_OK;
+    cudaStream_t st = (cudaStream_t)stream;
+    qd_status s = qd_launch_pdl(1, gdn_inputs_kernel, dim3((unsigned)a->n, GI_PARTS), dim3(GI_NT), 0, st, a->hk,
+                                a->hv, a->dk, a->dv, a->K, a->d_x, a->x_stride, a->d_a, a->d_b, a->ab_stride, a->d_w,
+                                a->d_A_log, a->d_dt_bias, a->d_state, a->d_spans, a->d_row_span, a->d_q, a->d_k,
+                                a->d_v, a->d_g, a->d_beta, a->decode_only ? 1 : 0);
+    if (s) return s;
+    if (a->K > 1 && !a->decode_only) {
+        const int C = 2 * a->hk * a->dk + a->hv * a->dv;
+        const int64_t n2 = (int64_t)a->n_spans * C;
+        gdn_conv_state_kernel<<<(unsigned)((n2 + 255) / 256), 256, 0, st>>>(a->n_spans, C, a->K, a->d_x, a->x_stride,
+                                                                           a->d_state, a->d_spans);
+        QD_CUDA_CHECK_LAUNCH("gdn_conv_state");
+    }
+    return QD_OK;
+}

@@ -1,0 +1,469 @@
+/* The GEMV of decode-sized products (n <= 8 rows of x) with its input made in the
+ * kernel (cuda_linear.h).
+ *
+ * A product this small is bound by reading W once. Each block first builds the n
+ * rows of x in shared memory from the layer's inputs (an RMSNorm of the residual,
+ * the GDN gated norm, or SwiGLU; plain bf16 x is read in place), then its warps
+ * stream weight rows: a group of G warps per row (each warp every G-th run of
+ * 32 * FG_U 16-byte pieces, FG_U per lane in flight), one sum per row of x. The
+ * grid is one wave (blocks resident at once), each group taking rows at a grid
+ * stride, so the prologue is paid once per block, not once per row tile. G is
+ * chosen per matrix (fg_pick_group) so that the rows divide evenly over the
+ * groups of the wave: with a warp per row, a matrix of 5120 rows over 4224 warps
+ * would leave the wave idle for most of its second round. Up to three matrices
+ * that share x (attention q, k, v) are one launch: their rows are concatenated.
+ *
+ * Launched as a programmatic dependent (cuda_pdl.cuh): each warp loads the first
+ * piece of its first weight row, then waits for the previous kernel.
+ *
+ * A row's dot product is summed the same way whatever n is (each lane takes its
+ * pieces in order, then a fixed shuffle tree, then the G warps in order; G
+ * depends on the matrix and the SM count only), and x is built per row
+ * independently of n, so a token's outputs do not depend on what else is in the
+ * batch. */
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/gdn_common.cuh"
+
+#define FG_WARPS 16
+#define FG_NT (FG_WARPS * 32)
+#define FG_U 4                    /* 16-byte weight loads per lane in flight: 2 KiB per warp */
+#define FG_MAX_N 8                /* above this, cuBLAS tiles beat the GEMV */
+#define FG_SMEM_MAX (100 * 1024)  /* x in shared memory: two blocks still fit an SM */
+
+struct fg_params {
+    int kind, n_out, accumulate, dv;
+    int G;        /* warps per row: 1, 2, 4, 8 or 16 */
+    int x_global; /* plain x read in place (too large for shared memory) */
+    int64_t cols, ldx, ldz;
+    const uint16_t *x;
+    const float *h;
+    const int32_t *rows;
+    const float *w;
+    float eps;
+    const uint16_t *o;
+    const float *z;
+    const float *gu;
+    const uint16_t *W[QD_LIN_MAX_OUT];
+    int64_t end[QD_LIN_MAX_OUT]; /* cumulative row counts of the products */
+    float *y[QD_LIN_MAX_OUT];
+    int64_t ldy[QD_LIN_MAX_OUT];
+};
+
+__device__ __forceinline__ void fg_bf16x8(uint4 v, float *f) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ uint4 fg_pack8(const float *f) {
+    return make_uint4(qd_pack_bf2(f[0], f[1]), qd_pack_bf2(f[2], f[3]), qd_pack_bf2(f[4], f[5]),
+                      qd_pack_bf2(f[6], f[7]));
+}
+
+__device__ __forceinline__ float fg_silu(float x) { return x / (1.f + expf(-x)); }
+
+__device__ __forceinline__ float fg_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Named barrier of the count threads (whole warps) of one row group; ids from 1
+ * (0 is __syncthreads). */
+__device__ __forceinline__ void fg_bar(int id, int count) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+/* The product that concatenated row r belongs to. */
+__device__ __forceinline__ int fg_seg(const fg_params &p, int64_t r) {
+    int s = 0;
+    while (s + 1 < p.n_out && r >= p.end[s]) s++;
+    return s;
+}
+
+/* x[t] = bf16(h[t] * inv_t * (1 + w)): a block reduction per row (each thread's
+ * columns are fixed, so the sum order does not depend on n). */
+template <int N>
+__device__ void fg_rmsnorm(const fg_params &p, uint4 *xs) {
+    __shared__ float red[FG_WARPS][N];
+    __shared__ float inv[N];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t C4 = p.cols / 4, C8 = p.cols / 8;
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        const float4 *hr = (const float4 *)(p.h + (size_t)(p.rows ? __ldcg(p.rows + t) : t) * p.cols);
+        float s = 0.f;
+        for (int64_t c = tid; c < C4; c += FG_NT) {
+            const float4 v = __ldcg(hr + c);
+            s = fmaf(v.x, v.x, s);
+            s = fmaf(v.y, v.y, s);
+            s = fmaf(v.z, v.z, s);
+            s = fmaf(v.w, v.w, s);
+        }
+        s = fg_warp_sum(s);
+        if (lane == 0) red[warp][t] = s;
+    }
+    __syncthreads();
+    if (tid < N) {
+        float s = 0.f;
+        for (int w = 0; w < FG_WARPS; w++) s += red[w][tid];
+        inv[tid] = rsqrtf(s / (float)p.cols + p.eps);
+    }
+    __syncthreads();
+    for (int64_t i = tid; i < N * C8; i += FG_NT) {
+        const int t = (int)(i / C8);
+        const int64_t c8 = i - t * C8;
+        const float4 *hr = (const float4 *)(p.h + (size_t)(p.rows ? __ldcg(p.rows + t) : t) * p.cols) + 2 * c8;
+        const float4 *wr = (const float4 *)p.w + 2 * c8;
+        const float4 a = __ldcg(hr), b = __ldcg(hr + 1), wa = wr[0], wb = wr[1];
+        const float it = inv[t];
+        float f[8] = {a.x * it * (1.f + wa.x), a.y * it * (1.f + wa.y), a.z * it * (1.f + wa.z),
+                      a.w * it * (1.f + wa.w), b.x * it * (1.f + wb.x), b.y * it * (1.f + wb.y),
+                      b.z * it * (1.f + wb.z), b.w * it * (1.f + wb.w)};
+        xs[i] = fg_pack8(f);
+    }
+}
+
+/* x = bf16(o * inv_head * w * silu(z)): G = dv / 8 consecutive lanes hold one
+ * head of one row (G divides 32 and a row is hv * G pieces, so groups never
+ * straddle heads); the loop bound is rounded to whole warps for the shuffles. */
+__device__ void fg_gated(const fg_params &p, int n, uint4 *xs) {
+    const int G = p.dv / 8;
+    const int64_t C8 = p.cols / 8, tot = (int64_t)n * C8, totr = (tot + 31) / 32 * 32;
+    for (int64_t i = threadIdx.x; i < totr; i += FG_NT) {
+        const bool valid = i < tot;
+        const int t = valid ? (int)(i / C8) : 0;
+        const int64_t c8 = valid ? i - t * C8 : 0;
+        float of[8];
+        fg_bf16x8(valid ? __ldcg((const uint4 *)p.o + i) : make_uint4(0, 0, 0, 0), of);
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss = fmaf(of[j], of[j], ss);
+        for (int off = G / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        if (valid) {
+            const float inv = 1.f / sqrtf(ss / (float)p.dv + p.eps);
+            const float4 *zr = (const float4 *)(p.z + (size_t)t * p.ldz) + 2 * c8;
+            const float4 *wr = (const float4 *)(p.w + (c8 % G) * 8);
+            const float4 za = __ldcg(zr), zb = __ldcg(zr + 1), wa = wr[0], wb = wr[1];
+            const float z8[8] = {za.x, za.y, za.z, za.w, zb.x, zb.y, zb.z, zb.w};
+            const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+            float f[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = of[j] * inv * w8[j] * fg_silu(z8[j]);
+            xs[i] = fg_pack8(f);
+        }
+    }
+}
+
+/* x = bf16(silu(gate) * up) from gate|up rows of 2 cols. */
+__device__ void fg_silu_mul(const fg_params &p, int n, uint4 *xs) {
+    const int64_t C8 = p.cols / 8;
+    for (int64_t i = threadIdx.x; i < (int64_t)n * C8; i += FG_NT) {
+        const int t = (int)(i / C8);
+        const int64_t c8 = i - t * C8;
+        const float4 *g = (const float4 *)(p.gu + (size_t)t * 2 * p.cols) + 2 * c8;
+        const float4 *u = (const float4 *)(p.gu + (size_t)t * 2 * p.cols + p.cols) + 2 * c8;
+        const float4 ga = __ldcg(g), gb = __ldcg(g + 1), ua = __ldcg(u), ub = __ldcg(u + 1);
+        float f[8] = {fg_silu(ga.x) * ua.x, fg_silu(ga.y) * ua.y, fg_silu(ga.z) * ua.z, fg_silu(ga.w) * ua.w,
+                      fg_silu(gb.x) * ub.x, fg_silu(gb.y) * ub.y, fg_silu(gb.z) * ub.z, fg_silu(gb.w) * ub.w};
+        xs[i] = fg_pack8(f);
+    }
+}
+
+/* Plain bf16 x copied in (n rows at stride ldx). */
+__device__ void fg_copy(const fg_params &p, int n, uint4 *xs) {
+    const int64_t C8 = p.cols / 8;
+    for (int64_t i = threadIdx.x; i < (int64_t)n * C8; i += FG_NT) {
+        const int t = (int)(i / C8);
+        xs[i] = __ldcg((const uint4 *)(p.x + (size_t)t * p.ldx) + (i - t * C8));
+    }
+}
+
+template <int N>
+__global__ void __launch_bounds__(FG_NT, 2) gemv_fused_kernel(const __grid_constant__ fg_params p) {
+    extern __shared__ uint4 xs[]; /* [N][cols / 8] when x is built here */
+    __shared__ float part[FG_WARPS][N]; /* the G warps' sums of a row */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int G = p.G, gpb = FG_WARPS / G, grp = warp / G, sub = warp - grp * G;
+    const int C8 = (int)(p.cols / 8); /* cols < 2^31 (checked by the launcher) */
+    const int64_t total = p.end[p.n_out - 1], stride = (int64_t)gridDim.x * gpb;
+    const int cfirst = 32 * FG_U * sub, cstep = 32 * FG_U * G;
+    int64_t row = (int64_t)blockIdx.x * gpb + grp;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    /* Weights only before the wait: no kernel writes them. wv holds the piece
+     * in flight, first the first piece of this warp's share of its first row. */
+    uint4 wv[FG_U];
+#pragma unroll
+    for (int u = 0; u < FG_U; u++) wv[u] = zero;
+    if (row < total) {
+        const int s = fg_seg(p, row);
+        const uint4 *w = (const uint4 *)(p.W[s] + (row - (s ? p.end[s - 1] : 0)) * p.cols);
+#pragma unroll
+        for (int u = 0; u < FG_U; u++) {
+            const int idx = cfirst + 32 * u + lane;
+            if (idx < C8) wv[u] = __ldcs(w + idx);
+        }
+    }
+    qd_pdl_wait();
+    qd_pdl_trigger();
+    /* Activations from here on, read through L2 (ld.cg) since the previous kernel
+     * may have run beside this one; x_global (too large for shared memory) is only
+     * used by plain launches and read through the read-only cache as before. */
+    if (p.kind == QD_LIN_RMSNORM) fg_rmsnorm<N>(p, xs);
+    else if (p.kind == QD_LIN_GATED) fg_gated(p, N, xs);
+    else if (p.kind == QD_LIN_SILU) fg_silu_mul(p, N, xs);
+    else if (!p.x_global) fg_copy(p, N, xs);
+    __syncthreads();
+    const uint4 *xg = p.x_global ? (const uint4 *)p.x : NULL;
+    const int64_t xst = p.x_global ? p.ldx / 8 : C8;
+    bool first = true;
+    for (; row < total; row += stride) {
+        const int s = fg_seg(p, row);
+        const int64_t lr = row - (s ? p.end[s - 1] : 0);
+        const uint4 *w = (const uint4 *)(p.W[s] + lr * p.cols);
+        float acc[N];
+#pragma unroll
+        for (int t = 0; t < N; t++) acc[t] = 0.f;
+        for (int c0 = cfirst; c0 < C8; c0 += cstep) {
+            if (!first) {
+#pragma unroll
+                for (int u = 0; u < FG_U; u++) {
+                    const int idx = c0 + 32 * u + lane;
+                    wv[u] = idx < C8 ? __ldcs(w + idx) : zero;
+                }
+            }
+            first = false;
+#pragma unroll
+            for (int u = 0; u < FG_U; u++) {
+                const int idx = c0 + 32 * u + lane;
+                if (idx < C8) {
+                    float wf[8];
+                    fg_bf16x8(wv[u], wf);
+#pragma unroll
+                    for (int t = 0; t < N; t++) {
+                        float xf[8];
+                        fg_bf16x8(xg ? __ldg(xg + t * xst + idx) : xs[t * xst + idx], xf);
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc[t] = fmaf(wf[i], xf[i], acc[t]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < N; t++) acc[t] = fg_warp_sum(acc[t]);
+        if (G > 1) { /* the group's first warp adds the others' sums in order */
+            if (lane == 0)
+#pragma unroll
+                for (int t = 0; t < N; t++) part[warp][t] = acc[t];
+            fg_bar(1 + grp, 32 * G);
+            if (sub == 0)
+                for (int q = 1; q < G; q++)
+#pragma unroll
+                    for (int t = 0; t < N; t++) acc[t] += part[warp + q][t];
+            fg_bar(1 + grp, 32 * G); /* part is reused by the next row */
+        }
+        if (sub == 0 && lane == 0)
+#pragma unroll
+            for (int t = 0; t < N; t++) {
+                float *yp = p.y[s] + t * p.ldy[s] + lr;
+                *yp = p.accumulate ? __ldcg(yp) + acc[t] : acc[t];
+            }
+    }
+}
+
+static int fg_sm_count(void) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
+            sms = v;
+        else
+            sms = 132;
+    }
+    return sms;
+}
+
+/* Warps per row for a matrix of `rows` rows of C8 16-byte pieces, on a wave of two
+ * blocks per SM (what the launch bounds give; a fixed assumption, so that G, and
+ * with it the summation order, does not depend on n): the G whose row groups take
+ * the rows in the most even rounds while filling the wave, the smallest G unless a
+ * larger one is clearly better. A warp keeps at least one run of 32 * FG_U pieces
+ * per row. */
+static int fg_pick_group(int64_t rows, int64_t C8) {
+    const double wave = 2.0 * fg_sm_count();
+    int best = 1;
+    double best_e = -1.0;
+    for (int G = 1; G <= FG_WARPS; G *= 2) {
+        if (G > 1 && C8 < (int64_t)32 * FG_U * G) break;
+        const int64_t gpb = FG_WARPS / G, tiles = (rows + gpb - 1) / gpb;
+        const double blocks = tiles < wave ? (double)tiles : wave, R = (double)rows / (blocks * (double)gpb);
+        const double e = R / ceil(R) * blocks / wave;
+        if (e > best_e * 1.02) {
+            best_e = e;
+            best = G;
+        }
+    }
+    return best;
+}
+
+/* One wave: as many blocks as fit at once (at most max_per_sm per SM), fewer when
+ * there are fewer row groups. */
+template <int N>
+static qd_status fg_launch(fg_params p, size_t smem, int max_per_sm, cudaStream_t st) {
+    static int smem_set = 0;
+    if (!smem_set) {
+        QD_CUDA_TRY(cudaFuncSetAttribute(gemv_fused_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         FG_SMEM_MAX));
+        smem_set = 1;
+    }
+    int occ = 0;
+    QD_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_fused_kernel<N>, FG_NT, smem));
+    occ = occ < 1 ? 1 : occ > max_per_sm ? max_per_sm : occ;
+    const int64_t total = p.end[p.n_out - 1];
+    p.G = fg_pick_group(total, p.cols / 8);
+    const int64_t gpb = FG_WARPS / p.G, tiles = (total + gpb - 1) / gpb, wave = (int64_t)occ * fg_sm_count();
+    const unsigned blocks = (unsigned)(tiles < wave ? tiles : wave);
+    /* a programmatic dependent only when every activation goes through L2 (not x_global) */
+    return qd_launch_pdl(!p.x_global, gemv_fused_kernel<N>, dim3(blocks), dim3(FG_NT), smem, st, p);
+}
+
+static qd_status fg_dispatch(const fg_params &p, int n, cudaStream_t st) {
+    const size_t smem = p.x_global ? 0 : (size_t)n * (size_t)p.cols * 2;
+    /* two blocks per SM (the launch bounds): the gated prologue reads ~6 bytes per
+     * element of x from L2, two blocks per SM keep that below a tenth of the weight
+     * traffic, and fg_pick_group assumes that wave */
+    const int per_sm = 2;
+    switch (n) {
+    case 1: return fg_launch<1>(p, smem, per_sm, st);
+    case 2: return fg_launch<2>(p, smem, per_sm, st);
+    case 3: return fg_launch<3>(p, smem, per_sm, st);
+    case 4: return fg_launch<4>(p, smem, per_sm, st);
+    case 5: return fg_launch<5>(p, smem, per_sm, st);
+    case 6: return fg_launch<6>(p, smem, per_sm, st);
+    case 7: return fg_launch<7>(p, smem, per_sm, st);
+    case 8: return fg_launch<8>(p, smem, per_sm, st);
+    default: return qd_cuda_fail(QD_ERR_INTERNAL, "gemv: n out of range");
+    }
+}
+
+static int al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+extern "C" qd_status qd_cuda_gemv_bf16(const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
+                                       int64_t ldx, int n, float *d_y, int64_t ldy, int accumulate, void *stream) {
+    if (n < 1 || n > FG_MAX_N || cols % 8 || ldx % 8 || !al16(d_W) || !al16(d_x))
+        return qd_cuda_fail(QD_ERR_INTERNAL, "gemv: shape outside the GEMV table");
+    if (rows <= 0) return QD_OK;
+    fg_params p = {};
+    p.kind = QD_LIN_BF16;
+    p.n_out = 1;
+    p.accumulate = accumulate;
+    p.cols = cols;
+    p.x = d_x;
+    p.ldx = ldx;
+    p.x_global = (size_t)n * (size_t)cols * 2 > FG_SMEM_MAX;
+    p.W[0] = d_W;
+    p.end[0] = rows;
+    p.y[0] = d_y;
+    p.ldy[0] = ldy;
+    return fg_dispatch(p, n, (cudaStream_t)stream);
+}
+
+/* Materialises x into scratch with the unfused kernels (shapes outside the table). */
+static qd_status fg_materialise(const qd_cuda_lin_in *in, int64_t cols, int n, uint16_t *scratch, void *stream) {
+    switch (in->kind) {
+    case QD_LIN_RMSNORM:
+        return qd_cuda_add_rmsnorm((float *)in->h, NULL, in->w, in->eps, n, (int)cols, in->rows, scratch, NULL,
+                                   stream);
+    case QD_LIN_GATED:
+        return qd_cuda_gated_rmsnorm(in->o, in->z, in->ldz, in->w, in->eps, n, (int)(cols / in->dv), in->dv, scratch,
+                                     stream);
+    case QD_LIN_SILU: return qd_cuda_silu_mul(in->gu, n, (int)cols, scratch, stream);
+    default: return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: unknown input kind");
+    }
+}
+
+/* Kernel table:
+ *   n <= 8, cols % 8 == 0, 16-byte aligned operands, n * cols * 2 <= 100 KiB:
+ *       the fused GEMV (x built in the kernel; plain bf16 x has no size bound)
+ *   otherwise: x materialised into scratch by the elementwise kernels, then the
+ *       GEMV (n <= 8) or cuBLAS (beta = 1 when accumulating) */
+extern "C" qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
+                                    const qd_cuda_lin_out *out, int n_out, int accumulate, uint16_t *scratch,
+                                    void *stream) {
+    if (n <= 0) return QD_OK;
+    if (!in || !out || n_out < 1 || n_out > QD_LIN_MAX_OUT || cols <= 0 || cols > INT32_MAX)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: bad arguments");
+    int gemv = n <= FG_MAX_N && cols % 8 == 0;
+    for (int j = 0; j < n_out; j++) gemv &= al16(out[j].W) && out[j].rows >= 0;
+    const size_t smem = (size_t)n * (size_t)cols * 2;
+    const int small = gemv && smem <= FG_SMEM_MAX;
+    int fused = 0;
+    switch (in->kind) {
+    case QD_LIN_BF16: fused = gemv && in->ldx % 8 == 0 && al16(in->x); break;
+    case QD_LIN_RMSNORM: fused = small && al16(in->h) && al16(in->w); break;
+    case QD_LIN_GATED: {
+        const int G = in->dv / 8;
+        fused = small && in->dv > 0 && in->dv % 8 == 0 && G <= 32 && (G & (G - 1)) == 0 && cols % in->dv == 0 &&
+                al16(in->o) && al16(in->z) && in->ldz % 4 == 0 && al16(in->w);
+        break;
+    }
+    case QD_LIN_SILU: fused = small && al16(in->gu); break;
+    default: return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: unknown input kind");
+    }
+    if (fused) {
+        fg_params p = {};
+        p.kind = in->kind;
+        p.n_out = n_out;
+        p.accumulate = accumulate;
+        p.dv = in->dv;
+        p.cols = cols;
+        p.ldx = in->ldx;
+        p.ldz = in->ldz;
+        p.x = in->x;
+        p.h = in->h;
+        p.rows = in->rows;
+        p.w = in->w;
+        p.eps = in->eps;
+        p.o = in->o;
+        p.z = in->z;
+        p.gu = in->gu;
+        int64_t end = 0;
+        for (int j = 0; j < n_out; j++) {
+            end += out[j].rows;
+            p.W[j] = out[j].W;
+            p.end[j] = end;
+            p.y[j] = out[j].y;
+            p.ldy[j] = out[j].ldy;
+        }
+        if (end == 0) return QD_OK;
+        p.x_global = in->kind == QD_LIN_BF16 && !small;
+        return fg_dispatch(p, n, (cudaStream_t)stream);
+    }
+    if (in->kind != QD_LIN_BF16) {
+        if (!scratch) return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: no scratch to materialise x");
+        qd_status s = fg_materialise(in, cols, n, scratch, stream);
+        if (s) return s;
+        qd_cuda_lin_in x = {};
+        x.kind = QD_LIN_BF16;
+        x.x = scratch;
+        x.ldx = cols;
+        return qd_cuda_linear(b, &x, cols, n, out, n_out, accumulate, NULL, stream);
+    }
+    for (int j = 0; j < n_out; j++) {
+        qd_status s = accumulate ? qd_cuda_matmul_acc(b, out[j].W, out[j].rows, cols, in->x, in->ldx, n, out[j].y,
+                                                      out[j].ldy)
+                                 : qd_cuda_matmul(b, out[j].W, out[j].rows, cols, in->x, in->ldx, n, out[j].y,
+                                                  out[j].ldy, 0);
+        if (s) return s;
+    }
+    return QD_OK;
+}
