@@ -6,8 +6,9 @@
  *    (plain bf16, RMSNorm of residual rows with a row gather, the GDN gated norm,
  *    SwiGLU), one to three products per call, stored or added into y; shapes that
  *    take every row of the kernel table (fused GEMV, x in place when too large for
- *    shared memory, materialised x with the GEMV or cuBLAS). The padding between y
- *    rows must keep its bits.
+ *    shared memory, materialised x with the plain GEMV for 64 MiB of weights and
+ *    more, or cuBLAS, through a scratch and an add when accumulating). The padding
+ *    between y rows must keep its bits.
  *  - qd_cuda_moe_block (cuda_moe.h): norm, router, routing, routed and shared
  *    experts and the residual add in three launches, against the CPU: x and the
  *    logits directly; the routing against the CPU's routing of the GPU's logits;
@@ -156,8 +157,11 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
         out[j].ldy = ldy;
         free(wb);
     }
+    int64_t max_rows = 1;
+    for (int j = 0; j < lc->n_out; j++) max_rows = lc->rows[j] > max_rows ? lc->rows[j] : max_rows;
     uint16_t *scratch = dev(NULL, (size_t)(n * cols) * 2);
-    ST_OK(qd_cuda_linear(blas, &in, cols, n, out, lc->n_out, lc->acc, scratch, NULL));
+    float *scratch_y = dev(NULL, (size_t)(n * max_rows) * 4);
+    ST_OK(qd_cuda_linear(blas, &in, cols, n, out, lc->n_out, lc->acc, scratch, scratch_y, NULL));
     double worst = 0;
     for (int j = 0; j < lc->n_out; j++) {
         const int64_t R = lc->rows[j], ldy = R + 3;
@@ -210,6 +214,7 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
         free(hin[i]);
     }
     qd_cuda_free(scratch);
+    qd_cuda_free(scratch_y);
     free(xref);
 }
 
@@ -444,6 +449,10 @@ int main(void) {
         {QD_LIN_SILU, 7, 1, 0, 0, 0, 1000, {300}},
         {QD_LIN_SILU, 3, 1, 1, 0, 0, 17408, {48}},             /* materialised, x in place */
         {QD_LIN_SILU, 20, 1, 0, 0, 0, 64, {30}},               /* cuBLAS */
+        /* 64 MiB of weights and more: streaming-bound, x materialised, the plain GEMV */
+        {QD_LIN_RMSNORM, 1, 1, 1, 1, 0, 2048, {16384}},
+        {QD_LIN_SILU, 2, 1, 1, 0, 0, 4096, {8192}},
+        {QD_LIN_BF16, 4, 2, 0, 0, 0, 2048, {12000, 4384}},
     };
     for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) test_linear(blas, &lin[i]);
     /* n, H, I, E, k, I_s, renorm */

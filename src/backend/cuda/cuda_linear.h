@@ -2,8 +2,9 @@
  * come from an RMSNorm of the residual, the GDN gated norm, or the SwiGLU of a
  * gate|up product. At decode sizes the GEMV kernel builds x itself (each block
  * recomputes it into shared memory from inputs that are a few KiB per row), so a
- * norm or activation costs no launch of its own; larger shapes materialise x into
- * a scratch and run the plain product. The choice is a table on the shape
+ * norm or activation costs no launch of its own; larger shapes, and matrices large
+ * enough to be bound by streaming rather than by launches, materialise x into a
+ * scratch and run the plain product. The choice is a table on the shape
  * (gemv_fused.cu), the same for every caller. */
 #ifndef QD_CUDA_LINEAR_H
 #define QD_CUDA_LINEAR_H
@@ -52,16 +53,13 @@ typedef struct qd_cuda_lin_out {
 
 /* y_j = W_j . x (accumulate 0) or y_j += W_j . x (accumulate 1) for the n_out <= 3
  * products sharing the input x of n rows of cols. scratch: bf16 [n][cols], used when
- * the table materialises x (NULL only for QD_LIN_BF16). A decode-sized call (n <= 8)
- * is one launch for all n_out products, a programmatic dependent of the previous
- * kernel (cuda_pdl.cuh): its first weight loads overlap that kernel's tail. */
+ * the table materialises x (NULL only for QD_LIN_BF16); scratch_y: fp32 [n][rows of
+ * the largest product], used when accumulating through cuBLAS (n > 8; NULL when not
+ * accumulating). A decode-sized call of a small matrix (n <= 8, under 64 MiB of
+ * weights) is one launch for all n_out products, a programmatic dependent of the
+ * previous kernel (cuda_pdl.cuh): its first weight loads overlap that kernel's tail. */
 qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out,
-                         int n_out, int accumulate, uint16_t *scratch, void *stream);
-
-/* Internal to gemm.cu: the GEMV kernel on a given bf16 x (n <= 8, cols and ldx
- * multiples of 8, 16-byte aligned W and x). */
-qd_status qd_cuda_gemv_bf16(const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x, int64_t ldx, int n,
-                            float *d_y, int64_t ldy, int accumulate, void *stream);
+                         int n_out, int accumulate, uint16_t *scratch, float *scratch_y, void *stream);
 
 #ifdef __cplusplus
 }

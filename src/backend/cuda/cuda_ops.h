@@ -67,6 +67,9 @@ qd_status qd_cuda_gdn_inputs(const qd_cuda_gdn_in_args *a, void *stream);
 qd_status qd_cuda_gated_rmsnorm(const uint16_t *d_o, const float *d_z, int64_t z_stride, const float *d_w,
                                 float eps, int n, int hv, int dv, uint16_t *d_u, void *stream);
 
+/* y[t][c] += x[t][c] for n rows of cols (rows at strides ldy, ldx). */
+qd_status qd_cuda_add_f32(float *d_y, int64_t ldy, const float *d_x, int64_t ldx, int64_t cols, int n, void *stream);
+
 /* SwiGLU activation: gu [n][2I] fp32 (gate | up) -> out [n][I] bf16 = silu(gate) * up. */
 qd_status qd_cuda_silu_mul(const float *d_gu, int n, int I, uint16_t *d_out, void *stream);
 
@@ -93,9 +96,10 @@ void *qd_cuda_blas_handle(qd_cuda_blas *b); /* cublasHandle_t */
 qd_status qd_cuda_matmul(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
                          int64_t ldx, int n, void *d_y, int64_t ldy, int y_bf16);
 
-/* y[n][rows] += x . W^T (fp32 y; the residual add folded into the product). */
+/* y[n][rows] += x . W^T (fp32 y; the residual add folded into the product). Above
+ * the GEMV's n the product goes through d_tmp ([n][rows] fp32) and an add. */
 qd_status qd_cuda_matmul_acc(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
-                             int64_t ldx, int n, float *d_y, int64_t ldy);
+                             int64_t ldx, int n, float *d_y, int64_t ldy, float *d_tmp);
 
 /* The same product with fp32 activations (bf16 weights, fp32 arithmetic): for small
  * matrices whose outputs make discrete decisions, the MoE router. */

@@ -160,6 +160,25 @@ extern "C" qd_status qd_cuda_gated_rmsnorm(const uint16_t *d_o, const float *d_z
     return QD_OK;
 }
 
+/* -------------------------------------------------------------------- add */
+
+__global__ void add_f32_kernel(float *__restrict__ y, int64_t ldy, const float *__restrict__ x, int64_t ldx,
+                               int64_t cols, int n) {
+    const int64_t N = (int64_t)n * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / cols, c = i - t * cols;
+        y[t * ldy + c] += x[t * ldx + c];
+    }
+}
+
+extern "C" qd_status qd_cuda_add_f32(float *d_y, int64_t ldy, const float *d_x, int64_t ldx, int64_t cols, int n,
+                                     void *stream) {
+    if (n <= 0 || cols <= 0) return QD_OK;
+    add_f32_kernel<<<grid_for((int64_t)n * cols, 256), 256, 0, (cudaStream_t)stream>>>(d_y, ldy, d_x, ldx, cols, n);
+    QD_CUDA_CHECK_LAUNCH("add_f32");
+    return QD_OK;
+}
+
 /* ----------------------------------------------------------------- SwiGLU */
 
 __global__ void silu_mul_kernel(const float *__restrict__ gu, int n, int I, uint16_t *__restrict__ out) {

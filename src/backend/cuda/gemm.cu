@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_util.h"
 
@@ -49,9 +48,13 @@ extern "C" void qd_cuda_blas_destroy(qd_cuda_blas *b) {
 
 extern "C" void *qd_cuda_blas_handle(qd_cuda_blas *b) { return b ? (void *)b->h : NULL; }
 
-/* Decode-sized products (a few rows of x) are bound by reading W once; cuBLAS picks
- * GEMM tiles made for larger n, so below this bound the GEMV kernel of
- * gemv_fused.cu reads W faster. */
+/* Decode-sized products (a few rows of x) are bound by reading W once: a warp per
+ * output row streams the row in 16-byte pieces (4 in flight per lane) and keeps one
+ * sum per row of x; x is small and stays in L1/L2. cuBLAS picks GEMM tiles made for
+ * larger n, so below this bound the GEMV kernel reads W faster. This plain kernel
+ * (36 registers at n = 1, many blocks resident per SM) streams large matrices
+ * faster than the fused one of gemv_fused.cu, which builds x in every block and
+ * holds more registers; qd_cuda_linear's table picks between them. */
 #define GEMV_MAX_N 8
 #define GEMV_WARPS 8
 
@@ -62,6 +65,70 @@ __device__ __forceinline__ void bf16x8_to_f32(uint4 v, float *f) {
         f[2 * i] = __uint_as_float(w[i] << 16);
         f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
+}
+
+template <int N>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, const uint16_t *__restrict__ x, int64_t ldx,
+            float *__restrict__ y, int64_t ldy, int accumulate) {
+    const int lane = threadIdx.x % 32;
+    const int64_t row = (int64_t)blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
+    if (row >= rows) return;
+    const uint4 *w = (const uint4 *)(W + row * cols);
+    const int64_t chunks = cols / 8;
+    float acc[N];
+#pragma unroll
+    for (int t = 0; t < N; t++) acc[t] = 0.f;
+    int64_t c = lane;
+    for (; c + 96 < chunks; c += 128) { /* four independent 16-byte loads per lane in flight */
+        uint4 wv[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) wv[u] = __ldcs(w + c + 32 * u);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float wf[8];
+            bf16x8_to_f32(wv[u], wf);
+#pragma unroll
+            for (int t = 0; t < N; t++) {
+                float xf[8];
+                bf16x8_to_f32(__ldg((const uint4 *)(x + t * ldx) + c + 32 * u), xf);
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[t] = fmaf(wf[i], xf[i], acc[t]);
+            }
+        }
+    }
+    for (; c < chunks; c += 32) {
+        float wf[8];
+        bf16x8_to_f32(__ldcs(w + c), wf);
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            float xf[8];
+            bf16x8_to_f32(__ldg((const uint4 *)(x + t * ldx) + c), xf);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[t] = fmaf(wf[i], xf[i], acc[t]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        float v = acc[t];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) y[t * ldy + row] = accumulate ? y[t * ldy + row] + v : v;
+    }
+}
+
+static qd_status gemv(const uint16_t *W, int64_t rows, int64_t cols, const uint16_t *x, int64_t ldx, int n, float *y,
+                      int64_t ldy, int accumulate, cudaStream_t st) {
+    const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS));
+    switch (n) {
+#define QD_GEMV_CASE(N) \
+    case N: gemv_kernel<N><<<grid, GEMV_WARPS * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
+        QD_GEMV_CASE(1) QD_GEMV_CASE(2) QD_GEMV_CASE(3) QD_GEMV_CASE(4)
+        QD_GEMV_CASE(5) QD_GEMV_CASE(6) QD_GEMV_CASE(7) QD_GEMV_CASE(8)
+#undef QD_GEMV_CASE
+    default: return qd_cuda_fail(QD_ERR_INTERNAL, "gemv: n out of range");
+    }
+    QD_CUDA_CHECK_LAUNCH("gemv");
+    return QD_OK;
 }
 
 /* fp32 activations: a warp per (output row, token); W rows are re-read from L2 for
@@ -114,7 +181,7 @@ extern "C" qd_status qd_cuda_matmul(qd_cuda_blas *b, const uint16_t *d_W, int64_
     if (n <= GEMV_MAX_N && !y_bf16 && cols % 8 == 0 && ldx % 8 == 0 && aligned16(d_W) && aligned16(d_x)) {
         cudaStream_t st = NULL;
         cublasGetStream(b->h, &st);
-        return qd_cuda_gemv_bf16(d_W, rows, cols, d_x, ldx, n, (float *)d_y, ldy, 0, st);
+        return gemv(d_W, rows, cols, d_x, ldx, n, (float *)d_y, ldy, 0, st);
     }
     const float one = 1.f, zero = 0.f;
     return blas_status(cublasGemmEx(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n, (int)cols, &one, d_W, CUDA_R_16BF,
@@ -125,18 +192,19 @@ extern "C" qd_status qd_cuda_matmul(qd_cuda_blas *b, const uint16_t *d_W, int64_
 }
 
 extern "C" qd_status qd_cuda_matmul_acc(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols,
-                                        const uint16_t *d_x, int64_t ldx, int n, float *d_y, int64_t ldy) {
+                                        const uint16_t *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
+                                        float *d_tmp) {
     if (n <= 0 || rows <= 0) return QD_OK;
     if (rows > INT32_MAX || cols > INT32_MAX || ldx > INT32_MAX || ldy > INT32_MAX)
         return qd_cuda_fail(QD_ERR_UNSUPPORTED, "matmul: dimension beyond 2^31");
-    if (n <= GEMV_MAX_N && cols % 8 == 0 && ldx % 8 == 0 && aligned16(d_W) && aligned16(d_x)) {
-        cudaStream_t st = NULL;
-        cublasGetStream(b->h, &st);
-        return qd_cuda_gemv_bf16(d_W, rows, cols, d_x, ldx, n, d_y, ldy, 1, st);
-    }
-    const float one = 1.f;
-    return blas_status(cublasGemmEx(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n, (int)cols, &one, d_W, CUDA_R_16BF,
-                                    (int)cols, d_x, CUDA_R_16BF, (int)ldx, &one, d_y, CUDA_R_32F, (int)ldy,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                       "cublasGemmEx");
+    cudaStream_t st = NULL;
+    cublasGetStream(b->h, &st);
+    if (n <= GEMV_MAX_N && cols % 8 == 0 && ldx % 8 == 0 && aligned16(d_W) && aligned16(d_x))
+        return gemv(d_W, rows, cols, d_x, ldx, n, d_y, ldy, 1, st);
+    /* cuBLAS with beta = 1 may not split K, which leaves a decode-sized product
+     * (few tiles of rows) on a handful of SMs: the product goes to d_tmp, then an add */
+    if (!d_tmp) return qd_cuda_fail(QD_ERR_INVALID_ARG, "matmul_acc: no scratch");
+    qd_status s = qd_cuda_matmul(b, d_W, rows, cols, d_x, ldx, n, d_tmp, rows, 0);
+    if (s) return s;
+    return qd_cuda_add_f32(d_y, ldy, d_tmp, rows, rows, n, st);
 }

@@ -34,6 +34,12 @@
 #define FG_U 4                    /* 16-byte weight loads per lane in flight: 2 KiB per warp */
 #define FG_MAX_N 8                /* above this, cuBLAS tiles beat the GEMV */
 #define FG_SMEM_MAX (100 * 1024)  /* x in shared memory: two blocks still fit an SM */
+/* Weights from which a product is streaming-bound rather than launch-bound: its x is
+ * materialised and the plain GEMV (gemm.cu, more blocks resident per SM) reads W.
+ * H200: the fused kernel lost ~10% of bandwidth on the 27B's 150-350 MB products
+ * and its SwiGLU prologue (139 KB per block at I = 17408) delayed every block,
+ * while one launch saved is ~2-3 us: worth it below some tens of MB. */
+#define FG_STREAM_BYTES ((int64_t)64 << 20)
 
 struct fg_params {
     int kind, n_out, accumulate, dv;
@@ -357,26 +363,6 @@ static qd_status fg_dispatch(const fg_params &p, int n, cudaStream_t st) {
 
 static int al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-extern "C" qd_status qd_cuda_gemv_bf16(const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
-                                       int64_t ldx, int n, float *d_y, int64_t ldy, int accumulate, void *stream) {
-    if (n < 1 || n > FG_MAX_N || cols % 8 || ldx % 8 || !al16(d_W) || !al16(d_x))
-        return qd_cuda_fail(QD_ERR_INTERNAL, "gemv: shape outside the GEMV table");
-    if (rows <= 0) return QD_OK;
-    fg_params p = {};
-    p.kind = QD_LIN_BF16;
-    p.n_out = 1;
-    p.accumulate = accumulate;
-    p.cols = cols;
-    p.x = d_x;
-    p.ldx = ldx;
-    p.x_global = (size_t)n * (size_t)cols * 2 > FG_SMEM_MAX;
-    p.W[0] = d_W;
-    p.end[0] = rows;
-    p.y[0] = d_y;
-    p.ldy[0] = ldy;
-    return fg_dispatch(p, n, (cudaStream_t)stream);
-}
-
 /* Materialises x into scratch with the unfused kernels (shapes outside the table). */
 static qd_status fg_materialise(const qd_cuda_lin_in *in, int64_t cols, int n, uint16_t *scratch, void *stream) {
     switch (in->kind) {
@@ -392,18 +378,25 @@ static qd_status fg_materialise(const qd_cuda_lin_in *in, int64_t cols, int n, u
 }
 
 /* Kernel table:
- *   n <= 8, cols % 8 == 0, 16-byte aligned operands, n * cols * 2 <= 100 KiB:
+ *   n <= 8, weights < 64 MiB, cols % 8 == 0, 16-byte aligned operands,
+ *   n * cols * 2 <= 100 KiB:
  *       the fused GEMV (x built in the kernel; plain bf16 x has no size bound)
  *   otherwise: x materialised into scratch by the elementwise kernels, then the
- *       GEMV (n <= 8) or cuBLAS (beta = 1 when accumulating) */
+ *       plain GEMV (n <= 8) or cuBLAS (through scratch_y and an add when
+ *       accumulating) */
 extern "C" qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
                                     const qd_cuda_lin_out *out, int n_out, int accumulate, uint16_t *scratch,
-                                    void *stream) {
+                                    float *scratch_y, void *stream) {
     if (n <= 0) return QD_OK;
     if (!in || !out || n_out < 1 || n_out > QD_LIN_MAX_OUT || cols <= 0 || cols > INT32_MAX)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: bad arguments");
     int gemv = n <= FG_MAX_N && cols % 8 == 0;
-    for (int j = 0; j < n_out; j++) gemv &= al16(out[j].W) && out[j].rows >= 0;
+    int64_t wbytes = 0;
+    for (int j = 0; j < n_out; j++) {
+        gemv &= al16(out[j].W) && out[j].rows >= 0;
+        wbytes += out[j].rows * cols * 2;
+    }
+    gemv &= wbytes < FG_STREAM_BYTES;
     const size_t smem = (size_t)n * (size_t)cols * 2;
     const int small = gemv && smem <= FG_SMEM_MAX;
     int fused = 0;
@@ -456,11 +449,11 @@ extern "C" qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, i
         x.kind = QD_LIN_BF16;
         x.x = scratch;
         x.ldx = cols;
-        return qd_cuda_linear(b, &x, cols, n, out, n_out, accumulate, NULL, stream);
+        return qd_cuda_linear(b, &x, cols, n, out, n_out, accumulate, NULL, scratch_y, stream);
     }
     for (int j = 0; j < n_out; j++) {
         qd_status s = accumulate ? qd_cuda_matmul_acc(b, out[j].W, out[j].rows, cols, in->x, in->ldx, n, out[j].y,
-                                                      out[j].ldy)
+                                                      out[j].ldy, scratch_y)
                                  : qd_cuda_matmul(b, out[j].W, out[j].rows, cols, in->x, in->ldx, n, out[j].y,
                                                   out[j].ldy, 0);
         if (s) return s;
