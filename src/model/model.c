@@ -77,7 +77,7 @@ void qd_model_account(qd_model *m) {
             for (int e = 0; e < c->n_experts; e++) {
                 ADD_W(&w->experts[e].gate, 0); ADD_W(&w->experts[e].up, 0); ADD_W(&w->experts[e].down, 0);
             }
-            if (c->n_experts > 0) active += mlp_bytes(&w->experts[0]) * c->n_experts_per_tok;
+            if (m->n_local_experts > 0) active += mlp_bytes(&w->experts[m->expert0]) * c->n_experts_per_tok;
             if (w->has_shared) {
                 ADD_W(&w->shared.gate, 1); ADD_W(&w->shared.up, 1); ADD_W(&w->shared.down, 1);
                 ADD_W(&w->shared_gate, 1);
@@ -96,7 +96,7 @@ void qd_model_account(qd_model *m) {
              c->n_experts > 0 ? "MoE" : "dense FFN", c->vocab_size, (double)params / 1e9);
 }
 
-static qd_status model_init_layers(qd_model *m, qd_err *err) {
+qd_status qd_model_init_layers(qd_model *m, qd_err *err) {
     const qd_config *c = &m->cfg;
     m->layers = qd_model_alloc(m, sizeof(qd_layer) * (size_t)c->n_layers);
     if (!m->layers) return qd_seterr(err, QD_ERR_OOM, "out of memory for %d layers", c->n_layers);
@@ -107,6 +107,8 @@ static qd_status model_init_layers(qd_model *m, qd_err *err) {
         ly->ffn_kind = c->ffn_kind[L];
         ly->state_index = ly->kind == QD_LAYER_GDN ? m->n_gdn++ : m->n_attn++;
     }
+    m->expert0 = 0;
+    m->n_local_experts = c->n_experts;
     if (c->gdn_conv_kernel < 1 || c->gdn_conv_kernel > 16)
         return qd_seterr(err, QD_ERR_UNSUPPORTED, "linear_conv_kernel_dim %d: supported range is 1..16",
                          c->gdn_conv_kernel);
@@ -151,7 +153,7 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
         for (int i = 0; i < m->n_eos; i++) m->eos_ids[i] = src[i];
     }
     m->backend = params->backend;
-    if ((s = model_init_layers(m, &err)) != QD_OK) goto fail;
+    if ((s = qd_model_init_layers(m, &err)) != QD_OK) goto fail;
     m->pool = qd_threadpool_create(params->n_threads);
     if (!m->pool) {
         s = qd_seterr(&err, QD_ERR_OOM, "could not start the thread pool");

@@ -80,6 +80,12 @@ struct qd_model {
     float *final_norm;        /* [H] zero-centred */
     qd_layer *layers;         /* [n_layers] */
     int n_gdn, n_attn;
+    /* MoE experts [expert0, expert0 + n_local_experts) are bound: all of them, except on an
+     * expert-parallel rank (src/parallel), whose other experts are zero-sized */
+    int expert0, n_local_experts;
+    /* tensor / expert parallel: the ranks' models (src/parallel/tp.h); this model then holds
+     * the config and the checkpoint mapping, and no weights of its own */
+    struct qd_tp_model *tp;
     /* every buffer the model owns, freed with it */
     void **owned;
     int n_owned, cap_owned;
@@ -96,6 +102,12 @@ void *qd_model_alloc(qd_model *m, size_t bytes);
 
 /* Fills the weights from the checkpoint (model_load.c) or at random (model_dummy.c). */
 qd_status qd_model_bind_checkpoint(qd_model *m, qd_err *err);
+/* The slices of a sharding plan (src/parallel/shard.h) of the checkpoint whose config is c;
+ * m->cfg is the plan's local config. */
+struct qd_shard_plan;
+qd_status qd_model_bind_checkpoint_plan(qd_model *m, const qd_config *c, const struct qd_shard_plan *p, qd_err *err);
+/* Layer kinds and state indices from m->cfg (model.c). */
+qd_status qd_model_init_layers(qd_model *m, qd_err *err);
 qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err *err);
 /* Parameter and byte counts from the bound weights. */
 void qd_model_account(qd_model *m);
@@ -185,6 +197,9 @@ struct qd_context {
     float *row_logits;        /* [vocab] one row of logits (qd_forward_greedy on the CPU) */
     void *scratch_block;
     struct qd_cuda_ctx *cuda; /* device state and scratch (CUDA backend), else NULL */
+    /* tensor parallel: the ranks' contexts (src/parallel/tp.h), which hold the state and the
+     * KV contents; this context keeps the sequences' lengths and the one set of block tables */
+    struct qd_tp_ctx *tp;
 };
 
 /* ------------------------------------------------------ KV blocks (kv_cache.c) */
