@@ -6,6 +6,7 @@
 #include "base/arena.h"
 #include "base/log.h"
 #include "model/model.h"
+#include "parallel/tp.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_model.h"
 #endif
@@ -160,7 +161,15 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
         goto fail;
     }
     if (params->progress) params->progress(0.0f, params->progress_user);
-    if (params->load_format == QD_LOAD_DUMMY || params->load_format == QD_LOAD_DUMMY_F32) {
+    const bool dummy = params->load_format == QD_LOAD_DUMMY || params->load_format == QD_LOAD_DUMMY_F32;
+    if (params->tensor_parallel_size > 1) { /* the ranks read their slices: no weights here */
+        if (!dummy && (s = qd_st_open_dir(params->path, &m->st, &err)) != QD_OK) goto fail;
+        if ((s = qd_tp_model_load(m, params, &err)) != QD_OK) goto fail;
+        if (params->progress) params->progress(1.0f, params->progress_user);
+        *out = m;
+        return QD_OK;
+    }
+    if (dummy) {
         s = qd_model_bind_dummy(m, params->seed, params->load_format == QD_LOAD_DUMMY ? QD_DTYPE_BF16 : QD_DTYPE_F32, &err);
     } else {
         if ((s = qd_st_open_dir(params->path, &m->st, &err)) != QD_OK) goto fail;
@@ -182,6 +191,7 @@ fail:
 
 void qd_model_free(qd_model *m) {
     if (!m) return;
+    qd_tp_model_free(m);
 #ifdef QD_HAVE_CUDA
     qd_cuda_model_free(m);
 #endif

@@ -230,11 +230,19 @@ static inline size_t qd_kv_offset(const qd_context *ctx, int seq, int attn_index
 /* ------------------------------------------ sequence state snapshots (kv_cache.c) */
 
 /* GDN state (conv + recurrent, every GDN layer) and length of a sequence as a plain
- * copy: size in bytes of one snapshot. */
+ * copy: size in bytes of one snapshot. (A split model's snapshot holds each rank's
+ * slice in rank order.) */
 size_t qd_seq_state_size(const qd_context *ctx);
 /* Sets a sequence's GDN state (conv [n_gdn][conv_dim][Kc-1], ssm [n_gdn][hv][dk][dv],
- * the snapshot layout) wherever the backend keeps it; NULL conv/ssm: zeros. */
+ * the snapshot layout) wherever the backend keeps it; NULL conv/ssm: zeros. A split
+ * model's context takes only NULL (its state is per rank: use snapshots). */
 qd_status qd_seq_state_write(qd_context *ctx, int seq, const float *conv, const float *ssm);
+/* The same state read out, and copied from one sequence to another (a split model's
+ * context: copy only). */
+qd_status qd_seq_state_read(qd_context *ctx, int seq, float *conv, float *ssm);
+qd_status qd_seq_state_copy(qd_context *ctx, int src, int dst);
+/* Block dst's keys and values become a copy of block src's, wherever they live. */
+qd_status qd_kv_copy_block(qd_context *ctx, int32_t dst, int32_t src);
 qd_status qd_seq_state_save(qd_context *ctx, int seq, void *dst, size_t size);
 /* Rolls `seq` back to a snapshot taken from it (or from a sequence it was forked
  * from) at a length <= its current length: the GDN state is copied back, the length
@@ -274,5 +282,12 @@ qd_status qd_layer_moe_forward_experts(qd_context *ctx, const qd_moe_weights *w,
 qd_status qd_forward_begin(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, int *n_rows,
                            int *n_logit_rows);
 qd_status qd_forward_end(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, float *logits);
+/* The same for a rank of a split model's context (src/parallel/tp.c), which has validated
+ * the batch and copied it (ctx->spans_rt) and the block tables in: begin fills positions
+ * and embeddings, logits writes the requested logits / greedy ids from ctx->s.h; neither
+ * touches the lengths. */
+void qd_forward_rank_begin(qd_context *ctx, const qd_span *spans, int n_spans);
+qd_status qd_forward_rank_logits(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows,
+                                 const qd_logit_out *out);
 
 #endif
