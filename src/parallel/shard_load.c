@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/arena.h"
 #include "parallel/shard.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_model.h"

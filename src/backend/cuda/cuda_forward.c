@@ -179,8 +179,11 @@ static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
         TRYC(qd_cuda_memset_async(g->y, 0, (size_t)n * H * 4, g->stream));
     }
     TRYC(qd_cuda_moe_route(g->router, E + 1, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
-    qd_cuda_moe_args a = {n, H, c->moe_intermediate_size, E, k, g->x, g->sel, g->selw, d->experts_gate_up,
-                          d->experts_down, g->y, g->moe_work, qd_cuda_blas_handle(g->blas)};
+    const qd_cuda_model *cm = ctx->model->cuda;
+    if (cm->n_experts_local < E) /* expert parallel: this rank's pairs only */
+        TRYC(qd_cuda_moe_localize(g->sel, n * k, cm->expert0, cm->n_experts_local, g->stream));
+    qd_cuda_moe_args a = {n, H, c->moe_intermediate_size, cm->n_experts_local, k, g->x, g->sel, g->selw,
+                          d->experts_gate_up, d->experts_down, g->y, g->moe_work, qd_cuda_blas_handle(g->blas)};
     return qd_cuda_moe_experts(&a, g->stream);
 }
 
@@ -202,10 +205,12 @@ static qd_status run_layers(qd_context *ctx, int max_span_rows, int n_logit_firs
         TRYC(qd_cuda_add_rmsnorm(g->h, pending, d->input_norm, c->rms_norm_eps, n, H, NULL, g->x, NULL, g->stream));
         if (ly->kind == QD_LAYER_GDN) TRYC(gdn_layer(ctx, d, ly->state_index));
         else TRYC(attn_layer(ctx, d, ly->state_index, max_span_rows));
+        if (g->reduce) TRYC(g->reduce(g->reduce_user, g->y, n, g->stream)); /* tensor parallel */
         TRYC(qd_cuda_add_rmsnorm(g->h, g->y, d->post_norm, c->rms_norm_eps, n, H, NULL, g->x,
                                  ly->ffn_kind == QD_FFN_MOE ? g->xf : NULL, g->stream));
         if (ly->ffn_kind == QD_FFN_MOE) TRYC(moe_layer(ctx, d));
         else TRYC(mlp(ctx, d->gate_up, d->down, d->I, g->y));
+        if (g->reduce) TRYC(g->reduce(g->reduce_user, g->y, n, g->stream));
         pending = g->y;
     }
     /* the last block's output joins the residual for every row (later chunks read h) */
@@ -288,7 +293,8 @@ qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, co
     const int first = n_logit_rows < LC ? n_logit_rows : LC;
     /* graph: decode-only steps whose every span wants its last logits, within the MoE
      * decode path's bound (no host sync inside) */
-    const int graphable = !ctx->params.eager && h->n_pre_spans == 0 && n_logit_rows == n_spans && n_spans <= LC &&
+    const int graphable = !ctx->params.eager && h->n_pre_spans == 0 && (n_logit_rows == n_spans || g->never_logits) &&
+                          n_spans <= LC &&
                           (c->n_experts == 0 || n_spans <= qd_cuda_moe_graph_max_tokens());
     if (graphable) {
         void **exec = &g->graphs[n_spans];
