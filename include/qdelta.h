@@ -83,6 +83,15 @@ typedef struct qd_model_params {
     /* Called with fraction done in [0,1] while loading; may be NULL. */
     void (*progress)(float fraction, void *user);
     void *progress_user;
+    /* Tensor parallelism (docs/parallel.md): the model split over this many ranks (0 or 1:
+     * not split), each reading only its slices of the checkpoint. CUDA: one host thread and
+     * one GPU per rank, the all-reduces through NCCL; CPU: the ranks run one after another
+     * in the calling thread (a check of the split, not a speed-up). */
+    int tensor_parallel_size;
+    int expert_parallel;  /* MoE experts partitioned across the ranks instead of each split */
+    int tp_devices;       /* CUDA: GPUs the ranks use; 0 = one per rank when that many are visible,
+                           * else GPU 0 alone; 1 = every rank on GPU 0 (no NCCL: the ranks add
+                           * their partial sums on the device, for tests and one-GPU runs) */
 } qd_model_params;
 
 qd_model_params qd_model_default_params(void);

@@ -4,7 +4,11 @@
 # kernel benchmarks and the end-to-end `qdelta bench` runs, writes logs under
 # $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
 #
-#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve]   default: tests kernels e2e
+#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp]   default: tests kernels e2e
+#     tp:    tensor / expert parallelism: test_cuda_tp (ranks sharing GPU 0, and NCCL when two or
+#            more GPUs are visible), then qdelta bench on the dummy Qwen3-Next-80B config cut to 8
+#            layers: unsplit, TP=2 and EP=2 (on one GPU the ranks share it: the split and the
+#            all-reduce time per step, no speed-up)
 #     serve: qdelta serve --backend cuda on the Qwen3.5-35B-A3B dummy config: bench/invariance.py
 #            (24 concurrent greedy requests == each alone, token ids), bench/loadgen.py at
 #            concurrency 1, 8, 64 and bench/prefix_bench.py (prefix cache off and on); and
@@ -42,7 +46,7 @@ t0=$(date +%s)
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
 targets="qdelta test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_model gdn_cuda_bench"
-for t in test_cuda_attn test_cuda_moe attn_cuda_bench moe_cuda_bench; do
+for t in test_cuda_attn test_cuda_moe test_cuda_tp attn_cuda_bench moe_cuda_bench; do
     grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
 done
 # shellcheck disable=SC2086
@@ -101,6 +105,34 @@ if has e2e; then
     run_bench qwen3_5_9b_shape --prefill 512,4096 --decode 128 --batch 1
 fi
 
+TP_LOG="$LOGDIR/tp.log"
+if has tp; then
+    : >"$TP_LOG"
+    t=test_cuda_tp
+    bin=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
+    if [ -n "$bin" ]; then
+        echo "=== $t" >>"$TP_LOG"
+        ts=$(date +%s)
+        timeout 300 "$bin" >>"$TP_LOG" 2>&1
+        rc=$?
+        line=$(grep -E "^$t: [0-9]+ passed" "$TP_LOG" | tail -1)
+        result[$t]="$( [ $rc -eq 0 ] && echo PASS || echo "FAIL rc=$rc") ${line#*: } ($(( $(date +%s) - ts )) s)"
+        [ $rc -eq 0 ] || status=1
+    else
+        result[$t]="not built"
+    fi
+    M="$BUILD/q3next-80b-8l" # the 80B shapes, 8 of its 48 layers: two ranks fit on one GPU
+    mkdir -p "$M"
+    python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["num_hidden_layers"]=8; json.dump(c,open(sys.argv[2],"w"))' \
+        bench/configs/qwen3_next_80b_a3b/config.json "$M/config.json"
+    for split in "" "--tensor-parallel-size 2" "--tensor-parallel-size 2 --expert-parallel"; do
+        echo "=== tp-bench ${split:-unsplit}" >>"$TP_LOG"
+        # shellcheck disable=SC2086
+        timeout 300 "$BUILD/qdelta" bench -q -m "$M" --backend cuda --load-format dummy --prefill 1024 \
+            --decode 32 --batch 1 $split >>"$TP_LOG" 2>&1 || { status=1; echo "FAILED: tp-bench $split" >>"$TP_LOG"; }
+    done
+fi
+
 SERVE_LOG="$LOGDIR/serve.log"
 if has serve; then
     : >"$SERVE_LOG"
@@ -136,9 +168,11 @@ if has serve; then
 fi
 
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
-for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model; do
+for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
+[ -s "$TP_LOG" ] && awk '/^=== tp-bench/ { split_ = substr($0, 14) } /^RESULT/ && split_ { print "tp " split_ ": " $0 }' "$TP_LOG"
+grep -h "^FAILED: tp" "$TP_LOG" 2>/dev/null
 cat "$BENCH_LOG" "$E2E_LOG" 2>/dev/null | awk '
 function kv(line, key,    i, n, f, p) {
     n = split(line, f, " ")

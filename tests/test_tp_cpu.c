@@ -96,8 +96,9 @@ static void check_state(const qd_context *ref, const qd_tp_cpu *g, double tol, c
     for (int r = 0; r < tp; r++) {
         const qd_context *rc = g->ctxs[r];
         const qd_config *lc = &rc->model->cfg;
-        const int hk_l = m->n_gdn ? c->gdn_hk / tp : 0, hv_l = m->n_gdn ? c->gdn_hv / tp : 0;
-        const int hk0 = r * hk_l, hv0 = r * hv_l;
+        /* with more ranks than key heads, rank r keeps key head r / (tp / hk) whole */
+        const int hk_l = !m->n_gdn ? 0 : c->gdn_hk >= tp ? c->gdn_hk / tp : 1, hv_l = m->n_gdn ? c->gdn_hv / tp : 0;
+        const int hk0 = !m->n_gdn ? 0 : c->gdn_hk >= tp ? r * hk_l : r / (tp / c->gdn_hk), hv0 = r * hv_l;
         const int nq_l = c->attn_nq / tp, kv0 = m->n_attn ? r * nq_l / (c->attn_nq / c->attn_nkv) : 0;
         const int nkv_l = c->attn_nkv >= tp ? c->attn_nkv / tp : 1;
         CHECKF(!m->n_gdn || (lc->gdn_hk == hk_l && lc->gdn_hv == hv_l && g->plans[r].gdn_hk0 == hk0),
@@ -180,7 +181,9 @@ static int cols_eq(const qd_weight *w, const qd_st_tensor *t, int64_t c0) {
 static int gdn_in_ok(const qd_model *m, const qd_shard_plan *p, const qd_gdn_weights *w, int L) {
     const qd_config *c = &m->cfg;
     const int tp = p->tp_size, dk = c->gdn_dk, dv = c->gdn_dv, rr = c->gdn_hv / c->gdn_hk;
-    const int hk_l = c->gdn_hk / tp, hk0 = p->rank * hk_l, hv_l = c->gdn_hv / tp, hv0 = p->rank * hv_l;
+    const int hk_l = c->gdn_hk >= tp ? c->gdn_hk / tp : 1;
+    const int hk0 = c->gdn_hk >= tp ? p->rank * hk_l : p->rank / (tp / c->gdn_hk);
+    const int hv_l = c->gdn_hv / tp, hv0 = p->rank * hv_l, vh = hv_l / hk_l; /* value heads per group */
     int ok = w->in_qkv.rows == 2LL * hk_l * dk + (int64_t)hv_l * dv && w->in_z.rows == (int64_t)hv_l * dv &&
              w->in_b.rows == hv_l && w->in_a.rows == hv_l;
     if (c->arch == QD_ARCH_QWEN3_NEXT) {
@@ -192,17 +195,19 @@ static int gdn_in_ok(const qd_model *m, const qd_shard_plan *p, const qd_gdn_wei
         ok &= p->next_ba_rows.begin == (int64_t)hk0 * 2 * rr && p->next_ba_rows.count == (int64_t)hk_l * 2 * rr;
         for (int j = 0; j < hk_l; j++) {
             const int64_t base = p->next_qkvz_rows.begin + j * group, bb = p->next_ba_rows.begin + (int64_t)j * 2 * rr;
+            /* the group's first value head this rank keeps: all rr unless the key head is replicated */
+            const int64_t s0 = hv0 + (int64_t)j * vh - (int64_t)(hk0 + j) * rr;
             for (int e = 0; e < dk; e++) {
                 ok &= row_eq(&w->in_qkv, (int64_t)j * dk + e, qkvz, base + e, 0);
                 ok &= row_eq(&w->in_qkv, (int64_t)(hk_l + j) * dk + e, qkvz, base + dk + e, 0);
             }
-            for (int e = 0; e < rr * dv; e++) {
-                ok &= row_eq(&w->in_qkv, 2LL * hk_l * dk + (int64_t)j * rr * dv + e, qkvz, base + 2 * dk + e, 0);
-                ok &= row_eq(&w->in_z, (int64_t)j * rr * dv + e, qkvz, base + 2 * dk + rr * dv + e, 0);
+            for (int e = 0; e < vh * dv; e++) {
+                ok &= row_eq(&w->in_qkv, 2LL * hk_l * dk + (int64_t)j * vh * dv + e, qkvz, base + 2 * dk + s0 * dv + e, 0);
+                ok &= row_eq(&w->in_z, (int64_t)j * vh * dv + e, qkvz, base + 2 * dk + (rr + s0) * dv + e, 0);
             }
-            for (int i = 0; i < rr; i++) {
-                ok &= row_eq(&w->in_b, (int64_t)j * rr + i, ba, bb + i, 0);
-                ok &= row_eq(&w->in_a, (int64_t)j * rr + i, ba, bb + rr + i, 0);
+            for (int i = 0; i < vh; i++) {
+                ok &= row_eq(&w->in_b, (int64_t)j * vh + i, ba, bb + s0 + i, 0);
+                ok &= row_eq(&w->in_a, (int64_t)j * vh + i, ba, bb + rr + s0 + i, 0);
             }
         }
         return ok;
@@ -315,8 +320,10 @@ static void check_model(qd_model *m, const char *name, const workload *w, const 
     CHECKF(ran, "%s: reference forward failed: %s", name, qd_context_errmsg(ref));
     for (int i = 0; ran && i < n_modes; i++) {
         if (modes[i][1] && !has_moe(&m->cfg)) continue;
-        if (m->cfg.gdn_hk % modes[i][0]) { /* e.g. the gpu_* fixtures' single key head: TP=1 only */
-            printf("  %s: %d key head(s), no %s=%d split\n", name, m->cfg.gdn_hk, modes[i][1] ? "EP" : "TP", modes[i][0]);
+        qd_shard_plan p;
+        qd_err perr;
+        if (qd_shard_plan_make(&m->cfg, modes[i][0], 0, modes[i][1], &p, &perr) != QD_OK) {
+            printf("  %s: no %s=%d split: %s\n", name, modes[i][1] ? "EP" : "TP", modes[i][0], perr.msg);
             continue;
         }
         check_group(m, name, w, &cp, ref, &want, modes[i][0], modes[i][1]);
@@ -341,8 +348,9 @@ static void expect_plan_error(const qd_config *c, int tp, bool ep, const char *f
 }
 
 static void check_negatives(qd_model *m) {
-    const qd_config *c0 = &m->cfg;  /* a Qwen3.5-MoE fixture: hk 2, nq 4 / nkv 2, experts 8 x 32, shared 48 */
-    expect_plan_error(c0, 4, false, "linear_num_key_heads");
+    const qd_config *c0 = &m->cfg;  /* a Qwen3.5-MoE fixture: hk 2, hv 4, nq 4 / nkv 2, experts 8 x 32, shared 48 */
+    expect_plan_error(c0, 4, false, NULL);  /* each key head on two ranks, one value head each */
+    expect_plan_error(c0, 8, false, "linear_num_key_heads");  /* 8 ranks, 4 value heads */
     expect_plan_error(c0, 3, false, "linear_num_key_heads");
     expect_plan_error(c0, 0, false, "tensor parallel size 0");
     qd_shard_plan p;
@@ -372,7 +380,7 @@ static void check_negatives(qd_model *m) {
     /* the group passes the plan's message on */
     qd_tp_cpu *g = NULL;
     qd_err_clear(&err);
-    CHECK(qd_tp_cpu_create(m, 4, false, NULL, &g, &err) == QD_ERR_INVALID_ARG && !g &&
+    CHECK(qd_tp_cpu_create(m, 3, false, NULL, &g, &err) == QD_ERR_INVALID_ARG && !g &&
           strstr(err.msg, "linear_num_key_heads"));
     /* a bad batch is refused by rank 0 with qd_forward's message, and changes nothing */
     CHECK(qd_tp_cpu_create(m, 2, false, NULL, &g, &err) == QD_OK);
@@ -411,7 +419,7 @@ static qd_model *load(const char *dir, qd_load_format fmt) {
     return m;
 }
 
-static const int k_fixture_modes[][2] = {{1, 0}, {2, 0}, {2, 1}};
+static const int k_fixture_modes[][2] = {{1, 0}, {2, 0}, {2, 1}, {4, 0}, {4, 1}};
 static const int k_dummy_modes[][2] = {{1, 0}, {2, 0}, {4, 0}, {2, 1}, {4, 1}};
 
 static void check_fixture(const char *dir) {
@@ -424,7 +432,7 @@ static void check_fixture(const char *dir) {
         qd_model_free(m);
         return;
     }
-    check_model(m, dir + strlen(FIXTURES) + 1, &w, k_fixture_modes, 3);
+    check_model(m, dir + strlen(FIXTURES) + 1, &w, k_fixture_modes, 5);
     if (!strcmp(dir, FIXTURES "/qwen3_5_moe_fused_f32")) check_negatives(m);
     qd_model_free(m);
 }

@@ -10,16 +10,21 @@
 #include "base/membw.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "parallel/tp.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_gdn.h"
 #endif
 
 static void usage(FILE *f) {
     fprintf(f, "usage: qdelta bench -m DIR [--backend cpu|cuda] [--load-format auto|dummy|dummy-f32] [-t N]\n"
+               "                    [--tensor-parallel-size N] [--expert-parallel]\n"
                "                    [--prefill 512,4096] [--decode N] [--batch B] [--context T]\n"
                "  Measures prefill tok/s for each prompt length (one sequence), then decode tok/s for\n"
                "  B sequences (default 1) after a T-token prompt each (default 512), against the decode\n"
-               "  roofline: weights + GDN state + KV bytes per step over the measured copy bandwidth.\n");
+               "  roofline: weights + GDN state + KV bytes per step over the measured copy bandwidth.\n"
+               "  With --tensor-parallel-size N on CUDA it also reports the device time of the last\n"
+               "  step's all-reduces (rank 0, waiting for the other ranks included).\n"
+               CLI_MODEL_OPTS_HELP);
 }
 
 static int parse_list(const char *s, int *out, int max) {
@@ -45,6 +50,27 @@ static double measure_bandwidth(const cli_model_opts *mo) {
     }
 #endif
     return qd_measure_memcpy_gbps((size_t)1 << 30, mo->threads);
+}
+
+/* The last step's all-reduce time of a split model on CUDA, as " (N all-reduces: X ms)";
+ * returns 0 (buf empty) otherwise. */
+static int allreduce_note(qd_context *ctx, bool split, char *buf, size_t n) {
+    double ms = 0;
+    int count = 0;
+    buf[0] = 0;
+    if (!split || qd_tp_allreduce_ms(ctx, &ms, &count) != QD_OK) return 0;
+    snprintf(buf, n, " (%d all-reduces: %.3f ms)", count, ms);
+    return 1;
+}
+
+/* The same as RESULT fields " allreduce_ms=X allreduce_n=N". */
+static const char *allreduce_field(qd_context *ctx, bool split, char *buf, size_t n) {
+    double ms = 0;
+    int count = 0;
+    buf[0] = 0;
+    if (split && qd_tp_allreduce_ms(ctx, &ms, &count) == QD_OK)
+        snprintf(buf, n, " allreduce_ms=%.4f allreduce_n=%d", ms, count);
+    return buf;
 }
 
 static int fail(qd_context *ctx) {
@@ -80,6 +106,8 @@ int qd_cmd_bench(int argc, char **argv) {
     qd_model *m = cli_load_model(&mo);
     if (!m) return 1;
     double t_load = cli_now() - t0;
+    const bool split = mo.tensor_parallel_size > 1 && mo.backend == QD_BACKEND_CUDA;
+    if (split) qd_tp_set_timing(m, true); /* before the context: its graphs record the timing events */
     int max_prefill = (int)context;
     for (int i = 0; i < n_prefill; i++) if (prefill[i] > max_prefill) max_prefill = prefill[i];
     qd_context_params cp = qd_context_default_params();
@@ -123,8 +151,11 @@ int qd_cmd_bench(int argc, char **argv) {
             double dt = cli_now() - a;
             best = dt < best ? dt : best;
         }
-        printf("prefill %5d tokens: %8.4f s  %10.1f tok/s\n", prefill[i], best, prefill[i] / best);
-        printf("RESULT prefill backend=%s T=%d s=%.5f tok_s=%.1f\n", backend, prefill[i], best, prefill[i] / best);
+        char ar[96] = "";
+        allreduce_note(ctx, split, ar, sizeof ar);
+        printf("prefill %5d tokens: %8.4f s  %10.1f tok/s%s\n", prefill[i], best, prefill[i] / best, ar);
+        printf("RESULT prefill backend=%s T=%d s=%.5f tok_s=%.1f%s\n", backend, prefill[i], best, prefill[i] / best,
+               allreduce_field(ctx, split, ar, sizeof ar));
         fflush(stdout);
     }
     qd_seq_reset(ctx, 0);
@@ -153,9 +184,11 @@ int qd_cmd_bench(int argc, char **argv) {
            context, dt, steps, steps * batch);
     printf("  roofline: %.3f GB per step over copy bandwidth %.0f GB/s = %.1f steps/s; reached %.1f%%\n", bytes / 1e9,
            bw, roof_steps, roof_steps > 0 ? 100.0 * steps / roof_steps : 0.0);
-    printf("RESULT decode backend=%s B=%ld ctx=%ld tok_s=%.2f step_ms=%.4f GB_per_step=%.4f copy_GBps=%.0f pct_roofline=%.1f\n",
+    char ar[96] = "";
+    if (split && allreduce_note(ctx, split, ar, sizeof ar)) printf("  all-reduce:%s\n", ar);
+    printf("RESULT decode backend=%s B=%ld ctx=%ld tok_s=%.2f step_ms=%.4f GB_per_step=%.4f copy_GBps=%.0f pct_roofline=%.1f%s\n",
            backend, batch, context, steps * batch, 1e3 / steps, bytes / 1e9, bw,
-           roof_steps > 0 ? 100.0 * steps / roof_steps : 0.0);
+           roof_steps > 0 ? 100.0 * steps / roof_steps : 0.0, allreduce_field(ctx, split, ar, sizeof ar));
     rc = 0;
 done:
     free(ids);

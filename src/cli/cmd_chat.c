@@ -29,7 +29,7 @@ static void usage(FILE *f) {
                "  --system TEXT             system message\n"
                "  --think, --no-think       enable_thinking in the template (default: on)\n"
                "  --ctx-size N              tokens of conversation kept (default 4096)\n"
-               "  --load-format auto|dummy, --backend cpu|cuda, -t N threads, -q quiet\n");
+               CLI_MODEL_OPTS_HELP);
     cli_print_gen_opts_help(f);
 }
 

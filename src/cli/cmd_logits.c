@@ -8,9 +8,10 @@
 #include "cli/common.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: qdelta logits -m DIR --ids FILE -o OUT.f32 [--load-format auto|dummy] [-t N]\n"
+    fprintf(f, "usage: qdelta logits -m DIR --ids FILE -o OUT.f32 [options]\n"
                "  Runs one prefill over the token ids in FILE (whitespace-separated) and writes the\n"
-               "  logits of every position to OUT.f32: n_ids x vocab_size little-endian float32.\n");
+               "  logits of every position to OUT.f32: n_ids x vocab_size little-endian float32.\n"
+               CLI_MODEL_OPTS_HELP);
 }
 
 int qd_cmd_logits(int argc, char **argv) {

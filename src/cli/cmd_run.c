@@ -19,7 +19,7 @@ static void usage(FILE *f) {
                "  --no-think                enable_thinking=false in the template (with --chat)\n"
                "  --ids-out FILE            write the generated ids, space-separated\n"
                "  --ctx-size N              context length (default: prompt + max tokens)\n"
-               "  --load-format auto|dummy, --backend cpu|cuda, -t N threads, -q quiet\n");
+               CLI_MODEL_OPTS_HELP);
     cli_print_gen_opts_help(f);
 }
 

@@ -34,7 +34,7 @@ static void usage(FILE *f) {
                "  --prefix-snapshot-interval N  also snapshot every N prompt tokens (default 512)\n"
                "  --http-threads N          HTTP polling threads (default 1)\n"
                "  --max-body-bytes N        request body limit (default 4 MiB)\n"
-               "  --load-format auto|dummy, --backend cpu|cuda, -t N threads, -q quiet\n");
+               CLI_MODEL_OPTS_HELP);
 }
 
 /* max_position_embeddings from config.json (0 when unreadable). */

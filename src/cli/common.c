@@ -86,6 +86,17 @@ int cli_parse_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         o->threads = (int)n;
         return 1;
     }
+    if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
+        const char *v = cli_value(argc, argv, i);
+        long n;
+        if (!v || cli_int(a, v, 1, 8, &n)) return -1;
+        o->tensor_parallel_size = (int)n;
+        return 1;
+    }
+    if (!strcmp(a, "--expert-parallel")) {
+        o->expert_parallel = true;
+        return 1;
+    }
     if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
         o->quiet = true;
         return 1;
@@ -112,6 +123,8 @@ qd_model *cli_load_model(const cli_model_opts *o) {
     mp.load_format = o->load_format;
     mp.backend = o->backend;
     mp.n_threads = o->threads;
+    mp.tensor_parallel_size = o->tensor_parallel_size;
+    mp.expert_parallel = o->expert_parallel;
     if (!o->quiet) mp.progress = progress_bar;
     qd_model *m;
     char err[1024];

@@ -16,7 +16,16 @@ typedef struct cli_model_opts {
     qd_backend_kind backend;    /* --backend cpu|cuda */
     int threads;                /* -t / --threads */
     bool quiet;                 /* no progress bar */
+    int tensor_parallel_size;   /* --tensor-parallel-size N (0/1: not split) */
+    bool expert_parallel;       /* --expert-parallel */
 } cli_model_opts;
+
+/* One help line for the options above beyond -m (every model-running command prints it). */
+#define CLI_MODEL_OPTS_HELP                                                                          \
+    "  --load-format auto|dummy, --backend cpu|cuda, -t N threads, -q quiet\n"                      \
+    "  --tensor-parallel-size N  split the model over N ranks (CUDA: N GPUs, or GPU 0 when only one\n" \
+    "                            is visible; CPU: in process, for checks); --expert-parallel: MoE\n"   \
+    "                            experts partitioned over the ranks instead of split\n"
 
 /* If argv[*i] is a model option, consumes it (and its value) and returns 1;
  * returns -1 with a message on a bad value, 0 when not a model option. */

@@ -7,6 +7,7 @@
 
 #include "base/arena.h"
 #include "model/model.h"
+#include "parallel/tp.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_model.h"
 #endif
@@ -74,8 +75,9 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
     if (!ctx) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory for a context");
     ctx->model = m;
     ctx->params = p;
-    const int on_gpu = m->backend == QD_BACKEND_CUDA;
-    /* the CPU forward's scratch; a CUDA context keeps its scratch on the device */
+    /* the CPU forward's scratch; a CUDA context keeps its scratch and state on the device,
+     * a split model's context in its ranks */
+    const int on_gpu = m->backend == QD_BACKEND_CUDA || m->tp;
     size_t bytes = on_gpu ? 64 : plan_scratch(c, (size_t)p.max_batch, NULL, &ctx->s);
     ctx->scratch_block = qd_aligned_alloc(bytes);
     ctx->row_logits = on_gpu ? NULL : qd_aligned_alloc((size_t)c->vocab_size * sizeof(float));
@@ -99,8 +101,12 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
         qd_context_free(ctx);
         return st;
     }
+    if (m->tp && (st = qd_tp_ctx_create(ctx)) != QD_OK) {
+        qd_context_free(ctx);
+        return st;
+    }
 #ifdef QD_HAVE_CUDA
-    if (on_gpu && (st = qd_cuda_ctx_create(ctx)) != QD_OK) {
+    if (!m->tp && on_gpu && (st = qd_cuda_ctx_create(ctx)) != QD_OK) {
         qd_context_free(ctx);
         return st;
     }
@@ -116,6 +122,7 @@ oom:
 
 void qd_context_free(qd_context *ctx) {
     if (!ctx) return;
+    qd_tp_ctx_free(ctx);
 #ifdef QD_HAVE_CUDA
     qd_cuda_ctx_free(ctx);
 #endif

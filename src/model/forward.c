@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "parallel/tp.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_model.h"
 #endif
@@ -98,18 +99,16 @@ static void advance_lengths(qd_context *ctx, int n_spans) {
     for (int i = 0; i < n_spans; i++) ctx->seqs[rt[i].seq].length += rt[i].T;
 }
 
-/* After the layer stack: sequence lengths, then what the rows that want logits hand
- * back (see qd_logit_out). Into a caller's logits buffer every row is computed in one
- * matmul (the LM head is read once); ids alone go one row at a time through the
- * context's row buffer. */
-static qd_status finish(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, const qd_logit_out *out) {
+/* After the layer stack: what the rows that want logits hand back (see qd_logit_out).
+ * Into a caller's logits buffer every row is computed in one matmul (the LM head is read
+ * once); ids alone go one row at a time through the context's row buffer. */
+static qd_status logits_out(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows,
+                            const qd_logit_out *out) {
     const qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
     const int H = c->hidden_size;
     qd_scratch *s = &ctx->s;
     const qd_span_rt *rt = ctx->spans_rt;
-    advance_lengths(ctx, n_spans);
-
     if (n_logit_rows == 0) return QD_OK;
     /* gather the rows that want logits, final norm, LM head */
     int lr = 0;
@@ -135,6 +134,12 @@ static qd_status finish(qd_context *ctx, const qd_span *spans, int n_spans, int 
     return QD_OK;
 }
 
+/* After the layer stack: sequence lengths, then the logit rows. */
+static qd_status finish(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, const qd_logit_out *out) {
+    advance_lengths(ctx, n_spans);
+    return logits_out(ctx, spans, n_spans, n_logit_rows, out);
+}
+
 static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, const qd_logit_out *out) {
     qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
@@ -144,6 +149,11 @@ static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, con
     QD_TRY(validate(ctx, spans, n_spans, rt, &n_rows, &n_logit_rows));
     if (n_logit_rows > 0 && !out->logits && !out->ids)
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
+    if (ctx->tp) { /* split model: the ranks run the layers; lengths advance as below */
+        qd_status st = qd_tp_forward(ctx, spans, n_spans, n_rows, n_logit_rows, out);
+        if (st == QD_OK) advance_lengths(ctx, n_spans);
+        return st;
+    }
 #ifdef QD_HAVE_CUDA
     if (ctx->cuda) {
         qd_status st = qd_cuda_forward(ctx, spans, n_spans, rt, n_rows, n_logit_rows, out);
@@ -183,6 +193,13 @@ qd_status qd_forward_begin(qd_context *ctx, const qd_span *spans, int n_spans, f
 qd_status qd_forward_end(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, float *logits) {
     const qd_logit_out out = {.logits = logits, .vocab_limit = ctx->model->cfg.vocab_size};
     return finish(ctx, spans, n_spans, n_logit_rows, &out);
+}
+
+void qd_forward_rank_begin(qd_context *ctx, const qd_span *spans, int n_spans) { begin_rows(ctx, spans, n_spans); }
+
+qd_status qd_forward_rank_logits(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows,
+                                 const qd_logit_out *out) {
+    return logits_out(ctx, spans, n_spans, n_logit_rows, out);
 }
 
 qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits) {

@@ -10,6 +10,7 @@
 
 #include "base/arena.h"
 #include "model/model.h"
+#include "parallel/tp.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_model.h"
 #endif
@@ -41,7 +42,8 @@ qd_status qd_kv_pool_init(qd_context *ctx) {
         if (!ctx->seqs[i].blocks) return QD_ERR_OOM;
     }
     if (kv->n_blocks == 0) return QD_OK;
-    if (m->backend == QD_BACKEND_CPU) { /* a CUDA context keeps the blocks' contents on the device */
+    /* a CUDA context keeps the blocks' contents on the device, a split model's in its ranks */
+    if (m->backend == QD_BACKEND_CPU && !m->tp) {
         kv->k = qd_aligned_alloc((size_t)kv->n_blocks * kv->block_floats * sizeof(float));
         kv->v = qd_aligned_alloc((size_t)kv->n_blocks * kv->block_floats * sizeof(float));
         if (!kv->k || !kv->v) return QD_ERR_OOM;
@@ -92,8 +94,8 @@ static void unref(qd_kv_pool *kv, int32_t b) {
     if (--kv->ref[b] == 0) kv->free_ids[kv->n_free++] = b;
 }
 
-/* Block dst's keys and values become a copy of block src's, wherever they live. */
-static qd_status block_copy(qd_context *ctx, int32_t dst, int32_t src) {
+qd_status qd_kv_copy_block(qd_context *ctx, int32_t dst, int32_t src) {
+    if (ctx->tp) return qd_tp_kv_copy_block(ctx, dst, src);
 #ifdef QD_HAVE_CUDA
     if (ctx->cuda) return qd_cuda_kv_copy_block(ctx, dst, src);
 #endif
@@ -119,7 +121,7 @@ qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens) {
         int i = q->length / kv->block_size;
         int32_t old = q->blocks[i], nb = kv->free_ids[--kv->n_free];
         kv->ref[nb] = 1;
-        qd_status st = block_copy(ctx, nb, old);
+        qd_status st = qd_kv_copy_block(ctx, nb, old);
         if (st != QD_OK) {
             kv->free_ids[kv->n_free++] = nb;
             kv->ref[nb] = 0;
@@ -156,7 +158,9 @@ static size_t ssm_floats(const qd_context *ctx) {
 
 /* A sequence's GDN state to or from plain buffers (snapshot layout), wherever the
  * backend keeps it. */
-static qd_status state_read(qd_context *ctx, int seq, float *conv, float *ssm) {
+qd_status qd_seq_state_read(qd_context *ctx, int seq, float *conv, float *ssm) {
+    if (ctx->tp)
+        return qd_seterr(&ctx->err, QD_ERR_UNSUPPORTED, "a split model's state is per rank: read it as a snapshot");
 #ifdef QD_HAVE_CUDA
     if (ctx->cuda) return qd_cuda_state_get(ctx, seq, conv, ssm);
 #endif
@@ -166,6 +170,10 @@ static qd_status state_read(qd_context *ctx, int seq, float *conv, float *ssm) {
 }
 
 qd_status qd_seq_state_write(qd_context *ctx, int seq, const float *conv, const float *ssm) {
+    if (ctx->tp) {
+        if (!conv && !ssm) return qd_tp_state_write(ctx, seq, NULL);
+        return qd_seterr(&ctx->err, QD_ERR_UNSUPPORTED, "a split model's state is per rank: write it as a snapshot");
+    }
 #ifdef QD_HAVE_CUDA
     if (ctx->cuda) return qd_cuda_state_put(ctx, seq, conv, ssm);
 #endif
@@ -180,8 +188,8 @@ qd_status qd_seq_state_write(qd_context *ctx, int seq, const float *conv, const 
     return QD_OK;
 }
 
-/* dst's GDN state becomes a copy of src's. */
-static qd_status state_copy(qd_context *ctx, int src, int dst) {
+qd_status qd_seq_state_copy(qd_context *ctx, int src, int dst) {
+    if (ctx->tp) return qd_tp_state_copy(ctx, src, dst);
 #ifdef QD_HAVE_CUDA
     if (ctx->cuda) return qd_cuda_state_copy(ctx, src, dst);
 #endif
@@ -190,11 +198,26 @@ static qd_status state_copy(qd_context *ctx, int src, int dst) {
     return QD_OK;
 }
 
+/* The snapshot's state payload, wherever it lives: [conv | ssm], or each rank's in turn. */
+static size_t payload_bytes(const qd_context *ctx) {
+    return ctx->tp ? qd_tp_state_bytes(ctx) : (conv_floats(ctx) + ssm_floats(ctx)) * sizeof(float);
+}
+
+static qd_status payload_read(qd_context *ctx, int seq, unsigned char *dst) {
+    if (ctx->tp) return qd_tp_state_read(ctx, seq, dst);
+    return qd_seq_state_read(ctx, seq, (float *)dst, (float *)(dst + conv_floats(ctx) * sizeof(float)));
+}
+
+static qd_status payload_write(qd_context *ctx, int seq, const unsigned char *src) {
+    if (ctx->tp) return qd_tp_state_write(ctx, seq, src);
+    return qd_seq_state_write(ctx, seq, (const float *)src, (const float *)(src + conv_floats(ctx) * sizeof(float)));
+}
+
 /* Layout: int64 length, padding to 64 bytes, conv floats, ssm floats. */
 #define SNAP_HEADER 64
 
 size_t qd_seq_state_size(const qd_context *ctx) {
-    return SNAP_HEADER + (conv_floats(ctx) + ssm_floats(ctx)) * sizeof(float);
+    return SNAP_HEADER + payload_bytes(ctx);
 }
 
 static qd_status check_seq(qd_context *ctx, int seq) {
@@ -213,7 +236,7 @@ qd_status qd_seq_state_save(qd_context *ctx, int seq, void *dst, size_t size) {
     int64_t len = q->length;
     memset(d, 0, SNAP_HEADER);
     memcpy(d, &len, sizeof len);
-    return state_read(ctx, seq, (float *)(d + SNAP_HEADER), (float *)(d + SNAP_HEADER + conv_floats(ctx) * sizeof(float)));
+    return payload_read(ctx, seq, d + SNAP_HEADER);
 }
 
 qd_status qd_seq_state_restore(qd_context *ctx, int seq, const void *src, size_t size) {
@@ -229,8 +252,7 @@ qd_status qd_seq_state_restore(qd_context *ctx, int seq, const void *src, size_t
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
                          "snapshot of %lld tokens cannot be restored into sequence %d holding %d (KV would be missing)",
                          (long long)len, seq, q->length);
-    QD_TRY(qd_seq_state_write(ctx, seq, (const float *)(s + SNAP_HEADER),
-                       (const float *)(s + SNAP_HEADER + conv_floats(ctx) * sizeof(float))));
+    QD_TRY(payload_write(ctx, seq, s + SNAP_HEADER));
     q->length = (int)len;
     qd_kv_truncate(ctx, seq, q->length);
     return QD_OK;
@@ -242,7 +264,7 @@ qd_status qd_seq_fork(qd_context *ctx, int src, int dst) {
     if (src == dst) return QD_OK;
     QD_TRY(qd_seq_reset(ctx, dst));
     qd_seq_state *a = &ctx->seqs[src], *b = &ctx->seqs[dst];
-    QD_TRY(state_copy(ctx, src, dst));
+    QD_TRY(qd_seq_state_copy(ctx, src, dst));
     for (int i = 0; i < a->n_blocks; i++) {
         b->blocks[i] = a->blocks[i];
         ctx->kv.ref[a->blocks[i]]++;
@@ -273,8 +295,7 @@ qd_status qd_seq_state_attach(qd_context *ctx, int seq, const void *src, size_t 
     QD_TRY(qd_seq_reset(ctx, seq));
     qd_seq_state *q = &ctx->seqs[seq];
     const unsigned char *s = src;
-    QD_TRY(qd_seq_state_write(ctx, seq, (const float *)(s + SNAP_HEADER),
-                       (const float *)(s + SNAP_HEADER + conv_floats(ctx) * sizeof(float))));
+    QD_TRY(payload_write(ctx, seq, s + SNAP_HEADER));
     /* shared, not copied: a partly filled last block is copied by qd_kv_reserve before
      * this sequence writes into it, because the cache still holds a reference */
     for (int i = 0; i < n_blocks; i++) {

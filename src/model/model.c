@@ -6,6 +6,7 @@
 #include "base/arena.h"
 #include "base/log.h"
 #include "model/model.h"
+#include "parallel/tp.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_model.h"
 #endif
@@ -77,7 +78,7 @@ void qd_model_account(qd_model *m) {
             for (int e = 0; e < c->n_experts; e++) {
                 ADD_W(&w->experts[e].gate, 0); ADD_W(&w->experts[e].up, 0); ADD_W(&w->experts[e].down, 0);
             }
-            if (c->n_experts > 0) active += mlp_bytes(&w->experts[0]) * c->n_experts_per_tok;
+            if (m->n_local_experts > 0) active += mlp_bytes(&w->experts[m->expert0]) * c->n_experts_per_tok;
             if (w->has_shared) {
                 ADD_W(&w->shared.gate, 1); ADD_W(&w->shared.up, 1); ADD_W(&w->shared.down, 1);
                 ADD_W(&w->shared_gate, 1);
@@ -96,7 +97,7 @@ void qd_model_account(qd_model *m) {
              c->n_experts > 0 ? "MoE" : "dense FFN", c->vocab_size, (double)params / 1e9);
 }
 
-static qd_status model_init_layers(qd_model *m, qd_err *err) {
+qd_status qd_model_init_layers(qd_model *m, qd_err *err) {
     const qd_config *c = &m->cfg;
     m->layers = qd_model_alloc(m, sizeof(qd_layer) * (size_t)c->n_layers);
     if (!m->layers) return qd_seterr(err, QD_ERR_OOM, "out of memory for %d layers", c->n_layers);
@@ -107,6 +108,8 @@ static qd_status model_init_layers(qd_model *m, qd_err *err) {
         ly->ffn_kind = c->ffn_kind[L];
         ly->state_index = ly->kind == QD_LAYER_GDN ? m->n_gdn++ : m->n_attn++;
     }
+    m->expert0 = 0;
+    m->n_local_experts = c->n_experts;
     if (c->gdn_conv_kernel < 1 || c->gdn_conv_kernel > 16)
         return qd_seterr(err, QD_ERR_UNSUPPORTED, "linear_conv_kernel_dim %d: supported range is 1..16",
                          c->gdn_conv_kernel);
@@ -151,14 +154,22 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
         for (int i = 0; i < m->n_eos; i++) m->eos_ids[i] = src[i];
     }
     m->backend = params->backend;
-    if ((s = model_init_layers(m, &err)) != QD_OK) goto fail;
+    if ((s = qd_model_init_layers(m, &err)) != QD_OK) goto fail;
     m->pool = qd_threadpool_create(params->n_threads);
     if (!m->pool) {
         s = qd_seterr(&err, QD_ERR_OOM, "could not start the thread pool");
         goto fail;
     }
     if (params->progress) params->progress(0.0f, params->progress_user);
-    if (params->load_format == QD_LOAD_DUMMY || params->load_format == QD_LOAD_DUMMY_F32) {
+    const bool dummy = params->load_format == QD_LOAD_DUMMY || params->load_format == QD_LOAD_DUMMY_F32;
+    if (params->tensor_parallel_size > 1) { /* the ranks read their slices: no weights here */
+        if (!dummy && (s = qd_st_open_dir(params->path, &m->st, &err)) != QD_OK) goto fail;
+        if ((s = qd_tp_model_load(m, params, &err)) != QD_OK) goto fail;
+        if (params->progress) params->progress(1.0f, params->progress_user);
+        *out = m;
+        return QD_OK;
+    }
+    if (dummy) {
         s = qd_model_bind_dummy(m, params->seed, params->load_format == QD_LOAD_DUMMY ? QD_DTYPE_BF16 : QD_DTYPE_F32, &err);
     } else {
         if ((s = qd_st_open_dir(params->path, &m->st, &err)) != QD_OK) goto fail;
@@ -180,6 +191,7 @@ fail:
 
 void qd_model_free(qd_model *m) {
     if (!m) return;
+    qd_tp_model_free(m);
 #ifdef QD_HAVE_CUDA
     qd_cuda_model_free(m);
 #endif

@@ -80,6 +80,12 @@ struct qd_model {
     float *final_norm;        /* [H] zero-centred */
     qd_layer *layers;         /* [n_layers] */
     int n_gdn, n_attn;
+    /* MoE experts [expert0, expert0 + n_local_experts) are bound: all of them, except on an
+     * expert-parallel rank (src/parallel), whose other experts are zero-sized */
+    int expert0, n_local_experts;
+    /* tensor / expert parallel: the ranks' models (src/parallel/tp.h); this model then holds
+     * the config and the checkpoint mapping, and no weights of its own */
+    struct qd_tp_model *tp;
     /* every buffer the model owns, freed with it */
     void **owned;
     int n_owned, cap_owned;
@@ -96,6 +102,12 @@ void *qd_model_alloc(qd_model *m, size_t bytes);
 
 /* Fills the weights from the checkpoint (model_load.c) or at random (model_dummy.c). */
 qd_status qd_model_bind_checkpoint(qd_model *m, qd_err *err);
+/* The slices of a sharding plan (src/parallel/shard.h) of the checkpoint whose config is c;
+ * m->cfg is the plan's local config. */
+struct qd_shard_plan;
+qd_status qd_model_bind_checkpoint_plan(qd_model *m, const qd_config *c, const struct qd_shard_plan *p, qd_err *err);
+/* Layer kinds and state indices from m->cfg (model.c). */
+qd_status qd_model_init_layers(qd_model *m, qd_err *err);
 qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err *err);
 /* Parameter and byte counts from the bound weights. */
 void qd_model_account(qd_model *m);
@@ -185,6 +197,9 @@ struct qd_context {
     float *row_logits;        /* [vocab] one row of logits (qd_forward_greedy on the CPU) */
     void *scratch_block;
     struct qd_cuda_ctx *cuda; /* device state and scratch (CUDA backend), else NULL */
+    /* tensor parallel: the ranks' contexts (src/parallel/tp.h), which hold the state and the
+     * KV contents; this context keeps the sequences' lengths and the one set of block tables */
+    struct qd_tp_ctx *tp;
 };
 
 /* ------------------------------------------------------ KV blocks (kv_cache.c) */
@@ -215,11 +230,19 @@ static inline size_t qd_kv_offset(const qd_context *ctx, int seq, int attn_index
 /* ------------------------------------------ sequence state snapshots (kv_cache.c) */
 
 /* GDN state (conv + recurrent, every GDN layer) and length of a sequence as a plain
- * copy: size in bytes of one snapshot. */
+ * copy: size in bytes of one snapshot. (A split model's snapshot holds each rank's
+ * slice in rank order.) */
 size_t qd_seq_state_size(const qd_context *ctx);
 /* Sets a sequence's GDN state (conv [n_gdn][conv_dim][Kc-1], ssm [n_gdn][hv][dk][dv],
- * the snapshot layout) wherever the backend keeps it; NULL conv/ssm: zeros. */
+ * the snapshot layout) wherever the backend keeps it; NULL conv/ssm: zeros. A split
+ * model's context takes only NULL (its state is per rank: use snapshots). */
 qd_status qd_seq_state_write(qd_context *ctx, int seq, const float *conv, const float *ssm);
+/* The same state read out, and copied from one sequence to another (a split model's
+ * context: copy only). */
+qd_status qd_seq_state_read(qd_context *ctx, int seq, float *conv, float *ssm);
+qd_status qd_seq_state_copy(qd_context *ctx, int src, int dst);
+/* Block dst's keys and values become a copy of block src's, wherever they live. */
+qd_status qd_kv_copy_block(qd_context *ctx, int32_t dst, int32_t src);
 qd_status qd_seq_state_save(qd_context *ctx, int seq, void *dst, size_t size);
 /* Rolls `seq` back to a snapshot taken from it (or from a sequence it was forked
  * from) at a length <= its current length: the GDN state is copied back, the length
@@ -259,5 +282,12 @@ qd_status qd_layer_moe_forward_experts(qd_context *ctx, const qd_moe_weights *w,
 qd_status qd_forward_begin(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, int *n_rows,
                            int *n_logit_rows);
 qd_status qd_forward_end(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows, float *logits);
+/* The same for a rank of a split model's context (src/parallel/tp.c), which has validated
+ * the batch and copied it (ctx->spans_rt) and the block tables in: begin fills positions
+ * and embeddings, logits writes the requested logits / greedy ids from ctx->s.h; neither
+ * touches the lengths. */
+void qd_forward_rank_begin(qd_context *ctx, const qd_span *spans, int n_spans);
+qd_status qd_forward_rank_logits(qd_context *ctx, const qd_span *spans, int n_spans, int n_logit_rows,
+                                 const qd_logit_out *out);
 
 #endif

@@ -105,7 +105,14 @@ qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err
             QD_TRY(rand_matrix(m, &w->router, c->n_experts, H, &s, err));
             w->experts = qd_model_alloc(m, sizeof(qd_mlp_weights) * (size_t)c->n_experts);
             if (!w->experts) return qd_seterr(err, QD_ERR_OOM, "out of memory for experts");
-            for (int e = 0; e < c->n_experts; e++) QD_TRY(rand_mlp(m, &w->experts[e], c->moe_intermediate_size, &s, err));
+            memset(w->experts, 0, sizeof(qd_mlp_weights) * (size_t)c->n_experts);
+            /* an expert-parallel rank draws only its experts; the others' seeds are skipped so
+             * that every expert is drawn the same whichever rank holds it */
+            for (int e = 0; e < c->n_experts; e++) {
+                if (e >= m->expert0 && e < m->expert0 + m->n_local_experts)
+                    QD_TRY(rand_mlp(m, &w->experts[e], c->moe_intermediate_size, &s, err));
+                else for (int i = 0; i < 3; i++) (void)splitmix(&s);
+            }
             w->has_shared = c->shared_expert_intermediate_size > 0;
             if (w->has_shared) {
                 QD_TRY(rand_mlp(m, &w->shared, c->shared_expert_intermediate_size, &s, err));

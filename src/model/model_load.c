@@ -1,9 +1,13 @@
-/* Binds a model's weights to the tensors of a safetensors checkpoint.
+/* Binds a model's weights to the tensors of a safetensors checkpoint: the whole model,
+ * or one tensor-parallel rank's slices of it (src/parallel/shard.h). A full load is the
+ * plan of one rank of one, whose every slice is the whole tensor.
  *
  * Matrices are used as stored (views into the mapping) except Qwen3-Next's
  * group-interleaved in_proj_qkvz / in_proj_ba, whose rows are permuted once here
- * into the logical [q | k | v], z, b, a layout (spec 3.2). Small vectors (norms,
- * gates, conv taps) are converted to fp32. Tensors of the vision tower
+ * into the logical [q | k | v], z, b, a layout (spec 3.2). A rank's row ranges are
+ * views too; its column ranges (out_proj, o_proj, down_proj) and its q/k/v runs are
+ * copied, touching only the bytes of its slice. Small vectors (norms, gates, conv taps)
+ * are converted to fp32, a rank's entries only. Tensors of the vision tower
  * (model.visual.*) and the MTP head (mtp.*) are not used and not rejected. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -11,10 +15,13 @@
 
 #include "base/log.h"
 #include "model/model.h"
+#include "parallel/shard.h"
 
 typedef struct binder {
     qd_model *m;
-    const char *prefix;  /* "model." or "model.language_model." */
+    const qd_config *c;       /* the checkpoint's config: stored shapes are checked against it */
+    const qd_shard_plan *p;   /* the slice of every tensor to bind */
+    const char *prefix;       /* "model." or "model.language_model." */
     qd_err *err;
 } binder;
 
@@ -80,10 +87,13 @@ static qd_status get_matrix(binder *b, qd_weight *w, int64_t rows, int64_t cols,
     return QD_OK;
 }
 
-/* Reads a tensor of n elements (any of the accepted shapes) into an owned fp32 array. */
-static qd_status get_vector(binder *b, float **out, int ndim, const int64_t *shape, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static qd_status get_vector(binder *b, float **out, int ndim, const int64_t *shape, const char *fmt, ...) {
+/* Reads rows `runs` (of row_len elements each; NULL: all) of a tensor of any of the
+ * accepted shapes into an owned fp32 array. */
+static qd_status get_vector_rows(binder *b, float **out, int ndim, const int64_t *shape, int64_t row_len,
+                                 const qd_shard_range *runs, int n_runs, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+static qd_status get_vector_rows(binder *b, float **out, int ndim, const int64_t *shape, int64_t row_len,
+                                 const qd_shard_range *runs, int n_runs, const char *fmt, ...) {
     char rel[256];
     va_list ap;
     va_start(ap, fmt);
@@ -94,38 +104,71 @@ static qd_status get_vector(binder *b, float **out, int ndim, const int64_t *sha
     if (t->dtype != QD_DTYPE_F32 && t->dtype != QD_DTYPE_BF16 && t->dtype != QD_DTYPE_F16)
         return qd_seterr(b->err, QD_ERR_UNSUPPORTED, "tensor '%s' has dtype %s; expected F32, BF16 or F16",
                          t->name, qd_dtype_name(t->dtype));
-    float *v = qd_model_alloc(b->m, (size_t)t->n_elements * sizeof(float));
+    const qd_shard_range whole = {0, t->n_elements / row_len};
+    if (!runs) runs = &whole, n_runs = 1;
+    int64_t rows = 0;
+    for (int i = 0; i < n_runs; i++) rows += runs[i].count;
+    float *v = qd_model_alloc(b->m, (size_t)(rows * row_len) * sizeof(float));
     if (!v) return qd_seterr(b->err, QD_ERR_OOM, "out of memory converting '%s'", t->name);
-    qd_convert_to_f32(t->dtype, t->data, v, (size_t)t->n_elements);
+    const size_t esz = qd_dtype_size(t->dtype);
+    size_t off = 0;
+    for (int i = 0; i < n_runs; i++) {
+        qd_convert_to_f32(t->dtype, (const unsigned char *)t->data + (size_t)(runs[i].begin * row_len) * esz, v + off,
+                          (size_t)(runs[i].count * row_len));
+        off += (size_t)(runs[i].count * row_len);
+    }
     *out = v;
     return QD_OK;
 }
 
-/* Copies selected rows of a stored matrix into a new owned matrix of the same dtype. */
-typedef struct { int64_t src_row; int64_t n_rows; } row_run;
+#define get_vector(b, out, ndim, shape, ...) get_vector_rows(b, out, ndim, shape, 1, NULL, 0, __VA_ARGS__)
 
-static qd_status gather_rows(binder *b, const qd_st_tensor *src, const row_run *runs, int n_runs, qd_weight *out) {
-    size_t esz = qd_dtype_size(src->dtype);
-    int64_t cols = src->shape[1];
-    int64_t rows = 0;
-    for (int i = 0; i < n_runs; i++) rows += runs[i].n_rows;
-    unsigned char *dst = qd_model_alloc(b->m, (size_t)(rows * cols) * esz);
-    if (!dst) return qd_seterr(b->err, QD_ERR_OOM, "out of memory de-interleaving '%s'", src->name);
-    int64_t r = 0;
-    for (int i = 0; i < n_runs; i++) {
-        memcpy(dst + (size_t)(r * cols) * esz, (const unsigned char *)src->data + (size_t)(runs[i].src_row * cols) * esz,
-               (size_t)(runs[i].n_rows * cols) * esz);
-        r += runs[i].n_rows;
-    }
-    *out = (qd_weight){.dtype = src->dtype, .rows = rows, .cols = cols, .data = dst};
-    return QD_OK;
+/* Rows `runs` of a stored [rows][cols] matrix, in order: a view into the mapping when
+ * they are contiguous, else a copy. */
+static qd_status get_rows(binder *b, qd_weight *w, int64_t rows, int64_t cols, const qd_shard_range *runs, int n_runs,
+                          const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static qd_status get_rows(binder *b, qd_weight *w, int64_t rows, int64_t cols, const qd_shard_range *runs, int n_runs,
+                          const char *fmt, ...) {
+    char rel[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rel, sizeof rel, fmt, ap);
+    va_end(ap);
+    qd_weight whole;
+    QD_TRY(get_matrix(b, &whole, rows, cols, "%s", rel));
+    return qd_shard_rows_gather(b->m, &whole, runs, n_runs, w, b->err);
+}
+
+/* Columns `range` of every row of a stored [rows][cols] matrix (a view when whole). */
+static qd_status get_cols(binder *b, qd_weight *w, int64_t rows, int64_t cols, qd_shard_range range, const char *fmt,
+                          ...) __attribute__((format(printf, 6, 7)));
+static qd_status get_cols(binder *b, qd_weight *w, int64_t rows, int64_t cols, qd_shard_range range, const char *fmt,
+                          ...) {
+    char rel[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rel, sizeof rel, fmt, ap);
+    va_end(ap);
+    qd_weight whole;
+    QD_TRY(get_matrix(b, &whole, rows, cols, "%s", rel));
+    return qd_shard_cols_copy(b->m, &whole, range, w, b->err);
+}
+
+/* Copies selected rows of a stored matrix into a new owned matrix of the same dtype. */
+static qd_status gather_rows(binder *b, const qd_st_tensor *src, const qd_shard_range *runs, int n_runs, qd_weight *out) {
+    const qd_weight whole = {.dtype = src->dtype, .rows = src->shape[0], .cols = src->shape[1], .data = src->data};
+    return qd_shard_rows_gather(b->m, &whole, runs, n_runs, out, b->err);
 }
 
 /* Qwen3-Next: in_proj_qkvz is HK groups of [q_j | k_j | v_{j*r..} | z_{j*r..}] and
- * in_proj_ba is HK groups of [b_{j*r..} | a_{j*r..}] (spec 3.2). */
+ * in_proj_ba is HK groups of [b_{j*r..} | a_{j*r..}] (spec 3.2). A rank reads its key-head
+ * groups, and of each group the v, z, b, a rows of its own value heads (all r of them
+ * unless the key head is replicated across ranks). */
 static qd_status bind_gdn_interleaved(binder *b, int L, qd_gdn_weights *g) {
-    const qd_config *c = &b->m->cfg;
+    const qd_config *c = b->c;
+    const qd_shard_plan *p = b->p;
     const int hk = c->gdn_hk, dk = c->gdn_dk, dv = c->gdn_dv, r = c->gdn_hv / c->gdn_hk, H = c->hidden_size;
+    const int hk_l = p->local.gdn_hk, vh = p->local.gdn_hv / hk_l; /* value heads read per group */
     const int64_t group = 2 * dk + 2 * r * dv;
     const qd_st_tensor *qkvz, *ba;
     int64_t s1[2] = {hk * group, H}, s2[2] = {2 * c->gdn_hv, H};
@@ -134,75 +177,92 @@ static qd_status bind_gdn_interleaved(binder *b, int L, qd_gdn_weights *g) {
     QD_TRY(get_tensor(b, &ba, 2, s2, "layers.%d.linear_attn.in_proj_ba.weight", L));
     QD_TRY(check_matrix_dtype(b, ba));
 
-    row_run runs[3 * 64] = {{0, 0}};
-    if (hk > 64) return qd_seterr(b->err, QD_ERR_UNSUPPORTED, "linear_num_key_heads %d > 64", hk);
+    qd_shard_range runs[3 * 64] = {{0, 0}};
+    if (hk_l > 64) return qd_seterr(b->err, QD_ERR_UNSUPPORTED, "linear_num_key_heads %d > 64", hk_l);
     int n = 0;
-    for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * group, dk};               /* q_j */
-    for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * group + dk, dk};          /* k_j */
-    for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * group + 2 * dk, r * dv};  /* v_{jr..jr+r-1} */
+    /* group j of the rank is checkpoint group J = hk0 + j; its first value head is the
+     * group's value head s = hv0 + j * vh - J * r */
+#define GROUP_LOOP(expr)                                                   \
+    for (int j = 0; j < hk_l; j++) {                                       \
+        const int64_t J = p->gdn_hk0 + j, s = p->gdn_hv0 + (int64_t)j * vh - J * r; \
+        (void)s;                                                           \
+        runs[n++] = (expr);                                                \
+    }
+    GROUP_LOOP(((qd_shard_range){J * group, dk}));                                       /* q_J */
+    GROUP_LOOP(((qd_shard_range){J * group + dk, dk}));                                  /* k_J */
+    GROUP_LOOP(((qd_shard_range){J * group + 2 * dk + s * dv, (int64_t)vh * dv}));       /* v */
     QD_TRY(gather_rows(b, qkvz, runs, n, &g->in_qkv));
     n = 0;
-    for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * group + 2 * dk + r * dv, r * dv}; /* z */
+    GROUP_LOOP(((qd_shard_range){J * group + 2 * dk + (r + s) * dv, (int64_t)vh * dv})); /* z */
     QD_TRY(gather_rows(b, qkvz, runs, n, &g->in_z));
     n = 0;
-    for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * 2 * r, r};  /* b */
+    GROUP_LOOP(((qd_shard_range){J * 2 * r + s, vh}));                                   /* b */
     QD_TRY(gather_rows(b, ba, runs, n, &g->in_b));
     n = 0;
-    for (int j = 0; j < hk; j++) runs[n++] = (row_run){j * 2 * r + r, r};  /* a */
+    GROUP_LOOP(((qd_shard_range){J * 2 * r + r + s, vh}));                               /* a */
     QD_TRY(gather_rows(b, ba, runs, n, &g->in_a));
+#undef GROUP_LOOP
     return QD_OK;
 }
 
 static qd_status bind_gdn(binder *b, int L, qd_gdn_weights *g) {
-    const qd_config *c = &b->m->cfg;
+    const qd_config *c = b->c;
+    const qd_shard_plan *p = b->p;
     const int H = c->hidden_size, hv = c->gdn_hv, conv_dim = qd_config_conv_dim(c);
     const int value_dim = qd_config_value_dim(c), K = c->gdn_conv_kernel;
     if (c->arch == QD_ARCH_QWEN3_NEXT) {
         QD_TRY(bind_gdn_interleaved(b, L, g));
     } else {
-        QD_TRY(get_matrix(b, &g->in_qkv, conv_dim, H, "layers.%d.linear_attn.in_proj_qkv.weight", L));
-        QD_TRY(get_matrix(b, &g->in_z, value_dim, H, "layers.%d.linear_attn.in_proj_z.weight", L));
-        QD_TRY(get_matrix(b, &g->in_b, hv, H, "layers.%d.linear_attn.in_proj_b.weight", L));
-        QD_TRY(get_matrix(b, &g->in_a, hv, H, "layers.%d.linear_attn.in_proj_a.weight", L));
+        QD_TRY(get_rows(b, &g->in_qkv, conv_dim, H, p->gdn_qkv_rows, 3, "layers.%d.linear_attn.in_proj_qkv.weight", L));
+        QD_TRY(get_rows(b, &g->in_z, value_dim, H, &p->gdn_z_rows, 1, "layers.%d.linear_attn.in_proj_z.weight", L));
+        QD_TRY(get_rows(b, &g->in_b, hv, H, &p->gdn_head_rows, 1, "layers.%d.linear_attn.in_proj_b.weight", L));
+        QD_TRY(get_rows(b, &g->in_a, hv, H, &p->gdn_head_rows, 1, "layers.%d.linear_attn.in_proj_a.weight", L));
     }
     int64_t conv_shape[3] = {conv_dim, 1, K};
-    QD_TRY(get_vector(b, &g->conv_w, 3, conv_shape, "layers.%d.linear_attn.conv1d.weight", L));
+    QD_TRY(get_vector_rows(b, &g->conv_w, 3, conv_shape, K, p->gdn_qkv_rows, 3, "layers.%d.linear_attn.conv1d.weight",
+                           L));
     int64_t s_hv[1] = {hv}, s_dv[1] = {c->gdn_dv};
-    QD_TRY(get_vector(b, &g->A_log, 1, s_hv, "layers.%d.linear_attn.A_log", L));
-    QD_TRY(get_vector(b, &g->dt_bias, 1, s_hv, "layers.%d.linear_attn.dt_bias", L));
+    QD_TRY(get_vector_rows(b, &g->A_log, 1, s_hv, 1, &p->gdn_head_rows, 1, "layers.%d.linear_attn.A_log", L));
+    QD_TRY(get_vector_rows(b, &g->dt_bias, 1, s_hv, 1, &p->gdn_head_rows, 1, "layers.%d.linear_attn.dt_bias", L));
     QD_TRY(get_vector(b, &g->norm_w, 1, s_dv, "layers.%d.linear_attn.norm.weight", L));
-    QD_TRY(get_matrix(b, &g->out, H, value_dim, "layers.%d.linear_attn.out_proj.weight", L));
+    QD_TRY(get_cols(b, &g->out, H, value_dim, p->gdn_z_rows, "layers.%d.linear_attn.out_proj.weight", L));
     return QD_OK;
 }
 
 static qd_status bind_attn(binder *b, int L, qd_attn_weights *a) {
-    const qd_config *c = &b->m->cfg;
+    const qd_config *c = b->c;
+    const qd_shard_plan *p = b->p;
     const int H = c->hidden_size, hd = c->attn_head_dim;
-    const int64_t q_rows = (int64_t)c->attn_nq * hd * (c->attn_output_gate ? 2 : 1);
-    QD_TRY(get_matrix(b, &a->q, q_rows, H, "layers.%d.self_attn.q_proj.weight", L));
-    QD_TRY(get_matrix(b, &a->k, (int64_t)c->attn_nkv * hd, H, "layers.%d.self_attn.k_proj.weight", L));
-    QD_TRY(get_matrix(b, &a->v, (int64_t)c->attn_nkv * hd, H, "layers.%d.self_attn.v_proj.weight", L));
-    QD_TRY(get_matrix(b, &a->o, H, (int64_t)c->attn_nq * hd, "layers.%d.self_attn.o_proj.weight", L));
+    const int64_t q_rows = (int64_t)c->attn_nq * hd * (c->attn_output_gate ? 2 : 1), kvd = (int64_t)c->attn_nkv * hd;
+    QD_TRY(get_rows(b, &a->q, q_rows, H, &p->attn_q_rows, 1, "layers.%d.self_attn.q_proj.weight", L));
+    QD_TRY(get_rows(b, &a->k, kvd, H, &p->attn_kv_rows, 1, "layers.%d.self_attn.k_proj.weight", L));
+    QD_TRY(get_rows(b, &a->v, kvd, H, &p->attn_kv_rows, 1, "layers.%d.self_attn.v_proj.weight", L));
+    QD_TRY(get_cols(b, &a->o, H, (int64_t)c->attn_nq * hd, p->attn_o_cols, "layers.%d.self_attn.o_proj.weight", L));
     int64_t s_hd[1] = {hd};
     QD_TRY(get_vector(b, &a->q_norm, 1, s_hd, "layers.%d.self_attn.q_norm.weight", L));
     QD_TRY(get_vector(b, &a->k_norm, 1, s_hd, "layers.%d.self_attn.k_norm.weight", L));
     return QD_OK;
 }
 
-static qd_status bind_mlp(binder *b, qd_mlp_weights *w, int I, const char *base) {
-    const int H = b->m->cfg.hidden_size;
-    QD_TRY(get_matrix(b, &w->gate, I, H, "%s.gate_proj.weight", base));
-    QD_TRY(get_matrix(b, &w->up, I, H, "%s.up_proj.weight", base));
-    QD_TRY(get_matrix(b, &w->down, H, I, "%s.down_proj.weight", base));
+/* A SwiGLU MLP of width I, rows `rows` of its gate and up (columns of down). */
+static qd_status bind_mlp(binder *b, qd_mlp_weights *w, int I, qd_shard_range rows, const char *base) {
+    const int H = b->c->hidden_size;
+    QD_TRY(get_rows(b, &w->gate, I, H, &rows, 1, "%s.gate_proj.weight", base));
+    QD_TRY(get_rows(b, &w->up, I, H, &rows, 1, "%s.up_proj.weight", base));
+    QD_TRY(get_cols(b, &w->down, H, I, rows, "%s.down_proj.weight", base));
     return QD_OK;
 }
 
+/* Experts outside the plan's partition stay zero-sized (expert parallel): the forward
+ * never reads them. */
 static qd_status bind_moe(binder *b, int L, qd_moe_weights *w) {
-    const qd_config *c = &b->m->cfg;
+    const qd_config *c = b->c;
+    const qd_shard_plan *p = b->p;
     const int H = c->hidden_size, E = c->n_experts, I = c->moe_intermediate_size;
     QD_TRY(get_matrix(b, &w->router, E, H, "layers.%d.mlp.gate.weight", L));
     w->experts = qd_model_alloc(b->m, sizeof(qd_mlp_weights) * (size_t)E);
     if (!w->experts) return qd_seterr(b->err, QD_ERR_OOM, "out of memory for %d experts", E);
+    memset(w->experts, 0, sizeof(qd_mlp_weights) * (size_t)E);
     char name[256];
     snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", b->prefix, L);
     if (qd_st_find(b->m->st, name)) {
@@ -214,36 +274,40 @@ static qd_status bind_moe(binder *b, int L, qd_moe_weights *w) {
         QD_TRY(get_tensor(b, &dn, 3, s_dn, "layers.%d.mlp.experts.down_proj", L));
         QD_TRY(check_matrix_dtype(b, dn));
         size_t e1 = qd_dtype_size(gu->dtype), e2 = qd_dtype_size(dn->dtype);
-        for (int e = 0; e < E; e++) {
+        for (int e = p->expert0; e < p->expert0 + p->n_local_experts; e++) {
             const unsigned char *base = (const unsigned char *)gu->data + (size_t)e * 2 * I * H * e1;
-            w->experts[e].gate = (qd_weight){.dtype = gu->dtype, .rows = I, .cols = H, .data = base};
-            w->experts[e].up = (qd_weight){.dtype = gu->dtype, .rows = I, .cols = H, .data = base + (size_t)I * H * e1};
-            w->experts[e].down = (qd_weight){.dtype = dn->dtype, .rows = H, .cols = I,
-                                              .data = (const unsigned char *)dn->data + (size_t)e * H * I * e2};
+            const qd_weight gate = {.dtype = gu->dtype, .rows = I, .cols = H, .data = base};
+            const qd_weight up = {.dtype = gu->dtype, .rows = I, .cols = H, .data = base + (size_t)I * H * e1};
+            const qd_weight down = {.dtype = dn->dtype, .rows = H, .cols = I,
+                                    .data = (const unsigned char *)dn->data + (size_t)e * H * I * e2};
+            w->experts[e].gate = qd_shard_rows_view(&gate, p->expert_rows);
+            w->experts[e].up = qd_shard_rows_view(&up, p->expert_rows);
+            QD_TRY(qd_shard_cols_copy(b->m, &down, p->expert_rows, &w->experts[e].down, b->err));
         }
     } else {
-        for (int e = 0; e < E; e++) {
+        for (int e = p->expert0; e < p->expert0 + p->n_local_experts; e++) {
             char base[96];
             snprintf(base, sizeof base, "layers.%d.mlp.experts.%d", L, e);
-            QD_TRY(bind_mlp(b, &w->experts[e], I, base));
+            QD_TRY(bind_mlp(b, &w->experts[e], I, p->expert_rows, base));
         }
     }
     w->has_shared = c->shared_expert_intermediate_size > 0;
     if (w->has_shared) {
         char base[96];
         snprintf(base, sizeof base, "layers.%d.mlp.shared_expert", L);
-        QD_TRY(bind_mlp(b, &w->shared, c->shared_expert_intermediate_size, base));
+        QD_TRY(bind_mlp(b, &w->shared, c->shared_expert_intermediate_size, p->shared_rows, base));
         QD_TRY(get_matrix(b, &w->shared_gate, 1, H, "layers.%d.mlp.shared_expert_gate.weight", L));
     }
     return QD_OK;
 }
 
-qd_status qd_model_bind_checkpoint(qd_model *m, qd_err *err) {
-    const qd_config *c = &m->cfg;
-    binder b = {m, "model.", err};
+qd_status qd_model_bind_checkpoint_plan(qd_model *m, const qd_config *c, const qd_shard_plan *p, qd_err *err) {
+    binder b = {m, c, p, "model.", err};
     if (qd_st_find(m->st, "model.language_model.embed_tokens.weight")) b.prefix = "model.language_model.";
     const int H = c->hidden_size;
     int64_t s_h[1] = {H};
+    m->expert0 = p->expert0;
+    m->n_local_experts = p->n_local_experts;
 
     QD_TRY(get_matrix(&b, &m->embed, c->vocab_size, H, "embed_tokens.weight"));
     QD_TRY(get_vector(&b, &m->final_norm, 1, s_h, "norm.weight"));
@@ -263,8 +327,14 @@ qd_status qd_model_bind_checkpoint(qd_model *m, qd_err *err) {
         } else {
             char base[64];
             snprintf(base, sizeof base, "layers.%d.mlp", L);
-            QD_TRY(bind_mlp(&b, &ly->mlp, c->intermediate_size, base));
+            QD_TRY(bind_mlp(&b, &ly->mlp, c->intermediate_size, p->mlp_rows, base));
         }
     }
     return QD_OK;
+}
+
+qd_status qd_model_bind_checkpoint(qd_model *m, qd_err *err) {
+    qd_shard_plan whole;
+    QD_TRY(qd_shard_plan_make(&m->cfg, 1, 0, false, &whole, err));
+    return qd_model_bind_checkpoint_plan(m, &m->cfg, &whole, err);
 }

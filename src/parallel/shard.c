@@ -14,15 +14,27 @@ static qd_status need_div(qd_err *err, int tp, int value, const char *field, con
 }
 
 static qd_status plan_gdn(const qd_config *c, qd_shard_plan *p, qd_err *err) {
-    const int tp = p->tp_size, dk = c->gdn_dk, dv = c->gdn_dv, r = c->gdn_hv / c->gdn_hk;
-    QD_TRY(need_div(err, tp, c->gdn_hk, "linear_num_key_heads",
-                    "each rank keeps whole key-head groups with their value heads"));
+    const int tp = p->tp_size, dk = c->gdn_dk, dv = c->gdn_dv, hk = c->gdn_hk, r = c->gdn_hv / c->gdn_hk;
     qd_config *l = &p->local;
-    l->gdn_hk = c->gdn_hk / tp;
-    l->gdn_hv = c->gdn_hv / tp;  /* hv = r * hk, so whole groups of r value heads */
-    p->gdn_hk0 = p->rank * l->gdn_hk;
+    if (hk % tp == 0) {
+        l->gdn_hk = hk / tp;
+        p->gdn_hk0 = p->rank * l->gdn_hk;
+    } else if (tp % hk == 0 && c->gdn_hv % tp == 0) {
+        /* more ranks than key heads: each key head (its q and k channels) lives on tp / hk
+         * ranks, which split its value heads; value head j reads key head j / r, so rank
+         * rank's value heads all read key head rank / (tp / hk) */
+        l->gdn_hk = 1;
+        p->gdn_hk0 = p->rank / (tp / hk);
+    } else {
+        return qd_seterr(err, QD_ERR_INVALID_ARG,
+                         "tensor parallel size %d and linear_num_key_heads = %d, linear_num_value_heads = %d: "
+                         "tp must divide the key heads (each rank keeps whole key-head groups), or be a multiple "
+                         "of them dividing the value heads (each key head replicated on a whole number of ranks)",
+                         tp, hk, c->gdn_hv);
+    }
+    l->gdn_hv = c->gdn_hv / tp;
     p->gdn_hv0 = p->rank * l->gdn_hv;
-    const int64_t key_dim = (int64_t)c->gdn_hk * dk;
+    const int64_t key_dim = (int64_t)hk * dk;
     p->gdn_qkv_rows[0] = rg((int64_t)p->gdn_hk0 * dk, (int64_t)l->gdn_hk * dk);
     p->gdn_qkv_rows[1] = rg(key_dim + (int64_t)p->gdn_hk0 * dk, (int64_t)l->gdn_hk * dk);
     p->gdn_qkv_rows[2] = rg(2 * key_dim + (int64_t)p->gdn_hv0 * dv, (int64_t)l->gdn_hv * dv);

@@ -29,7 +29,9 @@ typedef struct qd_shard_plan {
     qd_config local;        /* the rank's config: every head count / width below is local */
 
     /* Gated DeltaNet: whole key-head groups [gdn_hk0, +local.gdn_hk) with their value heads
-     * [gdn_hv0, +local.gdn_hv). The three q, k, v runs are rows of in_proj_qkv, channels of
+     * [gdn_hv0, +local.gdn_hv). When tp_size > linear_num_key_heads (and a multiple of it)
+     * each key head is replicated on tp_size / hk ranks, each taking a share of its value
+     * heads (local.gdn_hk = 1). The three q, k, v runs are rows of in_proj_qkv, channels of
      * conv1d and of the conv state; z rows are rows of in_proj_z and columns of out_proj;
      * head rows are rows of in_proj_b / in_proj_a, entries of A_log / dt_bias and heads of the
      * recurrent state. norm.weight ([dv]) is whole on every rank. */
@@ -37,8 +39,10 @@ typedef struct qd_shard_plan {
     qd_shard_range gdn_qkv_rows[3];
     qd_shard_range gdn_z_rows;
     qd_shard_range gdn_head_rows;
-    qd_shard_range next_qkvz_rows;  /* Qwen3-Next in_proj_qkvz: the rank's key-head groups */
-    qd_shard_range next_ba_rows;    /* Qwen3-Next in_proj_ba */
+    qd_shard_range next_qkvz_rows;  /* Qwen3-Next in_proj_qkvz: the rank's key-head groups (with a
+                                     * replicated key head: its group, of which the rank reads q, k
+                                     * and the v, z rows of its value heads) */
+    qd_shard_range next_ba_rows;    /* Qwen3-Next in_proj_ba, likewise */
 
     /* Attention by KV-head groups: KV heads [attn_kv0, +local.attn_nkv), the query heads
      * that read them [attn_q0, +local.attn_nq). When tp_size > num_key_value_heads (and a
@@ -68,11 +72,29 @@ typedef struct qd_shard_plan {
 qd_status qd_shard_plan_make(const qd_config *c, int tp_size, int rank, bool expert_parallel, qd_shard_plan *out,
                              qd_err *err);
 
+/* Slices of a row-major [rows][cols] weight, the same for a loaded weight and for a
+ * checkpoint tensor (the data pointer may be inside the mmapped file): rows are a view;
+ * rows gathered from several runs (a view when the runs are contiguous) and columns
+ * (a view when whole) are copied into a buffer owned by m. */
+qd_weight qd_shard_rows_view(const qd_weight *w, qd_shard_range r);
+qd_status qd_shard_rows_gather(qd_model *m, const qd_weight *w, const qd_shard_range *runs, int n, qd_weight *out,
+                               qd_err *err);
+qd_status qd_shard_cols_copy(qd_model *m, const qd_weight *w, qd_shard_range c, qd_weight *out, qd_err *err);
+
 /* Builds rank p's model from a loaded full model: row slices of a weight are views into
  * the full model's weights, column slices and the three-run in_proj_qkv / conv1d slices
  * are copies the rank model owns. The rank model shares the full model's thread pool and
  * must be freed (qd_shard_model_free) before it. */
 qd_status qd_shard_model_slice(qd_model *full, const qd_shard_plan *p, qd_model **out, qd_err *err);
+/* Builds rank p's model straight from the checkpoint that `top` has mapped (top->st; no
+ * full model is loaded): the same weights qd_shard_model_slice cuts, reading only the
+ * rank's slices. With top->st NULL the rank draws dummy weights of its own shapes
+ * (seed, dtype), a different random model than the unsplit one. On the CUDA backend
+ * the weights are uploaded to the calling thread's current device and the host copies
+ * are dropped. The rank model borrows top's mapping and thread pool; free it with
+ * qd_shard_model_free before top. */
+qd_status qd_shard_model_load(qd_model *top, const qd_shard_plan *p, uint64_t seed, qd_dtype dummy_dtype,
+                              qd_model **out, qd_err *err);
 void qd_shard_model_free(qd_model *m);
 
 #endif

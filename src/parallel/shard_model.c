@@ -8,7 +8,7 @@
 
 #include "parallel/shard.h"
 
-static qd_weight rows_view(const qd_weight *w, qd_shard_range r) {
+qd_weight qd_shard_rows_view(const qd_weight *w, qd_shard_range r) {
     const size_t esz = qd_dtype_size(w->dtype);
     return (qd_weight){.dtype = w->dtype, .rows = r.count, .cols = w->cols,
                        .data = (const unsigned char *)w->data + (size_t)(r.begin * w->cols) * esz};
@@ -20,13 +20,12 @@ static int runs_contiguous(const qd_shard_range *runs, int n) {
     return 1;
 }
 
-/* Rows of `runs`, in order, as one matrix. */
-static qd_status rows_gather(qd_model *m, const qd_weight *w, const qd_shard_range *runs, int n, qd_weight *out,
+qd_status qd_shard_rows_gather(qd_model *m, const qd_weight *w, const qd_shard_range *runs, int n, qd_weight *out,
                              qd_err *err) {
     int64_t rows = 0;
     for (int i = 0; i < n; i++) rows += runs[i].count;
     if (runs_contiguous(runs, n)) {
-        *out = rows_view(w, (qd_shard_range){runs[0].begin, rows});
+        *out = qd_shard_rows_view(w, (qd_shard_range){runs[0].begin, rows});
         return QD_OK;
     }
     const size_t esz = qd_dtype_size(w->dtype), row_bytes = (size_t)w->cols * esz;
@@ -42,8 +41,7 @@ static qd_status rows_gather(qd_model *m, const qd_weight *w, const qd_shard_ran
     return QD_OK;
 }
 
-/* Columns [c.begin, c.begin + c.count) of every row. */
-static qd_status cols_copy(qd_model *m, const qd_weight *w, qd_shard_range c, qd_weight *out, qd_err *err) {
+qd_status qd_shard_cols_copy(qd_model *m, const qd_weight *w, qd_shard_range c, qd_weight *out, qd_err *err) {
     if (c.begin == 0 && c.count == w->cols) {
         *out = *w;
         return QD_OK;
@@ -63,39 +61,39 @@ static qd_status conv_gather(qd_model *m, const float *src, int K, const qd_shar
                              qd_err *err) {
     const qd_weight w = {.dtype = QD_DTYPE_F32, .rows = runs[n - 1].begin + runs[n - 1].count, .cols = K, .data = src};
     qd_weight g;
-    QD_TRY(rows_gather(m, &w, runs, n, &g, err));
+    QD_TRY(qd_shard_rows_gather(m, &w, runs, n, &g, err));
     *out = (float *)g.data;  /* a view into the full model's own fp32 buffer, or a fresh copy */
     return QD_OK;
 }
 
 static qd_status slice_mlp(qd_model *m, const qd_mlp_weights *w, qd_shard_range rows, qd_mlp_weights *out,
                            qd_err *err) {
-    out->gate = rows_view(&w->gate, rows);
-    out->up = rows_view(&w->up, rows);
-    return cols_copy(m, &w->down, rows, &out->down, err);
+    out->gate = qd_shard_rows_view(&w->gate, rows);
+    out->up = qd_shard_rows_view(&w->up, rows);
+    return qd_shard_cols_copy(m, &w->down, rows, &out->down, err);
 }
 
 static qd_status slice_gdn(qd_model *m, const qd_shard_plan *p, const qd_gdn_weights *w, qd_gdn_weights *g,
                            qd_err *err) {
-    QD_TRY(rows_gather(m, &w->in_qkv, p->gdn_qkv_rows, 3, &g->in_qkv, err));
-    g->in_z = rows_view(&w->in_z, p->gdn_z_rows);
-    g->in_b = rows_view(&w->in_b, p->gdn_head_rows);
-    g->in_a = rows_view(&w->in_a, p->gdn_head_rows);
+    QD_TRY(qd_shard_rows_gather(m, &w->in_qkv, p->gdn_qkv_rows, 3, &g->in_qkv, err));
+    g->in_z = qd_shard_rows_view(&w->in_z, p->gdn_z_rows);
+    g->in_b = qd_shard_rows_view(&w->in_b, p->gdn_head_rows);
+    g->in_a = qd_shard_rows_view(&w->in_a, p->gdn_head_rows);
     QD_TRY(conv_gather(m, w->conv_w, m->cfg.gdn_conv_kernel, p->gdn_qkv_rows, 3, &g->conv_w, err));
     g->A_log = w->A_log + p->gdn_head_rows.begin;
     g->dt_bias = w->dt_bias + p->gdn_head_rows.begin;
     g->norm_w = w->norm_w;
-    return cols_copy(m, &w->out, p->gdn_z_rows, &g->out, err);
+    return qd_shard_cols_copy(m, &w->out, p->gdn_z_rows, &g->out, err);
 }
 
 static qd_status slice_attn(qd_model *m, const qd_shard_plan *p, const qd_attn_weights *w, qd_attn_weights *a,
                             qd_err *err) {
-    a->q = rows_view(&w->q, p->attn_q_rows);
-    a->k = rows_view(&w->k, p->attn_kv_rows);
-    a->v = rows_view(&w->v, p->attn_kv_rows);
+    a->q = qd_shard_rows_view(&w->q, p->attn_q_rows);
+    a->k = qd_shard_rows_view(&w->k, p->attn_kv_rows);
+    a->v = qd_shard_rows_view(&w->v, p->attn_kv_rows);
     a->q_norm = w->q_norm;
     a->k_norm = w->k_norm;
-    return cols_copy(m, &w->o, p->attn_o_cols, &a->o, err);
+    return qd_shard_cols_copy(m, &w->o, p->attn_o_cols, &a->o, err);
 }
 
 /* Experts outside the rank's partition stay zero-sized: the expert-parallel MoE forward
@@ -154,6 +152,8 @@ qd_status qd_shard_model_slice(qd_model *full, const qd_shard_plan *p, qd_model 
     m->final_norm = full->final_norm;
     m->n_gdn = full->n_gdn;
     m->n_attn = full->n_attn;
+    m->expert0 = p->expert0;
+    m->n_local_experts = p->n_local_experts;
     qd_status s = slice_layers(full, p, m, err);
     if (s != QD_OK) {
         qd_shard_model_free(m);

@@ -53,28 +53,27 @@ fail:
 }
 
 /* The all-reduce: every rank's y becomes y_0 + y_1 + ... in rank order. */
-static void all_reduce_y(qd_tp_cpu *g, size_t n) {
-    float *acc = g->ctxs[0]->s.y;
-    for (int r = 1; r < g->tp_size; r++) {
-        const float *y = g->ctxs[r]->s.y;
+static void all_reduce_y(qd_context *const *ctxs, int tp, size_t n) {
+    float *acc = ctxs[0]->s.y;
+    for (int r = 1; r < tp; r++) {
+        const float *y = ctxs[r]->s.y;
         for (size_t i = 0; i < n; i++) acc[i] += y[i];
     }
-    for (int r = 1; r < g->tp_size; r++) memcpy(g->ctxs[r]->s.y, acc, n * sizeof(float));
+    for (int r = 1; r < tp; r++) memcpy(ctxs[r]->s.y, acc, n * sizeof(float));
 }
 
-static void add_residual(qd_tp_cpu *g, size_t n) {
-    for (int r = 0; r < g->tp_size; r++) {
-        float *h = g->ctxs[r]->s.h;
-        const float *y = g->ctxs[r]->s.y;
+static void add_residual(qd_context *const *ctxs, int tp, size_t n) {
+    for (int r = 0; r < tp; r++) {
+        float *h = ctxs[r]->s.h;
+        const float *y = ctxs[r]->s.y;
         for (size_t i = 0; i < n; i++) h[i] += y[i];
     }
 }
 
-/* One block (mixer or FFN) of layer L on rank r: normed input, partial output in s.y. */
-static qd_status rank_block(qd_tp_cpu *g, int r, int L, int ffn, int n_spans, int n_rows) {
-    qd_context *ctx = g->ctxs[r];
-    const qd_config *c = &g->models[r]->cfg;
-    const qd_layer *ly = &g->models[r]->layers[L];
+/* One block (mixer or FFN) of layer L on one rank: normed input, partial output in s.y. */
+static qd_status rank_block(qd_context *ctx, const qd_shard_plan *p, int L, int ffn, int n_spans, int n_rows) {
+    const qd_config *c = &ctx->model->cfg;
+    const qd_layer *ly = &ctx->model->layers[L];
     qd_scratch *s = &ctx->s;
     const int H = c->hidden_size;
     qd_cpu_rmsnorm(s->h, n_rows, H, H, ffn ? ly->post_norm : ly->input_norm, 1.0f, c->rms_norm_eps, s->x, H);
@@ -83,8 +82,24 @@ static qd_status rank_block(qd_tp_cpu *g, int r, int L, int ffn, int n_spans, in
         return qd_layer_attn_forward(ctx, ly, ctx->spans_rt, n_spans, n_rows, s->x, s->y);
     }
     if (ly->ffn_kind == QD_FFN_DENSE) return qd_layer_mlp_forward(ctx, &ly->mlp, n_rows, s->x, s->y);
-    const qd_shard_plan *p = &g->plans[r];
     return qd_layer_moe_forward_experts(ctx, &ly->moe, p->expert0, p->expert0 + p->n_local_experts, n_rows, s->x, s->y);
+}
+
+qd_status qd_tp_cpu_layers(qd_context *const *ctxs, const qd_shard_plan *plans, int tp, int n_spans, int n_rows,
+                           qd_err *err) {
+    const qd_config *c = &ctxs[0]->model->cfg;
+    const size_t n = (size_t)n_rows * (size_t)c->hidden_size;
+    for (int L = 0; L < c->n_layers; L++) {
+        for (int ffn = 0; ffn < 2; ffn++) {
+            for (int r = 0; r < tp; r++) {
+                qd_status s = rank_block(ctxs[r], &plans[r], L, ffn, n_spans, n_rows);
+                if (s != QD_OK) return qd_seterr(err, s, "rank %d, layer %d: %s", r, L, ctxs[r]->err.msg);
+            }
+            all_reduce_y(ctxs, tp, n);
+            add_residual(ctxs, tp, n);
+        }
+    }
+    return QD_OK;
 }
 
 qd_status qd_tp_forward_cpu(qd_tp_cpu *g, const qd_span *spans, int n_spans, float *logits) {
@@ -99,18 +114,7 @@ qd_status qd_tp_forward_cpu(qd_tp_cpu *g, const qd_span *spans, int n_spans, flo
             return qd_seterr(&g->err, s, "%s", g->ctxs[0]->err.msg);
         }
     }
-    const qd_config *c = &g->models[0]->cfg;
-    const size_t n = (size_t)n_rows * (size_t)c->hidden_size;
-    for (int L = 0; L < c->n_layers; L++) {
-        for (int ffn = 0; ffn < 2; ffn++) {
-            for (int r = 0; r < g->tp_size; r++) {
-                qd_status s = rank_block(g, r, L, ffn, n_spans, n_rows);
-                if (s != QD_OK) return qd_seterr(&g->err, s, "rank %d, layer %d: %s", r, L, g->ctxs[r]->err.msg);
-            }
-            all_reduce_y(g, n);
-            add_residual(g, n);
-        }
-    }
+    QD_TRY(qd_tp_cpu_layers(g->ctxs, g->plans, g->tp_size, n_spans, n_rows, &g->err));
     for (int r = 0; r < g->tp_size; r++) {
         qd_status s = qd_forward_end(g->ctxs[r], spans, n_spans, r == 0 ? n_logit_rows : 0, r == 0 ? logits : NULL);
         if (s != QD_OK) return qd_seterr(&g->err, s, "rank %d: %s", r, g->ctxs[r]->err.msg);

@@ -24,6 +24,12 @@ qd_status qd_tp_cpu_create(qd_model *full, int tp_size, bool expert_parallel, co
                            qd_tp_cpu **out, qd_err *err);
 void qd_tp_cpu_free(qd_tp_cpu *g);
 
+/* The layer stack of every rank, block by block, with the partial outputs summed in rank
+ * order between blocks: each ctxs[r]->s.h holds the embedded rows (and ctxs[r]->spans_rt
+ * the batch) before, the residual stream after. */
+qd_status qd_tp_cpu_layers(qd_context *const *ctxs, const qd_shard_plan *plans, int tp, int n_spans, int n_rows,
+                           qd_err *err);
+
 /* qd_forward over the group: the same spans go to every rank, logits come from rank 0
  * (the LM head is whole on every rank). Messages in g->err. */
 qd_status qd_tp_forward_cpu(qd_tp_cpu *g, const qd_span *spans, int n_spans, float *logits);

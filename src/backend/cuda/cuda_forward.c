@@ -92,6 +92,20 @@ static qd_cuda_lin_in norm_in(qd_context *ctx, const float *w, const int32_t *ro
     return in;
 }
 
+/* Where a block's output projection writes. Unsplit: straight into the residual h
+ * (accumulating). On a tensor/expert-parallel rank the output is a partial sum, so it
+ * goes to y (overwritten), is all-reduced over the ranks and only then joins h
+ * (block_reduce); every rank's h stays the same. */
+static float *block_out(const qd_cuda_ctx *g) { return g->reduce ? g->y : g->h; }
+
+static qd_status block_reduce(qd_context *ctx) {
+    qd_cuda_ctx *g = ctx->cuda;
+    if (!g->reduce) return QD_OK;
+    const int n = g->host.n_rows, H = ctx->model->cfg.hidden_size;
+    TRYC(g->reduce(g->reduce_user, g->y, n, g->stream));
+    return qd_cuda_add_f32(g->h, H, g->y, H, H, n, g->stream);
+}
+
 static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
     const qd_config *c = &ctx->model->cfg;
     qd_cuda_ctx *g = ctx->cuda;
@@ -142,8 +156,8 @@ static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
     gin.dv = dvh;
     gin.w = d->gdn_norm;
     gin.eps = c->rms_norm_eps;
-    const qd_cuda_lin_out out = {d->gdn_out, H, g->h, H};
-    return qd_cuda_linear(g->blas, &gin, value_dim, n, &out, 1, 1, g->u, g->y, g->stream);
+    const qd_cuda_lin_out out = {d->gdn_out, H, block_out(g), H};
+    return qd_cuda_linear(g->blas, &gin, value_dim, n, &out, 1, !g->reduce, g->u, g->y, g->stream);
 }
 
 static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int max_span_rows) {
@@ -176,8 +190,8 @@ static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int
     oin.kind = QD_LIN_BF16;
     oin.x = g->o;
     oin.ldx = qdim;
-    const qd_cuda_lin_out out = {d->o, H, g->h, H};
-    return qd_cuda_linear(g->blas, &oin, qdim, n, &out, 1, 1, NULL, g->y, g->stream);
+    const qd_cuda_lin_out out = {d->o, H, block_out(g), H};
+    return qd_cuda_linear(g->blas, &oin, qdim, n, &out, 1, !g->reduce, NULL, g->y, g->stream);
 }
 
 /* SwiGLU MLP of width I on the input `in` (of H columns): y (+)= down(silu(gate) * up). */
@@ -199,8 +213,9 @@ static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
     qd_cuda_ctx *g = ctx->cuda;
     const int n = g->host.n_rows, H = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok;
     const int Ie = c->moe_intermediate_size;
-    /* kernel table: decode-sized batches run the whole block in three launches */
-    if (qd_cuda_moe_block_supported(n, H, Ie, d->has_shared_gate ? d->I : 0, E, k)) {
+    /* kernel table: decode-sized batches of an unsplit model run the whole block in three
+     * launches (it adds into h itself, so a split model takes the general path) */
+    if (!g->reduce && qd_cuda_moe_block_supported(n, H, Ie, d->has_shared_gate ? d->I : 0, E, k)) {
         const qd_cuda_moe_block_args a = {
             .n = n, .H = H, .I = Ie, .E = E, .k = k, .renorm = c->norm_topk_prob,
             .d_h = g->h, .d_norm = d->post_norm, .eps = c->rms_norm_eps, .d_router = d->router,
@@ -211,6 +226,8 @@ static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
         };
         return qd_cuda_moe_block(&a, g->stream);
     }
+    float *dst = block_out(g); /* the shared expert and the experts add into it */
+    if (g->reduce) TRYC(qd_cuda_memset_async(dst, 0, (size_t)n * H * 4, g->stream));
     /* router logits and the shared expert's gate logit in one product: [n][E + 1] */
     const int Er = E + (d->has_shared_gate ? 1 : 0);
     /* fp32 input: a bf16-rounded x would flip near-tied expert choices (discrete changes) */
@@ -222,11 +239,14 @@ static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
         x.x = g->x;
         x.ldx = H;
         TRYC(mlp(ctx, &x, d->gate_up, d->down, d->I, g->ys, 0));
-        TRYC(qd_cuda_sigmoid_scale(g->h, g->ys, g->router + E, E + 1, n, H, g->stream));
+        TRYC(qd_cuda_sigmoid_scale(dst, g->ys, g->router + E, E + 1, n, H, g->stream));
     }
     TRYC(qd_cuda_moe_route(g->router, E + 1, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
-    qd_cuda_moe_args a = {n, H, Ie, E, k, g->x, g->sel, g->selw, d->experts_gate_up,
-                          d->experts_down, g->h, g->moe_work, qd_cuda_blas_handle(g->blas)};
+    const qd_cuda_model *cm = ctx->model->cuda;
+    if (cm->n_experts_local < E) /* expert parallel: this rank's pairs only */
+        TRYC(qd_cuda_moe_localize(g->sel, n * k, cm->expert0, cm->n_experts_local, g->stream));
+    qd_cuda_moe_args a = {n, H, Ie, cm->n_experts_local, k, g->x, g->sel, g->selw, d->experts_gate_up,
+                          d->experts_down, dst, g->moe_work, qd_cuda_blas_handle(g->blas)};
     return qd_cuda_moe_experts(&a, g->stream);
 }
 
@@ -256,12 +276,14 @@ static qd_status run_layers(qd_context *ctx, int max_span_rows, int n_logit_firs
         const qd_cuda_layer *d = &cm->layers[L];
         if (ly->kind == QD_LAYER_GDN) TRYC(gdn_layer(ctx, d, ly->state_index));
         else TRYC(attn_layer(ctx, d, ly->state_index, max_span_rows));
+        TRYC(block_reduce(ctx));
         if (ly->ffn_kind == QD_FFN_MOE) {
             TRYC(moe_layer(ctx, d));
         } else {
             const qd_cuda_lin_in in = norm_in(ctx, d->post_norm, NULL);
-            TRYC(mlp(ctx, &in, d->gate_up, d->down, d->I, g->h, 1));
+            TRYC(mlp(ctx, &in, d->gate_up, d->down, d->I, block_out(g), !g->reduce));
         }
+        TRYC(block_reduce(ctx));
     }
     if (n_logit_first > 0) TRYC(logit_rows(ctx, 0, n_logit_first));
     return QD_OK;
@@ -328,7 +350,8 @@ qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, co
     const int first = n_logit_rows < LC ? n_logit_rows : LC;
     /* graph: decode-only steps whose every span wants its last logits, within the MoE
      * decode path's bound (no host sync inside) */
-    const int graphable = !ctx->params.eager && h->n_pre_spans == 0 && n_logit_rows == n_spans && n_spans <= LC &&
+    const int graphable = !ctx->params.eager && h->n_pre_spans == 0 && (n_logit_rows == n_spans || g->never_logits) &&
+                          n_spans <= LC &&
                           (c->n_experts == 0 || n_spans <= qd_cuda_moe_graph_max_tokens());
     if (graphable) {
         void **exec = &g->graphs[n_spans];

@@ -118,15 +118,16 @@ static qd_status place(qd_model *m, qd_cuda_model *cm, planner *p) {
             const qd_weight *rg[2] = {&w->router, &w->shared_gate};
             d->has_shared_gate = w->has_shared;
             QD_TRY(matrix(p, &d->router, rg, w->has_shared ? 2 : 1));
-            const int E = c->n_experts, Ie = c->moe_intermediate_size;
-            /* experts stacked [E][2 Ie][H] and [E][H][Ie] */
+            const int E = m->n_local_experts, e0 = m->expert0, Ie = c->moe_intermediate_size;
+            /* experts stacked [E][2 Ie][H] and [E][H][Ie]: all, or an expert-parallel rank's */
             d->experts_gate_up = take(p, (size_t)E * 2 * Ie * H * 2);
             d->experts_down = take(p, (size_t)E * H * Ie * 2);
             if (p->cv.base)
                 for (int e = 0; e < E; e++) {
-                    QD_TRY(put_matrix(p, d->experts_gate_up + (size_t)e * 2 * Ie * H, &w->experts[e].gate));
-                    QD_TRY(put_matrix(p, d->experts_gate_up + (size_t)e * 2 * Ie * H + (size_t)Ie * H, &w->experts[e].up));
-                    QD_TRY(put_matrix(p, d->experts_down + (size_t)e * H * Ie, &w->experts[e].down));
+                    const qd_mlp_weights *x = &w->experts[e0 + e];
+                    QD_TRY(put_matrix(p, d->experts_gate_up + (size_t)e * 2 * Ie * H, &x->gate));
+                    QD_TRY(put_matrix(p, d->experts_gate_up + (size_t)e * 2 * Ie * H + (size_t)Ie * H, &x->up));
+                    QD_TRY(put_matrix(p, d->experts_down + (size_t)e * H * Ie, &x->down));
                 }
             if (w->has_shared) {
                 d->I = c->shared_expert_intermediate_size;
@@ -141,6 +142,8 @@ qd_status qd_cuda_model_upload(qd_model *m, qd_err *err) {
     qd_cuda_model *cm = calloc(1, sizeof *cm);
     if (!cm) return qd_seterr(err, QD_ERR_OOM, "out of memory");
     m->cuda = cm;
+    cm->expert0 = m->expert0;
+    cm->n_experts_local = m->n_local_experts;
     cm->layers = calloc((size_t)m->cfg.n_layers, sizeof(qd_cuda_layer));
     if (!cm->layers) return qd_seterr(err, QD_ERR_OOM, "out of memory");
     int sms = 0;

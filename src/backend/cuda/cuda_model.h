@@ -44,7 +44,7 @@ typedef struct qd_cuda_layer {
     uint16_t *router;                /* [E (+1)][H]: the router, then the shared expert's gate row
                                       * when there is one (one GEMV computes both) */
     int has_shared_gate;
-    uint16_t *experts_gate_up;       /* [E][2 I_e][H] */
+    uint16_t *experts_gate_up;       /* [E][2 I_e][H] (an expert-parallel rank: its E_local experts) */
     uint16_t *experts_down;          /* [E][H][I_e] */
 } qd_cuda_layer;
 
@@ -53,6 +53,8 @@ typedef struct qd_cuda_model {
     uint16_t *lm_head;               /* [V][H] (the embedding when tied) */
     float *final_norm;               /* [H] */
     qd_cuda_layer *layers;           /* [n_layers] host array of device pointers */
+    int expert0, n_experts_local;    /* the experts on the device: all, or an expert-parallel
+                                      * rank's [expert0, expert0 + n_experts_local) */
     void *arena;                     /* one device allocation holding every weight */
     size_t bytes;
     char device_name[128];
@@ -110,6 +112,14 @@ typedef struct qd_cuda_ctx {
     qd_cuda_step host, dev;          /* views into meta_host and meta_dev */
     int32_t *ids_host;               /* [B] pinned */
     float *lp_host;                  /* [B] pinned */
+    /* tensor parallel (src/parallel/cuda/tp_cuda.c): reduce(reduce_user, y, n_rows, stream)
+     * sums a block's partial output [n_rows][H] over the ranks in place, after out_proj,
+     * o_proj, down_proj and the MoE combine; NULL on an unsplit model. A rank other than
+     * the first never computes logits (never_logits), so its decode steps are captured in
+     * graphs keyed by batch size alone, like rank 0's. */
+    qd_status (*reduce)(void *user, float *d_y, int n_rows, void *stream);
+    void *reduce_user;
+    int never_logits;
     /* GDN chunk plan: scratch reserved at creation for max_batch tokens, set per prefill step */
     qd_cuda_gdn_plan plan;
     /* CUDA graphs of pure decode steps, by batch size (index n_seqs) */

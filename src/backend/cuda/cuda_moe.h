@@ -6,7 +6,8 @@
  * Everything a step reads is in device memory: neither path syncs with the
  * host or allocates, so both are graph-capturable (the prefill path sorts the
  * pairs by expert on the device and sizes its grids by an upper bound).
- * Shapes: H and I multiples of 8, 1 <= k <= E <= 1024 (route: k <= 32 too);
+ * Shapes: H and I multiples of 8, 1 <= E <= 1024, 1 <= k (route: k <= min(E, 32); the expert
+ * paths take any k, and E may be an expert-parallel rank's share, smaller than k);
  * d_x, d_gate_up, d_down, d_y and d_work 16-byte aligned (cudaMalloc is). */
 #ifndef QD_CUDA_MOE_H
 #define QD_CUDA_MOE_H
@@ -25,6 +26,10 @@ extern "C" {
  *   d_logits [n][E] fp32 rows at stride ld (>= E) -> d_sel [n][k] int32, d_w [n][k] fp32. */
 qd_status qd_cuda_moe_route(const float *d_logits, int64_t ld, int n, int E, int k, int renorm, int32_t *d_sel, float *d_w,
                             void *stream);
+
+/* Expert parallel: the P = n * k selected ids in [e0, e0 + E_local) become ids of the
+ * rank's own experts (minus e0), every other id -1 (a pair that contributes zero). */
+qd_status qd_cuda_moe_localize(int32_t *d_sel, int P, int e0, int E_local, void *stream);
 
 typedef struct qd_cuda_moe_args {
     int n;                    /* tokens */

@@ -34,3 +34,21 @@ extern "C" qd_status qd_cuda_moe_route(const float *d_logits, int64_t ld, int n,
     QD_CUDA_CHECK_LAUNCH("moe_route");
     return QD_OK;
 }
+
+/* Expert parallel: a rank holds experts [e0, e0 + E_local). Routing chose global ids; the
+ * rank's own become local ids and the others -1, which both expert paths turn into zeros
+ * (the pair contributes nothing here; its expert's rank adds it in the all-reduce). */
+__global__ void moe_localize_kernel(int32_t *__restrict__ sel, int P, int e0, int E_local) {
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= P) return;
+    const int e = sel[p] - e0;
+    sel[p] = e >= 0 && e < E_local ? e : -1;
+}
+
+extern "C" qd_status qd_cuda_moe_localize(int32_t *d_sel, int P, int e0, int E_local, void *stream) {
+    if (P < 0 || e0 < 0 || E_local < 1) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_localize: bad range");
+    if (P == 0) return QD_OK;
+    moe_localize_kernel<<<(unsigned)((P + 255) / 256), 256, 0, (cudaStream_t)stream>>>(d_sel, P, e0, E_local);
+    QD_CUDA_CHECK_LAUNCH("moe_localize");
+    return QD_OK;
+}
