@@ -39,7 +39,8 @@ fi
 
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
-    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo '+changes'), $(date -u '+%Y-%m-%d %H:%M UTC')"
+    # QD_COMMIT: the commit as the caller knows it (a copied tree can carry a stale .git)
+    echo "commit ${QD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo '+changes')}, $(date -u '+%Y-%m-%d %H:%M UTC')"
 } >"$LOGDIR/gpu.txt" 2>&1
 
 t0=$(date +%s)
