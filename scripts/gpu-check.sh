@@ -44,6 +44,8 @@ fi
 } >"$LOGDIR/gpu.txt" 2>&1
 
 t0=$(date +%s)
+# QD_SKIP_BUILD=1: reuse $BUILD as it is (a second invocation beside a first one, e.g. one part per GPU)
+if [ -z "${QD_SKIP_BUILD:-}" ]; then
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
 targets="qdelta test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_model gdn_cuda_bench"
@@ -55,6 +57,7 @@ cmake --build "$BUILD" -j"$(nproc)" --target $targets >>"$LOGDIR/build.log" 2>&1
     { echo "build failed"; grep -E "error|Error" "$LOGDIR/build.log" | head -30; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 grep -i "warning" "$LOGDIR/build.log" | head -5
+fi
 
 TESTS_LOG="$LOGDIR/tests.log"
 declare -A result
@@ -122,16 +125,33 @@ if has tp; then
     else
         result[$t]="not built"
     fi
-    M="$BUILD/q3next-80b-8l" # the 80B shapes, 8 of its 48 layers: two ranks fit on one GPU
-    mkdir -p "$M"
-    python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["num_hidden_layers"]=8; json.dump(c,open(sys.argv[2],"w"))' \
-        bench/configs/qwen3_next_80b_a3b/config.json "$M/config.json"
-    for split in "" "--tensor-parallel-size 2" "--tensor-parallel-size 2 --expert-parallel"; do
-        echo "=== tp-bench ${split:-unsplit}" >>"$TP_LOG"
-        # shellcheck disable=SC2086
-        timeout 300 "$BUILD/qdelta" bench -q -m "$M" --backend cuda --load-format dummy --prefill 1024 \
-            --decode 32 --batch 1 $split >>"$TP_LOG" 2>&1 || { status=1; echo "FAILED: tp-bench $split" >>"$TP_LOG"; }
-    done
+    # with two or more GPUs: the whole Qwen3-Next-80B-A3B and Qwen3.5-122B-A10B (BF16) over two GPUs
+    # through NCCL, decode at batch 1 and 64 with the all-reduce time per step
+    if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
+        export NCCL_NVLS_ENABLE=0 # never NVLink multicast (shared hosts)
+        for spec in "qwen3_next_80b_a3b|--tensor-parallel-size 2" "qwen3_5_122b_a10b|--tensor-parallel-size 2" \
+            "qwen3_next_80b_a3b|--tensor-parallel-size 2 --expert-parallel"; do
+            cfg=${spec%%|*} split=${spec#*|}
+            for load in "--prefill 1024,8192 --decode 64 --batch 1" "--prefill 1024 --decode 32 --batch 64"; do
+                echo "=== tp-gpus $cfg $split $load" >>"$TP_LOG"
+                # shellcheck disable=SC2086
+                timeout 240 "$BUILD/qdelta" bench -q -m "bench/configs/$cfg" --backend cuda --load-format dummy \
+                    $load $split >>"$TP_LOG" 2>&1 || { status=1; echo "FAILED: tp-gpus $cfg $split $load" >>"$TP_LOG"; }
+                case $split in *expert*) break ;; esac # expert parallel: batch 1 only
+            done
+        done
+    else
+        M="$BUILD/q3next-80b-8l" # one GPU: the 80B shapes, 8 of its 48 layers, so that two ranks fit
+        mkdir -p "$M"
+        python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["num_hidden_layers"]=8; json.dump(c,open(sys.argv[2],"w"))' \
+            bench/configs/qwen3_next_80b_a3b/config.json "$M/config.json"
+        for split in "" "--tensor-parallel-size 2" "--tensor-parallel-size 2 --expert-parallel"; do
+            echo "=== tp-bench ${split:-unsplit}" >>"$TP_LOG"
+            # shellcheck disable=SC2086
+            timeout 300 "$BUILD/qdelta" bench -q -m "$M" --backend cuda --load-format dummy --prefill 1024 \
+                --decode 32 --batch 1 $split >>"$TP_LOG" 2>&1 || { status=1; echo "FAILED: tp-bench $split" >>"$TP_LOG"; }
+        done
+    fi
 fi
 
 SERVE_LOG="$LOGDIR/serve.log"
@@ -172,7 +192,7 @@ echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
 for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
-[ -s "$TP_LOG" ] && awk '/^=== tp-bench/ { split_ = substr($0, 14) } /^RESULT/ && split_ { print "tp " split_ ": " $0 }' "$TP_LOG"
+[ -s "$TP_LOG" ] && awk '/^=== tp-/ { split_ = substr($0, 5) } /^RESULT/ && split_ { print split_ ": " $0 }' "$TP_LOG"
 grep -h "^FAILED: tp" "$TP_LOG" 2>/dev/null
 cat "$BENCH_LOG" "$E2E_LOG" 2>/dev/null | awk '
 function kv(line, key,    i, n, f, p) {
