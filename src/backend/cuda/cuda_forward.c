@@ -215,7 +215,7 @@ static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
     const int Ie = c->moe_intermediate_size;
     /* kernel table: decode-sized batches of an unsplit model run the whole block in three
      * launches (it adds into h itself, so a split model takes the general path) */
-    if (!g->reduce && qd_cuda_moe_block_supported(n, H, Ie, d->has_shared_gate ? d->I : 0, E, k)) {
+    if (!g->reduce && qd_cuda_moe_block_preferred(n, H, Ie, d->has_shared_gate ? d->I : 0, E, k)) {
         const qd_cuda_moe_block_args a = {
             .n = n, .H = H, .I = Ie, .E = E, .k = k, .renorm = c->norm_topk_prob,
             .d_h = g->h, .d_norm = d->post_norm, .eps = c->rms_norm_eps, .d_router = d->router,

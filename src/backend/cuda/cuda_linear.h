@@ -61,6 +61,26 @@ typedef struct qd_cuda_lin_out {
 qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out,
                          int n_out, int accumulate, uint16_t *scratch, float *scratch_y, void *stream);
 
+/* The two paths of the table, named so that the kernel benchmark can time both on
+ * one shape and the tests can check both (bench/linear_cuda_bench.c, test_cuda_fused):
+ *   FUSED: x built inside the fused GEMV (gemv_fused.cu), one launch for the n_out products;
+ *   PLAIN: x materialised into scratch by the elementwise kernels (not for QD_LIN_BF16),
+ *          then the plain GEMV of gemm.cu per product (n <= 8) or cuBLAS.
+ * qd_cuda_linear_choice is the table's pick for a call (what qd_cuda_linear runs);
+ * qd_cuda_linear_path runs the given path (QD_LIN_PATH_TABLE: the table's pick), and
+ * fails with QD_ERR_UNSUPPORTED when FUSED is asked for a shape the fused kernel
+ * does not take (n > 8, cols % 8, misaligned operands, x over its shared memory). */
+typedef enum qd_cuda_lin_path {
+    QD_LIN_PATH_TABLE = 0,
+    QD_LIN_PATH_FUSED = 1,
+    QD_LIN_PATH_PLAIN = 2,
+} qd_cuda_lin_path;
+
+int qd_cuda_linear_choice(const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out, int n_out);
+qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
+                              const qd_cuda_lin_out *out, int n_out, int accumulate, uint16_t *scratch,
+                              float *scratch_y, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

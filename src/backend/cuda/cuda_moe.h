@@ -89,6 +89,11 @@ typedef struct qd_cuda_moe_block_args {
 /* Whether qd_cuda_moe_block takes this shape: n <= qd_cuda_moe_graph_max_tokens(),
  * n * k <= 1024, H, I, I_s multiples of 8, H <= 12288, 1 <= k <= min(E, 32), E <= 1024. */
 int qd_cuda_moe_block_supported(int n, int H, int I, int I_s, int E, int k);
+/* Whether the block is also the faster path for this shape (the MoE kernel table,
+ * measured by bench/linear_cuda_bench.c against the older path of separate
+ * kernels): a supported shape of at most QD_MOE_BLOCK_MAX_TOKENS tokens. */
+#define QD_MOE_BLOCK_MAX_TOKENS 64
+int qd_cuda_moe_block_preferred(int n, int H, int I, int I_s, int E, int k);
 qd_status qd_cuda_moe_block(const qd_cuda_moe_block_args *a, void *stream);
 
 #ifdef __cplusplus

@@ -363,7 +363,7 @@ static qd_status fg_dispatch(const fg_params &p, int n, cudaStream_t st) {
 
 static int al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-/* Materialises x into scratch with the unfused kernels (shapes outside the table). */
+/* Materialises x into scratch with the unfused kernels (the plain path). */
 static qd_status fg_materialise(const qd_cuda_lin_in *in, int64_t cols, int n, uint16_t *scratch, void *stream) {
     switch (in->kind) {
     case QD_LIN_RMSNORM:
@@ -377,42 +377,63 @@ static qd_status fg_materialise(const qd_cuda_lin_in *in, int64_t cols, int n, u
     }
 }
 
-/* Kernel table:
- *   n <= 8, weights < 64 MiB, cols % 8 == 0, 16-byte aligned operands,
- *   n * cols * 2 <= 100 KiB:
- *       the fused GEMV (x built in the kernel; plain bf16 x has no size bound)
- *   otherwise: x materialised into scratch by the elementwise kernels, then the
- *       plain GEMV (n <= 8) or cuBLAS (through scratch_y and an add when
- *       accumulating) */
-extern "C" qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
-                                    const qd_cuda_lin_out *out, int n_out, int accumulate, uint16_t *scratch,
-                                    float *scratch_y, void *stream) {
-    if (n <= 0) return QD_OK;
-    if (!in || !out || n_out < 1 || n_out > QD_LIN_MAX_OUT || cols <= 0 || cols > INT32_MAX)
-        return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: bad arguments");
-    int gemv = n <= FG_MAX_N && cols % 8 == 0;
-    int64_t wbytes = 0;
-    for (int j = 0; j < n_out; j++) {
-        gemv &= al16(out[j].W) && out[j].rows >= 0;
-        wbytes += out[j].rows * cols * 2;
-    }
-    gemv &= wbytes < FG_STREAM_BYTES;
-    const size_t smem = (size_t)n * (size_t)cols * 2;
-    const int small = gemv && smem <= FG_SMEM_MAX;
-    int fused = 0;
+/* Whether the fused kernel can take the call at all: n <= 8, cols % 8 == 0, 16-byte
+ * aligned operands, and x built in shared memory within FG_SMEM_MAX (plain bf16 x
+ * too large for it is read in place). Its limits, not the table's preference. */
+static int fg_fusable(const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out, int n_out) {
+    if (n < 1 || n > FG_MAX_N || cols % 8) return 0;
+    for (int j = 0; j < n_out; j++)
+        if (!al16(out[j].W) || out[j].rows < 0) return 0;
+    const int small = (size_t)n * (size_t)cols * 2 <= FG_SMEM_MAX;
     switch (in->kind) {
-    case QD_LIN_BF16: fused = gemv && in->ldx % 8 == 0 && al16(in->x); break;
-    case QD_LIN_RMSNORM: fused = small && al16(in->h) && al16(in->w); break;
+    case QD_LIN_BF16: return in->ldx % 8 == 0 && al16(in->x);
+    case QD_LIN_RMSNORM: return small && al16(in->h) && al16(in->w);
     case QD_LIN_GATED: {
         const int G = in->dv / 8;
-        fused = small && in->dv > 0 && in->dv % 8 == 0 && G <= 32 && (G & (G - 1)) == 0 && cols % in->dv == 0 &&
-                al16(in->o) && al16(in->z) && in->ldz % 4 == 0 && al16(in->w);
-        break;
+        return small && in->dv > 0 && in->dv % 8 == 0 && G <= 32 && (G & (G - 1)) == 0 && cols % in->dv == 0 &&
+               al16(in->o) && al16(in->z) && in->ldz % 4 == 0 && al16(in->w);
     }
-    case QD_LIN_SILU: fused = small && al16(in->gu); break;
-    default: return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: unknown input kind");
+    case QD_LIN_SILU: return small && al16(in->gu);
+    default: return 0;
     }
-    if (fused) {
+}
+
+/* The table's preference among shapes the fused kernel takes. */
+static int fg_prefer_fused(const qd_cuda_lin_in *in, int64_t cols, int n, int64_t wbytes) {
+    (void)in;
+    (void)cols;
+    (void)n;
+    return wbytes < FG_STREAM_BYTES;
+}
+
+static int fg_valid(const qd_cuda_lin_in *in, int64_t cols, const qd_cuda_lin_out *out, int n_out) {
+    return in && out && n_out >= 1 && n_out <= QD_LIN_MAX_OUT && cols > 0 && cols <= INT32_MAX &&
+           in->kind >= QD_LIN_BF16 && in->kind <= QD_LIN_SILU;
+}
+
+extern "C" int qd_cuda_linear_choice(const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out,
+                                     int n_out) {
+    if (!fg_valid(in, cols, out, n_out) || !fg_fusable(in, cols, n, out, n_out)) return QD_LIN_PATH_PLAIN;
+    int64_t wbytes = 0;
+    for (int j = 0; j < n_out; j++) wbytes += out[j].rows * cols * 2;
+    return fg_prefer_fused(in, cols, n, wbytes) ? QD_LIN_PATH_FUSED : QD_LIN_PATH_PLAIN;
+}
+
+/* Kernel table (qd_cuda_linear_choice):
+ *   fused GEMV: shapes fg_fusable takes that fg_prefer_fused prefers
+ *   otherwise (plain): x materialised into scratch by the elementwise kernels, then
+ *       the plain GEMV (n <= 8) or cuBLAS (through scratch_y and an add when
+ *       accumulating) */
+extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
+                                         const qd_cuda_lin_out *out, int n_out, int accumulate, uint16_t *scratch,
+                                         float *scratch_y, void *stream) {
+    if (n <= 0) return QD_OK;
+    if (!fg_valid(in, cols, out, n_out) || path < QD_LIN_PATH_TABLE || path > QD_LIN_PATH_PLAIN)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: bad arguments");
+    if (path == QD_LIN_PATH_TABLE) path = qd_cuda_linear_choice(in, cols, n, out, n_out);
+    else if (path == QD_LIN_PATH_FUSED && !fg_fusable(in, cols, n, out, n_out))
+        return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: shape outside the fused GEMV");
+    if (path == QD_LIN_PATH_FUSED) {
         fg_params p = {};
         p.kind = in->kind;
         p.n_out = n_out;
@@ -438,25 +459,29 @@ extern "C" qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, i
             p.ldy[j] = out[j].ldy;
         }
         if (end == 0) return QD_OK;
-        p.x_global = in->kind == QD_LIN_BF16 && !small;
+        p.x_global = in->kind == QD_LIN_BF16 && (size_t)n * (size_t)cols * 2 > FG_SMEM_MAX;
         return fg_dispatch(p, n, (cudaStream_t)stream);
     }
+    const uint16_t *x = in->x;
+    int64_t ldx = in->ldx;
     if (in->kind != QD_LIN_BF16) {
         if (!scratch) return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: no scratch to materialise x");
         qd_status s = fg_materialise(in, cols, n, scratch, stream);
         if (s) return s;
-        qd_cuda_lin_in x = {};
-        x.kind = QD_LIN_BF16;
-        x.x = scratch;
-        x.ldx = cols;
-        return qd_cuda_linear(b, &x, cols, n, out, n_out, accumulate, NULL, scratch_y, stream);
+        x = scratch;
+        ldx = cols;
     }
     for (int j = 0; j < n_out; j++) {
-        qd_status s = accumulate ? qd_cuda_matmul_acc(b, out[j].W, out[j].rows, cols, in->x, in->ldx, n, out[j].y,
+        qd_status s = accumulate ? qd_cuda_matmul_acc(b, out[j].W, out[j].rows, cols, x, ldx, n, out[j].y,
                                                       out[j].ldy, scratch_y)
-                                 : qd_cuda_matmul(b, out[j].W, out[j].rows, cols, in->x, in->ldx, n, out[j].y,
-                                                  out[j].ldy, 0);
+                                 : qd_cuda_matmul(b, out[j].W, out[j].rows, cols, x, ldx, n, out[j].y, out[j].ldy, 0);
         if (s) return s;
     }
     return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
+                                    const qd_cuda_lin_out *out, int n_out, int accumulate, uint16_t *scratch,
+                                    float *scratch_y, void *stream) {
+    return qd_cuda_linear_path(QD_LIN_PATH_TABLE, b, in, cols, n, out, n_out, accumulate, scratch, scratch_y, stream);
 }
