@@ -49,7 +49,7 @@ if [ -z "${QD_SKIP_BUILD:-}" ]; then
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
 targets="qdelta test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_model gdn_cuda_bench"
-for t in test_cuda_attn test_cuda_moe test_cuda_tp attn_cuda_bench moe_cuda_bench; do
+for t in test_cuda_attn test_cuda_moe test_cuda_tp attn_cuda_bench moe_cuda_bench linear_cuda_bench; do
     grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
 done
 # shellcheck disable=SC2086
@@ -79,7 +79,7 @@ fi
 BENCH_LOG="$LOGDIR/kernels.log"
 if has kernels; then
     : >"$BENCH_LOG"
-    for b in gdn_cuda_bench attn_cuda_bench moe_cuda_bench; do
+    for b in gdn_cuda_bench attn_cuda_bench moe_cuda_bench linear_cuda_bench; do
         bin=$(find "$BUILD" -name "$b" -type f -perm -u+x | head -1)
         [ -n "$bin" ] || continue
         echo "=== $b" >>"$BENCH_LOG"
@@ -209,6 +209,7 @@ function kv(line, key,    i, n, f, p) {
 /^FLA decode/       { b = kv($0, "B"); fd[b] = kv($0, "graph_us"); fp[b] = kv($0, "pct_copy") }
 /^RESULT chunked/ && /part=total/ { s = kv($0, "B") "x" kv($0, "T"); qc[s] = kv($0, "ms"); corder[++nc] = s }
 /^FLA chunked/      { s = kv($0, "B") "x" kv($0, "T"); fc[s] = kv($0, "ms") }
+/^RESULT (lin|moe) model=/ { nt++; if (/ MISMATCH/) mm[++nm] = $0 }
 /^RESULT (attn|moe)/ { other[++no] = $0 }
 END {
     if (nc) {
@@ -221,6 +222,8 @@ END {
             printf "%-22s %10s %10s %8s %8s\n", b, qd[b], (b in fd) ? fd[b] : "-", qp[b], (b in fp) ? fp[b] : "-" }
     }
     for (i = 1; i <= no; i++) print other[i]
+    if (nt) printf "kernel tables (linear_cuda_bench): %d shapes x sizes, the table picks the slower path in %d:\n", nt, nm
+    for (i = 1; i <= nm; i++) print mm[i]
     for (i = 1; i <= ne; i++) print e2e[i]
 }'
 grep -h "^FAILED" "$E2E_LOG" 2>/dev/null

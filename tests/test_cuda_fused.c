@@ -6,9 +6,13 @@
  *    (plain bf16, RMSNorm of residual rows with a row gather, the GDN gated norm,
  *    SwiGLU), one to three products per call, stored or added into y; shapes that
  *    take every row of the kernel table (fused GEMV, x in place when too large for
- *    shared memory, materialised x with the plain GEMV for 64 MiB of weights and
- *    more, or cuBLAS, through a scratch and an add when accumulating). The padding
- *    between y rows must keep its bits.
+ *    shared memory; x materialised with the plain GEMV past the table's size
+ *    limits or the fused kernel's shared memory; cuBLAS above n = 8, beta = 1 when
+ *    accumulating), each run through the table and then through each path by
+ *    name (qd_cuda_linear_path: fused where it takes the shape, and plain). The
+ *    padding between y rows must keep its bits. The table's pick for every
+ *    projection of the benchmark configs matches what bench/linear_cuda_bench.c
+ *    measured faster. The MoE table (qd_cuda_moe_block_preferred) likewise.
  *  - qd_cuda_moe_block (cuda_moe.h): norm, router, routing, routed and shared
  *    experts and the residual add in three launches, against the CPU: x and the
  *    logits directly; the routing against the CPU's routing of the GPU's logits;
@@ -146,6 +150,7 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
     /* the products; y rows padded by 3 elements that must keep their bits */
     qd_cuda_lin_out out[QD_LIN_MAX_OUT];
     float *W[QD_LIN_MAX_OUT], *y0[QD_LIN_MAX_OUT];
+    double *acc_ref[QD_LIN_MAX_OUT], *mag_ref[QD_LIN_MAX_OUT], *l2_ref[QD_LIN_MAX_OUT];
     for (int j = 0; j < lc->n_out; j++) {
         const int64_t R = lc->rows[j], ldy = R + 3;
         W[j] = rnd((size_t)(R * cols), 0.5f);
@@ -156,18 +161,11 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
         out[j].y = dev(y0[j], (size_t)(n * ldy) * 4);
         out[j].ldy = ldy;
         free(wb);
-    }
-    int64_t max_rows = 1;
-    for (int j = 0; j < lc->n_out; j++) max_rows = lc->rows[j] > max_rows ? lc->rows[j] : max_rows;
-    uint16_t *scratch = dev(NULL, (size_t)(n * cols) * 2);
-    float *scratch_y = dev(NULL, (size_t)(n * max_rows) * 4);
-    ST_OK(qd_cuda_linear(blas, &in, cols, n, out, lc->n_out, lc->acc, scratch, scratch_y, NULL));
-    double worst = 0;
-    for (int j = 0; j < lc->n_out; j++) {
-        const int64_t R = lc->rows[j], ldy = R + 3;
-        float *y = host(out[j].y, (size_t)(n * ldy) * 4);
-        size_t bad = 0, bad_pad = 0;
-        for (int t = 0; t < n; t++) {
+        /* the product in double, with the magnitudes the tolerance scales with */
+        acc_ref[j] = malloc(sizeof(double) * (size_t)(n * R));
+        mag_ref[j] = malloc(sizeof(double) * (size_t)(n * R));
+        l2_ref[j] = malloc(sizeof(double) * (size_t)(n * R));
+        for (int t = 0; t < n; t++)
             for (int64_t r = 0; r < R; r++) {
                 double acc = 0, mag = 0, l2 = 0;
                 for (int64_t c = 0; c < cols; c++) {
@@ -176,36 +174,82 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
                     mag += fabs(term);
                     l2 += term * term;
                 }
-                const double y00 = y0[j] ? y0[j][t * ldy + r] : 0.0, ref = y00 + acc;
-                const double lim = 2e-5 * (mag + fabs(y00)) + 1e-6 +
-                                   (lc->kind == QD_LIN_BF16 ? 0.0 : 4.0 / 256.0 * sqrt(l2));
-                const double d = fabs((double)y[t * ldy + r] - ref);
-                if (!(d <= lim)) {
-                    if (!bad)
-                        fprintf(stderr, "  linear %s out %d t %d row %lld: got %g want %g (limit %g)\n",
-                                kind_name(lc->kind), j, t, (long long)r, y[t * ldy + r], ref, lim);
-                    bad++;
-                }
-                if (d / lim > worst) worst = d / lim;
+                acc_ref[j][t * R + r] = acc;
+                mag_ref[j][t * R + r] = mag;
+                l2_ref[j][t * R + r] = l2;
             }
-            for (int64_t r = R; r < ldy; r++) { /* padding: untouched */
-                uint32_t a, b;
-                memcpy(&a, &y[t * ldy + r], 4);
-                if (y0[j]) memcpy(&b, &y0[j][t * ldy + r], 4);
-                else b = 0xffffffffu;
-                bad_pad += a != b;
-            }
-        }
-        CHECKF(bad == 0, "linear %s n=%d cols=%lld out %d (%lld rows, acc %d): %zu of %lld elements off",
-               kind_name(lc->kind), n, (long long)cols, j, (long long)R, lc->acc, bad, (long long)(n * R));
-        CHECKF(bad_pad == 0, "linear %s n=%d out %d: %zu padding elements written", kind_name(lc->kind), n, j, bad_pad);
-        free(y);
     }
-    printf("  linear %-7s n=%-2d cols=%-6lld outs=%d acc=%d%s worst/limit %.3f\n", kind_name(lc->kind), n,
-           (long long)cols, lc->n_out, lc->acc, lc->gather ? " gather" : "", worst);
+    uint16_t *scratch = dev(NULL, (size_t)(n * cols) * 2);
+    const int table = qd_cuda_linear_choice(&in, cols, n, out, lc->n_out);
+    /* the table's pick through qd_cuda_linear, then each path by name (the fused
+     * one where it takes the shape) */
+    static const char *const path_name[3] = {"table", "fused", "plain"};
+    char ran[64] = "";
+    double worst = 0;
+    for (int path = QD_LIN_PATH_TABLE; path <= QD_LIN_PATH_PLAIN; path++) {
+        for (int j = 0; j < lc->n_out; j++) {
+            const int64_t ldy = lc->rows[j] + 3;
+            if (y0[j]) CHECK(qd_cuda_memcpy_h2d(out[j].y, y0[j], (size_t)(n * ldy) * 4) == QD_OK);
+            else CHECK(qd_cuda_memset(out[j].y, 0xff, (size_t)(n * ldy) * 4) == QD_OK);
+        }
+        CHECK(qd_cuda_memset(scratch, 0xff, (size_t)(n * cols) * 2) == QD_OK);
+        if (path == QD_LIN_PATH_TABLE) {
+            ST_OK(qd_cuda_linear(blas, &in, cols, n, out, lc->n_out, lc->acc, scratch, NULL));
+        } else {
+            const qd_status st = qd_cuda_linear_path(path, blas, &in, cols, n, out, lc->n_out, lc->acc, scratch, NULL);
+            if (path == QD_LIN_PATH_FUSED && st == QD_ERR_UNSUPPORTED) {
+                CHECKF(table != QD_LIN_PATH_FUSED, "linear %s n=%d: the table picks a fused path that refuses it",
+                       kind_name(lc->kind), n);
+                continue;
+            }
+            ST_OK(st);
+        }
+        strcat(ran, ran[0] ? "+" : "");
+        strcat(ran, path_name[path]);
+        for (int j = 0; j < lc->n_out; j++) {
+            const int64_t R = lc->rows[j], ldy = R + 3;
+            float *y = host(out[j].y, (size_t)(n * ldy) * 4);
+            size_t bad = 0, bad_pad = 0;
+            for (int t = 0; t < n; t++) {
+                for (int64_t r = 0; r < R; r++) {
+                    const double y00 = y0[j] ? y0[j][t * ldy + r] : 0.0, ref = y00 + acc_ref[j][t * R + r];
+                    const double lim = 2e-5 * (mag_ref[j][t * R + r] + fabs(y00)) + 1e-6 +
+                                       (lc->kind == QD_LIN_BF16 ? 0.0 : 4.0 / 256.0 * sqrt(l2_ref[j][t * R + r]));
+                    const double d = fabs((double)y[t * ldy + r] - ref);
+                    if (!(d <= lim)) {
+                        if (!bad)
+                            fprintf(stderr, "  linear %s (%s) out %d t %d row %lld: got %g want %g (limit %g)\n",
+                                    kind_name(lc->kind), path_name[path], j, t, (long long)r, y[t * ldy + r], ref,
+                                    lim);
+                        bad++;
+                    }
+                    if (d / lim > worst) worst = d / lim;
+                }
+                for (int64_t r = R; r < ldy; r++) { /* padding: untouched */
+                    uint32_t a, b;
+                    memcpy(&a, &y[t * ldy + r], 4);
+                    if (y0[j]) memcpy(&b, &y0[j][t * ldy + r], 4);
+                    else b = 0xffffffffu;
+                    bad_pad += a != b;
+                }
+            }
+            CHECKF(bad == 0, "linear %s (%s) n=%d cols=%lld out %d (%lld rows, acc %d): %zu of %lld elements off",
+                   kind_name(lc->kind), path_name[path], n, (long long)cols, j, (long long)R, lc->acc, bad,
+                   (long long)(n * R));
+            CHECKF(bad_pad == 0, "linear %s (%s) n=%d out %d: %zu padding elements written", kind_name(lc->kind),
+                   path_name[path], n, j, bad_pad);
+            free(y);
+        }
+    }
+    printf("  linear %-7s n=%-2d cols=%-6lld outs=%d acc=%d%s table=%s ran %s, worst/limit %.3f\n",
+           kind_name(lc->kind), n, (long long)cols, lc->n_out, lc->acc, lc->gather ? " gather" : "",
+           table == QD_LIN_PATH_FUSED ? "fused" : n > 8 ? "cublas" : "plain", ran, worst);
     for (int j = 0; j < lc->n_out; j++) {
         free(W[j]);
         free(y0[j]);
+        free(acc_ref[j]);
+        free(mag_ref[j]);
+        free(l2_ref[j]);
         qd_cuda_free((void *)out[j].W);
         qd_cuda_free(out[j].y);
     }
@@ -214,8 +258,72 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
         free(hin[i]);
     }
     qd_cuda_free(scratch);
-    qd_cuda_free(scratch_y);
     free(xref);
+}
+
+/* The table's pick for the projections of the configs in bench/configs, as measured
+ * by bench/linear_cuda_bench.c (the pick looks at the shape and the pointers'
+ * alignment only, so no device memory is needed). */
+typedef struct rule_case {
+    const char *what;
+    int kind;
+    int64_t cols;
+    int n_out;
+    int64_t rows[QD_LIN_MAX_OUT];
+    int fused_n[4]; /* expected at n = 1, 2, 4, 8: 1 fused, 0 plain */
+} rule_case;
+
+static void test_table_rules(void) {
+    static const rule_case rc[] = {
+        {"35B in_proj", QD_LIN_RMSNORM, 2048, 1, {12352}, {1, 1, 0, 0}},
+        {"35B out_proj", QD_LIN_GATED, 4096, 1, {2048}, {1, 0, 0, 0}},
+        {"35B q,k,v", QD_LIN_RMSNORM, 2048, 3, {8192, 512, 512}, {1, 1, 1, 0}},
+        {"35B o_proj", QD_LIN_BF16, 4096, 1, {2048}, {1, 1, 0, 0}},
+        {"35B shared gate_up", QD_LIN_BF16, 2048, 1, {1024}, {1, 1, 1, 1}},
+        {"35B shared down", QD_LIN_SILU, 512, 1, {2048}, {1, 1, 1, 1}},
+        {"35B lm_head", QD_LIN_RMSNORM, 2048, 1, {248320}, {0, 0, 0, 0}},
+        {"27B in_proj", QD_LIN_RMSNORM, 5120, 1, {16480}, {1, 1, 0, 0}},
+        {"27B out_proj", QD_LIN_GATED, 6144, 1, {5120}, {0, 0, 0, 0}},
+        {"27B q,k,v", QD_LIN_RMSNORM, 5120, 3, {12288, 1024, 1024}, {1, 1, 0, 0}},
+        {"27B o_proj", QD_LIN_BF16, 6144, 1, {5120}, {0, 0, 0, 0}},
+        {"27B gate_up", QD_LIN_RMSNORM, 5120, 1, {34816}, {0, 0, 0, 0}},
+        {"27B down", QD_LIN_SILU, 17408, 1, {5120}, {0, 0, 0, 0}},
+        {"9B in_proj", QD_LIN_RMSNORM, 4096, 1, {12352}, {1, 1, 0, 0}},
+        {"9B out_proj", QD_LIN_GATED, 4096, 1, {4096}, {1, 0, 0, 0}},
+        {"9B q,k,v", QD_LIN_RMSNORM, 4096, 3, {8192, 1024, 1024}, {1, 1, 1, 0}},
+        {"9B o_proj", QD_LIN_BF16, 4096, 1, {4096}, {0, 0, 0, 0}},
+        {"9B gate_up", QD_LIN_RMSNORM, 4096, 1, {24576}, {1, 1, 0, 0}},
+        {"9B down", QD_LIN_SILU, 12288, 1, {4096}, {0, 0, 0, 0}},
+    };
+    /* stand-ins for device pointers: only their 16-byte alignment is looked at */
+    static _Alignas(16) float fake[4];
+    for (size_t i = 0; i < sizeof rc / sizeof rc[0]; i++) {
+        qd_cuda_lin_in in = {0};
+        in.kind = rc[i].kind;
+        in.x = (const uint16_t *)fake;
+        in.ldx = rc[i].cols;
+        in.h = in.w = in.z = in.gu = fake;
+        in.o = (const uint16_t *)fake;
+        in.ldz = 2 * rc[i].cols;
+        in.dv = 128;
+        qd_cuda_lin_out out[QD_LIN_MAX_OUT];
+        for (int j = 0; j < rc[i].n_out; j++) {
+            out[j].W = (const uint16_t *)fake;
+            out[j].rows = rc[i].rows[j];
+            out[j].y = fake;
+            out[j].ldy = rc[i].rows[j];
+        }
+        static const int ns[4] = {1, 2, 4, 8};
+        for (int k = 0; k < 4; k++) {
+            const int got = qd_cuda_linear_choice(&in, rc[i].cols, ns[k], out, rc[i].n_out) == QD_LIN_PATH_FUSED;
+            CHECKF(got == rc[i].fused_n[k], "table: %s at n = %d: %s, measured faster: %s", rc[i].what, ns[k],
+                   got ? "fused" : "plain", rc[i].fused_n[k] ? "fused" : "plain");
+        }
+    }
+    /* above n = 8 the fused kernel does not exist */
+    CHECK(qd_cuda_linear_choice(&(qd_cuda_lin_in){.kind = QD_LIN_BF16, .x = (const uint16_t *)fake, .ldx = 64}, 64, 9,
+                                &(qd_cuda_lin_out){(const uint16_t *)fake, 8, fake, 8}, 1) == QD_LIN_PATH_PLAIN);
+    printf("  linear table: %zu projection shapes x 4 sizes as measured\n", sizeof rc / sizeof rc[0]);
 }
 
 /* ----------------------------------------------------------- qd_cuda_moe_block */
@@ -439,22 +547,27 @@ int main(void) {
         {QD_LIN_RMSNORM, 5, 3, 0, 1, 0, 1000, {100, 17, 64}},
         {QD_LIN_RMSNORM, 8, 1, 1, 0, 0, 4096, {200}},
         {QD_LIN_RMSNORM, 11, 2, 1, 1, 0, 256, {50, 30}},       /* materialised, cuBLAS */
-        {QD_LIN_RMSNORM, 3, 1, 0, 0, 0, 20000, {64}},          /* materialised, GEMV with x in place */
+        {QD_LIN_RMSNORM, 3, 1, 0, 0, 0, 20000, {64}},          /* x over the fused kernel's shared memory: plain */
         {QD_LIN_RMSNORM, 2, 1, 1, 0, 0, 100, {10}},            /* cols % 8 != 0: cuBLAS */
-        {QD_LIN_GATED, 1, 1, 1, 0, 128, 4096, {2048}},         /* the GDN out_proj at batch 1 */
-        {QD_LIN_GATED, 4, 1, 0, 0, 64, 192, {77}},
+        {QD_LIN_GATED, 1, 1, 1, 0, 128, 4096, {2048}},         /* the GDN out_proj at batch 1: fused */
+        {QD_LIN_GATED, 4, 1, 0, 0, 64, 192, {77}},             /* gated at n > 2: plain */
         {QD_LIN_GATED, 2, 1, 1, 0, 24, 120, {33}},             /* 3 lanes a head: materialised */
         {QD_LIN_GATED, 12, 1, 0, 0, 32, 128, {40}},            /* cuBLAS */
         {QD_LIN_SILU, 1, 1, 1, 0, 0, 512, {2048}},
         {QD_LIN_SILU, 7, 1, 0, 0, 0, 1000, {300}},
-        {QD_LIN_SILU, 3, 1, 1, 0, 0, 17408, {48}},             /* materialised, x in place */
+        {QD_LIN_SILU, 3, 1, 1, 0, 0, 17408, {48}},             /* x over shared memory: plain */
         {QD_LIN_SILU, 20, 1, 0, 0, 0, 64, {30}},               /* cuBLAS */
-        /* 64 MiB of weights and more: streaming-bound, x materialised, the plain GEMV */
-        {QD_LIN_RMSNORM, 1, 1, 1, 1, 0, 2048, {16384}},
-        {QD_LIN_SILU, 2, 1, 1, 0, 0, 4096, {8192}},
-        {QD_LIN_BF16, 4, 2, 0, 0, 0, 2048, {12000, 4384}},
+        /* the table's size limits (fg_prefer_fused) from either side */
+        {QD_LIN_RMSNORM, 1, 1, 1, 1, 0, 2048, {16384}},        /* 64 MiB, rmsnorm at n = 1: fused */
+        {QD_LIN_RMSNORM, 4, 1, 0, 0, 0, 2048, {2048}},         /* 8 MiB, one product at n = 4: plain */
+        {QD_LIN_RMSNORM, 4, 3, 0, 0, 0, 2048, {4096, 256, 256}}, /* q, k, v at n = 4: fused */
+        {QD_LIN_GATED, 1, 1, 1, 0, 128, 4096, {4352}},         /* 34 MiB gated: plain */
+        {QD_LIN_SILU, 2, 1, 1, 0, 0, 4096, {8192}},            /* 64 MiB: plain */
+        {QD_LIN_BF16, 1, 1, 1, 0, 0, 2048, {4608}},            /* 18 MiB bf16: plain */
+        {QD_LIN_BF16, 4, 2, 0, 0, 0, 2048, {12000, 4384}},     /* 64 MiB: plain */
     };
     for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) test_linear(blas, &lin[i]);
+    test_table_rules();
     /* n, H, I, E, k, I_s, renorm */
     static const moe_case moe[] = {
         {1, 2048, 512, 16, 8, 512, 1},  /* the 35B-A3B's hidden and expert sizes, fewer experts */
@@ -467,6 +580,10 @@ int main(void) {
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) test_moe_block(&moe[i]);
     CHECK(qd_cuda_moe_block_supported(65, 2048, 512, 512, 256, 8) == 0);
     CHECK(qd_cuda_moe_block_supported(64, 2048, 512, 512, 256, 8) == 1);
+    /* the MoE table: the block up to 16 tokens (measured, cuda_moe.h) */
+    CHECK(qd_cuda_moe_block_preferred(16, 2048, 512, 512, 256, 8) == 1);
+    CHECK(qd_cuda_moe_block_preferred(17, 2048, 512, 512, 256, 8) == 0);
+    CHECK(qd_cuda_moe_block_preferred(1, 2048, 512, 512, 512, 10) == 1);
     qd_cuda_blas_destroy(blas);
     return qd_test_finish("test_cuda_fused");
 }

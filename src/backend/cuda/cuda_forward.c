@@ -120,7 +120,7 @@ static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
 
     const qd_cuda_lin_in in = norm_in(ctx, d->input_norm, NULL);
     const qd_cuda_lin_out proj = {d->gdn_in, W, g->proj, W};
-    TRYC(qd_cuda_linear(g->blas, &in, H, n, &proj, 1, 0, g->x, NULL, g->stream));
+    TRYC(qd_cuda_linear(g->blas, &in, H, n, &proj, 1, 0, g->x, g->stream));
     /* proj rows: in_qkv (conv inputs) | in_z | in_b | in_a */
     const qd_cuda_gdn_in_args ia = {n, hk, hv, dk, dvh, K, h->n_spans, g->proj, W,
                                     g->proj + conv_dim + value_dim + hv, g->proj + conv_dim + value_dim, W,
@@ -157,7 +157,7 @@ static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
     gin.w = d->gdn_norm;
     gin.eps = c->rms_norm_eps;
     const qd_cuda_lin_out out = {d->gdn_out, H, block_out(g), H};
-    return qd_cuda_linear(g->blas, &gin, value_dim, n, &out, 1, !g->reduce, g->u, g->y, g->stream);
+    return qd_cuda_linear(g->blas, &gin, value_dim, n, &out, 1, !g->reduce, g->u, g->stream);
 }
 
 static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int max_span_rows) {
@@ -171,7 +171,7 @@ static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int
     const qd_cuda_lin_in in = norm_in(ctx, d->input_norm, NULL);
     const qd_cuda_lin_out qkv[3] = {{d->q, q_rows, g->proj, q_rows}, {d->k, kvd, g->proj2, kvd},
                                     {d->v, kvd, g->proj3, kvd}};
-    TRYC(qd_cuda_linear(g->blas, &in, H, n, qkv, 3, 0, g->x, NULL, g->stream));
+    TRYC(qd_cuda_linear(g->blas, &in, H, n, qkv, 3, 0, g->x, g->stream));
     const size_t layer_off = (size_t)ai * ctx->kv.block_size * kvd;
     qd_cuda_attn_args a = {
         .n_rows = n, .nq = nq, .nkv = nkv, .hd = hd, .rope_dim = c->rope_dim, .rope_theta = (float)c->rope_theta,
@@ -191,7 +191,7 @@ static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int
     oin.x = g->o;
     oin.ldx = qdim;
     const qd_cuda_lin_out out = {d->o, H, block_out(g), H};
-    return qd_cuda_linear(g->blas, &oin, qdim, n, &out, 1, !g->reduce, NULL, g->y, g->stream);
+    return qd_cuda_linear(g->blas, &oin, qdim, n, &out, 1, !g->reduce, NULL, g->stream);
 }
 
 /* SwiGLU MLP of width I on the input `in` (of H columns): y (+)= down(silu(gate) * up). */
@@ -200,12 +200,12 @@ static qd_status mlp(qd_context *ctx, const qd_cuda_lin_in *in, const uint16_t *
     qd_cuda_ctx *g = ctx->cuda;
     const int n = g->host.n_rows, H = ctx->model->cfg.hidden_size;
     const qd_cuda_lin_out gu = {gate_up, 2 * (int64_t)I, g->ffn, 2 * (int64_t)I};
-    TRYC(qd_cuda_linear(g->blas, in, H, n, &gu, 1, 0, g->x, NULL, g->stream));
+    TRYC(qd_cuda_linear(g->blas, in, H, n, &gu, 1, 0, g->x, g->stream));
     qd_cuda_lin_in act = {0};
     act.kind = QD_LIN_SILU;
     act.gu = g->ffn;
     const qd_cuda_lin_out dn = {down, H, y, H};
-    return qd_cuda_linear(g->blas, &act, I, n, &dn, 1, accumulate, g->act, g->y, g->stream);
+    return qd_cuda_linear(g->blas, &act, I, n, &dn, 1, accumulate, g->act, g->stream);
 }
 
 static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
@@ -213,9 +213,10 @@ static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
     qd_cuda_ctx *g = ctx->cuda;
     const int n = g->host.n_rows, H = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok;
     const int Ie = c->moe_intermediate_size;
-    /* kernel table: decode-sized batches of an unsplit model run the whole block in three
-     * launches (it adds into h itself, so a split model takes the general path) */
-    if (!g->reduce && qd_cuda_moe_block_supported(n, H, Ie, d->has_shared_gate ? d->I : 0, E, k)) {
+    /* kernel table: batches of up to QD_MOE_BLOCK_MAX_TOKENS of an unsplit model run the
+     * whole block in three launches (measured faster there, cuda_moe.h); it adds into h
+     * itself, so a split model takes the general path */
+    if (!g->reduce && qd_cuda_moe_block_preferred(n, H, Ie, d->has_shared_gate ? d->I : 0, E, k)) {
         const qd_cuda_moe_block_args a = {
             .n = n, .H = H, .I = Ie, .E = E, .k = k, .renorm = c->norm_topk_prob,
             .d_h = g->h, .d_norm = d->post_norm, .eps = c->rms_norm_eps, .d_router = d->router,
@@ -257,7 +258,7 @@ static qd_status logit_rows(qd_context *ctx, int r0, int nr) {
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     const qd_cuda_lin_in in = norm_in(ctx, m->cuda->final_norm, g->dev.logit_rows + r0);
     const qd_cuda_lin_out out = {m->cuda->lm_head, V, g->logits, V};
-    return qd_cuda_linear(g->blas, &in, H, nr, &out, 1, 0, g->x, NULL, g->stream);
+    return qd_cuda_linear(g->blas, &in, H, nr, &out, 1, 0, g->x, g->stream);
 }
 
 /* Everything from the embedding to the logits of the first logit chunk, all on the

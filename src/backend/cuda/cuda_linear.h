@@ -1,11 +1,12 @@
 /* Projections whose input is made on the fly: y (+)= W . x where the bf16 rows x
  * come from an RMSNorm of the residual, the GDN gated norm, or the SwiGLU of a
- * gate|up product. At decode sizes the GEMV kernel builds x itself (each block
+ * gate|up product. At decode sizes the fused GEMV builds x itself (each block
  * recomputes it into shared memory from inputs that are a few KiB per row), so a
- * norm or activation costs no launch of its own; larger shapes, and matrices large
- * enough to be bound by streaming rather than by launches, materialise x into a
- * scratch and run the plain product. The choice is a table on the shape
- * (gemv_fused.cu), the same for every caller. */
+ * norm or activation costs no launch of its own; but it streams W more slowly than
+ * the plain GEMV, the more so the more rows of x, so larger matrices and larger n
+ * materialise x into a scratch and run the plain product. The choice is a table
+ * on the shape measured on the H200 (gemv_fused.cu, fg_prefer_fused), the same for
+ * every caller. */
 #ifndef QD_CUDA_LINEAR_H
 #define QD_CUDA_LINEAR_H
 
@@ -53,13 +54,32 @@ typedef struct qd_cuda_lin_out {
 
 /* y_j = W_j . x (accumulate 0) or y_j += W_j . x (accumulate 1) for the n_out <= 3
  * products sharing the input x of n rows of cols. scratch: bf16 [n][cols], used when
- * the table materialises x (NULL only for QD_LIN_BF16); scratch_y: fp32 [n][rows of
- * the largest product], used when accumulating through cuBLAS (n > 8; NULL when not
- * accumulating). A decode-sized call of a small matrix (n <= 8, under 64 MiB of
- * weights) is one launch for all n_out products, a programmatic dependent of the
- * previous kernel (cuda_pdl.cuh): its first weight loads overlap that kernel's tail. */
+ * the table materialises x (NULL only for QD_LIN_BF16). A call the table gives to
+ * the fused GEMV (n <= 8 and small enough matrices, see fg_prefer_fused) is one
+ * launch for all n_out products, a programmatic dependent of the previous kernel
+ * (cuda_pdl.cuh): its first weight loads overlap that kernel's tail. */
 qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out,
-                         int n_out, int accumulate, uint16_t *scratch, float *scratch_y, void *stream);
+                         int n_out, int accumulate, uint16_t *scratch, void *stream);
+
+/* The two paths of the table, named so that the kernel benchmark can time both on
+ * one shape and the tests can check both (bench/linear_cuda_bench.c, test_cuda_fused):
+ *   FUSED: x built inside the fused GEMV (gemv_fused.cu), one launch for the n_out products;
+ *   PLAIN: x materialised into scratch by the elementwise kernels (not for QD_LIN_BF16),
+ *          then the plain GEMV of gemm.cu per product (n <= 8) or cuBLAS.
+ * qd_cuda_linear_choice is the table's pick for a call (what qd_cuda_linear runs);
+ * qd_cuda_linear_path runs the given path (QD_LIN_PATH_TABLE: the table's pick), and
+ * fails with QD_ERR_UNSUPPORTED when FUSED is asked for a shape the fused kernel
+ * does not take (n > 8, cols % 8, misaligned operands, x over its shared memory). */
+typedef enum qd_cuda_lin_path {
+    QD_LIN_PATH_TABLE = 0,
+    QD_LIN_PATH_FUSED = 1,
+    QD_LIN_PATH_PLAIN = 2,
+} qd_cuda_lin_path;
+
+int qd_cuda_linear_choice(const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out, int n_out);
+qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
+                              const qd_cuda_lin_out *out, int n_out, int accumulate, uint16_t *scratch,
+                              void *stream);
 
 #ifdef __cplusplus
 }

@@ -89,6 +89,16 @@ typedef struct qd_cuda_moe_block_args {
 /* Whether qd_cuda_moe_block takes this shape: n <= qd_cuda_moe_graph_max_tokens(),
  * n * k <= 1024, H, I, I_s multiples of 8, H <= 12288, 1 <= k <= min(E, 32), E <= 1024. */
 int qd_cuda_moe_block_supported(int n, int H, int I, int I_s, int E, int k);
+/* Whether the block is also the faster path for this shape (the MoE kernel table):
+ * a supported shape of at most QD_MOE_BLOCK_MAX_TOKENS tokens. H200,
+ * bench/linear_cuda_bench.c (RESULTS session 11), block time / older path's
+ * (norm, router, shared expert, sigmoid scale, top-k, expert kernels):
+ *   35B-A3B (E 256, k 8):  n = 1 0.88, 4 0.92, 8 0.94, 16 0.96, 32 1.02, 64 1.03
+ *   80B-A3B (E 512, k 10): n = 1 0.80, 4 0.92, 8 0.94, 16 0.995, 32 1.01, 64 1.04
+ * the launches it saves matter less as the expert weights read grow with n, and
+ * its shared-expert block rows (one per 4 tokens) then cost more than cuBLAS. */
+#define QD_MOE_BLOCK_MAX_TOKENS 16
+int qd_cuda_moe_block_preferred(int n, int H, int I, int I_s, int E, int k);
 qd_status qd_cuda_moe_block(const qd_cuda_moe_block_args *a, void *stream);
 
 #ifdef __cplusplus

@@ -96,10 +96,10 @@ void *qd_cuda_blas_handle(qd_cuda_blas *b); /* cublasHandle_t */
 qd_status qd_cuda_matmul(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
                          int64_t ldx, int n, void *d_y, int64_t ldy, int y_bf16);
 
-/* y[n][rows] += x . W^T (fp32 y; the residual add folded into the product). Above
- * the GEMV's n the product goes through d_tmp ([n][rows] fp32) and an add. */
+/* y[n][rows] += x . W^T (fp32 y; the residual add folded into the product): the GEMV
+ * up to its n, cuBLAS with beta = 1 above. */
 qd_status qd_cuda_matmul_acc(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
-                             int64_t ldx, int n, float *d_y, int64_t ldy, float *d_tmp);
+                             int64_t ldx, int n, float *d_y, int64_t ldy);
 
 /* The same product with fp32 activations (bf16 weights, fp32 arithmetic): for small
  * matrices whose outputs make discrete decisions, the MoE router. */

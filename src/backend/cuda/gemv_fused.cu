@@ -19,8 +19,10 @@
  * A row's dot product is summed the same way whatever n is (each lane takes its
  * pieces in order, then a fixed shuffle tree, then the G warps in order; G
  * depends on the matrix and the SM count only), and x is built per row
- * independently of n, so a token's outputs do not depend on what else is in the
- * batch. */
+ * independently of n, so within this kernel a token's outputs do not depend on
+ * what else is in the batch. The table (qd_cuda_linear_choice) picks the kernel
+ * by n as well as by shape, and where it switches to the plain GEMV, or to cuBLAS
+ * above n = 8, the summation order may change. */
 #include <math.h>
 #include <stdint.h>
 
@@ -34,13 +36,6 @@
 #define FG_U 4                    /* 16-byte weight loads per lane in flight: 2 KiB per warp */
 #define FG_MAX_N 8                /* above this, cuBLAS tiles beat the GEMV */
 #define FG_SMEM_MAX (100 * 1024)  /* x in shared memory: two blocks still fit an SM */
-/* Weights from which a product is streaming-bound rather than launch-bound: its x is
- * materialised and the plain GEMV (gemm.cu, more blocks resident per SM) reads W.
- * H200: the fused kernel lost ~10% of bandwidth on the 27B's 150-350 MB products
- * and its SwiGLU prologue (139 KB per block at I = 17408) delayed every block,
- * while one launch saved is ~2-3 us: worth it below some tens of MB. */
-#define FG_STREAM_BYTES ((int64_t)64 << 20)
-
 struct fg_params {
     int kind, n_out, accumulate, dv;
     int G;        /* warps per row: 1, 2, 4, 8 or 16 */
@@ -363,7 +358,7 @@ static qd_status fg_dispatch(const fg_params &p, int n, cudaStream_t st) {
 
 static int al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-/* Materialises x into scratch with the unfused kernels (shapes outside the table). */
+/* Materialises x into scratch with the unfused kernels (the plain path). */
 static qd_status fg_materialise(const qd_cuda_lin_in *in, int64_t cols, int n, uint16_t *scratch, void *stream) {
     switch (in->kind) {
     case QD_LIN_RMSNORM:
@@ -377,42 +372,94 @@ static qd_status fg_materialise(const qd_cuda_lin_in *in, int64_t cols, int n, u
     }
 }
 
-/* Kernel table:
- *   n <= 8, weights < 64 MiB, cols % 8 == 0, 16-byte aligned operands,
- *   n * cols * 2 <= 100 KiB:
- *       the fused GEMV (x built in the kernel; plain bf16 x has no size bound)
- *   otherwise: x materialised into scratch by the elementwise kernels, then the
- *       plain GEMV (n <= 8) or cuBLAS (through scratch_y and an add when
- *       accumulating) */
-extern "C" qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
-                                    const qd_cuda_lin_out *out, int n_out, int accumulate, uint16_t *scratch,
-                                    float *scratch_y, void *stream) {
-    if (n <= 0) return QD_OK;
-    if (!in || !out || n_out < 1 || n_out > QD_LIN_MAX_OUT || cols <= 0 || cols > INT32_MAX)
-        return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: bad arguments");
-    int gemv = n <= FG_MAX_N && cols % 8 == 0;
-    int64_t wbytes = 0;
-    for (int j = 0; j < n_out; j++) {
-        gemv &= al16(out[j].W) && out[j].rows >= 0;
-        wbytes += out[j].rows * cols * 2;
-    }
-    gemv &= wbytes < FG_STREAM_BYTES;
-    const size_t smem = (size_t)n * (size_t)cols * 2;
-    const int small = gemv && smem <= FG_SMEM_MAX;
-    int fused = 0;
+/* Whether the fused kernel can take the call at all: n <= 8, cols % 8 == 0, 16-byte
+ * aligned operands, and x built in shared memory within FG_SMEM_MAX (plain bf16 x
+ * too large for it is read in place). Its limits, not the table's preference. */
+static int fg_fusable(const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out, int n_out) {
+    if (n < 1 || n > FG_MAX_N || cols % 8) return 0;
+    for (int j = 0; j < n_out; j++)
+        if (!al16(out[j].W) || out[j].rows < 0) return 0;
+    const int small = (size_t)n * (size_t)cols * 2 <= FG_SMEM_MAX;
     switch (in->kind) {
-    case QD_LIN_BF16: fused = gemv && in->ldx % 8 == 0 && al16(in->x); break;
-    case QD_LIN_RMSNORM: fused = small && al16(in->h) && al16(in->w); break;
+    case QD_LIN_BF16: return in->ldx % 8 == 0 && al16(in->x);
+    case QD_LIN_RMSNORM: return small && al16(in->h) && al16(in->w);
     case QD_LIN_GATED: {
         const int G = in->dv / 8;
-        fused = small && in->dv > 0 && in->dv % 8 == 0 && G <= 32 && (G & (G - 1)) == 0 && cols % in->dv == 0 &&
-                al16(in->o) && al16(in->z) && in->ldz % 4 == 0 && al16(in->w);
-        break;
+        return small && in->dv > 0 && in->dv % 8 == 0 && G <= 32 && (G & (G - 1)) == 0 && cols % in->dv == 0 &&
+               al16(in->o) && al16(in->z) && in->ldz % 4 == 0 && al16(in->w);
     }
-    case QD_LIN_SILU: fused = small && al16(in->gu); break;
-    default: return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: unknown input kind");
+    case QD_LIN_SILU: return small && al16(in->gu);
+    default: return 0;
     }
-    if (fused) {
+}
+
+/* The table's preference among shapes the fused kernel takes: fused up to a weight
+ * size that depends on the input kind, n and the number of products. Measured on
+ * the H200 with bench/linear_cuda_bench.c (bench/RESULTS.md, session 11; CUDA-graph
+ * replays over weights rotated beyond L2, fused time / plain time):
+ *   - the fused kernel streams W more slowly than the plain GEMV, the more so the
+ *     more rows of x (on bf16 x of 16-60 MiB, where neither builds x: 0.99-1.28
+ *     at n = 1, 1.0-1.66 at n = 4, 1.46-2.13 at n = 8); what it saves is the
+ *     norm / activation kernel, and for q, k, v two GEMV launches, ~2-4 us each;
+ *   - RMSNORM saves the norm kernel: fused 0.54 (8 MiB) to 0.96 (161 MiB) at
+ *     n = 1, 0.62-0.95 at n = 2, lost at 340 MiB (27B gate_up, 1.18: its rows of
+ *     640 pieces split unevenly over fg_pick_group's G = 4 warps), no better on
+ *     the lm_heads (600+ MiB) at n = 1 (0.98-1.02); at n = 4 lost from 8 MiB (1.02)
+ *     with one product, won with three (q, k, v: 0.88 at 36 MiB, 0.96 at
+ *     80 MiB, 1.06 at 140 MiB), whose plain path is three GEMV launches;
+ *   - GATED (the gated norm of o and z, built again by every block): n = 1 0.70
+ *     at 8 MiB, 0.89-1.0 at 16-32 MiB, 1.06-1.25 at 48-60 MiB; n = 2 0.83 at
+ *     8 MiB, 1.06 at 16 MiB; n = 4 1.48 at 8 MiB;
+ *   - BF16 saves no kernel: n <= 2 0.56-0.64 at 4 MiB, 0.91-0.99 at 16 MiB,
+ *     1.0-1.28 at 24-60 MiB; n = 4 and 8 0.85-0.93 at 4 MiB, 1.43+ at 16 MiB;
+ *   - SILU: 0.60-0.99 at 2 MiB for n = 1..8, 1.09+ at 96 MiB.
+ * n = 3 takes the rules of n = 4, n = 5..7 those of n = 8 (the fused rate only
+ * falls with n). */
+static int fg_prefer_fused(const qd_cuda_lin_in *in, int n, int n_out, int64_t wbytes) {
+    const int64_t MiB = (int64_t)1 << 20;
+    int64_t limit;
+    if (n <= 2) {
+        switch (in->kind) {
+        case QD_LIN_RMSNORM: limit = 256 * MiB; break;
+        case QD_LIN_GATED: limit = (n == 1 ? 32 : 8) * MiB; break;
+        case QD_LIN_SILU: limit = (n == 1 ? 16 : 8) * MiB; break;
+        default: limit = 16 * MiB; break;
+        }
+    } else if (n <= 4 && in->kind == QD_LIN_RMSNORM && n_out > 1) {
+        limit = 128 * MiB;
+    } else {
+        limit = in->kind == QD_LIN_GATED ? 0 : 4 * MiB;
+    }
+    return wbytes <= limit;
+}
+
+static int fg_valid(const qd_cuda_lin_in *in, int64_t cols, const qd_cuda_lin_out *out, int n_out) {
+    return in && out && n_out >= 1 && n_out <= QD_LIN_MAX_OUT && cols > 0 && cols <= INT32_MAX &&
+           in->kind >= QD_LIN_BF16 && in->kind <= QD_LIN_SILU;
+}
+
+extern "C" int qd_cuda_linear_choice(const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out,
+                                     int n_out) {
+    if (!fg_valid(in, cols, out, n_out) || !fg_fusable(in, cols, n, out, n_out)) return QD_LIN_PATH_PLAIN;
+    int64_t wbytes = 0;
+    for (int j = 0; j < n_out; j++) wbytes += out[j].rows * cols * 2;
+    return fg_prefer_fused(in, n, n_out, wbytes) ? QD_LIN_PATH_FUSED : QD_LIN_PATH_PLAIN;
+}
+
+/* Kernel table (qd_cuda_linear_choice):
+ *   fused GEMV: shapes fg_fusable takes that fg_prefer_fused prefers
+ *   otherwise (plain): x materialised into scratch by the elementwise kernels, then
+ *       the plain GEMV (n <= 8) or cuBLAS (beta = 1 when accumulating) */
+extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
+                                         const qd_cuda_lin_out *out, int n_out, int accumulate, uint16_t *scratch,
+                                         void *stream) {
+    if (n <= 0) return QD_OK;
+    if (!fg_valid(in, cols, out, n_out) || path < QD_LIN_PATH_TABLE || path > QD_LIN_PATH_PLAIN)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: bad arguments");
+    if (path == QD_LIN_PATH_TABLE) path = qd_cuda_linear_choice(in, cols, n, out, n_out);
+    else if (path == QD_LIN_PATH_FUSED && !fg_fusable(in, cols, n, out, n_out))
+        return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: shape outside the fused GEMV");
+    if (path == QD_LIN_PATH_FUSED) {
         fg_params p = {};
         p.kind = in->kind;
         p.n_out = n_out;
@@ -438,25 +485,29 @@ extern "C" qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, i
             p.ldy[j] = out[j].ldy;
         }
         if (end == 0) return QD_OK;
-        p.x_global = in->kind == QD_LIN_BF16 && !small;
+        p.x_global = in->kind == QD_LIN_BF16 && (size_t)n * (size_t)cols * 2 > FG_SMEM_MAX;
         return fg_dispatch(p, n, (cudaStream_t)stream);
     }
+    const uint16_t *x = in->x;
+    int64_t ldx = in->ldx;
     if (in->kind != QD_LIN_BF16) {
         if (!scratch) return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: no scratch to materialise x");
         qd_status s = fg_materialise(in, cols, n, scratch, stream);
         if (s) return s;
-        qd_cuda_lin_in x = {};
-        x.kind = QD_LIN_BF16;
-        x.x = scratch;
-        x.ldx = cols;
-        return qd_cuda_linear(b, &x, cols, n, out, n_out, accumulate, NULL, scratch_y, stream);
+        x = scratch;
+        ldx = cols;
     }
     for (int j = 0; j < n_out; j++) {
-        qd_status s = accumulate ? qd_cuda_matmul_acc(b, out[j].W, out[j].rows, cols, in->x, in->ldx, n, out[j].y,
-                                                      out[j].ldy, scratch_y)
-                                 : qd_cuda_matmul(b, out[j].W, out[j].rows, cols, in->x, in->ldx, n, out[j].y,
-                                                  out[j].ldy, 0);
+        qd_status s = accumulate ? qd_cuda_matmul_acc(b, out[j].W, out[j].rows, cols, x, ldx, n, out[j].y,
+                                                      out[j].ldy)
+                                 : qd_cuda_matmul(b, out[j].W, out[j].rows, cols, x, ldx, n, out[j].y, out[j].ldy, 0);
         if (s) return s;
     }
     return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
+                                    const qd_cuda_lin_out *out, int n_out, int accumulate, uint16_t *scratch,
+                                    void *stream) {
+    return qd_cuda_linear_path(QD_LIN_PATH_TABLE, b, in, cols, n, out, n_out, accumulate, scratch, stream);
 }

@@ -97,6 +97,10 @@ extern "C" int qd_cuda_moe_block_supported(int n, int H, int I, int I_s, int E, 
            k <= E && E <= QD_MOE_MAX_EXPERTS;
 }
 
+extern "C" int qd_cuda_moe_block_preferred(int n, int H, int I, int I_s, int E, int k) {
+    return n <= QD_MOE_BLOCK_MAX_TOKENS && qd_cuda_moe_block_supported(n, H, I, I_s, E, k);
+}
+
 static int misaligned(const void *p) { return ((uintptr_t)p & 15) != 0; }
 
 extern "C" qd_status qd_cuda_moe_block(const qd_cuda_moe_block_args *a, void *stream) {

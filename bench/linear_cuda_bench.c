@@ -1,0 +1,435 @@
+/* Benchmark behind the decode kernel tables: for every distinct projection of the
+ * Qwen3.5-35B-A3B, Qwen3-Next-80B-A3B, Qwen3.5-27B and Qwen3.5-9B-shape configs
+ * (bench/configs) at n = 1, 2, 4, 8 rows, qd_cuda_linear's two paths
+ * (cuda_linear.h): the fused GEMV (x built in the kernel) and the plain one (the
+ * norm / activation kernel, then the GEMV of gemm.cu); at n = 16, 32 the
+ * accumulating products through cuBLAS with beta = 1 (the table) and through
+ * cuBLAS into a scratch, then an add kernel; and the MoE block (moe_block.cu, three
+ * launches) against the older path of cuda_forward.c's moe_layer (norm, router,
+ * shared expert through qd_cuda_linear, sigmoid scale, top-k, the expert
+ * kernels) at n = 1 .. 64 for the 35B-A3B and 80B expert shapes.
+ *
+ * Every timing is a CUDA graph replay on a created stream, how the engine runs
+ * a decode step (no host launch cost; the fused kernels are programmatic
+ * dependents of the kernel before them). A graph rotates over copies of the
+ * weights (at least 512 MiB in all, or layers of experts) so that each call
+ * streams its weights from HBM, as one layer of a real step does; activations
+ * are small and stay in L2, as they do. Times are medians of 5 samples of
+ * whole replays. GBps counts the weights one call must read (for the MoE: the
+ * router, the shared expert and 3 I H bf16 per distinct expert expected under
+ * uniform routing). Prints one RESULT line per measurement with the table's
+ * choice and the faster path. Exits 77 without a GPU. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_ops.h"
+
+#define BENCH_NAME "linear_cuda_bench"
+#include "cuda_bench_util.h"
+
+#define ROTATE_BYTES ((size_t)512 << 20)
+#define MIN_CALLS 16
+#define NMAX 32      /* activation buffers: up to 32 rows */
+#define EPS 1e-6f
+#define DV 128       /* GDN value head dim of every config */
+
+static void *g_stream;
+static qd_cuda_blas *g_blas;
+static double g_copy;
+
+/* ------------------------------------------------------------------ timing */
+
+typedef qd_status (*call_fn)(void *ctx, int i);
+
+/* Microseconds per call of a graph of ncalls calls f(ctx, 0 .. ncalls - 1); -1 when
+ * the path does not take the shape (QD_ERR_UNSUPPORTED). */
+static double time_calls(call_fn f, void *ctx, int ncalls) {
+    cudaStream_t s = (cudaStream_t)g_stream;
+    TRY(qd_cuda_graph_begin(g_stream));
+    qd_status st = QD_OK;
+    for (int i = 0; i < ncalls && !st; i++) st = f(ctx, i);
+    void *exec = NULL;
+    const qd_status se = qd_cuda_graph_end(g_stream, &exec);
+    if (st == QD_ERR_UNSUPPORTED) {
+        if (exec) qd_cuda_graph_destroy(exec);
+        return -1;
+    }
+    TRY(st);
+    TRY(se);
+    cudaEvent_t e0, e1;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) exit(1);
+    for (int i = 0; i < 2; i++) TRY(qd_cuda_graph_launch(exec, g_stream));
+    float ms1 = 0;
+    cudaEventRecord(e0, s);
+    TRY(qd_cuda_graph_launch(exec, g_stream));
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&ms1, e0, e1);
+    int reps = ms1 > 0 ? (int)(2.0 / ms1) + 1 : 50; /* a sample of >= 2 ms */
+    if (reps > 200) reps = 200;
+    float ms[5];
+    for (int r = 0; r < 5; r++) {
+        cudaEventRecord(e0, s);
+        for (int i = 0; i < reps; i++) TRY(qd_cuda_graph_launch(exec, g_stream));
+        cudaEventRecord(e1, s);
+        if (cudaEventSynchronize(e1) != cudaSuccess) {
+            fprintf(stderr, BENCH_NAME ": replay failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+            exit(1);
+        }
+        cudaEventElapsedTime(&ms[r], e0, e1);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    qd_cuda_graph_destroy(exec);
+    return median(ms, 5) * 1e3 / ((double)reps * ncalls);
+}
+
+static float *upload_f32(size_t n, float scale, float offset) {
+    float *h = malloc(n * 4);
+    if (!h) exit(1);
+    for (size_t i = 0; i < n; i++) h[i] = offset + scale * urand();
+    float *d = upload(h, n * 4);
+    free(h);
+    return d;
+}
+
+static uint16_t *dummy_bf16(size_t n, float scale, uint64_t seed) {
+    uint16_t *d = upload(NULL, n * 2);
+    TRY(qd_cuda_fill_dummy_bf16(d, (int64_t)n, scale, seed, g_stream));
+    return d;
+}
+
+/* ------------------------------------------------------------- projections */
+
+typedef struct lin_shape {
+    const char *model, *name;
+    int kind;
+    int64_t cols;
+    int n_out;
+    int64_t rows[QD_LIN_MAX_OUT];
+    int acc; /* the forward adds it into the residual */
+} lin_shape;
+
+static const lin_shape SHAPES[] = {
+    /* Qwen3.5-35B-A3B and Qwen3-Next-80B-A3B (H = 2048, same attention and GDN) */
+    {"35b+80b", "in_proj", QD_LIN_RMSNORM, 2048, 1, {12352}, 0},
+    {"35b+80b", "out_proj", QD_LIN_GATED, 4096, 1, {2048}, 1},
+    {"35b+80b", "qkv", QD_LIN_RMSNORM, 2048, 3, {8192, 512, 512}, 0},
+    {"35b+80b", "o_proj", QD_LIN_BF16, 4096, 1, {2048}, 1},
+    {"35b+80b", "sh_gate_up", QD_LIN_BF16, 2048, 1, {1024}, 0}, /* shared expert on the older MoE path */
+    {"35b+80b", "sh_down", QD_LIN_SILU, 512, 1, {2048}, 0},
+    {"35b", "lm_head", QD_LIN_RMSNORM, 2048, 1, {248320}, 0},
+    {"80b", "lm_head", QD_LIN_RMSNORM, 2048, 1, {151936}, 0},
+    /* Qwen3.5-27B (H = 5120) */
+    {"27b", "in_proj", QD_LIN_RMSNORM, 5120, 1, {16480}, 0},
+    {"27b", "out_proj", QD_LIN_GATED, 6144, 1, {5120}, 1},
+    {"27b", "qkv", QD_LIN_RMSNORM, 5120, 3, {12288, 1024, 1024}, 0},
+    {"27b", "o_proj", QD_LIN_BF16, 6144, 1, {5120}, 1},
+    {"27b", "gate_up", QD_LIN_RMSNORM, 5120, 1, {34816}, 0},
+    {"27b", "down", QD_LIN_SILU, 17408, 1, {5120}, 1},
+    {"27b", "lm_head", QD_LIN_RMSNORM, 5120, 1, {248320}, 0},
+    /* Qwen3.5-9B shape (H = 4096) */
+    {"9b", "in_proj", QD_LIN_RMSNORM, 4096, 1, {12352}, 0},
+    {"9b", "out_proj", QD_LIN_GATED, 4096, 1, {4096}, 1},
+    {"9b", "qkv", QD_LIN_RMSNORM, 4096, 3, {8192, 1024, 1024}, 0},
+    {"9b", "o_proj", QD_LIN_BF16, 4096, 1, {4096}, 1},
+    {"9b", "gate_up", QD_LIN_RMSNORM, 4096, 1, {24576}, 0},
+    {"9b", "down", QD_LIN_SILU, 12288, 1, {4096}, 1},
+    {"9b", "lm_head", QD_LIN_RMSNORM, 4096, 1, {151936}, 0},
+    /* a sweep of sizes between the models' (cols 4096: 8 to 96 MiB) */
+    {"sweep", "rms_8M", QD_LIN_RMSNORM, 4096, 1, {1024}, 0},
+    {"sweep", "rms_16M", QD_LIN_RMSNORM, 4096, 1, {2048}, 0},
+    {"sweep", "rms_24M", QD_LIN_RMSNORM, 4096, 1, {3072}, 0},
+    {"sweep", "rms_48M", QD_LIN_RMSNORM, 4096, 1, {6144}, 0},
+    {"sweep", "rms_64M", QD_LIN_RMSNORM, 4096, 1, {8192}, 0},
+    {"sweep", "rms_96M", QD_LIN_RMSNORM, 4096, 1, {12288}, 0},
+    {"sweep", "gated_8M", QD_LIN_GATED, 4096, 1, {1024}, 1},
+    {"sweep", "gated_24M", QD_LIN_GATED, 4096, 1, {3072}, 1},
+    {"sweep", "gated_48M", QD_LIN_GATED, 6144, 1, {4096}, 1},
+    {"sweep", "bf16_24M", QD_LIN_BF16, 4096, 1, {3072}, 1},
+    {"sweep", "bf16_48M", QD_LIN_BF16, 6144, 1, {4096}, 1},
+};
+
+/* Activations shared by every shape (sized for the largest), as in a context. */
+static float *a_h, *a_w, *a_z, *a_gu, *a_y[QD_LIN_MAX_OUT], *a_sy;
+static uint16_t *a_x, *a_o, *a_scratch;
+
+typedef struct lin_run {
+    const lin_shape *s;
+    qd_cuda_lin_in in;
+    uint16_t *W;       /* copies of the n_out matrices, back to back */
+    int64_t wcount;    /* elements of one copy */
+    int copies, n, path, beta1;
+} lin_run;
+
+static void lin_outs(const lin_run *r, int i, qd_cuda_lin_out *out) {
+    const uint16_t *W = r->W + (size_t)(i % r->copies) * (size_t)r->wcount;
+    for (int j = 0; j < r->s->n_out; j++) {
+        out[j].W = W;
+        out[j].rows = r->s->rows[j];
+        out[j].y = a_y[j];
+        out[j].ldy = r->s->rows[j];
+        W += r->s->rows[j] * r->s->cols;
+    }
+}
+
+static qd_status lin_call(void *ctx, int i) {
+    const lin_run *r = ctx;
+    qd_cuda_lin_out out[QD_LIN_MAX_OUT];
+    lin_outs(r, i, out);
+    return qd_cuda_linear_path(r->path, g_blas, &r->in, r->s->cols, r->n, out, r->s->n_out, r->s->acc, a_scratch,
+                               g_stream);
+}
+
+/* The alternative to cuBLAS with beta = 1 above n = 8 (the table's path): the product
+ * into a scratch, then an add kernel (x materialised first, as the table does). */
+static qd_status lin_call_scratch_add(void *ctx, int i) {
+    const lin_run *r = ctx;
+    const int64_t cols = r->s->cols;
+    const qd_cuda_lin_in *in = &r->in;
+    const uint16_t *x = in->x;
+    qd_status s = QD_OK;
+    if (in->kind == QD_LIN_RMSNORM)
+        s = qd_cuda_add_rmsnorm(a_h, NULL, in->w, EPS, r->n, (int)cols, NULL, a_scratch, NULL, g_stream);
+    else if (in->kind == QD_LIN_GATED)
+        s = qd_cuda_gated_rmsnorm(in->o, in->z, in->ldz, in->w, EPS, r->n, (int)(cols / DV), DV, a_scratch, g_stream);
+    else if (in->kind == QD_LIN_SILU)
+        s = qd_cuda_silu_mul(in->gu, r->n, (int)cols, a_scratch, g_stream);
+    if (s) return s;
+    if (in->kind != QD_LIN_BF16) x = a_scratch;
+    qd_cuda_lin_out out[QD_LIN_MAX_OUT];
+    lin_outs(r, i, out);
+    for (int j = 0; j < r->s->n_out && !s; j++) {
+        s = qd_cuda_matmul(g_blas, out[j].W, out[j].rows, cols, x, cols, r->n, a_sy, out[j].rows, 0);
+        if (!s) s = qd_cuda_add_f32(out[j].y, out[j].ldy, a_sy, out[j].rows, out[j].rows, r->n, g_stream);
+    }
+    return s;
+}
+
+static const char *kind_name(int k) {
+    return k == QD_LIN_BF16 ? "bf16" : k == QD_LIN_RMSNORM ? "rmsnorm" : k == QD_LIN_GATED ? "gated" : "silu";
+}
+
+static void bench_shape(const lin_shape *s) {
+    lin_run r = {0};
+    r.s = s;
+    for (int j = 0; j < s->n_out; j++) r.wcount += s->rows[j] * s->cols;
+    const size_t wbytes = (size_t)r.wcount * 2;
+    r.copies = (int)((ROTATE_BYTES + wbytes - 1) / wbytes);
+    if (r.copies < 1) r.copies = 1;
+    r.W = dummy_bf16((size_t)r.copies * (size_t)r.wcount, sqrtf(3.0f / (float)s->cols), 0x5eed + (uint64_t)s->cols);
+    const int ncalls = r.copies * ((MIN_CALLS + r.copies - 1) / r.copies);
+    r.in.kind = s->kind;
+    r.in.x = a_x;
+    r.in.ldx = s->cols;
+    r.in.h = a_h;
+    r.in.w = a_w;
+    r.in.eps = EPS;
+    r.in.o = a_o;
+    r.in.z = a_z;
+    r.in.ldz = 2 * s->cols; /* the gate z is a slice of the in_proj rows */
+    r.in.dv = DV;
+    r.in.gu = a_gu;
+    TRY(qd_cuda_sync());
+    const double mib = (double)wbytes / (1 << 20);
+    static const int ns[4] = {1, 2, 4, 8};
+    for (int k = 0; k < 4; k++) {
+        r.n = ns[k];
+        qd_cuda_lin_out out[QD_LIN_MAX_OUT];
+        lin_outs(&r, 0, out);
+        const int table = qd_cuda_linear_choice(&r.in, s->cols, r.n, out, s->n_out);
+        double us[3] = {-1, -1, -1}, gbs[3] = {0, 0, 0};
+        for (int p = QD_LIN_PATH_FUSED; p <= QD_LIN_PATH_PLAIN; p++) {
+            r.path = p;
+            us[p] = time_calls(lin_call, &r, ncalls);
+            gbs[p] = us[p] > 0 ? (double)wbytes / (us[p] * 1e3) : 0;
+        }
+        /* fused_us=-1: the fused kernel does not take the shape (x over its shared memory) */
+        const int best = us[QD_LIN_PATH_FUSED] > 0 && us[QD_LIN_PATH_FUSED] <= us[QD_LIN_PATH_PLAIN]
+                             ? QD_LIN_PATH_FUSED : QD_LIN_PATH_PLAIN;
+        printf("RESULT lin model=%s shape=%s kind=%s rows=%lld cols=%lld MiB=%.1f n=%d fused_us=%.2f fused_GBps=%.0f "
+               "plain_us=%.2f plain_GBps=%.0f fused/plain=%.3f best=%s table=%s%s\n",
+               s->model, s->name, kind_name(s->kind), (long long)(r.wcount / s->cols), (long long)s->cols, mib, r.n,
+               us[1], gbs[1], us[2], gbs[2], us[1] / us[2], best == QD_LIN_PATH_FUSED ? "fused" : "plain",
+               table == QD_LIN_PATH_FUSED ? "fused" : "plain", best == table ? "" : " MISMATCH");
+        fflush(stdout);
+    }
+    /* above the GEMV's n: the accumulating products, cuBLAS beta = 1 (the table) vs scratch + add */
+    if (s->acc && strcmp(s->model, "sweep") != 0) {
+        for (int n = 16; n <= 32; n *= 2) {
+            r.n = n;
+            r.path = QD_LIN_PATH_TABLE;
+            const double t = time_calls(lin_call, &r, ncalls);
+            const double a = time_calls(lin_call_scratch_add, &r, ncalls);
+            printf("RESULT acc model=%s shape=%s n=%d beta1_us=%.2f scratch_add_us=%.2f beta1/scratch_add=%.3f\n",
+                   s->model, s->name, n, t, a, t / a);
+            fflush(stdout);
+        }
+    }
+    TRY(qd_cuda_sync());
+    qd_cuda_free(r.W);
+}
+
+/* --------------------------------------------------------------- MoE block */
+
+typedef struct moe_shape {
+    const char *model;
+    int H, I, E, k, Is;
+} moe_shape;
+
+#define MOE_LAYERS 8
+
+typedef struct moe_run {
+    const moe_shape *m;
+    int n, block;
+    uint16_t *router[MOE_LAYERS], *gu[MOE_LAYERS], *dn[MOE_LAYERS], *sgu[MOE_LAYERS], *sdn[MOE_LAYERS];
+    float *norm, *h, *xf, *logits, *selw, *sh_act, *sh_out, *ffn, *ys;
+    uint16_t *x, *act;
+    int32_t *sel, *cnt;
+    void *work;
+} moe_run;
+
+static qd_status moe_call(void *ctx, int i) {
+    const moe_run *r = ctx;
+    const moe_shape *m = r->m;
+    const int L = i % MOE_LAYERS, n = r->n, H = m->H, E = m->E, k = m->k;
+    if (r->block) {
+        const qd_cuda_moe_block_args a = {
+            .n = n, .H = H, .I = m->I, .E = E, .k = k, .renorm = 1, .d_h = r->h, .d_norm = r->norm, .eps = EPS,
+            .d_router = r->router[L], .d_gate_up = r->gu[L], .d_down = r->dn[L], .d_sh_gate_up = r->sgu[L],
+            .d_sh_down = r->sdn[L], .I_s = m->Is, .d_x = r->x, .d_logits = r->logits, .d_sel = r->sel,
+            .d_w = r->selw, .d_route_cnt = r->cnt, .d_sh_act = r->sh_act, .d_sh_out = r->sh_out, .d_work = r->work,
+        };
+        return qd_cuda_moe_block(&a, g_stream);
+    }
+    /* cuda_forward.c moe_layer, unsplit model, the path before the block */
+    qd_status s;
+    if ((s = qd_cuda_add_rmsnorm(r->h, NULL, r->norm, EPS, n, H, NULL, r->x, r->xf, g_stream)) ||
+        (s = qd_cuda_matmul_xf32(r->router[L], E + 1, H, r->xf, H, n, r->logits, E + 1, g_stream)))
+        return s;
+    qd_cuda_lin_in x = {0};
+    x.kind = QD_LIN_BF16;
+    x.x = r->x;
+    x.ldx = H;
+    const qd_cuda_lin_out gu = {r->sgu[L], 2 * (int64_t)m->Is, r->ffn, 2 * (int64_t)m->Is};
+    if ((s = qd_cuda_linear(g_blas, &x, H, n, &gu, 1, 0, NULL, g_stream))) return s;
+    qd_cuda_lin_in act = {0};
+    act.kind = QD_LIN_SILU;
+    act.gu = r->ffn;
+    const qd_cuda_lin_out dn = {r->sdn[L], H, r->ys, H};
+    if ((s = qd_cuda_linear(g_blas, &act, m->Is, n, &dn, 1, 0, r->act, g_stream)) ||
+        (s = qd_cuda_sigmoid_scale(r->h, r->ys, r->logits + E, E + 1, n, H, g_stream)) ||
+        (s = qd_cuda_moe_route(r->logits, E + 1, n, E, k, 1, r->sel, r->selw, g_stream)))
+        return s;
+    const qd_cuda_moe_args a = {n, H, m->I, E, k, r->x, r->sel, r->selw, r->gu[L], r->dn[L], r->h, r->work, NULL};
+    return qd_cuda_moe_experts(&a, g_stream);
+}
+
+static void bench_moe(const moe_shape *m) {
+    moe_run r = {0};
+    r.m = m;
+    const int H = m->H, I = m->I, E = m->E, k = m->k, Is = m->Is;
+    for (int L = 0; L < MOE_LAYERS; L++) {
+        const uint64_t sd = 0x3000 + 16 * (uint64_t)L;
+        r.router[L] = dummy_bf16((size_t)(E + 1) * H, sqrtf(3.0f / H), sd);
+        r.gu[L] = dummy_bf16((size_t)E * 2 * I * H, sqrtf(3.0f / H), sd + 1);
+        r.dn[L] = dummy_bf16((size_t)E * H * I, sqrtf(3.0f / I), sd + 2);
+        r.sgu[L] = dummy_bf16((size_t)2 * Is * H, sqrtf(3.0f / H), sd + 3);
+        r.sdn[L] = dummy_bf16((size_t)H * Is, sqrtf(3.0f / Is), sd + 4);
+    }
+    const int N = 64;
+    r.norm = upload_f32((size_t)H, 0.2f, 0.f);
+    r.h = upload_f32((size_t)N * H, 1.f, 0.f);
+    r.xf = upload(NULL, (size_t)N * H * 4);
+    r.logits = upload(NULL, (size_t)N * (E + 1) * 4);
+    r.selw = upload(NULL, (size_t)N * k * 4);
+    r.sel = upload(NULL, (size_t)N * k * 4);
+    r.cnt = upload(NULL, (size_t)N * 4);
+    TRY(qd_cuda_memset(r.cnt, 0, (size_t)N * 4));
+    r.sh_act = upload(NULL, (size_t)N * Is * 4);
+    r.sh_out = upload(NULL, (size_t)N * H * 4);
+    r.ffn = upload(NULL, (size_t)N * 2 * Is * 4);
+    r.ys = upload(NULL, (size_t)N * H * 4);
+    r.x = upload(NULL, (size_t)N * H * 2);
+    r.act = upload(NULL, (size_t)N * Is * 2);
+    r.work = upload(NULL, qd_cuda_moe_work_bytes(N, H, I, E, k));
+    TRY(qd_cuda_sync());
+    static const int ns[6] = {1, 4, 8, 16, 32, 64};
+    for (int q = 0; q < 6; q++) {
+        r.n = ns[q];
+        const double distinct = E * (1.0 - pow(1.0 - (double)k / E, r.n));
+        const double bytes = (distinct * 3.0 * I * H + (double)(E + 1) * H + 3.0 * Is * H) * 2;
+        double us[2];
+        for (int b = 0; b < 2; b++) {
+            r.block = b;
+            us[b] = time_calls(moe_call, &r, 2 * MOE_LAYERS);
+        }
+        const int pref = qd_cuda_moe_block_preferred(r.n, H, I, Is, E, k);
+        const int best = us[1] <= us[0];
+        printf("RESULT moe model=%s E=%d k=%d n=%d block_us=%.2f block_GBps=%.0f older_us=%.2f older_GBps=%.0f "
+               "block/older=%.3f best=%s table=%s%s\n",
+               m->model, E, k, r.n, us[1], bytes / (us[1] * 1e3), us[0], bytes / (us[0] * 1e3), us[1] / us[0],
+               best ? "block" : "older", pref ? "block" : "older", best == pref ? "" : " MISMATCH");
+        fflush(stdout);
+    }
+    TRY(qd_cuda_sync());
+    for (int L = 0; L < MOE_LAYERS; L++) {
+        qd_cuda_free(r.router[L]); qd_cuda_free(r.gu[L]); qd_cuda_free(r.dn[L]);
+        qd_cuda_free(r.sgu[L]); qd_cuda_free(r.sdn[L]);
+    }
+    void *bufs[] = {r.norm, r.h, r.xf, r.logits, r.selw, r.sel, r.cnt, r.sh_act, r.sh_out, r.ffn, r.ys, r.x,
+                    r.act, r.work};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) qd_cuda_free(bufs[i]);
+}
+
+int main(int argc, char **argv) {
+    if (qd_cuda_device_count() <= 0) {
+        printf(BENCH_NAME ": skipped: no CUDA device\n");
+        return 77;
+    }
+    const int only_lin = argc > 1 && !strcmp(argv[1], "linear"), only_moe = argc > 1 && !strcmp(argv[1], "moe");
+    char name[128];
+    int sms = 0;
+    TRY(qd_cuda_device_info(name, sizeof name, &sms));
+    TRY(qd_cuda_stream_create(&g_stream));
+    TRY(qd_cuda_blas_create(&g_blas, g_stream));
+    g_copy = copy_bw();
+    printf("device: %s, %d SMs\nRESULT copy_GBps=%.0f (read + write; a weight stream reads only)\n", name, sms, g_copy);
+    if (!only_moe) {
+        int64_t maxc = 0, maxr = 0;
+        for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
+            maxc = SHAPES[i].cols > maxc ? SHAPES[i].cols : maxc;
+            for (int j = 0; j < SHAPES[i].n_out; j++) maxr = SHAPES[i].rows[j] > maxr ? SHAPES[i].rows[j] : maxr;
+        }
+        a_h = upload_f32((size_t)NMAX * maxc, 1.f, 0.f);
+        a_w = upload_f32((size_t)maxc, 0.2f, 0.f);
+        a_z = upload_f32((size_t)NMAX * 2 * maxc, 2.f, 0.f);
+        a_gu = upload_f32((size_t)NMAX * 2 * maxc, 2.f, 0.f);
+        a_x = dummy_bf16((size_t)NMAX * maxc, 1.f, 11);
+        a_o = dummy_bf16((size_t)NMAX * maxc, 1.f, 12);
+        a_scratch = upload(NULL, (size_t)NMAX * maxc * 2);
+        for (int j = 0; j < QD_LIN_MAX_OUT; j++) {
+            a_y[j] = upload(NULL, (size_t)NMAX * maxr * 4);
+            TRY(qd_cuda_memset(a_y[j], 0, (size_t)NMAX * maxr * 4));
+        }
+        a_sy = upload(NULL, (size_t)NMAX * maxr * 4);
+        for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) bench_shape(&SHAPES[i]);
+        void *bufs[] = {a_h, a_w, a_z, a_gu, a_x, a_o, a_scratch, a_y[0], a_y[1], a_y[2], a_sy};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) qd_cuda_free(bufs[i]);
+    }
+    if (!only_lin) {
+        static const moe_shape moe[] = {{"35b", 2048, 512, 256, 8, 512}, {"80b", 2048, 512, 512, 10, 512}};
+        for (int i = 0; i < 2; i++) bench_moe(&moe[i]);
+    }
+    qd_cuda_blas_destroy(g_blas);
+    qd_cuda_stream_destroy(g_stream);
+    return 0;
+}
