@@ -143,6 +143,9 @@ typedef struct qd_context_params {
                         * need more blocks than are free fails with QD_ERR_CAPACITY. */
     int eager;         /* CUDA: 1 = never capture or replay CUDA graphs (debugging; graphs
                         * change no result, only launch overhead) */
+    int n_snap_slots;  /* GDN state snapshot slots kept in the backend's memory (device
+                        * memory on a GPU), planned with the rest of the context; the
+                        * prefix cache's first tier. 0 = none. */
 } qd_context_params;
 
 qd_context_params qd_context_default_params(void);

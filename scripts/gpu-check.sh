@@ -11,7 +11,9 @@
 #            all-reduce time per step, no speed-up)
 #     serve: qdelta serve --backend cuda on the Qwen3.5-35B-A3B dummy config: bench/invariance.py
 #            (24 concurrent greedy requests == each alone, token ids), bench/loadgen.py at
-#            concurrency 1, 8, 64 and bench/prefix_bench.py (prefix cache off and on); and
+#            concurrency 1, 8, 64 and bench/prefix_bench.py: prefix cache off, on (1 GiB of GPU
+#            memory) and tiered (256 MiB of GPU memory over 4 GiB of host memory): TTFT p50/p95,
+#            prefill tokens, hits per chat turn, failed requests (any makes the part fail); and
 #            bench/invariance.py on the gpu_qwen3_5_moe_bf16 fixture (real weights)
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
 #                                  .peer (or .peer.tar.xz, unpacked) on PYTHONPATH: a peer's code is
@@ -48,7 +50,7 @@ t0=$(date +%s)
 if [ -z "${QD_SKIP_BUILD:-}" ]; then
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
-targets="qdelta test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_model gdn_cuda_bench"
+targets="qdelta test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_model test_snap_tier gdn_cuda_bench"
 for t in test_cuda_attn test_cuda_moe test_cuda_tp attn_cuda_bench moe_cuda_bench linear_cuda_bench; do
     grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
 done
@@ -63,7 +65,7 @@ TESTS_LOG="$LOGDIR/tests.log"
 declare -A result
 if has tests; then
     : >"$TESTS_LOG"
-    for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model; do
+    for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_snap_tier; do
         bin=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
         [ -n "$bin" ] || { result[$t]="not built"; continue; }
         echo "=== $t" >>"$TESTS_LOG"
@@ -177,7 +179,9 @@ if has serve; then
     curl -s http://127.0.0.1:18711/metrics | grep -E "^qdelta_(requests|prompt|generation|kv|state)" >>"$SERVE_LOG"
     kill -INT $spid; wait $spid
     echo "=== prefix cache" >>"$SERVE_LOG"
-    timeout 400 python3 bench/prefix_bench.py --qdelta "$BUILD/qdelta" --markdown -- "${SARGS[@]}" >>"$SERVE_LOG" 2>&1 || status=1
+    # three servers (off, on, tiered), each loading the 70 GB dummy model
+    timeout 600 python3 bench/prefix_bench.py --qdelta "$BUILD/qdelta" --markdown --cache-bytes $((1 << 30)) \
+        --tier-bytes $((256 << 20)) --host-bytes $((4 << 30)) -- "${SARGS[@]}" >>"$SERVE_LOG" 2>&1 || status=1
     # the same check with weights read from disk (the gpu_* golden fixture, vocab 320)
     echo "=== invariance, gpu fixture" >>"$SERVE_LOG"
     F="$BUILD/gpu-moe-fixture"
@@ -189,7 +193,7 @@ if has serve; then
 fi
 
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
-for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp; do
+for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
 [ -s "$TP_LOG" ] && awk '/^=== tp-/ { split_ = substr($0, 5) } /^RESULT/ && split_ { print split_ ": " $0 }' "$TP_LOG"
@@ -227,5 +231,17 @@ END {
     for (i = 1; i <= ne; i++) print e2e[i]
 }'
 grep -h "^FAILED" "$E2E_LOG" 2>/dev/null
-[ -s "$SERVE_LOG" ] && grep -E "^\||^RESULT invariance" "$SERVE_LOG" | head -40
+if [ -s "$SERVE_LOG" ]; then
+    grep -E "^\||^RESULT invariance" "$SERVE_LOG" | head -60
+    grep -hE "^ERROR|^prefix_bench:|^Traceback|Error:" "$SERVE_LOG" | head -10
+    awk '
+    function kv(line, key,    i, n, f, p) {
+        n = split(line, f, " ")
+        for (i = 1; i <= n; i++) { split(f[i], p, "="); if (p[1] == key) return p[2] }
+        return ""
+    }
+    /^RESULT prefix_shared/ { printf "prefix cache %-7s TTFT p50/p95 %s/%s ms, prefill %s of %s, hit %s, spills %s, host restores %s, failed %s\n", kv($0, "cache"), kv($0, "ttft_p50_ms"), kv($0, "ttft_p95_ms"), kv($0, "prefill"), kv($0, "prompt"), kv($0, "hit"), kv($0, "spills"), kv($0, "host_restores"), kv($0, "errors") }
+    /^RESULT prefix_chat/   { printf "prefix chat  %-7s hits per turn %s (prompts %s), failed %s\n", kv($0, "cache"), kv($0, "hits"), kv($0, "prompts"), kv($0, "errors") }
+    ' "$SERVE_LOG"
+fi
 exit $status

@@ -89,6 +89,17 @@ done
 check "grep -q '\"text\"' $T/pc.1 && [ \"\$(grep -o '\"text\":\"[^\"]*\"' $T/pc.1)\" = \"\$(grep -o '\"text\":\"[^\"]*\"' $T/pc.2)\" ]" "prefix cache: same text on a hit"
 check "curl -s -m 10 $B/metrics | grep -q '^qdelta_prefix_cache_hit_tokens_total [1-9]'" "prefix cache: /metrics counts hits"
 check "curl -s -m 10 $B/metrics | grep -q '^qdelta_prefix_cache_snapshots [1-9]'" "prefix cache: /metrics counts snapshots"
+# a chat's second turn hits the first turn's history: the template renders the first reply
+# without the <think> opener its generation prompt had, so only the snapshot the server asks
+# for at the end of the history (before the generation prompt) lies on the shared path
+pc_hits() { curl -s -m 10 $B/metrics | sed -n 's/^qdelta_prefix_cache_hit_tokens_total //p'; }
+SYS='{"role":"system","content":"You are a terse assistant. Answer every question with one short word."}'
+h0=$(pc_hits)
+curl -s -m 60 -o "$T/turn1" -d "{\"messages\":[$SYS,{\"role\":\"user\",\"content\":\"Name a colour.\"}],\"max_tokens\":4,\"temperature\":0}" $B/v1/chat/completions
+h1=$(pc_hits)
+curl -s -m 60 -o "$T/turn2" -d "{\"messages\":[$SYS,{\"role\":\"user\",\"content\":\"Name a colour.\"},{\"role\":\"assistant\",\"content\":\"Blue.\"},{\"role\":\"user\",\"content\":\"Name a fruit.\"}],\"max_tokens\":4,\"temperature\":0}" $B/v1/chat/completions
+h2=$(pc_hits)
+check "grep -q 'chat.completion' $T/turn2 && [ \"\${h0%.*}\" = \"\${h1%.*}\" ] && [ \$(( \${h2%.*} - \${h1%.*} )) -ge 20 ]" "prefix cache: a chat's second turn hits the first turn's history ($h0 -> $h1 -> $h2)"
 
 # queue full: one running sequence and one waiting place, eight long requests at once
 start F --max-num-seqs 1 --max-waiting 1

@@ -30,7 +30,10 @@ static void usage(FILE *f) {
                "  --kv-block-size N         tokens per KV block (default: the engine's)\n"
                "  --max-waiting N           queued requests before 503 (default 256)\n"
                "  --prefix-cache-memory B   bytes for the prefix cache (GDN state snapshots and\n"
-               "                            the KV blocks they keep); 0 = off (default)\n"
+               "                            the KV blocks they keep); 0 = off (default). With\n"
+               "                            --backend cuda the snapshots are GPU memory\n"
+               "  --prefix-cache-host-memory B  host memory for snapshots moved out of a full\n"
+               "                            prefix cache (restored from there); 0 = none (default)\n"
                "  --prefix-snapshot-interval N  also snapshot every N prompt tokens (default 512)\n"
                "  --http-threads N          HTTP polling threads (default 1)\n"
                "  --max-body-bytes N        request body limit (default 4 MiB)\n"
@@ -113,6 +116,12 @@ int qd_cmd_serve(int argc, char **argv) {
             long n;
             bad = !v || cli_int(a, v, 0, LONG_MAX, &n);
             if (!bad) c->engine.prefix_cache_bytes = (size_t)n;
+        }
+        else if (!strcmp(a, "--prefix-cache-host-memory")) {
+            const char *v = cli_value(argc, argv, &i);
+            long n;
+            bad = !v || cli_int(a, v, 0, LONG_MAX, &n);
+            if (!bad) c->engine.prefix_cache_host_bytes = (size_t)n;
         }
         else if (!strcmp(a, "--prefix-snapshot-interval"))
             bad = parse_int_opt(argc, argv, &i, 0, 1 << 24, &c->engine.prefix_snapshot_interval);

@@ -96,6 +96,7 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
         if (!q->conv || !q->ssm) goto oom;
     }
     qd_status st = qd_kv_pool_init(ctx);
+    if (st == QD_OK) st = qd_snap_pool_init(ctx);
     if (st == QD_ERR_OOM) goto oom;
     if (st != QD_OK) {
         qd_context_free(ctx);
@@ -116,8 +117,10 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
 oom:
     qd_context_free(ctx);
     return qd_seterr(&m->err, QD_ERR_OOM,
-                     "out of memory creating a context (max_seqs %d, max_ctx %d, max_batch %d, n_kv_blocks %d, kv_block_size %d)",
-                     p.max_seqs, p.max_ctx, p.max_batch, p.n_kv_blocks, p.kv_block_size);
+                     "out of memory creating a context (max_seqs %d, max_ctx %d, max_batch %d, n_kv_blocks %d, kv_block_size %d, "
+                     "n_snap_slots %d of %zu bytes each)",
+                     p.max_seqs, p.max_ctx, p.max_batch, p.n_kv_blocks, p.kv_block_size, p.n_snap_slots,
+                     (size_t)qd_model_state_bytes(m));
 }
 
 void qd_context_free(qd_context *ctx) {
@@ -134,6 +137,7 @@ void qd_context_free(qd_context *ctx) {
         }
     }
     qd_kv_pool_free(ctx);
+    qd_snap_pool_free(ctx);
     free(ctx->seqs);
     free(ctx->spans_rt);
     free(ctx->gdn_spans);

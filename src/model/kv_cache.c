@@ -147,11 +147,11 @@ void qd_kv_truncate(qd_context *ctx, int seq, int n_tokens) {
 
 /* ------------------------------------------------------------------ snapshots */
 
-static size_t conv_floats(const qd_context *ctx) {
+size_t qd_state_conv_floats(const qd_context *ctx) {
     const qd_config *c = &ctx->model->cfg;
     return (size_t)ctx->model->n_gdn * qd_config_conv_dim(c) * (size_t)(c->gdn_conv_kernel - 1);
 }
-static size_t ssm_floats(const qd_context *ctx) {
+size_t qd_state_ssm_floats(const qd_context *ctx) {
     const qd_config *c = &ctx->model->cfg;
     return (size_t)ctx->model->n_gdn * c->gdn_hv * c->gdn_dk * c->gdn_dv;
 }
@@ -164,8 +164,8 @@ qd_status qd_seq_state_read(qd_context *ctx, int seq, float *conv, float *ssm) {
 #ifdef QD_HAVE_CUDA
     if (ctx->cuda) return qd_cuda_state_get(ctx, seq, conv, ssm);
 #endif
-    memcpy(conv, ctx->seqs[seq].conv, conv_floats(ctx) * sizeof(float));
-    memcpy(ssm, ctx->seqs[seq].ssm, ssm_floats(ctx) * sizeof(float));
+    memcpy(conv, ctx->seqs[seq].conv, qd_state_conv_floats(ctx) * sizeof(float));
+    memcpy(ssm, ctx->seqs[seq].ssm, qd_state_ssm_floats(ctx) * sizeof(float));
     return QD_OK;
 }
 
@@ -179,11 +179,11 @@ qd_status qd_seq_state_write(qd_context *ctx, int seq, const float *conv, const 
 #endif
     qd_seq_state *q = &ctx->seqs[seq];
     if (conv && ssm) {
-        memcpy(q->conv, conv, conv_floats(ctx) * sizeof(float));
-        memcpy(q->ssm, ssm, ssm_floats(ctx) * sizeof(float));
+        memcpy(q->conv, conv, qd_state_conv_floats(ctx) * sizeof(float));
+        memcpy(q->ssm, ssm, qd_state_ssm_floats(ctx) * sizeof(float));
     } else {
-        memset(q->conv, 0, conv_floats(ctx) * sizeof(float));
-        memset(q->ssm, 0, ssm_floats(ctx) * sizeof(float));
+        memset(q->conv, 0, qd_state_conv_floats(ctx) * sizeof(float));
+        memset(q->ssm, 0, qd_state_ssm_floats(ctx) * sizeof(float));
     }
     return QD_OK;
 }
@@ -193,31 +193,29 @@ qd_status qd_seq_state_copy(qd_context *ctx, int src, int dst) {
 #ifdef QD_HAVE_CUDA
     if (ctx->cuda) return qd_cuda_state_copy(ctx, src, dst);
 #endif
-    memcpy(ctx->seqs[dst].conv, ctx->seqs[src].conv, conv_floats(ctx) * sizeof(float));
-    memcpy(ctx->seqs[dst].ssm, ctx->seqs[src].ssm, ssm_floats(ctx) * sizeof(float));
+    memcpy(ctx->seqs[dst].conv, ctx->seqs[src].conv, qd_state_conv_floats(ctx) * sizeof(float));
+    memcpy(ctx->seqs[dst].ssm, ctx->seqs[src].ssm, qd_state_ssm_floats(ctx) * sizeof(float));
     return QD_OK;
 }
 
 /* The snapshot's state payload, wherever it lives: [conv | ssm], or each rank's in turn. */
 static size_t payload_bytes(const qd_context *ctx) {
-    return ctx->tp ? qd_tp_state_bytes(ctx) : (conv_floats(ctx) + ssm_floats(ctx)) * sizeof(float);
+    return ctx->tp ? qd_tp_state_bytes(ctx) : (qd_state_conv_floats(ctx) + qd_state_ssm_floats(ctx)) * sizeof(float);
 }
 
 static qd_status payload_read(qd_context *ctx, int seq, unsigned char *dst) {
     if (ctx->tp) return qd_tp_state_read(ctx, seq, dst);
-    return qd_seq_state_read(ctx, seq, (float *)dst, (float *)(dst + conv_floats(ctx) * sizeof(float)));
+    return qd_seq_state_read(ctx, seq, (float *)dst, (float *)(dst + qd_state_conv_floats(ctx) * sizeof(float)));
 }
 
 static qd_status payload_write(qd_context *ctx, int seq, const unsigned char *src) {
     if (ctx->tp) return qd_tp_state_write(ctx, seq, src);
-    return qd_seq_state_write(ctx, seq, (const float *)src, (const float *)(src + conv_floats(ctx) * sizeof(float)));
+    return qd_seq_state_write(ctx, seq, (const float *)src,
+                              (const float *)(src + qd_state_conv_floats(ctx) * sizeof(float)));
 }
 
-/* Layout: int64 length, padding to 64 bytes, conv floats, ssm floats. */
-#define SNAP_HEADER 64
-
 size_t qd_seq_state_size(const qd_context *ctx) {
-    return SNAP_HEADER + payload_bytes(ctx);
+    return QD_SNAP_HEADER + payload_bytes(ctx);
 }
 
 static qd_status check_seq(qd_context *ctx, int seq) {
@@ -234,9 +232,9 @@ qd_status qd_seq_state_save(qd_context *ctx, int seq, void *dst, size_t size) {
     const qd_seq_state *q = &ctx->seqs[seq];
     unsigned char *d = dst;
     int64_t len = q->length;
-    memset(d, 0, SNAP_HEADER);
+    memset(d, 0, QD_SNAP_HEADER);
     memcpy(d, &len, sizeof len);
-    return payload_read(ctx, seq, d + SNAP_HEADER);
+    return payload_read(ctx, seq, d + QD_SNAP_HEADER);
 }
 
 qd_status qd_seq_state_restore(qd_context *ctx, int seq, const void *src, size_t size) {
@@ -252,7 +250,7 @@ qd_status qd_seq_state_restore(qd_context *ctx, int seq, const void *src, size_t
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
                          "snapshot of %lld tokens cannot be restored into sequence %d holding %d (KV would be missing)",
                          (long long)len, seq, q->length);
-    QD_TRY(payload_write(ctx, seq, s + SNAP_HEADER));
+    QD_TRY(payload_write(ctx, seq, s + QD_SNAP_HEADER));
     q->length = (int)len;
     qd_kv_truncate(ctx, seq, q->length);
     return QD_OK;
@@ -279,6 +277,26 @@ qd_status qd_seq_fork(qd_context *ctx, int src, int dst) {
 void qd_kv_block_ref(qd_context *ctx, int32_t b) { ctx->kv.ref[b]++; }
 void qd_kv_block_unref(qd_context *ctx, int32_t b) { unref(&ctx->kv, b); }
 
+qd_status qd_seq_attach_blocks(qd_context *ctx, int seq, int length, const int32_t *blocks, int n_blocks) {
+    QD_TRY(check_seq(ctx, seq));
+    if (length < 0 || length > ctx->params.max_ctx || n_blocks != qd_kv_blocks_for(ctx, length) ||
+        n_blocks > ctx->kv.max_blocks_per_seq)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
+                         "snapshot of %d tokens comes with %d KV blocks, needs %d (context length %d)", length, n_blocks,
+                         qd_kv_blocks_for(ctx, length < 0 ? 0 : length), ctx->params.max_ctx);
+    qd_seq_state *q = &ctx->seqs[seq];
+    /* shared, not copied: a partly filled last block is copied by qd_kv_reserve before
+     * this sequence writes into it, because the cache still holds a reference. The new
+     * references come first, so that a block the sequence already held alone is not
+     * freed in between. */
+    for (int i = 0; i < n_blocks; i++) ctx->kv.ref[blocks[i]]++;
+    qd_kv_truncate(ctx, seq, 0);
+    memcpy(q->blocks, blocks, sizeof(int32_t) * (size_t)n_blocks);
+    q->n_blocks = n_blocks;
+    q->length = length;
+    return QD_OK;
+}
+
 qd_status qd_seq_state_attach(qd_context *ctx, int seq, const void *src, size_t size, const int32_t *blocks,
                               int n_blocks) {
     QD_TRY(check_seq(ctx, seq));
@@ -287,22 +305,10 @@ qd_status qd_seq_state_attach(qd_context *ctx, int seq, const void *src, size_t 
                          qd_seq_state_size(ctx));
     int64_t len;
     memcpy(&len, src, sizeof len);
-    if (len < 0 || len > ctx->params.max_ctx || n_blocks != qd_kv_blocks_for(ctx, (int)len) ||
-        n_blocks > ctx->kv.max_blocks_per_seq)
-        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
-                         "snapshot of %lld tokens comes with %d KV blocks, needs %d (context length %d)",
-                         (long long)len, n_blocks, qd_kv_blocks_for(ctx, len < 0 ? 0 : (int)len), ctx->params.max_ctx);
-    QD_TRY(qd_seq_reset(ctx, seq));
-    qd_seq_state *q = &ctx->seqs[seq];
+    if (len < 0 || len > ctx->params.max_ctx)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "snapshot of %lld tokens, context length %d", (long long)len,
+                         ctx->params.max_ctx);
+    QD_TRY(qd_seq_attach_blocks(ctx, seq, (int)len, blocks, n_blocks));
     const unsigned char *s = src;
-    QD_TRY(payload_write(ctx, seq, s + SNAP_HEADER));
-    /* shared, not copied: a partly filled last block is copied by qd_kv_reserve before
-     * this sequence writes into it, because the cache still holds a reference */
-    for (int i = 0; i < n_blocks; i++) {
-        q->blocks[i] = blocks[i];
-        ctx->kv.ref[blocks[i]]++;
-    }
-    q->n_blocks = n_blocks;
-    q->length = (int)len;
-    return QD_OK;
+    return payload_write(ctx, seq, s + QD_SNAP_HEADER);
 }

@@ -196,6 +196,7 @@ struct qd_context {
     qd_scratch s;             /* CPU backend only */
     float *row_logits;        /* [vocab] one row of logits (qd_forward_greedy on the CPU) */
     void *scratch_block;
+    float *snap_pool;         /* CPU backend: [n_snap_slots][conv | ssm] snapshot slots (snap_slots.c) */
     struct qd_cuda_ctx *cuda; /* device state and scratch (CUDA backend), else NULL */
     /* tensor parallel: the ranks' contexts (src/parallel/tp.h), which hold the state and the
      * KV contents; this context keeps the sequences' lengths and the one set of block tables */
@@ -228,6 +229,9 @@ static inline size_t qd_kv_offset(const qd_context *ctx, int seq, int attn_index
 }
 
 /* ------------------------------------------ sequence state snapshots (kv_cache.c) */
+
+/* A host snapshot: int64 length, padding to QD_SNAP_HEADER bytes, conv floats, ssm floats. */
+#define QD_SNAP_HEADER 64
 
 /* GDN state (conv + recurrent, every GDN layer) and length of a sequence as a plain
  * copy: size in bytes of one snapshot. (A split model's snapshot holds each rank's
@@ -262,6 +266,42 @@ void qd_kv_block_unref(qd_context *ctx, int32_t b);
  * exactly the blocks covering the snapshot's length). */
 qd_status qd_seq_state_attach(qd_context *ctx, int seq, const void *src, size_t size, const int32_t *blocks,
                               int n_blocks);
+/* Floats of one sequence's conv state and recurrent state (every GDN layer): the
+ * snapshot layout is conv then ssm, after a header on the host. */
+size_t qd_state_conv_floats(const qd_context *ctx);
+size_t qd_state_ssm_floats(const qd_context *ctx);
+/* The block half of an attach: `seq` releases its blocks and takes a reference on
+ * each of blocks[0..n_blocks) (exactly the blocks covering `length`), its length
+ * becomes `length`. The GDN state is the caller's to set. */
+qd_status qd_seq_attach_blocks(qd_context *ctx, int seq, int length, const int32_t *blocks, int n_blocks);
+
+/* ------------------------------ snapshot slots in the backend's memory (snap_slots.c)
+ *
+ * The prefix cache's first tier: n_snap_slots GDN state snapshots held where the
+ * state itself lives (device memory on a GPU, host memory on the CPU), so that taking
+ * or restoring one is a copy inside that memory, queued on the context's stream with
+ * no host synchronisation. Copies on the stream run in order, so a slot may be
+ * overwritten right after a restore from it was queued. A slot holds conv then ssm
+ * floats (the host snapshot layout without its header); its length is the caller's
+ * to remember. */
+int qd_snap_slots(const qd_context *ctx);
+size_t qd_snap_slot_bytes(const qd_context *ctx);
+/* Sizes and allocates the CPU backend's slots (a CUDA context carves them). */
+qd_status qd_snap_pool_init(qd_context *ctx);
+void qd_snap_pool_free(qd_context *ctx);
+/* slot := the GDN state of seq. */
+qd_status qd_snap_save(qd_context *ctx, int seq, int slot);
+/* seq (whatever it held is released) := the slot's GDN state at `length` tokens, with
+ * the KV blocks covering them shared as in qd_seq_state_attach. */
+qd_status qd_snap_attach(qd_context *ctx, int seq, int slot, int length, const int32_t *blocks, int n_blocks);
+/* The slot as a host snapshot of `length` tokens (qd_seq_state_size bytes, the format
+ * of qd_seq_state_save, so qd_seq_state_attach restores it). Waits for the copy. */
+qd_status qd_snap_to_host(qd_context *ctx, int slot, int length, void *dst, size_t size);
+/* The state halves of attach and to_host, also what a split model's ranks run: seq's
+ * GDN state := the slot's (blocks and length untouched); the slot's payload
+ * (qd_snap_slot_bytes) to host memory. */
+qd_status qd_snap_load_state(qd_context *ctx, int seq, int slot);
+qd_status qd_snap_read_payload(qd_context *ctx, int slot, void *dst);
 
 /* Layers: each runs over the packed rows of a ragged batch (src/layers). */
 qd_status qd_layer_gdn_forward(qd_context *ctx, const qd_layer *L, const qd_span_rt *spans, int n_spans,

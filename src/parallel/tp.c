@@ -210,6 +210,38 @@ static qd_status kv_copy_rank(qd_context *rc, int r, void *arg) {
     return qd_kv_copy_block(rc, j->seq, j->seq2);
 }
 
+static qd_status snap_save_rank(qd_context *rc, int r, void *arg) {
+    const state_job *j = arg;
+    (void)r;
+    return qd_snap_save(rc, j->seq, j->seq2);
+}
+
+static qd_status snap_load_rank(qd_context *rc, int r, void *arg) {
+    const state_job *j = arg;
+    (void)r;
+    return qd_snap_load_state(rc, j->seq, j->seq2);
+}
+
+static qd_status snap_read_rank(qd_context *rc, int r, void *arg) {
+    const state_job *j = arg;
+    return qd_snap_read_payload(rc, j->seq2, j->dst + rank_offset(j->ctx, r));
+}
+
+qd_status qd_tp_snap_save(qd_context *ctx, int seq, int slot) {
+    state_job j = {.ctx = ctx, .seq = seq, .seq2 = slot};
+    return each(ctx, snap_save_rank, &j);
+}
+
+qd_status qd_tp_snap_load(qd_context *ctx, int seq, int slot) {
+    state_job j = {.ctx = ctx, .seq = seq, .seq2 = slot};
+    return each(ctx, snap_load_rank, &j);
+}
+
+qd_status qd_tp_snap_read(qd_context *ctx, int slot, void *dst) {
+    state_job j = {.ctx = ctx, .seq2 = slot, .dst = dst};
+    return each(ctx, snap_read_rank, &j);
+}
+
 qd_status qd_tp_state_read(qd_context *ctx, int seq, void *dst) {
     state_job j = {.ctx = ctx, .seq = seq, .dst = dst};
     return each(ctx, read_rank, &j);

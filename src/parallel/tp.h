@@ -61,6 +61,11 @@ qd_status qd_tp_state_read(qd_context *ctx, int seq, void *dst);
 qd_status qd_tp_state_write(qd_context *ctx, int seq, const void *src);
 qd_status qd_tp_state_copy(qd_context *ctx, int src, int dst);
 qd_status qd_tp_kv_copy_block(qd_context *ctx, int32_t dst, int32_t src);
+/* Snapshot slots (model.h): every rank saves its slice of seq's state into its own slot,
+ * loads it back, or reads it to dst + the rank's offset (the snapshot payload layout). */
+qd_status qd_tp_snap_save(qd_context *ctx, int seq, int slot);
+qd_status qd_tp_snap_load(qd_context *ctx, int seq, int slot);
+qd_status qd_tp_snap_read(qd_context *ctx, int slot, void *dst);
 
 /* All-reduce timing (CUDA, for `qdelta bench`): contexts created after qd_tp_set_timing(m,
  * true) record events around each all-reduce; qd_tp_allreduce_ms gives the device time the

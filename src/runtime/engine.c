@@ -30,8 +30,10 @@
  * layer, fp32), a KV pool of n_kv_blocks blocks of kv_block_size tokens shared by all
  * of them (default: enough for every slot at max_model_len), the forward's scratch
  * for max_batch_tokens rows, a logits buffer of max_num_seqs rows (with an argmax,
- * a log-softmax and a wants-the-row flag per row), and the step's bookkeeping arrays
- * (spans, running list, free slots) of max_num_seqs entries. Per
+ * a log-softmax and a wants-the-row flag per row), the step's bookkeeping arrays
+ * (spans, running list, free slots) of max_num_seqs entries, and, with the prefix
+ * cache on, prefix_cache_bytes of GDN snapshot slots in the context (GPU memory on a
+ * GPU; the host tier allocates per snapshot as it fills). Per
  * request, submit allocates its token array (prompt + max_tokens) and its sampler. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,13 +51,15 @@ qd_engine_params qd_engine_default_params(void) {
         .max_waiting = 1024,
         .prefix_cache_bytes = 0,
         .prefix_snapshot_interval = 512,
+        .prefix_cache_host_bytes = 0,
     };
     return p;
 }
 
-/* Published under mu at each boundary so that qd_engine_get_stats never touches the
- * engine thread's state. Caller holds mu. */
-static void publish_stats(qd_engine *e) {
+/* Published under mu at each boundary, and when a request finishes (so that a client
+ * holding its finishing event sees counters that include its request), so that
+ * qd_engine_get_stats never touches the engine thread's state. Caller holds mu. */
+void qd_engine_publish_stats(qd_engine *e) {
     qd_engine_stats *s = &e->stats;
     s->running = e->n_running;
     s->waiting = e->n_queued; /* == waiting.count + incoming.count here */
@@ -75,9 +79,15 @@ static void publish_stats(qd_engine *e) {
         s->prefix_hit_tokens = ps.hit_tokens;
         s->prefix_query_tokens = ps.query_tokens;
         s->prefix_evictions = ps.evictions;
+        s->prefix_spills = ps.spills;
+        s->prefix_host_restores = ps.host_restores;
         s->prefix_snapshots = ps.snapshots;
+        s->prefix_device_snapshots = ps.device_snapshots;
+        s->prefix_host_snapshots = ps.host_snapshots;
         s->prefix_blocks = ps.blocks;
         s->prefix_bytes = ps.bytes;
+        s->prefix_device_bytes = ps.device_bytes;
+        s->prefix_host_bytes = ps.host_bytes;
     }
 }
 
@@ -105,7 +115,7 @@ static void *engine_main(void *arg) {
     qd_engine *e = arg;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        publish_stats(e);
+        qd_engine_publish_stats(e);
         while (!e->stop && !e->incoming.head && !e->cancel_pending && e->n_running == 0 && !e->waiting.head)
             pthread_cond_wait(&e->cv, &e->mu);
         while (e->incoming.head) {
@@ -127,7 +137,7 @@ static void *engine_main(void *arg) {
     while (e->n_running > 0) qd_engine_finish(e, e->running[0], QD_FINISH_CANCELLED, NULL, NULL);
     while (e->waiting.head) qd_engine_finish(e, e->waiting.head, QD_FINISH_CANCELLED, NULL, NULL);
     pthread_mutex_lock(&e->mu);
-    publish_stats(e);
+    qd_engine_publish_stats(e);
     pthread_mutex_unlock(&e->mu);
     return NULL;
 }
@@ -146,6 +156,17 @@ static void engine_destroy(qd_engine *e) {
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e);
+}
+
+/* Snapshot slots planned with the context for the prefix cache's device tier: as
+ * many snapshots as its budget holds. On the CPU backend their pages are committed
+ * only when used; on a GPU they are device memory taken at creation. The cap only
+ * keeps the slot tables of a huge budget for a tiny model reasonable. */
+static int prefix_device_slots(const qd_model *m, const qd_engine_params *p) {
+    if (p->prefix_cache_bytes == 0) return 0;
+    const size_t slot = (size_t)qd_model_state_bytes(m);
+    const size_t n = p->prefix_cache_bytes / (slot > 0 ? slot : 1);
+    return n > (1u << 20) ? 1 << 20 : (int)n;
 }
 
 qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_engine **out, qd_err *err) {
@@ -177,6 +198,7 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
     cp.max_batch = p.max_batch_tokens;
     cp.kv_block_size = p.kv_block_size;
     cp.n_kv_blocks = p.n_kv_blocks;
+    cp.n_snap_slots = prefix_device_slots(model, &p);
     qd_status st = qd_context_create(model, &cp, &e->ctx);
     if (st != QD_OK) {
         qd_seterr(err, st, "engine context: %s", qd_model_errmsg(model));
@@ -184,9 +206,13 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
         return st;
     }
     if (p.prefix_cache_bytes > 0) {
-        e->snap_bytes = qd_seq_state_size(e->ctx);
-        size_t block_bytes = 2 * e->ctx->kv.block_floats * sizeof(float); /* keys and values */
-        st = qd_prefix_cache_create(e->ctx, p.prefix_cache_bytes, e->snap_bytes, block_bytes, &e->pc, err);
+        qd_prefix_cache_params pp = {
+            .device_bytes = p.prefix_cache_bytes,
+            .host_bytes = p.prefix_cache_host_bytes,
+            /* keys and values of every attention layer, in the pool's own precision */
+            .block_bytes = (size_t)qd_model_kv_bytes_per_token(model) * (size_t)e->ctx->kv.block_size,
+        };
+        st = qd_prefix_cache_create(e->ctx, &pp, &e->pc, err);
         if (st != QD_OK) {
             engine_destroy(e);
             return st;
@@ -209,7 +235,7 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
     /* slot 0 on top of the stack, so single-request runs always use the same slot */
     for (int i = 0; i < p.max_num_seqs; i++) e->free_slots[i] = p.max_num_seqs - 1 - i;
     e->n_free_slots = p.max_num_seqs;
-    publish_stats(e);
+    qd_engine_publish_stats(e);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         engine_destroy(e);
         return qd_seterr(err, QD_ERR_INTERNAL, "could not start the engine thread");

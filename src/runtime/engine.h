@@ -30,14 +30,20 @@ typedef struct qd_engine_params {
     int kv_block_size;      /* tokens per KV block (0: 16) */
     int n_kv_blocks;        /* 0: enough for max_num_seqs x max_model_len */
     int max_waiting;        /* queued requests beyond which submit returns QD_ERR_CAPACITY */
-    /* Prefix cache (prefix_cache.h): bytes for GDN snapshots plus the KV blocks they
-     * keep alive; 0 turns it off. Snapshots are taken one token before the end of each
+    /* Prefix cache (prefix_cache.h): bytes of the device tier, i.e. GDN snapshots in
+     * the backend's memory (GPU memory with the CUDA backend: that many bytes of
+     * snapshot slots are planned with the context) plus the KV blocks they keep alive;
+     * 0 turns the cache off. Snapshots are taken one token before the end of each
      * prompt (so an identical prompt recomputes only its last token and samples the
      * same first token), where a prompt leaves the cached path (the branch point of a
-     * shared system prompt), every prefix_snapshot_interval prompt tokens (0: never)
-     * and when a request finishes (so the next turn of a conversation hits). */
+     * shared system prompt), at the request's snapshot_at, every
+     * prefix_snapshot_interval prompt tokens (0: never) and when a request finishes
+     * (so that a continuation hits). */
     size_t prefix_cache_bytes;
     int prefix_snapshot_interval;
+    /* The optional second tier: host memory for snapshots moved out of the full device
+     * tier (restored from there on a hit); 0: none, they are dropped. */
+    size_t prefix_cache_host_bytes;
 } qd_engine_params;
 
 qd_engine_params qd_engine_default_params(void);
@@ -46,6 +52,12 @@ typedef struct qd_request_params {
     qd_sampling_params sampling;
     int max_tokens;           /* >= 1 */
     bool ignore_eos;          /* else stop at the model's EOS ids (the EOS token is reported) */
+    /* Prefix cache: also snapshot the prompt at this many tokens (0 or outside
+     * [1, prompt length): no). A chat server passes the end of the conversation before
+     * the template's generation prompt: the next turn re-renders this turn's reply and
+     * generation prompt differently (e.g. without its <think> opener), so that is the
+     * deepest position the next turn is sure to share. */
+    int snapshot_at;
 } qd_request_params;
 
 typedef enum qd_finish_reason {
@@ -103,11 +115,19 @@ typedef struct qd_engine_stats {
     uint64_t prompt_tokens_total, generated_tokens_total;
     uint64_t preemptions;
     uint64_t steps;
-    uint64_t prefill_tokens_total;  /* tokens run through prefill spans (not cache hits, not decodes) */
-    /* prefix cache (all 0 when off); query tokens: each admission's known tokens */
-    uint64_t prefix_hit_tokens, prefix_query_tokens, prefix_evictions;
-    int prefix_snapshots, prefix_blocks;
-    size_t prefix_bytes;
+    /* Tokens scheduled into prefill spans: every prompt (or, after a preemption,
+     * recomputed) token not restored from the prefix cache, counted when its step is
+     * built. A step whose forward fails still counts its tokens, but its requests end
+     * with an error, so their remaining prompt tokens are never scheduled: with
+     * failures this is less than the prompt tokens (see bench/RESULTS.md). */
+    uint64_t prefill_tokens_total;
+    /* prefix cache (all 0 when off); query tokens: each admission's known tokens;
+     * snapshots and bytes: both tiers (device: snapshots in the backend's memory and
+     * the KV blocks the cache holds; host: the second tier); evictions: snapshots
+     * dropped; spills: moved from the device tier to the host tier */
+    uint64_t prefix_hit_tokens, prefix_query_tokens, prefix_evictions, prefix_spills, prefix_host_restores;
+    int prefix_snapshots, prefix_blocks, prefix_device_snapshots, prefix_host_snapshots;
+    size_t prefix_bytes, prefix_device_bytes, prefix_host_bytes;
 } qd_engine_stats;
 void qd_engine_get_stats(qd_engine *e, qd_engine_stats *out);
 

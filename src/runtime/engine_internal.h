@@ -89,12 +89,13 @@ struct qd_engine {
     float *greedy_lps;        /* [max_num_seqs] its log-softmax */
     uint64_t preemptions, steps, finished, prompt_total, generated_total, prefill_total;
     qd_prefix_cache *pc;      /* NULL when off */
-    size_t snap_bytes;        /* one GDN state snapshot */
     char errbuf[QD_ERRMSG_SIZE + 128]; /* the message of an ERROR event, valid during its callback */
 };
 
 /* Engine thread: n_queued += delta under mu (admission -1, preemption +1). */
 void qd_engine_queued_add(qd_engine *e, int delta);
+/* Copies the engine thread's counters into the published stats. Caller holds mu. */
+void qd_engine_publish_stats(qd_engine *e);
 
 /* deque helpers (scheduler.c) */
 void qd_req_list_push_back(qd_req_list *l, qd_request *r);

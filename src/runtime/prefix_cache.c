@@ -1,107 +1,158 @@
-/* Prefix cache: radix tree over token ids, GDN snapshots and shared KV blocks at
- * chosen nodes, LRU eviction within a byte budget (see prefix_cache.h). */
-#include "runtime/prefix_cache.h"
-
+/* Prefix cache: GDN snapshots and shared KV blocks at chosen nodes of the radix tree
+ * (prefix_tree.c), in two tiers (the context's snapshot slots, then host memory),
+ * least recently used first out of each within its byte budget (see prefix_cache.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/model.h"
+#include "runtime/prefix_cache_int.h"
 
-typedef struct pc_node {
-    struct pc_node *parent, *child, *sibling; /* children as a singly linked list */
-    int32_t *tok;                             /* the edge's tokens, from the parent's end to ours */
-    int n_tok;
-    int depth;                                /* tokens from the root to the end of this node */
-    void *snap;                               /* snapshot at depth, or NULL */
-    int32_t *blocks;                          /* with snap: the blocks covering [0, depth) */
-    int n_blocks;
-    struct pc_node *lru_prev, *lru_next;      /* snapshot nodes, least recently used first */
-} pc_node;
-
-typedef struct pc_root {
-    uint64_t key;
-    pc_node *node;
-} pc_root;
-
-struct qd_prefix_cache {
-    qd_context *ctx;
-    size_t budget, snap_bytes, block_bytes;
-    pc_root *roots;
-    int n_roots;
-    pc_node *lru_head, *lru_tail;
-    int32_t *block_users; /* [pool blocks] cache nodes referencing each block: a block is counted once */
-    int n_pool_blocks;
-    qd_prefix_cache_stats st;
-};
-
-qd_status qd_prefix_cache_create(qd_context *ctx, size_t budget_bytes, size_t snapshot_bytes, size_t block_bytes,
-                                 qd_prefix_cache **out, qd_err *err) {
+qd_status qd_prefix_cache_create(qd_context *ctx, const qd_prefix_cache_params *params, qd_prefix_cache **out,
+                                 qd_err *err) {
     if (!out) return qd_seterr(err, QD_ERR_INVALID_ARG, "qd_prefix_cache_create: out is NULL");
     *out = NULL;
-    if (snapshot_bytes < 8)
-        return qd_seterr(err, QD_ERR_INVALID_ARG, "prefix cache: snapshot size %zu is too small", snapshot_bytes);
+    if (!ctx || !params) return qd_seterr(err, QD_ERR_INVALID_ARG, "qd_prefix_cache_create: context or params is NULL");
     qd_prefix_cache *pc = calloc(1, sizeof *pc);
     if (!pc) return qd_seterr(err, QD_ERR_OOM, "out of memory for the prefix cache");
     pc->ctx = ctx;
-    pc->budget = budget_bytes;
-    pc->snap_bytes = snapshot_bytes;
-    pc->block_bytes = block_bytes;
-    pc->n_pool_blocks = ctx ? qd_kv_total_blocks(ctx) : 0;
-    if (pc->n_pool_blocks > 0) {
-        pc->block_users = calloc((size_t)pc->n_pool_blocks, sizeof(int32_t));
-        if (!pc->block_users) {
-            int nb = pc->n_pool_blocks;
-            free(pc);
-            return qd_seterr(err, QD_ERR_OOM, "out of memory for the prefix cache's block table (%d blocks)", nb);
-        }
+    pc->p = *params;
+    pc->slot_bytes = qd_snap_slot_bytes(ctx);
+    pc->host_snap_bytes = qd_seq_state_size(ctx);
+    pc->n_slots = qd_snap_slots(ctx);
+    pc->n_pool_blocks = qd_kv_total_blocks(ctx);
+    pc->free_slots = malloc(sizeof(int) * (size_t)(pc->n_slots > 0 ? pc->n_slots : 1));
+    pc->block_users = calloc((size_t)(pc->n_pool_blocks > 0 ? pc->n_pool_blocks : 1), sizeof(int32_t));
+    if (!pc->free_slots || !pc->block_users) {
+        qd_prefix_cache_free(pc);
+        return qd_seterr(err, QD_ERR_OOM, "out of memory for the prefix cache's tables (%d slots, %d blocks)",
+                         qd_snap_slots(ctx), qd_kv_total_blocks(ctx));
     }
-    pc->st.budget = budget_bytes;
+    /* slot 0 on top, so that a fresh cache fills the slots in order */
+    for (int i = 0; i < pc->n_slots; i++) pc->free_slots[i] = pc->n_slots - 1 - i;
+    pc->n_free_slots = pc->n_slots;
+    pc->st.budget = params->device_bytes;
+    pc->st.host_budget = params->host_bytes;
     *out = pc;
     return QD_OK;
 }
 
 static void update_bytes(qd_prefix_cache *pc) {
-    pc->st.bytes = (size_t)pc->st.snapshots * pc->snap_bytes + (size_t)pc->st.blocks * pc->block_bytes;
+    qd_prefix_cache_stats *s = &pc->st;
+    s->snapshots = s->device_snapshots + s->host_snapshots;
+    s->device_bytes = (size_t)s->device_snapshots * pc->slot_bytes + (size_t)s->blocks * pc->p.block_bytes;
+    s->host_bytes = (size_t)s->host_snapshots * pc->host_snap_bytes;
+    s->bytes = s->device_bytes + s->host_bytes;
 }
 
+/* ------------------------------------------------------------------ LRU */
+
 static void lru_unlink(qd_prefix_cache *pc, pc_node *n) {
+    pc_list *l = &pc->lru[n->tier];
     if (n->lru_prev) n->lru_prev->lru_next = n->lru_next;
-    else pc->lru_head = n->lru_next;
+    else l->head = n->lru_next;
     if (n->lru_next) n->lru_next->lru_prev = n->lru_prev;
-    else pc->lru_tail = n->lru_prev;
+    else l->tail = n->lru_prev;
     n->lru_prev = n->lru_next = NULL;
 }
 
-static void lru_push_tail(qd_prefix_cache *pc, pc_node *n) {
-    n->lru_next = NULL;
-    n->lru_prev = pc->lru_tail;
-    if (pc->lru_tail) pc->lru_tail->lru_next = n;
-    else pc->lru_head = n;
-    pc->lru_tail = n;
+/* Into its tier's list by its clock: lists stay ordered, least recently used first,
+ * also when a snapshot moves down to a tier whose entries were used more recently. */
+static void lru_insert(qd_prefix_cache *pc, pc_node *n) {
+    pc_list *l = &pc->lru[n->tier];
+    pc_node *after = l->tail;
+    while (after && after->used > n->used) after = after->lru_prev;
+    n->lru_prev = after;
+    n->lru_next = after ? after->lru_next : l->head;
+    if (n->lru_next) n->lru_next->lru_prev = n;
+    else l->tail = n;
+    if (after) after->lru_next = n;
+    else l->head = n;
 }
 
 static void touch(qd_prefix_cache *pc, pc_node *n) {
     lru_unlink(pc, n);
-    lru_push_tail(pc, n);
+    n->used = ++pc->clock;
+    lru_insert(pc, n);
 }
+
+/* ------------------------------------------------------- tier movements */
 
 /* Drops a node's snapshot and block references (the node stays). */
 static void drop_snapshot(qd_prefix_cache *pc, pc_node *n) {
-    if (!n->snap) return;
+    if (n->tier == QD_TIER_NONE) return;
     lru_unlink(pc, n);
+    if (n->tier == QD_TIER_DEVICE) {
+        pc->free_slots[pc->n_free_slots++] = n->slot;
+        pc->st.device_snapshots--;
+    } else {
+        free(n->host);
+        pc->st.host_snapshots--;
+    }
+    n->tier = QD_TIER_NONE;
+    n->slot = -1;
+    n->host = NULL;
     for (int i = 0; i < n->n_blocks; i++) {
         int32_t b = n->blocks[i];
         if (--pc->block_users[b] == 0) pc->st.blocks--;
         qd_kv_block_unref(pc->ctx, b);
     }
     free(n->blocks);
-    free(n->snap);
     n->blocks = NULL;
-    n->snap = NULL;
     n->n_blocks = 0;
-    pc->st.snapshots--;
     update_bytes(pc);
 }
+
+/* Drops n's snapshot for good and tidies the tree (n may be freed). */
+static void evict(qd_prefix_cache *pc, pc_node *n) {
+    drop_snapshot(pc, n);
+    pc->st.evictions++;
+    pc_prune(n);
+}
+
+/* Evicts host snapshots, least recently used first, until one more fits the host
+ * budget; 0 when the host tier cannot hold one at all. Never frees a node that holds
+ * a snapshot (pruning only removes empty nodes). */
+static int host_room(qd_prefix_cache *pc) {
+    if (pc->host_snap_bytes > pc->p.host_bytes) return 0;
+    while (pc->st.host_bytes + pc->host_snap_bytes > pc->p.host_bytes && pc->lru[QD_TIER_HOST].head)
+        evict(pc, pc->lru[QD_TIER_HOST].head);
+    return 1;
+}
+
+/* A device snapshot moves to the host tier (its blocks stay referenced), or, when the
+ * host tier cannot take it, is dropped. Either way its slot is free afterwards. */
+static void demote(qd_prefix_cache *pc, pc_node *n) {
+    void *buf = host_room(pc) ? malloc(pc->host_snap_bytes) : NULL;
+    if (!buf || qd_snap_to_host(pc->ctx, n->slot, n->depth, buf, pc->host_snap_bytes) != QD_OK) {
+        free(buf);
+        evict(pc, n);
+        return;
+    }
+    lru_unlink(pc, n);
+    pc->free_slots[pc->n_free_slots++] = n->slot;
+    n->slot = -1;
+    n->host = buf;
+    n->tier = QD_TIER_HOST;
+    lru_insert(pc, n);
+    pc->st.device_snapshots--;
+    pc->st.host_snapshots++;
+    pc->st.spills++;
+    update_bytes(pc);
+}
+
+/* Over the device budget, device snapshots move down (or go) least recently used
+ * first; when only blocks are left to blame, host snapshots go, which releases their
+ * blocks. Then the host budget. */
+static void enforce_budgets(qd_prefix_cache *pc) {
+    while (pc->st.device_bytes > pc->p.device_bytes) {
+        if (pc->lru[QD_TIER_DEVICE].head) demote(pc, pc->lru[QD_TIER_DEVICE].head);
+        else if (pc->lru[QD_TIER_HOST].head) evict(pc, pc->lru[QD_TIER_HOST].head);
+        else break;
+    }
+    while (pc->st.host_bytes > pc->p.host_bytes && pc->lru[QD_TIER_HOST].head) evict(pc, pc->lru[QD_TIER_HOST].head);
+}
+
+/* ------------------------------------------------------------------ API */
 
 static void free_subtree(qd_prefix_cache *pc, pc_node *n) {
     while (n->child) {
@@ -118,50 +169,31 @@ void qd_prefix_cache_free(qd_prefix_cache *pc) {
     if (!pc) return;
     for (int i = 0; i < pc->n_roots; i++) free_subtree(pc, pc->roots[i].node);
     free(pc->roots);
+    free(pc->free_slots);
     free(pc->block_users);
     free(pc);
 }
 
-static pc_node *find_root(qd_prefix_cache *pc, uint64_t key, int create) {
-    for (int i = 0; i < pc->n_roots; i++)
-        if (pc->roots[i].key == key) return pc->roots[i].node;
-    if (!create) return NULL;
-    pc_root *r = realloc(pc->roots, sizeof *r * (size_t)(pc->n_roots + 1));
-    if (!r) return NULL;
-    pc->roots = r;
-    pc_node *n = calloc(1, sizeof *n);
-    if (!n) return NULL;
-    pc->roots[pc->n_roots++] = (pc_root){key, n};
-    return n;
-}
-
-static pc_node *child_starting_with(const pc_node *n, int32_t t) {
-    for (pc_node *c = n->child; c; c = c->sibling)
-        if (c->tok[0] == t) return c;
-    return NULL;
-}
-
 void qd_prefix_cache_lookup(qd_prefix_cache *pc, uint64_t key, const int32_t *tokens, int n, qd_prefix_hit *hit) {
     memset(hit, 0, sizeof *hit);
-    pc_node *node = find_root(pc, key, 0), *best = NULL;
-    int pos = 0;
-    while (node && pos < n) {
-        pc_node *c = child_starting_with(node, tokens[pos]);
-        if (!c) break;
-        int k = 0;
-        while (k < c->n_tok && pos + k < n && c->tok[k] == tokens[pos + k]) k++;
-        pos += k;
-        if (k < c->n_tok) break; /* diverges (or the query ends) inside this edge */
-        node = c;
-        if (node->snap) best = node;
-    }
-    hit->n_matched = pos;
+    pc_node *root = pc_find_root(pc, key, 0);
+    pc_node *best = root ? pc_deepest_snapshot(root, tokens, n, &hit->n_matched) : NULL;
     if (!best) return;
     touch(pc, best);
     hit->n_tokens = best->depth;
-    hit->snapshot = best->snap;
+    hit->tier = best->tier;
     hit->blocks = best->blocks;
     hit->n_blocks = best->n_blocks;
+    hit->node = best;
+}
+
+qd_status qd_prefix_cache_restore(qd_prefix_cache *pc, const qd_prefix_hit *hit, int seq) {
+    const pc_node *n = hit ? hit->node : NULL;
+    if (!n || n->tier == QD_TIER_NONE)
+        return qd_seterr(&pc->ctx->err, QD_ERR_INVALID_ARG, "prefix cache: restoring a hit that holds no snapshot");
+    if (n->tier == QD_TIER_DEVICE) return qd_snap_attach(pc->ctx, seq, n->slot, n->depth, n->blocks, n->n_blocks);
+    pc->st.host_restores++;
+    return qd_seq_state_attach(pc->ctx, seq, n->host, pc->host_snap_bytes, n->blocks, n->n_blocks);
 }
 
 void qd_prefix_cache_count_query(qd_prefix_cache *pc, int query_tokens, int hit_tokens) {
@@ -169,214 +201,157 @@ void qd_prefix_cache_count_query(qd_prefix_cache *pc, int query_tokens, int hit_
     pc->st.hit_tokens += (uint64_t)(hit_tokens > 0 ? hit_tokens : 0);
 }
 
-static pc_node *new_node(pc_node *parent, const int32_t *tok, int n_tok) {
-    pc_node *c = calloc(1, sizeof *c);
-    if (!c) return NULL;
-    c->tok = malloc(sizeof(int32_t) * (size_t)n_tok);
-    if (!c->tok) {
-        free(c);
-        return NULL;
+int qd_prefix_cache_store(qd_prefix_cache *pc, uint64_t key, const int32_t *tokens, int n, int seq) {
+    qd_context *ctx = pc ? pc->ctx : NULL;
+    if (!ctx || n < 1 || seq < 0 || seq >= ctx->params.max_seqs) return 0;
+    const qd_seq_state *q = &ctx->seqs[seq];
+    const int nb = qd_kv_blocks_for(ctx, n);
+    if (q->length != n || q->n_blocks < nb) return 0; /* never store a state that does not match its tokens */
+    pc_node *root = pc_find_root(pc, key, 1);
+    if (!root) return 0;
+    int matched;
+    pc_node *have = pc_deepest_snapshot(root, tokens, n, &matched);
+    if (have && have->depth == n) {
+        touch(pc, have);
+        return 0;
     }
-    memcpy(c->tok, tok, sizeof(int32_t) * (size_t)n_tok);
-    c->n_tok = n_tok;
-    c->parent = parent;
-    c->depth = parent->depth + n_tok;
-    c->sibling = parent->child;
-    parent->child = c;
-    return c;
-}
-
-/* Splits c's edge after k tokens (0 < k < n_tok): a new node takes c's first k tokens
- * and becomes c's parent. Returns the new node, NULL on out of memory (no change). */
-static pc_node *split(pc_node *c, int k) {
-    pc_node *mid = calloc(1, sizeof *mid);
-    int32_t *head = malloc(sizeof(int32_t) * (size_t)k);
-    int32_t *tail = malloc(sizeof(int32_t) * (size_t)(c->n_tok - k));
-    if (!mid || !head || !tail) {
-        free(mid);
-        free(head);
-        free(tail);
-        return NULL;
-    }
-    memcpy(head, c->tok, sizeof(int32_t) * (size_t)k);
-    memcpy(tail, c->tok + k, sizeof(int32_t) * (size_t)(c->n_tok - k));
-    pc_node *p = c->parent;
-    /* mid replaces c among p's children */
-    for (pc_node **pp = &p->child; *pp; pp = &(*pp)->sibling)
-        if (*pp == c) {
-            *pp = mid;
-            break;
+    /* room first: making it may prune empty nodes, which must not include ours */
+    const int to_device = pc->n_slots > 0;
+    if (to_device && pc->n_free_slots == 0) demote(pc, pc->lru[QD_TIER_DEVICE].head);
+    if (!to_device && !host_room(pc)) return 0;
+    pc_node *node = pc_node_at(root, tokens, n);
+    if (!node) return 0;
+    int32_t *blocks = nb ? malloc(sizeof(int32_t) * (size_t)nb) : NULL;
+    void *host = to_device ? NULL : malloc(pc->host_snap_bytes);
+    int slot = -1;
+    qd_status st = QD_ERR_OOM;
+    if ((!nb || blocks) && (to_device || host)) {
+        if (to_device) {
+            slot = pc->free_slots[--pc->n_free_slots];
+            st = qd_snap_save(ctx, seq, slot);
+            if (st != QD_OK) pc->free_slots[pc->n_free_slots++] = slot;
+        } else {
+            st = qd_seq_state_save(ctx, seq, host, pc->host_snap_bytes);
         }
-    mid->sibling = c->sibling;
-    mid->parent = p;
-    mid->tok = head;
-    mid->n_tok = k;
-    mid->depth = p->depth + k;
-    mid->child = c;
-    c->sibling = NULL;
-    c->parent = mid;
-    free(c->tok);
-    c->tok = tail;
-    c->n_tok -= k;
-    return mid;
-}
-
-/* The node ending exactly at tokens[0..n), created (with splits) if needed. */
-static pc_node *node_at(pc_node *root, const int32_t *tokens, int n) {
-    pc_node *node = root;
-    int pos = 0;
-    while (pos < n) {
-        pc_node *c = child_starting_with(node, tokens[pos]);
-        if (!c) return new_node(node, tokens + pos, n - pos);
-        int k = 0;
-        while (k < c->n_tok && pos + k < n && c->tok[k] == tokens[pos + k]) k++;
-        if (k < c->n_tok) {
-            pc_node *mid = split(c, k);
-            if (!mid) return NULL;
-            c = mid;
-        }
-        pos += k;
-        node = c;
     }
-    return node;
-}
-
-/* Removes nodes that hold nothing any more (no snapshot, no children), upwards, and
- * merges a snapshot-less node with its only child so that paths stay short. */
-static void prune(qd_prefix_cache *pc, pc_node *n) {
-    (void)pc;
-    while (n->parent && !n->snap && !n->child) {
-        pc_node *p = n->parent;
-        for (pc_node **pp = &p->child; *pp; pp = &(*pp)->sibling)
-            if (*pp == n) {
-                *pp = n->sibling;
-                break;
-            }
-        free(n->tok);
-        free(n);
-        n = p;
+    if (st != QD_OK) {
+        free(blocks);
+        free(host);
+        pc_prune(node);
+        return 0;
     }
-    if (n->parent && !n->snap && n->child && !n->child->sibling) {
-        pc_node *c = n->child;
-        int32_t *t = malloc(sizeof(int32_t) * (size_t)(n->n_tok + c->n_tok));
-        if (!t) return; /* merging is only tidying */
-        memcpy(t, n->tok, sizeof(int32_t) * (size_t)n->n_tok);
-        memcpy(t + n->n_tok, c->tok, sizeof(int32_t) * (size_t)c->n_tok);
-        free(c->tok);
-        c->tok = t;
-        c->n_tok += n->n_tok;
-        c->parent = n->parent;
-        c->sibling = n->sibling;
-        for (pc_node **pp = &n->parent->child; *pp; pp = &(*pp)->sibling)
-            if (*pp == n) {
-                *pp = c;
-                break;
-            }
-        free(n->tok);
-        free(n);
-    }
-}
-
-void *qd_prefix_cache_insert(qd_prefix_cache *pc, uint64_t key, const int32_t *tokens, int n, const int32_t *blocks,
-                             int n_blocks) {
-    if (!pc || n < 1 || n_blocks < 0 || (n_blocks > 0 && !pc->ctx)) return NULL;
-    pc_node *root = find_root(pc, key, 1);
-    if (!root) return NULL;
-    pc_node *node = node_at(root, tokens, n);
-    if (!node) return NULL;
-    if (node->snap) {
-        touch(pc, node);
-        return NULL;
-    }
-    node->snap = malloc(pc->snap_bytes);
-    node->blocks = n_blocks ? malloc(sizeof(int32_t) * (size_t)n_blocks) : NULL;
-    if (!node->snap || (n_blocks && !node->blocks)) {
-        free(node->snap);
-        free(node->blocks);
-        node->snap = NULL;
-        node->blocks = NULL;
-        prune(pc, node);
-        return NULL;
-    }
-    for (int i = 0; i < n_blocks; i++) {
-        int32_t b = blocks[i];
-        node->blocks[i] = b;
+    for (int i = 0; i < nb; i++) {
+        const int32_t b = q->blocks[i];
+        blocks[i] = b;
         if (pc->block_users[b]++ == 0) pc->st.blocks++;
-        qd_kv_block_ref(pc->ctx, b);
+        qd_kv_block_ref(ctx, b);
     }
-    node->n_blocks = n_blocks;
-    lru_push_tail(pc, node);
-    pc->st.snapshots++;
+    node->blocks = blocks;
+    node->n_blocks = nb;
+    node->tier = to_device ? QD_TIER_DEVICE : QD_TIER_HOST;
+    node->slot = slot;
+    node->host = host;
+    node->used = ++pc->clock;
+    lru_insert(pc, node);
+    if (to_device) pc->st.device_snapshots++;
+    else pc->st.host_snapshots++;
     pc->st.inserts++;
     update_bytes(pc);
-    return node->snap;
+    enforce_budgets(pc);
+    return 1;
 }
 
 int qd_prefix_cache_evict_one(qd_prefix_cache *pc) {
-    pc_node *n = pc->lru_head;
+    pc_node *d = pc->lru[QD_TIER_DEVICE].head, *h = pc->lru[QD_TIER_HOST].head;
+    pc_node *n = !d ? h : !h ? d : h->used < d->used ? h : d;
     if (!n) return 0;
-    drop_snapshot(pc, n);
-    pc->st.evictions++;
-    prune(pc, n);
+    evict(pc, n);
     return 1;
 }
 
 int qd_prefix_cache_reclaimable_blocks(const qd_prefix_cache *pc) {
     int k = 0;
-    if (!pc->ctx) return 0;
     for (int b = 0; b < pc->n_pool_blocks; b++)
         if (pc->block_users[b] > 0 && pc->ctx->kv.ref[b] == pc->block_users[b]) k++;
-    return k;
-}
-
-void qd_prefix_cache_enforce_budget(qd_prefix_cache *pc) {
-    while (pc->st.bytes > pc->budget && qd_prefix_cache_evict_one(pc)) {
-    }
-}
-
-static int count_nodes(const pc_node *n) {
-    int k = 0;
-    for (const pc_node *c = n->child; c; c = c->sibling) k += 1 + count_nodes(c);
     return k;
 }
 
 void qd_prefix_cache_get_stats(const qd_prefix_cache *pc, qd_prefix_cache_stats *out) {
     *out = pc->st;
     out->nodes = 0;
-    for (int i = 0; i < pc->n_roots; i++) out->nodes += count_nodes(pc->roots[i].node);
+    for (int i = 0; i < pc->n_roots; i++) out->nodes += pc_count_nodes(pc->roots[i].node);
 }
 
-/* Recursive invariant check: depths add up, parents link back, children start with
- * distinct tokens, snapshot nodes hold exactly the blocks covering their depth. */
-static int check_node(const qd_prefix_cache *pc, const pc_node *n, int *snaps) {
-    if (n->snap) {
-        (*snaps)++;
-        if (pc->ctx && n->n_blocks != qd_kv_blocks_for(pc->ctx, n->depth)) return -1;
+/* ---------------------------------------------------------------- checks */
+
+typedef struct check_acc {
+    int dev, host;
+    char *slot_seen; /* [n_slots] */
+} check_acc;
+
+/* Each snapshot node holds exactly the blocks covering its depth and one tier's
+ * storage (a slot nobody else holds, or a host image). */
+static int check_nodes(const qd_prefix_cache *pc, const pc_node *n, check_acc *a) {
+    if (n->tier != QD_TIER_NONE) {
+        if (n->n_blocks != qd_kv_blocks_for(pc->ctx, n->depth)) return -1;
+        if (n->tier == QD_TIER_DEVICE) {
+            if (n->slot < 0 || n->slot >= pc->n_slots || a->slot_seen[n->slot] || n->host) return -1;
+            a->slot_seen[n->slot] = 1;
+            a->dev++;
+        } else {
+            if (!n->host || n->slot != -1) return -1;
+            a->host++;
+        }
+    } else if (n->slot != -1 || n->host || n->n_blocks) {
+        return -1;
     }
-    for (const pc_node *c = n->child; c; c = c->sibling) {
-        if (c->parent != n || c->n_tok < 1 || c->depth != n->depth + c->n_tok) return -1;
-        for (const pc_node *d = c->sibling; d; d = d->sibling)
-            if (d->tok[0] == c->tok[0]) return -1;
-        if (check_node(pc, c, snaps) < 0) return -1;
-    }
+    for (const pc_node *c = n->child; c; c = c->sibling)
+        if (check_nodes(pc, c, a) < 0) return -1;
     return 0;
 }
 
-int qd_prefix_cache_check(const qd_prefix_cache *pc, uint64_t key, const int32_t *tokens, int n, int *depths, int max) {
-    int snaps = 0;
-    for (int i = 0; i < pc->n_roots; i++)
-        if (check_node(pc, pc->roots[i].node, &snaps) < 0) return -1;
-    if (snaps != pc->st.snapshots) return -1;
+/* A tier's list: every entry of that tier, ordered by clock, linked both ways. */
+static int check_list(const qd_prefix_cache *pc, qd_prefix_tier t, int want) {
+    int k = 0;
+    const pc_node *prev = NULL;
+    for (const pc_node *n = pc->lru[t].head; n; prev = n, n = n->lru_next, k++)
+        if (n->tier != t || n->lru_prev != prev || (prev && prev->used > n->used) || k > want) return -1;
+    return k == want && pc->lru[t].tail == prev ? 0 : -1;
+}
+
+int qd_prefix_cache_check(const qd_prefix_cache *pc, uint64_t key, const int32_t *tokens, int n, int *depths,
+                          qd_prefix_tier *tiers, int max) {
+    check_acc a = {0, 0, calloc((size_t)(pc->n_slots > 0 ? pc->n_slots : 1), 1)};
+    if (!a.slot_seen) return -1;
+    int bad = 0;
+    for (int i = 0; i < pc->n_roots && !bad; i++)
+        bad = pc_check_structure(pc->roots[i].node) < 0 || check_nodes(pc, pc->roots[i].node, &a) < 0;
+    for (int i = 0; i < pc->n_free_slots && !bad; i++) {
+        const int s = pc->free_slots[i];
+        bad = s < 0 || s >= pc->n_slots || a.slot_seen[s];
+        if (!bad) a.slot_seen[s] = 1;
+    }
+    free(a.slot_seen);
+    if (bad || a.dev != pc->st.device_snapshots || a.host != pc->st.host_snapshots ||
+        a.dev + pc->n_free_slots != pc->n_slots || check_list(pc, QD_TIER_DEVICE, a.dev) < 0 ||
+        check_list(pc, QD_TIER_HOST, a.host) < 0)
+        return -1;
+    const size_t dev_b = (size_t)a.dev * pc->slot_bytes + (size_t)pc->st.blocks * pc->p.block_bytes;
+    if (pc->st.device_bytes != dev_b || pc->st.host_bytes != (size_t)a.host * pc->host_snap_bytes) return -1;
     const pc_node *node = NULL;
     for (int i = 0; i < pc->n_roots; i++)
         if (pc->roots[i].key == key) node = pc->roots[i].node;
     int pos = 0, k_out = 0;
     while (node && pos < n) {
-        const pc_node *c = child_starting_with(node, tokens[pos]);
+        const pc_node *c = node->child;
+        while (c && c->tok[0] != tokens[pos]) c = c->sibling;
         if (!c || pos + c->n_tok > n || memcmp(c->tok, tokens + pos, sizeof(int32_t) * (size_t)c->n_tok) != 0) break;
         pos += c->n_tok;
         node = c;
-        if (node->snap && k_out < max) depths[k_out++] = node->depth;
+        if (node->tier != QD_TIER_NONE && k_out < max) {
+            if (tiers) tiers[k_out] = node->tier;
+            depths[k_out++] = node->depth;
+        }
     }
     return k_out;
 }

@@ -41,17 +41,18 @@ void qd_req_list_remove(qd_req_list *l, qd_request *r) {
 #define PREFIX_KEY_BASE 0
 
 /* Stores r's state (tokens[0..n_computed), the GDN state of its slot and the KV
- * blocks covering them) in the prefix cache. */
+ * blocks covering them) in the prefix cache. Nothing happens when it is already
+ * cached, when the slot does not hold exactly those tokens, or on a failed copy: the
+ * cache is optional. */
 static void take_snapshot(qd_engine *e, qd_request *r) {
     if (!e->pc || r->slot < 0 || r->n_computed < 1) return;
-    const qd_seq_state *q = &e->ctx->seqs[r->slot];
-    if (q->length != r->n_computed) return; /* never store a state that does not match its tokens */
-    int nb = qd_kv_blocks_for(e->ctx, r->n_computed);
-    void *buf = qd_prefix_cache_insert(e->pc, PREFIX_KEY_BASE, r->tokens, r->n_computed, q->blocks, nb);
-    if (!buf) return; /* already cached (marked used) or no memory: the cache is optional */
-    /* cannot fail: the slot is valid and the buffer has the snapshot size */
-    qd_seq_state_save(e->ctx, r->slot, buf, e->snap_bytes);
-    qd_prefix_cache_enforce_budget(e->pc);
+    qd_prefix_cache_store(e->pc, PREFIX_KEY_BASE, r->tokens, r->n_computed, r->slot);
+}
+
+/* The request's own snapshot position (see qd_request_params.snapshot_at), 0: none. */
+static int snapshot_at(const qd_request *r) {
+    const int a = r->params.snapshot_at;
+    return a >= 1 && a < r->n_prompt ? a : 0;
 }
 
 /* The next prompt position after n_computed where a snapshot is wanted (the chunk
@@ -60,12 +61,20 @@ static int next_snapshot_target(const qd_engine *e, const qd_request *r) {
     if (!e->pc || r->n_computed >= r->n_prompt - 1) return INT_MAX;
     int t = r->n_prompt - 1; /* one short: a repeat of this prompt still has a token to compute */
     if (r->snap_branch > r->n_computed && r->snap_branch < t) t = r->snap_branch;
+    const int at = snapshot_at(r);
+    if (at > r->n_computed && at < t) t = at;
     const int iv = e->params.prefix_snapshot_interval;
     if (iv > 0) {
         int m = (r->n_computed / iv + 1) * iv;
         if (m < t) t = m;
     }
     return t;
+}
+
+/* After a prefill chunk: does it end where next_snapshot_target wanted a snapshot? */
+static int at_snapshot_target(const qd_engine *e, const qd_request *r) {
+    const int c = r->n_computed, iv = e->params.prefix_snapshot_interval;
+    return c == r->n_prompt - 1 || c == r->snap_branch || c == snapshot_at(r) || (iv > 0 && c % iv == 0);
 }
 
 /* Takes r out of the running array (keeping admission order) and gives its slot and
@@ -124,8 +133,8 @@ void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const q
     else e->live = r->live_next;
     if (r->live_next) r->live_next->live_prev = r->live_prev;
     e->finished++;
-    e->stats.requests_finished = e->finished;
-    if (was_queued) e->stats.waiting = --e->n_queued;
+    if (was_queued) --e->n_queued;
+    qd_engine_publish_stats(e);
     pthread_mutex_unlock(&e->mu);
     if (r->cb) r->cb(r->user, &ev); /* the return value cannot change a finished request */
     qd_sampler_free(r->sampler);
@@ -241,8 +250,7 @@ static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
             e->prompt_total += (uint64_t)r->n_prompt;
         }
         if (e->pc) {
-            if (start > 0 &&
-                qd_seq_state_attach(e->ctx, r->slot, hit.snapshot, e->snap_bytes, hit.blocks, hit.n_blocks) != QD_OK) {
+            if (start > 0 && qd_prefix_cache_restore(e->pc, &hit, r->slot) != QD_OK) {
                 snprintf(e->errbuf, sizeof e->errbuf, "request %llu: restoring a cached prefix failed: %s",
                          (unsigned long long)r->id, qd_context_errmsg(e->ctx));
                 qd_engine_finish(e, r, QD_FINISH_ERROR, NULL, e->errbuf);
@@ -366,12 +374,8 @@ int qd_engine_step(qd_engine *e) {
         qd_request *r = e->span_req[i];
         r->n_computed += r->step_chunk;
         /* a cut chunk ended on a snapshot target (see add_span) */
-        if (e->pc && r->phase == QD_SEQ_PREFILLING && r->n_computed < r->n_prompt) {
-            const int iv = e->params.prefix_snapshot_interval;
-            if (r->n_computed == r->n_prompt - 1 || r->n_computed == r->snap_branch ||
-                (iv > 0 && r->n_computed % iv == 0))
-                take_snapshot(e, r);
-        }
+        if (e->pc && r->phase == QD_SEQ_PREFILLING && r->n_computed < r->n_prompt && at_snapshot_target(e, r))
+            take_snapshot(e, r);
         if (e->spans[i].logits == QD_LOGITS_NONE) continue;
         sample_and_report(e, r, row++);
     }

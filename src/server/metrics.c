@@ -134,18 +134,33 @@ char *srv_metrics_render(srv_metrics *m, const qd_engine_stats *st, int open_str
         put_one(&o, "qdelta_engine_requests_finished_total", "counter", "Requests the engine finished.", (double)st->requests_finished);
         put_one(&o, "qdelta_engine_preemptions_total", "counter", "Sequences preempted for KV blocks.", (double)st->preemptions);
         put_one(&o, "qdelta_engine_steps_total", "counter", "Engine steps (batched forwards).", (double)st->steps);
-        put_one(&o, "qdelta_prefill_tokens_total", "counter", "Tokens computed in prefill (cache hits excluded).",
+        put_one(&o, "qdelta_prefill_tokens_total", "counter",
+                "Tokens scheduled into prefill (prompt tokens not hit in the prefix cache, recomputations after a "
+                "preemption; a failed step's tokens count, its requests' remaining ones never run).",
                 (double)st->prefill_tokens_total);
         put_one(&o, "qdelta_prefix_cache_hit_tokens_total", "counter", "Tokens restored from the prefix cache.",
                 (double)st->prefix_hit_tokens);
         put_one(&o, "qdelta_prefix_cache_query_tokens_total", "counter", "Tokens looked up in the prefix cache.",
                 (double)st->prefix_query_tokens);
-        put_one(&o, "qdelta_prefix_cache_snapshots", "gauge", "GDN state snapshots held by the prefix cache.",
+        put_one(&o, "qdelta_prefix_cache_snapshots", "gauge", "GDN state snapshots held by the prefix cache (both tiers).",
                 st->prefix_snapshots);
+        put_one(&o, "qdelta_prefix_cache_device_snapshots", "gauge",
+                "Prefix cache snapshots in the backend's memory (GPU memory on a GPU).", st->prefix_device_snapshots);
+        put_one(&o, "qdelta_prefix_cache_host_snapshots", "gauge", "Prefix cache snapshots in the host-memory tier.",
+                st->prefix_host_snapshots);
         put_one(&o, "qdelta_prefix_cache_bytes", "gauge", "Bytes of snapshots and KV blocks held by the prefix cache.",
                 (double)st->prefix_bytes);
-        put_one(&o, "qdelta_prefix_cache_evictions_total", "counter", "Prefix cache snapshots evicted.",
+        put_one(&o, "qdelta_prefix_cache_device_bytes", "gauge",
+                "Bytes of the prefix cache's device tier: its snapshots and the KV blocks the cache holds.",
+                (double)st->prefix_device_bytes);
+        put_one(&o, "qdelta_prefix_cache_host_bytes", "gauge", "Bytes of the prefix cache's host tier.",
+                (double)st->prefix_host_bytes);
+        put_one(&o, "qdelta_prefix_cache_evictions_total", "counter", "Prefix cache snapshots dropped (either tier).",
                 (double)st->prefix_evictions);
+        put_one(&o, "qdelta_prefix_cache_spills_total", "counter",
+                "Prefix cache snapshots moved from the device tier to the host tier.", (double)st->prefix_spills);
+        put_one(&o, "qdelta_prefix_cache_host_restores_total", "counter",
+                "Prefix cache hits restored from the host tier.", (double)st->prefix_host_restores);
     }
     if (o.oom) {
         free(o.p);

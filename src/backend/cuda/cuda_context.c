@@ -40,6 +40,7 @@ static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, qd_cuda_carve *cv
     g->ssm_slot = hv * (size_t)c->gdn_dk * c->gdn_dv;
     g->conv = qd_cuda_take(cv, (size_t)m->n_gdn * S * g->conv_slot * 4);
     g->ssm = qd_cuda_take(cv, (size_t)m->n_gdn * S * g->ssm_slot * 4);
+    g->snap = qd_cuda_take(cv, (size_t)ctx->params.n_snap_slots * qd_snap_slot_bytes(ctx));
     const size_t kv_bytes = (size_t)ctx->kv.n_blocks * ctx->kv.block_floats * 2;
     g->kv_k = qd_cuda_take(cv, kv_bytes);
     g->kv_v = qd_cuda_take(cv, kv_bytes);
@@ -115,15 +116,17 @@ qd_status qd_cuda_ctx_create(qd_context *ctx) {
     const qd_cuda_ctx probe = *g;
     const size_t state_b = (size_t)m->n_gdn * ctx->params.max_seqs * (probe.conv_slot + probe.ssm_slot) * 4;
     const size_t kv_b = 2 * (size_t)ctx->kv.n_blocks * ctx->kv.block_floats * 2;
+    const size_t snap_b = (size_t)ctx->params.n_snap_slots * qd_snap_slot_bytes(ctx);
     if (cv.off + (64u << 20) > free_b)
         return qd_seterr(&m->err, QD_ERR_OOM,
                          "the context needs %.2f GiB of device memory (GDN state %.2f GiB for %d sequences, KV cache "
-                         "%.2f GiB in %d blocks of %d tokens, scratch %.2f GiB for %d tokens per step) but %.2f GiB are "
-                         "free: lower max_seqs, n_kv_blocks, max_ctx or max_batch",
+                         "%.2f GiB in %d blocks of %d tokens, prefix-cache snapshots %.2f GiB in %d slots, scratch "
+                         "%.2f GiB for %d tokens per step) but %.2f GiB are free: lower max_seqs, n_kv_blocks, "
+                         "max_ctx, max_batch or the prefix cache's device memory",
                          (double)cv.off / (1 << 30), (double)state_b / (1 << 30), ctx->params.max_seqs,
-                         (double)kv_b / (1 << 30), ctx->kv.n_blocks, ctx->kv.block_size,
-                         (double)(cv.off - state_b - kv_b) / (1 << 30), ctx->params.max_batch,
-                         (double)free_b / (1 << 30));
+                         (double)kv_b / (1 << 30), ctx->kv.n_blocks, ctx->kv.block_size, (double)snap_b / (1 << 30),
+                         ctx->params.n_snap_slots, (double)(cv.off - state_b - kv_b - snap_b) / (1 << 30),
+                         ctx->params.max_batch, (double)free_b / (1 << 30));
     void *block = NULL;
     if ((s = qd_cuda_malloc(&block, cv.off))) return fail(ctx, s, "allocating the context's device memory");
     qd_cuda_carve real = {block, 0};
@@ -154,9 +157,10 @@ qd_status qd_cuda_ctx_create(qd_context *ctx) {
         (s = qd_cuda_memset_async(g->route_cnt, 0, (size_t)ctx->params.max_batch * 4, g->stream)) ||
         (s = qd_cuda_stream_sync(g->stream)))
         return fail(ctx, s, "clearing the state pool");
-    QD_LOGI("CUDA context: %.2f GiB (state %.2f GiB, KV %.2f GiB, GDN prefill scratch %.2f GiB)",
+    QD_LOGI("CUDA context: %.2f GiB (state %.2f GiB, KV %.2f GiB, GDN prefill scratch %.2f GiB, %d snapshot slots "
+            "%.2f GiB)",
             (double)cv.off / (1 << 30), (double)state_b / (1 << 30), (double)kv_b / (1 << 30),
-            (double)g->plan.bytes / (1 << 30));
+            (double)g->plan.bytes / (1 << 30), ctx->params.n_snap_slots, (double)snap_b / (1 << 30));
     return QD_OK;
 }
 
@@ -239,5 +243,46 @@ qd_status qd_cuda_kv_copy_block(qd_context *ctx, int32_t dst, int32_t src) {
     if ((s = qd_cuda_memcpy_d2d(g->kv_k + (size_t)dst * bf, g->kv_k + (size_t)src * bf, bf * 2, g->stream)) ||
         (s = qd_cuda_memcpy_d2d(g->kv_v + (size_t)dst * bf, g->kv_v + (size_t)src * bf, bf * 2, g->stream)))
         return qd_seterr(&ctx->err, s, "copying KV block %d: %s", src, qd_cuda_last_error());
+    return QD_OK;
+}
+
+/* ------------------------------------------------------ snapshot slots */
+
+/* A slot is contiguous (all layers' conv, then all layers' ssm, the host snapshot
+ * layout); the pool is layer-major, so each half is n_gdn pieces at the pool's layer
+ * pitch: one 2-D copy each way. No synchronisation: the stream orders these copies
+ * with the forwards around them. */
+static qd_status snap_copy(qd_context *ctx, int seq, int slot, int to_slot) {
+    qd_cuda_ctx *g = ctx->cuda;
+    const size_t S = (size_t)ctx->params.max_seqs, n = (size_t)ctx->model->n_gdn;
+    if (n == 0) return QD_OK;
+    float *sc = g->snap + (size_t)slot * n * (g->conv_slot + g->ssm_slot), *ss = sc + n * g->conv_slot;
+    float *pc = g->conv + (size_t)seq * g->conv_slot, *ps = g->ssm + (size_t)seq * g->ssm_slot;
+    const size_t cw = g->conv_slot * 4, sw = g->ssm_slot * 4;
+    qd_status s;
+    if (to_slot)
+        s = qd_cuda_memcpy2d(sc, cw, pc, S * cw, cw, n, g->stream);
+    else
+        s = qd_cuda_memcpy2d(pc, S * cw, sc, cw, cw, n, g->stream);
+    if (!s) s = to_slot ? qd_cuda_memcpy2d(ss, sw, ps, S * sw, sw, n, g->stream)
+                        : qd_cuda_memcpy2d(ps, S * sw, ss, sw, sw, n, g->stream);
+    if (s)
+        return qd_seterr(&ctx->err, s, "%s snapshot slot %d %s sequence %d: %s", to_slot ? "filling" : "restoring",
+                         slot, to_slot ? "from" : "into", seq, qd_cuda_last_error());
+    return QD_OK;
+}
+
+qd_status qd_cuda_snap_save(qd_context *ctx, int seq, int slot) { return snap_copy(ctx, seq, slot, 1); }
+
+qd_status qd_cuda_snap_load(qd_context *ctx, int seq, int slot) { return snap_copy(ctx, seq, slot, 0); }
+
+qd_status qd_cuda_snap_read(qd_context *ctx, int slot, void *dst) {
+    qd_cuda_ctx *g = ctx->cuda;
+    const size_t bytes = qd_snap_slot_bytes(ctx);
+    qd_status s;
+    if (bytes == 0) return QD_OK;
+    if ((s = qd_cuda_memcpy_d2h_async(dst, (unsigned char *)g->snap + (size_t)slot * bytes, bytes, g->stream)) ||
+        (s = qd_cuda_stream_sync(g->stream)))
+        return qd_seterr(&ctx->err, s, "copying snapshot slot %d to the host: %s", slot, qd_cuda_last_error());
     return QD_OK;
 }

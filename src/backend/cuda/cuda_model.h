@@ -86,6 +86,7 @@ typedef struct qd_cuda_ctx {
     float *conv;                     /* [n_gdn][max_seqs][conv_dim][K-1] */
     float *ssm;                      /* [n_gdn][max_seqs][hv][dk][dv] */
     size_t conv_slot, ssm_slot;      /* floats per slot of one layer */
+    float *snap;                     /* [n_snap_slots][n_gdn conv_slot | n_gdn ssm_slot] prefix-cache snapshots */
     uint16_t *kv_k, *kv_v;           /* [n_blocks][n_attn][block_size][nkv][hd] bf16 */
     /* scratch of one forward (max_batch rows) */
     float *h, *y, *ys;               /* [B][H] */
@@ -151,5 +152,11 @@ qd_status qd_cuda_state_get(qd_context *ctx, int seq, float *conv, float *ssm);
 qd_status qd_cuda_state_put(qd_context *ctx, int seq, const float *conv, const float *ssm);
 qd_status qd_cuda_state_copy(qd_context *ctx, int src, int dst);
 qd_status qd_cuda_kv_copy_block(qd_context *ctx, int32_t dst, int32_t src);
+/* Snapshot slots (model.h, snap_slots.c): save and load are device-to-device copies
+ * queued on the context's stream, without waiting; read copies a slot to the host
+ * (conv then ssm floats) and waits for it. */
+qd_status qd_cuda_snap_save(qd_context *ctx, int seq, int slot);
+qd_status qd_cuda_snap_load(qd_context *ctx, int seq, int slot);
+qd_status qd_cuda_snap_read(qd_context *ctx, int slot, void *dst);
 
 #endif

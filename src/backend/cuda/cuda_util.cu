@@ -13,6 +13,12 @@ static thread_local char g_err[256];
 qd_status qd_cuda_status(cudaError_t e, const char *what) {
     if (e == cudaSuccess) return QD_OK;
     snprintf(g_err, sizeof g_err, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    /* The runtime also keeps a failed call's error as the thread's "last error" until
+     * cudaGetLastError reads it. Reported here, it must not be reported again by the
+     * next launch check (QD_CUDA_CHECK_LAUNCH), which would fail an unrelated later
+     * forward: a non-sticky failure in one step then failed every other step of the
+     * server. Sticky errors (a broken context) are not cleared by this and keep failing. */
+    (void)cudaGetLastError();
     return QD_ERR_BACKEND;
 }
 

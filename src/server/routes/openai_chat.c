@@ -37,6 +37,32 @@ static int prompt_opens_think(const char *t, size_t n) {
     return n >= 7 && !memcmp(t + n - 7, "<think>", 7);
 }
 
+/* With the prefix cache on: the conversation's length in tokens without the
+ * generation prompt, if it is a token prefix of the prompt (ids[0..n)), else 0. The
+ * engine snapshots there, because that is where the next turn will part from this
+ * prompt: templates render an earlier reply differently from the generation prompt
+ * that opened it (Qwen3.5 drops the <think> opener), so the snapshot one token before
+ * this prompt's end lies past the point the next turn shares. */
+static int history_tokens(srv_server *s, json_t *vars, const char *text, size_t len, const int32_t *ids, size_t n) {
+    if (s->cfg.engine.prefix_cache_bytes == 0) return 0;
+    json_object_set_new(vars, "add_generation_prompt", json_false());
+    char *h = NULL;
+    size_t hl = 0;
+    int32_t *hids = NULL;
+    size_t hn = 0;
+    qd_err err;
+    qd_err_clear(&err);
+    int at = 0;
+    if (qd_chat_template_render_json(s->tpl, vars, &k_limits, &h, &hl, &err) == QD_OK && hl > 0 && hl < len &&
+        !memcmp(h, text, hl) && qd_tokenizer_encode(s->tok, h, hl, 0, &hids, &hn, &err) == QD_OK && hn > 0 &&
+        hn < n && !memcmp(hids, ids, hn * sizeof(int32_t)))
+        at = (int)hn;
+    json_object_set_new(vars, "add_generation_prompt", json_true());
+    free(h);
+    free(hids);
+    return at;
+}
+
 void srv_route_chat(srv_server *s, json_t *req, srv_reply *r) {
     srv_error e;
     json_t *vars = NULL;
@@ -89,6 +115,7 @@ void srv_route_chat(srv_server *s, json_t *req, srv_reply *r) {
     }
     if (n > (size_t)1 << 30) n = (size_t)1 << 30;
     if (srv_check_length(s, (int)n, &g->o, &e)) goto fail;
+    g->o.rp.snapshot_at = history_tokens(s, vars, text, len, ids, n);
     if (srv_gen_submit(g, ids, (int)n, &e)) goto fail;
     r->status = 200;
     r->gen = g;
