@@ -173,6 +173,8 @@ static void property(qd_model *m, tier_budget tb) {
 
 typedef struct collector {
     int32_t toks[MAX_OUT];
+    int32_t alt[MAX_OUT];   /* with top logprobs: the runner-up of each step */
+    float gap[MAX_OUT];     /* its logprob distance to the chosen token; -1: not asked */
     int n;
     qd_finish_reason finish;
     int done;
@@ -184,7 +186,13 @@ static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static int on_event(void *user, const qd_engine_event *ev) {
     collector *c = user;
     pthread_mutex_lock(&g_mu);
-    if (ev->has_token && c->n < MAX_OUT) c->toks[c->n++] = ev->sample.token;
+    if (ev->has_token && c->n < MAX_OUT) {
+        const qd_sample_result *r = &ev->sample;
+        const int other = r->n_top >= 2 && r->top[0].id == r->token ? 1 : 0;
+        c->alt[c->n] = r->n_top >= 2 ? r->top[other].id : -1;
+        c->gap[c->n] = r->n_top >= 2 ? fabsf(r->logprob - r->top[other].logprob) : -1.0f;
+        c->toks[c->n++] = r->token;
+    }
     if (ev->finish != QD_FINISH_NONE) {
         c->finish = ev->finish;
         c->done = 1;
@@ -219,12 +227,15 @@ static qd_engine *make_engine(qd_model *m, size_t cache_bytes, int interval) {
     return make_engine_tiers(m, cache_bytes, 0, interval, 0);
 }
 
-static void run(qd_engine *e, const req *rs, int n, collector *cs) {
+/* Greedy; `top` > 0 (the references) also records each step's runner-up, which takes
+ * the request through the sampler instead of the forward's argmax. */
+static void run_top(qd_engine *e, const req *rs, int n, collector *cs, int top) {
     for (int i = 0; i < n; i++) {
         memset(&cs[i], 0, sizeof cs[i]);
         qd_request_params rp = {.sampling = qd_sampling_default_params(), .max_tokens = rs[i].max_tokens,
                                 .ignore_eos = true};
         rp.sampling.temperature = 0.0f;
+        rp.sampling.n_logprobs = top;
         uint64_t id;
         qd_err err = {0};
         if (qd_engine_submit(e, rs[i].prompt, rs[i].n_prompt, &rp, on_event, &cs[i], &id, &err) != QD_OK) {
@@ -238,6 +249,11 @@ static void run(qd_engine *e, const req *rs, int n, collector *cs) {
     pthread_mutex_unlock(&g_mu);
 }
 
+static void run(qd_engine *e, const req *rs, int n, collector *cs) { run_top(e, rs, n, cs, 0); }
+
+/* A reference run: greedy, recording the runner-ups that `same` needs. */
+static void run_ref(qd_engine *e, const req *rs, int n, collector *cs) { run_top(e, rs, n, cs, 2); }
+
 static void stats_idle(qd_engine *e, qd_engine_stats *s) {
     for (int tries = 0; tries < 500; tries++) { /* published at the next boundary */
         qd_engine_get_stats(e, s);
@@ -246,8 +262,27 @@ static void stats_idle(qd_engine *e, qd_engine_stats *s) {
     }
 }
 
-static int same(const collector *a, const collector *b) {
-    return a->n == b->n && a->finish == b->finish && memcmp(a->toks, b->toks, sizeof(int32_t) * (size_t)a->n) == 0;
+/* got's tokens are ref's. One way out: a step where ref's two best tokens are within
+ * NEAR_TIE of each other and got took the other one. With the cache a prompt's prefill
+ * is split at other positions (snapshot targets, the hit), and the CPU's chunked delta
+ * rule and matmuls round differently for other splits (logits differ by ~1e-5, without
+ * any snapshot: the "nothing fits" engine too), which can only decide a near tie; from
+ * there on the two outputs part legitimately. Any other difference fails. */
+#define NEAR_TIE 1e-4f
+static int near_ties;
+
+static int same(const collector *got, const collector *ref) {
+    for (int j = 0; j < got->n && j < ref->n; j++) {
+        if (got->toks[j] == ref->toks[j]) continue;
+        const int tie = ref->gap[j] >= 0 && ref->gap[j] < NEAR_TIE && got->toks[j] == ref->alt[j];
+        if (tie) {
+            near_ties++;
+            printf("  near tie at step %d: %d or %d, %.2e apart: the outputs part there\n", j, ref->toks[j],
+                   got->toks[j], (double)ref->gap[j]);
+        }
+        return tie;
+    }
+    return got->n == ref->n && got->finish == ref->finish;
 }
 
 #define N_REQ 14
@@ -290,7 +325,7 @@ static void exactness(qd_model *m, const char *dir) {
     make_requests(rs, V);
     qd_engine *e = make_engine(m, 0, 0);
     if (!e) return;
-    for (int i = 0; i < N_REQ; i++) run(e, &rs[i], 1, &ref[i]);
+    for (int i = 0; i < N_REQ; i++) run_ref(e, &rs[i], 1, &ref[i]);
     qd_engine_free(e);
     const size_t slot = (size_t)qd_model_state_bytes(m), host_snap = slot + 64;
     const size_t blocks = (size_t)qd_model_kv_bytes_per_token(m) * 16 * 64; /* room for 64 blocks on top */
@@ -371,7 +406,7 @@ static void multi_turn(qd_model *m, const char *dir, size_t cache_bytes, size_t 
         memcpy(r->prompt, conv, sizeof(int32_t) * (size_t)n);
         r->n_prompt = n;
         r->max_tokens = 4 + (int)(qd_test_next(&rng) % 12);
-        run(plain, r, 1, &ref[k]);
+        run_ref(plain, r, 1, &ref[k]);
         qd_engine_stats before, after;
         stats_idle(cached, &before);
         run(cached, r, 1, &got[k]);
@@ -381,11 +416,13 @@ static void multi_turn(qd_model *m, const char *dir, size_t cache_bytes, size_t 
         const int hit = (int)(after.prefix_hit_tokens - before.prefix_hit_tokens);
         if (k > 0) {
             /* the previous turn's prompt + reply, less its last token (never fed) */
-            const int want = turns[k - 1].n_prompt + ref[k - 1].n - 1;
+            const int want = turns[k - 1].n_prompt + got[k - 1].n - 1;
             CHECKF(hit >= want, "%s: turn %d hit %d tokens, expected at least %d (%zu + %zu bytes)", dir, k, hit, want,
                    cache_bytes, host_bytes);
         }
-        for (int t = 0; t < ref[k].n && n < MAX_PROMPT; t++) conv[n++] = ref[k].toks[t];
+        /* the conversation goes on with the reply the cached engine gave (equal to the
+         * reference's unless a near tie parted them): its finishing snapshot covers that */
+        for (int t = 0; t < got[k].n && n < MAX_PROMPT; t++) conv[n++] = got[k].toks[t];
     }
     qd_engine_free(plain);
     qd_engine_free(cached);
@@ -406,7 +443,7 @@ static void snapshot_hint(qd_model *m, const char *dir) {
     a.max_tokens = b.max_tokens = 3;
     qd_engine *plain = make_engine(m, 0, 0), *cached = make_engine(m, (size_t)1 << 30, 0);
     if (!plain || !cached) return;
-    run(plain, &b, 1, &ref);
+    run_ref(plain, &b, 1, &ref);
     for (int at = -1; at <= 1; at++) { /* 17, then an out-of-range value, then 0 */
         qd_engine_free(cached);
         cached = make_engine(m, (size_t)1 << 30, 0);
@@ -480,5 +517,6 @@ int main(void) {
                    (size_t)1 << 30);
         qd_model_free(tm);
     }
+    printf("near ties that parted an output from its reference: %d\n", near_ties);
     return qd_test_finish("test_prefix_cache");
 }
