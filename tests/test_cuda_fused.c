@@ -38,6 +38,7 @@
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_moe.h"
+#include "model/model.h"
 #include "qd_test_cuda.h"
 #endif
 
@@ -328,35 +329,6 @@ static void test_table_rules(void) {
 
 /* ----------------------------------------------------------- qd_cuda_moe_block */
 
-/* route_token of src/layers/moe.c, fp32 (the GPU routes fp32 logits the same way). */
-static void route_ref(const float *logits, int E, int k, int renorm, int32_t *sel, float *wsel) {
-    float *prob = malloc(sizeof(float) * (size_t)E);
-    float mx = -INFINITY;
-    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
-    float sum = 0.0f;
-    for (int e = 0; e < E; e++) {
-        prob[e] = expf(logits[e] - mx);
-        sum += prob[e];
-    }
-    for (int e = 0; e < E; e++) prob[e] /= sum;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int q = 0; q < j; q++) taken |= sel[q] == e;
-            if (!taken && (best < 0 || prob[e] > prob[best])) best = e;
-        }
-        sel[j] = best;
-        wsel[j] = prob[best];
-    }
-    if (renorm) {
-        float s = 0.0f;
-        for (int j = 0; j < k; j++) s += wsel[j];
-        for (int j = 0; j < k; j++) wsel[j] /= s;
-    }
-    free(prob);
-}
-
 typedef struct moe_case {
     int n, H, I, E, k, Is, renorm;
 } moe_case;
@@ -467,12 +439,13 @@ static void test_moe_block(const moe_case *mc) {
         }
     /* routing of the GPU's logits */
     int32_t rs[32];
-    float rw[32];
+    float rw[32], *prob = malloc(sizeof(float) * (size_t)E);
     for (int t = 0; t < n; t++) {
-        route_ref(lg + (size_t)t * (E + 1), E, k, mc->renorm, rs, rw);
+        qd_moe_route_token(lg + (size_t)t * (E + 1), E, k, mc->renorm, rs, rw, prob);
         for (int j = 0; j < k; j++)
             bad_r += gsel[t * k + j] != rs[j] || !(fabs(gw[t * k + j] - rw[j]) <= 1e-5 * fabs(rw[j]) + 1e-7);
     }
+    free(prob);
     /* the residual, from the GPU's x, routing and gate logit */
     double *o = malloc(sizeof(double) * H), *m = malloc(sizeof(double) * H), *ref = malloc(sizeof(double) * H),
            *mag = malloc(sizeof(double) * H);

@@ -1,7 +1,7 @@
 /* CUDA MoE kernels (router and routed experts) against a CPU reference, on
  * fresh random inputs (seed printed; QD_TEST_SEED replays it).
  *
- * Router: the CPU route_token of src/layers/moe.c reimplemented here in fp32;
+ * Router: the CPU router of src/layers/moe.c (qd_moe_route_token), in fp32;
  * logits are multiples of 1/64, so distinct logits give clearly distinct
  * probabilities and equal logits give bit-equal ones: the selection must
  * match exactly, ties included (many copied logits, one all-equal row).
@@ -29,6 +29,7 @@
 
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_moe.h"
+#include "model/model.h"
 #include "qd_test_cuda.h"
 #endif
 
@@ -39,33 +40,6 @@
 
 
 
-
-/* route_token of src/layers/moe.c, fp32. */
-static void route_ref(const float *logits, int E, int k, int renorm, int32_t *sel, float *wsel, float *prob) {
-    float mx = -INFINITY;
-    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
-    float sum = 0.0f;
-    for (int e = 0; e < E; e++) {
-        prob[e] = expf(logits[e] - mx);
-        sum += prob[e];
-    }
-    for (int e = 0; e < E; e++) prob[e] /= sum;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int q = 0; q < j; q++) taken |= sel[q] == e;
-            if (!taken && (best < 0 || prob[e] > prob[best])) best = e;
-        }
-        sel[j] = best;
-        wsel[j] = prob[best];
-    }
-    if (renorm) {
-        float s = 0.0f;
-        for (int j = 0; j < k; j++) s += wsel[j];
-        for (int j = 0; j < k; j++) wsel[j] /= s;
-    }
-}
 
 /* Router logits: multiples of 1/64 in [-4, 4), a quarter of them copies of
  * another logit of the same token (ties); skew > 0 adds +skew to experts 0
@@ -93,7 +67,7 @@ static void route_case(qd_test_rng *rng, int n, int E, int k, int renorm) {
     CHECK(lg && w && hw && prob && sel && hsel);
     if (!lg || !w || !hw || !prob || !sel || !hsel) goto out;
     make_logits(rng, lg, n, E, 0.0f, 1);
-    for (int t = 0; t < n; t++) route_ref(lg + (size_t)t * E, E, k, renorm, sel + (size_t)t * k, w + (size_t)t * k, prob);
+    for (int t = 0; t < n; t++) qd_moe_route_token(lg + (size_t)t * E, E, k, renorm, sel + (size_t)t * k, w + (size_t)t * k, prob);
     float *dlg = qd_test_dev_upload(lg, (size_t)n * E * 4), *dw = qd_test_dev_upload(NULL, (size_t)n * k * 4);
     int32_t *dsel = qd_test_dev_upload(NULL, (size_t)n * k * 4);
     CHECK(dlg && dw && dsel);
@@ -201,7 +175,7 @@ static int make_batch(qd_test_rng *rng, const experts_t *ex, batch_t *b, int n, 
     for (size_t i = 0; i < (size_t)n * H; i++) b->y0[i] = qd_test_normal(rng);
     make_logits(rng, lg, n, E, skew, 0);
     for (int t = 0; t < n; t++)
-        route_ref(lg + (size_t)t * E, E, k, renorm, b->sel + (size_t)t * k, b->w + (size_t)t * k, prob);
+        qd_moe_route_token(lg + (size_t)t * E, E, k, renorm, b->sel + (size_t)t * k, b->w + (size_t)t * k, prob);
     free(lg); free(prob);
     return 1;
 }

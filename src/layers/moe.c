@@ -7,8 +7,7 @@
 
 #include "model/model.h"
 
-/* Top-k of one token's router probabilities: highest first, ties to the lower index. */
-static void route_token(const float *logits, int E, int k, int renorm, int32_t *sel, float *wsel, float *prob) {
+void qd_moe_route_token(const float *logits, int E, int k, int renorm, int32_t *sel, float *wsel, float *prob) {
     float mx = -INFINITY;
     for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
     float sum = 0.0f;
@@ -63,7 +62,7 @@ qd_status qd_layer_moe_forward_experts(qd_context *ctx, const qd_moe_weights *w,
     /* route: router logits, then per token softmax + top-k */
     qd_cpu_matmul(pool, &w->router, x, n_rows, s->router);
     for (int r = 0; r < n_rows; r++)
-        route_token(s->router + (size_t)r * E, E, k, c->norm_topk_prob, s->moe_sel + (size_t)r * k,
+        qd_moe_route_token(s->router + (size_t)r * E, E, k, c->norm_topk_prob, s->moe_sel + (size_t)r * k,
                     s->moe_w + (size_t)r * k, s->moe_prob);
 
     /* group (token, slot) pairs by expert with a counting sort */

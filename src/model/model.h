@@ -309,6 +309,10 @@ qd_status qd_layer_gdn_forward(qd_context *ctx, const qd_layer *L, const qd_span
 qd_status qd_layer_attn_forward(qd_context *ctx, const qd_layer *L, const qd_span_rt *spans, int n_spans,
                                 int n_rows, const float *x, float *y);
 qd_status qd_layer_mlp_forward(qd_context *ctx, const qd_mlp_weights *w, int n_rows, const float *x, float *y);
+/* Top-k of one token's router logits [E] (fp32 softmax over all experts): sel [k] highest
+ * first, ties to the lower index; wsel [k] their probabilities, renormalised to sum 1 when
+ * renorm; prob [E] scratch. The reference the GPU routers are tested against. */
+void qd_moe_route_token(const float *logits, int E, int k, int renorm, int32_t *sel, float *wsel, float *prob);
 qd_status qd_layer_moe_forward(qd_context *ctx, const qd_moe_weights *w, int n_rows, const float *x, float *y);
 /* The MoE block restricted to experts [e0, e1) (the shared expert included): an
  * expert-parallel rank's share of the block's output. */
