@@ -27,7 +27,7 @@ typedef struct qd_comm_ops {
     /* rank r's buf [count] fp32 becomes the sum over the ranks, in place */
     qd_status (*all_reduce)(qd_comm_group *g, int rank, float *d_buf, size_t count, void *stream);
     /* releases every rank waiting in (or later entering) an all-reduce with an error */
-    void (*abort)(qd_comm_group *g);
+    void (*break_group)(qd_comm_group *g);
     void (*destroy)(qd_comm_group *g);
 } qd_comm_ops;
 
@@ -54,7 +54,7 @@ static inline qd_status qd_comm_all_reduce(qd_comm_group *g, int rank, float *d_
 }
 /* After a failure on one rank: the others' all-reduces fail instead of waiting forever;
  * the group cannot be used again. */
-static inline void qd_comm_abort(qd_comm_group *g) { g->ops->abort(g); }
+static inline void qd_comm_break(qd_comm_group *g) { g->ops->break_group(g); }
 static inline void qd_comm_destroy(qd_comm_group *g) {
     if (g) g->ops->destroy(g);
 }

@@ -9,7 +9,7 @@
  * The barriers only make sure an event is recorded before anyone waits on it (a wait on
  * an event not yet recorded would not wait); the device work stays asynchronous. An event
  * is recorded again only after the barrier that follows every wait on its previous record.
- * The barrier can be broken (abort), so that a rank that failed does not leave the others
+ * The barrier can be broken (qd_comm_break), so that a rank that failed does not leave the others
  * waiting. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -51,7 +51,7 @@ static bool barrier(local_comm *c, int size) {
 }
 
 static qd_status broken(void) {
-    return qd_tp_fail(QD_ERR_BACKEND, "tensor-parallel all-reduce aborted: another rank failed");
+    return qd_tp_fail(QD_ERR_BACKEND, "tensor-parallel all-reduce cancelled: another rank failed");
 }
 
 static qd_status local_all_reduce(qd_comm_group *g, int r, float *d_buf, size_t count, void *stream) {
@@ -71,7 +71,7 @@ static qd_status local_all_reduce(qd_comm_group *g, int r, float *d_buf, size_t 
     return qd_cuda_memcpy_d2d(d_buf, c->tmp[r], count * sizeof(float), stream);
 }
 
-static void local_abort(qd_comm_group *g) {
+static void local_break(qd_comm_group *g) {
     local_comm *c = g->impl;
     pthread_mutex_lock(&c->mu);
     c->broken = true;
@@ -94,7 +94,7 @@ static void local_destroy(qd_comm_group *g) {
     free(g);
 }
 
-static const qd_comm_ops k_local_ops = {local_all_reduce, local_abort, local_destroy};
+static const qd_comm_ops k_local_ops = {local_all_reduce, local_break, local_destroy};
 
 qd_status qd_comm_local_create(int size, int device, size_t max_count, qd_comm_group **out, qd_err *err) {
     *out = NULL;

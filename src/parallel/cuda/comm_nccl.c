@@ -15,7 +15,7 @@ bool qd_comm_nccl_available(void) { return true; }
 
 typedef struct nccl_comm {
     ncclComm_t comms[8];
-    bool aborted;
+    bool broken;
 } nccl_comm;
 
 static qd_status nccl_all_reduce(qd_comm_group *g, int r, float *d_buf, size_t count, void *stream) {
@@ -27,26 +27,26 @@ static qd_status nccl_all_reduce(qd_comm_group *g, int r, float *d_buf, size_t c
     return qd_tp_fail(QD_ERR_BACKEND, msg);
 }
 
-/* Aborting every rank's communicator makes the NCCL kernels of the others return instead
- * of waiting for a peer that will never come. */
-static void nccl_abort(qd_comm_group *g) {
+/* Breaking the group aborts every rank's NCCL communicator (ncclCommAbort): the NCCL
+ * kernels of the others return instead of waiting for a peer that will never come. */
+static void nccl_break(qd_comm_group *g) {
     nccl_comm *c = g->impl;
-    if (c->aborted) return;
-    c->aborted = true;
+    if (c->broken) return;
+    c->broken = true;
     for (int r = 0; r < g->size; r++)
         if (c->comms[r]) (void)ncclCommAbort(c->comms[r]);
 }
 
 static void nccl_destroy(qd_comm_group *g) {
     nccl_comm *c = g->impl;
-    if (c && !c->aborted)
+    if (c && !c->broken)
         for (int r = 0; r < g->size; r++)
             if (c->comms[r]) (void)ncclCommDestroy(c->comms[r]);
     free(c);
     free(g);
 }
 
-static const qd_comm_ops k_nccl_ops = {nccl_all_reduce, nccl_abort, nccl_destroy};
+static const qd_comm_ops k_nccl_ops = {nccl_all_reduce, nccl_break, nccl_destroy};
 
 qd_status qd_comm_nccl_create(int size, const int *devices, qd_comm_group **out, qd_err *err) {
     *out = NULL;

@@ -31,7 +31,7 @@ struct qd_tp_cuda_ctx {
     tp_rank ranks[QD_TP_MAX];
     int H;
     pthread_mutex_t mu;
-    int failed_rank;  /* the first rank that failed in a forward (-1: none); the group is then aborted */
+    int failed_rank;  /* the first rank that failed in a forward (-1: none); the group is then broken */
     char failure[QD_ERRMSG_SIZE];
 };
 
@@ -255,14 +255,14 @@ static qd_status forward_rank(void *arg, int r) {
     const qd_status s = qd_cuda_forward(rc, j->spans, j->n_spans, rc->spans_rt, j->n_rows, first ? j->n_logit_rows : 0,
                                         first ? j->out : &none);
     if (s != QD_OK) {
-        /* the first failure is the cause; the others fail because the group is aborted */
+        /* the first failure is the cause; the others fail because the group is broken */
         pthread_mutex_lock(&g->mu);
         if (g->failed_rank < 0) {
             g->failed_rank = r;
             snprintf(g->failure, sizeof g->failure, "%s", rc->err.msg);
         }
         pthread_mutex_unlock(&g->mu);
-        qd_comm_abort(g->comm);
+        qd_comm_break(g->comm);
     }
     return s;
 }
