@@ -33,6 +33,8 @@ import threading
 import time
 import urllib.parse
 
+from sse import sse_events
+
 
 def post(host, port, headers, body, timeout):
     """One /v1/completions request: (ids, logprobs, margins, finish_reason, error)."""
@@ -61,16 +63,8 @@ def post(host, port, headers, body, timeout):
         if not body.get("stream"):
             take(json.loads(r.read()))
         else:
-            buf = b""
-            while True:
-                chunk = r.read1(65536)
-                if not chunk:
-                    break
-                buf += chunk
-                while b"\n\n" in buf:
-                    ev, buf = buf.split(b"\n\n", 1)
-                    if ev.startswith(b"data: ") and ev[6:] != b"[DONE]":
-                        take(json.loads(ev[6:]))
+            for obj in sse_events(r):
+                take(obj)
         return ids, lps, margins, finish, err
     except (OSError, ValueError, http.client.HTTPException) as e:
         return [], [], [], None, f"{type(e).__name__}: {e}"

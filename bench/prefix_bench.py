@@ -29,6 +29,8 @@ import sys
 import threading
 import time
 
+from sse import sse_events
+
 
 def pct(xs, p):
     xs = sorted(xs)
@@ -67,28 +69,19 @@ def stream(port, path, body):
         err = f"HTTP {r.status}: {r.read()[:300]!r}"
         c.close()
         return time.perf_counter() - t0, "", 0, err
-    ttft, text, buf, ntok, err = None, [], b"", 0, None
-    while True:
-        chunk = r.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            if not ev.startswith(b"data: ") or ev[6:] == b"[DONE]":
-                continue
-            obj = json.loads(ev[6:])
-            if "error" in obj:
-                err = str(obj["error"].get("message", obj["error"]))[:300]
-            if obj.get("usage"):
-                ntok = obj["usage"].get("completion_tokens", 0)
-            for ch in obj.get("choices", []):
-                delta = ch.get("delta") or {}
-                piece = ch.get("text") or delta.get("content") or ""
-                # the first generated token may surface as reasoning, or as text held back
-                if ttft is None and (piece or delta.get("reasoning_content") or ch.get("logprobs")):
-                    ttft = time.perf_counter() - t0
-                text.append(piece)
+    ttft, text, ntok, err = None, [], 0, None
+    for obj in sse_events(r):
+        if "error" in obj:
+            err = str(obj["error"].get("message", obj["error"]))[:300]
+        if obj.get("usage"):
+            ntok = obj["usage"].get("completion_tokens", 0)
+        for ch in obj.get("choices", []):
+            delta = ch.get("delta") or {}
+            piece = ch.get("text") or delta.get("content") or ""
+            # the first generated token may surface as reasoning, or as text held back
+            if ttft is None and (piece or delta.get("reasoning_content") or ch.get("logprobs")):
+                ttft = time.perf_counter() - t0
+            text.append(piece)
     c.close()
     if ttft is None:  # nothing visible came back (e.g. a dummy model's special tokens): the whole request
         ttft = time.perf_counter() - t0
