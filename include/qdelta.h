@@ -146,7 +146,17 @@ typedef struct qd_context_params {
     int n_snap_slots;  /* GDN state snapshot slots kept in the backend's memory (device
                         * memory on a GPU), planned with the rest of the context; the
                         * prefix cache's first tier. 0 = none. */
+    int batch_invariant; /* 1 = batch-invariant mode: a sequence's logits are bit-identical
+                          * whatever else shares its forward calls (batch size, other
+                          * sequences, where its prompt was cut), on the CPU and CUDA: every
+                          * row is reduced in one fixed order (docs/batch-invariance.md).
+                          * Costs speed; the engine then also cuts prompts only at multiples
+                          * of the GDN chunk (QD_INVARIANT_ALIGN). Not for split models. */
 } qd_context_params;
+
+/* Batch-invariant mode: prompt pieces and prefix-cache restores start at multiples of
+ * this (the GDN chunk length of the chunked prefill on every backend). */
+#define QD_INVARIANT_ALIGN 64
 
 qd_context_params qd_context_default_params(void);
 

@@ -144,6 +144,7 @@ qd_status qd_cuda_ctx_create(qd_context *ctx) {
         (s = qd_cuda_malloc_host((void **)&g->lp_host, (size_t)ctx->params.max_batch * 4)) ||
         (s = qd_cuda_stream_create(&g->stream)) || (s = qd_cuda_blas_create(&g->blas, g->stream)))
         return fail(ctx, s, "pinned output buffers, the CUDA stream and cuBLAS");
+    g->invariant = ctx->params.batch_invariant != 0;
     g->graphs = calloc((size_t)ctx->params.max_seqs + 1, sizeof(void *));
     if (!g->graphs) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory");
     /* the chunked GDN prefill's scratch for any step, so that a forward never allocates */

@@ -121,6 +121,7 @@ typedef struct qd_cuda_ctx {
     qd_status (*reduce)(void *user, float *d_y, int n_rows, void *stream);
     void *reduce_user;
     int never_logits;
+    int invariant;                   /* batch-invariant mode (qd_context_params.batch_invariant) */
     /* GDN chunk plan: scratch reserved at creation for max_batch tokens, set per prefill step */
     qd_cuda_gdn_plan plan;
     /* CUDA graphs of pure decode steps, by batch size (index n_seqs) */
