@@ -165,7 +165,7 @@ static void test_batch(qd_threadpool *pool, int n_items) {
             CHECKF(0, "out of memory");
             return;
         }
-        items[i] = (qd_matmul_item){&t[i].w, xs[i], n, yb[i]};
+        items[i] = (qd_matmul_item){&t[i].w, xs[i], n, yb[i], 0};
         qd_cpu_matmul(pool, &t[i].w, xs[i], n, ya[i]);
     }
     qd_cpu_matmul_batch(pool, items, n_items);
@@ -189,6 +189,49 @@ static void test_batch(qd_threadpool *pool, int n_items) {
 }
 
 /* ------------------------------------------------------------ throughput */
+
+/* fixed_order (batch-invariant mode): each x row's outputs are bit-identical whatever n
+ * and wherever the row sits in the batch, and correct; without it the GEMM of larger n
+ * may round differently (not checked: allowed). Every dtype, odd column counts. */
+static void test_fixed_order(qd_threadpool *pool) {
+    static const int64_t shapes[][2] = {{37, 64}, {130, 200}, {9, 1000}, {64, 13}};
+    static const int64_t batch[] = {1, 2, 4, 5, 33, 64, 130};
+    static const qd_dtype dts[] = {QD_DTYPE_BF16, QD_DTYPE_F16, QD_DTYPE_F32};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t rows = shapes[si][0], cols = shapes[si][1], nmax = 130;
+        test_w t;
+        const qd_dtype dt = dts[si % 3];
+        float *x = rand_floats((size_t)(nmax * cols)), *y1 = nan_floats((size_t)rows);
+        float *xb = malloc(sizeof(float) * (size_t)(nmax * cols)), *yb = nan_floats((size_t)(nmax * rows));
+        if (!make_weight(&t, dt, rows, cols) || !x || !y1 || !xb || !yb) {
+            CHECKF(0, "out of memory");
+            return;
+        }
+        int differ = 0, wrong = 0;
+        for (size_t bi = 0; bi < sizeof batch / sizeof batch[0]; bi++) {
+            const int64_t n = batch[bi];
+            /* the rows of x in a rotated order: row j of the batch is x row (j + shift) % n */
+            const int64_t shift = (int64_t)(qd_test_uniform(&rng) * 0.5 * (double)n + 0.5 * (double)n) % n;
+            for (int64_t j = 0; j < n; j++)
+                memcpy(xb + j * cols, x + ((j + shift) % n) * cols, sizeof(float) * (size_t)cols);
+            qd_cpu_matmul_mode(pool, &t.w, xb, n, yb, 1);
+            wrong += check_result(&t, xb, n, yb, "fixed order");
+            for (int64_t j = 0; j < n; j++) {
+                qd_cpu_matmul_mode(pool, &t.w, xb + j * cols, 1, y1, 1);
+                if (memcmp(y1, yb + j * rows, sizeof(float) * (size_t)rows) != 0) differ++;
+            }
+        }
+        CHECKF(wrong == 0, "fixed order %s %lldx%lld: %d wrong", qd_dtype_name(dt), (long long)rows, (long long)cols,
+               wrong);
+        CHECKF(differ == 0, "fixed order %s %lldx%lld: %d batched rows differ from the same row alone",
+               qd_dtype_name(dt), (long long)rows, (long long)cols, differ);
+        free_weight(&t);
+        free(x);
+        free(xb);
+        free(y1);
+        free(yb);
+    }
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -267,6 +310,8 @@ int main(void) {
         test_batch(NULL, 13);
         test_batch(pool, 13);
         test_batch(pool, 300);
+        test_fixed_order(NULL);
+        test_fixed_order(pool);
     }
 
     if (!getenv("QD_TEST_NO_BENCH")) {

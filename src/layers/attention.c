@@ -16,9 +16,9 @@ qd_status qd_layer_attn_forward(qd_context *ctx, const qd_layer *L, const qd_spa
     const int qd = nq * hd, kvd = nkv * hd, gated = c->attn_output_gate;
     const int q_rows = qd * (gated ? 2 : 1);
 
-    qd_cpu_matmul(m->pool, &w->q, x, n_rows, s->proj);   /* [n][nq][(q|gate)] */
-    qd_cpu_matmul(m->pool, &w->k, x, n_rows, s->proj2);  /* [n][nkv][hd] */
-    qd_cpu_matmul(m->pool, &w->v, x, n_rows, s->proj3);  /* [n][nkv][hd] */
+    qd_ctx_matmul(ctx, &w->q, x, n_rows, s->proj);   /* [n][nq][(q|gate)] */
+    qd_ctx_matmul(ctx, &w->k, x, n_rows, s->proj2);  /* [n][nkv][hd] */
+    qd_ctx_matmul(ctx, &w->v, x, n_rows, s->proj3);  /* [n][nkv][hd] */
 
     /* split per head [q | gate] into contiguous q (s->u) and gate (s->gate) */
     for (int r = 0; r < n_rows; r++) {
@@ -52,6 +52,6 @@ qd_status qd_layer_attn_forward(qd_context *ctx, const qd_layer *L, const qd_spa
     }
     if (gated)
         for (size_t i = 0; i < (size_t)n_rows * qd; i++) s->o[i] *= qd_sigmoid(s->gate[i]);
-    qd_cpu_matmul(m->pool, &w->o, s->o, n_rows, y);
+    qd_ctx_matmul(ctx, &w->o, s->o, n_rows, y);
     return QD_OK;
 }

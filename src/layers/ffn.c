@@ -2,12 +2,11 @@
 #include "model/model.h"
 
 qd_status qd_layer_mlp_forward(qd_context *ctx, const qd_mlp_weights *w, int n_rows, const float *x, float *y) {
-    qd_threadpool *pool = ctx->model->pool;
     qd_scratch *s = &ctx->s;
     const int64_t I = w->gate.rows;
-    qd_cpu_matmul(pool, &w->gate, x, n_rows, s->ffn_a);
-    qd_cpu_matmul(pool, &w->up, x, n_rows, s->ffn_b);
+    qd_ctx_matmul(ctx, &w->gate, x, n_rows, s->ffn_a);
+    qd_ctx_matmul(ctx, &w->up, x, n_rows, s->ffn_b);
     qd_cpu_silu_mul(s->ffn_a, s->ffn_b, n_rows * I, s->ffn_a);
-    qd_cpu_matmul(pool, &w->down, s->ffn_a, n_rows, y);
+    qd_ctx_matmul(ctx, &w->down, s->ffn_a, n_rows, y);
     return QD_OK;
 }

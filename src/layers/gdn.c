@@ -14,7 +14,12 @@ static const struct { int max_T; gdn_kernel fn; } k_gdn_table[] = {
     {1 << 30, qd_cpu_gdn_chunked},
 };
 
-static gdn_kernel pick_gdn_kernel(int T) {
+/* Batch-invariant mode: only one-token spans (decode) take the recurrence. A prompt
+ * piece then always runs the chunked form from its first token, and since the engine
+ * starts pieces at multiples of the chunk (QD_INVARIANT_ALIGN), each chunk holds the
+ * same tokens however the prompt was cut. */
+static gdn_kernel pick_gdn_kernel(int T, int invariant) {
+    if (invariant) return T == 1 ? qd_cpu_gdn_recurrent : qd_cpu_gdn_chunked;
     for (size_t i = 0; i < sizeof k_gdn_table / sizeof k_gdn_table[0]; i++)
         if (T <= k_gdn_table[i].max_T) return k_gdn_table[i].fn;
     return qd_cpu_gdn_chunked;
@@ -29,10 +34,10 @@ qd_status qd_layer_gdn_forward(qd_context *ctx, const qd_layer *L, const qd_span
     const int hk = c->gdn_hk, hv = c->gdn_hv, dk = c->gdn_dk, dv = c->gdn_dv, K = c->gdn_conv_kernel;
     const int key_dim = hk * dk, conv_dim = qd_config_conv_dim(c), value_dim = qd_config_value_dim(c);
 
-    qd_cpu_matmul(m->pool, &w->in_qkv, x, n_rows, s->proj);  /* [n][conv_dim] */
-    qd_cpu_matmul(m->pool, &w->in_z, x, n_rows, s->proj2);   /* [n][value_dim] */
-    qd_cpu_matmul(m->pool, &w->in_b, x, n_rows, s->proj3);   /* [n][hv] */
-    qd_cpu_matmul(m->pool, &w->in_a, x, n_rows, s->proj4);   /* [n][hv] */
+    qd_ctx_matmul(ctx, &w->in_qkv, x, n_rows, s->proj);  /* [n][conv_dim] */
+    qd_ctx_matmul(ctx, &w->in_z, x, n_rows, s->proj2);   /* [n][value_dim] */
+    qd_ctx_matmul(ctx, &w->in_b, x, n_rows, s->proj3);   /* [n][hv] */
+    qd_ctx_matmul(ctx, &w->in_a, x, n_rows, s->proj4);   /* [n][hv] */
 
     const size_t conv_state = (size_t)conv_dim * (K - 1);
     const size_t ssm_state = (size_t)hv * dk * dv;
@@ -61,13 +66,13 @@ qd_status qd_layer_gdn_forward(qd_context *ctx, const qd_layer *L, const qd_span
             .o = s->o + r0 * value_dim,
             .T = spans[i].T,
         };
-        gdn_kernel fn = pick_gdn_kernel(spans[i].T);
+        gdn_kernel fn = pick_gdn_kernel(spans[i].T, ctx->params.batch_invariant);
         if (fn == qd_cpu_gdn_recurrent) ctx->gdn_spans[n_multi++] = sp;
         else fn(m->pool, dims, &sp);
     }
     if (n_multi == 1) qd_cpu_gdn_recurrent(m->pool, dims, &ctx->gdn_spans[0]);
     else qd_cpu_gdn_recurrent_multi(m->pool, dims, ctx->gdn_spans, n_multi);
     qd_cpu_gated_rmsnorm(s->o, s->proj2, w->norm_w, n_rows, hv, dv, c->rms_norm_eps, s->u);
-    qd_cpu_matmul(m->pool, &w->out, s->u, n_rows, y);
+    qd_ctx_matmul(ctx, &w->out, s->u, n_rows, y);
     return QD_OK;
 }

@@ -44,13 +44,14 @@ qd_status qd_layer_moe_forward_experts(qd_context *ctx, const qd_moe_weights *w,
     const qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
     qd_threadpool *pool = m->pool;
+    const int inv = ctx->params.batch_invariant; /* experts sum rows in one order */
     qd_scratch *s = &ctx->s;
     const int H = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok, I = c->moe_intermediate_size;
 
     /* shared expert first, straight into y */
     if (w->has_shared) {
         QD_TRY(qd_layer_mlp_forward(ctx, &w->shared, n_rows, x, y));
-        qd_cpu_matmul(pool, &w->shared_gate, x, n_rows, s->g); /* [n][1] */
+        qd_ctx_matmul(ctx, &w->shared_gate, x, n_rows, s->g); /* [n][1] */
         for (int r = 0; r < n_rows; r++) {
             float gsig = qd_sigmoid(s->g[r]);
             for (int i = 0; i < H; i++) y[(size_t)r * H + i] *= gsig;
@@ -60,7 +61,7 @@ qd_status qd_layer_moe_forward_experts(qd_context *ctx, const qd_moe_weights *w,
     }
 
     /* route: router logits, then per token softmax + top-k */
-    qd_cpu_matmul(pool, &w->router, x, n_rows, s->router);
+    qd_ctx_matmul(ctx, &w->router, x, n_rows, s->router);
     for (int r = 0; r < n_rows; r++)
         qd_moe_route_token(s->router + (size_t)r * E, E, k, c->norm_topk_prob, s->moe_sel + (size_t)r * k,
                     s->moe_w + (size_t)r * k, s->moe_prob);
@@ -86,8 +87,8 @@ qd_status qd_layer_moe_forward_experts(qd_context *ctx, const qd_moe_weights *w,
             int n = count[e + 1] - count[e];
             if (!n) continue;
             size_t off = (size_t)count[e];
-            items[n_items++] = (qd_matmul_item){&w->experts[e].gate, s->moe_x + off * H, n, s->ffn_a + off * I};
-            items[n_items++] = (qd_matmul_item){&w->experts[e].up, s->moe_x + off * H, n, s->ffn_b + off * I};
+            items[n_items++] = (qd_matmul_item){&w->experts[e].gate, s->moe_x + off * H, n, s->ffn_a + off * I, inv};
+            items[n_items++] = (qd_matmul_item){&w->experts[e].up, s->moe_x + off * H, n, s->ffn_b + off * I, inv};
         }
         qd_cpu_matmul_batch(pool, items, n_items);
         base_e = e;
@@ -102,7 +103,7 @@ qd_status qd_layer_moe_forward_experts(qd_context *ctx, const qd_moe_weights *w,
             int n = count[e + 1] - count[e];
             if (!n) continue;
             size_t off = (size_t)count[e];
-            items[n_items++] = (qd_matmul_item){&w->experts[e].down, s->ffn_a + off * I, n, s->moe_y + off * H};
+            items[n_items++] = (qd_matmul_item){&w->experts[e].down, s->ffn_a + off * I, n, s->moe_y + off * H, inv};
         }
         qd_cpu_matmul_batch(pool, items, n_items);
         base_e = e;

@@ -70,6 +70,11 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
     if (p.max_seqs < 1 || p.max_ctx < 1 || p.max_batch < 1)
         return qd_seterr(&m->err, QD_ERR_INVALID_ARG, "context params must be positive (max_seqs %d, max_ctx %d, max_batch %d)",
                          p.max_seqs, p.max_ctx, p.max_batch);
+    /* a split model's all-reduces sum the ranks' partial rows in an order the
+     * communicator picks by message size, i.e. by batch size */
+    if (p.batch_invariant && m->tp)
+        return qd_seterr(&m->err, QD_ERR_UNSUPPORTED,
+                         "batch-invariant mode is not available for a tensor- or expert-parallel model");
     const qd_config *c = &m->cfg;
     qd_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory for a context");

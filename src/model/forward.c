@@ -120,7 +120,7 @@ static qd_status logits_out(qd_context *ctx, const qd_span *spans, int n_spans, 
                            s->x + (size_t)lr * H, H);
     }
     if (out->logits) {
-        qd_cpu_matmul(m->pool, &m->lm_head, s->x, n_logit_rows, out->logits);
+        qd_ctx_matmul(ctx, &m->lm_head, s->x, n_logit_rows, out->logits);
         if (out->ids)
             for (int r = 0; r < n_logit_rows; r++)
                 out->ids[r] = argmax_row(out->logits + (size_t)r * c->vocab_size, out->vocab_limit,
@@ -128,7 +128,7 @@ static qd_status logits_out(qd_context *ctx, const qd_span *spans, int n_spans, 
         return QD_OK;
     }
     for (int r = 0; r < n_logit_rows; r++) {
-        qd_cpu_matmul(m->pool, &m->lm_head, s->x + (size_t)r * H, 1, ctx->row_logits);
+        qd_ctx_matmul(ctx, &m->lm_head, s->x + (size_t)r * H, 1, ctx->row_logits);
         out->ids[r] = argmax_row(ctx->row_logits, out->vocab_limit, out->logprobs ? out->logprobs + r : NULL);
     }
     return QD_OK;

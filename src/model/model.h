@@ -228,6 +228,12 @@ static inline size_t qd_kv_offset(const qd_context *ctx, int seq, int attn_index
     return (size_t)b * kv->block_floats + ((size_t)attn_index * kv->block_size + (size_t)(p % kv->block_size)) * kvd;
 }
 
+/* y[n][rows] = x . W^T for the layers of a context's forward: in batch-invariant mode
+ * every row is summed in one order whatever n (qd_matmul_item.fixed_order). */
+static inline void qd_ctx_matmul(const qd_context *ctx, const qd_weight *w, const float *x, int64_t n, float *y) {
+    qd_cpu_matmul_mode(ctx->model->pool, w, x, n, y, ctx->params.batch_invariant);
+}
+
 /* ------------------------------------------ sequence state snapshots (kv_cache.c) */
 
 /* A host snapshot: int64 length, padding to QD_SNAP_HEADER bytes, conv floats, ssm floats. */

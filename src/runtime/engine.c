@@ -183,6 +183,10 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
                          "prefix_snapshot_interval %d >= 0",
                          p.max_num_seqs, p.max_model_len, p.max_batch_tokens, p.kv_block_size, p.max_waiting,
                          p.n_kv_blocks, p.prefix_snapshot_interval);
+    if (p.batch_invariant && p.max_batch_tokens < 2 * QD_INVARIANT_ALIGN)
+        return qd_seterr(err, QD_ERR_INVALID_ARG,
+                         "batch-invariant mode needs max_batch_tokens >= %d (prompts are cut at multiples of %d), "
+                         "got %d", 2 * QD_INVARIANT_ALIGN, QD_INVARIANT_ALIGN, p.max_batch_tokens);
     qd_engine *e = calloc(1, sizeof *e);
     if (!e) return qd_seterr(err, QD_ERR_OOM, "out of memory for an engine");
     pthread_mutex_init(&e->mu, NULL);
@@ -199,6 +203,7 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
     cp.kv_block_size = p.kv_block_size;
     cp.n_kv_blocks = p.n_kv_blocks;
     cp.n_snap_slots = prefix_device_slots(model, &p);
+    cp.batch_invariant = p.batch_invariant;
     qd_status st = qd_context_create(model, &cp, &e->ctx);
     if (st != QD_OK) {
         qd_seterr(err, st, "engine context: %s", qd_model_errmsg(model));

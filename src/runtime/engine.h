@@ -44,6 +44,12 @@ typedef struct qd_engine_params {
     /* The optional second tier: host memory for snapshots moved out of the full device
      * tier (restored from there on a hit); 0: none, they are dropped. */
     size_t prefix_cache_host_bytes;
+    /* Batch-invariant mode (qd_context_params.batch_invariant): a request's tokens are
+     * exactly those it gets alone, whatever else runs beside it. Needs
+     * max_batch_tokens >= 2 * QD_INVARIANT_ALIGN; prompts are cut into pieces only at
+     * multiples of QD_INVARIANT_ALIGN, and the prefix cache snapshots and restores only
+     * there (see scheduler.c). */
+    int batch_invariant;
 } qd_engine_params;
 
 qd_engine_params qd_engine_default_params(void);

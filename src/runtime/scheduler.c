@@ -36,6 +36,47 @@ void qd_req_list_remove(qd_req_list *l, qd_request *r) {
     l->count--;
 }
 
+/* ------------------------------------------------ batch-invariant mode
+ * A prompt token's result may not depend on how its prompt was cut into pieces over
+ * the steps. Every op of the forward is computed row by row in one order in this mode
+ * (qd_context_params.batch_invariant) except the GDN delta rule, whose chunked form
+ * groups a piece's tokens in chunks of QD_INVARIANT_ALIGN from the piece's first
+ * token while a one-token piece takes the recurrence. So here:
+ *   - a prompt piece starts at a multiple of the alignment (0, the end of the previous
+ *     piece, or a cached prefix) and ends at one, or at the end of the prompt;
+ *   - it never leaves exactly one prompt token for the next piece (that token would
+ *     take the recurrence, where the whole prompt's last chunk takes the chunked form);
+ *   - tokens past the prompt (generated ones fed again after a preemption) go one per
+ *     step, as they were when decoded;
+ *   - snapshots are taken, and prefixes restored, only at such boundaries inside the
+ *     prompt: a state that went through decode steps is not the one a prefill of the
+ *     same tokens gives, so a finished request's state is not cached. */
+static int invariant(const qd_engine *e) { return e->params.batch_invariant; }
+
+/* The largest permitted end, at most `end`, of r's next piece starting at c; c when
+ * none is (the request waits for a step with more room). */
+static int invariant_end(const qd_request *r, int c, int end) {
+    const int L = r->n_prompt, A = QD_INVARIANT_ALIGN;
+    if (c >= L) return end > c ? c + 1 : c;
+    if (end >= L) return L;
+    int e = end / A * A;
+    if (L - e == 1) e -= A;
+    return e > c ? e : c;
+}
+
+/* The boundary where a snapshot wanted at prompt position x is taken. */
+static int invariant_snap_pos(const qd_request *r, int x) {
+    const int L = r->n_prompt;
+    if (x > L - 2) x = L - 2;
+    return x < 0 ? 0 : x / QD_INVARIANT_ALIGN * QD_INVARIANT_ALIGN;
+}
+
+/* The snapshot interval: a multiple of the alignment. */
+static int snapshot_interval(const qd_engine *e) {
+    const int iv = e->params.prefix_snapshot_interval, A = QD_INVARIANT_ALIGN;
+    return invariant(e) && iv > 0 ? (iv + A - 1) / A * A : iv;
+}
+
 /* The prefix cache's model identity: one base model per engine for now; a LoRA
  * adapter would get its own key so that snapshots never cross adapters. */
 #define PREFIX_KEY_BASE 0
@@ -46,6 +87,7 @@ void qd_req_list_remove(qd_req_list *l, qd_request *r) {
  * cache is optional. */
 static void take_snapshot(qd_engine *e, qd_request *r) {
     if (!e->pc || r->slot < 0 || r->n_computed < 1) return;
+    if (invariant(e) && (r->n_computed % QD_INVARIANT_ALIGN || r->n_computed > r->n_prompt - 2)) return;
     qd_prefix_cache_store(e->pc, PREFIX_KEY_BASE, r->tokens, r->n_computed, r->slot);
 }
 
@@ -59,22 +101,25 @@ static int snapshot_at(const qd_request *r) {
  * is cut there), INT_MAX for none. */
 static int next_snapshot_target(const qd_engine *e, const qd_request *r) {
     if (!e->pc || r->n_computed >= r->n_prompt - 1) return INT_MAX;
-    int t = r->n_prompt - 1; /* one short: a repeat of this prompt still has a token to compute */
-    if (r->snap_branch > r->n_computed && r->snap_branch < t) t = r->snap_branch;
-    const int at = snapshot_at(r);
-    if (at > r->n_computed && at < t) t = at;
-    const int iv = e->params.prefix_snapshot_interval;
-    if (iv > 0) {
-        int m = (r->n_computed / iv + 1) * iv;
-        if (m < t) t = m;
+    const int c = r->n_computed, iv = snapshot_interval(e);
+    /* one short of the end: a repeat of this prompt still has a token to compute */
+    int want[4] = {r->n_prompt - 1, r->snap_branch, snapshot_at(r), iv > 0 ? (c / iv + 1) * iv : 0};
+    int t = INT_MAX;
+    for (int i = 0; i < 4; i++) {
+        const int x = invariant(e) ? invariant_snap_pos(r, want[i]) : want[i];
+        if (x > c && x < t) t = x;
     }
     return t;
 }
 
 /* After a prefill chunk: does it end where next_snapshot_target wanted a snapshot? */
 static int at_snapshot_target(const qd_engine *e, const qd_request *r) {
-    const int c = r->n_computed, iv = e->params.prefix_snapshot_interval;
-    return c == r->n_prompt - 1 || c == r->snap_branch || c == snapshot_at(r) || (iv > 0 && c % iv == 0);
+    const int c = r->n_computed, iv = snapshot_interval(e);
+    if (iv > 0 && c % iv == 0) return 1;
+    const int want[3] = {r->n_prompt - 1, r->snap_branch, snapshot_at(r)};
+    for (int i = 0; i < 3; i++)
+        if (want[i] > 0 && c == (invariant(e) ? invariant_snap_pos(r, want[i]) : want[i])) return 1;
+    return 0;
 }
 
 /* Takes r out of the running array (keeping admission order) and gives its slot and
@@ -183,12 +228,15 @@ static int schedule_running(qd_engine *e, int *budget) {
     int n_spans = 0;
     for (int i = 0; i < e->n_running && *budget > 0; i++) {
         qd_request *r = e->running[i];
-        int chunk = min_i(r->n_tokens - r->n_computed, *budget);
+        const int c = r->n_computed;
+        int chunk = min_i(r->n_tokens - c, *budget);
+        if (invariant(e) && (chunk = invariant_end(r, c, c + chunk) - c) == 0) continue;
         int self_preempted = 0;
         while (qd_kv_blocks_needed(e->ctx, r->slot, chunk) > avail_blocks(e)) {
             /* cached prefixes give way before any running request does */
             if (e->pc && qd_prefix_cache_reclaimable_blocks(e->pc) > 0 && qd_prefix_cache_evict_one(e->pc)) continue;
             int fit = tokens_fitting(e, r, chunk, avail_blocks(e));
+            if (invariant(e)) fit = invariant_end(r, c, c + fit) - c;
             if (fit >= 1) {
                 chunk = fit;
                 continue;
@@ -219,9 +267,12 @@ static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
         for (;;) {
             /* at most n_tokens - 1 from the cache: the last known token is always
              * computed, which gives the logits for the next one */
-            if (e->pc) qd_prefix_cache_lookup(e->pc, PREFIX_KEY_BASE, r->tokens, r->n_tokens - 1, &hit);
+            /* (batch-invariant: only prompt boundaries are cached; at most n_prompt - 2) */
+            const int most = invariant(e) ? min_i(r->n_tokens - 1, r->n_prompt - 2) : r->n_tokens - 1;
+            if (e->pc && most >= 1) qd_prefix_cache_lookup(e->pc, PREFIX_KEY_BASE, r->tokens, most, &hit);
             start = hit.n_tokens;
             chunk = min_i(r->n_tokens - start, *budget);
+            if (invariant(e) && (chunk = invariant_end(r, start, start + chunk) - start) == 0) return n_spans;
             if (qd_kv_total_blocks(e->ctx) == 0) break;
             const int bs = e->ctx->kv.block_size, part = start % bs;
             const int free_b = avail_blocks(e) - e->n_running;
@@ -236,6 +287,7 @@ static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
             /* a lone request may take the whole pool (submit checked that it fits) */
             if (e->n_running > 0 || fit < 1) return n_spans;
             chunk = min_i(chunk, fit);
+            if (invariant(e) && (chunk = invariant_end(r, start, start + chunk) - start) == 0) return n_spans;
             break;
         }
         qd_req_list_remove(&e->waiting, r);

@@ -36,8 +36,14 @@ typedef struct qd_matmul_item {
     const float *x;
     int64_t n;
     float *y;
+    int fixed_order;    /* 1: sum every row in the one order of the GEMV kernels whatever n
+                         * (batch-invariant mode); 0: the kernel table picks by n, and the
+                         * GEMM of larger n sums in another order (rounding differs) */
 } qd_matmul_item;
 void qd_cpu_matmul_batch(qd_threadpool *pool, const qd_matmul_item *items, int n_items);
+/* qd_cpu_matmul with the item's fixed_order. */
+void qd_cpu_matmul_mode(qd_threadpool *pool, const qd_weight *w, const float *x, int64_t n, float *y,
+                        int fixed_order);
 
 /* ------------------------------------------------------------------ gdn.c */
 

@@ -19,8 +19,11 @@
 #endif
 
 #include "backend/cpu/cpu_ops.h"
+#include "qdelta.h"
 
 #define GDN_CHUNK 64 /* chunk length C of the WY form (spec 4.1) */
+/* batch-invariant mode starts prompt pieces on chunk boundaries */
+_Static_assert(GDN_CHUNK == QD_INVARIANT_ALIGN, "the invariant alignment must be the GDN chunk");
 #define GDN_VT 16    /* dv columns per register tile (two AVX2 vectors) */
 #define GDN_RECUR_MAXDK 256 /* largest dk whose recurrent tile is copied (16 KiB of stack) */
 #define GDN_RECUR_TB 64     /* tokens per block of the recurrence */

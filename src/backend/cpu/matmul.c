@@ -195,7 +195,10 @@ typedef struct mm_job {
     double total;
 } mm_job;
 
-static int use_gemv(const qd_matmul_item *it) { return it->n <= QD_MM_GEMV_MAX_N; }
+/* The GEMV kernels sum a row the same way for every n (8 lanes over the columns, the
+ * same horizontal sum, the same scalar tail; x rows only share the weight loads), so
+ * fixed_order keeps them at any n. */
+static int use_gemv(const qd_matmul_item *it) { return it->n <= QD_MM_GEMV_MAX_N || it->fixed_order; }
 
 static void run_task(const qd_matmul_item *it, const mm_task *t) {
     const qd_weight *w = it->w;
@@ -334,7 +337,12 @@ void qd_cpu_matmul_batch(qd_threadpool *pool, const qd_matmul_item *items, int n
     if (tasks != stack_tasks) free(tasks);
 }
 
-void qd_cpu_matmul(qd_threadpool *pool, const qd_weight *w, const float *x, int64_t n, float *y) {
-    qd_matmul_item it = {w, x, n, y};
+void qd_cpu_matmul_mode(qd_threadpool *pool, const qd_weight *w, const float *x, int64_t n, float *y,
+                        int fixed_order) {
+    qd_matmul_item it = {w, x, n, y, fixed_order};
     qd_cpu_matmul_batch(pool, &it, 1);
+}
+
+void qd_cpu_matmul(qd_threadpool *pool, const qd_weight *w, const float *x, int64_t n, float *y) {
+    qd_cpu_matmul_mode(pool, w, x, n, y, 0);
 }

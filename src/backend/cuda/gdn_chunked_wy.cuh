@@ -12,9 +12,12 @@
 #define QD_CUDA_GDN_CHUNKED_WY_CUH
 
 #include "backend/cuda/gdn_chunked_mma.cuh"
+#include "qdelta.h"
 #include "backend/cuda/gdn_common.cuh"
 
 #define QD_CH 64  /* chunk length */
+/* batch-invariant mode starts prompt pieces on chunk boundaries */
+static_assert(QD_CH == QD_INVARIANT_ALIGN, "the invariant alignment must be the GDN chunk");
 #define QD_GV 144 /* floats per gate vector */
 
 /* Scratch written here, one piece per (chunk, value head) at index c * hv + h:

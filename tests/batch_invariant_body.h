@@ -1,0 +1,251 @@
+/* Batch-invariant mode end to end through the serving engine (included by
+ * test_batch_invariant.c on the CPU and test_cuda_batch_invariant.c on the GPU).
+ *
+ * With qd_engine_params.batch_invariant a request's tokens and their logprobs must be
+ * bit-identical to its solo run whatever runs beside it. Reference: each request alone
+ * on an engine whose step budget never cuts a prompt. Then, on other engines, all at
+ * once:
+ *   (a) a budget of 128 tokens per step: prompts cut into pieces, prefills mixed with
+ *       decodes of other requests, batches of every size;
+ *   (b) a KV pool far too small: preemptions, whose recompute feeds prompt and
+ *       generated tokens again;
+ *   (c) the prefix cache on, prompts sharing a 130-token prefix, run twice: the second
+ *       round restores cached states;
+ * and the same requests alone again (run-to-run). Requests: prompt lengths around the
+ * 64-token alignment (1, 2, 63..66, 127..129, 150) and random, greedy through the
+ * forward's argmax, greedy through the sampler (top-2 logprobs reported) and seeded
+ * temperature sampling: all compared token for token and logprob for logprob (bits).
+ * Also: an engine asking for batch-invariant mode with a step budget below two
+ * alignments is refused with a message naming it. */
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "qd_test.h"
+#include "runtime/engine.h"
+
+#define BI_REQ 20
+#define BI_MAX_OUT 24
+#define BI_MAX_PROMPT 200
+
+static qd_test_rng rng;
+static pthread_mutex_t bi_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t bi_cv = PTHREAD_COND_INITIALIZER;
+static int bi_gate_closed; /* under bi_mu: the gate request's callback waits while set */
+
+typedef struct bi_out {
+    int32_t toks[BI_MAX_OUT];
+    float lps[BI_MAX_OUT];
+    int n, done, gate;
+    qd_finish_reason finish;
+    char error[256];
+} bi_out;
+
+typedef struct bi_req {
+    int32_t prompt[BI_MAX_PROMPT];
+    int n_prompt;
+    qd_request_params rp;
+} bi_req;
+
+static int bi_event(void *user, const qd_engine_event *ev) {
+    bi_out *o = user;
+    pthread_mutex_lock(&bi_mu);
+    if (ev->has_token && o->n < BI_MAX_OUT) {
+        o->toks[o->n] = ev->sample.token;
+        o->lps[o->n++] = ev->sample.logprob;
+    }
+    if (ev->finish != QD_FINISH_NONE) {
+        o->finish = ev->finish;
+        if (ev->error) snprintf(o->error, sizeof o->error, "%s", ev->error);
+        o->done = 1;
+        pthread_cond_broadcast(&bi_cv);
+    }
+    /* the gate parks the engine thread until every request of the batch is queued */
+    while (o->gate && bi_gate_closed) pthread_cond_wait(&bi_cv, &bi_mu);
+    pthread_mutex_unlock(&bi_mu);
+    return 0;
+}
+
+static qd_engine *bi_engine(qd_model *m, int batch_tokens, int kv_blocks, size_t prefix_bytes) {
+    qd_engine_params p = qd_engine_default_params();
+    p.max_num_seqs = 8;
+    p.max_model_len = 256;
+    p.max_batch_tokens = batch_tokens;
+    p.kv_block_size = 16;
+    p.n_kv_blocks = kv_blocks;
+    p.prefix_cache_bytes = prefix_bytes;
+    p.prefix_snapshot_interval = 64;
+    p.batch_invariant = 1;
+    qd_engine *e = NULL;
+    qd_err err = {0};
+    qd_status st = qd_engine_create(m, &p, &e, &err);
+    CHECKF(st == QD_OK, "batch-invariant engine (budget %d, %d blocks): %s", batch_tokens, kv_blocks, err.msg);
+    return st == QD_OK ? e : NULL;
+}
+
+static void bi_submit_ex(qd_engine *e, const bi_req *r, bi_out *o, int gate) {
+    memset(o, 0, sizeof *o);
+    o->gate = gate;
+    qd_err err = {0};
+    uint64_t id;
+    qd_status st = qd_engine_submit(e, r->prompt, r->n_prompt, &r->rp, bi_event, o, &id, &err);
+    CHECKF(st == QD_OK, "submit: %s", err.msg);
+    if (st != QD_OK) o->done = 1;
+}
+
+static void bi_submit(qd_engine *e, const bi_req *r, bi_out *o) { bi_submit_ex(e, r, o, 0); }
+
+static void bi_wait(bi_out *o, int n) {
+    pthread_mutex_lock(&bi_mu);
+    for (int i = 0; i < n; i++)
+        while (!o[i].done) pthread_cond_wait(&bi_cv, &bi_mu);
+    pthread_mutex_unlock(&bi_mu);
+}
+
+/* All n requests queued at one step boundary: a one-token gate request holds the
+ * engine thread in its callback while they are submitted. */
+static void bi_run_together(qd_engine *e, const bi_req *rs, int n, bi_out *os) {
+    static bi_out gate;
+    bi_req g = rs[0];
+    g.rp.max_tokens = 1;
+    pthread_mutex_lock(&bi_mu);
+    bi_gate_closed = 1;
+    pthread_mutex_unlock(&bi_mu);
+    bi_submit_ex(e, &g, &gate, 1);
+    for (int i = 0; i < n; i++) bi_submit(e, &rs[i], &os[i]);
+    pthread_mutex_lock(&bi_mu);
+    bi_gate_closed = 0;
+    pthread_cond_broadcast(&bi_cv);
+    pthread_mutex_unlock(&bi_mu);
+    bi_wait(&gate, 1);
+    bi_wait(os, n);
+}
+
+static void bi_run_alone(qd_engine *e, const bi_req *rs, int n, bi_out *os) {
+    for (int i = 0; i < n; i++) {
+        bi_submit(e, &rs[i], &os[i]);
+        bi_wait(&os[i], 1);
+    }
+}
+
+/* Requests of `got` identical to `ref` (tokens, finish reason and logprob bits). */
+static int bi_compare(const char *dir, const char *what, const bi_out *got, const bi_out *ref, int n) {
+    int same = 0;
+    for (int i = 0; i < n; i++) {
+        const bi_out *a = &got[i], *b = &ref[i];
+        CHECKF(a->finish != QD_FINISH_ERROR && b->finish != QD_FINISH_ERROR, "%s: %s: request %d failed: %s%s", dir,
+               what, i, a->error, b->error);
+        int k = 0;
+        while (k < a->n && k < b->n && a->toks[k] == b->toks[k] && memcmp(&a->lps[k], &b->lps[k], 4) == 0) k++;
+        if (a->n == b->n && k == a->n && a->finish == b->finish) {
+            same++;
+            continue;
+        }
+        fprintf(stderr, "%s: %s: request %d: %d tokens vs %d alone, first difference at %d", dir, what, i, a->n, b->n,
+                k);
+        if (k < a->n && k < b->n)
+            fprintf(stderr, " (token %d logprob %.9g vs %d %.9g)", a->toks[k], (double)a->lps[k], b->toks[k],
+                    (double)b->lps[k]);
+        fputc('\n', stderr);
+    }
+    CHECKF(same == n, "%s: %s: %d of %d requests identical to their solo run", dir, what, same, n);
+    return same;
+}
+
+static void bi_make_requests(bi_req *rs, int n, int V, const int32_t *shared, int n_shared) {
+    static const int lens[] = {1, 2, 63, 64, 65, 66, 127, 128, 129, 150};
+    for (int i = 0; i < n; i++) {
+        bi_req *r = &rs[i];
+        r->n_prompt = i < 10 ? lens[i] : 1 + (int)(qd_test_next(&rng) % BI_MAX_PROMPT);
+        int t = 0;
+        if (shared) {
+            r->n_prompt = n_shared + 1 + (int)(qd_test_next(&rng) % (BI_MAX_PROMPT - n_shared));
+            for (; t < n_shared; t++) r->prompt[t] = shared[t];
+        }
+        for (; t < r->n_prompt; t++) r->prompt[t] = (int32_t)(qd_test_next(&rng) % (uint64_t)V);
+        r->rp = (qd_request_params){0};
+        r->rp.sampling = qd_sampling_default_params();
+        const int kind = i % 3; /* 0: argmax, 1: greedy through the sampler, 2: seeded sampling */
+        r->rp.sampling.temperature = kind == 2 ? 0.8f : 0.0f;
+        r->rp.sampling.n_logprobs = kind == 1 ? 2 : 0;
+        r->rp.sampling.seed = 77 + (uint64_t)i;
+        r->rp.max_tokens = 1 + (int)(qd_test_next(&rng) % BI_MAX_OUT);
+        r->rp.ignore_eos = true;
+    }
+}
+
+static void bi_check_model(qd_model *m, const char *dir) {
+    const int V = qd_model_vocab_size(m);
+    static bi_req rs[BI_REQ], shared_rs[BI_REQ];
+    static bi_out alone[BI_REQ], again[BI_REQ], got[BI_REQ], shared_alone[BI_REQ];
+    bi_make_requests(rs, BI_REQ, V, NULL, 0);
+    int32_t prefix[130];
+    for (int t = 0; t < 130; t++) prefix[t] = (int32_t)(qd_test_next(&rng) % (uint64_t)V);
+    bi_make_requests(shared_rs, BI_REQ, V, prefix, 130);
+
+    /* reference: alone, with a budget that never cuts a prompt */
+    qd_engine *e = bi_engine(m, 512, 0, 0);
+    if (!e) return;
+    bi_run_alone(e, rs, BI_REQ, alone);
+    bi_run_alone(e, shared_rs, BI_REQ, shared_alone);
+    bi_run_alone(e, rs, BI_REQ, again);
+    bi_compare(dir, "alone, run again", again, alone, BI_REQ);
+    qd_engine_free(e);
+
+    /* (a) together, prompts cut at 64-token boundaries into a 128-token budget */
+    if ((e = bi_engine(m, 128, 0, 0))) {
+        bi_run_together(e, rs, BI_REQ, got);
+        qd_engine_stats st;
+        qd_engine_get_stats(e, &st);
+        printf("  %s: together, budget 128: %llu steps\n", dir, (unsigned long long)st.steps);
+        bi_compare(dir, "together, budget 128", got, alone, BI_REQ);
+        qd_engine_free(e);
+    }
+    /* (b) a pool of 16 blocks of 16 for 8 running requests of up to 224 tokens (14 blocks) */
+    if ((e = bi_engine(m, 192, 16, 0))) {
+        bi_run_together(e, rs, BI_REQ, got);
+        qd_engine_stats st;
+        qd_engine_get_stats(e, &st);
+        printf("  %s: small pool: %llu preemptions\n", dir, (unsigned long long)st.preemptions);
+        CHECKF(st.preemptions > 0, "%s: the small pool caused no preemption", dir);
+        bi_compare(dir, "together, small KV pool", got, alone, BI_REQ);
+        qd_engine_free(e);
+    }
+    /* (c) prefix cache: the shared-prefix requests twice, the second round from the cache */
+    if ((e = bi_engine(m, 256, 0, (size_t)64 << 20))) {
+        bi_run_together(e, shared_rs, BI_REQ, got);
+        bi_compare(dir, "prefix cache, first round", got, shared_alone, BI_REQ);
+        bi_run_together(e, shared_rs, BI_REQ, got);
+        qd_engine_stats st;
+        qd_engine_get_stats(e, &st);
+        printf("  %s: prefix cache: %llu of %llu query tokens hit\n", dir, (unsigned long long)st.prefix_hit_tokens,
+               (unsigned long long)st.prefix_query_tokens);
+        CHECKF(st.prefix_hit_tokens > 0, "%s: the prefix cache never hit", dir);
+        bi_compare(dir, "prefix cache, second round", got, shared_alone, BI_REQ);
+        qd_engine_free(e);
+    }
+}
+
+static void bi_check_params(qd_model *m) {
+    qd_engine_params p = qd_engine_default_params();
+    p.max_batch_tokens = 100;
+    p.batch_invariant = 1;
+    qd_engine *e = NULL;
+    qd_err err = {0};
+    CHECK(qd_engine_create(m, &p, &e, &err) == QD_ERR_INVALID_ARG && !e);
+    CHECKF(strstr(err.msg, "batch-invariant") != NULL, "unclear error: %s", err.msg);
+}
+
+static qd_model *bi_load(const char *dir, qd_backend_kind backend) {
+    qd_model_params mp = qd_model_default_params();
+    mp.path = dir;
+    mp.n_threads = 2;
+    mp.backend = backend;
+    qd_model *m;
+    char err[1024];
+    if (qd_model_load(&mp, &m, err, sizeof err) != QD_OK) {
+        CHECKF(0, "%s: %s", dir, err);
+        return NULL;
+    }
+    return m;
+}
