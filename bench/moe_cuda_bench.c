@@ -112,7 +112,7 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, doubl
     float *dw = upload(w, NROUTE * P * 4), *dy = upload(NULL, (size_t)n * H * 4);
     TRY(qd_cuda_memset(dy, 0, (size_t)n * H * 4));
     void *work = upload(NULL, qd_cuda_moe_work_bytes(n, H, I, E, K));
-    qd_cuda_moe_args a = {n, H, I, E, K, dx, dsel, dw, dgu, ddn, dy, work, NULL};
+    qd_cuda_moe_args a = {n, H, I, E, K, dx, dsel, dw, dgu, ddn, dy, work, NULL, 0};
     const int iters = n >= 512 ? 10 : 40;
     for (int i = 0; i < 8; i++) {
         a.d_sel = dsel + (i % NROUTE) * P;

@@ -115,6 +115,20 @@ kill -TERM "$PID_F"
 rcF=0; wait "$PID_F" || rcF=$?
 check "[ $rcF = 0 ]" "server F exits 0 on SIGTERM"
 
+# batch-invariant mode: 16 concurrent greedy requests (prompts up to 300 tokens, cut into
+# 64-aligned pieces under a 128-token step budget) return exactly their solo tokens, through
+# the forward's argmax and (not under ASan, for time) through the sampler (bench/invariance.py
+# compares id for id)
+start G --batch-invariant --max-batch-tokens 128 --max-model-len 1024 --max-num-seqs 16
+for tl in 0 $([ $ASAN = 1 ] || echo 2); do
+  if python3 bench/invariance.py --url "http://127.0.0.1:$PORT_G" --requests 16 --prompt-len 1..300 --max-tokens 4..16 \
+       --top-logprobs $tl --label "tiny, batch-invariant" >"$T/inv.$tl" 2>&1 && grep -q "ok=1" "$T/inv.$tl"; then ok
+  else bad "batch-invariant server: $(tail -n 3 "$T/inv.$tl" | tr '\n' ' ')"; fi
+done
+kill -TERM "$PID_G"
+rcG=0; wait "$PID_G" || rcG=$?
+check "[ $rcG = 0 ]" "server G exits 0 on SIGTERM"
+
 # ------------------------------------------------------------ the openai client suite
 if python3 tests/test_server.py --url "$A" --api-key "$KEY" --tools-url "$B" --pid "$PID_A" --soak "$SOAK" \
      --soak-rss-check $((1 - ASAN)); then ok; else bad "tests/test_server.py"; fi

@@ -19,11 +19,13 @@ static void usage(FILE *f) {
     fprintf(f, "usage: qdelta bench -m DIR [--backend cpu|cuda] [--load-format auto|dummy|dummy-f32] [-t N]\n"
                "                    [--tensor-parallel-size N] [--expert-parallel]\n"
                "                    [--prefill 512,4096] [--decode N] [--batch B] [--context T]\n"
+               "                    [--batch-invariant]\n"
                "  Measures prefill tok/s for each prompt length (one sequence), then decode tok/s for\n"
                "  B sequences (default 1) after a T-token prompt each (default 512), against the decode\n"
                "  roofline: weights + GDN state + KV bytes per step over the measured copy bandwidth.\n"
                "  With --tensor-parallel-size N on CUDA it also reports the device time of the last\n"
                "  step's all-reduces (rank 0, waiting for the other ranks included).\n"
+               "  --batch-invariant measures the batch-invariant mode (docs/batch-invariance.md).\n"
                CLI_MODEL_OPTS_HELP);
 }
 
@@ -82,6 +84,7 @@ int qd_cmd_bench(int argc, char **argv) {
     cli_model_opts mo = {0};
     int prefill[8] = {512, 4096}, n_prefill = 2;
     long n_decode = 32, batch = 1, context = 512;
+    int batch_invariant = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_model_opt(&mo, argc, argv, &i);
         if (r < 0) return 2;
@@ -99,6 +102,8 @@ int qd_cmd_bench(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--context")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_int("--context", v, 1, 1 << 20, &context)) return 2;
+        } else if (!strcmp(argv[i], "--batch-invariant")) {
+            batch_invariant = 1;
         } else { fprintf(stderr, "qdelta bench: unknown option '%s'\n", argv[i]); usage(stderr); return 2; }
     }
     if (!mo.model_dir) { usage(stderr); return 2; }
@@ -111,6 +116,7 @@ int qd_cmd_bench(int argc, char **argv) {
     int max_prefill = (int)context;
     for (int i = 0; i < n_prefill; i++) if (prefill[i] > max_prefill) max_prefill = prefill[i];
     qd_context_params cp = qd_context_default_params();
+    cp.batch_invariant = batch_invariant;
     cp.max_seqs = (int)batch;
     cp.max_ctx = max_prefill + (int)n_decode + 8;
     cp.max_batch = max_prefill > batch ? max_prefill : (int)batch;

@@ -35,6 +35,9 @@ static void usage(FILE *f) {
                "  --prefix-cache-host-memory B  host memory for snapshots moved out of a full\n"
                "                            prefix cache (restored from there); 0 = none (default)\n"
                "  --prefix-snapshot-interval N  also snapshot every N prompt tokens (default 512)\n"
+               "  --batch-invariant         a request's tokens do not depend on what runs beside\n"
+               "                            it (bit-identical logits alone or batched; slower;\n"
+               "                            needs --max-batch-tokens >= 128; docs/batch-invariance.md)\n"
                "  --http-threads N          HTTP polling threads (default 1)\n"
                "  --max-body-bytes N        request body limit (default 4 MiB)\n"
                CLI_MODEL_OPTS_HELP);
@@ -123,6 +126,7 @@ int qd_cmd_serve(int argc, char **argv) {
             bad = !v || cli_int(a, v, 0, LONG_MAX, &n);
             if (!bad) c->engine.prefix_cache_host_bytes = (size_t)n;
         }
+        else if (!strcmp(a, "--batch-invariant")) c->engine.batch_invariant = 1;
         else if (!strcmp(a, "--prefix-snapshot-interval"))
             bad = parse_int_opt(argc, argv, &i, 0, 1 << 24, &c->engine.prefix_snapshot_interval);
         else if (!strcmp(a, "--http-threads")) bad = parse_int_opt(argc, argv, &i, 1, 256, &c->http_threads);
@@ -180,9 +184,9 @@ int qd_cmd_serve(int argc, char **argv) {
         goto done;
     }
     if (srv_start(&s)) goto done;
-    fprintf(stderr, "qdelta serve: %s (%s) on http://%s:%d  max-num-seqs %d, max-model-len %d%s\n", c->model_name,
+    fprintf(stderr, "qdelta serve: %s (%s) on http://%s:%d  max-num-seqs %d, max-model-len %d%s%s\n", c->model_name,
             qd_model_type(s.model), c->host, c->port, c->engine.max_num_seqs, c->engine.max_model_len,
-            c->api_key ? ", API key required" : "");
+            c->api_key ? ", API key required" : "", c->engine.batch_invariant ? ", batch-invariant" : "");
     /* tests and scripts read the port from this line when they pass --port 0 */
     printf("listening on http://%s:%d\n", c->host, c->port);
     fflush(stdout);

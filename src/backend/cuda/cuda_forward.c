@@ -216,7 +216,7 @@ static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
     /* kernel table: batches of up to QD_MOE_BLOCK_MAX_TOKENS of an unsplit model run the
      * whole block in three launches (measured faster there, cuda_moe.h); it adds into h
      * itself, so a split model takes the general path */
-    if (!g->reduce && qd_cuda_moe_block_preferred(n, H, Ie, d->has_shared_gate ? d->I : 0, E, k)) {
+    if (!g->reduce && !g->invariant && qd_cuda_moe_block_preferred(n, H, Ie, d->has_shared_gate ? d->I : 0, E, k)) {
         const qd_cuda_moe_block_args a = {
             .n = n, .H = H, .I = Ie, .E = E, .k = k, .renorm = c->norm_topk_prob,
             .d_h = g->h, .d_norm = d->post_norm, .eps = c->rms_norm_eps, .d_router = d->router,
@@ -247,7 +247,7 @@ static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
     if (cm->n_experts_local < E) /* expert parallel: this rank's pairs only */
         TRYC(qd_cuda_moe_localize(g->sel, n * k, cm->expert0, cm->n_experts_local, g->stream));
     qd_cuda_moe_args a = {n, H, Ie, cm->n_experts_local, k, g->x, g->sel, g->selw, d->experts_gate_up,
-                          d->experts_down, dst, g->moe_work, qd_cuda_blas_handle(g->blas)};
+                          d->experts_down, dst, g->moe_work, qd_cuda_blas_handle(g->blas), g->invariant};
     return qd_cuda_moe_experts(&a, g->stream);
 }
 

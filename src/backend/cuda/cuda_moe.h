@@ -42,6 +42,8 @@ typedef struct qd_cuda_moe_args {
     float *d_y;               /* [n][H] fp32: y += sum_j w[t][j] * expert_sel(x[t]) (accumulates) */
     void *d_work;             /* scratch of qd_cuda_moe_work_bytes(n_max, ...) bytes */
     void *cublas;             /* cublasHandle_t; unused (the grouped GEMMs are our own), may be NULL */
+    int invariant;            /* batch-invariant mode: the grouped-GEMM path at every n, so that a
+                               * token's sums never change with the batch (1: on) */
 } qd_cuda_moe_args;
 
 /* Scratch bytes for up to n_max tokens: about n_max * k * (I + H) * 4 (the
@@ -51,9 +53,10 @@ size_t qd_cuda_moe_work_bytes(int n_max, int H, int I, int E, int k);
 /* Token counts up to this bound take the graph-safe decode path (no host sync). */
 int qd_cuda_moe_graph_max_tokens(void);
 /* Routed experts of n tokens, added into d_y. Chooses the path by n (table in
- * moe.cu): GEMV kernels up to graph_max_tokens, tensor-core grouped GEMMs above.
- * A token's result is bit-identical whatever else is in the batch (on one path)
- * and from run to run: the k slots are summed in slot order, no float atomics. */
+ * moe.cu): GEMV kernels up to graph_max_tokens, tensor-core grouped GEMMs above
+ * (always, with args->invariant). A token's result is bit-identical whatever else is
+ * in the batch (on one path) and from run to run: the k slots are summed in slot
+ * order, no float atomics. */
 qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream);
 
 /* The whole MoE block of a decode-sized batch in three launches (moe_block.cu):

@@ -3,8 +3,10 @@
  *
  *   tokens n                        path                          host sync
  *   n <= 64 and n * k <= 1024       decode: GEMV kernels          none
- *   otherwise                       prefill: sorted pairs, grouped none
+ *   otherwise, or batch-invariant   prefill: sorted pairs, grouped none
  *                                   mma.sync GEMMs, combine
+ * (each path sums a token's products in one order whatever n; the two orders differ,
+ * so batch-invariant mode keeps to the second)
  *
  * Neither path reads anything back or allocates, so both can be captured in
  * a CUDA graph; args->cublas is not used.
@@ -65,7 +67,7 @@ extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream
     qd_moe_work w;
     qd_moe_layout(a->n, a->H, a->I, a->E, a->k, (char *)a->d_work, &w);
     cudaStream_t s = (cudaStream_t)stream;
-    if (a->n <= QD_MOE_GRAPH_MAX_TOKENS && (int64_t)a->n * a->k <= QD_MOE_DECODE_MAX_PAIRS)
+    if (!a->invariant && a->n <= QD_MOE_GRAPH_MAX_TOKENS && (int64_t)a->n * a->k <= QD_MOE_DECODE_MAX_PAIRS)
         return qd_moe_decode(a, &w, NULL, 0, s);
     return qd_moe_prefill(a, &w, s);
 }

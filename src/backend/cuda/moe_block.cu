@@ -137,7 +137,7 @@ extern "C" qd_status qd_cuda_moe_block(const qd_cuda_moe_block_args *a, void *st
 #undef QD_RD_LAUNCH
     if (st) return st;
     const qd_cuda_moe_args ea = {a->n, a->H, a->I, a->E, a->k, a->d_x, a->d_sel, a->d_w, a->d_gate_up, a->d_down,
-                                 a->d_h, a->d_work, NULL};
+                                 a->d_h, a->d_work, NULL, 0};
     const qd_moe_shared sh = {a->d_sh_gate_up, a->d_sh_down, a->I_s, a->d_sh_act, a->d_sh_out, a->d_logits + a->E,
                               ldl};
     return qd_moe_decode(&ea, &w, has_sh ? &sh : NULL, 1, s);
