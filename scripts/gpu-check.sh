@@ -4,7 +4,7 @@
 # kernel benchmarks and the end-to-end `qdelta bench` runs, writes logs under
 # $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
 #
-#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp]   default: tests kernels e2e
+#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [invariant]   default: tests kernels e2e
 #     tp:    tensor / expert parallelism: test_cuda_tp (ranks sharing GPU 0, and NCCL when two or
 #            more GPUs are visible), then qdelta bench on the dummy Qwen3-Next-80B config cut to 8
 #            layers: unsplit, TP=2 and EP=2 (on one GPU the ranks share it: the split and the
@@ -15,6 +15,9 @@
 #            memory) and tiered (256 MiB of GPU memory over 4 GiB of host memory): TTFT p50/p95,
 #            prefill tokens, hits per chat turn, failed requests (any makes the part fail); and
 #            bench/invariance.py on the gpu_qwen3_5_moe_bf16 fixture (real weights)
+#     invariant: batch-invariant mode: test_cuda_batch_invariant, bench/invariance.py against
+#            --batch-invariant servers (gpu fixture, 35B-A3B dummy), qdelta bench of the 35B-A3B with
+#            and without the mode
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
 #                                  .peer (or .peer.tar.xz, unpacked) on PYTHONPATH: a peer's code is
 #                                  carried there, never committed
@@ -50,7 +53,7 @@ t0=$(date +%s)
 if [ -z "${QD_SKIP_BUILD:-}" ]; then
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
-targets="qdelta test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_model test_snap_tier gdn_cuda_bench"
+targets="qdelta test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_model test_snap_tier test_cuda_batch_invariant gdn_cuda_bench"
 for t in test_cuda_attn test_cuda_moe test_cuda_tp attn_cuda_bench moe_cuda_bench linear_cuda_bench; do
     grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
 done
@@ -192,10 +195,59 @@ if has serve; then
         --max-model-len 1024 >>"$SERVE_LOG" 2>&1 || status=1
 fi
 
+# batch-invariant mode (docs/batch-invariance.md): the engine test on the gpu_* fixtures,
+# bench/invariance.py against --batch-invariant servers (the gpu_qwen3_5_moe_bf16 fixture and the
+# 35B-A3B dummy: every request must match its solo run, no near-tie allowance), and what the mode
+# costs: qdelta bench on the 35B-A3B dummy with and without it
+INV_LOG="$LOGDIR/invariant.log"
+if has invariant; then
+    : >"$INV_LOG"
+    t=test_cuda_batch_invariant
+    bin=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
+    if [ -n "$bin" ]; then
+        echo "=== $t" >>"$INV_LOG"
+        ts=$(date +%s)
+        QD_TEST_SEED=${QD_TEST_SEED:-$(date +%s)} timeout 300 "$bin" >>"$INV_LOG" 2>&1
+        rc=$?
+        line=$(grep -E "^$t: [0-9]+ passed" "$INV_LOG" | tail -1)
+        result[$t]="$( [ $rc -eq 0 ] && echo PASS || echo "FAIL rc=$rc") ${line#*: } ($(( $(date +%s) - ts )) s)"
+        [ $rc -eq 0 ] || status=1
+    fi
+    TPL=tests/data/chat_template/qwen3_5.jinja
+    F="$BUILD/gpu-moe-fixture"
+    G=tests/fixtures/gpu_qwen3_5_moe_bf16
+    mkdir -p "$F" && cp "$G/config.json" "$G/model.safetensors" tests/data/qwen35-tokenizer/tokenizer.json "$F/"
+    echo "=== invariance, gpu fixture, batch-invariant" >>"$INV_LOG"
+    timeout 300 python3 bench/invariance.py --qdelta "$BUILD/qdelta" --requests 24 --id-range 0..319 \
+        --prompt-len 1..400 --max-tokens 8..64 --label gpu_qwen3_5_moe_bf16-invariant -- -m "$F" --backend cuda \
+        --chat-template "$TPL" --max-model-len 1024 --batch-invariant >>"$INV_LOG" 2>&1 || status=1
+    M="$BUILD/q35-dummy"
+    mkdir -p "$M" && cp bench/configs/qwen3_5_35b_a3b/config.json tests/data/qwen35-tokenizer/tokenizer.json "$M/"
+    echo "=== invariance, 35B-A3B dummy, batch-invariant" >>"$INV_LOG"
+    timeout 400 python3 bench/invariance.py --qdelta "$BUILD/qdelta" --requests 24 --id-range 100..150000 \
+        --prompt-len 1..1000 --max-tokens 8..64 --label qwen3_5_35b_a3b-dummy-invariant -- -m "$M" --backend cuda \
+        --load-format dummy --chat-template "$TPL" --max-model-len 4096 --batch-invariant >>"$INV_LOG" 2>&1 || status=1
+    for mode in "" "--batch-invariant"; do
+        echo "=== qwen3_5_35b_a3b $mode" >>"$INV_LOG"
+        # shellcheck disable=SC2086
+        timeout 300 "$BUILD/qdelta" bench -q -m bench/configs/qwen3_5_35b_a3b --backend cuda --load-format dummy \
+            --prefill 1024,8192 --decode 64 --batch 1 $mode >>"$INV_LOG" 2>&1 || status=1
+        # shellcheck disable=SC2086
+        timeout 300 "$BUILD/qdelta" bench -q -m bench/configs/qwen3_5_35b_a3b --backend cuda --load-format dummy \
+            --prefill 1024 --decode 32 --batch 32 $mode >>"$INV_LOG" 2>&1 || status=1
+    done
+fi
+
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
-for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier; do
+for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier \
+    test_cuda_batch_invariant; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
+if [ -s "$INV_LOG" ]; then
+    grep -E "^RESULT invariance" "$INV_LOG"
+    awk '/^=== qwen/ { mode = ($3 == "" ? "normal" : "invariant") }
+         /^RESULT (decode|prefill)/ && mode { print "35B-A3B " mode ": " $0 }' "$INV_LOG"
+fi
 [ -s "$TP_LOG" ] && awk '/^=== tp-/ { split_ = substr($0, 5) } /^RESULT/ && split_ { print split_ ": " $0 }' "$TP_LOG"
 grep -h "^FAILED: tp" "$TP_LOG" 2>/dev/null
 cat "$BENCH_LOG" "$E2E_LOG" 2>/dev/null | awk '

@@ -78,6 +78,14 @@ static size_t build_step(qd_context *ctx, const qd_span *spans, int n_spans, con
 
 /* ------------------------------------------------------------------ layers */
 
+/* Every projection of the forward: the kernel table's pick (qd_cuda_linear), or in
+ * batch-invariant mode the one path that sums each row in the same order for every n. */
+static qd_status lin(qd_cuda_ctx *g, const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out,
+                     int n_out, int accumulate, uint16_t *scratch) {
+    return qd_cuda_linear_path(g->invariant ? QD_LIN_PATH_INVARIANT : QD_LIN_PATH_TABLE, g->blas, in, cols, n, out,
+                               n_out, accumulate, scratch, g->stream);
+}
+
 /* The residual h is complete at every layer boundary: each block's output
  * projection adds into it (qd_cuda_linear with accumulate, the MoE combine), and
  * each norm is folded into the projection that reads it (the kernel table of
@@ -120,7 +128,7 @@ static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
 
     const qd_cuda_lin_in in = norm_in(ctx, d->input_norm, NULL);
     const qd_cuda_lin_out proj = {d->gdn_in, W, g->proj, W};
-    TRYC(qd_cuda_linear(g->blas, &in, H, n, &proj, 1, 0, g->x, g->stream));
+    TRYC(lin(g, &in, H, n, &proj, 1, 0, g->x));
     /* proj rows: in_qkv (conv inputs) | in_z | in_b | in_a */
     const qd_cuda_gdn_in_args ia = {n, hk, hv, dk, dvh, K, h->n_spans, g->proj, W,
                                     g->proj + conv_dim + value_dim + hv, g->proj + conv_dim + value_dim, W,
@@ -157,7 +165,7 @@ static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
     gin.w = d->gdn_norm;
     gin.eps = c->rms_norm_eps;
     const qd_cuda_lin_out out = {d->gdn_out, H, block_out(g), H};
-    return qd_cuda_linear(g->blas, &gin, value_dim, n, &out, 1, !g->reduce, g->u, g->stream);
+    return lin(g, &gin, value_dim, n, &out, 1, !g->reduce, g->u);
 }
 
 static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int max_span_rows) {
@@ -171,7 +179,7 @@ static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int
     const qd_cuda_lin_in in = norm_in(ctx, d->input_norm, NULL);
     const qd_cuda_lin_out qkv[3] = {{d->q, q_rows, g->proj, q_rows}, {d->k, kvd, g->proj2, kvd},
                                     {d->v, kvd, g->proj3, kvd}};
-    TRYC(qd_cuda_linear(g->blas, &in, H, n, qkv, 3, 0, g->x, g->stream));
+    TRYC(lin(g, &in, H, n, qkv, 3, 0, g->x));
     const size_t layer_off = (size_t)ai * ctx->kv.block_size * kvd;
     qd_cuda_attn_args a = {
         .n_rows = n, .nq = nq, .nkv = nkv, .hd = hd, .rope_dim = c->rope_dim, .rope_theta = (float)c->rope_theta,
@@ -182,7 +190,7 @@ static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int
         .d_block_tables = dv->tables, .max_blocks_per_seq = ctx->kv.max_blocks_per_seq,
         .block_size = ctx->kv.block_size, .block_stride = (int64_t)ctx->kv.block_floats,
         .d_kcache = g->kv_k + layer_off, .d_vcache = g->kv_v + layer_off,
-        .d_q = g->q, .d_out = g->o, .d_work = g->attn_work,
+        .d_q = g->q, .d_out = g->o, .d_work = g->attn_work, .invariant = g->invariant,
     };
     TRYC(qd_cuda_attn_prep(&a, g->stream));
     TRYC(qd_cuda_attn(&a, g->stream));
@@ -191,7 +199,7 @@ static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int
     oin.x = g->o;
     oin.ldx = qdim;
     const qd_cuda_lin_out out = {d->o, H, block_out(g), H};
-    return qd_cuda_linear(g->blas, &oin, qdim, n, &out, 1, !g->reduce, NULL, g->stream);
+    return lin(g, &oin, qdim, n, &out, 1, !g->reduce, NULL);
 }
 
 /* SwiGLU MLP of width I on the input `in` (of H columns): y (+)= down(silu(gate) * up). */
@@ -200,12 +208,12 @@ static qd_status mlp(qd_context *ctx, const qd_cuda_lin_in *in, const uint16_t *
     qd_cuda_ctx *g = ctx->cuda;
     const int n = g->host.n_rows, H = ctx->model->cfg.hidden_size;
     const qd_cuda_lin_out gu = {gate_up, 2 * (int64_t)I, g->ffn, 2 * (int64_t)I};
-    TRYC(qd_cuda_linear(g->blas, in, H, n, &gu, 1, 0, g->x, g->stream));
+    TRYC(lin(g, in, H, n, &gu, 1, 0, g->x));
     qd_cuda_lin_in act = {0};
     act.kind = QD_LIN_SILU;
     act.gu = g->ffn;
     const qd_cuda_lin_out dn = {down, H, y, H};
-    return qd_cuda_linear(g->blas, &act, I, n, &dn, 1, accumulate, g->act, g->stream);
+    return lin(g, &act, I, n, &dn, 1, accumulate, g->act);
 }
 
 static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
@@ -258,7 +266,7 @@ static qd_status logit_rows(qd_context *ctx, int r0, int nr) {
     const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     const qd_cuda_lin_in in = norm_in(ctx, m->cuda->final_norm, g->dev.logit_rows + r0);
     const qd_cuda_lin_out out = {m->cuda->lm_head, V, g->logits, V};
-    return qd_cuda_linear(g->blas, &in, H, nr, &out, 1, 0, g->x, g->stream);
+    return lin(g, &in, H, nr, &out, 1, 0, g->x);
 }
 
 /* Everything from the embedding to the logits of the first logit chunk, all on the
