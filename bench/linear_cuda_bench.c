@@ -9,6 +9,14 @@
  * shared expert through qd_cuda_linear, sigmoid scale, top-k, the expert
  * kernels) at n = 1 .. 64 for the 35B-A3B and 80B expert shapes.
  *
+ * The batch-invariant path (QD_LIN_PATH_INVARIANT: x materialised, then
+ * gemm_invariant.cu) beside the table's path for the models' projections at n = 1,
+ * 8, 32 and 2048 (RESULT inv: time, ratio invariant / table, weight GBps and, at
+ * n = 1, the share of the HBM peak). `linear_cuda_bench tiles` times every tile of
+ * the invariant product on bf16 x beside qd_cuda_matmul (the GEMV up to n = 8,
+ * cuBLAS above) over n = 1 .. 2048: the measurements behind
+ * qd_cuda_matmul_invariant_choice (not part of the default run).
+ *
  * Every timing is a CUDA graph replay on a created stream, how the engine runs
  * a decode step (no host launch cost; the fused kernels are programmatic
  * dependents of the kernel before them). A graph rotates over copies of the
@@ -37,13 +45,15 @@
 
 #define ROTATE_BYTES ((size_t)512 << 20)
 #define MIN_CALLS 16
-#define NMAX 32      /* activation buffers: up to 32 rows */
+#define NMAX 32      /* rows of the decode measurements */
+#define NPF 2048     /* the prefill size of the invariant measurements; activation buffers hold NPF rows */
+#define PF_CALLS 4   /* calls per graph at NPF: compute-bound, no need to rotate through weights */
 #define EPS 1e-6f
 #define DV 128       /* GDN value head dim of every config */
 
 static void *g_stream;
 static qd_cuda_blas *g_blas;
-static double g_copy;
+static double g_copy, g_hbm;
 
 /* ------------------------------------------------------------------ timing */
 
@@ -218,27 +228,34 @@ static const char *kind_name(int k) {
     return k == QD_LIN_BF16 ? "bf16" : k == QD_LIN_RMSNORM ? "rmsnorm" : k == QD_LIN_GATED ? "gated" : "silu";
 }
 
-static void bench_shape(const lin_shape *s) {
-    lin_run r = {0};
-    r.s = s;
-    for (int j = 0; j < s->n_out; j++) r.wcount += s->rows[j] * s->cols;
-    const size_t wbytes = (size_t)r.wcount * 2;
-    r.copies = (int)((ROTATE_BYTES + wbytes - 1) / wbytes);
-    if (r.copies < 1) r.copies = 1;
-    r.W = dummy_bf16((size_t)r.copies * (size_t)r.wcount, sqrtf(3.0f / (float)s->cols), 0x5eed + (uint64_t)s->cols);
-    const int ncalls = r.copies * ((MIN_CALLS + r.copies - 1) / r.copies);
-    r.in.kind = s->kind;
-    r.in.x = a_x;
-    r.in.ldx = s->cols;
-    r.in.h = a_h;
-    r.in.w = a_w;
-    r.in.eps = EPS;
-    r.in.o = a_o;
-    r.in.z = a_z;
-    r.in.ldz = 2 * s->cols; /* the gate z is a slice of the in_proj rows */
-    r.in.dv = DV;
-    r.in.gu = a_gu;
+/* The shape's weights (rotated copies) and inputs; returns the calls per graph. */
+static int lin_setup(lin_run *r, const lin_shape *s) {
+    memset(r, 0, sizeof *r);
+    r->s = s;
+    for (int j = 0; j < s->n_out; j++) r->wcount += s->rows[j] * s->cols;
+    const size_t wbytes = (size_t)r->wcount * 2;
+    r->copies = (int)((ROTATE_BYTES + wbytes - 1) / wbytes);
+    if (r->copies < 1) r->copies = 1;
+    r->W = dummy_bf16((size_t)r->copies * (size_t)r->wcount, sqrtf(3.0f / (float)s->cols), 0x5eed + (uint64_t)s->cols);
+    r->in.kind = s->kind;
+    r->in.x = a_x;
+    r->in.ldx = s->cols;
+    r->in.h = a_h;
+    r->in.w = a_w;
+    r->in.eps = EPS;
+    r->in.o = a_o;
+    r->in.z = a_z;
+    r->in.ldz = 2 * s->cols; /* the gate z is a slice of the in_proj rows */
+    r->in.dv = DV;
+    r->in.gu = a_gu;
     TRY(qd_cuda_sync());
+    return r->copies * ((MIN_CALLS + r->copies - 1) / r->copies);
+}
+
+static void bench_shape(const lin_shape *s) {
+    lin_run r;
+    const int ncalls = lin_setup(&r, s);
+    const size_t wbytes = (size_t)r.wcount * 2;
     const double mib = (double)wbytes / (1 << 20);
     static const int ns[4] = {1, 2, 4, 8};
     for (int k = 0; k < 4; k++) {
@@ -276,6 +293,98 @@ static void bench_shape(const lin_shape *s) {
     }
     TRY(qd_cuda_sync());
     qd_cuda_free(r.W);
+}
+
+/* ---------------------------------------------------- batch-invariant path */
+
+/* The invariant path beside the table's on one projection at n = 1, 8, 32 (weights
+ * rotated, as above) and NPF (PF_CALLS calls: compute-bound). */
+static void bench_invariant(const lin_shape *s) {
+    lin_run r;
+    const int ncalls = lin_setup(&r, s);
+    const size_t wbytes = (size_t)r.wcount * 2;
+    static const int ns[4] = {1, 8, 32, NPF};
+    for (int k = 0; k < 4; k++) {
+        r.n = ns[k];
+        const int calls = r.n == NPF ? PF_CALLS : ncalls;
+        r.path = QD_LIN_PATH_TABLE;
+        const double t = time_calls(lin_call, &r, calls);
+        r.path = QD_LIN_PATH_INVARIANT;
+        const double v = time_calls(lin_call, &r, calls);
+        const double gbs = (double)wbytes / (v * 1e3);
+        char hbm[48] = "";
+        if (r.n == 1) snprintf(hbm, sizeof hbm, " inv_HBM=%.0f%%", 100.0 * gbs / g_hbm);
+        printf("RESULT inv model=%s shape=%s kind=%s MiB=%.1f n=%d table_us=%.2f inv_us=%.2f inv/table=%.3f "
+               "inv_GBps=%.0f%s tile=%s\n",
+               s->model, s->name, kind_name(s->kind), (double)wbytes / (1 << 20), r.n, t, v, v / t, gbs, hbm,
+               qd_cuda_matmul_invariant_tile_name(qd_cuda_matmul_invariant_choice(s->rows[0], s->cols, r.n)));
+        fflush(stdout);
+    }
+    TRY(qd_cuda_sync());
+    qd_cuda_free(r.W);
+}
+
+/* Every tile of the invariant product on bf16 x, beside qd_cuda_matmul (tile -2). */
+typedef struct tile_run {
+    int64_t rows, cols, wcount;
+    int n, tile, copies;
+    uint16_t *W;
+} tile_run;
+
+static qd_status tile_call(void *ctx, int i) {
+    const tile_run *r = ctx;
+    const uint16_t *W = r->W + (size_t)(i % r->copies) * (size_t)r->wcount;
+    if (r->tile == -2) return qd_cuda_matmul(g_blas, W, r->rows, r->cols, a_x, r->cols, r->n, a_y[0], r->rows, 0);
+    return qd_cuda_matmul_invariant_tile(r->tile, W, r->rows, r->cols, a_x, r->cols, r->n, a_y[0], r->rows, 0,
+                                         g_stream);
+}
+
+static void bench_tiles(void) {
+    static const int64_t shp[][2] = {{2048, 4096}, {12352, 2048}, {5120, 17408}, {34816, 5120}, {248320, 2048}};
+    static const int ns[] = {1, 8, 16, 32, 64, 128, 512, NPF};
+    for (size_t q = 0; q < sizeof shp / sizeof shp[0]; q++) {
+        tile_run r = {0};
+        r.rows = shp[q][0];
+        r.cols = shp[q][1];
+        r.wcount = r.rows * r.cols;
+        const size_t wbytes = (size_t)r.wcount * 2;
+        r.copies = (int)((ROTATE_BYTES + wbytes - 1) / wbytes);
+        r.W = dummy_bf16((size_t)r.copies * wbytes / 2, sqrtf(3.0f / (float)r.cols), 0x7117 + (uint64_t)q);
+        const int ncalls = r.copies * ((MIN_CALLS + r.copies - 1) / r.copies);
+        TRY(qd_cuda_sync());
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            r.n = ns[k];
+            const int calls = r.n >= 512 ? PF_CALLS : ncalls;
+            r.tile = -2;
+            const double ref = time_calls(tile_call, &r, calls);
+            const int pick = qd_cuda_matmul_invariant_choice(r.rows, r.cols, r.n);
+            double best = 1e30;
+            int bt = -1;
+            for (int t = 0; t < qd_cuda_matmul_invariant_tiles(); t++) {
+                /* the narrow tiles re-read W once per 16-64 tokens: not for prefill */
+                const char *nm = qd_cuda_matmul_invariant_tile_name(t);
+                if (r.n >= 512 && strncmp(nm, "w128", 4)) continue;
+                r.tile = t;
+                const double us = time_calls(tile_call, &r, calls);
+                if (us < best) {
+                    best = us;
+                    bt = t;
+                }
+                printf("RESULT tile rows=%lld cols=%lld MiB=%.1f n=%d tile=%s us=%.2f GBps=%.0f TFLOPs=%.1f "
+                       "ref_us=%.2f tile/ref=%.3f%s\n",
+                       (long long)r.rows, (long long)r.cols, (double)wbytes / (1 << 20), r.n,
+                       qd_cuda_matmul_invariant_tile_name(t), us, (double)wbytes / (us * 1e3),
+                       2.0 * (double)r.wcount * r.n / (us * 1e6), ref, us / ref, t == pick ? " (table)" : "");
+                fflush(stdout);
+            }
+            printf("RESULT tilebest rows=%lld cols=%lld n=%d best=%s best_us=%.2f table=%s ref=%s ref_us=%.2f\n",
+                   (long long)r.rows, (long long)r.cols, r.n, qd_cuda_matmul_invariant_tile_name(bt), best,
+                   qd_cuda_matmul_invariant_tile_name(pick), r.n <= 8 ? "gemv" : "cublas", ref);
+            fflush(stdout);
+        }
+        TRY(qd_cuda_sync());
+        qd_cuda_free(r.W);
+    }
 }
 
 /* --------------------------------------------------------------- MoE block */
@@ -395,37 +504,54 @@ int main(int argc, char **argv) {
         printf(BENCH_NAME ": skipped: no CUDA device\n");
         return 77;
     }
-    const int only_lin = argc > 1 && !strcmp(argv[1], "linear"), only_moe = argc > 1 && !strcmp(argv[1], "moe");
+    /* parts: linear (the table's paths), invariant, moe; default all three; tiles only when named */
+    const char *part = argc > 1 ? argv[1] : "";
+    const int all = !*part, do_lin = all || !strcmp(part, "linear"), do_inv = all || !strcmp(part, "invariant"),
+              do_moe = all || !strcmp(part, "moe"), do_tiles = !strcmp(part, "tiles");
     char name[128];
     int sms = 0;
     TRY(qd_cuda_device_info(name, sizeof name, &sms));
     TRY(qd_cuda_stream_create(&g_stream));
     TRY(qd_cuda_blas_create(&g_blas, g_stream));
     g_copy = copy_bw();
-    printf("device: %s, %d SMs\nRESULT copy_GBps=%.0f (read + write; a weight stream reads only)\n", name, sms, g_copy);
-    if (!only_moe) {
+    {
+        int dev = 0, clk = 0, bus = 0; /* peak HBM: kHz x 2 (double data rate) x bus bytes */
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&clk, cudaDevAttrMemoryClockRate, dev);
+        cudaDeviceGetAttribute(&bus, cudaDevAttrGlobalMemoryBusWidth, dev);
+        g_hbm = clk > 0 && bus > 0 ? 2.0 * clk * 1e3 * (bus / 8) / 1e9 : 4800.0;
+    }
+    printf("device: %s, %d SMs\nRESULT copy_GBps=%.0f (read + write; a weight stream reads only) hbm_peak_GBps=%.0f\n",
+           name, sms, g_copy, g_hbm);
+    if (do_lin || do_inv || do_tiles) {
         int64_t maxc = 0, maxr = 0;
         for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
             maxc = SHAPES[i].cols > maxc ? SHAPES[i].cols : maxc;
             for (int j = 0; j < SHAPES[i].n_out; j++) maxr = SHAPES[i].rows[j] > maxr ? SHAPES[i].rows[j] : maxr;
         }
-        a_h = upload_f32((size_t)NMAX * maxc, 1.f, 0.f);
+        const size_t N = do_inv || do_tiles ? NPF : NMAX;
+        a_h = upload_f32(N * maxc, 1.f, 0.f);
         a_w = upload_f32((size_t)maxc, 0.2f, 0.f);
-        a_z = upload_f32((size_t)NMAX * 2 * maxc, 2.f, 0.f);
-        a_gu = upload_f32((size_t)NMAX * 2 * maxc, 2.f, 0.f);
-        a_x = dummy_bf16((size_t)NMAX * maxc, 1.f, 11);
-        a_o = dummy_bf16((size_t)NMAX * maxc, 1.f, 12);
-        a_scratch = upload(NULL, (size_t)NMAX * maxc * 2);
+        a_z = upload_f32(N * 2 * maxc, 2.f, 0.f);
+        a_gu = upload_f32(N * 2 * maxc, 2.f, 0.f);
+        a_x = dummy_bf16(N * maxc, 1.f, 11);
+        a_o = dummy_bf16(N * maxc, 1.f, 12);
+        a_scratch = upload(NULL, N * maxc * 2);
         for (int j = 0; j < QD_LIN_MAX_OUT; j++) {
-            a_y[j] = upload(NULL, (size_t)NMAX * maxr * 4);
-            TRY(qd_cuda_memset(a_y[j], 0, (size_t)NMAX * maxr * 4));
+            a_y[j] = upload(NULL, N * maxr * 4);
+            TRY(qd_cuda_memset(a_y[j], 0, N * maxr * 4));
         }
         a_sy = upload(NULL, (size_t)NMAX * maxr * 4);
-        for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) bench_shape(&SHAPES[i]);
+        if (do_lin)
+            for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) bench_shape(&SHAPES[i]);
+        if (do_inv)
+            for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++)
+                if (strcmp(SHAPES[i].model, "sweep") != 0) bench_invariant(&SHAPES[i]);
+        if (do_tiles) bench_tiles();
         void *bufs[] = {a_h, a_w, a_z, a_gu, a_x, a_o, a_scratch, a_y[0], a_y[1], a_y[2], a_sy};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) qd_cuda_free(bufs[i]);
     }
-    if (!only_lin) {
+    if (do_moe) {
         static const moe_shape moe[] = {{"35b", 2048, 512, 256, 8, 512}, {"80b", 2048, 512, 512, 10, 512}};
         for (int i = 0; i < 2; i++) bench_moe(&moe[i]);
     }

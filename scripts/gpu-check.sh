@@ -53,7 +53,7 @@ t0=$(date +%s)
 if [ -z "${QD_SKIP_BUILD:-}" ]; then
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
-targets="qdelta test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_model test_snap_tier test_cuda_batch_invariant gdn_cuda_bench"
+targets="qdelta test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_model test_snap_tier test_cuda_batch_invariant gdn_cuda_bench"
 for t in test_cuda_attn test_cuda_moe test_cuda_tp attn_cuda_bench moe_cuda_bench linear_cuda_bench; do
     grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
 done
@@ -68,7 +68,7 @@ TESTS_LOG="$LOGDIR/tests.log"
 declare -A result
 if has tests; then
     : >"$TESTS_LOG"
-    for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_snap_tier; do
+    for t in test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_snap_tier; do
         bin=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
         [ -n "$bin" ] || { result[$t]="not built"; continue; }
         echo "=== $t" >>"$TESTS_LOG"
@@ -239,7 +239,7 @@ if has invariant; then
 fi
 
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
-for t in test_cuda_ops test_cuda_fused test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier \
+for t in test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier \
     test_cuda_batch_invariant; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
@@ -267,7 +267,13 @@ function kv(line, key,    i, n, f, p) {
 /^FLA chunked/      { s = kv($0, "B") "x" kv($0, "T"); fc[s] = kv($0, "ms") }
 /^RESULT (lin|moe) model=/ { nt++; if (/ MISMATCH/) mm[++nm] = $0 }
 /^RESULT (attn|moe)/ { other[++no] = $0 }
+/^RESULT inv model=/ { n = kv($0, "n"); r = kv($0, "inv/table"); if (!(n in ic)) iorder[++ni] = n
+                       ic[n]++; is[n] += r; if (!(n in imax) || r > imax[n] + 0) imax[n] = r
+                       if (n == 1) ih += kv($0, "inv_HBM") + 0 }
 END {
+    for (i = 1; i <= ni; i++) { n = iorder[i]
+        printf "invariant linear n=%-5s %2d shapes: time invariant/table mean %.2f, worst %.2f%s\n", n, ic[n], is[n] / ic[n], imax[n],
+               n == 1 ? sprintf(", %.0f%% of HBM peak on average", ih / ic[n]) : "" }
     if (nc) {
         printf "copy bandwidth GB/s: qdelta run %s, FLA run %s\n", qcopy, fcopy
         printf "%-22s %10s %10s %8s\n", "GDN prefill (BxT)", "qdelta ms", "FLA ms", "FLA/qd"

@@ -69,11 +69,21 @@ qd_status qd_cuda_linear(qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols
  * qd_cuda_linear_choice is the table's pick for a call (what qd_cuda_linear runs);
  * qd_cuda_linear_path runs the given path (QD_LIN_PATH_TABLE: the table's pick), and
  * fails with QD_ERR_UNSUPPORTED when FUSED is asked for a shape the fused kernel
- * does not take (n > 8, cols % 8, misaligned operands, x over its shared memory). */
+ * does not take (n > 8, cols % 8, misaligned operands, x over its shared memory).
+ *
+ * INVARIANT is never the table's pick; the batch-invariant mode (qd_cuda_ctx.invariant)
+ * asks for it by name. x is materialised into scratch as on the plain path (the
+ * elementwise kernels reduce each row on its own, the same way whatever n is; not
+ * for QD_LIN_BF16), then qd_cuda_matmul_invariant (gemm_invariant.cu) runs each of
+ * the n_out products: a row's results are the same bits whatever n is and wherever
+ * the row sits in the batch. Needs cols % 8 == 0 and 16-byte aligned W and x (bf16 x:
+ * ldx % 8 == 0), else QD_ERR_UNSUPPORTED / QD_ERR_INVALID_ARG; on the stream given
+ * (the plain path's cuBLAS runs on the handle's stream). */
 typedef enum qd_cuda_lin_path {
     QD_LIN_PATH_TABLE = 0,
     QD_LIN_PATH_FUSED = 1,
     QD_LIN_PATH_PLAIN = 2,
+    QD_LIN_PATH_INVARIANT = 3,
 } qd_cuda_lin_path;
 
 int qd_cuda_linear_choice(const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out, int n_out);

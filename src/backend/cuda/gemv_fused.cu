@@ -449,16 +449,25 @@ extern "C" int qd_cuda_linear_choice(const qd_cuda_lin_in *in, int64_t cols, int
 /* Kernel table (qd_cuda_linear_choice):
  *   fused GEMV: shapes fg_fusable takes that fg_prefer_fused prefers
  *   otherwise (plain): x materialised into scratch by the elementwise kernels, then
- *       the plain GEMV (n <= 8) or cuBLAS (beta = 1 when accumulating) */
+ *       the plain GEMV (n <= 8) or cuBLAS (beta = 1 when accumulating)
+ * and by name only, INVARIANT: x materialised as for plain, then the batch-invariant
+ *       product of gemm_invariant.cu */
 extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
                                          const qd_cuda_lin_out *out, int n_out, int accumulate, uint16_t *scratch,
                                          void *stream) {
     if (n <= 0) return QD_OK;
-    if (!fg_valid(in, cols, out, n_out) || path < QD_LIN_PATH_TABLE || path > QD_LIN_PATH_PLAIN)
+    if (!fg_valid(in, cols, out, n_out) || path < QD_LIN_PATH_TABLE || path > QD_LIN_PATH_INVARIANT)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: bad arguments");
     if (path == QD_LIN_PATH_TABLE) path = qd_cuda_linear_choice(in, cols, n, out, n_out);
     else if (path == QD_LIN_PATH_FUSED && !fg_fusable(in, cols, n, out, n_out))
         return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: shape outside the fused GEMV");
+    if (path == QD_LIN_PATH_INVARIANT) { /* refused before x is materialised */
+        if (cols % 8) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: the invariant product needs cols % 8 == 0");
+        for (int j = 0; j < n_out; j++)
+            if (!al16(out[j].W)) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: the invariant product needs aligned W");
+        if (in->kind == QD_LIN_BF16 && (!al16(in->x) || in->ldx % 8))
+            return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: the invariant product needs aligned x, ldx % 8 == 0");
+    }
     if (path == QD_LIN_PATH_FUSED) {
         fg_params p = {};
         p.kind = in->kind;
@@ -496,6 +505,14 @@ extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cud
         if (s) return s;
         x = scratch;
         ldx = cols;
+    }
+    if (path == QD_LIN_PATH_INVARIANT) {
+        for (int j = 0; j < n_out; j++) {
+            qd_status s = qd_cuda_matmul_invariant(out[j].W, out[j].rows, cols, x, ldx, n, out[j].y, out[j].ldy,
+                                                   accumulate, stream);
+            if (s) return s;
+        }
+        return QD_OK;
     }
     for (int j = 0; j < n_out; j++) {
         qd_status s = accumulate ? qd_cuda_matmul_acc(b, out[j].W, out[j].rows, cols, x, ldx, n, out[j].y,

@@ -1,0 +1,281 @@
+/* The batch-invariant product (cuda_ops.h qd_cuda_matmul_invariant): y[t] (+)= W x[t]
+ * with bits that depend on the row x[t] and the weights only, never on n or on
+ * where the row sits in the batch.
+ *
+ * The invariant is the accumulation chain: each output element is one fp32
+ * accumulator, set to zero, then one mma.sync m16n8k16 (bf16 in, fp32 accumulate)
+ * per k-step of 16 in increasing k, ceil(cols / 16) steps, nothing split over K;
+ * then y + acc when accumulating. An mma's output element reads only its own row
+ * of A, column of B and accumulator, so its bits do not depend on the element's
+ * place in the fragment or in the tile, nor on the other rows (zero padding past
+ * n, past the weight rows or, within the last k-step, past cols only multiplies
+ * zeros into other elements or adds exact zero products). A k-step wholly past
+ * cols is never issued: the number of steps must not depend on the tile's k
+ * width, and the operands keep their roles on every tile (W is the mma's A, x its
+ * B). So tile shapes may follow n (a table, qd_cuda_matmul_invariant_choice),
+ * and the tests check that every tile gives the same bits.
+ *
+ * Tiles: A = a tile of BM weight rows, B = BN rows of x (tokens), WM x WN warps each
+ * owning (BM / WM) x (BN / WN) outputs; k-steps of BK through an ST-stage cp.async
+ * pipeline into padded shared memory (rows of BK + 8 bf16: ldmatrix conflict-free),
+ * the structure of moe_prefill.cu's moe_gemm. A 1-D grid of tile pairs, tokens
+ * fastest: the CTAs resident at once share a few weight tiles (each read from HBM
+ * about once) and all of x (kept in L2); 2^31 - 1 tiles are enough for any
+ * model's rows times thousands of tokens. Nothing is allocated and nothing waits
+ * on the host, so calls can be captured in a graph. */
+#include <stdint.h>
+
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/gdn_common.cuh"
+
+struct inv_params {
+    const uint16_t *W, *x;
+    float *y;
+    int64_t rows, cols, ldx, ldy;
+    int n, accumulate;
+    unsigned ntn; /* token tiles */
+};
+
+__device__ __forceinline__ void inv_ldmatrix_x4(uint32_t r[4], const void *smem) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* not volatile: a register-only op the compiler may schedule among the ldmatrix
+ * (which stay volatile, ordered against the barriers); an accumulator's mma still
+ * run in program order, each reading the previous one's result */
+__device__ __forceinline__ void inv_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <int BM, int BN, int WM, int WN, int BK, int ST>
+__global__ void __launch_bounds__(WM * WN * 32) inv_gemm(const __grid_constant__ inv_params p) {
+    constexpr int NT = WM * WN * 32, TM = BM / WM, TN = BN / WN, MI = TM / 16, NI = TN / 8, LD = BK + 8;
+    constexpr int CPR = BK / 8; /* 16-byte chunks per tile row and k-step */
+    constexpr int RPP = NT / CPR; /* tile rows one pass of the threads loads */
+    constexpr int WCH = BM / RPP, XCH = BN / RPP;
+    static_assert(TM % 16 == 0 && TN % 16 == 0 && NT % CPR == 0 && BM % RPP == 0 && BN % RPP == 0, "tile shape");
+    extern __shared__ __align__(16) uint16_t inv_smem[];
+    uint16_t(*Ws)[BM][LD] = reinterpret_cast<uint16_t(*)[BM][LD]>(inv_smem);
+    uint16_t(*Xs)[BN][LD] = reinterpret_cast<uint16_t(*)[BN][LD]>(inv_smem + ST * BM * LD);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp % WM, wn = warp / WM;
+    const unsigned tn = blockIdx.x % p.ntn;
+    const int64_t row0 = (int64_t)(blockIdx.x / p.ntn) * BM;
+    const int tok0 = (int)tn * BN;
+    const int rows_here = (int)min((int64_t)BM, p.rows - row0), toks_here = min(BN, p.n - tok0);
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+
+    /* Rows past the weights or past n are zero in every stage, written once here
+     * and never loaded (the first wait's barrier orders this before any read). */
+    if (rows_here < BM)
+        for (int i = tid; i < ST * BM * CPR; i += NT) {
+            const int r = (i / CPR) % BM;
+            if (r >= rows_here) *(uint4 *)&Ws[i / (BM * CPR)][r][(i % CPR) * 8] = zero;
+        }
+    if (toks_here < BN)
+        for (int i = tid; i < ST * BN * CPR; i += NT) {
+            const int r = (i / CPR) % BN;
+            if (r >= toks_here) *(uint4 *)&Xs[i / (BN * CPR)][r][(i % CPR) * 8] = zero;
+        }
+
+    /* this thread's column chunk and first tile row; its rows j follow RPP apart (addresses
+     * computed per load: few registers however many rows a thread loads) */
+    const int cc = (tid % CPR) * 8, rt = tid / CPR;
+    const uint16_t *wsrc = p.W + (row0 + rt) * p.cols + cc, *xsrc = p.x + (int64_t)(tok0 + rt) * p.ldx + cc;
+    const int KT = (int)((p.cols + BK - 1) / BK);
+    auto load = [&](int st, int kt) {
+        const int64_t k = (int64_t)kt * BK;
+        const bool kin = k + cc < p.cols; /* cols % 8 == 0: a chunk is all in or all out (zero-filled) */
+#pragma unroll
+        for (int j = 0; j < WCH; j++)
+            if (rt + j * RPP < rows_here)
+                qd_cp_async16(&Ws[st][rt + j * RPP][cc], wsrc + (int64_t)j * RPP * p.cols + (kin ? k : 0), kin);
+#pragma unroll
+        for (int j = 0; j < XCH; j++)
+            if (rt + j * RPP < toks_here)
+                qd_cp_async16(&Xs[st][rt + j * RPP][cc], xsrc + (int64_t)j * RPP * p.ldx + (kin ? k : 0), kin);
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
+    /* a warp whose outputs all lie past the weights or past n only helps load */
+    const bool active = wm * TM < rows_here && wn * TN < toks_here;
+
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < KT) load(s, s);
+        qd_cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        qd_cp_async_wait<ST - 2>();
+        __syncthreads(); /* stage kt landed for all; stage kt - 1 is free to refill */
+        const int nk = kt + ST - 1;
+        if (nk < KT) load(nk % ST, nk);
+        qd_cp_async_commit();
+        if (!active) continue;
+        const int st = kt % ST;
+        const int64_t k0 = (int64_t)kt * BK;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            if (k0 + kk >= p.cols) break; /* ceil(cols / 16) steps whatever BK is */
+            uint32_t af[MI][4], bf[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++)
+                inv_ldmatrix_x4(af[mi], &Ws[st][wm * TM + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+#pragma unroll
+            for (int pr = 0; pr < NI / 2; pr++) {
+                uint32_t r[4];
+                inv_ldmatrix_x4(r, &Xs[st][wn * TN + 16 * pr + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
+                bf[2 * pr][0] = r[0];
+                bf[2 * pr][1] = r[1];
+                bf[2 * pr + 1][0] = r[2];
+                bf[2 * pr + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) inv_mma(acc[mi][ni], af[mi], bf[ni]);
+        }
+    }
+    qd_cp_async_wait<0>();
+    if (!active) return;
+
+    /* fragment element (mi, ni, 2 * half + e): weight row g (+ 8), token 2 * (lane % 4) + e;
+     * a warp's stores of one element cover 8 consecutive floats of 4 y rows (32-byte sectors) */
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = wm * TM + mi * 16 + (lane >> 2) + half * 8;
+            if (r >= rows_here) continue;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int t = wn * TN + ni * 8 + 2 * (lane & 3) + e;
+                    if (t >= toks_here) continue;
+                    float *yp = p.y + (int64_t)(tok0 + t) * p.ldy + row0 + r;
+                    const float a = acc[mi][ni][2 * half + e];
+                    *yp = p.accumulate ? *yp + a : a;
+                }
+        }
+}
+
+template <int BM, int BN, int WM, int WN, int BK, int ST>
+static qd_status inv_launch(inv_params p, cudaStream_t st) {
+    constexpr int smem = ST * (BM + BN) * (BK + 8) * 2;
+    static int attr_set = 0;
+    if (!attr_set) {
+        QD_CUDA_TRY(cudaFuncSetAttribute(inv_gemm<BM, BN, WM, WN, BK, ST>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        attr_set = 1;
+    }
+    const int64_t ntn = ((int64_t)p.n + BN - 1) / BN, ntm = (p.rows + BM - 1) / BM;
+    if (ntn * ntm > INT32_MAX) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "matmul_invariant: more than 2^31 tiles");
+    p.ntn = (unsigned)ntn;
+    inv_gemm<BM, BN, WM, WN, BK, ST><<<(unsigned)(ntn * ntm), WM * WN * 32, smem, st>>>(p);
+    QD_CUDA_CHECK_LAUNCH("matmul_invariant");
+    return QD_OK;
+}
+
+/* The tiles: weight rows x tokens, warps (rows x tokens), k-step width, stages. */
+#define INV_TILES(X)                                                                      \
+    X(0, "w16xt16", 16, 16, 1, 1, 64, 8)       /* one warp: a check of the others' bits */ \
+    X(1, "w32xt16", 32, 16, 2, 1, 64, 8)       /* decode: two warps share the x tile */    \
+    X(2, "w32xt32", 32, 32, 2, 1, 64, 6)                                                  \
+    X(3, "w32xt32k128", 32, 32, 2, 1, 128, 6)                                             \
+    X(4, "w64xt64", 64, 64, 4, 1, 64, 4)                                                  \
+    X(5, "w128xt64", 128, 64, 2, 2, 32, 4)                                                \
+    X(6, "w128xt128w4", 128, 128, 2, 2, 32, 4) /* 4 warps of 64 x 64, k-steps of 32 */     \
+    X(7, "w128xt128k64", 128, 128, 2, 2, 64, 3) /* the same, k-steps of 64 */
+
+#define INV_COUNT 8
+
+extern "C" int qd_cuda_matmul_invariant_tiles(void) { return INV_COUNT; }
+
+extern "C" const char *qd_cuda_matmul_invariant_tile_name(int tile) {
+    switch (tile) {
+#define INV_NAME(id, name, BM, BN, WM, WN, BK, ST) \
+    case id: return name;
+        INV_TILES(INV_NAME)
+#undef INV_NAME
+    default: return "?";
+    }
+}
+
+/* The table on n and the weight rows, from the H200 (bench/linear_cuda_bench.c
+ * tiles: every tile on bf16 x, rows x cols 2048 x 4096, 12352 x 2048, 5120 x 17408,
+ * 34816 x 5120, 248320 x 2048, n = 1 .. 2048; the pick is the fastest or within 5%):
+ *   - n <= 16: w32xt16 everywhere (n = 1: 23 us at 16 MiB, 260 us = 3.9 TB/s on the
+ *     970 MiB lm_head). A warp walks K alone for its 16 rows, so a matrix of few rows
+ *     runs few warps: 2048 rows stream at 0.7 TB/s, whatever the k-width or stages
+ *     (k-steps of 128 or 256 with 40-56 KiB in flight a CTA measured no faster);
+ *   - n <= 64: narrow token tiles while the rows are few (each CTA re-reads x, not W),
+ *     64 x 64 from 8192 rows (12352 rows: 30 us at n = 32, 32 us at n = 64);
+ *   - n = 128: 128 x 128 from 8192 rows; n = 512: 128 x 64 below 8192 rows;
+ *   - prefill: 128 x 128 with k-steps of 64, the fastest at n = 128 and 2048 on every
+ *     shape: 37-47% of cuBLAS's time at n = 2048 (7.0 ms for the lm_head against
+ *     3.3 ms; 335 us against 143 us at 12352 x 2048); 8 warps, 256-row tiles and
+ *     k-steps of 32 were slower. */
+extern "C" int qd_cuda_matmul_invariant_choice(int64_t rows, int64_t cols, int n) {
+    (void)cols;
+    if (n <= 16) return 1;
+    if (n <= 32) return rows < 4096 ? 1 : rows < 65536 ? 2 : 4;
+    if (n <= 64) return rows < 4096 ? 3 : rows < 8192 ? 2 : 4;
+    if (n <= 128) return rows < 4096 ? 2 : rows < 8192 ? 4 : 7;
+    if (n <= 512) return rows < 8192 ? 5 : 7;
+    return 7;
+}
+
+static int inv_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+extern "C" qd_status qd_cuda_matmul_invariant_tile(int tile, const uint16_t *d_W, int64_t rows, int64_t cols,
+                                                   const uint16_t *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
+                                                   int accumulate, void *stream) {
+    if (n < 0 || rows < 0) return qd_cuda_fail(QD_ERR_INVALID_ARG, "matmul_invariant: negative n or rows");
+    if (cols <= 0 || cols % 8) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "matmul_invariant: cols must be a positive multiple of 8");
+    if (ldx < cols || ldx % 8 || ldy < rows)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "matmul_invariant: ldx must be >= cols and a multiple of 8, ldy >= rows");
+    if (tile < -1 || tile >= INV_COUNT) return qd_cuda_fail(QD_ERR_INVALID_ARG, "matmul_invariant: no such tile");
+    if (n == 0 || rows == 0) return QD_OK;
+    if (!d_W || !d_x || !d_y) return qd_cuda_fail(QD_ERR_INVALID_ARG, "matmul_invariant: NULL operand");
+    if (!inv_al16(d_W) || !inv_al16(d_x))
+        return qd_cuda_fail(QD_ERR_UNSUPPORTED, "matmul_invariant: W and x must be 16-byte aligned");
+    if (tile < 0) tile = qd_cuda_matmul_invariant_choice(rows, cols, n);
+    inv_params p = {};
+    p.W = d_W;
+    p.x = d_x;
+    p.y = d_y;
+    p.rows = rows;
+    p.cols = cols;
+    p.ldx = ldx;
+    p.ldy = ldy;
+    p.n = n;
+    p.accumulate = accumulate != 0;
+    const cudaStream_t st = (cudaStream_t)stream;
+    switch (tile) {
+#define INV_CASE(id, name, BM, BN, WM, WN, BK, ST) \
+    case id: return inv_launch<BM, BN, WM, WN, BK, ST>(p, st);
+        INV_TILES(INV_CASE)
+#undef INV_CASE
+    default: return qd_cuda_fail(QD_ERR_INTERNAL, "matmul_invariant: no such tile");
+    }
+}
+
+extern "C" qd_status qd_cuda_matmul_invariant(const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
+                                              int64_t ldx, int n, float *d_y, int64_t ldy, int accumulate,
+                                              void *stream) {
+    return qd_cuda_matmul_invariant_tile(-1, d_W, rows, cols, d_x, ldx, n, d_y, ldy, accumulate, stream);
+}
