@@ -438,7 +438,7 @@ static qd_status moe_call(void *ctx, int i) {
         (s = qd_cuda_sigmoid_scale(r->h, r->ys, r->logits + E, E + 1, n, H, g_stream)) ||
         (s = qd_cuda_moe_route(r->logits, E + 1, n, E, k, 1, r->sel, r->selw, g_stream)))
         return s;
-    const qd_cuda_moe_args a = {n, H, m->I, E, k, r->x, r->sel, r->selw, r->gu[L], r->dn[L], r->h, r->work, NULL};
+    const qd_cuda_moe_args a = {n, H, m->I, E, k, r->x, r->sel, r->selw, r->gu[L], r->dn[L], r->h, r->work, NULL, 0};
     return qd_cuda_moe_experts(&a, g_stream);
 }
 
