@@ -5,6 +5,11 @@
  * alone (the prep kernel is timed separately). Prefill TFLOP/s count the
  * causal attention FLOPs 4 * T * T/2 * hd * nq; decode GB/s count the K and V
  * bytes read, B * ctx * nkv * hd * 2 * 2 (contexts of a few MB stay in L2).
+ * Batch-invariant mode (args.invariant: every row through the split-K decode
+ * kernels, slice plan from max_ctx) beside the normal one: decode of 1 and 32
+ * rows at 4k context and of 1 at 32k, prefills of 4096 and 8192 rows; RESULT
+ * attn_invariant lines with both times and their ratio (--invariant-only:
+ * those alone).
  * Exits 77 without a GPU. */
 #include <math.h>
 #include <stdint.h>
@@ -93,7 +98,10 @@ static int setup(qd_cuda_attn_args *a, int B, int T, int ctx, void **bufs) {
     TRY(qd_cuda_memset(a->d_vcache, 0x3c, cache_bytes));
     a->d_q = bufs[n++] = upload(NULL, (size_t)n_rows * NQ * HD * 2);
     a->d_out = bufs[n++] = upload(NULL, (size_t)n_rows * NQ * HD * 2);
-    const size_t wb = qd_cuda_attn_work_bytes(n_rows, NQ, HD, ctx);
+    /* scratch for either mode, so that one setup times both */
+    const size_t wb0 = qd_cuda_attn_work_bytes(n_rows, NQ, HD, ctx, 0);
+    const size_t wb1 = qd_cuda_attn_work_bytes(n_rows, NQ, HD, ctx, 1);
+    const size_t wb = wb0 > wb1 ? wb0 : wb1;
     a->d_work = bufs[n++] = upload(NULL, wb ? wb : 4);
     free(table); free(spans); free(rs); free(rp); free(qg); free(kv); free(nw);
     TRY(qd_cuda_attn_prep(a, NULL));
@@ -122,9 +130,32 @@ static void bench_decode(int B, int ctx) {
     for (int i = 0; i < n; i++) qd_cuda_free(bufs[i]);
 }
 
+/* Normal against invariant mode: B sequences of T rows each ending at ctx. */
+static void bench_invariant(const char *what, int B, int T, int ctx, int iters, int reps) {
+    qd_cuda_attn_args a;
+    void *bufs[16];
+    const int n = setup(&a, B, T, ctx, bufs);
+    a.invariant = 0;
+    const double ms0 = time_ms(qd_cuda_attn, &a, iters, reps);
+    a.invariant = 1;
+    const double ms1 = time_ms(qd_cuda_attn, &a, iters, reps);
+    printf("RESULT attn_invariant %s B=%d T=%d ctx=%d normal_us=%.2f invariant_us=%.2f ratio=%.2f\n", what, B, T, ctx,
+           ms0 * 1e3, ms1 * 1e3, ms1 / ms0);
+    for (int i = 0; i < n; i++) qd_cuda_free(bufs[i]);
+}
+
+static void bench_invariant_all(void) {
+    bench_invariant("decode", 1, 1, 4096, 20, 7);
+    bench_invariant("decode", 32, 1, 4096, 20, 7);
+    bench_invariant("decode", 1, 1, 32768, 20, 7);
+    bench_invariant("prefill", 1, 4096, 4096, 3, 5);
+    bench_invariant("prefill", 1, 8192, 8192, 2, 3);
+}
+
 int main(int argc, char **argv) {
     /* --prefill-only: the T=8192 prefill alone, e.g. under a profiler */
     const int prefill_only = argc > 1 && strcmp(argv[1], "--prefill-only") == 0;
+    const int invariant_only = argc > 1 && strcmp(argv[1], "--invariant-only") == 0;
     if (qd_cuda_device_count() <= 0) {
         printf("attn_cuda_bench: skipped: no CUDA device\n");
         return 77;
@@ -137,10 +168,15 @@ int main(int argc, char **argv) {
         bench_prefill(8192);
         return 0;
     }
+    if (invariant_only) {
+        bench_invariant_all();
+        return 0;
+    }
     const int Ts[3] = {2048, 8192, 16384};
     for (int i = 0; i < 3; i++) bench_prefill(Ts[i]);
     const int Bs[3] = {1, 32, 128}, ctxs[2] = {4096, 32768};
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 2; j++) bench_decode(Bs[i], ctxs[j]);
+    bench_invariant_all();
     return 0;
 }

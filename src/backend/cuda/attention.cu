@@ -18,6 +18,15 @@
  * kernels only; a single longer span runs the prefill kernel only; a batch with
  * several spans, one of them longer, runs both, each skipping the other's spans.
  *
+ * Batch-invariant mode (args.invariant): every row runs the decode kernels,
+ * whatever its span, with a slice plan that depends on max_ctx alone
+ * (invariant_plan), so that a row's bits depend only on its query and its
+ * keys: not on the batch, its span or where its prompt was cut. Large batches
+ * go through in groups of rows, one (decode, combine) launch pair each, so
+ * that the split-K scratch stays bounded. The combine sums a row's slices in
+ * one fixed order in both modes (no float atomics), so results never vary
+ * from run to run.
+ *
  * Every grid depends only on host-side shapes; the decode grids only on n_rows
  * and max_ctx, so a decode step can be captured in a CUDA graph. Blocks whose
  * slice or tile lies past a row's length exit at once. Limits beyond the
@@ -39,6 +48,8 @@
 #define ATT_SPLIT_TARGET 512 /* (row, slice) pairs the decode grid aims for: a few waves of blocks */
 #define ATT_MIN_SPLIT 128   /* shortest context slice of a decode block */
 #define ATT_MAX_SPLITS 4096 /* slices of one row: bounds the combine kernel's shared weights (16 KB) */
+#define ATT_INV_SLICES 16   /* invariant mode: at most this many context slices per row */
+#define ATT_INV_PAIRS 2048  /* invariant mode: (row, slice) pairs of scratch per launch pair */
 #define ATT_LOG2E 1.4426950408889634f
 
 struct attn_params {
@@ -52,6 +63,8 @@ struct attn_params {
     uint16_t *out;
     float *work;
     int split_len, nsp; /* decode: context slice length and slice count */
+    int row0;           /* decode/combine: first row of this launch (blockIdx.x counts from it) */
+    int work_rows;      /* rows the split-K scratch is laid out for (row r at r - row0) */
 };
 
 /* ------------------------------------------------------------------ helpers */
@@ -335,7 +348,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *sQ = smem, *sK = sQ + 16 * LDS, *sV = sK + DEC_STAGES * ATT_TILE * LDS;
 
-    const int r = blockIdx.x, sl = blockIdx.z;
+    const int r = p.row0 + blockIdx.x, sl = blockIdx.z;
     const int G = p.nq / p.nkv, hg = (G + 15) / 16;
     const int kvh = blockIdx.y / hg, h0 = kvh * G + (blockIdx.y % hg) * 16;
     const int nh = min(16, kvh * G + G - h0);
@@ -465,7 +478,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
 
     const int hd = p.hd;
     const float *acc = reinterpret_cast<const float *>(sK);
-    float *pwo = p.work, *pml = p.work + (long long)p.n_rows * p.nq * p.nsp * hd;
+    float *pwo = p.work, *pml = p.work + (long long)p.work_rows * p.nq * p.nsp * hd;
     for (int idx = threadIdx.x; idx < nh * hd; idx += ATT_THREADS) {
         const int i = idx / hd, d = idx - i * hd;
         float v = 0.f;
@@ -477,7 +490,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
             if (p.gated) v *= sigmoidf_(p.qg[rh * 2 * hd + hd + d]);
             p.out[rh * hd + d] = qd_f2bf(v);
         } else {
-            const long long e = rh * p.nsp + sl;
+            const long long e = ((long long)blockIdx.x * p.nq + h0 + i) * p.nsp + sl;
             pwo[e * hd + d] = v;
             if (d == 0) {
                 pml[2 * e] = rowm[i];
@@ -488,22 +501,24 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
 }
 
 /* Block (row, query head): merges the row's slices, normalises, gates. The
- * slices' vectors are summed by COMB_THREADS / (hd/4) groups of threads, each
- * reading float4s, so that many loads are in flight even for one row. */
+ * slices' vectors are summed by ng = COMB_THREADS / (hd/4) groups of threads,
+ * each reading float4s, so that many loads are in flight even for one row;
+ * group j takes slices j, j+ng, ... in order and the groups' sums are added
+ * in group order: one fixed summation order for a given (hd, slice count),
+ * whatever the batch and the run. */
 #define COMB_THREADS 256
 __global__ void __launch_bounds__(COMB_THREADS) attn_combine_kernel(attn_params p, int mixed) {
-    extern __shared__ float csm[]; /* [hd] sums, then [nsp rounded up to 4] slice weights */
+    extern __shared__ float wts[]; /* [nsp rounded up to 4] slice weights */
+    __shared__ __align__(16) float part[COMB_THREADS * 4]; /* [ng][hd] group sums (ng * hd <= 4 * COMB_THREADS) */
     __shared__ float red[2][COMB_THREADS / 32];
-    const int r = blockIdx.x, h = blockIdx.y, hd = p.hd;
+    const int r = p.row0 + blockIdx.x, h = blockIdx.y, hd = p.hd;
     if (mixed && !row_in_short_span(p.spans, p.n_spans, r)) return;
-    float *acc = csm, *wts = csm + hd;
     const int n_keys = p.row_pos[r] + 1;
     const int ns = min((n_keys + p.split_len - 1) / p.split_len, p.nsp);
-    const long long base = ((long long)r * p.nq + h) * p.nsp;
+    const long long base = ((long long)blockIdx.x * p.nq + h) * p.nsp;
     const float *wo = p.work + base * hd;
-    const float *wml = p.work + (long long)p.n_rows * p.nq * p.nsp * hd + 2 * base;
+    const float *wml = p.work + (long long)p.work_rows * p.nq * p.nsp * hd + 2 * base;
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
-    for (int d = threadIdx.x; d < hd; d += COMB_THREADS) acc[d] = 0.f;
     float M = -INFINITY;
     for (int i = threadIdx.x; i < ns; i += COMB_THREADS) M = fmaxf(M, wml[2 * i]);
 #pragma unroll
@@ -540,16 +555,15 @@ __global__ void __launch_bounds__(COMB_THREADS) attn_combine_kernel(attn_params 
             a.z += f * x.z;
             a.w += f * x.w;
         }
-        atomicAdd(&acc[4 * c], a.x);
-        atomicAdd(&acc[4 * c + 1], a.y);
-        atomicAdd(&acc[4 * c + 2], a.z);
-        atomicAdd(&acc[4 * c + 3], a.w);
+        *(float4 *)(part + grp * hd + 4 * c) = a;
     }
     __syncthreads();
     const float inv = 1.0f / L;
     const long long rh = (long long)r * p.nq + h;
     for (int d = threadIdx.x; d < hd; d += COMB_THREADS) {
-        float v = acc[d] * inv;
+        float acc = part[d];
+        for (int x = 1; x < ng; x++) acc += part[x * hd + d];
+        float v = acc * inv;
         if (p.gated) v *= sigmoidf_(p.qg[rh * 2 * hd + hd + d]);
         p.out[rh * hd + d] = qd_f2bf(v);
     }
@@ -581,12 +595,48 @@ static void split_plan(int n_rows, int max_ctx, int *split_len, int *nsp) {
     }
 }
 
-extern "C" size_t qd_cuda_attn_work_bytes(int max_rows, int nq, int hd, int max_ctx) {
+/* The invariant mode's table, a function of max_ctx alone: at most
+ * ATT_INV_SLICES slices of max(ATT_MIN_SPLIT, max_ctx / ATT_INV_SLICES rounded
+ * up to the tile) keys. Slice k of every row is then keys [k len, (k+1) len)
+ * of its sequence, so its partial, and the combine over the row's slices,
+ * depend only on the row's query and keys. Sixteen slices: a single decode
+ * row still spreads over 16 x nkv blocks, while a prefill row of a long
+ * prompt pays the per-block overhead (query load, pipeline fill, warp merge,
+ * partial store) and the partials' traffic for 16 slices at most; slices of
+ * at least 2 tiles keep that overhead below the keys' own cost at short
+ * contexts. The same plan as split_plan's for 32 rows at 4k context. */
+static void invariant_plan(int max_ctx, int *split_len, int *nsp) {
+    if (max_ctx < 1) max_ctx = 1;
+    int len = (max_ctx + ATT_INV_SLICES - 1) / ATT_INV_SLICES;
+    len = (len + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    if (len < ATT_MIN_SPLIT) len = ATT_MIN_SPLIT;
+    *split_len = len;
+    *nsp = (max_ctx + len - 1) / len;
+    if (*nsp <= 1) {
+        *split_len = 1 << 30;
+        *nsp = 1;
+    }
+}
+
+/* Invariant mode: rows per (decode, combine) launch pair, so that the scratch
+ * holds at most ATT_INV_PAIRS (row, slice) partials; every row in one launch
+ * when a single slice is written directly. Rows are independent, so the
+ * grouping never changes a result. */
+static int invariant_group_rows(int nsp) { return nsp > 1 ? ATT_INV_PAIRS / nsp : 1 << 30; }
+
+extern "C" size_t qd_cuda_attn_work_bytes(int max_rows, int nq, int hd, int max_ctx, int invariant) {
     size_t best = 0;
-    for (int r = 1; r <= max_rows && r <= ATT_SPLIT_TARGET; r++) {
+    if (invariant) {
         int len, n;
-        split_plan(r, max_ctx, &len, &n);
-        if (n > 1 && (size_t)r * n > best) best = (size_t)r * n;
+        invariant_plan(max_ctx, &len, &n);
+        const int R = invariant_group_rows(n);
+        if (n > 1 && max_rows > 0) best = (size_t)(max_rows < R ? max_rows : R) * n;
+    } else {
+        for (int r = 1; r <= max_rows && r <= ATT_SPLIT_TARGET; r++) {
+            int len, n;
+            split_plan(r, max_ctx, &len, &n);
+            if (n > 1 && (size_t)r * n > best) best = (size_t)r * n;
+        }
     }
     return best * (size_t)(nq > 0 ? nq : 0) * (size_t)((hd > 0 ? hd : 0) + 2) * sizeof(float);
 }
@@ -607,32 +657,45 @@ static qd_status launch_prefill(const qd_cuda_attn_args *a, const attn_params &p
     return QD_OK;
 }
 
+/* Decode and combine of rows p.row0 .. p.row0 + rows - 1. */
 template <int HDP>
-static qd_status launch_decode(const qd_cuda_attn_args *a, const attn_params &p, int mixed, cudaStream_t st) {
+static qd_status launch_decode(const qd_cuda_attn_args *a, const attn_params &p, int rows, int mixed,
+                               cudaStream_t st) {
     const size_t sm = decode_smem<HDP>();
-    QD_CUDA_TRY(cudaFuncSetAttribute(attn_decode_kernel<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     const int G = a->nq / a->nkv;
-    const dim3 grid((unsigned)a->n_rows, (unsigned)(a->nkv * ((G + 15) / 16)), (unsigned)p.nsp);
+    const dim3 grid((unsigned)rows, (unsigned)(a->nkv * ((G + 15) / 16)), (unsigned)p.nsp);
     attn_decode_kernel<HDP><<<grid, ATT_THREADS, sm, st>>>(p, mixed);
     QD_CUDA_CHECK_LAUNCH("attn_decode_kernel");
     if (p.nsp > 1) {
-        attn_combine_kernel<<<dim3((unsigned)a->n_rows, (unsigned)a->nq), COMB_THREADS,
-                              (size_t)(a->hd + (p.nsp + 3) / 4 * 4) * sizeof(float),
-                              st>>>(p, mixed);
+        attn_combine_kernel<<<dim3((unsigned)rows, (unsigned)a->nq), COMB_THREADS,
+                              (size_t)((p.nsp + 3) / 4 * 4) * sizeof(float), st>>>(p, mixed);
         QD_CUDA_CHECK_LAUNCH("attn_combine_kernel");
     }
     return QD_OK;
 }
 
 template <int HDP>
-static qd_status run_attn(const qd_cuda_attn_args *a, const attn_params &p, cudaStream_t st) {
-    if (a->max_span_rows <= ATT_DEC_ROWS) return launch_decode<HDP>(a, p, 0, st);
+static qd_status run_attn(const qd_cuda_attn_args *a, attn_params &p, cudaStream_t st) {
+    QD_CUDA_TRY(cudaFuncSetAttribute(attn_decode_kernel<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)decode_smem<HDP>()));
+    if (a->invariant) {
+        /* every row through the decode kernels, in groups of rows that fit the scratch */
+        const int R = invariant_group_rows(p.nsp);
+        p.work_rows = a->n_rows < R ? a->n_rows : R;
+        for (int r0 = 0; r0 < a->n_rows; r0 += R) {
+            p.row0 = r0;
+            const qd_status s = launch_decode<HDP>(a, p, a->n_rows - r0 < R ? a->n_rows - r0 : R, 0, st);
+            if (s != QD_OK) return s;
+        }
+        return QD_OK;
+    }
+    if (a->max_span_rows <= ATT_DEC_ROWS) return launch_decode<HDP>(a, p, a->n_rows, 0, st);
     /* A single span is all prefill, whatever its actual length; several spans
      * may mix: short ones go to the decode kernels, which skip the long ones. */
     const int mixed = a->n_spans > 1;
     qd_status s = launch_prefill<HDP>(a, p, mixed, st);
     if (s != QD_OK || !mixed) return s;
-    return launch_decode<HDP>(a, p, 1, st);
+    return launch_decode<HDP>(a, p, a->n_rows, 1, st);
 }
 
 extern "C" qd_status qd_cuda_attn(const qd_cuda_attn_args *a, void *stream) {
@@ -656,7 +719,12 @@ extern "C" qd_status qd_cuda_attn(const qd_cuda_attn_args *a, void *stream) {
     p.spans = a->d_spans; p.block_tables = a->d_block_tables; p.mbps = a->max_blocks_per_seq;
     p.bs = a->block_size; p.inv_bs = 1.0f / (float)a->block_size; p.stride = (long long)a->block_stride; p.kc = a->d_kcache; p.vc = a->d_vcache;
     p.q = a->d_q; p.out = a->d_out; p.work = a->d_work;
-    split_plan(a->n_rows, a->max_ctx, &p.split_len, &p.nsp);
+    p.row0 = 0;
+    p.work_rows = a->n_rows;
+    if (a->invariant)
+        invariant_plan(a->max_ctx, &p.split_len, &p.nsp);
+    else
+        split_plan(a->n_rows, a->max_ctx, &p.split_len, &p.nsp);
     const int G = a->nq / a->nkv;
     if ((long long)a->nkv * ((G + 15) / 16) > 65535 || p.nsp > 65535 || (a->max_span_rows + ATT_TILE - 1) / ATT_TILE > 65535)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_attn: grid too large");

@@ -56,10 +56,16 @@ typedef struct qd_cuda_attn_args {
     uint16_t *d_q;               /* [n_rows][nq][hd] bf16 scratch: normed, rotated, pre-scaled queries */
     uint16_t *d_out;             /* [n_rows][nq * hd] bf16: attention output (times sigmoid(gate)) */
     float *d_work;               /* scratch of qd_cuda_attn_work_bytes() bytes (split-K partials) */
+    int invariant;               /* 1 = batch-invariant: a row's output bits depend only on its query and
+                                  * its sequence's keys (and max_ctx), not on the batch, its span or where
+                                  * its prompt was cut: every row runs the split-K decode kernel with a
+                                  * slice plan from max_ctx alone; slower for long spans */
 } qd_cuda_attn_args;
 
-/* Scratch bytes qd_cuda_attn needs for up to max_rows rows at contexts up to max_ctx. */
-size_t qd_cuda_attn_work_bytes(int max_rows, int nq, int hd, int max_ctx);
+/* Scratch bytes qd_cuda_attn needs for up to max_rows rows at contexts up to
+ * max_ctx, in the mode given by invariant (the args' field of that name); the
+ * invariant mode's is bounded whatever max_rows (large batches run in groups). */
+size_t qd_cuda_attn_work_bytes(int max_rows, int nq, int hd, int max_ctx, int invariant);
 
 /* q/k RMSNorm, partial RoPE, q to bf16 (scaled by hd^-0.5) into d_q, k/v to bf16 into the cache. */
 qd_status qd_cuda_attn_prep(const qd_cuda_attn_args *a, void *stream);

@@ -69,7 +69,8 @@ static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, qd_cuda_carve *cv
     g->ids = qd_cuda_take(cv, B * 4);
     g->lp = qd_cuda_take(cv, B * 4);
     if (m->n_attn > 0)
-        g->attn_work = qd_cuda_take(cv, qd_cuda_attn_work_bytes((int)B, c->attn_nq, c->attn_head_dim, ctx->params.max_ctx));
+        g->attn_work = qd_cuda_take(cv, qd_cuda_attn_work_bytes((int)B, c->attn_nq, c->attn_head_dim,
+                                                                ctx->params.max_ctx, ctx->params.batch_invariant));
     if (E > 0)
         g->moe_work = qd_cuda_take(cv, qd_cuda_moe_work_bytes((int)B, (int)H, c->moe_intermediate_size, (int)E, (int)k));
     g->meta_dev = qd_cuda_take(cv, g->meta_bytes);
