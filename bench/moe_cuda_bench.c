@@ -1,6 +1,6 @@
 /* Benchmark of the CUDA routed experts at the Qwen3.5-35B-A3B shape (H=2048,
- * E=256, k=8, I=512) for n = 1, 8, 64 (decode path) and 512, 4096 (prefill
- * path), plus a device-to-device copy for the bandwidth ceiling, all in one
+ * E=256, k=8, I=512) for n = 1..64 (the decode path, and the grouped GEMMs beside it)
+ * and 512, 4096 (grouped GEMMs), plus a device-to-device copy for the bandwidth ceiling, all in one
  * process. Each timed call uses one of 16 pre-drawn random routings (k
  * distinct uniform experts per token), so the weights of a call are mostly
  * not in L2 from the call before, as in a real step where every layer has its
@@ -84,6 +84,29 @@ static double graph_us(qd_cuda_moe_args a, const int32_t *dsel, const float *dw,
     return us;
 }
 
+/* Median microseconds per call of the experts over the pre-drawn routings. */
+static double time_experts(qd_cuda_moe_args *a, const int32_t *dsel, const float *dw, size_t P, int iters) {
+    for (int i = 0; i < 8; i++) {
+        a->d_sel = dsel + (i % NROUTE) * P;
+        a->d_w = dw + (i % NROUTE) * P;
+        TRY(qd_cuda_moe_experts(a, NULL));
+    }
+    qd_cuda_timer t;
+    TRY(qd_cuda_timer_create(&t));
+    float ms[7];
+    for (int r = 0; r < 7; r++) {
+        TRY(qd_cuda_timer_start(&t));
+        for (int i = 0; i < iters; i++) {
+            a->d_sel = dsel + (i % NROUTE) * P;
+            a->d_w = dw + (i % NROUTE) * P;
+            TRY(qd_cuda_moe_experts(a, NULL));
+        }
+        TRY(qd_cuda_timer_stop(&t, &ms[r]));
+    }
+    qd_cuda_timer_destroy(&t);
+    return median(ms, 7) * 1e3 / iters;
+}
+
 static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, double copy_gbs) {
     const size_t P = (size_t)n * K;
     int32_t *sel = malloc(NROUTE * P * 4);
@@ -113,32 +136,20 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, doubl
     TRY(qd_cuda_memset(dy, 0, (size_t)n * H * 4));
     void *work = upload(NULL, qd_cuda_moe_work_bytes(n, H, I, E, K));
     qd_cuda_moe_args a = {n, H, I, E, K, dx, dsel, dw, dgu, ddn, dy, work, NULL, 0};
-    const int iters = n >= 512 ? 10 : 40;
-    for (int i = 0; i < 8; i++) {
-        a.d_sel = dsel + (i % NROUTE) * P;
-        a.d_w = dw + (i % NROUTE) * P;
-        TRY(qd_cuda_moe_experts(&a, NULL));
-    }
-    qd_cuda_timer t;
-    TRY(qd_cuda_timer_create(&t));
-    float ms[7];
-    for (int r = 0; r < 7; r++) {
-        TRY(qd_cuda_timer_start(&t));
-        for (int i = 0; i < iters; i++) {
-            a.d_sel = dsel + (i % NROUTE) * P;
-            a.d_w = dw + (i % NROUTE) * P;
-            TRY(qd_cuda_moe_experts(&a, NULL));
-        }
-        TRY(qd_cuda_timer_stop(&t, &ms[r]));
-    }
-    qd_cuda_timer_destroy(&t);
-    const double us = median(ms, 7) * 1e3 / iters;
     const double bytes = distinct * 3.0 * I * H * 2;
-    const double gbs = bytes / (us * 1e-6) / 1e9;
-    const double tflops = 6.0 * I * H * (double)P / (us * 1e-6) / 1e12;
-    printf("RESULT moe n=%d us=%.2f GBps=%.0f pct_copy=%.1f experts_read=%.1f TFLOPS=%.1f path=%s\n", n, us, gbs,
-           100.0 * gbs / copy_gbs, distinct, tflops, n <= qd_cuda_moe_graph_max_tokens() ? "decode" : "prefill");
-    if (n <= qd_cuda_moe_graph_max_tokens()) {
+    const int table_decode = n <= qd_cuda_moe_graph_max_tokens() && n * K <= 1024;
+    /* the table's path, then at decode sizes also the grouped GEMMs (what batch-invariant
+     * mode takes at every n): where they cross over is the table's bound */
+    for (int grouped = 0; grouped <= table_decode; grouped++) {
+        a.invariant = grouped;
+        const double us = time_experts(&a, dsel, dw, P, n >= 512 ? 10 : 40);
+        const double gbs = bytes / (us * 1e-6) / 1e9;
+        const double tflops = 6.0 * I * H * (double)P / (us * 1e-6) / 1e12;
+        printf("RESULT moe n=%d us=%.2f GBps=%.0f pct_copy=%.1f experts_read=%.1f TFLOPS=%.1f path=%s\n", n, us, gbs,
+               100.0 * gbs / copy_gbs, distinct, tflops, table_decode && !grouped ? "decode" : "grouped");
+    }
+    a.invariant = 0;
+    if (table_decode) {
         const double gus = graph_us(a, dsel, dw, P);
         const double ggbs = bytes / (gus * 1e-6) / 1e9;
         if (gus > 0)
@@ -189,8 +200,8 @@ int main(int argc, char **argv) {
     if (argc > 1) { /* moe_cuda_bench n...: only these batch sizes (e.g. under a profiler) */
         for (int i = 1; i < argc; i++) bench_experts(atoi(argv[i]), dgu, ddn, bw);
     } else {
-        const int ns[5] = {1, 8, 64, 512, 4096};
-        for (int i = 0; i < 5; i++) bench_experts(ns[i], dgu, ddn, bw);
+        const int ns[] = {1, 8, 16, 24, 32, 48, 64, 512, 4096};
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) bench_experts(ns[i], dgu, ddn, bw);
         bench_route(1);
         bench_route(4096);
     }
