@@ -4,7 +4,7 @@
 # kernel benchmarks and the end-to-end `qdelta bench` runs, writes logs under
 # $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
 #
-#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [invariant]   default: tests kernels e2e
+#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant]   default: tests kernels e2e
 #     tp:    tensor / expert parallelism: test_cuda_tp (ranks sharing GPU 0, and NCCL when two or
 #            more GPUs are visible), then qdelta bench on the dummy Qwen3-Next-80B config cut to 8
 #            layers: unsplit, TP=2 and EP=2 (on one GPU the ranks share it: the split and the
@@ -15,6 +15,8 @@
 #            memory) and tiered (256 MiB of GPU memory over 4 GiB of host memory): TTFT p50/p95,
 #            prefill tokens, hits per chat turn, failed requests (any makes the part fail); and
 #            bench/invariance.py on the gpu_qwen3_5_moe_bf16 fixture (real weights)
+#     throughput: the 35B-A3B dummy served under the load of a published vLLM H200 figure (1000
+#            requests, 1024 in / 128 out, 512 concurrent; see the part)
 #     invariant: batch-invariant mode: test_cuda_batch_invariant, bench/invariance.py against
 #            --batch-invariant servers (gpu fixture, 35B-A3B dummy), qdelta bench of the 35B-A3B with
 #            and without the mode
@@ -195,6 +197,25 @@ if has serve; then
         --max-model-len 1024 >>"$SERVE_LOG" 2>&1 || status=1
 fi
 
+# the load of a published vLLM figure for the same model and GPU: GPUStack's performance lab,
+# Qwen3.5-35B-A3B (BF16) on one H200, vLLM v0.17.1 without tuning, "Throughput profile": 1000
+# random requests of 1024 prompt / 128 output tokens, 512 at a time: 37,935 total tok/s, 4,179
+# output tok/s, TTFT mean 5.81 s, TPOT mean 45.4 ms (docs/performance-lab/qwen3.5-35b-a3b/h200.md
+# in github.com/gpustack/gpustack). Here on the dummy weights (same shapes, random routing).
+THR_LOG="$LOGDIR/throughput.log"
+if has throughput; then
+    : >"$THR_LOG"
+    M="$BUILD/q35-dummy"
+    mkdir -p "$M" && cp bench/configs/qwen3_5_35b_a3b/config.json tests/data/qwen35-tokenizer/tokenizer.json "$M/"
+    "$BUILD/qdelta" serve -q -m "$M" --backend cuda --load-format dummy --port 18712 --max-num-seqs 512 \
+        --max-model-len 1280 --max-batch-tokens 8192 --max-waiting 1024 --http-threads 4 2>>"$THR_LOG" &
+    tpid=$!
+    for _ in $(seq 240); do curl -sf http://127.0.0.1:18712/health >/dev/null 2>&1 && break; sleep 1; done
+    timeout 400 python3 bench/loadgen.py --url http://127.0.0.1:18712 --concurrency 512 --input-len 1024 \
+        --output-len 128 --requests 1000 --id-range 100..150000 --markdown >>"$THR_LOG" 2>&1 || status=1
+    kill -INT $tpid; wait $tpid
+fi
+
 # batch-invariant mode (docs/batch-invariance.md): the engine test on the gpu_* fixtures,
 # bench/invariance.py against --batch-invariant servers (the gpu_qwen3_5_moe_bf16 fixture and the
 # 35B-A3B dummy: every request must match its solo run, no near-tie allowance), and what the mode
@@ -243,6 +264,7 @@ for t in test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn te
     test_cuda_batch_invariant; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
+[ -s "$THR_LOG" ] && grep -E "^\|" "$THR_LOG"
 if [ -s "$INV_LOG" ]; then
     grep -E "^RESULT invariance" "$INV_LOG"
     awk '/^=== qwen/ { mode = ($3 == "" ? "normal" : "invariant") }
