@@ -165,8 +165,16 @@ int qd_cmd_bench(int argc, char **argv) {
         fflush(stdout);
     }
     qd_seq_reset(ctx, 0);
-    /* decode: `batch` sequences each after a `context`-token prompt */
+    /* decode: `batch` sequences each after a `context`-token prompt of its own: with one
+     * prompt for all, every sequence would route its tokens to the same experts, which
+     * is not what a batch of different requests does (a MoE step would read 8 experts
+     * per layer where different requests read up to k x batch) */
     for (int b = 0; b < batch; b++) {
+        uint64_t sb = 0x9e3779b97f4a7c15ull * (uint64_t)(b + 1);
+        for (long i = 0; i < context; i++) {
+            sb = sb * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (int32_t)((sb >> 33) % (uint64_t)V);
+        }
         qd_span span = {b, ids, (int)context, QD_LOGITS_LAST};
         if (qd_forward_greedy(ctx, &span, 1, &next[b]) != QD_OK) { rc = fail(ctx); goto done; }
     }
