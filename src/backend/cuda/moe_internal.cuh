@@ -21,6 +21,9 @@
 #define QD_MOE_DN_ROWS 32
 /* Rows (sorted pairs) per tile of the prefill grouped GEMMs. */
 #define QD_MOE_BM 64
+/* Batches up to this many tokens run the grouped GEMMs with narrow weight tiles
+ * (moe_gemm_small: more blocks for a few experts' weights; the same sums). */
+#define QD_MOE_SMALL_MAX_TOKENS 16
 
 /* Views into d_work for one call of n tokens (P = n * k pairs). Every size
  * grows with n, so a scratch laid out for n_max holds any n <= n_max. */

@@ -19,7 +19,8 @@
  * GEMM tile: 64 rows x 128 weight rows (gate_up: 64 gate + the matching 64 up
  * rows, so silu(gate) * up is formed in registers), k-steps of 32 through a
  * 3-stage cp.async pipeline, 4 warps each 32 x 64, mma.sync m16n8k16 bf16
- * with fp32 accumulation. */
+ * with fp32 accumulation; up to QD_MOE_SMALL_MAX_TOKENS tokens, 16 x 64 tiles
+ * with the same sums (moe_gemm_small). */
 #include <math.h>
 
 #include "backend/cuda/cuda_util.h"
@@ -224,6 +225,121 @@ moe_gemm(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, const i
         }
 }
 
+/* Few tokens (a batch-invariant decode step takes this path at every n): moe_gemm's
+ * 128 weight rows per block leave a token's 8 experts on a few dozen blocks, each
+ * streaming its weights alone. This variant takes 64 weight rows per block, k-stages of
+ * 64 through a 4-stage ring, and the plan's tile in pieces of 16 sorted rows. Its sums
+ * are moe_gemm's: every output is one mma chain over the same 2 * ceil(K / 32) k16 steps
+ * (zero-filled past K) in the same order, and the same epilogue, so which kernel runs
+ * never changes a bit (test_cuda_moe compares a token alone with it in a batch).
+ *   MODE 0: smem rows 16w..16w+15 hold gate rows i = 8w..8w+7 of the block's 32, then
+ *           the same up rows, so warp w forms silu(gate) * up of its 8 columns;
+ *   MODE 1: warp w computes output columns 16w..16w+15 of the block's 64. */
+#define SM_BM 16
+#define SM_BN 64
+#define SM_BK 64
+#define SM_ST 4
+#define SM_LD 72 /* 144-byte rows: 16-byte aligned, ldmatrix conflict-free */
+
+template <int MODE>
+__global__ void __launch_bounds__(GM_NT)
+moe_gemm_small(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, const int32_t *__restrict__ seg,
+               const int32_t *__restrict__ n_tiles, const int2 *__restrict__ tiles, const int32_t *__restrict__ sorted,
+               uint16_t *__restrict__ act_out, float *__restrict__ out, int H, int I, int k) {
+    __shared__ __align__(16) uint16_t As[SM_ST][SM_BM][SM_LD];
+    __shared__ __align__(16) uint16_t Bs[SM_ST][SM_BN][SM_LD];
+    if ((int)blockIdx.y >= *n_tiles) return;
+    const int2 tl = tiles[blockIdx.y];
+    const int e = tl.x, row0 = tl.y, rows = min(GM_BM, seg[e + 1] - row0);
+    const int K = MODE == 0 ? H : I;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int cc = (tid & 7) * 8; /* this thread's 16-byte column chunk of a k-stage */
+    const int nk16 = 2 * ((K + 31) / 32), nst = (nk16 + 3) / 4;
+
+    /* weight rows of this block: 4 per thread (smem rows tid / 8 + 16 q) */
+    const uint16_t *b_src[4];
+    bool b_ok[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int j = (tid >> 3) + 16 * q;
+        size_t wrow;
+        if (MODE == 0) {
+            const int i = blockIdx.x * 32 + 8 * (j >> 4) + (j & 7);
+            b_ok[q] = i < I;
+            wrow = (size_t)e * 2 * I + ((j & 8) ? I : 0) + (b_ok[q] ? i : 0);
+        } else {
+            const int h = blockIdx.x * SM_BN + j;
+            b_ok[q] = h < H;
+            wrow = (size_t)e * H + (b_ok[q] ? h : 0);
+        }
+        b_src[q] = W + wrow * K;
+    }
+
+    for (int m0 = 0; m0 < rows; m0 += SM_BM) {
+        const int ar = m0 + (tid >> 3); /* this thread's A row (16 rows x 8 chunks) */
+        const bool a_ok = ar < rows;
+        const int rr = a_ok ? row0 + ar : row0;
+        const uint16_t *a_src = MODE == 0 ? A + (size_t)(sorted[rr] / k) * H : A + (size_t)rr * I;
+        auto load = [&](int st, int s) {
+            const int kc = s * SM_BK + cc;
+            const bool kin = kc < K; /* K % 8 == 0: a chunk is all in or all out */
+            qd_cp_async16(&As[st][tid >> 3][cc], a_src + (kin ? kc : 0), a_ok && kin);
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                qd_cp_async16(&Bs[st][(tid >> 3) + 16 * q][cc], b_src[q] + (kin ? kc : 0), b_ok[q] && kin);
+        };
+        float acc[2][4];
+#pragma unroll
+        for (int t = 0; t < 2; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+        __syncthreads(); /* the previous piece's readers are done with the ring */
+#pragma unroll
+        for (int s = 0; s < SM_ST - 1; s++) {
+            if (s < nst) load(s, s);
+            qd_cp_async_commit();
+        }
+        for (int s = 0; s < nst; s++) {
+            qd_cp_async_wait<SM_ST - 2>();
+            __syncthreads();
+            const int ns = s + SM_ST - 1;
+            if (ns < nst) load(ns % SM_ST, ns);
+            qd_cp_async_commit();
+            const int st = s % SM_ST;
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                if (s * 4 + kk >= nk16) break; /* the same k16 steps as moe_gemm, no more */
+                uint32_t af[4], r[4];
+                ldmatrix_x4(af, &As[st][lane & 15][kk * 16 + (lane >> 4) * 8]);
+                ldmatrix_x4(r, &Bs[st][16 * warp + (lane & 7) + (lane >> 4) * 8][kk * 16 + ((lane >> 3) & 1) * 8]);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                mma_bf16(acc[0], af, b0);
+                mma_bf16(acc[1], af, b1);
+            }
+        }
+        qd_cp_async_wait<0>();
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = m0 + (lane >> 2) + half * 8;
+            if (r >= rows) continue;
+            const size_t grow = (size_t)row0 + r;
+            if (MODE == 0) {
+                const int i = blockIdx.x * 32 + 8 * warp + 2 * (lane & 3);
+                if (i >= I) continue;
+                const float g0 = acc[0][2 * half], g1 = acc[0][2 * half + 1];
+                const float u0 = acc[1][2 * half], u1 = acc[1][2 * half + 1];
+                *(uint32_t *)(act_out + grow * I + i) =
+                    qd_pack_bf2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+            } else {
+#pragma unroll
+                for (int t = 0; t < 2; t++) {
+                    const int h = blockIdx.x * SM_BN + 16 * warp + 8 * t + 2 * (lane & 3);
+                    if (h >= H) continue;
+                    *(float2 *)(out + grow * H + h) = make_float2(acc[t][2 * half], acc[t][2 * half + 1]);
+                }
+            }
+        }
+    }
+}
+
 /* y[t][h..h+3] += sum_j w[t][j] out[pos[t][j]][h..h+3], j in order. */
 __global__ void __launch_bounds__(256)
 moe_combine(const int32_t *__restrict__ pos, const float *__restrict__ wts, const float *__restrict__ out,
@@ -258,12 +374,21 @@ qd_status qd_moe_prefill(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaSt
     uint16_t *act = (uint16_t *)w->act;
     moe_plan<<<1, PL_NT, 0, s>>>(a->d_sel, (int)P, a->E, w->seg, w->n_tiles, w->tiles, w->sorted, w->pos);
     QD_CUDA_CHECK_LAUNCH("moe_plan");
-    moe_gemm<0><<<dim3((unsigned)((a->I + GM_BN / 2 - 1) / (GM_BN / 2)), (unsigned)max_tiles), GM_NT, 0, s>>>(
-        a->d_x, a->d_gate_up, w->seg, w->n_tiles, w->tiles, w->sorted, act, NULL, a->H, a->I, a->k);
-    QD_CUDA_CHECK_LAUNCH("moe_gemm gate_up");
-    moe_gemm<1><<<dim3((unsigned)((a->H + GM_BN - 1) / GM_BN), (unsigned)max_tiles), GM_NT, 0, s>>>(
-        act, a->d_down, w->seg, w->n_tiles, w->tiles, w->sorted, NULL, w->out, a->H, a->I, a->k);
-    QD_CUDA_CHECK_LAUNCH("moe_gemm down");
+    if (a->n <= QD_MOE_SMALL_MAX_TOKENS) { /* kernel table: narrow weight tiles for a few tokens */
+        moe_gemm_small<0><<<dim3((unsigned)((a->I + 31) / 32), (unsigned)max_tiles), GM_NT, 0, s>>>(
+            a->d_x, a->d_gate_up, w->seg, w->n_tiles, w->tiles, w->sorted, act, NULL, a->H, a->I, a->k);
+        QD_CUDA_CHECK_LAUNCH("moe_gemm_small gate_up");
+        moe_gemm_small<1><<<dim3((unsigned)((a->H + SM_BN - 1) / SM_BN), (unsigned)max_tiles), GM_NT, 0, s>>>(
+            act, a->d_down, w->seg, w->n_tiles, w->tiles, w->sorted, NULL, w->out, a->H, a->I, a->k);
+        QD_CUDA_CHECK_LAUNCH("moe_gemm_small down");
+    } else {
+        moe_gemm<0><<<dim3((unsigned)((a->I + GM_BN / 2 - 1) / (GM_BN / 2)), (unsigned)max_tiles), GM_NT, 0, s>>>(
+            a->d_x, a->d_gate_up, w->seg, w->n_tiles, w->tiles, w->sorted, act, NULL, a->H, a->I, a->k);
+        QD_CUDA_CHECK_LAUNCH("moe_gemm gate_up");
+        moe_gemm<1><<<dim3((unsigned)((a->H + GM_BN - 1) / GM_BN), (unsigned)max_tiles), GM_NT, 0, s>>>(
+            act, a->d_down, w->seg, w->n_tiles, w->tiles, w->sorted, NULL, w->out, a->H, a->I, a->k);
+        QD_CUDA_CHECK_LAUNCH("moe_gemm down");
+    }
     moe_combine<<<dim3((unsigned)((a->H + 1023) / 1024), (unsigned)a->n), 256, 0, s>>>(w->pos, a->d_w, w->out,
                                                                                       a->d_y, a->H, a->k);
     QD_CUDA_CHECK_LAUNCH("moe_combine");
