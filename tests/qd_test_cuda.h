@@ -39,4 +39,30 @@ static inline uint16_t *qd_test_round_bf16(float *x, size_t n) {
     return b;
 }
 
+/* n normal random floats times scale (4 spare bytes past the end, for vector reads). */
+static inline float *qd_test_rnd(qd_test_rng *rng, size_t n, float scale) {
+    float *x = malloc(n * sizeof(float) + 4);
+    if (x)
+        for (size_t i = 0; i < n; i++) x[i] = qd_test_normal(rng) * scale;
+    CHECK(x != NULL);
+    return x;
+}
+
+/* A device copy of h, or poisoned device memory when h is NULL (0xff: NaN as fp32 and
+ * bf16, -1 as int32), so that an element a kernel fails to write shows. */
+static inline void *qd_test_dev(const void *h, size_t bytes) {
+    void *d = qd_test_dev_upload(h, bytes);
+    CHECK(d != NULL);
+    if (d && !h) CHECK(qd_cuda_memset(d, 0xff, bytes) == QD_OK);
+    return d;
+}
+
+/* A host copy of device memory, after the device is idle (4 spare bytes). */
+static inline void *qd_test_host(const void *d, size_t bytes) {
+    void *h = malloc(bytes + 4);
+    CHECK(h != NULL && qd_cuda_sync() == QD_OK);
+    CHECK(h != NULL && qd_cuda_memcpy_d2h(h, d, bytes) == QD_OK);
+    return h;
+}
+
 #endif

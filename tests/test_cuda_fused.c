@@ -46,24 +46,10 @@
 
 static qd_test_rng rng;
 
-static float *rnd(size_t n, float scale) {
-    float *x = malloc(n * sizeof(float) + 4);
-    for (size_t i = 0; i < n; i++) x[i] = qd_test_normal(&rng) * scale;
-    return x;
-}
-/* device copy of h, or poisoned (0xff: NaN as fp32 and bf16, -1 as int) device memory when h is NULL */
-static void *dev(const void *h, size_t bytes) {
-    void *d = qd_test_dev_upload(h, bytes);
-    CHECK(d != NULL);
-    if (d && !h) CHECK(qd_cuda_memset(d, 0xff, bytes) == QD_OK);
-    return d;
-}
-static void *host(const void *d, size_t bytes) {
-    void *h = malloc(bytes + 4);
-    CHECK(qd_cuda_sync() == QD_OK);
-    CHECK(qd_cuda_memcpy_d2h(h, d, bytes) == QD_OK);
-    return h;
-}
+/* the shared helpers of qd_test_cuda.h, on this file's generator */
+static float *rnd(size_t n, float scale) { return qd_test_rnd(&rng, n, scale); }
+static void *dev(const void *h, size_t bytes) { return qd_test_dev(h, bytes); }
+static void *host(const void *d, size_t bytes) { return qd_test_host(d, bytes); }
 static float *widen(const uint16_t *b, size_t n) {
     float *f = malloc(n * sizeof(float) + 4);
     for (size_t i = 0; i < n; i++) f[i] = qd_bf16_to_f32(b[i]);

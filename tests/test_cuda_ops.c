@@ -22,24 +22,10 @@
 
 static qd_test_rng rng;
 
-static float *rnd(size_t n, float scale) {
-    float *x = malloc(n * sizeof(float) + 4);
-    for (size_t i = 0; i < n; i++) x[i] = qd_test_normal(&rng) * scale;
-    return x;
-}
-static void *dev(const void *h, size_t bytes) {
-    void *d = NULL;
-    CHECK(qd_cuda_malloc(&d, bytes) == QD_OK);
-    if (h) CHECK(qd_cuda_memcpy_h2d(d, h, bytes) == QD_OK);
-    else CHECK(qd_cuda_memset(d, 0xff, bytes) == QD_OK); /* poison: NaN as fp32 and bf16 */
-    return d;
-}
-static void *host(const void *d, size_t bytes) {
-    void *h = malloc(bytes + 4);
-    CHECK(qd_cuda_sync() == QD_OK);
-    CHECK(qd_cuda_memcpy_d2h(h, d, bytes) == QD_OK);
-    return h;
-}
+/* the shared helpers of qd_test_cuda.h, on this file's generator */
+static float *rnd(size_t n, float scale) { return qd_test_rnd(&rng, n, scale); }
+static void *dev(const void *h, size_t bytes) { return qd_test_dev(h, bytes); }
+static void *host(const void *d, size_t bytes) { return qd_test_host(d, bytes); }
 
 /* |got - ref| <= atol + rtol |ref| for every element (NaN fails); returns the worst ratio */
 static double compare(const char *what, const float *got, const float *ref, size_t n, double rtol, double atol) {
