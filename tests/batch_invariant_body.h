@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "qd_test.h"
+#include "qd_fixtures.h"
 #include "runtime/engine.h"
 
 #define BI_REQ 20
@@ -236,16 +237,3 @@ static void bi_check_params(qd_model *m) {
     CHECKF(strstr(err.msg, "batch-invariant") != NULL, "unclear error: %s", err.msg);
 }
 
-static qd_model *bi_load(const char *dir, qd_backend_kind backend) {
-    qd_model_params mp = qd_model_default_params();
-    mp.path = dir;
-    mp.n_threads = 2;
-    mp.backend = backend;
-    qd_model *m;
-    char err[1024];
-    if (qd_model_load(&mp, &m, err, sizeof err) != QD_OK) {
-        CHECKF(0, "%s: %s", dir, err);
-        return NULL;
-    }
-    return m;
-}

@@ -1,6 +1,6 @@
 /* The golden fixtures (tests/fixtures/<model>/, tools/make_fixtures.py and
  * tools/make_gpu_fixtures.py) as the tests walk them: model directories and
- * prompt files in sorted order, token-id files parsed. Include after qd_test.h. */
+ * prompt files in sorted order, token-id files parsed, models loaded. */
 #ifndef QD_FIXTURES_H
 #define QD_FIXTURES_H
 
@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include "qd_test.h"
+#include "qdelta.h"
 
 #define QD_FIXTURES "tests/fixtures"
 
@@ -61,6 +64,21 @@ static inline int qd_fixture_prompts(const char *dir, char **names, int max) {
     if (d) closedir(d);
     qsort(names, (size_t)n, sizeof(char *), qd_fixture_cmp_str);
     return n;
+}
+
+/* Loads the model in dir on a backend with 2 CPU threads (CHECK fails, naming dir and the
+ * loader's message, and NULL comes back when it cannot be loaded). */
+static inline qd_model *qd_fixture_load(const char *dir, qd_backend_kind backend, int tensor_parallel_size) {
+    qd_model_params mp = qd_model_default_params();
+    mp.path = dir;
+    mp.n_threads = 2;
+    mp.backend = backend;
+    mp.tensor_parallel_size = tensor_parallel_size;
+    qd_model *m = NULL;
+    char err[1024];
+    const qd_status s = qd_model_load(&mp, &m, err, sizeof err);
+    CHECKF(s == QD_OK, "%s: %s", dir, err);
+    return s == QD_OK ? m : NULL;
 }
 
 #endif

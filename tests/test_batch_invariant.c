@@ -8,7 +8,7 @@ int main(void) {
                           "tests/fixtures/qwen3_next_dense_flat_norenorm_f32", "tests/fixtures/qwen3_next_moe_bf16",
                           "models/qdelta-tiny"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
-        qd_model *m = bi_load(dirs[i], QD_BACKEND_CPU);
+        qd_model *m = qd_fixture_load(dirs[i], QD_BACKEND_CPU, 1);
         if (!m) continue;
         if (i == 0) bi_check_params(m);
         bi_check_model(m, dirs[i]);

@@ -13,7 +13,7 @@ int main(void) {
     const char *dirs[] = {"tests/fixtures/gpu_qwen3_5_dense_bf16", "tests/fixtures/gpu_qwen3_5_moe_bf16",
                           "tests/fixtures/gpu_qwen3_next_moe_bf16"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
-        qd_model *m = bi_load(dirs[i], QD_BACKEND_CUDA);
+        qd_model *m = qd_fixture_load(dirs[i], QD_BACKEND_CUDA, 1);
         if (!m) continue;
         if (i == 0) bi_check_params(m);
         bi_check_model(m, dirs[i]);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "qd_test.h"
+#include "qd_fixtures.h"
 #include "runtime/engine.h"
 
 #define N_REQ 18
@@ -493,18 +494,7 @@ static void check_lifecycle(qd_model *m, const char *dir) {
     qd_engine_free(e);
 }
 
-static qd_model *load(const char *dir) {
-    qd_model_params mp = qd_model_default_params();
-    mp.path = dir;
-    mp.n_threads = 2;
-    qd_model *m;
-    char err[1024];
-    if (qd_model_load(&mp, &m, err, sizeof err) != QD_OK) {
-        CHECKF(0, "%s: %s", dir, err);
-        return NULL;
-    }
-    return m;
-}
+static qd_model *load(const char *dir) { return qd_fixture_load(dir, QD_BACKEND_CPU, 1); }
 
 int main(void) {
     rng = qd_test_rng_from_env();

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "qd_test.h"
+#include "qd_fixtures.h"
 #include "qd_test_snap.h"
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
@@ -472,19 +473,7 @@ static void snapshot_hint(qd_model *m, const char *dir) {
     qd_engine_free(cached);
 }
 
-static qd_model *load_tp(const char *dir, int tp) {
-    qd_model_params mp = qd_model_default_params();
-    mp.path = dir;
-    mp.n_threads = 2;
-    mp.tensor_parallel_size = tp;
-    qd_model *m;
-    char err[1024];
-    if (qd_model_load(&mp, &m, err, sizeof err) != QD_OK) {
-        CHECKF(0, "%s: %s", dir, err);
-        return NULL;
-    }
-    return m;
-}
+static qd_model *load_tp(const char *dir, int tp) { return qd_fixture_load(dir, QD_BACKEND_CPU, tp); }
 
 static qd_model *load(const char *dir) { return load_tp(dir, 1); }
 
