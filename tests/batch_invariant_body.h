@@ -7,8 +7,8 @@
  * once:
  *   (a) a budget of 128 tokens per step: prompts cut into pieces, prefills mixed with
  *       decodes of other requests, batches of every size;
- *   (b) a KV pool far too small: preemptions, whose recompute feeds prompt and
- *       generated tokens again;
+ *   (b) a KV pool far too small (and a fixed shape that must preempt): preemptions,
+ *       whose recompute feeds prompt and generated tokens again;
  *   (c) the prefix cache on, prompts sharing a 130-token prefix, run twice: the second
  *       round restores cached states;
  * and the same requests alone again (run-to-run). Requests: prompt lengths around the
@@ -208,8 +208,31 @@ static void bi_check_model(qd_model *m, const char *dir) {
         qd_engine_stats st;
         qd_engine_get_stats(e, &st);
         printf("  %s: small pool: %llu preemptions\n", dir, (unsigned long long)st.preemptions);
-        CHECKF(st.preemptions > 0, "%s: the small pool caused no preemption", dir);
         bi_compare(dir, "together, small KV pool", got, alone, BI_REQ);
+        qd_engine_free(e);
+    }
+    /* (b') a random set need not overflow the pool, so also a shape that must: six requests
+     * of 30 + 20 tokens at once into 14 blocks of 16; four fill the first step, a fifth the
+     * next (2 blocks each, a block per running request held back keeps the sixth waiting),
+     * and 32 tokens in, the five need a third block each: 15 > 14 */
+    static bi_req pr[6];
+    static bi_out palone[6], ptog[6];
+    bi_make_requests(pr, 6, V, NULL, 0);
+    for (int i = 0; i < 6; i++) {
+        pr[i].n_prompt = 30;
+        pr[i].rp.max_tokens = 20;
+    }
+    if ((e = bi_engine(m, 512, 0, 0))) {
+        bi_run_alone(e, pr, 6, palone);
+        qd_engine_free(e);
+    }
+    if ((e = bi_engine(m, 128, 14, 0))) {
+        bi_run_together(e, pr, 6, ptog);
+        qd_engine_stats st;
+        qd_engine_get_stats(e, &st);
+        printf("  %s: pool of 14 blocks: %llu preemptions\n", dir, (unsigned long long)st.preemptions);
+        CHECKF(st.preemptions > 0, "%s: six requests of 50 tokens in 14 blocks caused no preemption", dir);
+        bi_compare(dir, "together, preempted", ptog, palone, 6);
         qd_engine_free(e);
     }
     /* (c) prefix cache: the shared-prefix requests twice, the second round from the cache */
