@@ -15,7 +15,9 @@
  * n = 1, the share of the HBM peak). `linear_cuda_bench tiles` times every tile of
  * the invariant product on bf16 x beside qd_cuda_matmul (the GEMV up to n = 8,
  * cuBLAS above) over n = 1 .. 2048: the measurements behind
- * qd_cuda_matmul_invariant_choice (not part of the default run).
+ * qd_cuda_matmul_invariant_choice; `linear_cuda_bench chains` times the chain counts
+ * S = 1 .. 32 on every matrix of the models: the measurements behind
+ * qd_cuda_matmul_invariant_chains (neither part of the default run).
  *
  * Every timing is a CUDA graph replay on a created stream, how the engine runs
  * a decode step (no host launch cost; the fused kernels are programmatic
@@ -315,19 +317,21 @@ static void bench_invariant(const lin_shape *s) {
         char hbm[48] = "";
         if (r.n == 1) snprintf(hbm, sizeof hbm, " inv_HBM=%.0f%%", 100.0 * gbs / g_hbm);
         printf("RESULT inv model=%s shape=%s kind=%s MiB=%.1f n=%d table_us=%.2f inv_us=%.2f inv/table=%.3f "
-               "inv_GBps=%.0f%s tile=%s\n",
+               "inv_GBps=%.0f%s tile=%s S=%d\n",
                s->model, s->name, kind_name(s->kind), (double)wbytes / (1 << 20), r.n, t, v, v / t, gbs, hbm,
-               qd_cuda_matmul_invariant_tile_name(qd_cuda_matmul_invariant_choice(s->rows[0], s->cols, r.n)));
+               qd_cuda_matmul_invariant_tile_name(qd_cuda_matmul_invariant_choice(s->rows[0], s->cols, r.n)),
+               qd_cuda_matmul_invariant_chains(s->rows[0], s->cols));
         fflush(stdout);
     }
     TRY(qd_cuda_sync());
     qd_cuda_free(r.W);
 }
 
-/* Every tile of the invariant product on bf16 x, beside qd_cuda_matmul (tile -2). */
+/* Every tile of the invariant product on bf16 x, beside qd_cuda_matmul (tile -2);
+ * chains: the shape's count when 0. */
 typedef struct tile_run {
     int64_t rows, cols, wcount;
-    int n, tile, copies;
+    int n, tile, copies, chains;
     uint16_t *W;
 } tile_run;
 
@@ -335,8 +339,97 @@ static qd_status tile_call(void *ctx, int i) {
     const tile_run *r = ctx;
     const uint16_t *W = r->W + (size_t)(i % r->copies) * (size_t)r->wcount;
     if (r->tile == -2) return qd_cuda_matmul(g_blas, W, r->rows, r->cols, a_x, r->cols, r->n, a_y[0], r->rows, 0);
-    return qd_cuda_matmul_invariant_tile(r->tile, W, r->rows, r->cols, a_x, r->cols, r->n, a_y[0], r->rows, 0,
-                                         g_stream);
+    return qd_cuda_matmul_invariant_chained(r->tile, r->chains, W, r->rows, r->cols, a_x, r->cols, r->n, a_y[0],
+                                            r->rows, 0, g_stream);
+}
+
+static void tile_alloc(tile_run *r, int64_t rows, int64_t cols, uint64_t seed) {
+    r->rows = rows;
+    r->cols = cols;
+    r->wcount = rows * cols;
+    const size_t wbytes = (size_t)r->wcount * 2;
+    r->copies = (int)((ROTATE_BYTES + wbytes - 1) / wbytes);
+    r->W = dummy_bf16((size_t)r->copies * wbytes / 2, sqrtf(3.0f / (float)cols), seed);
+    TRY(qd_cuda_sync());
+}
+
+/* The measurements behind qd_cuda_matmul_invariant_chains: every distinct matrix of
+ * the models' projections, chain counts S = 1 .. 32, the tiles that take them, at
+ * n = 1, 8, 32 (the decode tiles) and NPF (the prefill tiles, matrices below 128 MiB:
+ * the larger ones keep one chain). RESULT chain lines: time, share of the HBM peak
+ * (n = 1), ratio to the same tile at S = 1; RESULT chainbest: the fastest per S. */
+static void bench_chains(void) {
+    int64_t shp[64][2];
+    int ns_ = 0;
+    for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
+        if (!strcmp(SHAPES[i].model, "sweep")) continue;
+        for (int j = 0; j < SHAPES[i].n_out; j++) {
+            int dup = 0;
+            for (int q = 0; q < ns_; q++) dup |= shp[q][0] == SHAPES[i].rows[j] && shp[q][1] == SHAPES[i].cols;
+            if (!dup && ns_ < 64) {
+                shp[ns_][0] = SHAPES[i].rows[j];
+                shp[ns_][1] = SHAPES[i].cols;
+                ns_++;
+            }
+        }
+    }
+    static const int nsz[] = {1, 8, 32, NPF};
+    static const int Ss[] = {1, 2, 4, 8, 16, 32};
+    for (int q = 0; q < ns_; q++) {
+        tile_run r = {0};
+        tile_alloc(&r, shp[q][0], shp[q][1], 0x7117 + (uint64_t)q);
+        const size_t wbytes = (size_t)r.wcount * 2;
+        const double mib = (double)wbytes / (1 << 20);
+        const int ncalls = r.copies * ((MIN_CALLS + r.copies - 1) / r.copies);
+        for (size_t k = 0; k < sizeof nsz / sizeof nsz[0]; k++) {
+            r.n = nsz[k];
+            if (r.n == NPF && mib >= 128) continue;
+            if (r.n > 1 && mib >= 300) continue;
+            const int calls = r.n == NPF ? PF_CALLS : ncalls;
+            double base[32];
+            for (int t = 0; t < 32; t++) base[t] = 0;
+            for (size_t si = 0; si < sizeof Ss / sizeof Ss[0]; si++) {
+                r.chains = Ss[si];
+                if (r.chains > 1 && mib >= 300 && r.chains > 2) continue;
+                double best = 1e30;
+                int bt = -1;
+                for (int t = 0; t < qd_cuda_matmul_invariant_tiles(); t++) {
+                    const char *nm = qd_cuda_matmul_invariant_tile_name(t);
+                    const int kgroups = strchr(nm, 'c') != NULL, big = !strncmp(nm, "w128", 4);
+                    /* the tiles each size would take (the tiles part measured the others slower) */
+                    if (r.n == NPF ? !big : big) continue;
+                    if (r.n == 1 && !kgroups && t != 1) continue;
+                    if (r.n == 8 && (kgroups ? strcmp(nm, "w16xt16c4") && strcmp(nm, "w16xt16c8") &&
+                                                   strcmp(nm, "w32xt16c4")
+                                             : t != 1))
+                        continue;
+                    if (r.n == 32 && (kgroups ? strncmp(nm, "w32xt32", 7) && strncmp(nm, "w16xt32", 7)
+                                              : t != 2 && t != 4 && t != 1))
+                        continue;
+                    if (r.n > 1 && r.chains > 16) continue;
+                    r.tile = t;
+                    const double us = time_calls(tile_call, &r, calls);
+                    if (r.chains == 1) base[t] = us;
+                    if (us < best) {
+                        best = us;
+                        bt = t;
+                    }
+                    char hbm[32] = "";
+                    if (r.n == 1) snprintf(hbm, sizeof hbm, " HBM=%.0f%%", 100.0 * wbytes / (us * 1e3) / g_hbm);
+                    printf("RESULT chain rows=%lld cols=%lld MiB=%.1f n=%d S=%d tile=%s us=%.2f%s vsS1=%.3f\n",
+                           (long long)r.rows, (long long)r.cols, mib, r.n, r.chains, nm, us, hbm,
+                           base[t] > 0 ? us / base[t] : 0.0);
+                    fflush(stdout);
+                }
+                printf("RESULT chainbest rows=%lld cols=%lld n=%d S=%d best=%s us=%.2f rule_S=%d\n", (long long)r.rows,
+                       (long long)r.cols, r.n, r.chains, qd_cuda_matmul_invariant_tile_name(bt), best,
+                       qd_cuda_matmul_invariant_chains(r.rows, r.cols));
+                fflush(stdout);
+            }
+        }
+        TRY(qd_cuda_sync());
+        qd_cuda_free(r.W);
+    }
 }
 
 static void bench_tiles(void) {
@@ -344,14 +437,9 @@ static void bench_tiles(void) {
     static const int ns[] = {1, 8, 16, 32, 64, 128, 512, NPF};
     for (size_t q = 0; q < sizeof shp / sizeof shp[0]; q++) {
         tile_run r = {0};
-        r.rows = shp[q][0];
-        r.cols = shp[q][1];
-        r.wcount = r.rows * r.cols;
+        tile_alloc(&r, shp[q][0], shp[q][1], 0x7117 + (uint64_t)q);
         const size_t wbytes = (size_t)r.wcount * 2;
-        r.copies = (int)((ROTATE_BYTES + wbytes - 1) / wbytes);
-        r.W = dummy_bf16((size_t)r.copies * wbytes / 2, sqrtf(3.0f / (float)r.cols), 0x7117 + (uint64_t)q);
         const int ncalls = r.copies * ((MIN_CALLS + r.copies - 1) / r.copies);
-        TRY(qd_cuda_sync());
         for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
             r.n = ns[k];
             const int calls = r.n >= 512 ? PF_CALLS : ncalls;
@@ -504,10 +592,11 @@ int main(int argc, char **argv) {
         printf(BENCH_NAME ": skipped: no CUDA device\n");
         return 77;
     }
-    /* parts: linear (the table's paths), invariant, moe; default all three; tiles only when named */
+    /* parts: linear (the table's paths), invariant, moe; default all three; tiles and chains only when named */
     const char *part = argc > 1 ? argv[1] : "";
     const int all = !*part, do_lin = all || !strcmp(part, "linear"), do_inv = all || !strcmp(part, "invariant"),
-              do_moe = all || !strcmp(part, "moe"), do_tiles = !strcmp(part, "tiles");
+              do_moe = all || !strcmp(part, "moe"), do_tiles = !strcmp(part, "tiles"),
+              do_chains = !strcmp(part, "chains");
     char name[128];
     int sms = 0;
     TRY(qd_cuda_device_info(name, sizeof name, &sms));
@@ -523,13 +612,13 @@ int main(int argc, char **argv) {
     }
     printf("device: %s, %d SMs\nRESULT copy_GBps=%.0f (read + write; a weight stream reads only) hbm_peak_GBps=%.0f\n",
            name, sms, g_copy, g_hbm);
-    if (do_lin || do_inv || do_tiles) {
+    if (do_lin || do_inv || do_tiles || do_chains) {
         int64_t maxc = 0, maxr = 0;
         for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
             maxc = SHAPES[i].cols > maxc ? SHAPES[i].cols : maxc;
             for (int j = 0; j < SHAPES[i].n_out; j++) maxr = SHAPES[i].rows[j] > maxr ? SHAPES[i].rows[j] : maxr;
         }
-        const size_t N = do_inv || do_tiles ? NPF : NMAX;
+        const size_t N = do_inv || do_tiles || do_chains ? NPF : NMAX;
         a_h = upload_f32(N * maxc, 1.f, 0.f);
         a_w = upload_f32((size_t)maxc, 0.2f, 0.f);
         a_z = upload_f32(N * 2 * maxc, 2.f, 0.f);
@@ -548,6 +637,7 @@ int main(int argc, char **argv) {
             for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++)
                 if (strcmp(SHAPES[i].model, "sweep") != 0) bench_invariant(&SHAPES[i]);
         if (do_tiles) bench_tiles();
+        if (do_chains) bench_chains();
         void *bufs[] = {a_h, a_w, a_z, a_gu, a_x, a_o, a_scratch, a_y[0], a_y[1], a_y[2], a_sy};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) qd_cuda_free(bufs[i]);
     }

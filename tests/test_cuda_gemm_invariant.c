@@ -3,14 +3,16 @@
  * inputs (seed printed; QD_TEST_SEED replays it), outputs poisoned (NaN) first:
  *
  *  (a) accuracy against a double-precision CPU product on awkward shapes (rows 1 to
- *      4099 and the 248320 of an lm_head, cols 8 to 2056, n 1 to 1100 and 5000),
+ *      4099 and the 248320 of an lm_head, cols 8 to 4096, n 1 to 1100 and 5000),
  *      stored and accumulated, x rows at ldx > cols (the gap holds NaN, which must not
  *      be read) and y rows at ldy > rows (the gap must keep its bits), every element
- *      within a bound derived from sum |x| |w|; and every tile shape gives the bits
- *      of the table's pick;
+ *      within a bound derived from sum |x| |w|; each with the shape's chain count S
+ *      (qd_cuda_matmul_invariant_chains: 1 to 8 here, K often not a multiple of
+ *      16 S) and with S = 3 and 16 given (cut short where K has fewer k-steps); and
+ *      for every S every tile shape gives the bits of the table's pick;
  *  (b) invariance: fixed x rows placed at different positions in batches of n = 1 to
  *      1024 (the other rows random) give the bits they give alone, on every tile,
- *      stored and accumulated;
+ *      stored and accumulated, at the shape's S (1, 8) and at S = 1 and 5 given;
  *  (c) qd_cuda_linear_path(QD_LIN_PATH_INVARIANT) for the four input kinds and one or
  *      three products: within the bound of the plain path, and a token alone gives
  *      the bits it has in the batch;
@@ -53,10 +55,18 @@ static uint16_t *rnd_rows_bf16(int n, int64_t cols, int64_t ld, float scale, flo
     return b;
 }
 
-/* The bound of one output: ceil(cols / 16) k-steps, each allowed 2^-21 of the row's
- * sum |x| |w| (+ |y0|: the final add), generous for the tensor cores' truncating
- * alignment, yet far below a missing or misplaced term. */
-static double bound(int64_t cols, double mag) { return ((double)((cols + 15) / 16) + 1.0) * ldexp(mag, -21) + 1e-30; }
+/* The bound of one output: ceil(cols / 16) k-steps and the S - 1 additions of the
+ * chains, each allowed 2^-21 of the row's sum |x| |w| (+ |y0|: the final add),
+ * generous for the tensor cores' truncating alignment, yet far below a missing or
+ * misplaced term. */
+static double bound(int64_t cols, double mag) { return ((double)((cols + 15) / 16) + 17.0) * ldexp(mag, -21) + 1e-30; }
+
+/* the chain count the kernel uses for a given count (0: the shape's), as it cuts K */
+static int chains_used(int64_t rows, int64_t cols, int given) {
+    if (!given) return qd_cuda_matmul_invariant_chains(rows, cols);
+    const int64_t ks = (cols + 15) / 16, s = given < ks ? given : ks, L = (ks + s - 1) / s;
+    return (int)((ks + L - 1) / L);
+}
 
 /* ------------------------------------------------------------ (a) accuracy */
 
@@ -66,8 +76,9 @@ typedef struct acc_case {
     int64_t xpad, ypad;
 } acc_case;
 
-static void test_accuracy(const acc_case *ac) {
+static void test_accuracy(const acc_case *ac, int given) {
     const int64_t R = ac->rows, C = ac->cols, ldx = C + ac->xpad, ldy = R + ac->ypad;
+    const int S = chains_used(R, C, given);
     const int n = ac->n;
     const size_t ny = (size_t)n * (size_t)ldy;
     float *xf, *wf;
@@ -75,7 +86,8 @@ static void test_accuracy(const acc_case *ac) {
     float *y0 = ac->acc ? rnd(ny, 1.0f) : NULL;
     uint16_t *dW = dev(wb, (size_t)R * (size_t)C * 2), *dx = dev(xb, (size_t)n * (size_t)ldx * 2);
     float *dy = dev(y0, ny * 4);
-    ST_OK(qd_cuda_matmul_invariant(dW, R, C, dx, ldx, n, dy, ldy, ac->acc, NULL));
+    if (given) ST_OK(qd_cuda_matmul_invariant_chained(-1, given, dW, R, C, dx, ldx, n, dy, ldy, ac->acc, NULL));
+    else ST_OK(qd_cuda_matmul_invariant(dW, R, C, dx, ldx, n, dy, ldy, ac->acc, NULL));
     float *y = host(dy, ny * 4);
     size_t bad = 0, bad_pad = 0;
     double worst = 0;
@@ -105,8 +117,8 @@ static void test_accuracy(const acc_case *ac) {
             bad_pad += a != b;
         }
     }
-    CHECKF(bad == 0, "accuracy rows=%lld cols=%lld n=%d acc=%d: %zu of %lld elements off", (long long)R,
-           (long long)C, n, ac->acc, bad, (long long)n * R);
+    CHECKF(bad == 0, "accuracy rows=%lld cols=%lld n=%d acc=%d S=%d: %zu of %lld elements off", (long long)R,
+           (long long)C, n, ac->acc, S, bad, (long long)n * R);
     CHECKF(bad_pad == 0, "accuracy rows=%lld n=%d: %zu padding elements written", (long long)R, n, bad_pad);
     /* every tile: the bits of the table's pick */
     const int table = qd_cuda_matmul_invariant_choice(R, C, n);
@@ -114,19 +126,21 @@ static void test_accuracy(const acc_case *ac) {
     for (int tile = 0; tile < qd_cuda_matmul_invariant_tiles(); tile++) {
         if (y0) CHECK(qd_cuda_memcpy_h2d(dy, y0, ny * 4) == QD_OK);
         else CHECK(qd_cuda_memset(dy, 0xff, ny * 4) == QD_OK);
-        ST_OK(qd_cuda_matmul_invariant_tile(tile, dW, R, C, dx, ldx, n, dy, ldy, ac->acc, NULL));
+        if (given) ST_OK(qd_cuda_matmul_invariant_chained(tile, given, dW, R, C, dx, ldx, n, dy, ldy, ac->acc, NULL));
+        else ST_OK(qd_cuda_matmul_invariant_tile(tile, dW, R, C, dx, ldx, n, dy, ldy, ac->acc, NULL));
         float *yt = host(dy, ny * 4);
         const int eq = !memcmp(yt, y, ny * 4);
-        CHECKF(eq, "accuracy rows=%lld cols=%lld n=%d acc=%d: tile %s differs from the table's %s", (long long)R,
-               (long long)C, n, ac->acc, qd_cuda_matmul_invariant_tile_name(tile),
+        CHECKF(eq, "accuracy rows=%lld cols=%lld n=%d acc=%d S=%d: tile %s differs from the table's %s", (long long)R,
+               (long long)C, n, ac->acc, S, qd_cuda_matmul_invariant_tile_name(tile),
                qd_cuda_matmul_invariant_tile_name(table));
         same += eq;
         free(yt);
     }
-    printf("  rows=%-6lld cols=%-5lld n=%-4d acc=%d ldx=+%lld ldy=+%lld table=%-11s worst/limit %.3f, %d/%d tiles "
-           "bitwise equal\n",
-           (long long)R, (long long)C, n, ac->acc, (long long)ac->xpad, (long long)ac->ypad,
-           qd_cuda_matmul_invariant_tile_name(table), worst, same, qd_cuda_matmul_invariant_tiles());
+    printf("  rows=%-6lld cols=%-5lld n=%-4d acc=%d ldx=+%lld ldy=+%lld S=%-2d%s table=%-11s worst/limit %.3f, "
+           "%d/%d tiles bitwise equal\n",
+           (long long)R, (long long)C, n, ac->acc, (long long)ac->xpad, (long long)ac->ypad, S,
+           given ? " (given)" : "        ", qd_cuda_matmul_invariant_tile_name(table), worst, same,
+           qd_cuda_matmul_invariant_tiles());
     free(xf); free(wf); free(xb); free(wb); free(y0); free(y);
     qd_cuda_free(dW); qd_cuda_free(dx); qd_cuda_free(dy);
 }
@@ -135,7 +149,7 @@ static void test_accuracy(const acc_case *ac) {
 
 #define PROBES 3
 
-static void test_invariance(int64_t R, int64_t C, int acc) {
+static void test_invariance(int64_t R, int64_t C, int acc, int given) {
     static const int ns[] = {1, 5, 16, 17, 64, 100, 333, 1024};
     const int NMAX = 1024;
     const int64_t ldx = C + 8, ldy = R + 1;
@@ -150,7 +164,7 @@ static void test_invariance(int64_t R, int64_t C, int acc) {
     for (int k = 0; k < PROBES; k++) {
         CHECK(qd_cuda_memcpy_h2d(dx, pb + (size_t)k * ldx, (size_t)ldx * 2) == QD_OK);
         if (acc) CHECK(qd_cuda_memcpy_h2d(dy, py0 + (size_t)k * ldy, (size_t)ldy * 4) == QD_OK);
-        ST_OK(qd_cuda_matmul_invariant(dW, R, C, dx, ldx, 1, dy, ldy, acc, NULL));
+        ST_OK(qd_cuda_matmul_invariant_chained(-1, given, dW, R, C, dx, ldx, 1, dy, ldy, acc, NULL));
         float *y = host(dy, (size_t)R * 4);
         memcpy(ref + (size_t)k * R, y, sizeof(float) * (size_t)R);
         free(y);
@@ -170,13 +184,13 @@ static void test_invariance(int64_t R, int64_t C, int acc) {
         for (int tile = -1; tile < qd_cuda_matmul_invariant_tiles(); tile++) {
             if (acc) CHECK(qd_cuda_memcpy_h2d(dy, y0, (size_t)n * ldy * 4) == QD_OK);
             else CHECK(qd_cuda_memset(dy, 0xff, (size_t)n * ldy * 4) == QD_OK);
-            ST_OK(qd_cuda_matmul_invariant_tile(tile, dW, R, C, dx, ldx, n, dy, ldy, acc, NULL));
+            ST_OK(qd_cuda_matmul_invariant_chained(tile, given, dW, R, C, dx, ldx, n, dy, ldy, acc, NULL));
             float *y = host(dy, (size_t)n * ldy * 4);
             for (int k = 0; k < np; k++) {
                 const int ok = !memcmp(y + (size_t)pos[k] * ldy, ref + (size_t)k * R, sizeof(float) * (size_t)R);
-                CHECKF(ok, "invariance rows=%lld cols=%lld acc=%d n=%d tile %s: probe %d at row %d differs from alone",
-                       (long long)R, (long long)C, acc, n, tile < 0 ? "table" : qd_cuda_matmul_invariant_tile_name(tile),
-                       k, pos[k]);
+                CHECKF(ok, "invariance rows=%lld cols=%lld acc=%d S=%d n=%d tile %s: probe %d at row %d differs from alone",
+                       (long long)R, (long long)C, acc, chains_used(R, C, given), n,
+                       tile < 0 ? "table" : qd_cuda_matmul_invariant_tile_name(tile), k, pos[k]);
                 bad += !ok;
                 runs++;
             }
@@ -184,8 +198,8 @@ static void test_invariance(int64_t R, int64_t C, int acc) {
         }
         free(xb); free(bf); free(y0);
     }
-    printf("  invariance rows=%lld cols=%lld acc=%d: %zu probe rows over n = 1..1024 and every tile, %zu differ\n",
-           (long long)R, (long long)C, acc, runs, bad);
+    printf("  invariance rows=%lld cols=%lld acc=%d S=%d%s: %zu probe rows over n = 1..1024 and every tile, %zu differ\n",
+           (long long)R, (long long)C, acc, chains_used(R, C, given), given ? " (given)" : "", runs, bad);
     free(wf); free(wb); free(pf); free(pb); free(py0); free(ref);
     qd_cuda_free(dW); qd_cuda_free(dx); qd_cuda_free(dy);
 }
@@ -387,6 +401,7 @@ static void test_bad_args(qd_cuda_blas *blas) {
         CHECKF(strlen(qd_cuda_last_error()) > 0, "bad args (%s): no message", bad[i].what);
     }
     CHECK(qd_cuda_matmul_invariant(dW, R, C, dx, C, 2, NULL, R, 0, NULL) == QD_ERR_INVALID_ARG);
+    CHECK(qd_cuda_matmul_invariant_chained(-1, -2, dW, R, C, dx, C, 2, dy, R, 0, NULL) == QD_ERR_INVALID_ARG);
     /* nothing to do is fine */
     CHECK(qd_cuda_matmul_invariant(dW, R, C, dx, C, 0, dy, R, 0, NULL) == QD_OK);
     CHECK(qd_cuda_matmul_invariant(dW, 0, C, dx, C, 2, dy, R, 0, NULL) == QD_OK);
@@ -422,7 +437,7 @@ static void test_bad_args(qd_cuda_blas *blas) {
     for (size_t i = 0; i < (size_t)2 * R; i++) nonzero += yz[i] != 0.0f;
     CHECKF(nonzero == 0, "bad args: the good call after them gave %zu nonzero outputs", nonzero);
     free(yz);
-    printf("  bad arguments: %zu refused with a status, y untouched\n", sizeof bad / sizeof bad[0] + 1);
+    printf("  bad arguments: %zu refused with a status, y untouched\n", sizeof bad / sizeof bad[0] + 2);
     qd_cuda_free(dW); qd_cuda_free(dx); qd_cuda_free(dy);
 }
 
@@ -443,11 +458,28 @@ int main(void) {
         {4099, 24, 65, 0, 0, 0},   {1, 24, 15, 1, 0, 0},       {7, 2056, 2, 0, 0, 0},
         {248320, 64, 3, 1, 0, 1},  /* an lm_head's rows: 15520 tiles of 16 */
         {40, 32, 5000, 0, 8, 2},   /* thousands of tokens */
+        {2048, 4096, 1, 1, 0, 0},  /* o_proj: the most chains */
+        {2048, 4096, 40, 0, 8, 1},
+        {520, 1544, 9, 1, 0, 2},   /* 97 k-steps (the last half one): the last chain shorter */
+        {3000, 1032, 33, 0, 8, 3}, /* 65 k-steps */
     };
-    for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_accuracy(&ac[i]);
+    /* the rule: one chain for an lm_head, 8 for the 16 MiB projections, cut to K */
+    CHECK(qd_cuda_matmul_invariant_chains(248320, 2048) == 1);
+    CHECK(qd_cuda_matmul_invariant_chains(2048, 4096) == 8);
+    CHECK(qd_cuda_matmul_invariant_chains(4096, 4096) == 4);
+    CHECK(qd_cuda_matmul_invariant_chains(8192, 2048) == 1);
+    CHECK(qd_cuda_matmul_invariant_chains(1000, 2056) == 8);
+    CHECK(qd_cuda_matmul_invariant_chains(7, 24) <= 2);
+    static const int given[] = {0, 3, 16};
+    for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++)
+        for (size_t g = 0; g < sizeof given / sizeof given[0]; g++)
+            if (!given[g] || (ac[i].n <= 1100 && ac[i].rows < 100000)) test_accuracy(&ac[i], given[g]);
     for (int acc = 0; acc <= 1; acc++) {
-        test_invariance(1000, 2056, acc);
-        test_invariance(4099, 520, acc);
+        test_invariance(1000, 2056, acc, 0);
+        test_invariance(4099, 520, acc, 0);
+        test_invariance(2048, 4096, acc, 0);
+        test_invariance(1000, 2056, acc, 1);
+        test_invariance(129, 1032, acc, 5);
     }
     for (int kind = QD_LIN_BF16; kind <= QD_LIN_SILU; kind++)
         for (int n_out = 1; n_out <= 3; n_out += 2) test_linear(blas, kind, n_out, n_out == 3 || kind == QD_LIN_GATED);

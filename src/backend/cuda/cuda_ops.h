@@ -110,26 +110,41 @@ qd_status qd_cuda_matmul_xf32(const uint16_t *d_W, int64_t rows, int64_t cols, c
 
 /* y[t][r] = (accumulate ? y[t][r] : 0) + sum_k x[t][k] W[r][k], batch-invariant: the bits
  * of a row of y depend only on that row of x (and W, and y's row when accumulating),
- * never on n or the row's place in the batch. Each output is one fp32 chain: zero,
- * then one mma.sync m16n8k16 (bf16, fp32 accumulate) per k-step of 16 in increasing
- * k, no split over K, then y + acc. W bf16 [rows][cols] (nn.Linear), x bf16 rows at
- * stride ldx, y fp32 rows at stride ldy. Needs cols % 8 == 0, ldx % 8 == 0, ldx >= cols,
- * ldy >= rows and 16-byte aligned W and x (else an error status, nothing launched).
- * No allocation, no host sync: graph-capturable. */
+ * never on n or the row's place in the batch. The sum over k is cut into S chains of
+ * whole k-steps of 16 (S = qd_cuda_matmul_invariant_chains: by the shape alone); each
+ * chain is one fp32 accumulator from zero, one mma.sync m16n8k16 (bf16, fp32
+ * accumulate) per k-step in increasing k; the chains are added in order
+ * (((c0 + c1) + c2) + ...), then y + that. W bf16 [rows][cols] (nn.Linear), x bf16
+ * rows at stride ldx, y fp32 rows at stride ldy. Needs cols % 8 == 0, ldx % 8 == 0,
+ * ldx >= cols, ldy >= rows and 16-byte aligned W and x (else an error status, nothing
+ * launched). No allocation, no host sync: graph-capturable. */
 qd_status qd_cuda_matmul_invariant(const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
                                    int64_t ldx, int n, float *d_y, int64_t ldy, int accumulate, void *stream);
 
+/* S, the chains of a rows x cols product, by measurement on the H200 (gemm_invariant.cu
+ * inv_rule): 8 up to 2048 rows, 4 up to 4096 rows, 1 above or below 1024 columns
+ * (few rows leave few warps per k-chain at n = 1); then cut as the kernel cuts K:
+ * chains of L = ceil(ceil(cols / 16) / S) k-steps, ceil(cols / (16 L)) of them. */
+int qd_cuda_matmul_invariant_chains(int64_t rows, int64_t cols);
+
 /* The tile shapes behind it, for the tests (every tile gives the same bits) and the
  * benchmark (bench/linear_cuda_bench.c `tiles`, which measures the table): tiles
- * 0 .. qd_cuda_matmul_invariant_tiles() - 1, named "w<weight rows>xt<tokens>";
- * tile -1 is the table's pick, qd_cuda_matmul_invariant_choice (by n and the weight
- * rows only: the chain of an output is the same on every tile). */
+ * 0 .. qd_cuda_matmul_invariant_tiles() - 1, named "w<weight rows>xt<tokens>[c<k-groups>]";
+ * tile -1 is the table's pick, qd_cuda_matmul_invariant_choice (by n and the shape
+ * only: the chains of an output are the same on every tile). */
 int qd_cuda_matmul_invariant_tiles(void);
 const char *qd_cuda_matmul_invariant_tile_name(int tile);
 int qd_cuda_matmul_invariant_choice(int64_t rows, int64_t cols, int n);
 qd_status qd_cuda_matmul_invariant_tile(int tile, const uint16_t *d_W, int64_t rows, int64_t cols,
                                         const uint16_t *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
                                         int accumulate, void *stream);
+/* The same with the chain count given (chains > 0, cut as above; 0 = the shape's): for
+ * the tests (every tile agrees at every S) and the measurements behind the rule
+ * (bench/linear_cuda_bench.c `chains`). Invariant for a fixed count, but only the
+ * shape's count matches qd_cuda_matmul_invariant. */
+qd_status qd_cuda_matmul_invariant_chained(int tile, int chains, const uint16_t *d_W, int64_t rows, int64_t cols,
+                                           const uint16_t *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
+                                           int accumulate, void *stream);
 
 #ifdef __cplusplus
 }
