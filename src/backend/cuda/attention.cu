@@ -1,6 +1,6 @@
 /* Gated attention, step 2 (spec 5.2): causal GQA attention of every query row
  * over its sequence's paged bf16 KV cache, softmax in fp32, output gate,
- * bf16 output. Two kernels, both on the tensor cores (mma.sync m16n8k16, bf16
+ * bf16 output. Three kernels, all on the tensor cores (mma.sync m16n8k16, bf16
  * operands, fp32 accumulation), chosen by the table in qd_cuda_attn:
  *
  *   prefill  flash-attention style: a block owns 64 consecutive query rows of
@@ -13,6 +13,9 @@
  *            take interleaved 16-key pieces of each 64-key tile and are merged
  *            at the end. Slices of one row are combined by a second kernel
  *            (partials in d_work) unless a single slice covers the context.
+ *   span     batch-invariant mode only, spans of more than
+ *            QD_CUDA_ATTN_INV_SPAN_ROWS rows: the decode kernel's arithmetic
+ *            with (row, head) pairs of many rows as the mma's A rows (below).
  *
  * Table: a batch whose spans all have at most ATT_DEC_ROWS rows runs the decode
  * kernels only; a single longer span runs the prefill kernel only; a batch with
@@ -27,9 +30,9 @@
  * pairs of many rows as the A rows of one mma, sharing each K/V tile among
  * 32 pairs instead of one row's heads; the others through the decode kernel.
  * Large batches go through in groups of rows, one (decode, span, combine)
- * launch set each, so that the split-K scratch stays bounded. The combine sums a row's slices in
- * one fixed order in both modes (no float atomics), so results never vary
- * from run to run.
+ * launch set each, so that the split-K scratch stays bounded. The combine
+ * sums a row's slices in one fixed order in both modes (no float atomics),
+ * so results never vary from run to run.
  *
  * Every grid depends only on host-side shapes; the decode grids only on n_rows
  * and max_ctx, so a decode step can be captured in a CUDA graph. Blocks whose
@@ -351,14 +354,16 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) attn_prefill_kernel(attn_param
 
 /* One warp's step over the 16-key piece kb..kb+15 (K, V: its rows in shared
  * memory) for the 16 A rows at sQa: scores, keys >= lim0 (row g) / lim1 (row
- * g + 8) masked, online softmax, o = o * alpha + P V. A piece entirely at or
- * past a row's limit leaves that row's state bitwise unchanged: its maximum
- * stays (fmaxf with -inf), alpha is exp2(0) = 1 when the maximum is finite
- * and multiplies zeros when it is -inf, its probabilities are exact zeros. */
-template <int HDP>
+ * g + 8) masked, online softmax, o = o * alpha + P V for output columns part
+ * dh of DS (o holds those columns only; the scores and the softmax are
+ * computed whole by each part, the same bits). A piece entirely at or past a
+ * row's limit leaves that row's state bitwise unchanged: its maximum stays
+ * (fmaxf with -inf), alpha is exp2(0) = 1 when the maximum is finite and
+ * multiplies zeros when it is -inf, its probabilities are exact zeros. */
+template <int HDP, int DS>
 __device__ __forceinline__ void piece_step(const uint16_t *sQa, const uint16_t *K, const uint16_t *V, int kb,
-                                           int lim0, int lim1, float (&o)[HDP / 8][4], float &m0, float &m1,
-                                           float &l0, float &l1) {
+                                           int lim0, int lim1, int dh, float (&o)[HDP / 8 / DS][4], float &m0,
+                                           float &m1, float &l0, float &l1) {
     constexpr int LDS = HDP + 8;
     const int lane = threadIdx.x % 32, tq = lane % 4;
     float s[2][4];
@@ -384,10 +389,11 @@ __device__ __forceinline__ void piece_step(const uint16_t *sQa, const uint16_t *
     softmax_update<2>(s, m0, m1, l0, l1, al0, al1);
     uint32_t pa[4];
     p_to_a(pa, s[0], s[1]);
+    const uint16_t *Vd = V + dh * (HDP / DS);
 #pragma unroll
-    for (int dp = 0; dp < HDP / 16; dp++) {
+    for (int dp = 0; dp < HDP / 16 / DS; dp++) {
         uint32_t b[4];
-        ldsm_x4_t(b, V + ((lane % 8) + ((lane / 8) % 2) * 8) * LDS + dp * 16 + (lane / 16) * 8);
+        ldsm_x4_t(b, Vd + ((lane % 8) + ((lane / 8) % 2) * 8) * LDS + dp * 16 + (lane / 16) * 8);
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             o[2 * dp + u][0] *= al0;
@@ -401,25 +407,27 @@ __device__ __forceinline__ void piece_step(const uint16_t *sQa, const uint16_t *
 }
 
 /* Merge, step 1: warp x of a group of 4 (pieces x of every tile) stores its
- * row statistics (wm, wl at [x * 16 + row]) and its accumulator (wo: [16][HDP]). */
-template <int HDP>
-__device__ __forceinline__ void warp_state_store(float *wm, float *wl, float *wo, int x, const float (&o)[HDP / 8][4],
-                                                 float m0, float m1, float l0, float l1) {
+ * row statistics (wm, wl at [x * 16 + row]; part 0 of DS only, the parts'
+ * are equal) and its accumulator's columns of part dh (wo: [16][HDP]). */
+template <int HDP, int DS>
+__device__ __forceinline__ void warp_state_store(float *wm, float *wl, float *wo, int x, int dh,
+                                                 const float (&o)[HDP / 8 / DS][4], float m0, float m1, float l0,
+                                                 float l1) {
     const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
 #pragma unroll
     for (int s = 1; s <= 2; s <<= 1) {
         l0 += __shfl_xor_sync(0xffffffffu, l0, s);
         l1 += __shfl_xor_sync(0xffffffffu, l1, s);
     }
-    if (tq == 0) {
+    if (tq == 0 && dh == 0) {
         wm[x * 16 + g] = m0;
         wm[x * 16 + g + 8] = m1;
         wl[x * 16 + g] = l0;
         wl[x * 16 + g + 8] = l1;
     }
 #pragma unroll
-    for (int n = 0; n < HDP / 8; n++) {
-        const int d = n * 8 + 2 * tq;
+    for (int n = 0; n < HDP / 8 / DS; n++) {
+        const int d = dh * (HDP / DS) + n * 8 + 2 * tq;
         *(float2 *)(wo + g * HDP + d) = make_float2(o[n][0], o[n][1]);
         *(float2 *)(wo + (g + 8) * HDP + d) = make_float2(o[n][2], o[n][3]);
     }
@@ -525,8 +533,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
         const int buf = t % DEC_STAGES;
         const int kb = k0 + t * ATT_TILE + w * 16; /* first key of this warp's piece */
         if (kb < k1)
-            piece_step<HDP>(sQ, sK + (buf * ATT_TILE + w * 16) * LDS, sV + (buf * ATT_TILE + w * 16) * LDS, kb, k1,
-                            k1, o, m0, m1, l0, l1);
+            piece_step<HDP, 1>(sQ, sK + (buf * ATT_TILE + w * 16) * LDS, sV + (buf * ATT_TILE + w * 16) * LDS, kb,
+                               k1, k1, 0, o, m0, m1, l0, l1);
     }
     qd_cp_async_wait<0>(); /* only empty groups can remain; drained before the buffers are reused */
     __syncthreads();
@@ -534,7 +542,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
     /* Merge the 4 warps. Q's buffer holds the statistics, the K ring the accumulators. */
     float *stat = reinterpret_cast<float *>(sQ);
     float *wm = stat, *wl = stat + 64, *wf = stat + 128, *rowm = stat + 192, *rowl = stat + 208;
-    warp_state_store<HDP>(wm, wl, reinterpret_cast<float *>(sK) + w * 16 * HDP, w, o, m0, m1, l0, l1);
+    warp_state_store<HDP, 1>(wm, wl, reinterpret_cast<float *>(sK) + w * 16 * HDP, w, 0, o, m0, m1, l0, l1);
     __syncthreads();
     if (threadIdx.x < 64) merge_weights(wm, wl, wf, rowm, rowl, threadIdx.x / 16, threadIdx.x % 16);
     __syncthreads();
@@ -556,8 +564,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
  * rather than one row's heads alone.
  *
  * Block (32 consecutive (row, head) pairs of this launch's rows in row-major
- * order over the kv head's G query heads, kv head, slice); 8 warps: group
- * w / 4 of 16 pairs, piece w % 4. The block's rows may belong to several
+ * order over the kv head's G query heads, kv head, slice); warps: group of
+ * 16 pairs, piece of the tile (4), part of the output columns (SPAN_DS: two
+ * at hd 256, so that a thread's accumulator fits 128 registers and 16 warps
+ * share an SM: 10% faster on the H200 than 8 warps of 210 registers). The block's rows may belong to several
  * spans (sequences): each run of rows of one long span goes through the
  * slice's tiles in turn, with the other rows' keys masked (limit 0), which
  * leaves their state bitwise unchanged (piece_step); a warp skips a piece
@@ -565,13 +575,16 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
  * the row's end. Rows of short spans (the decode kernels') and rows with no
  * key in the slice store nothing, as the decode kernel's blocks exit. */
 #define SPAN_NG 2
-#define SPAN_THREADS (ATT_THREADS * SPAN_NG)
 #define SPAN_AR (16 * SPAN_NG)
+#define SPAN_DS(HDP) ((HDP) >= 256 ? 2 : 1)
+#define SPAN_THREADS(HDP) (ATT_THREADS * SPAN_NG * SPAN_DS(HDP))
 template <int HDP>
-__global__ void __launch_bounds__(SPAN_THREADS, HDP >= 256 ? 1 : 2) attn_span_kernel(attn_params p) {
+__global__ void __launch_bounds__(SPAN_THREADS(HDP), HDP >= 256 ? 1 : 2) attn_span_kernel(attn_params p) {
     constexpr int LDS = HDP + 8;
-    constexpr int NT = HDP / 8;
+    constexpr int DS = SPAN_DS(HDP);
+    constexpr int NT = HDP / 8 / DS;
     constexpr int CPR = HDP / 8;
+    constexpr int THREADS = SPAN_THREADS(HDP);
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *sQ = smem, *sK = sQ + SPAN_AR * LDS, *sV = sK + DEC_STAGES * ATT_TILE * LDS;
     __shared__ int rpos[SPAN_AR], rslot[SPAN_AR]; /* per row of the block: position (-1: not ours), slot */
@@ -583,9 +596,9 @@ __global__ void __launch_bounds__(SPAN_THREADS, HDP >= 256 ? 1 : 2) attn_span_ke
     const int nrow = rhi - rlo + 1; /* <= SPAN_AR */
     const int k0 = sl * p.split_len;
 
-    for (int i = threadIdx.x; i < SPAN_AR; i += SPAN_THREADS) rpos[i] = -1;
+    for (int i = threadIdx.x; i < SPAN_AR; i += THREADS) rpos[i] = -1;
     __syncthreads();
-    for (int i = threadIdx.x; i < p.n_spans; i += SPAN_THREADS) {
+    for (int i = threadIdx.x; i < p.n_spans; i += THREADS) {
         const int s0 = p.spans[4 * i], cnt = p.spans[4 * i + 1];
         if (cnt <= p.short_rows) continue;
         const int lo = max(s0, rlo), hi = min(s0 + cnt - 1, rhi);
@@ -600,7 +613,7 @@ __global__ void __launch_bounds__(SPAN_THREADS, HDP >= 256 ? 1 : 2) attn_span_ke
     if (!any) return;
 
     /* the pairs' queries; pairs of rows not ours (or past the launch) zero */
-    for (int c = threadIdx.x; c < SPAN_AR * CPR; c += SPAN_THREADS) {
+    for (int c = threadIdx.x; c < SPAN_AR * CPR; c += THREADS) {
         const int f = c / CPR, col = (c % CPR) * 8;
         const long long F = F0 + f;
         const int r = p.row0 + (int)(F / G), hh = (int)(F % G);
@@ -609,7 +622,8 @@ __global__ void __launch_bounds__(SPAN_THREADS, HDP >= 256 ? 1 : 2) attn_span_ke
     }
     qd_cp_async_commit();
 
-    const int wid = threadIdx.x / 32, grp = wid / 4, w = wid % 4, lane = threadIdx.x % 32, g = lane / 4;
+    const int wid = threadIdx.x / 32, grp = wid / (4 * DS), w = wid % 4, dh = (wid / 4) % DS;
+    const int lane = threadIdx.x % 32, g = lane / 4;
     /* this thread's A rows grp*16 + g (+ 8): their rows relative to rlo (nrow and above: past the launch) */
     const int i0 = (int)((F0 + grp * 16 + g) / G) + p.row0 - rlo;
     const int i1 = (int)((F0 + grp * 16 + g + 8) / G) + p.row0 - rlo;
@@ -642,7 +656,7 @@ __global__ void __launch_bounds__(SPAN_THREADS, HDP >= 256 ? 1 : 2) attn_span_ke
 #pragma unroll
             for (int st = 0; st < DEC_STAGES - 1; st++) {
                 if (st < n_kt)
-                    load_kv_tile<HDP, true, SPAN_THREADS>(sK + st * ATT_TILE * LDS, sV + st * ATT_TILE * LDS, p.kc,
+                    load_kv_tile<HDP, true, THREADS>(sK + st * ATT_TILE * LDS, sV + st * ATT_TILE * LDS, p.kc,
                                                           p.vc, bt, k0 + st * ATT_TILE, k1, kvh, p);
                 qd_cp_async_commit();
             }
@@ -652,15 +666,15 @@ __global__ void __launch_bounds__(SPAN_THREADS, HDP >= 256 ? 1 : 2) attn_span_ke
                 {
                     const int tn = t + DEC_STAGES - 1, bn = tn % DEC_STAGES;
                     if (tn < n_kt)
-                        load_kv_tile<HDP, true, SPAN_THREADS>(sK + bn * ATT_TILE * LDS, sV + bn * ATT_TILE * LDS,
+                        load_kv_tile<HDP, true, THREADS>(sK + bn * ATT_TILE * LDS, sV + bn * ATT_TILE * LDS,
                                                               p.kc, p.vc, bt, k0 + tn * ATT_TILE, k1, kvh, p);
                     qd_cp_async_commit();
                 }
                 const int buf = t % DEC_STAGES;
                 const int kb = k0 + t * ATT_TILE + w * 16;
                 if (kb < k1 && __any_sync(0xffffffffu, kb < lim0 || kb < lim1))
-                    piece_step<HDP>(sQa, sK + (buf * ATT_TILE + w * 16) * LDS, sV + (buf * ATT_TILE + w * 16) * LDS,
-                                    kb, lim0, lim1, o, m0, m1, l0, l1);
+                    piece_step<HDP, DS>(sQa, sK + (buf * ATT_TILE + w * 16) * LDS,
+                                        sV + (buf * ATT_TILE + w * 16) * LDS, kb, lim0, lim1, dh, o, m0, m1, l0, l1);
             }
             qd_cp_async_wait<0>();
             __syncthreads(); /* the ring is free for the next run */
@@ -673,14 +687,15 @@ __global__ void __launch_bounds__(SPAN_THREADS, HDP >= 256 ? 1 : 2) attn_span_ke
     /* Merge each group's 4 warps as the decode kernel does: statistics in Q's
      * buffer (224 floats a group), accumulators in the K/V ring. */
     float *stat = reinterpret_cast<float *>(sQ) + grp * 224;
-    warp_state_store<HDP>(stat, stat + 64, reinterpret_cast<float *>(sK) + wid * 16 * HDP, w, o, m0, m1, l0, l1);
+    warp_state_store<HDP, DS>(stat, stat + 64, reinterpret_cast<float *>(sK) + (grp * 4 + w) * 16 * HDP, w, dh, o, m0,
+                              m1, l0, l1);
     __syncthreads();
     if (threadIdx.x < 64 * SPAN_NG) {
         float *st = reinterpret_cast<float *>(sQ) + (threadIdx.x / 64) * 224;
         merge_weights(st, st + 64, st + 128, st + 192, st + 208, (threadIdx.x % 64) / 16, threadIdx.x % 16);
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < SPAN_AR * p.hd; idx += SPAN_THREADS) {
+    for (int idx = threadIdx.x; idx < SPAN_AR * p.hd; idx += THREADS) {
         const int f = idx / p.hd, d = idx - f * p.hd;
         const long long F = F0 + f;
         const int r = p.row0 + (int)(F / G);
@@ -878,7 +893,7 @@ static qd_status launch_span(const qd_cuda_attn_args *a, const attn_params &p, c
     const int G = a->nq / a->nkv;
     const long long pairs = (long long)(p.row_end - p.row0) * G;
     const dim3 grid((unsigned)((pairs + SPAN_AR - 1) / SPAN_AR), (unsigned)a->nkv, (unsigned)p.nsp);
-    attn_span_kernel<HDP><<<grid, SPAN_THREADS, span_smem<HDP>(), st>>>(p);
+    attn_span_kernel<HDP><<<grid, SPAN_THREADS(HDP), span_smem<HDP>(), st>>>(p);
     QD_CUDA_CHECK_LAUNCH("attn_span_kernel");
     return QD_OK;
 }
