@@ -5,11 +5,14 @@
  * alone (the prep kernel is timed separately). Prefill TFLOP/s count the
  * causal attention FLOPs 4 * T * T/2 * hd * nq; decode GB/s count the K and V
  * bytes read, B * ctx * nkv * hd * 2 * 2 (contexts of a few MB stay in L2).
- * Batch-invariant mode (args.invariant: every row through the split-K decode
- * kernels, slice plan from max_ctx) beside the normal one: decode of 1 and 32
- * rows at 4k context and of 1 at 32k, prefills of 4096 and 8192 rows; RESULT
- * attn_invariant lines with both times and their ratio (--invariant-only:
- * those alone).
+ * Batch-invariant mode (args.invariant: every row with the split-K decode
+ * kernel's arithmetic, slice plan from max_ctx) beside the normal one: decode
+ * of 1 and 32 rows at 4k context and of 1 at 32k, prefills of 4096 and 8192
+ * rows; RESULT attn_invariant lines with both times and their ratio. For the
+ * prefills also the same rows described as one-row spans, which sends them
+ * through the decode kernel instead of the span kernel (the same bits): the
+ * invariant mode before the span kernel (decode_path_us). --invariant-only:
+ * those alone.
  * Exits 77 without a GPU. */
 #include <math.h>
 #include <stdint.h>
@@ -139,8 +142,26 @@ static void bench_invariant(const char *what, int B, int T, int ctx, int iters, 
     const double ms0 = time_ms(qd_cuda_attn, &a, iters, reps);
     a.invariant = 1;
     const double ms1 = time_ms(qd_cuda_attn, &a, iters, reps);
-    printf("RESULT attn_invariant %s B=%d T=%d ctx=%d normal_us=%.2f invariant_us=%.2f ratio=%.2f\n", what, B, T, ctx,
+    double ms2 = 0;
+    if (T > QD_CUDA_ATTN_INV_SPAN_ROWS) {
+        /* every row a span of its own: the decode kernel */
+        int32_t *sp1 = malloc(sizeof(int32_t) * 4 * B * T);
+        if (!sp1) exit(1);
+        for (int r = 0; r < B * T; r++) {
+            sp1[4 * r] = r; sp1[4 * r + 1] = 1; sp1[4 * r + 2] = ctx - T + r % T; sp1[4 * r + 3] = r / T;
+        }
+        qd_cuda_attn_args a1 = a;
+        a1.d_spans = upload(sp1, sizeof(int32_t) * 4 * B * T);
+        a1.n_spans = B * T;
+        a1.max_span_rows = 1;
+        ms2 = time_ms(qd_cuda_attn, &a1, iters, reps);
+        qd_cuda_free((void *)a1.d_spans);
+        free(sp1);
+    }
+    printf("RESULT attn_invariant %s B=%d T=%d ctx=%d normal_us=%.2f invariant_us=%.2f ratio=%.2f", what, B, T, ctx,
            ms0 * 1e3, ms1 * 1e3, ms1 / ms0);
+    if (ms2 > 0) printf(" decode_path_us=%.2f decode_path_ratio=%.2f", ms2 * 1e3, ms2 / ms0);
+    printf("\n");
     for (int i = 0; i < n; i++) qd_cuda_free(bufs[i]);
 }
 

@@ -17,7 +17,13 @@
  * invariance check: rows of a few sequences computed as one span, alone, with
  * prompts cut over several calls and as decode rows in batches of 1..300 must
  * be memcmp-identical in invariant mode (the normal mode's differences are
- * printed as a control). Skips (77) without a GPU. */
+ * printed as a control). Spans longer than QD_CUDA_ATTN_INV_SPAN_ROWS take the
+ * span kernel, the decode rows (spans of at most that many rows, checked) the
+ * decode kernel, so the check compares the two kernels bit for bit: GQA 8, 4,
+ * 2, 16 and 6 (pairs of one row split over blocks), head dims 256, 128 and 40,
+ * gated and not, block sizes 16, 7, 5, 13 and 3, one context slice and up to
+ * 16, sequences of 1..3000 rows, several sequences in one block of the span
+ * kernel, spans split over the scratch's row groups. Skips (77) without a GPU. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -299,6 +305,7 @@ out:
 typedef struct {
     const shape_def *c;
     int n_seq, total, mbps, n_blocks, qw, invariant;
+    int max_span_seen;            /* largest span of the calls since it was reset */
     const int *len;
     int *first;                   /* [n_seq] global row id of position 0 */
     int32_t *slot_of, *table;     /* sequence -> slot; block tables [slot][mbps] */
@@ -331,6 +338,7 @@ static int inv_call(inv_world *w, const int *gids, int n, uint16_t *res) {
         }
         const int cnt = ++w->spans[4 * (n_spans - 1) + 1];
         if (cnt > max_span) max_span = cnt;
+        if (cnt > w->max_span_seen) w->max_span_seen = cnt;
         seq = s; prev = pos;
         w->rs[i] = w->slot_of[s];
         w->rp[i] = pos;
@@ -480,7 +488,9 @@ static void invariance_case(qd_test_rng *rng, const shape_def *c, const int *len
         ok = qd_cuda_memset(w->d_kc, 0xff, 2 * w->n_cache) == QD_OK &&
              qd_cuda_memset(w->d_vc, 0xff, 2 * w->n_cache) == QD_OK;
         for (int g = 0; g < T; g++) gids[g] = g;
+        w->max_span_seen = 0;
         ok = ok && inv_call(w, gids, T, res[S_SPAN]);
+        const int span_one = w->max_span_seen;
         ok = ok && qd_cuda_memcpy_d2h(cache_a, w->d_kc, 2 * w->n_cache) == QD_OK;
         /* each sequence in a call of its own, over that cache */
         for (int s = 0; ok && s < n_seq; s++) ok = inv_call(w, gids + w->first[s], len[s], res[S_ALONE]);
@@ -517,6 +527,7 @@ static void invariance_case(qd_test_rng *rng, const shape_def *c, const int *len
         for (int g = 0; g < T; g++) gids[g] = g;
         shuffle_ints(rng, gids, T);
         int n_calls = 0;
+        w->max_span_seen = 0;
         for (int g = 0; ok && g < T; n_calls++) {
             int n = n_calls == 0 ? 1 : n_calls == 1 ? 300 : 1 + (int)(qd_test_next(rng) % 300);
             if (n > T - g) n = T - g;
@@ -531,7 +542,11 @@ static void invariance_case(qd_test_rng *rng, const shape_def *c, const int *len
             for (size_t e = 0; e < (size_t)T * qo; e++)
                 if (!isfinite(qd_bf16_to_f32(res[i][e]))) nonfinite++;
         CHECKF(nonfinite == 0, "invariance %s: %zu output elements not finite", c->name, nonfinite);
-        printf("  %s mode: %d cut pieces, %d decode calls\n", mode ? "invariant" : "normal", n_pieces, n_calls);
+        printf("  %s mode: %d cut pieces, %d decode calls; largest span: %d in one call, %d in the decode calls\n",
+               mode ? "invariant" : "normal", n_pieces, n_calls, span_one, w->max_span_seen);
+        /* the reference rows went through the decode kernel: no span of the decode calls is long */
+        CHECKF(w->max_span_seen <= QD_CUDA_ATTN_INV_SPAN_ROWS, "invariance %s: a decode call had a span of %d rows",
+               c->name, w->max_span_seen);
         for (int i = 1; i < S_N; i++) {
             const size_t bad = inv_diff(w, sname[i], res[S_SPAN], res[i]);
             printf("  %-9s %-31s vs one call: %4zu of %d rows differ%s\n", mode ? "invariant" : "normal", sname[i],
@@ -611,6 +626,18 @@ int main(void) {
         const shape_def w2 = {"g4 hd128 bs7", 8, 2, 128, 64, 0, 7, 5000, 1e7f};
         const int l2[] = {65, 1, 3000, 64, 1000, 63, 300};
         invariance_case(&rng, &w2, l2, 7);
+        /* GQA 2, max_ctx 128: one context slice, written directly by both kernels */
+        const shape_def w3 = {"g2 hd256 one slice", 8, 4, 256, 64, 1, 5, 128, 1e7f};
+        const int l3[] = {1, 63, 64, 65, 128, 100, 17, 16};
+        invariance_case(&rng, &w3, l3, 8);
+        /* Qwen3.5-style 16 query heads per kv head, hd 128, block size 13, 12 slices */
+        const shape_def w4 = {"g16 hd128 bs13", 32, 2, 128, 128, 1, 13, 1500, 1e7f};
+        const int l4[] = {1000, 1, 65, 300, 17};
+        invariance_case(&rng, &w4, l4, 5);
+        /* GQA 6 (a row's heads split over two blocks), hd 40 padded to 64, block size 3 */
+        const shape_def w5 = {"g6 hd40 bs3", 6, 1, 40, 20, 0, 3, 700, 1e4f};
+        const int l5[] = {63, 64, 65, 300, 16, 17, 2};
+        invariance_case(&rng, &w5, l5, 7);
     }
 
     qd_threadpool_free(pool);

@@ -58,9 +58,15 @@ typedef struct qd_cuda_attn_args {
     float *d_work;               /* scratch of qd_cuda_attn_work_bytes() bytes (split-K partials) */
     int invariant;               /* 1 = batch-invariant: a row's output bits depend only on its query and
                                   * its sequence's keys (and max_ctx), not on the batch, its span or where
-                                  * its prompt was cut: every row runs the split-K decode kernel with a
-                                  * slice plan from max_ctx alone; slower for long spans */
+                                  * its prompt was cut: every row runs the split-K decode kernel's
+                                  * arithmetic with a slice plan from max_ctx alone (rows of spans longer
+                                  * than QD_CUDA_ATTN_INV_SPAN_ROWS in the span kernel, which shares K/V
+                                  * tiles among rows and gives the same bits) */
 } qd_cuda_attn_args;
+
+/* Invariant mode: spans of more rows than this take the span kernel, shorter
+ * ones the decode kernel; both give the same bits (tests/test_cuda_attn.c). */
+#define QD_CUDA_ATTN_INV_SPAN_ROWS 16
 
 /* Scratch bytes qd_cuda_attn needs for up to max_rows rows at contexts up to
  * max_ctx, in the mode given by invariant (the args' field of that name); the
