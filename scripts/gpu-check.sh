@@ -208,6 +208,7 @@ if has throughput; then
     M="$BUILD/q35-dummy"
     mkdir -p "$M" && cp bench/configs/qwen3_5_35b_a3b/config.json tests/data/qwen35-tokenizer/tokenizer.json "$M/"
     "$BUILD/qdelta" serve -q -m "$M" --backend cuda --load-format dummy --port 18712 --max-num-seqs 512 \
+        --chat-template tests/data/chat_template/qwen3_5.jinja \
         --max-model-len 1280 --max-batch-tokens 8192 --max-waiting 1024 --http-threads 4 2>>"$THR_LOG" &
     tpid=$!
     for _ in $(seq 240); do curl -sf http://127.0.0.1:18712/health >/dev/null 2>&1 && break; sleep 1; done
