@@ -148,10 +148,14 @@ typedef struct qd_context_params {
                         * prefix cache's first tier. 0 = none. */
     int batch_invariant; /* 1 = batch-invariant mode: a sequence's logits are bit-identical
                           * whatever else shares its forward calls (batch size, other
-                          * sequences, where its prompt was cut), on the CPU and CUDA: every
-                          * row is reduced in one fixed order (docs/batch-invariance.md).
-                          * Costs speed; the engine then also cuts prompts only at multiples
-                          * of the GDN chunk (QD_INVARIANT_ALIGN). Not for split models. */
+                          * sequences), on the CPU and CUDA: every row is reduced in one
+                          * fixed order (docs/batch-invariance.md). A span of one token takes
+                          * the GDN recurrence, a longer one the chunked form in chunks of
+                          * QD_INVARIANT_ALIGN from its first token, so a caller that also
+                          * wants the same bits however a prompt is cut starts every prompt
+                          * span at a multiple of QD_INVARIANT_ALIGN and never leaves a
+                          * one-token prompt tail (the engine does). Costs speed. Not for
+                          * split models (QD_ERR_UNSUPPORTED). */
 } qd_context_params;
 
 /* Batch-invariant mode: prompt pieces and prefix-cache restores start at multiples of
