@@ -46,6 +46,7 @@
 #include <math.h>
 
 #include "backend/cuda/cuda_attn.h"
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/gdn_common.cuh"
 
@@ -77,26 +78,6 @@ struct attn_params {
 };
 
 /* ------------------------------------------------------------------ helpers */
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint16_t *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-/* c += a b: a 16x16 (row), b 16x8 (col), bf16 in, fp32 accumulate. */
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -268,13 +249,13 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) attn_prefill_kernel(attn_param
 #pragma unroll
             for (int kk = 0; kk < HDP / 16; kk++) {
                 uint32_t a[4];
-                ldsm_x4(a, sQ + (w * 16 + (lane % 16)) * LDS + kk * 16 + (lane / 16) * 8);
+                qd_ldsm_x4(a, sQ + (w * 16 + (lane % 16)) * LDS + kk * 16 + (lane / 16) * 8);
 #pragma unroll
                 for (int np = 0; np < 4; np++) {
                     uint32_t b[4];
-                    ldsm_x4(b, sK + (np * 16 + (lane % 8) + (lane / 16) * 8) * LDS + kk * 16 + ((lane / 8) % 2) * 8);
-                    mma_bf16(s[2 * np], a, b[0], b[1]);
-                    mma_bf16(s[2 * np + 1], a, b[2], b[3]);
+                    qd_ldsm_x4(b, sK + (np * 16 + (lane % 8) + (lane / 16) * 8) * LDS + kk * 16 + ((lane / 8) % 2) * 8);
+                    qd_mma_bf16(s[2 * np], a, b[0], b[1]);
+                    qd_mma_bf16(s[2 * np + 1], a, b[2], b[3]);
                 }
             }
             const bool diag = kbase + ATT_TILE - 1 > wpos;
@@ -308,9 +289,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) attn_prefill_kernel(attn_param
 #pragma unroll
                 for (int dp = 0; dp < HDP / 16; dp++) {
                     uint32_t b[4];
-                    ldsm_x4_t(b, sV + (k * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LDS + dp * 16 + (lane / 16) * 8);
-                    mma_bf16(o[2 * dp], pa[k], b[0], b[1]);
-                    mma_bf16(o[2 * dp + 1], pa[k], b[2], b[3]);
+                    qd_ldsm_x4_t(b, sV + (k * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LDS + dp * 16 + (lane / 16) * 8);
+                    qd_mma_bf16(o[2 * dp], pa[k], b[0], b[1]);
+                    qd_mma_bf16(o[2 * dp + 1], pa[k], b[2], b[3]);
                 }
         }
     }
@@ -372,10 +353,10 @@ __device__ __forceinline__ void piece_step(const uint16_t *sQa, const uint16_t *
 #pragma unroll
     for (int kk = 0; kk < HDP / 16; kk++) {
         uint32_t a[4], b[4];
-        ldsm_x4(a, sQa + (lane % 16) * LDS + kk * 16 + (lane / 16) * 8);
-        ldsm_x4(b, K + ((lane % 8) + (lane / 16) * 8) * LDS + kk * 16 + ((lane / 8) % 2) * 8);
-        mma_bf16(s[0], a, b[0], b[1]);
-        mma_bf16(s[1], a, b[2], b[3]);
+        qd_ldsm_x4(a, sQa + (lane % 16) * LDS + kk * 16 + (lane / 16) * 8);
+        qd_ldsm_x4(b, K + ((lane % 8) + (lane / 16) * 8) * LDS + kk * 16 + ((lane / 8) % 2) * 8);
+        qd_mma_bf16(s[0], a, b[0], b[1]);
+        qd_mma_bf16(s[1], a, b[2], b[3]);
     }
 #pragma unroll
     for (int n = 0; n < 2; n++)
@@ -393,7 +374,7 @@ __device__ __forceinline__ void piece_step(const uint16_t *sQa, const uint16_t *
 #pragma unroll
     for (int dp = 0; dp < HDP / 16 / DS; dp++) {
         uint32_t b[4];
-        ldsm_x4_t(b, Vd + ((lane % 8) + ((lane / 8) % 2) * 8) * LDS + dp * 16 + (lane / 16) * 8);
+        qd_ldsm_x4_t(b, Vd + ((lane % 8) + ((lane / 8) % 2) * 8) * LDS + dp * 16 + (lane / 16) * 8);
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             o[2 * dp + u][0] *= al0;
@@ -401,8 +382,8 @@ __device__ __forceinline__ void piece_step(const uint16_t *sQa, const uint16_t *
             o[2 * dp + u][2] *= al1;
             o[2 * dp + u][3] *= al1;
         }
-        mma_bf16(o[2 * dp], pa, b[0], b[1]);
-        mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+        qd_mma_bf16(o[2 * dp], pa, b[0], b[1]);
+        qd_mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
     }
 }
 

@@ -8,7 +8,7 @@
  *   O^T  = (H^T Q^T) diag(e^G) + Vn^T A^T
  *   S^T  = e^{G_last} S^T + (Vn^T diag(e^{G_last-G_i})) K
  * All products are mma.sync m16n8k16 whose A operand is S^T or Vn^T straight
- * from the accumulators (see gdn_chunked_mma.cuh), so the state never leaves
+ * from the accumulators (see cuda_mma.cuh), so the state never leaves
  * registers and no barrier sits inside a step. Warp 0 streams the chunks in
  * with six bulk copies per chunk (K, Q, W, A, U panels, gate vector: each one
  * contiguous, pre-swizzled piece of the wy kernel's scratch) into an NS-stage

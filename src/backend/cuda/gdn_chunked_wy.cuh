@@ -11,7 +11,7 @@
 #ifndef QD_CUDA_GDN_CHUNKED_WY_CUH
 #define QD_CUDA_GDN_CHUNKED_WY_CUH
 
-#include "backend/cuda/gdn_chunked_mma.cuh"
+#include "backend/cuda/cuda_mma.cuh"
 #include "qdelta.h"
 #include "backend/cuda/gdn_common.cuh"
 

@@ -41,6 +41,7 @@
  * a graph. */
 #include <stdint.h>
 
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/gdn_common.cuh"
@@ -56,23 +57,6 @@ struct inv_params {
     int nit;      /* pipeline steps in all: rounds x ktc */
     unsigned ntn; /* token tiles */
 };
-
-__device__ __forceinline__ void inv_ldmatrix_x4(uint32_t r[4], const void *smem) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-/* not volatile: a register-only op the compiler may schedule among the ldmatrix
- * (which stay volatile, ordered against the barriers); an accumulator's mma still
- * run in program order, each reading the previous one's result */
-__device__ __forceinline__ void inv_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 /* One chain (S = 1) on a tile of one k-group: the kernel of the first version, kept
  * as it was because the chained walk below costs it 40-80% at n = 1 (its per-step
@@ -158,11 +142,11 @@ __global__ void __launch_bounds__(WM * WN * 32) inv_gemm1(const __grid_constant_
             uint32_t af[MI][4], bf[NI][2];
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
-                inv_ldmatrix_x4(af[mi], &Ws[st][wm * TM + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+                qd_ldsm_x4(af[mi], &Ws[st][wm * TM + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
 #pragma unroll
             for (int pr = 0; pr < NI / 2; pr++) {
                 uint32_t r[4];
-                inv_ldmatrix_x4(r, &Xs[st][wn * TN + 16 * pr + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
+                qd_ldsm_x4(r, &Xs[st][wn * TN + 16 * pr + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
                 bf[2 * pr][0] = r[0];
                 bf[2 * pr][1] = r[1];
                 bf[2 * pr + 1][0] = r[2];
@@ -171,7 +155,7 @@ __global__ void __launch_bounds__(WM * WN * 32) inv_gemm1(const __grid_constant_
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int ni = 0; ni < NI; ni++) inv_mma(acc[mi][ni], af[mi], bf[ni]);
+                for (int ni = 0; ni < NI; ni++) qd_mma_bf16(acc[mi][ni], af[mi], bf[ni]);
         }
     }
     qd_cp_async_wait<0>();
@@ -289,11 +273,11 @@ __global__ void __launch_bounds__(WM * WN * KW * 32) inv_gemm(const __grid_const
                 uint32_t af[MI][4], bf[NI][2];
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++)
-                    inv_ldmatrix_x4(af[mi], &Ws[s][wm * TM + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+                    qd_ldsm_x4(af[mi], &Ws[s][wm * TM + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
 #pragma unroll
                 for (int pr = 0; pr < NI / 2; pr++) {
                     uint32_t q[4];
-                    inv_ldmatrix_x4(q, &Xs[s][wn * TN + 16 * pr + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
+                    qd_ldsm_x4(q, &Xs[s][wn * TN + 16 * pr + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
                     bf[2 * pr][0] = q[0];
                     bf[2 * pr][1] = q[1];
                     bf[2 * pr + 1][0] = q[2];
@@ -302,7 +286,7 @@ __global__ void __launch_bounds__(WM * WN * KW * 32) inv_gemm(const __grid_const
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                    for (int ni = 0; ni < NI; ni++) inv_mma(acc[mi][ni], af[mi], bf[ni]);
+                    for (int ni = 0; ni < NI; ni++) qd_mma_bf16(acc[mi][ni], af[mi], bf[ni]);
             }
         }
         {

@@ -23,6 +23,7 @@
  * with the same sums (moe_gemm_small). */
 #include <math.h>
 
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/gdn_common.cuh"
 #include "backend/cuda/moe_internal.cuh"
@@ -80,20 +81,6 @@ moe_plan(const int32_t *__restrict__ sel, int P, int E, int32_t *__restrict__ se
         }
         pos[p] = r;
     }
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 /* MODE 0: gate_up (K = H, A rows gathered from x, bf16 act out);
@@ -176,14 +163,14 @@ moe_gemm(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, const i
             uint32_t af[2][4], bfr[8][2];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
-                ldmatrix_x4(af[mi], &As[st][wm * 32 + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+                qd_ldsm_x4(af[mi], &As[st][wm * 32 + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
 #pragma unroll
             for (int pr = 0; pr < 4; pr++) {
                 /* gate_up: n8 tiles 0-3 are gate columns, 4-7 the same columns of up */
                 const int nb = MODE == 0 ? (pr < 2 ? wn * 32 + 16 * pr : GM_BN / 2 + wn * 32 + 16 * (pr - 2))
                                          : wn * 64 + 16 * pr;
                 uint32_t r[4];
-                ldmatrix_x4(r, &Bs[st][nb + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
+                qd_ldsm_x4(r, &Bs[st][nb + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
                 bfr[2 * pr][0] = r[0];
                 bfr[2 * pr][1] = r[1];
                 bfr[2 * pr + 1][0] = r[2];
@@ -192,7 +179,7 @@ moe_gemm(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, const i
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int t = 0; t < 8; t++) mma_bf16(acc[mi][t], af[mi], bfr[t]);
+                for (int t = 0; t < 8; t++) qd_mma_bf16(acc[mi][t], af[mi], bfr[t]);
         }
     }
     qd_cp_async_wait<0>();
@@ -308,11 +295,11 @@ moe_gemm_small(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, c
             for (int kk = 0; kk < 4; kk++) {
                 if (s * 4 + kk >= nk16) break; /* the same k16 steps as moe_gemm, no more */
                 uint32_t af[4], r[4];
-                ldmatrix_x4(af, &As[st][lane & 15][kk * 16 + (lane >> 4) * 8]);
-                ldmatrix_x4(r, &Bs[st][16 * warp + (lane & 7) + (lane >> 4) * 8][kk * 16 + ((lane >> 3) & 1) * 8]);
+                qd_ldsm_x4(af, &As[st][lane & 15][kk * 16 + (lane >> 4) * 8]);
+                qd_ldsm_x4(r, &Bs[st][16 * warp + (lane & 7) + (lane >> 4) * 8][kk * 16 + ((lane >> 3) & 1) * 8]);
                 const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                mma_bf16(acc[0], af, b0);
-                mma_bf16(acc[1], af, b1);
+                qd_mma_bf16(acc[0], af, b0);
+                qd_mma_bf16(acc[1], af, b1);
             }
         }
         qd_cp_async_wait<0>();

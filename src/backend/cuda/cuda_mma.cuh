@@ -1,6 +1,7 @@
-/* Warp-level tensor-core and copy primitives for the chunked GDN kernels
- * (sm_90): mma.sync m16n8k16 bf16 -> fp32, ldmatrix/stmatrix, mbarriers and
- * bulk (TMA, non-tensor) global -> shared copies.
+/* Warp-level tensor-core and copy primitives of the CUDA kernels (sm_90): mma.sync
+ * m16n8k16 bf16 -> fp32, ldmatrix/stmatrix, mbarriers and bulk (TMA, non-tensor)
+ * global -> shared copies. One definition of each, for the chunked GDN, attention,
+ * MoE and batch-invariant GEMM kernels.
  *
  * Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4), each 32-bit
  * register holding two bf16 (lower half first):
@@ -9,8 +10,8 @@
  *   C 16x8:  c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
  * so the accumulators of two adjacent 16x8 tiles, packed to bf16 pairs, are
  * directly the A operand of the next product (C -> A reuse, no shuffles). */
-#ifndef QD_CUDA_GDN_CHUNKED_MMA_CUH
-#define QD_CUDA_GDN_CHUNKED_MMA_CUH
+#ifndef QD_CUDA_MMA_CUH
+#define QD_CUDA_MMA_CUH
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -46,6 +47,24 @@ __device__ __forceinline__ void qd_ldsm4t(uint32_t addr, uint32_t &r0, uint32_t 
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(addr));
 }
+/* The same on fragment arrays, from a shared-memory pointer: r[i] of matrix i. */
+__device__ __forceinline__ void qd_ldsm_x4(uint32_t (&r)[4], const void *p) {
+    qd_ldsm4(qd_smem_u32(p), r[0], r[1], r[2], r[3]);
+}
+__device__ __forceinline__ void qd_ldsm_x4_t(uint32_t (&r)[4], const void *p) {
+    qd_ldsm4t(qd_smem_u32(p), r[0], r[1], r[2], r[3]);
+}
+/* c += a b on fragment arrays (b as two registers or as a pair). Not volatile: a
+ * register-only op the compiler may schedule among the ldmatrix (which stay volatile,
+ * ordered against the barriers); the mma of one accumulator still run in program
+ * order, each reading the previous one's result. */
+__device__ __forceinline__ void qd_mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    qd_mma16816(c, a, b0, b1);
+}
+__device__ __forceinline__ void qd_mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    qd_mma16816(c, a, b[0], b[1]);
+}
+
 /* Transposed store of four 8x8 matrices: the element a thread holds at
  * fragment position (T/4, 2(T%4)+e) lands in row 2(T%4)+e, column T/4. */
 __device__ __forceinline__ void qd_stsm4t(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
