@@ -46,10 +46,6 @@
 
 static qd_test_rng rng;
 
-/* the shared helpers of qd_test_cuda.h, on this file's generator */
-static float *rnd(size_t n, float scale) { return qd_test_rnd(&rng, n, scale); }
-static void *dev(const void *h, size_t bytes) { return qd_test_dev(h, bytes); }
-static void *host(const void *d, size_t bytes) { return qd_test_host(d, bytes); }
 static float *widen(const uint16_t *b, size_t n) {
     float *f = malloc(n * sizeof(float) + 4);
     for (size_t i = 0; i < n; i++) f[i] = qd_bf16_to_f32(b[i]);
@@ -82,9 +78,9 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
     int32_t rows[16];
     if (lc->kind == QD_LIN_BF16) {
         const int64_t ldx = cols + 8;
-        float *x = rnd((size_t)(n * ldx), 1.0f);
+        float *x = qd_test_rnd(&rng, (size_t)(n * ldx), 1.0f);
         uint16_t *xb = qd_test_round_bf16(x, (size_t)(n * ldx));
-        bufs[0] = dev(xb, (size_t)(n * ldx) * 2);
+        bufs[0] = qd_test_dev(xb, (size_t)(n * ldx) * 2);
         in.x = bufs[0];
         in.ldx = ldx;
         for (int t = 0; t < n; t++) memcpy(xref + t * cols, x + t * ldx, sizeof(float) * (size_t)cols);
@@ -92,11 +88,11 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
         hin[0] = x;
     } else if (lc->kind == QD_LIN_RMSNORM) {
         const int n_src = n + 3;
-        float *h = rnd((size_t)(n_src * cols), 1.5f), *w = rnd((size_t)cols, 0.3f);
+        float *h = qd_test_rnd(&rng, (size_t)(n_src * cols), 1.5f), *w = qd_test_rnd(&rng, (size_t)cols, 0.3f);
         for (int i = 0; i < n; i++) rows[i] = lc->gather ? (n_src - 1 - 2 * i + 2 * n_src) % n_src : i;
-        bufs[0] = dev(h, (size_t)(n_src * cols) * 4);
-        bufs[1] = dev(w, (size_t)cols * 4);
-        bufs[2] = dev(rows, sizeof(int32_t) * (size_t)n);
+        bufs[0] = qd_test_dev(h, (size_t)(n_src * cols) * 4);
+        bufs[1] = qd_test_dev(w, (size_t)cols * 4);
+        bufs[2] = qd_test_dev(rows, sizeof(int32_t) * (size_t)n);
         in.h = bufs[0];
         in.w = bufs[1];
         in.rows = lc->gather ? bufs[2] : NULL;
@@ -107,13 +103,13 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
     } else if (lc->kind == QD_LIN_GATED) {
         const int dv = lc->dv, hv = (int)(cols / dv);
         const int64_t ldz = cols + 4;
-        float *o = rnd((size_t)(n * cols), 1.0f), *z = rnd((size_t)(n * ldz), 2.0f), *w = rnd((size_t)dv, 1.0f);
+        float *o = qd_test_rnd(&rng, (size_t)(n * cols), 1.0f), *z = qd_test_rnd(&rng, (size_t)(n * ldz), 2.0f), *w = qd_test_rnd(&rng, (size_t)dv, 1.0f);
         uint16_t *ob = qd_test_round_bf16(o, (size_t)(n * cols));
         float *zc = malloc(sizeof(float) * (size_t)(n * cols));
         for (int t = 0; t < n; t++) memcpy(zc + t * cols, z + t * ldz, sizeof(float) * (size_t)cols);
-        bufs[0] = dev(ob, (size_t)(n * cols) * 2);
-        bufs[1] = dev(z, (size_t)(n * ldz) * 4);
-        bufs[2] = dev(w, (size_t)dv * 4);
+        bufs[0] = qd_test_dev(ob, (size_t)(n * cols) * 2);
+        bufs[1] = qd_test_dev(z, (size_t)(n * ldz) * 4);
+        bufs[2] = qd_test_dev(w, (size_t)dv * 4);
         in.o = bufs[0];
         in.z = bufs[1];
         in.ldz = ldz;
@@ -127,8 +123,8 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
         hin[2] = w;
         hin[3] = zc;
     } else {
-        float *gu = rnd((size_t)(n * 2 * cols), 2.0f);
-        bufs[0] = dev(gu, (size_t)(n * 2 * cols) * 4);
+        float *gu = qd_test_rnd(&rng, (size_t)(n * 2 * cols), 2.0f);
+        bufs[0] = qd_test_dev(gu, (size_t)(n * 2 * cols) * 4);
         in.gu = bufs[0];
         for (int t = 0; t < n; t++) qd_cpu_silu_mul(gu + t * 2 * cols, gu + t * 2 * cols + cols, cols, xref + t * cols);
         hin[0] = gu;
@@ -140,12 +136,12 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
     double *acc_ref[QD_LIN_MAX_OUT], *mag_ref[QD_LIN_MAX_OUT], *l2_ref[QD_LIN_MAX_OUT];
     for (int j = 0; j < lc->n_out; j++) {
         const int64_t R = lc->rows[j], ldy = R + 3;
-        W[j] = rnd((size_t)(R * cols), 0.5f);
+        W[j] = qd_test_rnd(&rng, (size_t)(R * cols), 0.5f);
         uint16_t *wb = qd_test_round_bf16(W[j], (size_t)(R * cols));
-        y0[j] = lc->acc ? rnd((size_t)(n * ldy), 1.0f) : NULL;
-        out[j].W = dev(wb, (size_t)(R * cols) * 2);
+        y0[j] = lc->acc ? qd_test_rnd(&rng, (size_t)(n * ldy), 1.0f) : NULL;
+        out[j].W = qd_test_dev(wb, (size_t)(R * cols) * 2);
         out[j].rows = R;
-        out[j].y = dev(y0[j], (size_t)(n * ldy) * 4);
+        out[j].y = qd_test_dev(y0[j], (size_t)(n * ldy) * 4);
         out[j].ldy = ldy;
         free(wb);
         /* the product in double, with the magnitudes the tolerance scales with */
@@ -166,7 +162,7 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
                 l2_ref[j][t * R + r] = l2;
             }
     }
-    uint16_t *scratch = dev(NULL, (size_t)(n * cols) * 2);
+    uint16_t *scratch = qd_test_dev(NULL, (size_t)(n * cols) * 2);
     const int table = qd_cuda_linear_choice(&in, cols, n, out, lc->n_out);
     /* the table's pick through qd_cuda_linear, then each path by name (the fused
      * one where it takes the shape) */
@@ -195,7 +191,7 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
         strcat(ran, path_name[path]);
         for (int j = 0; j < lc->n_out; j++) {
             const int64_t R = lc->rows[j], ldy = R + 3;
-            float *y = host(out[j].y, (size_t)(n * ldy) * 4);
+            float *y = qd_test_host(out[j].y, (size_t)(n * ldy) * 4);
             size_t bad = 0, bad_pad = 0;
             for (int t = 0; t < n; t++) {
                 for (int64_t r = 0; r < R; r++) {
@@ -344,7 +340,7 @@ static float *run_block(const moe_case *mc, moe_dev *d, const float *h, int n) {
         .d_sh_act = d->sact, .d_sh_out = d->sout, .d_work = d->work,
     };
     ST_OK(qd_cuda_moe_block(&a, NULL));
-    return host(d->h, (size_t)n * H * 4);
+    return qd_test_host(d->h, (size_t)n * H * 4);
 }
 
 /* one expert (SwiGLU) on bf16 x in double: out[H] = down(silu(gate x) * up x) */
@@ -375,37 +371,37 @@ static void test_moe_block(const moe_case *mc) {
     const int Er = E + has_sh;
     char what[128];
     snprintf(what, sizeof what, "moe_block n=%d H=%d I=%d E=%d k=%d I_s=%d renorm=%d", n, H, I, E, k, Is, mc->renorm);
-    float *h = rnd((size_t)n * H, 1.0f), *nw = rnd((size_t)H, 0.3f);
-    float *wr = rnd((size_t)Er * H, 1.0f / sqrtf((float)H));
-    float *gu = rnd((size_t)E * 2 * I * H, 1.0f / sqrtf((float)H)), *dn = rnd((size_t)E * H * I, 1.0f / sqrtf((float)I));
-    float *sgu = has_sh ? rnd((size_t)2 * Is * H, 1.0f / sqrtf((float)H)) : NULL;
-    float *sdn = has_sh ? rnd((size_t)H * Is, 1.0f / sqrtf((float)Is)) : NULL;
+    float *h = qd_test_rnd(&rng, (size_t)n * H, 1.0f), *nw = qd_test_rnd(&rng, (size_t)H, 0.3f);
+    float *wr = qd_test_rnd(&rng, (size_t)Er * H, 1.0f / sqrtf((float)H));
+    float *gu = qd_test_rnd(&rng, (size_t)E * 2 * I * H, 1.0f / sqrtf((float)H)), *dn = qd_test_rnd(&rng, (size_t)E * H * I, 1.0f / sqrtf((float)I));
+    float *sgu = has_sh ? qd_test_rnd(&rng, (size_t)2 * Is * H, 1.0f / sqrtf((float)H)) : NULL;
+    float *sdn = has_sh ? qd_test_rnd(&rng, (size_t)H * Is, 1.0f / sqrtf((float)Is)) : NULL;
     uint16_t *wrb = qd_test_round_bf16(wr, (size_t)Er * H), *gub = qd_test_round_bf16(gu, (size_t)E * 2 * I * H),
              *dnb = qd_test_round_bf16(dn, (size_t)E * H * I);
     uint16_t *sgub = has_sh ? qd_test_round_bf16(sgu, (size_t)2 * Is * H) : NULL,
              *sdnb = has_sh ? qd_test_round_bf16(sdn, (size_t)H * Is) : NULL;
     int32_t *zeros = calloc((size_t)n, sizeof(int32_t));
     moe_dev d = {0};
-    d.h = dev(h, (size_t)n * H * 4);
-    d.norm = dev(nw, (size_t)H * 4);
-    d.router = dev(wrb, (size_t)Er * H * 2);
-    d.gu = dev(gub, (size_t)E * 2 * I * H * 2);
-    d.dn = dev(dnb, (size_t)E * H * I * 2);
-    d.sgu = has_sh ? dev(sgub, (size_t)2 * Is * H * 2) : NULL;
-    d.sdn = has_sh ? dev(sdnb, (size_t)H * Is * 2) : NULL;
-    d.x = dev(NULL, (size_t)n * H * 2);
-    d.logits = dev(NULL, (size_t)n * (E + 1) * 4);
-    d.sel = dev(NULL, (size_t)n * k * 4);
-    d.w = dev(NULL, (size_t)n * k * 4);
-    d.cnt = dev(zeros, (size_t)n * 4);
-    d.sact = has_sh ? dev(NULL, (size_t)n * Is * 4) : NULL;
-    d.sout = has_sh ? dev(NULL, (size_t)n * H * 4) : NULL;
-    d.work = dev(NULL, qd_cuda_moe_work_bytes(n, H, I, E, k));
+    d.h = qd_test_dev(h, (size_t)n * H * 4);
+    d.norm = qd_test_dev(nw, (size_t)H * 4);
+    d.router = qd_test_dev(wrb, (size_t)Er * H * 2);
+    d.gu = qd_test_dev(gub, (size_t)E * 2 * I * H * 2);
+    d.dn = qd_test_dev(dnb, (size_t)E * H * I * 2);
+    d.sgu = has_sh ? qd_test_dev(sgub, (size_t)2 * Is * H * 2) : NULL;
+    d.sdn = has_sh ? qd_test_dev(sdnb, (size_t)H * Is * 2) : NULL;
+    d.x = qd_test_dev(NULL, (size_t)n * H * 2);
+    d.logits = qd_test_dev(NULL, (size_t)n * (E + 1) * 4);
+    d.sel = qd_test_dev(NULL, (size_t)n * k * 4);
+    d.w = qd_test_dev(NULL, (size_t)n * k * 4);
+    d.cnt = qd_test_dev(zeros, (size_t)n * 4);
+    d.sact = has_sh ? qd_test_dev(NULL, (size_t)n * Is * 4) : NULL;
+    d.sout = has_sh ? qd_test_dev(NULL, (size_t)n * H * 4) : NULL;
+    d.work = qd_test_dev(NULL, qd_cuda_moe_work_bytes(n, H, I, E, k));
 
     float *hout = run_block(mc, &d, h, n);
-    uint16_t *xb = host(d.x, (size_t)n * H * 2);
-    float *lg = host(d.logits, (size_t)n * (E + 1) * 4), *gw = host(d.w, (size_t)n * k * 4);
-    int32_t *gsel = host(d.sel, (size_t)n * k * 4), *cnt = host(d.cnt, (size_t)n * 4);
+    uint16_t *xb = qd_test_host(d.x, (size_t)n * H * 2);
+    float *lg = qd_test_host(d.logits, (size_t)n * (E + 1) * 4), *gw = qd_test_host(d.w, (size_t)n * k * 4);
+    int32_t *gsel = qd_test_host(d.sel, (size_t)n * k * 4), *cnt = qd_test_host(d.cnt, (size_t)n * 4);
     /* x and the logits */
     float *xf = malloc(sizeof(float) * (size_t)n * H), *xr = malloc(sizeof(float) * (size_t)n * H);
     qd_cpu_rmsnorm(h, n, H, H, nw, 1.0f, 1e-6f, xf, H);

@@ -37,10 +37,6 @@
 
 static qd_test_rng rng;
 
-/* the shared helpers of qd_test_cuda.h, on this file's generator */
-static float *rnd(size_t n, float scale) { return qd_test_rnd(&rng, n, scale); }
-static void *dev(const void *h, size_t bytes) { return qd_test_dev(h, bytes); }
-static void *host(const void *d, size_t bytes) { return qd_test_host(d, bytes); }
 /* random bf16 rows of cols at stride ld (the gap NaN), and their values widened */
 static uint16_t *rnd_rows_bf16(int n, int64_t cols, int64_t ld, float scale, float **wide) {
     uint16_t *b = malloc((size_t)n * (size_t)ld * 2 + 4);
@@ -83,12 +79,12 @@ static void test_accuracy(const acc_case *ac, int given) {
     const size_t ny = (size_t)n * (size_t)ldy;
     float *xf, *wf;
     uint16_t *xb = rnd_rows_bf16(n, C, ldx, 1.0f, &xf), *wb = rnd_rows_bf16((int)R, C, C, 0.5f, &wf);
-    float *y0 = ac->acc ? rnd(ny, 1.0f) : NULL;
-    uint16_t *dW = dev(wb, (size_t)R * (size_t)C * 2), *dx = dev(xb, (size_t)n * (size_t)ldx * 2);
-    float *dy = dev(y0, ny * 4);
+    float *y0 = ac->acc ? qd_test_rnd(&rng, ny, 1.0f) : NULL;
+    uint16_t *dW = qd_test_dev(wb, (size_t)R * (size_t)C * 2), *dx = qd_test_dev(xb, (size_t)n * (size_t)ldx * 2);
+    float *dy = qd_test_dev(y0, ny * 4);
     if (given) ST_OK(qd_cuda_matmul_invariant_chained(-1, given, dW, R, C, dx, ldx, n, dy, ldy, ac->acc, NULL));
     else ST_OK(qd_cuda_matmul_invariant(dW, R, C, dx, ldx, n, dy, ldy, ac->acc, NULL));
-    float *y = host(dy, ny * 4);
+    float *y = qd_test_host(dy, ny * 4);
     size_t bad = 0, bad_pad = 0;
     double worst = 0;
     for (int t = 0; t < n; t++) {
@@ -128,7 +124,7 @@ static void test_accuracy(const acc_case *ac, int given) {
         else CHECK(qd_cuda_memset(dy, 0xff, ny * 4) == QD_OK);
         if (given) ST_OK(qd_cuda_matmul_invariant_chained(tile, given, dW, R, C, dx, ldx, n, dy, ldy, ac->acc, NULL));
         else ST_OK(qd_cuda_matmul_invariant_tile(tile, dW, R, C, dx, ldx, n, dy, ldy, ac->acc, NULL));
-        float *yt = host(dy, ny * 4);
+        float *yt = qd_test_host(dy, ny * 4);
         const int eq = !memcmp(yt, y, ny * 4);
         CHECKF(eq, "accuracy rows=%lld cols=%lld n=%d acc=%d S=%d: tile %s differs from the table's %s", (long long)R,
                (long long)C, n, ac->acc, S, qd_cuda_matmul_invariant_tile_name(tile),
@@ -156,16 +152,16 @@ static void test_invariance(int64_t R, int64_t C, int acc, int given) {
     float *wf, *pf, *bf;
     uint16_t *wb = rnd_rows_bf16((int)R, C, C, 0.5f, &wf);
     uint16_t *pb = rnd_rows_bf16(PROBES, C, ldx, 1.0f, &pf); /* the probe rows */
-    float *py0 = rnd((size_t)PROBES * ldy, 1.0f);
-    uint16_t *dW = dev(wb, (size_t)R * C * 2), *dx = dev(NULL, (size_t)NMAX * ldx * 2);
-    float *dy = dev(NULL, (size_t)NMAX * ldy * 4);
+    float *py0 = qd_test_rnd(&rng, (size_t)PROBES * ldy, 1.0f);
+    uint16_t *dW = qd_test_dev(wb, (size_t)R * C * 2), *dx = qd_test_dev(NULL, (size_t)NMAX * ldx * 2);
+    float *dy = qd_test_dev(NULL, (size_t)NMAX * ldy * 4);
     /* each probe alone, table's tile */
     float *ref = malloc(sizeof(float) * (size_t)PROBES * R);
     for (int k = 0; k < PROBES; k++) {
         CHECK(qd_cuda_memcpy_h2d(dx, pb + (size_t)k * ldx, (size_t)ldx * 2) == QD_OK);
         if (acc) CHECK(qd_cuda_memcpy_h2d(dy, py0 + (size_t)k * ldy, (size_t)ldy * 4) == QD_OK);
         ST_OK(qd_cuda_matmul_invariant_chained(-1, given, dW, R, C, dx, ldx, 1, dy, ldy, acc, NULL));
-        float *y = host(dy, (size_t)R * 4);
+        float *y = qd_test_host(dy, (size_t)R * 4);
         memcpy(ref + (size_t)k * R, y, sizeof(float) * (size_t)R);
         free(y);
     }
@@ -173,7 +169,7 @@ static void test_invariance(int64_t R, int64_t C, int acc, int given) {
     for (size_t q = 0; q < sizeof ns / sizeof ns[0]; q++) {
         const int n = ns[q];
         uint16_t *xb = rnd_rows_bf16(n, C, ldx, 1.0f, &bf);
-        float *y0 = rnd((size_t)n * ldy, 1.0f);
+        float *y0 = qd_test_rnd(&rng, (size_t)n * ldy, 1.0f);
         int pos[PROBES] = {n - 1, n / 2, 0};
         const int np = n >= 3 ? PROBES : 1;
         for (int k = 0; k < np; k++) {
@@ -185,7 +181,7 @@ static void test_invariance(int64_t R, int64_t C, int acc, int given) {
             if (acc) CHECK(qd_cuda_memcpy_h2d(dy, y0, (size_t)n * ldy * 4) == QD_OK);
             else CHECK(qd_cuda_memset(dy, 0xff, (size_t)n * ldy * 4) == QD_OK);
             ST_OK(qd_cuda_matmul_invariant_chained(tile, given, dW, R, C, dx, ldx, n, dy, ldy, acc, NULL));
-            float *y = host(dy, (size_t)n * ldy * 4);
+            float *y = qd_test_host(dy, (size_t)n * ldy * 4);
             for (int k = 0; k < np; k++) {
                 const int ok = !memcmp(y + (size_t)pos[k] * ldy, ref + (size_t)k * R, sizeof(float) * (size_t)R);
                 CHECKF(ok, "invariance rows=%lld cols=%lld acc=%d S=%d n=%d tile %s: probe %d at row %d differs from alone",
@@ -236,27 +232,27 @@ static void test_linear(qd_cuda_blas *blas, int kind, int n_out, int acc) {
     float *xf_host = NULL;
     if (kind == QD_LIN_BF16) {
         uint16_t *xb = rnd_rows_bf16(NMAX, cols, ldx, 1.0f, &xf_host);
-        bufs[0] = dev(xb, (size_t)NMAX * ldx * 2);
+        bufs[0] = qd_test_dev(xb, (size_t)NMAX * ldx * 2);
         in.x = bufs[0];
         in.ldx = ldx;
         free(xb);
     } else if (kind == QD_LIN_RMSNORM) {
-        float *h = rnd((size_t)n_src * cols, 1.5f), *w = rnd((size_t)cols, 0.3f);
+        float *h = qd_test_rnd(&rng, (size_t)n_src * cols, 1.5f), *w = qd_test_rnd(&rng, (size_t)cols, 0.3f);
         int32_t *map = malloc(sizeof(int32_t) * NMAX);
         for (int i = 0; i < NMAX; i++) map[i] = (7 * i + 2) % n_src; /* 7 and 303 coprime: a gather, no repeats */
-        bufs[0] = dev(h, (size_t)n_src * cols * 4);
-        bufs[1] = dev(w, (size_t)cols * 4);
-        bufs[2] = dev(map, sizeof(int32_t) * NMAX);
+        bufs[0] = qd_test_dev(h, (size_t)n_src * cols * 4);
+        bufs[1] = qd_test_dev(w, (size_t)cols * 4);
+        bufs[2] = qd_test_dev(map, sizeof(int32_t) * NMAX);
         in.h = bufs[0];
         in.w = bufs[1];
         in.rows = bufs[2];
         free(h); free(w); free(map);
     } else if (kind == QD_LIN_GATED) {
-        float *of, *z = rnd((size_t)NMAX * ldz, 2.0f), *w = rnd((size_t)dv, 1.0f);
+        float *of, *z = qd_test_rnd(&rng, (size_t)NMAX * ldz, 2.0f), *w = qd_test_rnd(&rng, (size_t)dv, 1.0f);
         uint16_t *ob = rnd_rows_bf16(NMAX, cols, cols, 1.0f, &of);
-        bufs[0] = dev(ob, (size_t)NMAX * cols * 2);
-        bufs[1] = dev(z, (size_t)NMAX * ldz * 4);
-        bufs[2] = dev(w, (size_t)dv * 4);
+        bufs[0] = qd_test_dev(ob, (size_t)NMAX * cols * 2);
+        bufs[1] = qd_test_dev(z, (size_t)NMAX * ldz * 4);
+        bufs[2] = qd_test_dev(w, (size_t)dv * 4);
         in.o = bufs[0];
         in.z = bufs[1];
         in.ldz = ldz;
@@ -264,8 +260,8 @@ static void test_linear(qd_cuda_blas *blas, int kind, int n_out, int acc) {
         in.w = bufs[2];
         free(of); free(ob); free(z); free(w);
     } else {
-        float *gu = rnd((size_t)NMAX * 2 * cols, 2.0f);
-        bufs[0] = dev(gu, (size_t)NMAX * 2 * cols * 4);
+        float *gu = qd_test_rnd(&rng, (size_t)NMAX * 2 * cols, 2.0f);
+        bufs[0] = qd_test_dev(gu, (size_t)NMAX * 2 * cols * 4);
         in.gu = bufs[0];
         free(gu);
     }
@@ -274,13 +270,13 @@ static void test_linear(qd_cuda_blas *blas, int kind, int n_out, int acc) {
     for (int j = 0; j < n_out; j++) {
         const int64_t R = rows3[j], ldy = R + 3;
         uint16_t *wb = rnd_rows_bf16((int)R, cols, cols, 0.5f, &W[j]);
-        y0[j] = rnd((size_t)NMAX * ldy, 1.0f);
-        out[j] = (qd_cuda_lin_out){dev(wb, (size_t)R * cols * 2), R, dev(NULL, (size_t)NMAX * ldy * 4), ldy};
-        yone[j] = dev(NULL, (size_t)ldy * 4);
+        y0[j] = qd_test_rnd(&rng, (size_t)NMAX * ldy, 1.0f);
+        out[j] = (qd_cuda_lin_out){qd_test_dev(wb, (size_t)R * cols * 2), R, qd_test_dev(NULL, (size_t)NMAX * ldy * 4), ldy};
+        yone[j] = qd_test_dev(NULL, (size_t)ldy * 4);
         one[j] = (qd_cuda_lin_out){out[j].W, R, yone[j], ldy};
         free(wb);
     }
-    uint16_t *scratch = dev(NULL, (size_t)NMAX * cols * 2), *scratch1 = dev(NULL, (size_t)cols * 2);
+    uint16_t *scratch = qd_test_dev(NULL, (size_t)NMAX * cols * 2), *scratch1 = qd_test_dev(NULL, (size_t)cols * 2);
     static const int ns[] = {1, 7, 40, 300};
     size_t bad = 0, bad_bits = 0;
     double worst = 0;
@@ -295,13 +291,13 @@ static void test_linear(qd_cuda_blas *blas, int kind, int n_out, int acc) {
             }
             ST_OK(qd_cuda_linear_path(path, blas, &in, cols, n, out, n_out, acc, scratch, NULL));
             for (int j = 0; j < n_out; j++)
-                (path == QD_LIN_PATH_PLAIN ? yp : yi)[j] = host(out[j].y, (size_t)n * out[j].ldy * 4);
+                (path == QD_LIN_PATH_PLAIN ? yp : yi)[j] = qd_test_host(out[j].y, (size_t)n * out[j].ldy * 4);
         }
         /* x as the GPU made it (the same kernels on both paths) */
         float *x = xf_host;
         int64_t lx = ldx;
         if (kind != QD_LIN_BF16) {
-            uint16_t *xb = host(scratch, (size_t)n * cols * 2);
+            uint16_t *xb = qd_test_host(scratch, (size_t)n * cols * 2);
             x = malloc(sizeof(float) * (size_t)n * cols);
             for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = qd_bf16_to_f32(xb[i]);
             lx = cols;
@@ -336,7 +332,7 @@ static void test_linear(qd_cuda_blas *blas, int kind, int n_out, int acc) {
             }
             ST_OK(qd_cuda_linear_path(QD_LIN_PATH_INVARIANT, blas, &s, cols, 1, one, n_out, acc, scratch1, NULL));
             for (int j = 0; j < n_out; j++) {
-                float *y1 = host(yone[j], (size_t)rows3[j] * 4);
+                float *y1 = qd_test_host(yone[j], (size_t)rows3[j] * 4);
                 const int ok = !memcmp(y1, yi[j] + (size_t)t * out[j].ldy, sizeof(float) * (size_t)rows3[j]);
                 CHECKF(ok, "linear %s n=%d outs=%d acc=%d out %d: token %d alone differs from in the batch",
                        kind_name(kind), n, n_out, acc, j, t);
@@ -370,10 +366,10 @@ static void test_linear(qd_cuda_blas *blas, int kind, int n_out, int acc) {
 
 static void test_bad_args(qd_cuda_blas *blas) {
     const int64_t R = 32, C = 64;
-    uint16_t *dW = dev(NULL, (size_t)R * C * 2 + 64), *dx = dev(NULL, (size_t)4 * C * 2 + 64);
+    uint16_t *dW = qd_test_dev(NULL, (size_t)R * C * 2 + 64), *dx = qd_test_dev(NULL, (size_t)4 * C * 2 + 64);
     CHECK(qd_cuda_memset(dW, 0, (size_t)R * C * 2 + 64) == QD_OK);
     CHECK(qd_cuda_memset(dx, 0, (size_t)4 * C * 2 + 64) == QD_OK);
-    float *dy = dev(NULL, (size_t)4 * R * 4);
+    float *dy = qd_test_dev(NULL, (size_t)4 * R * 4);
     const struct {
         const char *what;
         const uint16_t *W, *x;
@@ -406,7 +402,7 @@ static void test_bad_args(qd_cuda_blas *blas) {
     CHECK(qd_cuda_matmul_invariant(dW, R, C, dx, C, 0, dy, R, 0, NULL) == QD_OK);
     CHECK(qd_cuda_matmul_invariant(dW, 0, C, dx, C, 2, dy, R, 0, NULL) == QD_OK);
     /* y untouched (still the 0xff poison) */
-    uint32_t *y = host(dy, (size_t)4 * R * 4);
+    uint32_t *y = qd_test_host(dy, (size_t)4 * R * 4);
     size_t touched = 0;
     for (size_t i = 0; i < (size_t)4 * R; i++) touched += y[i] != 0xffffffffu;
     CHECKF(touched == 0, "bad args: %zu elements of y written", touched);
@@ -432,7 +428,7 @@ static void test_bad_args(qd_cuda_blas *blas) {
     CHECK(qd_cuda_linear_path(QD_LIN_PATH_INVARIANT, blas, &rms, C, 2, &o, 1, 0, NULL, NULL) == QD_ERR_INVALID_ARG);
     /* and the device still works: zeros in, zeros out */
     ST_OK(qd_cuda_linear_path(QD_LIN_PATH_INVARIANT, blas, &in, C, 2, &o, 1, 0, NULL, NULL));
-    float *yz = host(dy, (size_t)2 * R * 4);
+    float *yz = qd_test_host(dy, (size_t)2 * R * 4);
     size_t nonzero = 0;
     for (size_t i = 0; i < (size_t)2 * R; i++) nonzero += yz[i] != 0.0f;
     CHECKF(nonzero == 0, "bad args: the good call after them gave %zu nonzero outputs", nonzero);

@@ -22,10 +22,6 @@
 
 static qd_test_rng rng;
 
-/* the shared helpers of qd_test_cuda.h, on this file's generator */
-static float *rnd(size_t n, float scale) { return qd_test_rnd(&rng, n, scale); }
-static void *dev(const void *h, size_t bytes) { return qd_test_dev(h, bytes); }
-static void *host(const void *d, size_t bytes) { return qd_test_host(d, bytes); }
 
 /* |got - ref| <= atol + rtol |ref| for every element (NaN fails); returns the worst ratio */
 static double compare(const char *what, const float *got, const float *ref, size_t n, double rtol, double atol) {
@@ -50,12 +46,12 @@ static float *widen(const uint16_t *b, size_t n) {
 }
 
 static void test_matmul(qd_cuda_blas *blas, int64_t rows, int64_t cols, int n, int64_t ldx, int64_t ldy, int y_bf16) {
-    float *w = rnd((size_t)(rows * cols), 0.5f), *x = rnd((size_t)(n * ldx), 1.0f);
+    float *w = qd_test_rnd(&rng, (size_t)(rows * cols), 0.5f), *x = qd_test_rnd(&rng, (size_t)(n * ldx), 1.0f);
     uint16_t *wb = qd_test_round_bf16(w, (size_t)(rows * cols)), *xb = qd_test_round_bf16(x, (size_t)(n * ldx));
     const size_t ysz = (size_t)n * ldy * (y_bf16 ? 2 : 4);
-    void *dW = dev(wb, (size_t)(rows * cols) * 2), *dx = dev(xb, (size_t)(n * ldx) * 2), *dy = dev(NULL, ysz);
+    void *dW = qd_test_dev(wb, (size_t)(rows * cols) * 2), *dx = qd_test_dev(xb, (size_t)(n * ldx) * 2), *dy = qd_test_dev(NULL, ysz);
     CHECK(qd_cuda_matmul(blas, dW, rows, cols, dx, ldx, n, dy, ldy, y_bf16) == QD_OK);
-    void *yh = host(dy, ysz);
+    void *yh = qd_test_host(dy, ysz);
     float *got = malloc(sizeof(float) * (size_t)(n * rows)), *ref = malloc(sizeof(float) * (size_t)(n * rows));
     double worst_bound = 0;
     for (int t = 0; t < n; t++)
@@ -80,11 +76,11 @@ static void test_matmul(qd_cuda_blas *blas, int64_t rows, int64_t cols, int n, i
 }
 
 static void test_matmul_xf32(int64_t rows, int64_t cols, int n, int64_t ldx, int64_t ldy) {
-    float *w = rnd((size_t)(rows * cols), 0.5f), *x = rnd((size_t)(n * ldx), 1.0f);
+    float *w = qd_test_rnd(&rng, (size_t)(rows * cols), 0.5f), *x = qd_test_rnd(&rng, (size_t)(n * ldx), 1.0f);
     uint16_t *wb = qd_test_round_bf16(w, (size_t)(rows * cols));
-    void *dW = dev(wb, (size_t)(rows * cols) * 2), *dx = dev(x, (size_t)(n * ldx) * 4), *dy = dev(NULL, (size_t)n * ldy * 4);
+    void *dW = qd_test_dev(wb, (size_t)(rows * cols) * 2), *dx = qd_test_dev(x, (size_t)(n * ldx) * 4), *dy = qd_test_dev(NULL, (size_t)n * ldy * 4);
     CHECK(qd_cuda_matmul_xf32(dW, rows, cols, dx, ldx, n, dy, ldy, NULL) == QD_OK);
-    float *yh = host(dy, (size_t)n * ldy * 4);
+    float *yh = qd_test_host(dy, (size_t)n * ldy * 4);
     float *got = malloc(sizeof(float) * (size_t)(n * rows)), *ref = malloc(sizeof(float) * (size_t)(n * rows));
     double worst = 0;
     for (int t = 0; t < n; t++)
@@ -105,35 +101,35 @@ static void test_matmul_xf32(int64_t rows, int64_t cols, int n, int64_t ldx, int
 
 static void test_embed_norm(void) {
     const int V = 37, H = 333, n = 6;
-    float *tab = rnd((size_t)V * H, 1.0f);
+    float *tab = qd_test_rnd(&rng, (size_t)V * H, 1.0f);
     uint16_t *tb = qd_test_round_bf16(tab, (size_t)V * H);
     int32_t tok[6] = {0, 36, 5, 5, 17, 2};
-    void *dt = dev(tb, (size_t)V * H * 2), *dtok = dev(tok, sizeof tok), *dh = dev(NULL, (size_t)n * H * 4);
+    void *dt = qd_test_dev(tb, (size_t)V * H * 2), *dtok = qd_test_dev(tok, sizeof tok), *dh = qd_test_dev(NULL, (size_t)n * H * 4);
     CHECK(qd_cuda_embed(dt, dtok, n, H, dh, NULL) == QD_OK);
-    float *h = host(dh, (size_t)n * H * 4);
+    float *h = qd_test_host(dh, (size_t)n * H * 4);
     int same = 1;
     for (int r = 0; r < n; r++) same &= !memcmp(h + r * H, tab + tok[r] * H, sizeof(float) * H);
     CHECKF(same, "embedding rows differ");
     /* residual add + norm, all rows; then a gather of rows 4, 1 without add */
-    float *y = rnd((size_t)n * H, 2.0f), *w = rnd(H, 0.3f);
-    void *dy = dev(y, (size_t)n * H * 4), *dw = dev(w, (size_t)H * 4), *dx = dev(NULL, (size_t)n * H * 2),
-         *dxf = dev(NULL, (size_t)n * H * 4);
+    float *y = qd_test_rnd(&rng, (size_t)n * H, 2.0f), *w = qd_test_rnd(&rng, H, 0.3f);
+    void *dy = qd_test_dev(y, (size_t)n * H * 4), *dw = qd_test_dev(w, (size_t)H * 4), *dx = qd_test_dev(NULL, (size_t)n * H * 2),
+         *dxf = qd_test_dev(NULL, (size_t)n * H * 4);
     CHECK(qd_cuda_add_rmsnorm(dh, dy, dw, 1e-6f, n, H, NULL, dx, dxf, NULL) == QD_OK);
-    float *h2 = host(dh, (size_t)n * H * 4);
-    uint16_t *xb = host(dx, (size_t)n * H * 2);
+    float *h2 = qd_test_host(dh, (size_t)n * H * 4);
+    uint16_t *xb = qd_test_host(dx, (size_t)n * H * 2);
     float *sum = malloc(sizeof(float) * n * H), *ref = malloc(sizeof(float) * n * H);
     for (int i = 0; i < n * H; i++) sum[i] = h[i] + y[i];
     compare("residual add", h2, sum, (size_t)n * H, 0, 0);
     qd_cpu_rmsnorm(sum, n, H, H, w, 1.0f, 1e-6f, ref, H);
-    float *x = widen(xb, (size_t)n * H), *xf = host(dxf, (size_t)n * H * 4);
+    float *x = widen(xb, (size_t)n * H), *xf = qd_test_host(dxf, (size_t)n * H * 4);
     compare("add_rmsnorm", x, ref, (size_t)n * H, 8e-3, 1e-6);
     compare("add_rmsnorm fp32 copy", xf, ref, (size_t)n * H, 1e-5, 1e-7);
     free(xf);
     qd_cuda_free(dxf);
     int32_t rows[2] = {4, 1};
-    void *drows = dev(rows, sizeof rows), *dx2 = dev(NULL, (size_t)2 * H * 2);
+    void *drows = qd_test_dev(rows, sizeof rows), *dx2 = qd_test_dev(NULL, (size_t)2 * H * 2);
     CHECK(qd_cuda_add_rmsnorm(dh, NULL, dw, 1e-6f, 2, H, drows, dx2, NULL, NULL) == QD_OK);
-    uint16_t *x2b = host(dx2, (size_t)2 * H * 2);
+    uint16_t *x2b = qd_test_host(dx2, (size_t)2 * H * 2);
     float *x2 = widen(x2b, (size_t)2 * H), ref2[2 * 333];
     memcpy(ref2, ref + 4 * H, sizeof(float) * H);
     memcpy(ref2 + H, ref + 1 * H, sizeof(float) * H);
@@ -154,8 +150,8 @@ static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_on
     for (int i = 0; i < NS; i++) n += T[i];
     const int key_dim = hk * dk, value_dim = hv * dv, C = 2 * key_dim + value_dim, W = C + 2 * hv + 3;
     const size_t stn = (size_t)SLOTS * C * (K - 1) + 1;
-    float *x = rnd((size_t)n * W, 1.0f), *w = rnd((size_t)C * K, 0.5f), *st = rnd(stn, 1.0f);
-    float *A = rnd(hv, 1.0f), *dtb = rnd(hv, 1.0f);
+    float *x = qd_test_rnd(&rng, (size_t)n * W, 1.0f), *w = qd_test_rnd(&rng, (size_t)C * K, 0.5f), *st = qd_test_rnd(&rng, stn, 1.0f);
+    float *A = qd_test_rnd(&rng, hv, 1.0f), *dtb = qd_test_rnd(&rng, hv, 1.0f);
     for (int r = 0; r < n; r++) /* the gates' inputs at the scale of real projections */
         for (int i = C; i < W; i++) x[(size_t)r * W + i] *= 2.0f;
     int32_t spans[4 * NS], row_span[128];
@@ -163,17 +159,17 @@ static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_on
         spans[4 * i] = r; spans[4 * i + 1] = T[i]; spans[4 * i + 2] = 0; spans[4 * i + 3] = slot[i];
         for (int t = 0; t < T[i]; t++) row_span[r + t] = i;
     }
-    void *dx = dev(x, (size_t)n * W * 4), *dw = dev(w, (size_t)C * K * 4), *dst = dev(st, stn * 4),
-         *dsp = dev(spans, sizeof spans), *drs = dev(row_span, sizeof(int32_t) * n), *dA = dev(A, hv * 4),
-         *dd = dev(dtb, hv * 4);
-    void *dq = dev(NULL, (size_t)n * key_dim * 2), *dk_ = dev(NULL, (size_t)n * key_dim * 2),
-         *dvv = dev(NULL, (size_t)n * value_dim * 2), *dg = dev(NULL, (size_t)n * hv * 4), *db = dev(NULL, (size_t)n * hv * 4);
+    void *dx = qd_test_dev(x, (size_t)n * W * 4), *dw = qd_test_dev(w, (size_t)C * K * 4), *dst = qd_test_dev(st, stn * 4),
+         *dsp = qd_test_dev(spans, sizeof spans), *drs = qd_test_dev(row_span, sizeof(int32_t) * n), *dA = qd_test_dev(A, hv * 4),
+         *dd = qd_test_dev(dtb, hv * 4);
+    void *dq = qd_test_dev(NULL, (size_t)n * key_dim * 2), *dk_ = qd_test_dev(NULL, (size_t)n * key_dim * 2),
+         *dvv = qd_test_dev(NULL, (size_t)n * value_dim * 2), *dg = qd_test_dev(NULL, (size_t)n * hv * 4), *db = qd_test_dev(NULL, (size_t)n * hv * 4);
     const qd_cuda_gdn_in_args a = {n, hk, hv, dk, dv, K, NS, dx, W, (float *)dx + C + hv, (float *)dx + C, W, dw, dA, dd,
                                    dst, dsp, drs, dq, dk_, dvv, dg, db, decode_only};
     ST_OK(qd_cuda_gdn_inputs(&a, NULL));
-    uint16_t *q = host(dq, (size_t)n * key_dim * 2), *k = host(dk_, (size_t)n * key_dim * 2),
-             *v = host(dvv, (size_t)n * value_dim * 2);
-    float *g = host(dg, (size_t)n * hv * 4), *beta = host(db, (size_t)n * hv * 4), *st2 = host(dst, stn * 4);
+    uint16_t *q = qd_test_host(dq, (size_t)n * key_dim * 2), *k = qd_test_host(dk_, (size_t)n * key_dim * 2),
+             *v = qd_test_host(dvv, (size_t)n * value_dim * 2);
+    float *g = qd_test_host(dg, (size_t)n * hv * 4), *beta = qd_test_host(db, (size_t)n * hv * 4), *st2 = qd_test_host(dst, stn * 4);
     /* reference: conv per span (updating st), then the norms and the gates */
     float *ref = malloc(sizeof(float) * (size_t)n * C);
     for (int i = 0; i < NS; i++)
@@ -214,28 +210,28 @@ static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_on
 static void test_gated_norm_and_ffn(int n, int hv, int dv, int I, int H) {
     const size_t no = (size_t)n * hv * dv;
     const int zs = hv * dv + 7;
-    float *o = rnd(no, 1.0f), *z = rnd((size_t)n * zs, 2.0f), *w = rnd(dv, 1.0f);
+    float *o = qd_test_rnd(&rng, no, 1.0f), *z = qd_test_rnd(&rng, (size_t)n * zs, 2.0f), *w = qd_test_rnd(&rng, dv, 1.0f);
     uint16_t *ob = qd_test_round_bf16(o, no);
-    void *dob = dev(ob, no * 2), *dz = dev(z, (size_t)n * zs * 4), *dw = dev(w, dv * 4), *du = dev(NULL, no * 2);
+    void *dob = qd_test_dev(ob, no * 2), *dz = qd_test_dev(z, (size_t)n * zs * 4), *dw = qd_test_dev(w, dv * 4), *du = qd_test_dev(NULL, no * 2);
     CHECK(qd_cuda_gated_rmsnorm(dob, dz, zs, dw, 1e-6f, n, hv, dv, du, NULL) == QD_OK);
-    uint16_t *ub = host(du, no * 2);
+    uint16_t *ub = qd_test_host(du, no * 2);
     float *zc = malloc(sizeof(float) * no), *ref = malloc(sizeof(float) * no);
     for (int r = 0; r < n; r++) memcpy(zc + (size_t)r * hv * dv, z + (size_t)r * zs, sizeof(float) * hv * dv);
     qd_cpu_gated_rmsnorm(o, zc, w, n, hv, dv, 1e-6f, ref);
     float *u = widen(ub, no);
     compare("gated_rmsnorm", u, ref, no, 8e-3, 1e-6);
     /* SwiGLU and the shared-expert sigmoid scale */
-    float *gu = rnd((size_t)n * 2 * I, 2.0f);
-    void *dgu = dev(gu, (size_t)n * 2 * I * 4), *dact = dev(NULL, (size_t)n * I * 2);
+    float *gu = qd_test_rnd(&rng, (size_t)n * 2 * I, 2.0f);
+    void *dgu = qd_test_dev(gu, (size_t)n * 2 * I * 4), *dact = qd_test_dev(NULL, (size_t)n * I * 2);
     CHECK(qd_cuda_silu_mul(dgu, n, I, dact, NULL) == QD_OK);
-    uint16_t *actb = host(dact, (size_t)n * I * 2);
+    uint16_t *actb = qd_test_host(dact, (size_t)n * I * 2);
     float *act = widen(actb, (size_t)n * I), *aref = malloc(sizeof(float) * (size_t)n * I);
     for (int r = 0; r < n; r++) qd_cpu_silu_mul(gu + (size_t)r * 2 * I, gu + (size_t)r * 2 * I + I, I, aref + (size_t)r * I);
     compare("silu_mul", act, aref, (size_t)n * I, 8e-3, 1e-6);
-    float *ys = rnd((size_t)n * H, 1.0f), *sg = rnd((size_t)n * 3, 2.0f), *y0 = rnd((size_t)n * H, 1.0f);
-    void *dys = dev(ys, (size_t)n * H * 4), *dsg = dev(sg, (size_t)n * 3 * 4), *dy = dev(y0, (size_t)n * H * 4);
+    float *ys = qd_test_rnd(&rng, (size_t)n * H, 1.0f), *sg = qd_test_rnd(&rng, (size_t)n * 3, 2.0f), *y0 = qd_test_rnd(&rng, (size_t)n * H, 1.0f);
+    void *dys = qd_test_dev(ys, (size_t)n * H * 4), *dsg = qd_test_dev(sg, (size_t)n * 3 * 4), *dy = qd_test_dev(y0, (size_t)n * H * 4);
     CHECK(qd_cuda_sigmoid_scale(dy, dys, dsg, 3, n, H, NULL) == QD_OK);
-    float *y = host(dy, (size_t)n * H * 4), *yref = malloc(sizeof(float) * (size_t)n * H);
+    float *y = qd_test_host(dy, (size_t)n * H * 4), *yref = malloc(sizeof(float) * (size_t)n * H);
     for (int r = 0; r < n; r++) /* added into y */
         for (int i = 0; i < H; i++) yref[r * H + i] = y0[r * H + i] + qd_sigmoid(sg[r * 3]) * ys[r * H + i];
     compare("sigmoid_scale", y, yref, (size_t)n * H, 1e-6, 1e-6);
@@ -246,7 +242,7 @@ static void test_gated_norm_and_ffn(int n, int hv, int dv, int I, int H) {
 }
 
 static void test_argmax(int n, int V, int limit) {
-    float *x = rnd((size_t)n * V, 1.0f);
+    float *x = qd_test_rnd(&rng, (size_t)n * V, 1.0f);
     int32_t want[16];
     float wlp[16];
     for (int r = 0; r < n; r++) {
@@ -263,10 +259,10 @@ static void test_argmax(int n, int V, int limit) {
         for (int i = 0; i < limit; i++) se += exp((double)row[i] - row[want[r]]);
         wlp[r] = (float)-log(se);
     }
-    void *dx = dev(x, (size_t)n * V * 4), *di = dev(NULL, (size_t)n * 4), *dl = dev(NULL, (size_t)n * 4);
+    void *dx = qd_test_dev(x, (size_t)n * V * 4), *di = qd_test_dev(NULL, (size_t)n * 4), *dl = qd_test_dev(NULL, (size_t)n * 4);
     CHECK(qd_cuda_argmax(dx, n, V, limit, di, dl, NULL) == QD_OK);
-    int32_t *got = host(di, (size_t)n * 4);
-    float *lp = host(dl, (size_t)n * 4);
+    int32_t *got = qd_test_host(di, (size_t)n * 4);
+    float *lp = qd_test_host(dl, (size_t)n * 4);
     CHECKF(!memcmp(got, want, sizeof(int32_t) * n), "argmax V=%d limit=%d differs", V, limit);
     compare("argmax logprob", lp, wlp, (size_t)n, 1e-5, 1e-6);
     free(x); free(got); free(lp);
@@ -292,9 +288,9 @@ static void test_dummy(void) {
             want[i] = qd_f32_to_bf16(u * scale);
         }
     }
-    void *d = dev(NULL, (size_t)n * 2);
+    void *d = qd_test_dev(NULL, (size_t)n * 2);
     CHECK(qd_cuda_fill_dummy_bf16(d, n, scale, seed, NULL) == QD_OK);
-    uint16_t *got = host(d, (size_t)n * 2);
+    uint16_t *got = qd_test_host(d, (size_t)n * 2);
     CHECKF(!memcmp(got, want, (size_t)n * 2), "dummy weights differ from the CPU's");
     free(want); free(got);
     qd_cuda_free(d);
