@@ -83,6 +83,12 @@ moe_plan(const int32_t *__restrict__ sel, int P, int E, int32_t *__restrict__ se
     }
 }
 
+/* Two columns of the gate_up epilogue, silu(gate) * up as a bf16 pair: one definition
+ * for both GEMM kernels, whose outputs must be the same bits. */
+__device__ __forceinline__ uint32_t moe_swiglu2(float g0, float g1, float u0, float u1) {
+    return qd_pack_bf2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+}
+
 /* MODE 0: gate_up (K = H, A rows gathered from x, bf16 act out);
  * MODE 1: down (K = I, A = act rows, fp32 out). */
 template <int MODE>
@@ -199,7 +205,7 @@ moe_gemm(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, const i
                     const float g0 = acc[mi][t][2 * half], g1 = acc[mi][t][2 * half + 1];
                     const float u0 = acc[mi][t + 4][2 * half], u1 = acc[mi][t + 4][2 * half + 1];
                     *(uint32_t *)(act_out + grow * I + i) =
-                        qd_pack_bf2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+                        moe_swiglu2(g0, g1, u0, u1);
                 }
             } else {
 #pragma unroll
@@ -314,7 +320,7 @@ moe_gemm_small(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, c
                 const float g0 = acc[0][2 * half], g1 = acc[0][2 * half + 1];
                 const float u0 = acc[1][2 * half], u1 = acc[1][2 * half + 1];
                 *(uint32_t *)(act_out + grow * I + i) =
-                    qd_pack_bf2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+                    moe_swiglu2(g0, g1, u0, u1);
             } else {
 #pragma unroll
                 for (int t = 0; t < 2; t++) {
