@@ -153,6 +153,20 @@ static int bi_compare(const char *dir, const char *what, const bi_out *got, cons
     return same;
 }
 
+/* rs run all at once on a fresh batch-invariant engine (step budget, KV blocks; 0: enough),
+ * compared with their solo runs; the engine's stats (zeros if it could not be made). */
+static qd_engine_stats bi_together(qd_model *m, const char *dir, const char *what, int budget, int blocks,
+                                   const bi_req *rs, int n, bi_out *got, const bi_out *ref) {
+    qd_engine_stats st = {0};
+    qd_engine *e = bi_engine(m, budget, blocks, 0);
+    if (!e) return st;
+    bi_run_together(e, rs, n, got);
+    qd_engine_get_stats(e, &st);
+    bi_compare(dir, what, got, ref, n);
+    qd_engine_free(e);
+    return st;
+}
+
 static void bi_make_requests(bi_req *rs, int n, int V, const int32_t *shared, int n_shared) {
     static const int lens[] = {1, 2, 63, 64, 65, 66, 127, 128, 129, 150};
     for (int i = 0; i < n; i++) {
@@ -194,23 +208,11 @@ static void bi_check_model(qd_model *m, const char *dir) {
     qd_engine_free(e);
 
     /* (a) together, prompts cut at 64-token boundaries into a 128-token budget */
-    if ((e = bi_engine(m, 128, 0, 0))) {
-        bi_run_together(e, rs, BI_REQ, got);
-        qd_engine_stats st;
-        qd_engine_get_stats(e, &st);
-        printf("  %s: together, budget 128: %llu steps\n", dir, (unsigned long long)st.steps);
-        bi_compare(dir, "together, budget 128", got, alone, BI_REQ);
-        qd_engine_free(e);
-    }
+    qd_engine_stats st = bi_together(m, dir, "together, budget 128", 128, 0, rs, BI_REQ, got, alone);
+    printf("  %s: together, budget 128: %llu steps\n", dir, (unsigned long long)st.steps);
     /* (b) a pool of 16 blocks of 16 for 8 running requests of up to 224 tokens (14 blocks) */
-    if ((e = bi_engine(m, 192, 16, 0))) {
-        bi_run_together(e, rs, BI_REQ, got);
-        qd_engine_stats st;
-        qd_engine_get_stats(e, &st);
-        printf("  %s: small pool: %llu preemptions\n", dir, (unsigned long long)st.preemptions);
-        bi_compare(dir, "together, small KV pool", got, alone, BI_REQ);
-        qd_engine_free(e);
-    }
+    st = bi_together(m, dir, "together, small KV pool", 192, 16, rs, BI_REQ, got, alone);
+    printf("  %s: small pool: %llu preemptions\n", dir, (unsigned long long)st.preemptions);
     /* (b') a random set need not overflow the pool, so also a shape that must: six requests
      * of 30 + 20 tokens at once into 14 blocks of 16; four fill the first step, a fifth the
      * next (2 blocks each, a block per running request held back keeps the sixth waiting),
@@ -226,21 +228,14 @@ static void bi_check_model(qd_model *m, const char *dir) {
         bi_run_alone(e, pr, 6, palone);
         qd_engine_free(e);
     }
-    if ((e = bi_engine(m, 128, 14, 0))) {
-        bi_run_together(e, pr, 6, ptog);
-        qd_engine_stats st;
-        qd_engine_get_stats(e, &st);
-        printf("  %s: pool of 14 blocks: %llu preemptions\n", dir, (unsigned long long)st.preemptions);
-        CHECKF(st.preemptions > 0, "%s: six requests of 50 tokens in 14 blocks caused no preemption", dir);
-        bi_compare(dir, "together, preempted", ptog, palone, 6);
-        qd_engine_free(e);
-    }
+    st = bi_together(m, dir, "together, preempted", 128, 14, pr, 6, ptog, palone);
+    printf("  %s: pool of 14 blocks: %llu preemptions\n", dir, (unsigned long long)st.preemptions);
+    CHECKF(st.preemptions > 0, "%s: six requests of 50 tokens in 14 blocks caused no preemption", dir);
     /* (c) prefix cache: the shared-prefix requests twice, the second round from the cache */
     if ((e = bi_engine(m, 256, 0, (size_t)64 << 20))) {
         bi_run_together(e, shared_rs, BI_REQ, got);
         bi_compare(dir, "prefix cache, first round", got, shared_alone, BI_REQ);
         bi_run_together(e, shared_rs, BI_REQ, got);
-        qd_engine_stats st;
         qd_engine_get_stats(e, &st);
         printf("  %s: prefix cache: %llu of %llu query tokens hit\n", dir, (unsigned long long)st.prefix_hit_tokens,
                (unsigned long long)st.prefix_query_tokens);
