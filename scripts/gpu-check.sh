@@ -68,18 +68,24 @@ fi
 
 TESTS_LOG="$LOGDIR/tests.log"
 declare -A result
+# run_test NAME LOG: one CUDA test binary of $BUILD (a fresh seed unless QD_TEST_SEED is set),
+# its output appended to LOG, its line of the summary in result[NAME]
+run_test() {
+    local t=$1 log=$2 bin ts rc line
+    bin=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
+    [ -n "$bin" ] || { result[$t]="not built"; return; }
+    echo "=== $t" >>"$log"
+    ts=$(date +%s)
+    QD_TEST_SEED=${QD_TEST_SEED:-$(date +%s)} timeout 300 "$bin" >>"$log" 2>&1
+    rc=$?
+    line=$(grep -E "^$t: [0-9]+ passed" "$log" | tail -1)
+    result[$t]="$( [ $rc -eq 0 ] && echo PASS || echo "FAIL rc=$rc") ${line#*: } ($(( $(date +%s) - ts )) s)"
+    [ $rc -eq 0 ] || status=1
+}
 if has tests; then
     : >"$TESTS_LOG"
     for t in test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_snap_tier; do
-        bin=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
-        [ -n "$bin" ] || { result[$t]="not built"; continue; }
-        echo "=== $t" >>"$TESTS_LOG"
-        ts=$(date +%s)
-        QD_TEST_SEED=${QD_TEST_SEED:-$(date +%s)} timeout 300 "$bin" >>"$TESTS_LOG" 2>&1
-        rc=$?
-        line=$(grep -E "^$t: [0-9]+ passed" "$TESTS_LOG" | tail -1)
-        result[$t]="$( [ $rc -eq 0 ] && echo PASS || echo "FAIL rc=$rc") ${line#*: } ($(( $(date +%s) - ts )) s)"
-        [ $rc -eq 0 ] || status=1
+        run_test "$t" "$TESTS_LOG"
     done
 fi
 
@@ -119,19 +125,7 @@ fi
 TP_LOG="$LOGDIR/tp.log"
 if has tp; then
     : >"$TP_LOG"
-    t=test_cuda_tp
-    bin=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
-    if [ -n "$bin" ]; then
-        echo "=== $t" >>"$TP_LOG"
-        ts=$(date +%s)
-        timeout 300 "$bin" >>"$TP_LOG" 2>&1
-        rc=$?
-        line=$(grep -E "^$t: [0-9]+ passed" "$TP_LOG" | tail -1)
-        result[$t]="$( [ $rc -eq 0 ] && echo PASS || echo "FAIL rc=$rc") ${line#*: } ($(( $(date +%s) - ts )) s)"
-        [ $rc -eq 0 ] || status=1
-    else
-        result[$t]="not built"
-    fi
+    run_test test_cuda_tp "$TP_LOG"
     # with two or more GPUs: the whole Qwen3-Next-80B-A3B and Qwen3.5-122B-A10B (BF16) over two GPUs
     # through NCCL, decode at batch 1 and 64 with the all-reduce time per step
     if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
@@ -224,17 +218,7 @@ fi
 INV_LOG="$LOGDIR/invariant.log"
 if has invariant; then
     : >"$INV_LOG"
-    t=test_cuda_batch_invariant
-    bin=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
-    if [ -n "$bin" ]; then
-        echo "=== $t" >>"$INV_LOG"
-        ts=$(date +%s)
-        QD_TEST_SEED=${QD_TEST_SEED:-$(date +%s)} timeout 300 "$bin" >>"$INV_LOG" 2>&1
-        rc=$?
-        line=$(grep -E "^$t: [0-9]+ passed" "$INV_LOG" | tail -1)
-        result[$t]="$( [ $rc -eq 0 ] && echo PASS || echo "FAIL rc=$rc") ${line#*: } ($(( $(date +%s) - ts )) s)"
-        [ $rc -eq 0 ] || status=1
-    fi
+    run_test test_cuda_batch_invariant "$INV_LOG"
     TPL=tests/data/chat_template/qwen3_5.jinja
     F="$BUILD/gpu-moe-fixture"
     G=tests/fixtures/gpu_qwen3_5_moe_bf16
