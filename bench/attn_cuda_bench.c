@@ -22,6 +22,7 @@
 
 #include "backend/cuda/cuda_attn.h"
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 
 #define BENCH_NAME "attn_cuda_bench"
 #include "cuda_bench_util.h"

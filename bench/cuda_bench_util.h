@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #include "base/dtype.h"
 
 static inline int bench_failed(qd_status s, const char *what) {

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 
 #define BENCH_NAME "gdn_cuda_bench"
 #include "cuda_bench_util.h"

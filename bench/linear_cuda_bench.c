@@ -38,6 +38,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/cuda_ops.h"

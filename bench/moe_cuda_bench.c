@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_moe.h"
 
 #define BENCH_NAME "moe_cuda_bench"

@@ -114,6 +114,15 @@ int64_t qd_model_state_bytes(const qd_model *model);
 /* Bytes of KV cache per token of one sequence (every attention layer, keys and
  * values, in the backend's cache dtype: fp32 on the CPU, bf16 on CUDA). */
 int64_t qd_model_kv_bytes_per_token(const qd_model *model);
+/* Copy bandwidth (GB/s, read + write) of the memory a backend streams weights from, the
+ * best of several copies of `bytes` (n_threads: the CPU's copy threads; 0 = all cores):
+ * the denominator of a decode roofline. */
+qd_status qd_backend_copy_gbps(qd_backend_kind kind, size_t bytes, int n_threads, double *gbps, char *err,
+                               size_t err_size);
+/* All-reduce timing of a split model (benchmarks): contexts created after this with on
+ * record the device time of each all-reduce; QD_ERR_UNSUPPORTED for a model whose backend
+ * has no all-reduces (an unsplit model, a split model on the CPU). */
+qd_status qd_model_set_comm_timing(qd_model *model, int on);
 /* End-of-sequence token ids: generation_config.json's eos_token_id if given, else
  * config.json's. Returns the count; *ids stays valid for the model's lifetime. */
 int qd_model_eos_ids(const qd_model *model, const int32_t **ids);
@@ -174,6 +183,9 @@ qd_status qd_seq_reset(qd_context *ctx, int seq);
 qd_backend_kind qd_context_backend(const qd_context *ctx);
 /* Number of tokens a sequence has consumed. */
 int qd_seq_length(const qd_context *ctx, int seq);
+/* The device time the context's last forward spent in all-reduces (rank 0, waiting for
+ * the other ranks included) and how many there were; see qd_model_set_comm_timing. */
+qd_status qd_context_comm_time(qd_context *ctx, double *ms, int *count);
 
 typedef enum qd_logits_mode {
     QD_LOGITS_NONE = 0,

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #include "base/dtype.h"
 
 /* A device copy of h (bytes), or uninitialised device memory when h is NULL; NULL on failure. */

@@ -36,6 +36,7 @@
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_attn.h"
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #include "qd_test_cuda.h"
 #endif
 

@@ -5,6 +5,7 @@
 
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #include "batch_invariant_body.h"
 
 int main(void) {

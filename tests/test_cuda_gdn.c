@@ -18,6 +18,7 @@
 #include "qd_test.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #include "qd_test_cuda.h"
 #endif
 

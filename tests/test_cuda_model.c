@@ -24,6 +24,7 @@
 #include "qdelta.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #endif
 
 #ifdef QD_HAVE_CUDA

@@ -28,6 +28,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_moe.h"
 #include "model/model.h"
 #include "qd_test_cuda.h"

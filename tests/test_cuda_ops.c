@@ -14,6 +14,7 @@
 #include "qd_test.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
 #include "qd_test_cuda.h"
 #endif

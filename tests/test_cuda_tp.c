@@ -25,12 +25,13 @@
 #include <string.h>
 
 #include "model/model.h"
-#include "parallel/tp.h"
+#include "model/model_split.h"
 #include "qd_fixtures.h"
 #include "qd_test.h"
 #include "qdelta.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #endif
 
 #ifdef QD_HAVE_CUDA
@@ -76,8 +77,8 @@ static int script(qd_model *m, const int32_t *p0, int n0, const int32_t *p1, int
     if (s != QD_OK || !t->rows) return 0;
     qd_span pre[2] = {{0, p0, n0, QD_LOGITS_ALL}, {1, p1, n1, QD_LOGITS_LAST}};
     int ok = fwd(ctx, t, pre, 2, n0 + 1);
-    if (ok && m->tp) {
-        s = qd_tp_allreduce_ms(ctx, &t->ar_ms, &t->ar_n);
+    if (ok && m->split) {
+        s = qd_context_comm_time(ctx, &t->ar_ms, &t->ar_n);
         CHECKF(s == QD_OK, "all-reduce timing: %s", qd_context_errmsg(ctx));
     }
     /* greedy continuation of both from their last prefill logits, on the device */
@@ -131,7 +132,7 @@ static qd_model *load(const char *dir, int tp, int ep, int devices, char *msg, s
     mp.tp_devices = devices;
     qd_model *m = NULL;
     if (qd_model_load(&mp, &m, msg, n) != QD_OK) return NULL;
-    if (m->tp) qd_tp_set_timing(m, true);
+    if (m->split) qd_model_set_comm_timing(m, 1);
     return m;
 }
 

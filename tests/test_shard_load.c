@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "model/model.h"
-#include "parallel/shard.h"
+#include "model/model_shard.h"
 #include "qd_fixtures.h"
 #include "qd_test.h"
 
@@ -42,13 +42,13 @@ static int in_mapping(const qd_model *full, const qd_weight *w) {
 static void compare(const qd_model *full, const qd_model *a, const qd_model *b, const char *what) {
     const qd_config *c = &a->cfg;
     CHECKF(!memcmp(&a->cfg, &b->cfg, sizeof a->cfg), "%s: local configs differ", what);
-    CHECKF(a->expert0 == b->expert0 && a->n_local_experts == b->n_local_experts, "%s: expert partition", what);
-    CHECKF(weight_eq(&a->embed, &b->embed) && weight_eq(&a->lm_head, &b->lm_head), "%s: embedding / LM head", what);
-    CHECKF(vec_eq(a->final_norm, b->final_norm, c->hidden_size), "%s: final norm", what);
+    CHECKF(a->w.expert0 == b->w.expert0 && a->w.n_local_experts == b->w.n_local_experts, "%s: expert partition", what);
+    CHECKF(weight_eq(&a->w.embed, &b->w.embed) && weight_eq(&a->w.lm_head, &b->w.lm_head), "%s: embedding / LM head", what);
+    CHECKF(vec_eq(a->w.final_norm, b->w.final_norm, c->hidden_size), "%s: final norm", what);
     const int64_t conv = (int64_t)qd_config_conv_dim(c) * c->gdn_conv_kernel;
     int bad = 0, views = 1;
     for (int L = 0; L < c->n_layers; L++) {
-        const qd_layer *x = &a->layers[L], *y = &b->layers[L];
+        const qd_layer *x = &a->w.layers[L], *y = &b->w.layers[L];
         int ok = vec_eq(x->input_norm, y->input_norm, c->hidden_size) &&
                  vec_eq(x->post_norm, y->post_norm, c->hidden_size);
         if (x->kind == QD_LAYER_GDN) {
@@ -73,7 +73,7 @@ static void compare(const qd_model *full, const qd_model *a, const qd_model *b, 
             ok &= weight_eq(&p->router, &q->router) && p->has_shared == q->has_shared;
             for (int e = 0; e < c->n_experts; e++) {
                 ok &= mlp_eq(&p->experts[e], &q->experts[e]);
-                const int local = e >= b->expert0 && e < b->expert0 + b->n_local_experts;
+                const int local = e >= b->w.expert0 && e < b->w.expert0 + b->w.n_local_experts;
                 ok &= local == (q->experts[e].gate.rows > 0);
                 if (local) views &= in_mapping(full, &q->experts[e].gate) && in_mapping(full, &q->experts[e].up);
             }

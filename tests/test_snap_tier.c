@@ -21,6 +21,7 @@
 #include "runtime/prefix_cache.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #endif
 
 static qd_test_rng rng;

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "model/model.h"
-#include "parallel/tp.h"
+#include "model/model_split.h"
 #include "qd_fixtures.h"
 #include "qd_test.h"
 
@@ -102,9 +102,9 @@ static int script(qd_model *m, const int32_t *p0, int n0, const int32_t *p1, int
     CHECKF(s == QD_OK, "greedy: %s", qd_context_errmsg(ctx));
     ok &= s == QD_OK;
     t->repeat_ok = repeat;
-    if (m->tp) {
+    if (m->split) {
         size_t sum = 64;  /* the snapshot header */
-        for (int r = 0; r < m->tp->size; r++) sum += (size_t)qd_model_state_bytes(m->tp->ranks[r]);
+        for (int r = 0; r < m->split->size; r++) sum += (size_t)qd_model_state_bytes(m->split->ranks[r]);
         CHECKF(snap_bytes == sum, "snapshot of %zu bytes, the ranks' slices need %zu", snap_bytes, sum);
     }
     free(snap);

@@ -22,7 +22,8 @@
 #include <unistd.h>
 
 #include "model/model.h"
-#include "parallel/tp_cpu.h"
+#include "backend/cpu/cpu_backend.h"
+#include "model/split_group.h"
 #include "qd_fixtures.h"
 #include "qd_test.h"
 
@@ -93,17 +94,18 @@ static void check_state(const qd_context *ref, const qd_tp_cpu *g, double tol, c
     const qd_model *m = ref->model;
     const qd_config *c = &m->cfg;
     const int tp = g->tp_size, K1 = c->gdn_conv_kernel - 1, dk = c->gdn_dk, dv = c->gdn_dv, hd = c->attn_head_dim;
+    const qd_cpu_ctx *refc = ref->bc;
     for (int r = 0; r < tp; r++) {
-        const qd_context *rc = g->ctxs[r];
-        const qd_config *lc = &rc->model->cfg;
+        const qd_cpu_ctx *rc = g->ctxs[r];
+        const qd_config *lc = rc->m->cfg;
         /* with more ranks than key heads, rank r keeps key head r / (tp / hk) whole */
-        const int hk_l = !m->n_gdn ? 0 : c->gdn_hk >= tp ? c->gdn_hk / tp : 1, hv_l = m->n_gdn ? c->gdn_hv / tp : 0;
-        const int hk0 = !m->n_gdn ? 0 : c->gdn_hk >= tp ? r * hk_l : r / (tp / c->gdn_hk), hv0 = r * hv_l;
-        const int nq_l = c->attn_nq / tp, kv0 = m->n_attn ? r * nq_l / (c->attn_nq / c->attn_nkv) : 0;
+        const int hk_l = !m->w.n_gdn ? 0 : c->gdn_hk >= tp ? c->gdn_hk / tp : 1, hv_l = m->w.n_gdn ? c->gdn_hv / tp : 0;
+        const int hk0 = !m->w.n_gdn ? 0 : c->gdn_hk >= tp ? r * hk_l : r / (tp / c->gdn_hk), hv0 = r * hv_l;
+        const int nq_l = c->attn_nq / tp, kv0 = m->w.n_attn ? r * nq_l / (c->attn_nq / c->attn_nkv) : 0;
         const int nkv_l = c->attn_nkv >= tp ? c->attn_nkv / tp : 1;
-        CHECKF(!m->n_gdn || (lc->gdn_hk == hk_l && lc->gdn_hv == hv_l && g->plans[r].gdn_hk0 == hk0),
+        CHECKF(!m->w.n_gdn || (lc->gdn_hk == hk_l && lc->gdn_hv == hv_l && g->plans[r].gdn_hk0 == hk0),
                "%s rank %d: GDN heads", what, r);
-        CHECKF(!m->n_attn || (lc->attn_nkv == nkv_l && lc->attn_nq == nq_l && g->plans[r].attn_kv0 == kv0),
+        CHECKF(!m->w.n_attn || (lc->attn_nkv == nkv_l && lc->attn_nq == nq_l && g->plans[r].attn_kv0 == kv0),
                "%s rank %d: attention heads", what, r);
         const int64_t run_begin[3] = {(int64_t)hk0 * dk, (int64_t)(c->gdn_hk + hk0) * dk,
                                       2LL * c->gdn_hk * dk + (int64_t)hv0 * dv};
@@ -112,26 +114,28 @@ static void check_state(const qd_context *ref, const qd_tp_cpu *g, double tol, c
         const size_t S = (size_t)dk * dv;
         err_acc conv = {0, 0}, ssm = {0, 0}, kv = {0, 0};
         for (int seq = 0; seq < 2; seq++) {
-            const qd_seq_state *a = &ref->seqs[seq], *b = &rc->seqs[seq];
+            const qd_seq_blocks *a = &ref->seqs[seq], *b = &g->ctx->seqs[seq];
+            const float *a_conv = qd_cpu_seq_conv(refc, seq), *b_conv = qd_cpu_seq_conv(rc, seq);
+            const float *a_ssm = qd_cpu_seq_ssm(refc, seq), *b_ssm = qd_cpu_seq_ssm(rc, seq);
             CHECKF(a->length == b->length, "%s rank %d seq %d: length %d vs %d", what, r, seq, b->length, a->length);
-            for (int i = 0; i < m->n_gdn; i++) {
+            for (int i = 0; i < m->w.n_gdn; i++) {
                 int64_t lch = 0;
                 for (int run = 0; run < 3; run++)
                     for (int64_t ch = run_begin[run]; ch < run_begin[run] + run_count[run]; ch++, lch++)
                         for (int t = 0; t < K1; t++)
-                            acc(&conv, b->conv[((size_t)i * lconv + lch) * K1 + t],
-                                a->conv[((size_t)i * conv_dim + ch) * K1 + t]);
+                            acc(&conv, b_conv[((size_t)i * lconv + lch) * K1 + t],
+                                a_conv[((size_t)i * conv_dim + ch) * K1 + t]);
                 for (int h = 0; h < hv_l; h++)
                     for (size_t e = 0; e < S; e++)
-                        acc(&ssm, b->ssm[((size_t)i * hv_l + h) * S + e], a->ssm[((size_t)i * c->gdn_hv + hv0 + h) * S + e]);
+                        acc(&ssm, b_ssm[((size_t)i * hv_l + h) * S + e], a_ssm[((size_t)i * c->gdn_hv + hv0 + h) * S + e]);
             }
-            for (int ai = 0; ai < m->n_attn; ai++)
+            for (int ai = 0; ai < m->w.n_attn; ai++)
                 for (int p = 0; p < a->length; p++) {
-                    size_t ob = qd_kv_offset(rc, seq, ai, p, nkv_l * hd);
-                    size_t oa = qd_kv_offset(ref, seq, ai, p, c->attn_nkv * hd);
+                    size_t ob = qd_cpu_kv_offset(rc, b->blocks, ai, p, nkv_l * hd);
+                    size_t oa = qd_cpu_kv_offset(refc, a->blocks, ai, p, c->attn_nkv * hd);
                     for (int j = 0; j < nkv_l * hd; j++) {
-                        acc(&kv, rc->kv.k[ob + j], ref->kv.k[oa + (size_t)kv0 * hd + j]);
-                        acc(&kv, rc->kv.v[ob + j], ref->kv.v[oa + (size_t)kv0 * hd + j]);
+                        acc(&kv, rc->kv_k[ob + j], refc->kv_k[oa + (size_t)kv0 * hd + j]);
+                        acc(&kv, rc->kv_v[ob + j], refc->kv_v[oa + (size_t)kv0 * hd + j]);
                     }
                 }
         }
@@ -232,7 +236,7 @@ static void check_weights(const qd_model *m, const qd_tp_cpu *g, const char *wha
         const qd_shard_plan *p = &g->plans[r];
         int ok = 1;
         for (int L = 0; L < c->n_layers; L++) {
-            const qd_layer *ly = &g->models[r]->layers[L];
+            const qd_layer *ly = &g->models[r]->w.layers[L];
             if (ly->kind == QD_LAYER_GDN) {
                 ok &= gdn_in_ok(m, p, &ly->gdn, L);
                 ok &= cols_eq(&ly->gdn.out, ckpt(m, "layers.%d.linear_attn.out_proj.weight", L),
@@ -390,7 +394,7 @@ static void check_negatives(qd_model *m) {
         float row[1024];
         CHECK(qd_tp_forward_cpu(g, &sp, 1, row) == QD_ERR_INVALID_ARG && strstr(g->err.msg, "out of range"));
         for (int r = 0; r < 2; r++)
-            CHECK(qd_seq_length(g->ctxs[r], 0) == 0 && qd_kv_free_blocks(g->ctxs[r]) == qd_kv_total_blocks(g->ctxs[r]));
+            CHECK(qd_seq_length(g->ctx, 0) == 0 && qd_kv_free_blocks(g->ctx) == qd_kv_total_blocks(g->ctx));
         qd_tp_cpu_free(g);
     }
 }

@@ -7,13 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/membw.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "parallel/tp.h"
-#ifdef QD_HAVE_CUDA
-#include "backend/cuda/cuda_gdn.h"
-#endif
 
 static void usage(FILE *f) {
     fprintf(f, "usage: qdelta bench -m DIR [--backend cpu|cuda] [--load-format auto|dummy|dummy-f32] [-t N]\n"
@@ -44,14 +39,11 @@ static int parse_list(const char *s, int *out, int max) {
 
 /* Copy bandwidth of the memory the backend streams weights from (GB/s, read + write). */
 static double measure_bandwidth(const cli_model_opts *mo) {
-#ifdef QD_HAVE_CUDA
-    if (mo->backend == QD_BACKEND_CUDA) {
-        double g = 0;
-        if (qd_cuda_copy_gbps((size_t)1 << 30, &g) != QD_OK) fprintf(stderr, "qdelta bench: %s\n", qd_cuda_last_error());
-        return g;
-    }
-#endif
-    return qd_measure_memcpy_gbps((size_t)1 << 30, mo->threads);
+    double g = 0;
+    char err[256];
+    if (qd_backend_copy_gbps(mo->backend, (size_t)1 << 30, mo->threads, &g, err, sizeof err) != QD_OK)
+        fprintf(stderr, "qdelta bench: %s\n", err);
+    return g;
 }
 
 /* The last step's all-reduce time of a split model on CUDA, as " (N all-reduces: X ms)";
@@ -60,7 +52,7 @@ static int allreduce_note(qd_context *ctx, bool split, char *buf, size_t n) {
     double ms = 0;
     int count = 0;
     buf[0] = 0;
-    if (!split || qd_tp_allreduce_ms(ctx, &ms, &count) != QD_OK) return 0;
+    if (!split || qd_context_comm_time(ctx, &ms, &count) != QD_OK) return 0;
     snprintf(buf, n, " (%d all-reduces: %.3f ms)", count, ms);
     return 1;
 }
@@ -70,7 +62,7 @@ static const char *allreduce_field(qd_context *ctx, bool split, char *buf, size_
     double ms = 0;
     int count = 0;
     buf[0] = 0;
-    if (split && qd_tp_allreduce_ms(ctx, &ms, &count) == QD_OK)
+    if (split && qd_context_comm_time(ctx, &ms, &count) == QD_OK)
         snprintf(buf, n, " allreduce_ms=%.4f allreduce_n=%d", ms, count);
     return buf;
 }
@@ -111,8 +103,8 @@ int qd_cmd_bench(int argc, char **argv) {
     qd_model *m = cli_load_model(&mo);
     if (!m) return 1;
     double t_load = cli_now() - t0;
-    const bool split = mo.tensor_parallel_size > 1 && mo.backend == QD_BACKEND_CUDA;
-    if (split) qd_tp_set_timing(m, true); /* before the context: its graphs record the timing events */
+    /* before the context: its graphs record the timing events (split models on GPUs) */
+    const bool split = mo.tensor_parallel_size > 1 && qd_model_set_comm_timing(m, 1) == QD_OK;
     int max_prefill = (int)context;
     for (int i = 0; i < n_prefill; i++) if (prefill[i] > max_prefill) max_prefill = prefill[i];
     qd_context_params cp = qd_context_default_params();

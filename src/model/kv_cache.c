@@ -1,5 +1,6 @@
 /* The context's paged KV cache (a pool of reference-counted blocks, one block table
- * per sequence) and plain-copy snapshots of a sequence's GDN state.
+ * per sequence; the backend holds the blocks' contents) and plain-copy snapshots of a
+ * sequence's GDN state.
  *
  * Why blocks: the attention layers are one in four, but their cache grows with the
  * context while the GDN state does not; a pool of fixed-size blocks lets sequences of
@@ -8,18 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/arena.h"
 #include "model/model.h"
-#include "parallel/tp.h"
-#ifdef QD_HAVE_CUDA
-#include "backend/cuda/cuda_model.h"
-#endif
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 qd_status qd_kv_pool_init(qd_context *ctx) {
     const qd_model *m = ctx->model;
     const qd_config *c = &m->cfg;
+    const int n_attn = m->w.n_attn;
     qd_context_params *p = &ctx->params;
     qd_kv_pool *kv = &ctx->kv;
     if (p->kv_block_size == 0) p->kv_block_size = 16;
@@ -35,19 +32,13 @@ qd_status qd_kv_pool_init(qd_context *ctx) {
                              "max_seqs %d x max_ctx %d is too large for a KV pool; set n_kv_blocks", p->max_seqs, p->max_ctx);
         p->n_kv_blocks = (int)all;
     }
-    kv->n_blocks = m->n_attn > 0 ? p->n_kv_blocks : 0;
-    kv->block_floats = (size_t)m->n_attn * kv->block_size * c->attn_nkv * c->attn_head_dim;
+    kv->n_blocks = n_attn > 0 ? p->n_kv_blocks : 0;
+    kv->block_elems = (size_t)n_attn * kv->block_size * c->attn_nkv * c->attn_head_dim;
     for (int i = 0; i < p->max_seqs; i++) {
         ctx->seqs[i].blocks = calloc((size_t)kv->max_blocks_per_seq, sizeof(int32_t));
         if (!ctx->seqs[i].blocks) return QD_ERR_OOM;
     }
     if (kv->n_blocks == 0) return QD_OK;
-    /* a CUDA context keeps the blocks' contents on the device, a split model's in its ranks */
-    if (m->backend == QD_BACKEND_CPU && !m->tp) {
-        kv->k = qd_aligned_alloc((size_t)kv->n_blocks * kv->block_floats * sizeof(float));
-        kv->v = qd_aligned_alloc((size_t)kv->n_blocks * kv->block_floats * sizeof(float));
-        if (!kv->k || !kv->v) return QD_ERR_OOM;
-    }
     kv->ref = calloc((size_t)kv->n_blocks, sizeof(int32_t));
     kv->free_ids = malloc((size_t)kv->n_blocks * sizeof(int32_t));
     if (!kv->ref || !kv->free_ids) return QD_ERR_OOM;
@@ -61,8 +52,6 @@ void qd_kv_pool_free(qd_context *ctx) {
     qd_kv_pool *kv = &ctx->kv;
     if (ctx->seqs)
         for (int i = 0; i < ctx->params.max_seqs; i++) free(ctx->seqs[i].blocks);
-    qd_aligned_free(kv->k);
-    qd_aligned_free(kv->v);
     free(kv->ref);
     free(kv->free_ids);
     memset(kv, 0, sizeof *kv);
@@ -72,19 +61,19 @@ int qd_kv_free_blocks(const qd_context *ctx) { return ctx->kv.n_free; }
 int qd_kv_total_blocks(const qd_context *ctx) { return ctx->kv.n_blocks; }
 
 int qd_kv_blocks_for(const qd_context *ctx, int n_tokens) {
-    return ctx->model->n_attn > 0 ? ceil_div(n_tokens, ctx->kv.block_size) : 0;
+    return ctx->kv.n_blocks > 0 ? ceil_div(n_tokens, ctx->kv.block_size) : 0;
 }
 
 /* Would appending write into a partly filled block another sequence also holds? */
-static int last_block_shared(const qd_context *ctx, const qd_seq_state *q) {
+static int last_block_shared(const qd_context *ctx, const qd_seq_blocks *q) {
     const qd_kv_pool *kv = &ctx->kv;
     return q->length % kv->block_size != 0 && q->n_blocks * kv->block_size > q->length &&
            kv->ref[q->blocks[q->length / kv->block_size]] > 1;
 }
 
 int qd_kv_blocks_needed(const qd_context *ctx, int seq, int n_tokens) {
-    if (ctx->model->n_attn == 0 || n_tokens <= 0) return 0;
-    const qd_seq_state *q = &ctx->seqs[seq];
+    if (ctx->kv.n_blocks == 0 || n_tokens <= 0) return 0;
+    const qd_seq_blocks *q = &ctx->seqs[seq];
     int need = ceil_div(q->length + n_tokens, ctx->kv.block_size) - q->n_blocks;
     if (need < 0) need = 0;
     return need + last_block_shared(ctx, q);
@@ -95,21 +84,14 @@ static void unref(qd_kv_pool *kv, int32_t b) {
 }
 
 qd_status qd_kv_copy_block(qd_context *ctx, int32_t dst, int32_t src) {
-    if (ctx->tp) return qd_tp_kv_copy_block(ctx, dst, src);
-#ifdef QD_HAVE_CUDA
-    if (ctx->cuda) return qd_cuda_kv_copy_block(ctx, dst, src);
-#endif
-    qd_kv_pool *kv = &ctx->kv;
-    memcpy(kv->k + (size_t)dst * kv->block_floats, kv->k + (size_t)src * kv->block_floats, kv->block_floats * sizeof(float));
-    memcpy(kv->v + (size_t)dst * kv->block_floats, kv->v + (size_t)src * kv->block_floats, kv->block_floats * sizeof(float));
-    return QD_OK;
+    return ctx->model->ops->kv_copy_block(ctx->bc, dst, src);
 }
 
 qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens) {
     const int need = qd_kv_blocks_needed(ctx, seq, n_tokens);
     if (need == 0) return QD_OK;
     qd_kv_pool *kv = &ctx->kv;
-    qd_seq_state *q = &ctx->seqs[seq];
+    qd_seq_blocks *q = &ctx->seqs[seq];
     if (need > kv->n_free)
         return qd_seterr(&ctx->err, QD_ERR_CAPACITY,
                          "KV cache pool exhausted: sequence %d needs %d more blocks of %d tokens, %d of %d free", seq,
@@ -140,83 +122,28 @@ qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens) {
 }
 
 void qd_kv_truncate(qd_context *ctx, int seq, int n_tokens) {
-    qd_seq_state *q = &ctx->seqs[seq];
+    qd_seq_blocks *q = &ctx->seqs[seq];
     const int keep = qd_kv_blocks_for(ctx, n_tokens);
     while (q->n_blocks > keep) unref(&ctx->kv, q->blocks[--q->n_blocks]);
 }
 
 /* ------------------------------------------------------------------ snapshots */
 
-size_t qd_state_conv_floats(const qd_context *ctx) {
-    const qd_config *c = &ctx->model->cfg;
-    return (size_t)ctx->model->n_gdn * qd_config_conv_dim(c) * (size_t)(c->gdn_conv_kernel - 1);
-}
-size_t qd_state_ssm_floats(const qd_context *ctx) {
-    const qd_config *c = &ctx->model->cfg;
-    return (size_t)ctx->model->n_gdn * c->gdn_hv * c->gdn_dk * c->gdn_dv;
-}
-
-/* A sequence's GDN state to or from plain buffers (snapshot layout), wherever the
- * backend keeps it. */
-qd_status qd_seq_state_read(qd_context *ctx, int seq, float *conv, float *ssm) {
-    if (ctx->tp)
-        return qd_seterr(&ctx->err, QD_ERR_UNSUPPORTED, "a split model's state is per rank: read it as a snapshot");
-#ifdef QD_HAVE_CUDA
-    if (ctx->cuda) return qd_cuda_state_get(ctx, seq, conv, ssm);
-#endif
-    memcpy(conv, ctx->seqs[seq].conv, qd_state_conv_floats(ctx) * sizeof(float));
-    memcpy(ssm, ctx->seqs[seq].ssm, qd_state_ssm_floats(ctx) * sizeof(float));
-    return QD_OK;
-}
-
-qd_status qd_seq_state_write(qd_context *ctx, int seq, const float *conv, const float *ssm) {
-    if (ctx->tp) {
-        if (!conv && !ssm) return qd_tp_state_write(ctx, seq, NULL);
-        return qd_seterr(&ctx->err, QD_ERR_UNSUPPORTED, "a split model's state is per rank: write it as a snapshot");
-    }
-#ifdef QD_HAVE_CUDA
-    if (ctx->cuda) return qd_cuda_state_put(ctx, seq, conv, ssm);
-#endif
-    qd_seq_state *q = &ctx->seqs[seq];
-    if (conv && ssm) {
-        memcpy(q->conv, conv, qd_state_conv_floats(ctx) * sizeof(float));
-        memcpy(q->ssm, ssm, qd_state_ssm_floats(ctx) * sizeof(float));
-    } else {
-        memset(q->conv, 0, qd_state_conv_floats(ctx) * sizeof(float));
-        memset(q->ssm, 0, qd_state_ssm_floats(ctx) * sizeof(float));
-    }
-    return QD_OK;
-}
-
-qd_status qd_seq_state_copy(qd_context *ctx, int src, int dst) {
-    if (ctx->tp) return qd_tp_state_copy(ctx, src, dst);
-#ifdef QD_HAVE_CUDA
-    if (ctx->cuda) return qd_cuda_state_copy(ctx, src, dst);
-#endif
-    memcpy(ctx->seqs[dst].conv, ctx->seqs[src].conv, qd_state_conv_floats(ctx) * sizeof(float));
-    memcpy(ctx->seqs[dst].ssm, ctx->seqs[src].ssm, qd_state_ssm_floats(ctx) * sizeof(float));
-    return QD_OK;
-}
-
-/* The snapshot's state payload, wherever it lives: [conv | ssm], or each rank's in turn. */
-static size_t payload_bytes(const qd_context *ctx) {
-    return ctx->tp ? qd_tp_state_bytes(ctx) : (qd_state_conv_floats(ctx) + qd_state_ssm_floats(ctx)) * sizeof(float);
-}
-
 static qd_status payload_read(qd_context *ctx, int seq, unsigned char *dst) {
-    if (ctx->tp) return qd_tp_state_read(ctx, seq, dst);
-    return qd_seq_state_read(ctx, seq, (float *)dst, (float *)(dst + qd_state_conv_floats(ctx) * sizeof(float)));
+    return ctx->model->ops->state_read(ctx->bc, seq, dst);
 }
 
 static qd_status payload_write(qd_context *ctx, int seq, const unsigned char *src) {
-    if (ctx->tp) return qd_tp_state_write(ctx, seq, src);
-    return qd_seq_state_write(ctx, seq, (const float *)src,
-                              (const float *)(src + qd_state_conv_floats(ctx) * sizeof(float)));
+    return ctx->model->ops->state_write(ctx->bc, seq, src);
 }
 
-size_t qd_seq_state_size(const qd_context *ctx) {
-    return QD_SNAP_HEADER + payload_bytes(ctx);
+qd_status qd_seq_state_clear(qd_context *ctx, int seq) { return payload_write(ctx, seq, NULL); }
+
+qd_status qd_seq_state_copy(qd_context *ctx, int src, int dst) {
+    return ctx->model->ops->state_copy(ctx->bc, src, dst);
 }
+
+size_t qd_seq_state_size(const qd_context *ctx) { return QD_SNAP_HEADER + ctx->model->ops->state_bytes(ctx->bc); }
 
 static qd_status check_seq(qd_context *ctx, int seq) {
     if (seq < 0 || seq >= ctx->params.max_seqs)
@@ -229,7 +156,7 @@ qd_status qd_seq_state_save(qd_context *ctx, int seq, void *dst, size_t size) {
     if (!dst || size < qd_seq_state_size(ctx))
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "state snapshot buffer of %zu bytes, need %zu", size,
                          qd_seq_state_size(ctx));
-    const qd_seq_state *q = &ctx->seqs[seq];
+    const qd_seq_blocks *q = &ctx->seqs[seq];
     unsigned char *d = dst;
     int64_t len = q->length;
     memset(d, 0, QD_SNAP_HEADER);
@@ -242,7 +169,7 @@ qd_status qd_seq_state_restore(qd_context *ctx, int seq, const void *src, size_t
     if (!src || size < qd_seq_state_size(ctx))
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "state snapshot of %zu bytes, need %zu", size,
                          qd_seq_state_size(ctx));
-    qd_seq_state *q = &ctx->seqs[seq];
+    qd_seq_blocks *q = &ctx->seqs[seq];
     const unsigned char *s = src;
     int64_t len;
     memcpy(&len, s, sizeof len);
@@ -261,7 +188,7 @@ qd_status qd_seq_fork(qd_context *ctx, int src, int dst) {
     QD_TRY(check_seq(ctx, dst));
     if (src == dst) return QD_OK;
     QD_TRY(qd_seq_reset(ctx, dst));
-    qd_seq_state *a = &ctx->seqs[src], *b = &ctx->seqs[dst];
+    qd_seq_blocks *a = &ctx->seqs[src], *b = &ctx->seqs[dst];
     QD_TRY(qd_seq_state_copy(ctx, src, dst));
     for (int i = 0; i < a->n_blocks; i++) {
         b->blocks[i] = a->blocks[i];
@@ -284,7 +211,7 @@ qd_status qd_seq_attach_blocks(qd_context *ctx, int seq, int length, const int32
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
                          "snapshot of %d tokens comes with %d KV blocks, needs %d (context length %d)", length, n_blocks,
                          qd_kv_blocks_for(ctx, length < 0 ? 0 : length), ctx->params.max_ctx);
-    qd_seq_state *q = &ctx->seqs[seq];
+    qd_seq_blocks *q = &ctx->seqs[seq];
     /* shared, not copied: a partly filled last block is copied by qd_kv_reserve before
      * this sequence writes into it, because the cache still holds a reference. The new
      * references come first, so that a block the sequence already held alone is not

@@ -6,10 +6,6 @@
 #include "base/arena.h"
 #include "base/log.h"
 #include "model/model.h"
-#include "parallel/tp.h"
-#ifdef QD_HAVE_CUDA
-#include "backend/cuda/cuda_model.h"
-#endif
 
 qd_model_params qd_model_default_params(void) {
     qd_model_params p;
@@ -54,12 +50,12 @@ void qd_model_account(qd_model *m) {
         params += (w)->rows * (w)->cols;                                      \
         if (is_active) active += b_;                                          \
     } while (0)
-    ADD_W(&m->embed, 0);
-    if (!c->tie_word_embeddings) ADD_W(&m->lm_head, 1);
-    else active += weight_bytes(&m->lm_head);
+    ADD_W(&m->w.embed, 0);
+    if (!c->tie_word_embeddings) ADD_W(&m->w.lm_head, 1);
+    else active += weight_bytes(&m->w.lm_head);
     params += H;
     for (int L = 0; L < c->n_layers; L++) {
-        const qd_layer *ly = &m->layers[L];
+        const qd_layer *ly = &m->w.layers[L];
         params += 2 * H;
         if (ly->kind == QD_LAYER_GDN) {
             const qd_gdn_weights *g = &ly->gdn;
@@ -78,7 +74,7 @@ void qd_model_account(qd_model *m) {
             for (int e = 0; e < c->n_experts; e++) {
                 ADD_W(&w->experts[e].gate, 0); ADD_W(&w->experts[e].up, 0); ADD_W(&w->experts[e].down, 0);
             }
-            if (m->n_local_experts > 0) active += mlp_bytes(&w->experts[m->expert0]) * c->n_experts_per_tok;
+            if (m->w.n_local_experts > 0) active += mlp_bytes(&w->experts[m->w.expert0]) * c->n_experts_per_tok;
             if (w->has_shared) {
                 ADD_W(&w->shared.gate, 1); ADD_W(&w->shared.up, 1); ADD_W(&w->shared.down, 1);
                 ADD_W(&w->shared_gate, 1);
@@ -92,24 +88,24 @@ void qd_model_account(qd_model *m) {
     snprintf(m->describe, sizeof m->describe,
              "%s: %d layers (%d GDN, %d attention), hidden %d, GDN heads %d/%d (dk %d, dv %d), "
              "attention heads %d/%d (head_dim %d, rope %d), %s, vocab %d, %.3f B params",
-             c->model_type, c->n_layers, m->n_gdn, m->n_attn, c->hidden_size, c->gdn_hk, c->gdn_hv, c->gdn_dk,
+             c->model_type, c->n_layers, m->w.n_gdn, m->w.n_attn, c->hidden_size, c->gdn_hk, c->gdn_hv, c->gdn_dk,
              c->gdn_dv, c->attn_nq, c->attn_nkv, c->attn_head_dim, c->rope_dim,
              c->n_experts > 0 ? "MoE" : "dense FFN", c->vocab_size, (double)params / 1e9);
 }
 
 qd_status qd_model_init_layers(qd_model *m, qd_err *err) {
     const qd_config *c = &m->cfg;
-    m->layers = qd_model_alloc(m, sizeof(qd_layer) * (size_t)c->n_layers);
-    if (!m->layers) return qd_seterr(err, QD_ERR_OOM, "out of memory for %d layers", c->n_layers);
-    memset(m->layers, 0, sizeof(qd_layer) * (size_t)c->n_layers);
+    m->w.layers = qd_model_alloc(m, sizeof(qd_layer) * (size_t)c->n_layers);
+    if (!m->w.layers) return qd_seterr(err, QD_ERR_OOM, "out of memory for %d layers", c->n_layers);
+    memset(m->w.layers, 0, sizeof(qd_layer) * (size_t)c->n_layers);
     for (int L = 0; L < c->n_layers; L++) {
-        qd_layer *ly = &m->layers[L];
+        qd_layer *ly = &m->w.layers[L];
         ly->kind = c->layer_kind[L];
         ly->ffn_kind = c->ffn_kind[L];
-        ly->state_index = ly->kind == QD_LAYER_GDN ? m->n_gdn++ : m->n_attn++;
+        ly->state_index = ly->kind == QD_LAYER_GDN ? m->w.n_gdn++ : m->w.n_attn++;
     }
-    m->expert0 = 0;
-    m->n_local_experts = c->n_experts;
+    m->w.expert0 = 0;
+    m->w.n_local_experts = c->n_experts;
     if (c->gdn_conv_kernel < 1 || c->gdn_conv_kernel > 16)
         return qd_seterr(err, QD_ERR_UNSUPPORTED, "linear_conv_kernel_dim %d: supported range is 1..16",
                          c->gdn_conv_kernel);
@@ -126,21 +122,11 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
         s = qd_seterr(&err, QD_ERR_INVALID_ARG, "no model directory given");
         goto fail;
     }
-    if (params->backend != QD_BACKEND_CPU && params->backend != QD_BACKEND_CUDA) {
-        s = qd_seterr(&err, QD_ERR_INVALID_ARG, "unknown backend %d", (int)params->backend);
+    const qd_backend_ops *ops = qd_backend_find(params->backend, params->tensor_parallel_size > 1, &err);
+    if (!ops) {
+        s = err.status;
         goto fail;
     }
-#ifndef QD_HAVE_CUDA
-    if (params->backend == QD_BACKEND_CUDA) {
-        s = qd_seterr(&err, QD_ERR_UNSUPPORTED, "this build of qdelta has no CUDA backend (no CUDA compiler at build time)");
-        goto fail;
-    }
-#else
-    if (params->backend == QD_BACKEND_CUDA && qd_cuda_device_count() == 0) {
-        s = qd_seterr(&err, QD_ERR_BACKEND, "--backend cuda: no CUDA device found (no GPU or no driver)");
-        goto fail;
-    }
-#endif
     m = calloc(1, sizeof *m);
     if (!m) {
         s = qd_seterr(&err, QD_ERR_OOM, "out of memory");
@@ -154,6 +140,7 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
         for (int i = 0; i < m->n_eos; i++) m->eos_ids[i] = src[i];
     }
     m->backend = params->backend;
+    m->ops = ops;
     if ((s = qd_model_init_layers(m, &err)) != QD_OK) goto fail;
     m->pool = qd_threadpool_create(params->n_threads);
     if (!m->pool) {
@@ -164,7 +151,7 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
     const bool dummy = params->load_format == QD_LOAD_DUMMY || params->load_format == QD_LOAD_DUMMY_F32;
     if (params->tensor_parallel_size > 1) { /* the ranks read their slices: no weights here */
         if (!dummy && (s = qd_st_open_dir(params->path, &m->st, &err)) != QD_OK) goto fail;
-        if ((s = qd_tp_model_load(m, params, &err)) != QD_OK) goto fail;
+        if ((s = qd_model_backend_create(m, params, &err)) != QD_OK) goto fail;
         if (params->progress) params->progress(1.0f, params->progress_user);
         *out = m;
         return QD_OK;
@@ -177,9 +164,7 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
     }
     if (s != QD_OK) goto fail;
     qd_model_account(m);
-#ifdef QD_HAVE_CUDA
-    if (m->backend == QD_BACKEND_CUDA && (s = qd_cuda_model_upload(m, &err)) != QD_OK) goto fail;
-#endif
+    if ((s = qd_model_backend_create(m, params, &err)) != QD_OK) goto fail;
     if (params->progress) params->progress(1.0f, params->progress_user);
     *out = m;
     return QD_OK;
@@ -191,10 +176,7 @@ fail:
 
 void qd_model_free(qd_model *m) {
     if (!m) return;
-    qd_tp_model_free(m);
-#ifdef QD_HAVE_CUDA
-    qd_cuda_model_free(m);
-#endif
+    qd_model_backend_free(m);
     for (int i = 0; i < m->n_owned; i++) qd_aligned_free(m->owned[i]);
     free(m->owned);
     qd_st_close(m->st);
@@ -214,12 +196,12 @@ int64_t qd_model_weight_bytes(const qd_model *m) { return m->weight_bytes; }
 int64_t qd_model_active_weight_bytes(const qd_model *m) { return m->active_weight_bytes; }
 int64_t qd_model_state_bytes(const qd_model *m) {
     const qd_config *c = &m->cfg;
-    return (int64_t)m->n_gdn * 4 *
+    return (int64_t)m->w.n_gdn * 4 *
            ((int64_t)qd_config_conv_dim(c) * (c->gdn_conv_kernel - 1) + (int64_t)c->gdn_hv * c->gdn_dk * c->gdn_dv);
 }
 int64_t qd_model_kv_bytes_per_token(const qd_model *m) {
     const qd_config *c = &m->cfg;
-    return (int64_t)m->n_attn * 2 * c->attn_nkv * c->attn_head_dim * (m->backend == QD_BACKEND_CUDA ? 2 : 4);
+    return (int64_t)m->w.n_attn * 2 * c->attn_nkv * c->attn_head_dim * m->ops->kv_elem_bytes;
 }
 int qd_model_eos_ids(const qd_model *m, const int32_t **ids) {
     *ids = m->eos_ids;

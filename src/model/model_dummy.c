@@ -35,15 +35,17 @@ static void fill_worker(void *user, int64_t begin, int64_t end, int worker) {
 }
 
 static qd_status rand_matrix(qd_model *m, qd_weight *w, int64_t rows, int64_t cols, uint64_t *seed, qd_err *err) {
-    if (m->backend == QD_BACKEND_CUDA) { /* drawn on the device at upload: no host copy of a 70 GB model */
-        *w = (qd_weight){QD_DTYPE_BF16, rows, cols, NULL, splitmix(seed), sqrtf(3.0f / (float)cols)};
+    if (m->ops->draws_dummy_weights) { /* drawn by the backend: no host copy of a 70 GB model */
+        *w = (qd_weight){.dtype = QD_DTYPE_BF16, .rows = rows, .cols = cols, .dummy_seed = splitmix(seed),
+                         .dummy_scale = sqrtf(3.0f / (float)cols)};
         return QD_OK;
     }
     void *d = qd_model_alloc(m, (size_t)(rows * cols) * qd_dtype_size(m->dummy_dtype));
     if (!d) return qd_seterr(err, QD_ERR_OOM, "out of memory for a %lldx%lld dummy weight", (long long)rows, (long long)cols);
     fill_job j = {d, m->dummy_dtype, rows * cols, sqrtf(3.0f / (float)cols), splitmix(seed)};
     qd_parallel_for(m->pool, (j.n + 4095) / 4096, 16, fill_worker, &j);
-    *w = (qd_weight){m->dummy_dtype, rows, cols, d, j.seed, j.scale};
+    *w = (qd_weight){.dtype = m->dummy_dtype, .rows = rows, .cols = cols, .data = d, .dummy_seed = j.seed,
+                     .dummy_scale = j.scale};
     return QD_OK;
 }
 
@@ -68,12 +70,12 @@ qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err
     const qd_config *c = &m->cfg;
     const int H = c->hidden_size, hv = c->gdn_hv, hd = c->attn_head_dim;
     uint64_t s = seed;
-    QD_TRY(rand_matrix(m, &m->embed, c->vocab_size, H, &s, err));
-    if (c->tie_word_embeddings) m->lm_head = m->embed;
-    else QD_TRY(rand_matrix(m, &m->lm_head, c->vocab_size, H, &s, err));
-    QD_TRY(const_vector(m, &m->final_norm, H, 0.0f, err));
+    QD_TRY(rand_matrix(m, &m->w.embed, c->vocab_size, H, &s, err));
+    if (c->tie_word_embeddings) m->w.lm_head = m->w.embed;
+    else QD_TRY(rand_matrix(m, &m->w.lm_head, c->vocab_size, H, &s, err));
+    QD_TRY(const_vector(m, &m->w.final_norm, H, 0.0f, err));
     for (int L = 0; L < c->n_layers; L++) {
-        qd_layer *ly = &m->layers[L];
+        qd_layer *ly = &m->w.layers[L];
         QD_TRY(const_vector(m, &ly->input_norm, H, 0.0f, err));
         QD_TRY(const_vector(m, &ly->post_norm, H, 0.0f, err));
         if (ly->kind == QD_LAYER_GDN) {
@@ -109,7 +111,7 @@ qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err
             /* an expert-parallel rank draws only its experts; the others' seeds are skipped so
              * that every expert is drawn the same whichever rank holds it */
             for (int e = 0; e < c->n_experts; e++) {
-                if (e >= m->expert0 && e < m->expert0 + m->n_local_experts)
+                if (e >= m->w.expert0 && e < m->w.expert0 + m->w.n_local_experts)
                     QD_TRY(rand_mlp(m, &w->experts[e], c->moe_intermediate_size, &s, err));
                 else for (int i = 0; i < 3; i++) (void)splitmix(&s);
             }

@@ -15,7 +15,7 @@
 
 #include "base/log.h"
 #include "model/model.h"
-#include "parallel/shard.h"
+#include "model/model_shard.h"
 
 typedef struct binder {
     qd_model *m;
@@ -306,18 +306,18 @@ qd_status qd_model_bind_checkpoint_plan(qd_model *m, const qd_config *c, const q
     if (qd_st_find(m->st, "model.language_model.embed_tokens.weight")) b.prefix = "model.language_model.";
     const int H = c->hidden_size;
     int64_t s_h[1] = {H};
-    m->expert0 = p->expert0;
-    m->n_local_experts = p->n_local_experts;
+    m->w.expert0 = p->expert0;
+    m->w.n_local_experts = p->n_local_experts;
 
-    QD_TRY(get_matrix(&b, &m->embed, c->vocab_size, H, "embed_tokens.weight"));
-    QD_TRY(get_vector(&b, &m->final_norm, 1, s_h, "norm.weight"));
+    QD_TRY(get_matrix(&b, &m->w.embed, c->vocab_size, H, "embed_tokens.weight"));
+    QD_TRY(get_vector(&b, &m->w.final_norm, 1, s_h, "norm.weight"));
     if (c->tie_word_embeddings) {
-        m->lm_head = m->embed;
+        m->w.lm_head = m->w.embed;
     } else {
-        QD_TRY(get_matrix(&b, &m->lm_head, c->vocab_size, H, "@lm_head.weight"));
+        QD_TRY(get_matrix(&b, &m->w.lm_head, c->vocab_size, H, "@lm_head.weight"));
     }
     for (int L = 0; L < c->n_layers; L++) {
-        qd_layer *ly = &m->layers[L];
+        qd_layer *ly = &m->w.layers[L];
         QD_TRY(get_vector(&b, &ly->input_norm, 1, s_h, "layers.%d.input_layernorm.weight", L));
         QD_TRY(get_vector(&b, &ly->post_norm, 1, s_h, "layers.%d.post_attention_layernorm.weight", L));
         if (ly->kind == QD_LAYER_GDN) QD_TRY(bind_gdn(&b, L, &ly->gdn));

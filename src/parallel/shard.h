@@ -16,7 +16,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model/model.h"
+#include "base/err.h"
+#include "io/config.h"
 
 /* rows (or columns) [begin, begin + count) */
 typedef struct qd_shard_range {
@@ -71,30 +72,5 @@ typedef struct qd_shard_plan {
  * when tp_size does not divide a dimension the split needs (or a bad tp_size / rank). */
 qd_status qd_shard_plan_make(const qd_config *c, int tp_size, int rank, bool expert_parallel, qd_shard_plan *out,
                              qd_err *err);
-
-/* Slices of a row-major [rows][cols] weight, the same for a loaded weight and for a
- * checkpoint tensor (the data pointer may be inside the mmapped file): rows are a view;
- * rows gathered from several runs (a view when the runs are contiguous) and columns
- * (a view when whole) are copied into a buffer owned by m. */
-qd_weight qd_shard_rows_view(const qd_weight *w, qd_shard_range r);
-qd_status qd_shard_rows_gather(qd_model *m, const qd_weight *w, const qd_shard_range *runs, int n, qd_weight *out,
-                               qd_err *err);
-qd_status qd_shard_cols_copy(qd_model *m, const qd_weight *w, qd_shard_range c, qd_weight *out, qd_err *err);
-
-/* Builds rank p's model from a loaded full model: row slices of a weight are views into
- * the full model's weights, column slices and the three-run in_proj_qkv / conv1d slices
- * are copies the rank model owns. The rank model shares the full model's thread pool and
- * must be freed (qd_shard_model_free) before it. */
-qd_status qd_shard_model_slice(qd_model *full, const qd_shard_plan *p, qd_model **out, qd_err *err);
-/* Builds rank p's model straight from the checkpoint that `top` has mapped (top->st; no
- * full model is loaded): the same weights qd_shard_model_slice cuts, reading only the
- * rank's slices. With top->st NULL the rank draws dummy weights of its own shapes
- * (seed, dtype), a different random model than the unsplit one. On the CUDA backend
- * the weights are uploaded to the calling thread's current device and the host copies
- * are dropped. The rank model borrows top's mapping and thread pool; free it with
- * qd_shard_model_free before top. */
-qd_status qd_shard_model_load(qd_model *top, const qd_shard_plan *p, uint64_t seed, qd_dtype dummy_dtype,
-                              qd_model **out, qd_err *err);
-void qd_shard_model_free(qd_model *m);
 
 #endif

@@ -204,7 +204,7 @@ void qd_prefix_cache_count_query(qd_prefix_cache *pc, int query_tokens, int hit_
 int qd_prefix_cache_store(qd_prefix_cache *pc, uint64_t key, const int32_t *tokens, int n, int seq) {
     qd_context *ctx = pc ? pc->ctx : NULL;
     if (!ctx || n < 1 || seq < 0 || seq >= ctx->params.max_seqs) return 0;
-    const qd_seq_state *q = &ctx->seqs[seq];
+    const qd_seq_blocks *q = &ctx->seqs[seq];
     const int nb = qd_kv_blocks_for(ctx, n);
     if (q->length != n || q->n_blocks < nb) return 0; /* never store a state that does not match its tokens */
     pc_node *root = pc_find_root(pc, key, 1);

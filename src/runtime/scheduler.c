@@ -194,7 +194,7 @@ static int tokens_fitting(const qd_engine *e, const qd_request *r, int want, int
     const qd_context *ctx = e->ctx;
     if (qd_kv_total_blocks(ctx) == 0) return want;
     const int bs = ctx->kv.block_size;
-    const qd_seq_state *q = &ctx->seqs[r->slot];
+    const qd_seq_blocks *q = &ctx->seqs[r->slot];
     /* a partly filled last block shared with the prefix cache is copied before the
      * first write, and the copy takes one of the free blocks */
     if (q->length % bs != 0 && qd_kv_blocks_needed(ctx, r->slot, 1) > 0) {

@@ -11,17 +11,8 @@
 
 #include "base/dtype.h"
 #include "base/threadpool.h"
+#include "base/weight.h"
 
-/* A weight matrix as stored in the checkpoint, nn.Linear convention: [rows=out][cols=in]. */
-typedef struct qd_weight {
-    qd_dtype dtype;     /* F32, BF16 or F16 */
-    int64_t rows;       /* output features */
-    int64_t cols;       /* input features */
-    const void *data;   /* rows * cols elements, row-major; NULL for dummy weights that the
-                         * CUDA backend generates on the device from dummy_seed / dummy_scale */
-    uint64_t dummy_seed;
-    float dummy_scale;
-} qd_weight;
 
 /* ---------------------------------------------------------------- matmul.c */
 

@@ -13,7 +13,7 @@
 #include "backend/cuda/cuda_attn.h"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/gdn_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 #define ATT_DEC_ROWS 16     /* spans of at most this many rows use the split-K decode kernel */
 #define ATT_TILE 64         /* query rows of a prefill block; keys of a kv tile */

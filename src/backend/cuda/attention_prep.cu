@@ -13,7 +13,7 @@
 
 #include "backend/cuda/cuda_attn.h"
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/gdn_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 #define PREP_WARPS 4
 #define PREP_MAX_HD 256

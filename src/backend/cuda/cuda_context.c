@@ -16,15 +16,15 @@ static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 #define QD_CUDA_LOGIT_CHUNK 256
 
 
-int qd_cuda_logit_chunk(const qd_context *ctx) {
-    return ctx->params.max_batch < QD_CUDA_LOGIT_CHUNK ? ctx->params.max_batch : QD_CUDA_LOGIT_CHUNK;
+int qd_cuda_logit_chunk(const qd_cuda_ctx *g) {
+    return g->d.params.max_batch < QD_CUDA_LOGIT_CHUNK ? g->d.params.max_batch : QD_CUDA_LOGIT_CHUNK;
 }
 
 /* Lays out every device buffer of the context (base NULL: measure only). */
-static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, qd_cuda_carve *cv) {
-    const qd_model *m = ctx->model;
-    const qd_config *c = &m->cfg;
-    const size_t B = (size_t)ctx->params.max_batch, S = (size_t)ctx->params.max_seqs;
+static void plan_device(qd_cuda_ctx *g, qd_cuda_carve *cv) {
+    const qd_config *c = g->cfg;
+    const int n_gdn = g->n_gdn, n_attn = g->cm->w->n_attn;
+    const size_t B = (size_t)g->d.params.max_batch, S = (size_t)g->d.params.max_seqs;
     const size_t H = (size_t)c->hidden_size, hv = (size_t)c->gdn_hv;
     const size_t conv_dim = (size_t)qd_config_conv_dim(c), value_dim = (size_t)qd_config_value_dim(c);
     const size_t key_dim = (size_t)c->gdn_hk * c->gdn_dk;
@@ -34,14 +34,14 @@ static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, qd_cuda_carve *cv
     size_t I = (size_t)c->intermediate_size;
     if (c->n_experts > 0) I = max_sz(I, (size_t)c->shared_expert_intermediate_size);
     const size_t E = (size_t)c->n_experts, k = (size_t)(c->n_experts > 0 ? c->n_experts_per_tok : 0);
-    const size_t LC = (size_t)qd_cuda_logit_chunk(ctx);
+    const size_t LC = (size_t)qd_cuda_logit_chunk(g);
 
     g->conv_slot = conv_dim * (size_t)(c->gdn_conv_kernel - 1);
     g->ssm_slot = hv * (size_t)c->gdn_dk * c->gdn_dv;
-    g->conv = qd_cuda_take(cv, (size_t)m->n_gdn * S * g->conv_slot * 4);
-    g->ssm = qd_cuda_take(cv, (size_t)m->n_gdn * S * g->ssm_slot * 4);
-    g->snap = qd_cuda_take(cv, (size_t)ctx->params.n_snap_slots * qd_snap_slot_bytes(ctx));
-    const size_t kv_bytes = (size_t)ctx->kv.n_blocks * ctx->kv.block_floats * 2;
+    g->conv = qd_cuda_take(cv, (size_t)n_gdn * S * g->conv_slot * 4);
+    g->ssm = qd_cuda_take(cv, (size_t)n_gdn * S * g->ssm_slot * 4);
+    g->snap = qd_cuda_take(cv, (size_t)g->d.params.n_snap_slots * qd_cuda_state_bytes(g));
+    const size_t kv_bytes = (size_t)g->d.n_kv_blocks * g->d.kv_block_elems * 2;
     g->kv_k = qd_cuda_take(cv, kv_bytes);
     g->kv_v = qd_cuda_take(cv, kv_bytes);
     g->h = qd_cuda_take(cv, B * H * 4);
@@ -68,17 +68,17 @@ static void plan_device(const qd_context *ctx, qd_cuda_ctx *g, qd_cuda_carve *cv
     g->logits = qd_cuda_take(cv, LC * (size_t)c->vocab_size * 4);
     g->ids = qd_cuda_take(cv, B * 4);
     g->lp = qd_cuda_take(cv, B * 4);
-    if (m->n_attn > 0)
+    if (n_attn > 0)
         g->attn_work = qd_cuda_take(cv, qd_cuda_attn_work_bytes((int)B, c->attn_nq, c->attn_head_dim,
-                                                                ctx->params.max_ctx, ctx->params.batch_invariant));
+                                                                g->d.params.max_ctx, g->d.params.batch_invariant));
     if (E > 0)
         g->moe_work = qd_cuda_take(cv, qd_cuda_moe_work_bytes((int)B, (int)H, c->moe_intermediate_size, (int)E, (int)k));
     g->meta_dev = qd_cuda_take(cv, g->meta_bytes);
 }
 
 /* The step metadata layout, identical on host and device (see qd_cuda_step). */
-static size_t plan_meta(const qd_context *ctx, unsigned char *base, qd_cuda_step *st) {
-    const size_t B = (size_t)ctx->params.max_batch, S = (size_t)ctx->params.max_seqs;
+static size_t plan_meta(const qd_cuda_ctx *g, unsigned char *base, qd_cuda_step *st) {
+    const size_t B = (size_t)g->d.params.max_batch, S = (size_t)g->d.params.max_seqs;
     size_t off = 0;
 #define META(field, count)                                       \
     do {                                                         \
@@ -94,83 +94,102 @@ static size_t plan_meta(const qd_context *ctx, unsigned char *base, qd_cuda_step
     META(logit_rows, B);
     META(pre_slots, S);
     META(cu_seqlens, S + 1);
-    META(tables, S * (size_t)(ctx->kv.max_blocks_per_seq > 0 ? ctx->kv.max_blocks_per_seq : 1)); /* last: copied in part */
+    META(tables, S * (size_t)(g->d.max_blocks_per_seq > 0 ? g->d.max_blocks_per_seq : 1)); /* last: copied in part */
 #undef META
     return off;
 }
 
-static qd_status fail(qd_context *ctx, qd_status s, const char *what) {
-    return qd_seterr(&ctx->model->err, s, "%s: %s", what, qd_cuda_last_error());
+static qd_status create(qd_cuda_ctx *g, qd_err *err);
+
+static qd_status fail(qd_err *err, qd_status s, const char *what) {
+    return qd_seterr(err, s, "%s: %s", what, qd_cuda_last_error());
 }
 
-qd_status qd_cuda_ctx_create(qd_context *ctx) {
-    qd_model *m = ctx->model;
+qd_status qd_cuda_ctx_create(void *bm, const qd_backend_ctx_desc *d, void **out, qd_err *err) {
+    const qd_cuda_model *cm = bm;
     qd_cuda_ctx *g = calloc(1, sizeof *g);
-    if (!g) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory");
-    ctx->cuda = g;
+    if (!g) return qd_seterr(err, QD_ERR_OOM, "out of memory");
+    g->cm = cm;
+    g->cfg = cm->cfg;
+    g->d = *d;
+    g->err = d->err;
+    g->n_gdn = cm->w->n_gdn;
+    g->reduce = d->reduce;
+    g->reduce_user = d->reduce_user;
+    g->never_logits = d->never_logits;
+    qd_status s = create(g, err);
+    if (s != QD_OK) {
+        qd_cuda_ctx_free(g);
+        return s;
+    }
+    *out = g;
+    return QD_OK;
+}
+
+static qd_status create(qd_cuda_ctx *g, qd_err *err) {
     qd_status s;
-    g->meta_bytes = plan_meta(ctx, NULL, NULL);
+    g->meta_bytes = plan_meta(g, NULL, NULL);
     qd_cuda_carve cv = {0};
-    plan_device(ctx, g, &cv);
+    plan_device(g, &cv);
     size_t free_b = 0, total_b = 0;
-    if ((s = qd_cuda_mem_info(&free_b, &total_b))) return fail(ctx, s, "querying device memory");
+    if ((s = qd_cuda_mem_info(&free_b, &total_b))) return fail(err, s, "querying device memory");
     const qd_cuda_ctx probe = *g;
-    const size_t state_b = (size_t)m->n_gdn * ctx->params.max_seqs * (probe.conv_slot + probe.ssm_slot) * 4;
-    const size_t kv_b = 2 * (size_t)ctx->kv.n_blocks * ctx->kv.block_floats * 2;
-    const size_t snap_b = (size_t)ctx->params.n_snap_slots * qd_snap_slot_bytes(ctx);
+    const size_t state_b = (size_t)g->n_gdn * g->d.params.max_seqs * (probe.conv_slot + probe.ssm_slot) * 4;
+    const size_t kv_b = 2 * (size_t)g->d.n_kv_blocks * g->d.kv_block_elems * 2;
+    const size_t snap_b = (size_t)g->d.params.n_snap_slots * qd_cuda_state_bytes(g);
     if (cv.off + (64u << 20) > free_b)
-        return qd_seterr(&m->err, QD_ERR_OOM,
+        return qd_seterr(err, QD_ERR_OOM,
                          "the context needs %.2f GiB of device memory (GDN state %.2f GiB for %d sequences, KV cache "
                          "%.2f GiB in %d blocks of %d tokens, prefix-cache snapshots %.2f GiB in %d slots, scratch "
                          "%.2f GiB for %d tokens per step) but %.2f GiB are free: lower max_seqs, n_kv_blocks, "
                          "max_ctx, max_batch or the prefix cache's device memory",
-                         (double)cv.off / (1 << 30), (double)state_b / (1 << 30), ctx->params.max_seqs,
-                         (double)kv_b / (1 << 30), ctx->kv.n_blocks, ctx->kv.block_size, (double)snap_b / (1 << 30),
-                         ctx->params.n_snap_slots, (double)(cv.off - state_b - kv_b - snap_b) / (1 << 30),
-                         ctx->params.max_batch, (double)free_b / (1 << 30));
+                         (double)cv.off / (1 << 30), (double)state_b / (1 << 30), g->d.params.max_seqs,
+                         (double)kv_b / (1 << 30), g->d.n_kv_blocks, g->d.params.kv_block_size, (double)snap_b / (1 << 30),
+                         g->d.params.n_snap_slots, (double)(cv.off - state_b - kv_b - snap_b) / (1 << 30),
+                         g->d.params.max_batch, (double)free_b / (1 << 30));
     void *block = NULL;
-    if ((s = qd_cuda_malloc(&block, cv.off))) return fail(ctx, s, "allocating the context's device memory");
+    if ((s = qd_cuda_malloc(&block, cv.off))) return fail(err, s, "allocating the context's device memory");
     qd_cuda_carve real = {block, 0};
-    plan_device(ctx, g, &real);
+    plan_device(g, &real);
     g->bytes = cv.off;
     /* the block starts with the state: remember it for freeing */
     if ((s = qd_cuda_malloc_host(&g->meta_host, g->meta_bytes))) {
         qd_cuda_free(block);
         g->conv = NULL;
-        return fail(ctx, s, "pinned metadata");
+        return fail(err, s, "pinned metadata");
     }
-    plan_meta(ctx, g->meta_host, &g->host);
-    plan_meta(ctx, g->meta_dev, &g->dev);
-    if ((s = qd_cuda_malloc_host((void **)&g->ids_host, (size_t)ctx->params.max_batch * 4)) ||
-        (s = qd_cuda_malloc_host((void **)&g->lp_host, (size_t)ctx->params.max_batch * 4)) ||
+    plan_meta(g, g->meta_host, &g->host);
+    plan_meta(g, g->meta_dev, &g->dev);
+    if ((s = qd_cuda_malloc_host((void **)&g->ids_host, (size_t)g->d.params.max_batch * 4)) ||
+        (s = qd_cuda_malloc_host((void **)&g->lp_host, (size_t)g->d.params.max_batch * 4)) ||
         (s = qd_cuda_stream_create(&g->stream)) || (s = qd_cuda_blas_create(&g->blas, g->stream)))
-        return fail(ctx, s, "pinned output buffers, the CUDA stream and cuBLAS");
-    g->invariant = ctx->params.batch_invariant != 0;
-    g->graphs = calloc((size_t)ctx->params.max_seqs + 1, sizeof(void *));
-    if (!g->graphs) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory");
+        return fail(err, s, "pinned output buffers, the CUDA stream and cuBLAS");
+    g->invariant = g->d.params.batch_invariant != 0;
+    g->graphs = calloc((size_t)g->d.params.max_seqs + 1, sizeof(void *));
+    if (!g->graphs) return qd_seterr(err, QD_ERR_OOM, "out of memory");
     /* the chunked GDN prefill's scratch for any step, so that a forward never allocates */
-    const qd_config *c = &m->cfg;
-    if (m->n_gdn > 0 && qd_cuda_gdn_chunked_supported(c) &&
-        (s = qd_cuda_gdn_plan_reserve(&g->plan, c->gdn_hk, c->gdn_hv, c->gdn_dk, c->gdn_dv, ctx->params.max_batch,
-                                      ctx->params.max_seqs)))
-        return fail(ctx, s, "reserving the GDN prefill scratch");
+    const qd_config *c = g->cfg;
+    if (g->n_gdn > 0 && qd_cuda_gdn_chunked_supported(c) &&
+        (s = qd_cuda_gdn_plan_reserve(&g->plan, c->gdn_hk, c->gdn_hv, c->gdn_dk, c->gdn_dv, g->d.params.max_batch,
+                                      g->d.params.max_seqs)))
+        return fail(err, s, "reserving the GDN prefill scratch");
     /* fresh sequences start from zero state; the router counters start (and stay) zero */
     if ((s = qd_cuda_memset_async(g->conv, 0, state_b, g->stream)) ||
-        (s = qd_cuda_memset_async(g->route_cnt, 0, (size_t)ctx->params.max_batch * 4, g->stream)) ||
+        (s = qd_cuda_memset_async(g->route_cnt, 0, (size_t)g->d.params.max_batch * 4, g->stream)) ||
         (s = qd_cuda_stream_sync(g->stream)))
-        return fail(ctx, s, "clearing the state pool");
+        return fail(err, s, "clearing the state pool");
     QD_LOGI("CUDA context: %.2f GiB (state %.2f GiB, KV %.2f GiB, GDN prefill scratch %.2f GiB, %d snapshot slots "
             "%.2f GiB)",
             (double)cv.off / (1 << 30), (double)state_b / (1 << 30), (double)kv_b / (1 << 30),
-            (double)g->plan.bytes / (1 << 30), ctx->params.n_snap_slots, (double)snap_b / (1 << 30));
+            (double)g->plan.bytes / (1 << 30), g->d.params.n_snap_slots, (double)snap_b / (1 << 30));
     return QD_OK;
 }
 
-void qd_cuda_ctx_free(qd_context *ctx) {
-    qd_cuda_ctx *g = ctx->cuda;
+void qd_cuda_ctx_free(void *bc) {
+    qd_cuda_ctx *g = bc;
     if (!g) return;
     if (g->graphs)
-        for (int i = 0; i <= ctx->params.max_seqs; i++) qd_cuda_graph_destroy(g->graphs[i]);
+        for (int i = 0; i <= g->d.params.max_seqs; i++) qd_cuda_graph_destroy(g->graphs[i]);
     free(g->graphs);
     qd_cuda_gdn_plan_destroy(&g->plan);
     qd_cuda_blas_destroy(g->blas);
@@ -180,16 +199,21 @@ void qd_cuda_ctx_free(qd_context *ctx) {
     qd_cuda_free_host(g->ids_host);
     qd_cuda_free_host(g->lp_host);
     free(g);
-    ctx->cuda = NULL;
 }
 
 /* --------------------------------------------------------- state copies */
 
-/* The snapshot layout is sequence-major ([n_gdn][...] per sequence); the pool is
+/* The payload layout is sequence-major ([n_gdn][...] per sequence); the pool is
  * layer-major, so one sequence's state is n_gdn pieces at a layer pitch: 2-D copies. */
-qd_status qd_cuda_state_get(qd_context *ctx, int seq, float *conv, float *ssm) {
-    qd_cuda_ctx *g = ctx->cuda;
-    const size_t S = (size_t)ctx->params.max_seqs, n = (size_t)ctx->model->n_gdn;
+size_t qd_cuda_state_bytes(void *bc) {
+    const qd_cuda_ctx *g = bc;
+    return (size_t)g->n_gdn * (g->conv_slot + g->ssm_slot) * sizeof(float);
+}
+
+qd_status qd_cuda_state_read(void *bc, int seq, void *dst) {
+    qd_cuda_ctx *g = bc;
+    float *conv = dst, *ssm = conv + (size_t)g->n_gdn * g->conv_slot;
+    const size_t S = (size_t)g->d.params.max_seqs, n = (size_t)g->n_gdn;
     qd_status s;
     if (n == 0) return QD_OK;
     if ((s = qd_cuda_memcpy2d(conv, g->conv_slot * 4, g->conv + (size_t)seq * g->conv_slot, S * g->conv_slot * 4,
@@ -197,13 +221,14 @@ qd_status qd_cuda_state_get(qd_context *ctx, int seq, float *conv, float *ssm) {
         (s = qd_cuda_memcpy2d(ssm, g->ssm_slot * 4, g->ssm + (size_t)seq * g->ssm_slot, S * g->ssm_slot * 4,
                               g->ssm_slot * 4, n, g->stream)) ||
         (s = qd_cuda_stream_sync(g->stream)))
-        return qd_seterr(&ctx->err, s, "reading sequence %d's state from the device: %s", seq, qd_cuda_last_error());
+        return qd_seterr(g->err, s, "reading sequence %d's state from the device: %s", seq, qd_cuda_last_error());
     return QD_OK;
 }
 
-qd_status qd_cuda_state_put(qd_context *ctx, int seq, const float *conv, const float *ssm) {
-    qd_cuda_ctx *g = ctx->cuda;
-    const size_t S = (size_t)ctx->params.max_seqs, n = (size_t)ctx->model->n_gdn;
+qd_status qd_cuda_state_write(void *bc, int seq, const void *src) {
+    qd_cuda_ctx *g = bc;
+    const float *conv = src, *ssm = conv ? conv + (size_t)g->n_gdn * g->conv_slot : NULL;
+    const size_t S = (size_t)g->d.params.max_seqs, n = (size_t)g->n_gdn;
     qd_status s = QD_OK;
     if (n == 0) return QD_OK;
     for (size_t l = 0; l < n && !s; l++)
@@ -219,13 +244,13 @@ qd_status qd_cuda_state_put(qd_context *ctx, int seq, const float *conv, const f
         s = qd_cuda_memcpy2d(g->ssm + (size_t)seq * g->ssm_slot, S * g->ssm_slot * 4, ssm, g->ssm_slot * 4,
                              g->ssm_slot * 4, n, g->stream);
     if (!s) s = qd_cuda_stream_sync(g->stream);
-    if (s) return qd_seterr(&ctx->err, s, "writing sequence %d's state to the device: %s", seq, qd_cuda_last_error());
+    if (s) return qd_seterr(g->err, s, "writing sequence %d's state to the device: %s", seq, qd_cuda_last_error());
     return QD_OK;
 }
 
-qd_status qd_cuda_state_copy(qd_context *ctx, int src, int dst) {
-    qd_cuda_ctx *g = ctx->cuda;
-    const size_t S = (size_t)ctx->params.max_seqs, n = (size_t)ctx->model->n_gdn;
+qd_status qd_cuda_state_copy(void *bc, int src, int dst) {
+    qd_cuda_ctx *g = bc;
+    const size_t S = (size_t)g->d.params.max_seqs, n = (size_t)g->n_gdn;
     qd_status s = QD_OK;
     if (n == 0) return QD_OK;
     if ((s = qd_cuda_memcpy2d(g->conv + (size_t)dst * g->conv_slot, S * g->conv_slot * 4,
@@ -234,17 +259,17 @@ qd_status qd_cuda_state_copy(qd_context *ctx, int src, int dst) {
         (s = qd_cuda_memcpy2d(g->ssm + (size_t)dst * g->ssm_slot, S * g->ssm_slot * 4, g->ssm + (size_t)src * g->ssm_slot,
                               S * g->ssm_slot * 4, g->ssm_slot * 4, n, g->stream)) ||
         (s = qd_cuda_stream_sync(g->stream)))
-        return qd_seterr(&ctx->err, s, "copying sequence %d's state to %d: %s", src, dst, qd_cuda_last_error());
+        return qd_seterr(g->err, s, "copying sequence %d's state to %d: %s", src, dst, qd_cuda_last_error());
     return QD_OK;
 }
 
-qd_status qd_cuda_kv_copy_block(qd_context *ctx, int32_t dst, int32_t src) {
-    qd_cuda_ctx *g = ctx->cuda;
-    const size_t bf = ctx->kv.block_floats;
+qd_status qd_cuda_kv_copy_block(void *bc, int32_t dst, int32_t src) {
+    qd_cuda_ctx *g = bc;
+    const size_t bf = g->d.kv_block_elems;
     qd_status s;
     if ((s = qd_cuda_memcpy_d2d(g->kv_k + (size_t)dst * bf, g->kv_k + (size_t)src * bf, bf * 2, g->stream)) ||
         (s = qd_cuda_memcpy_d2d(g->kv_v + (size_t)dst * bf, g->kv_v + (size_t)src * bf, bf * 2, g->stream)))
-        return qd_seterr(&ctx->err, s, "copying KV block %d: %s", src, qd_cuda_last_error());
+        return qd_seterr(g->err, s, "copying KV block %d: %s", src, qd_cuda_last_error());
     return QD_OK;
 }
 
@@ -254,9 +279,8 @@ qd_status qd_cuda_kv_copy_block(qd_context *ctx, int32_t dst, int32_t src) {
  * layout); the pool is layer-major, so each half is n_gdn pieces at the pool's layer
  * pitch: one 2-D copy each way. No synchronisation: the stream orders these copies
  * with the forwards around them. */
-static qd_status snap_copy(qd_context *ctx, int seq, int slot, int to_slot) {
-    qd_cuda_ctx *g = ctx->cuda;
-    const size_t S = (size_t)ctx->params.max_seqs, n = (size_t)ctx->model->n_gdn;
+static qd_status snap_copy(qd_cuda_ctx *g, int seq, int slot, int to_slot) {
+    const size_t S = (size_t)g->d.params.max_seqs, n = (size_t)g->n_gdn;
     if (n == 0) return QD_OK;
     float *sc = g->snap + (size_t)slot * n * (g->conv_slot + g->ssm_slot), *ss = sc + n * g->conv_slot;
     float *pc = g->conv + (size_t)seq * g->conv_slot, *ps = g->ssm + (size_t)seq * g->ssm_slot;
@@ -269,22 +293,22 @@ static qd_status snap_copy(qd_context *ctx, int seq, int slot, int to_slot) {
     if (!s) s = to_slot ? qd_cuda_memcpy2d(ss, sw, ps, S * sw, sw, n, g->stream)
                         : qd_cuda_memcpy2d(ps, S * sw, ss, sw, sw, n, g->stream);
     if (s)
-        return qd_seterr(&ctx->err, s, "%s snapshot slot %d %s sequence %d: %s", to_slot ? "filling" : "restoring",
+        return qd_seterr(g->err, s, "%s snapshot slot %d %s sequence %d: %s", to_slot ? "filling" : "restoring",
                          slot, to_slot ? "from" : "into", seq, qd_cuda_last_error());
     return QD_OK;
 }
 
-qd_status qd_cuda_snap_save(qd_context *ctx, int seq, int slot) { return snap_copy(ctx, seq, slot, 1); }
+qd_status qd_cuda_snap_save(void *bc, int seq, int slot) { return snap_copy(bc, seq, slot, 1); }
 
-qd_status qd_cuda_snap_load(qd_context *ctx, int seq, int slot) { return snap_copy(ctx, seq, slot, 0); }
+qd_status qd_cuda_snap_load(void *bc, int seq, int slot) { return snap_copy(bc, seq, slot, 0); }
 
-qd_status qd_cuda_snap_read(qd_context *ctx, int slot, void *dst) {
-    qd_cuda_ctx *g = ctx->cuda;
-    const size_t bytes = qd_snap_slot_bytes(ctx);
+qd_status qd_cuda_snap_read(void *bc, int slot, void *dst) {
+    qd_cuda_ctx *g = bc;
+    const size_t bytes = qd_cuda_state_bytes(g);
     qd_status s;
     if (bytes == 0) return QD_OK;
     if ((s = qd_cuda_memcpy_d2h_async(dst, (unsigned char *)g->snap + (size_t)slot * bytes, bytes, g->stream)) ||
         (s = qd_cuda_stream_sync(g->stream)))
-        return qd_seterr(&ctx->err, s, "copying snapshot slot %d to the host: %s", slot, qd_cuda_last_error());
+        return qd_seterr(g->err, s, "copying snapshot slot %d to the host: %s", slot, qd_cuda_last_error());
     return QD_OK;
 }

@@ -12,8 +12,6 @@
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_moe.h"
 
-int qd_cuda_logit_chunk(const qd_context *ctx);
-
 #define TRYC(call)                                  \
     do {                                            \
         qd_status s_ = (call);                      \
@@ -22,10 +20,12 @@ int qd_cuda_logit_chunk(const qd_context *ctx);
 
 /* Builds the step's metadata on the host (internal row order) and returns the
  * number of bytes of the metadata block to copy. */
-static size_t build_step(qd_context *ctx, const qd_span *spans, int n_spans, const qd_span_rt *rt) {
-    qd_cuda_ctx *g = ctx->cuda;
+static size_t build_step(qd_cuda_ctx *g, const qd_step *st) {
+    const qd_span *spans = st->spans;
+    const qd_span_rt *rt = st->rt;
+    const int n_spans = st->n_spans;
     qd_cuda_step *h = &g->host;
-    const int mb = ctx->kv.max_blocks_per_seq > 0 ? ctx->kv.max_blocks_per_seq : 1;
+    const int mb = g->d.max_blocks_per_seq > 0 ? g->d.max_blocks_per_seq : 1;
     int order[2][n_spans > 0 ? n_spans : 1], n_pre = 0, n_dec = 0;
     for (int i = 0; i < n_spans; i++) {
         if (rt[i].T > 1) order[0][n_pre++] = i;
@@ -56,8 +56,8 @@ static size_t build_step(qd_context *ctx, const qd_span *spans, int n_spans, con
             } else {
                 h->dec_slots[q] = seq;
             }
-            const int nb = ctx->kv.n_blocks > 0 ? ctx->seqs[seq].n_blocks : 0;
-            if (nb > 0) memcpy(h->tables + (size_t)j * mb, ctx->seqs[seq].blocks, (size_t)nb * 4);
+            const int nb = g->d.n_kv_blocks > 0 ? st->seqs[seq].n_blocks : 0;
+            if (nb > 0) memcpy(h->tables + (size_t)j * mb, st->seqs[seq].blocks, (size_t)nb * 4);
             row += T;
         }
     }
@@ -90,13 +90,13 @@ static qd_status lin(qd_cuda_ctx *g, const qd_cuda_lin_in *in, int64_t cols, int
  * projection adds into it (qd_cuda_linear with accumulate, the MoE combine), and
  * each norm is folded into the projection that reads it (the kernel table of
  * qd_cuda_linear fuses it at decode sizes and materialises it into g->x above). */
-static qd_cuda_lin_in norm_in(qd_context *ctx, const float *w, const int32_t *rows) {
+static qd_cuda_lin_in norm_in(const qd_cuda_ctx *g, const float *w, const int32_t *rows) {
     qd_cuda_lin_in in = {0};
     in.kind = QD_LIN_RMSNORM;
-    in.h = ctx->cuda->h;
+    in.h = g->h;
     in.rows = rows;
     in.w = w;
-    in.eps = ctx->model->cfg.rms_norm_eps;
+    in.eps = g->cfg->rms_norm_eps;
     return in;
 }
 
@@ -106,53 +106,64 @@ static qd_cuda_lin_in norm_in(qd_context *ctx, const float *w, const int32_t *ro
  * (block_reduce); every rank's h stays the same. */
 static float *block_out(const qd_cuda_ctx *g) { return g->reduce ? g->y : g->h; }
 
-static qd_status block_reduce(qd_context *ctx) {
-    qd_cuda_ctx *g = ctx->cuda;
+static qd_status block_reduce(qd_cuda_ctx *g) {
     if (!g->reduce) return QD_OK;
-    const int n = g->host.n_rows, H = ctx->model->cfg.hidden_size;
+    const int n = g->host.n_rows, H = g->cfg->hidden_size;
     TRYC(g->reduce(g->reduce_user, g->y, n, g->stream));
     return qd_cuda_add_f32(g->h, H, g->y, H, H, n, g->stream);
 }
 
-static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
-    const qd_config *c = &ctx->model->cfg;
-    qd_cuda_ctx *g = ctx->cuda;
+static qd_status gdn_layer(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
+    const qd_config *c = g->cfg;
     const qd_cuda_step *h = &g->host, *dv = &g->dev;
     const int n = h->n_rows, H = c->hidden_size;
     const int hk = c->gdn_hk, hv = c->gdn_hv, dk = c->gdn_dk, dvh = c->gdn_dv, K = c->gdn_conv_kernel;
     const int conv_dim = qd_config_conv_dim(c), value_dim = qd_config_value_dim(c), key_dim = hk * dk;
     const int W = conv_dim + value_dim + 2 * hv;
-    const size_t S = (size_t)ctx->params.max_seqs;
+    const size_t S = (size_t)g->d.params.max_seqs;
     float *conv_state = g->conv + (size_t)gi * S * g->conv_slot;
     float *ssm = g->ssm + (size_t)gi * S * g->ssm_slot;
 
-    const qd_cuda_lin_in in = norm_in(ctx, d->input_norm, NULL);
+    const qd_cuda_lin_in in = norm_in(g, d->input_norm, NULL);
     const qd_cuda_lin_out proj = {d->gdn_in, W, g->proj, W};
     TRYC(lin(g, &in, H, n, &proj, 1, 0, g->x));
     /* proj rows: in_qkv (conv inputs) | in_z | in_b | in_a */
-    const qd_cuda_gdn_in_args ia = {n, hk, hv, dk, dvh, K, h->n_spans, g->proj, W,
-                                    g->proj + conv_dim + value_dim + hv, g->proj + conv_dim + value_dim, W,
-                                    d->conv_w, d->A_log, d->dt_bias, conv_state, dv->spans, dv->row_span,
-                                    g->q, g->k, g->v, g->g, g->beta, h->n_pre_spans == 0};
+    const qd_cuda_gdn_in_args ia = {
+        .n = n, .hk = hk, .hv = hv, .dk = dk, .dv = dvh, .K = K, .n_spans = h->n_spans,
+        .d_x = g->proj, .x_stride = W,
+        .d_a = g->proj + conv_dim + value_dim + hv, .d_b = g->proj + conv_dim + value_dim, .ab_stride = W,
+        .d_w = d->conv_w, .d_A_log = d->A_log, .d_dt_bias = d->dt_bias, .d_state = conv_state,
+        .d_spans = dv->spans, .d_row_span = dv->row_span,
+        .d_q = g->q, .d_k = g->k, .d_v = g->v, .d_g = g->g, .d_beta = g->beta,
+        .decode_only = h->n_pre_spans == 0,
+    };
     TRYC(qd_cuda_gdn_inputs(&ia, g->stream));
     if (h->n_pre_spans > 0 && qd_cuda_gdn_chunked_supported(c)) {
-        qd_cuda_gdn_chunked_args a = {g->q, g->k, g->v, key_dim, key_dim, value_dim, g->g, g->beta,
-                                      ssm, ssm, dv->pre_slots, g->o};
+        const qd_cuda_gdn_chunked_args a = {
+            .d_q = g->q, .d_k = g->k, .d_v = g->v, .q_stride = key_dim, .k_stride = key_dim, .v_stride = value_dim,
+            .d_g = g->g, .d_beta = g->beta, .d_state0 = ssm, .d_state1 = ssm, .d_slot = dv->pre_slots, .d_o = g->o,
+        };
         TRYC(qd_cuda_gdn_chunked(&g->plan, &a, g->stream));
     } else {
         for (int q = 0; q < h->n_pre_spans; q++)
             for (int r = h->cu_seqlens[q]; r < h->cu_seqlens[q + 1]; r++) {
-                qd_cuda_gdn_decode_args a = {hk, hv, dk, dvh, 1, g->q + (size_t)r * key_dim, g->k + (size_t)r * key_dim,
-                                             g->v + (size_t)r * value_dim, g->g + (size_t)r * hv, g->beta + (size_t)r * hv,
-                                             ssm, dv->pre_slots + q, NULL, g->o + (size_t)r * value_dim};
+                const qd_cuda_gdn_decode_args a = {
+                    .hk = hk, .hv = hv, .dk = dk, .dv = dvh, .n_seq = 1,
+                    .d_q = g->q + (size_t)r * key_dim, .d_k = g->k + (size_t)r * key_dim,
+                    .d_v = g->v + (size_t)r * value_dim, .d_g = g->g + (size_t)r * hv, .d_beta = g->beta + (size_t)r * hv,
+                    .d_state = ssm, .d_slot = dv->pre_slots + q, .d_o = g->o + (size_t)r * value_dim,
+                };
                 TRYC(qd_cuda_gdn_decode(&a, g->stream));
             }
     }
     if (h->n_dec > 0) {
         const size_t r0 = (size_t)h->n_pre_rows;
-        qd_cuda_gdn_decode_args a = {hk, hv, dk, dvh, h->n_dec, g->q + r0 * key_dim, g->k + r0 * key_dim,
-                                     g->v + r0 * value_dim, g->g + r0 * hv, g->beta + r0 * hv, ssm, dv->dec_slots,
-                                     NULL, g->o + r0 * value_dim};
+        const qd_cuda_gdn_decode_args a = {
+            .hk = hk, .hv = hv, .dk = dk, .dv = dvh, .n_seq = h->n_dec,
+            .d_q = g->q + r0 * key_dim, .d_k = g->k + r0 * key_dim, .d_v = g->v + r0 * value_dim,
+            .d_g = g->g + r0 * hv, .d_beta = g->beta + r0 * hv, .d_state = ssm, .d_slot = dv->dec_slots,
+            .d_o = g->o + r0 * value_dim,
+        };
         TRYC(qd_cuda_gdn_decode(&a, g->stream));
     }
     /* out_proj of the gated norm of o (gate z = in_z), into the residual */
@@ -168,27 +179,26 @@ static qd_status gdn_layer(qd_context *ctx, const qd_cuda_layer *d, int gi) {
     return lin(g, &gin, value_dim, n, &out, 1, !g->reduce, g->u);
 }
 
-static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int max_span_rows) {
-    const qd_config *c = &ctx->model->cfg;
-    qd_cuda_ctx *g = ctx->cuda;
+static qd_status attn_layer(qd_cuda_ctx *g, const qd_cuda_layer *d, int ai, int max_span_rows) {
+    const qd_config *c = g->cfg;
     const qd_cuda_step *h = &g->host, *dv = &g->dev;
     const int n = h->n_rows, H = c->hidden_size;
     const int nq = c->attn_nq, nkv = c->attn_nkv, hd = c->attn_head_dim;
     const int qdim = nq * hd, kvd = nkv * hd, q_rows = qdim * (c->attn_output_gate ? 2 : 1);
     /* q (with its gate), k and v of one normed x: one launch at decode sizes */
-    const qd_cuda_lin_in in = norm_in(ctx, d->input_norm, NULL);
+    const qd_cuda_lin_in in = norm_in(g, d->input_norm, NULL);
     const qd_cuda_lin_out qkv[3] = {{d->q, q_rows, g->proj, q_rows}, {d->k, kvd, g->proj2, kvd},
                                     {d->v, kvd, g->proj3, kvd}};
     TRYC(lin(g, &in, H, n, qkv, 3, 0, g->x));
-    const size_t layer_off = (size_t)ai * ctx->kv.block_size * kvd;
+    const size_t layer_off = (size_t)ai * g->d.params.kv_block_size * kvd;
     qd_cuda_attn_args a = {
         .n_rows = n, .nq = nq, .nkv = nkv, .hd = hd, .rope_dim = c->rope_dim, .rope_theta = (float)c->rope_theta,
         .eps = c->rms_norm_eps, .gated = c->attn_output_gate,
         .d_qg = g->proj, .d_k = g->proj2, .d_v = g->proj3, .d_q_norm = d->q_norm, .d_k_norm = d->k_norm,
         .d_row_slot = dv->row_span, .d_row_pos = dv->row_pos, .d_spans = dv->attn_spans, .n_spans = h->n_spans,
-        .max_span_rows = max_span_rows, .max_ctx = ctx->params.max_ctx,
-        .d_block_tables = dv->tables, .max_blocks_per_seq = ctx->kv.max_blocks_per_seq,
-        .block_size = ctx->kv.block_size, .block_stride = (int64_t)ctx->kv.block_floats,
+        .max_span_rows = max_span_rows, .max_ctx = g->d.params.max_ctx,
+        .d_block_tables = dv->tables, .max_blocks_per_seq = g->d.max_blocks_per_seq,
+        .block_size = g->d.params.kv_block_size, .block_stride = (int64_t)g->d.kv_block_elems,
         .d_kcache = g->kv_k + layer_off, .d_vcache = g->kv_v + layer_off,
         .d_q = g->q, .d_out = g->o, .d_work = g->attn_work, .invariant = g->invariant,
     };
@@ -203,10 +213,9 @@ static qd_status attn_layer(qd_context *ctx, const qd_cuda_layer *d, int ai, int
 }
 
 /* SwiGLU MLP of width I on the input `in` (of H columns): y (+)= down(silu(gate) * up). */
-static qd_status mlp(qd_context *ctx, const qd_cuda_lin_in *in, const uint16_t *gate_up, const uint16_t *down, int I,
+static qd_status mlp(qd_cuda_ctx *g, const qd_cuda_lin_in *in, const uint16_t *gate_up, const uint16_t *down, int I,
                      float *y, int accumulate) {
-    qd_cuda_ctx *g = ctx->cuda;
-    const int n = g->host.n_rows, H = ctx->model->cfg.hidden_size;
+    const int n = g->host.n_rows, H = g->cfg->hidden_size;
     const qd_cuda_lin_out gu = {gate_up, 2 * (int64_t)I, g->ffn, 2 * (int64_t)I};
     TRYC(lin(g, in, H, n, &gu, 1, 0, g->x));
     qd_cuda_lin_in act = {0};
@@ -216,9 +225,8 @@ static qd_status mlp(qd_context *ctx, const qd_cuda_lin_in *in, const uint16_t *
     return lin(g, &act, I, n, &dn, 1, accumulate, g->act);
 }
 
-static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
-    const qd_config *c = &ctx->model->cfg;
-    qd_cuda_ctx *g = ctx->cuda;
+static qd_status moe_layer(qd_cuda_ctx *g, const qd_cuda_layer *d) {
+    const qd_config *c = g->cfg;
     const int n = g->host.n_rows, H = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok;
     const int Ie = c->moe_intermediate_size;
     /* kernel table: batches of up to QD_MOE_BLOCK_MAX_TOKENS of an unsplit model run the
@@ -247,25 +255,26 @@ static qd_status moe_layer(qd_context *ctx, const qd_cuda_layer *d) {
         x.kind = QD_LIN_BF16;
         x.x = g->x;
         x.ldx = H;
-        TRYC(mlp(ctx, &x, d->gate_up, d->down, d->I, g->ys, 0));
+        TRYC(mlp(g, &x, d->gate_up, d->down, d->I, g->ys, 0));
         TRYC(qd_cuda_sigmoid_scale(dst, g->ys, g->router + E, E + 1, n, H, g->stream));
     }
     TRYC(qd_cuda_moe_route(g->router, E + 1, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
-    const qd_cuda_model *cm = ctx->model->cuda;
+    const qd_cuda_model *cm = g->cm;
     if (cm->n_experts_local < E) /* expert parallel: this rank's pairs only */
         TRYC(qd_cuda_moe_localize(g->sel, n * k, cm->expert0, cm->n_experts_local, g->stream));
-    qd_cuda_moe_args a = {n, H, Ie, cm->n_experts_local, k, g->x, g->sel, g->selw, d->experts_gate_up,
-                          d->experts_down, dst, g->moe_work, qd_cuda_blas_handle(g->blas), g->invariant};
+    const qd_cuda_moe_args a = {
+        .n = n, .H = H, .I = Ie, .E = cm->n_experts_local, .k = k, .d_x = g->x, .d_sel = g->sel, .d_w = g->selw,
+        .d_gate_up = d->experts_gate_up, .d_down = d->experts_down, .d_y = dst, .d_work = g->moe_work,
+        .cublas = qd_cuda_blas_handle(g->blas), .invariant = g->invariant,
+    };
     return qd_cuda_moe_experts(&a, g->stream);
 }
 
 /* Logits of logit rows [r0, r0 + nr) (the final norm of just those rows) into g->logits. */
-static qd_status logit_rows(qd_context *ctx, int r0, int nr) {
-    qd_cuda_ctx *g = ctx->cuda;
-    const qd_model *m = ctx->model;
-    const int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
-    const qd_cuda_lin_in in = norm_in(ctx, m->cuda->final_norm, g->dev.logit_rows + r0);
-    const qd_cuda_lin_out out = {m->cuda->lm_head, V, g->logits, V};
+static qd_status logit_rows(qd_cuda_ctx *g, int r0, int nr) {
+    const int V = g->cfg->vocab_size, H = g->cfg->hidden_size;
+    const qd_cuda_lin_in in = norm_in(g, g->cm->final_norm, g->dev.logit_rows + r0);
+    const qd_cuda_lin_out out = {g->cm->lm_head, V, g->logits, V};
     return lin(g, &in, H, nr, &out, 1, 0, g->x);
 }
 
@@ -273,50 +282,46 @@ static qd_status logit_rows(qd_context *ctx, int r0, int nr) {
  * stream with no host synchronisation except inside the MoE prefill path. The argmax
  * is left out (launched after it, see take_rows), so that a captured graph does not
  * depend on which outputs or vocabulary bound a step asks for. */
-static qd_status run_layers(qd_context *ctx, int max_span_rows, int n_logit_first) {
-    const qd_model *m = ctx->model;
-    const qd_config *c = &m->cfg;
-    qd_cuda_ctx *g = ctx->cuda;
-    const qd_cuda_model *cm = m->cuda;
+static qd_status run_layers(qd_cuda_ctx *g, int max_span_rows, int n_logit_first) {
+    const qd_config *c = g->cfg;
+    const qd_cuda_model *cm = g->cm;
     const int n = g->host.n_rows, H = c->hidden_size;
     TRYC(qd_cuda_embed(cm->embed, g->dev.tokens, n, H, g->h, g->stream));
     for (int L = 0; L < c->n_layers; L++) {
-        const qd_layer *ly = &m->layers[L];
+        const qd_layer *ly = &cm->w->layers[L];
         const qd_cuda_layer *d = &cm->layers[L];
-        if (ly->kind == QD_LAYER_GDN) TRYC(gdn_layer(ctx, d, ly->state_index));
-        else TRYC(attn_layer(ctx, d, ly->state_index, max_span_rows));
-        TRYC(block_reduce(ctx));
+        if (ly->kind == QD_LAYER_GDN) TRYC(gdn_layer(g, d, ly->state_index));
+        else TRYC(attn_layer(g, d, ly->state_index, max_span_rows));
+        TRYC(block_reduce(g));
         if (ly->ffn_kind == QD_FFN_MOE) {
-            TRYC(moe_layer(ctx, d));
+            TRYC(moe_layer(g, d));
         } else {
-            const qd_cuda_lin_in in = norm_in(ctx, d->post_norm, NULL);
-            TRYC(mlp(ctx, &in, d->gate_up, d->down, d->I, block_out(g), !g->reduce));
+            const qd_cuda_lin_in in = norm_in(g, d->post_norm, NULL);
+            TRYC(mlp(g, &in, d->gate_up, d->down, d->I, block_out(g), !g->reduce));
         }
-        TRYC(block_reduce(ctx));
+        TRYC(block_reduce(g));
     }
-    if (n_logit_first > 0) TRYC(logit_rows(ctx, 0, n_logit_first));
+    if (n_logit_first > 0) TRYC(logit_rows(g, 0, n_logit_first));
     return QD_OK;
 }
 
-static qd_status backend_error(qd_context *ctx, qd_status s) {
-    return qd_seterr(&ctx->err, s, "CUDA forward: %s", qd_cuda_last_error());
+static qd_status backend_error(qd_cuda_ctx *g, qd_status s) {
+    return qd_seterr(g->err, s, "CUDA forward: %s", qd_cuda_last_error());
 }
 
 /* Points the chunk plan (reserved at context creation) at this step's prefill spans. */
-static qd_status update_plan(qd_context *ctx) {
-    qd_cuda_ctx *g = ctx->cuda;
-    const qd_config *c = &ctx->model->cfg;
+static qd_status update_plan(qd_cuda_ctx *g) {
+    const qd_config *c = g->cfg;
     const qd_cuda_step *h = &g->host;
-    if (h->n_pre_spans == 0 || ctx->model->n_gdn == 0 || !qd_cuda_gdn_chunked_supported(c)) return QD_OK;
+    if (h->n_pre_spans == 0 || g->n_gdn == 0 || !qd_cuda_gdn_chunked_supported(c)) return QD_OK;
     return qd_cuda_gdn_plan_set(&g->plan, h->cu_seqlens, h->n_pre_spans, g->stream);
 }
 
 /* Queues the outputs of logit rows [r0, r0 + nr), whose logits are in g->logits: the
  * argmax (and log-softmax) into the pinned buffers, and the logits rows asked for to
  * the caller, as few copies as there are runs of consecutive wanted rows. */
-static qd_status take_rows(qd_context *ctx, const qd_logit_out *out, int r0, int nr) {
-    qd_cuda_ctx *g = ctx->cuda;
-    const int V = ctx->model->cfg.vocab_size;
+static qd_status take_rows(qd_cuda_ctx *g, const qd_logit_out *out, int r0, int nr) {
+    const int V = g->cfg->vocab_size;
     qd_status s;
     if (out->ids) {
         if ((s = qd_cuda_argmax(g->logits, nr, V, out->vocab_limit, g->ids, out->logprobs ? g->lp : NULL, g->stream)) ||
@@ -341,53 +346,52 @@ static qd_status take_rows(qd_context *ctx, const qd_logit_out *out, int r0, int
     return QD_OK;
 }
 
-qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, const qd_span_rt *rt, int n_rows,
-                          int n_logit_rows, const qd_logit_out *out) {
-    qd_cuda_ctx *g = ctx->cuda;
-    const qd_config *c = &ctx->model->cfg;
+qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out) {
+    qd_cuda_ctx *g = bc;
+    const qd_config *c = g->cfg;
+    const int n_spans = st->n_spans, n_logit_rows = st->n_logit_rows;
     qd_status s;
-    /* KV copy-on-write copies (qd_kv_reserve) were queued on the stream already */
-    const size_t meta = build_step(ctx, spans, n_spans, rt);
+    /* KV copy-on-write copies (kv_copy_block) were queued on the stream already */
+    const size_t meta = build_step(g, st);
     const qd_cuda_step *h = &g->host;
-    (void)n_rows;
     int max_span_rows = 1;
-    for (int i = 0; i < n_spans; i++) max_span_rows = rt[i].T > max_span_rows ? rt[i].T : max_span_rows;
-    if ((s = qd_cuda_memcpy_h2d_async(g->meta_dev, g->meta_host, meta, g->stream))) return backend_error(ctx, s);
-    if ((s = update_plan(ctx))) return backend_error(ctx, s);
+    for (int i = 0; i < n_spans; i++) max_span_rows = st->rt[i].T > max_span_rows ? st->rt[i].T : max_span_rows;
+    if ((s = qd_cuda_memcpy_h2d_async(g->meta_dev, g->meta_host, meta, g->stream))) return backend_error(g, s);
+    if ((s = update_plan(g))) return backend_error(g, s);
 
-    const int LC = qd_cuda_logit_chunk(ctx);
+    const int LC = qd_cuda_logit_chunk(g);
     const int first = n_logit_rows < LC ? n_logit_rows : LC;
     /* graph: decode-only steps whose every span wants its last logits, within the MoE
      * decode path's bound (no host sync inside) */
-    const int graphable = !ctx->params.eager && h->n_pre_spans == 0 && (n_logit_rows == n_spans || g->never_logits) &&
+    const int graphable = !g->d.params.eager && !st->no_graph && h->n_pre_spans == 0 && (n_logit_rows == n_spans || g->never_logits) &&
                           n_spans <= LC &&
                           (c->n_experts == 0 || n_spans <= qd_cuda_moe_graph_max_tokens());
     if (graphable) {
         void **exec = &g->graphs[n_spans];
         if (!*exec) {
-            if ((s = qd_cuda_graph_begin(g->stream))) return backend_error(ctx, s);
-            qd_status rs = run_layers(ctx, max_span_rows, first);
+            if ((s = qd_cuda_graph_begin(g->stream))) return backend_error(g, s);
+            qd_status rs = run_layers(g, max_span_rows, first);
             void *e = NULL;
             s = qd_cuda_graph_end(g->stream, &e);
             if (rs) {
                 qd_cuda_graph_destroy(e);
-                return backend_error(ctx, rs);
+                return backend_error(g, rs);
             }
-            if (s) return backend_error(ctx, s);
+            if (s) return backend_error(g, s);
             *exec = e;
         }
-        if ((s = qd_cuda_graph_launch(*exec, g->stream))) return backend_error(ctx, s);
-    } else if ((s = run_layers(ctx, max_span_rows, first))) {
-        return backend_error(ctx, s);
+        if ((s = qd_cuda_graph_launch(*exec, g->stream))) return backend_error(g, s);
+    } else if ((s = run_layers(g, max_span_rows, first))) {
+        return backend_error(g, s);
     }
     /* the outputs of each chunk of logit rows, the first one computed above */
     for (int r0 = 0; r0 < n_logit_rows; r0 += LC) {
         const int nr = n_logit_rows - r0 < LC ? n_logit_rows - r0 : LC;
-        if (r0 > 0 && (s = logit_rows(ctx, r0, nr))) return backend_error(ctx, s);
-        if ((s = take_rows(ctx, out, r0, nr))) return backend_error(ctx, s);
-        if (r0 + nr < n_logit_rows && (s = qd_cuda_stream_sync(g->stream))) return backend_error(ctx, s);
+        if (r0 > 0 && (s = logit_rows(g, r0, nr))) return backend_error(g, s);
+        if ((s = take_rows(g, out, r0, nr))) return backend_error(g, s);
+        if (r0 + nr < n_logit_rows && (s = qd_cuda_stream_sync(g->stream))) return backend_error(g, s);
     }
-    if ((s = qd_cuda_stream_sync(g->stream))) return backend_error(ctx, s);
+    if ((s = qd_cuda_stream_sync(g->stream))) return backend_error(g, s);
     if (out->ids) memcpy(out->ids, g->ids_host, (size_t)n_logit_rows * 4);
     if (out->ids && out->logprobs) memcpy(out->logprobs, g->lp_host, (size_t)n_logit_rows * 4);
     return QD_OK;

@@ -1,7 +1,7 @@
 /* CUDA kernels for the Gated DeltaNet delta rule (spec 3.3 step 6 and 4.1),
  * with C-callable launchers. Every function returns a qd_status and never
  * aborts; on QD_ERR_BACKEND the CUDA error text is available through
- * qd_cuda_last_error(). Pointers named d_* are device memory; `stream` is a
+ * qd_cuda_last_error() (cuda_device.h). Pointers named d_* are device memory; `stream` is a
  * cudaStream_t passed as void * so that C callers need no CUDA headers.
  *
  * Dtypes follow the serving engine: q/k/v and o are bf16 (stored as uint16_t
@@ -18,52 +18,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* ------------------------------------------------------------ cuda_util.cu */
-
-/* Text of the last CUDA failure seen by any qd_cuda_* call (thread-local). */
-const char *qd_cuda_last_error(void);
-/* Number of usable CUDA devices; 0 when there is no driver or no GPU. */
-int qd_cuda_device_count(void);
-/* Name and multiprocessor count of the current device. */
-qd_status qd_cuda_device_info(char *name, size_t name_size, int *sm_count);
-
-qd_status qd_cuda_malloc(void **p, size_t bytes);
-void qd_cuda_free(void *p);
-qd_status qd_cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);
-qd_status qd_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);
-qd_status qd_cuda_memcpy_d2d(void *dst, const void *src, size_t bytes, void *stream);
-/* Fills bytes with the byte value (poisoning outputs in tests). */
-qd_status qd_cuda_memset(void *p, int value, size_t bytes);
-qd_status qd_cuda_sync(void);
-qd_status qd_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
-/* Device copy bandwidth in GB/s (read + write), best of 10 copies of `bytes`. */
-qd_status qd_cuda_copy_gbps(size_t bytes, double *gbps);
-
-/* Streams (non-blocking), pinned host memory, async copies, CUDA graphs. */
-qd_status qd_cuda_stream_create(void **stream);
-void qd_cuda_stream_destroy(void *stream);
-qd_status qd_cuda_stream_sync(void *stream);
-qd_status qd_cuda_malloc_host(void **p, size_t bytes);
-void qd_cuda_free_host(void *p);
-qd_status qd_cuda_memcpy_h2d_async(void *dst, const void *src, size_t bytes, void *stream);
-qd_status qd_cuda_memcpy_d2h_async(void *dst, const void *src, size_t bytes, void *stream);
-/* 2-D copy in any direction (cudaMemcpyDefault: unified addressing tells host from device). */
-qd_status qd_cuda_memcpy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
-                           void *stream);
-qd_status qd_cuda_memset_async(void *p, int value, size_t bytes, void *stream);
-/* Stream capture into an instantiated graph; launch replays it on a stream. */
-qd_status qd_cuda_graph_begin(void *stream);
-qd_status qd_cuda_graph_end(void *stream, void **exec);
-qd_status qd_cuda_graph_launch(void *exec, void *stream);
-void qd_cuda_graph_destroy(void *exec);
-
-/* Event timer on the default stream: start, then stop returns milliseconds. */
-typedef struct qd_cuda_timer { void *start, *stop; } qd_cuda_timer;
-qd_status qd_cuda_timer_create(qd_cuda_timer *t);
-qd_status qd_cuda_timer_start(qd_cuda_timer *t);
-qd_status qd_cuda_timer_stop(qd_cuda_timer *t, float *ms);
-void qd_cuda_timer_destroy(qd_cuda_timer *t);
 
 /* ---------------------------------------------------------- gdn_decode.cu */
 

@@ -80,8 +80,7 @@ static qd_status mlp(planner *p, const qd_mlp_weights *w, uint16_t **gate_up, ui
 }
 
 /* Both passes: with p->cv.base NULL only the offsets advance. */
-static qd_status place(qd_model *m, qd_cuda_model *cm, planner *p) {
-    const qd_config *c = &m->cfg;
+static qd_status place(const qd_config *c, const qd_weights *m, qd_cuda_model *cm, planner *p) {
     const int H = c->hidden_size, hv = c->gdn_hv, hd = c->attn_head_dim;
     QD_TRY(one(p, &cm->embed, &m->embed));
     if (c->tie_word_embeddings) cm->lm_head = cm->embed;
@@ -138,19 +137,19 @@ static qd_status place(qd_model *m, qd_cuda_model *cm, planner *p) {
     return QD_OK;
 }
 
-qd_status qd_cuda_model_upload(qd_model *m, qd_err *err) {
-    qd_cuda_model *cm = calloc(1, sizeof *cm);
-    if (!cm) return qd_seterr(err, QD_ERR_OOM, "out of memory");
-    m->cuda = cm;
-    cm->expert0 = m->expert0;
-    cm->n_experts_local = m->n_local_experts;
-    cm->layers = calloc((size_t)m->cfg.n_layers, sizeof(qd_cuda_layer));
+static qd_status upload(const qd_backend_model_desc *d, qd_cuda_model *cm, qd_err *err) {
+    const qd_weights *w = d->w;
+    cm->cfg = d->cfg;
+    cm->w = w;
+    cm->expert0 = w->expert0;
+    cm->n_experts_local = w->n_local_experts;
+    cm->layers = calloc((size_t)d->cfg->n_layers, sizeof(qd_cuda_layer));
     if (!cm->layers) return qd_seterr(err, QD_ERR_OOM, "out of memory");
     int sms = 0;
     qd_status s = qd_cuda_device_info(cm->device_name, sizeof cm->device_name, &sms);
     if (s) return cuda_err(err, s, "querying the CUDA device");
     planner p = {.err = err};
-    QD_TRY(place(m, cm, &p));
+    QD_TRY(place(d->cfg, w, cm, &p));
     size_t free_b = 0, total_b = 0;
     if ((s = qd_cuda_mem_info(&free_b, &total_b))) return cuda_err(err, s, "querying device memory");
     if (p.cv.off > free_b)
@@ -162,7 +161,7 @@ qd_status qd_cuda_model_upload(qd_model *m, qd_err *err) {
     cm->bytes = p.cv.off;
     planner q = {.cv = {cm->arena, 0}, .err = err, .staging_elems = 1 << 22};
     if ((s = qd_cuda_malloc_host((void **)&q.staging, q.staging_elems * 2))) return cuda_err(err, s, "pinned staging");
-    s = place(m, cm, &q);
+    s = place(d->cfg, w, cm, &q);
     qd_cuda_free_host(q.staging);
     QD_TRY(s);
     if ((s = qd_cuda_sync())) return cuda_err(err, s, "uploading weights");
@@ -170,11 +169,23 @@ qd_status qd_cuda_model_upload(qd_model *m, qd_err *err) {
     return QD_OK;
 }
 
-void qd_cuda_model_free(qd_model *m) {
-    qd_cuda_model *cm = m->cuda;
+qd_status qd_cuda_model_create(const qd_backend_model_desc *d, void **out, qd_err *err) {
+    qd_cuda_model *cm = calloc(1, sizeof *cm);
+    if (!cm) return qd_seterr(err, QD_ERR_OOM, "out of memory");
+    cm->device = d->device;
+    qd_status s = upload(d, cm, err);
+    if (s != QD_OK) {
+        qd_cuda_model_free(cm);
+        return s;
+    }
+    *out = cm;
+    return QD_OK;
+}
+
+void qd_cuda_model_free(void *bm) {
+    qd_cuda_model *cm = bm;
     if (!cm) return;
     qd_cuda_free(cm->arena);
     free(cm->layers);
     free(cm);
-    m->cuda = NULL;
 }

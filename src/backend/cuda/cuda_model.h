@@ -6,9 +6,10 @@
 #ifndef QD_CUDA_MODEL_H
 #define QD_CUDA_MODEL_H
 
+#include "backend/backend.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_gdn.h"
-#include "model/model.h"
+#include "backend/cuda/cuda_device.h"
 
 /* Two-pass layout of one device allocation: with base NULL only the offset advances
  * (measuring); with base set, each take returns the next 256-byte aligned piece. */
@@ -49,6 +50,10 @@ typedef struct qd_cuda_layer {
 } qd_cuda_layer;
 
 typedef struct qd_cuda_model {
+    const qd_config *cfg;
+    const qd_weights *w;             /* the host weights it was made from: the forward reads the
+                                      * layers' kinds and state indices (weights may be dropped) */
+    int device;
     uint16_t *embed;                 /* [V][H] */
     uint16_t *lm_head;               /* [V][H] (the embedding when tied) */
     float *final_norm;               /* [H] */
@@ -60,9 +65,10 @@ typedef struct qd_cuda_model {
     char device_name[128];
 } qd_cuda_model;
 
-/* Uploads the bound weights (checkpoint, or dummy weights generated on the device). */
-qd_status qd_cuda_model_upload(qd_model *m, qd_err *err);
-void qd_cuda_model_free(qd_model *m);
+/* Uploads the bound weights (checkpoint, or dummy weights generated on the device) to
+ * the calling thread's current device. */
+qd_status qd_cuda_model_create(const qd_backend_model_desc *d, void **out, qd_err *err);
+void qd_cuda_model_free(void *bm);
 
 /* Step metadata built on the host and copied to the device in one transfer. */
 typedef struct qd_cuda_step {
@@ -80,6 +86,11 @@ typedef struct qd_cuda_step {
 } qd_cuda_step;
 
 typedef struct qd_cuda_ctx {
+    const qd_cuda_model *cm;
+    const qd_config *cfg;
+    qd_backend_ctx_desc d;           /* the limits it was planned for */
+    qd_err *err;
+    int n_gdn;
     void *stream;
     qd_cuda_blas *blas;
     /* state pool: layer-major so that one layer's states form a slot-indexed pool */
@@ -113,11 +124,9 @@ typedef struct qd_cuda_ctx {
     qd_cuda_step host, dev;          /* views into meta_host and meta_dev */
     int32_t *ids_host;               /* [B] pinned */
     float *lp_host;                  /* [B] pinned */
-    /* tensor parallel (src/parallel/cuda/tp_cuda.c): reduce(reduce_user, y, n_rows, stream)
-     * sums a block's partial output [n_rows][H] over the ranks in place, after out_proj,
-     * o_proj, down_proj and the MoE combine; NULL on an unsplit model. A rank other than
-     * the first never computes logits (never_logits), so its decode steps are captured in
-     * graphs keyed by batch size alone, like rank 0's. */
+    /* a split model's rank (d.reduce, backend.h): the hook sums a block's partial output
+     * over the ranks; a rank other than the first never computes logits, so its decode
+     * steps are captured in graphs keyed by batch size alone, like rank 0's */
     qd_status (*reduce)(void *user, float *d_y, int n_rows, void *stream);
     void *reduce_user;
     int never_logits;
@@ -138,26 +147,30 @@ static inline int qd_cuda_gdn_chunked_supported(const qd_config *c) {
     return c->gdn_dk % 16 == 0 && c->gdn_dv % 16 == 0 && c->gdn_dk <= 256 && c->gdn_dv <= 256;
 }
 
-qd_status qd_cuda_ctx_create(qd_context *ctx);
-void qd_cuda_ctx_free(qd_context *ctx);
+qd_status qd_cuda_ctx_create(void *bm, const qd_backend_ctx_desc *d, void **out, qd_err *err);
+void qd_cuda_ctx_free(void *bc);
+/* Rows of logits computed per lm_head pass (bounds the [rows][V] fp32 scratch). */
+int qd_cuda_logit_chunk(const qd_cuda_ctx *g);
 
-/* The forward of qd_forward after validation (rt: the validated spans). Fills `out`
- * (model.h): the argmax and its log-softmax of every logit row on the device, and
- * copies off it only the logits rows asked for. */
-qd_status qd_cuda_forward(qd_context *ctx, const qd_span *spans, int n_spans, const qd_span_rt *rt, int n_rows,
-                          int n_logit_rows, const qd_logit_out *out);
+/* The forward of a validated batch (backend.h). Fills `out`: the argmax and its
+ * log-softmax of every logit row on the device, and copies off it only the logits rows
+ * asked for. */
+qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out);
 
-/* Sequence state in the snapshot layout (conv [n_gdn][conv_dim][K-1], ssm
- * [n_gdn][hv][dk][dv]); NULL sources put zeros. */
-qd_status qd_cuda_state_get(qd_context *ctx, int seq, float *conv, float *ssm);
-qd_status qd_cuda_state_put(qd_context *ctx, int seq, const float *conv, const float *ssm);
-qd_status qd_cuda_state_copy(qd_context *ctx, int src, int dst);
-qd_status qd_cuda_kv_copy_block(qd_context *ctx, int32_t dst, int32_t src);
-/* Snapshot slots (model.h, snap_slots.c): save and load are device-to-device copies
- * queued on the context's stream, without waiting; read copies a slot to the host
- * (conv then ssm floats) and waits for it. */
-qd_status qd_cuda_snap_save(qd_context *ctx, int seq, int slot);
-qd_status qd_cuda_snap_load(qd_context *ctx, int seq, int slot);
-qd_status qd_cuda_snap_read(qd_context *ctx, int slot, void *dst);
+/* The state operations of backend.h: a sequence slot's payload (conv then ssm floats
+ * of every GDN layer), copies between slots and of KV blocks; snapshot save and load
+ * are device-to-device copies queued on the context's stream, without waiting; read
+ * copies a slot to the host and waits for it. */
+size_t qd_cuda_state_bytes(void *bc);
+qd_status qd_cuda_state_read(void *bc, int seq, void *dst);
+qd_status qd_cuda_state_write(void *bc, int seq, const void *src);
+qd_status qd_cuda_state_copy(void *bc, int src, int dst);
+qd_status qd_cuda_kv_copy_block(void *bc, int32_t dst, int32_t src);
+qd_status qd_cuda_snap_save(void *bc, int seq, int slot);
+qd_status qd_cuda_snap_load(void *bc, int seq, int slot);
+qd_status qd_cuda_snap_read(void *bc, int slot, void *dst);
+
+/* The CUDA backend's table (cuda_backend.c), which the CUDA split backend's ranks use. */
+extern const qd_backend_ops qd_cuda_ops;
 
 #endif

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 
 /* Records "what: CUDA error text" and returns QD_ERR_BACKEND; QD_OK for cudaSuccess. */
 qd_status qd_cuda_status(cudaError_t e, const char *what);

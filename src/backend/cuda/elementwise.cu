@@ -6,7 +6,7 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/gdn_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 static int grid_for(int64_t n, int threads) {
     int64_t g = (n + threads - 1) / threads;

@@ -13,7 +13,7 @@
 
 #include "backend/cuda/cuda_mma.cuh"
 #include "qdelta.h"
-#include "backend/cuda/gdn_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 #define QD_CH 64  /* chunk length */
 /* batch-invariant mode starts prompt pieces on chunk boundaries */

@@ -11,7 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/gdn_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 #define DEC_NT 256 /* threads per block of the fast path */
 #define DEC_BV 32  /* state columns per block: 8 lanes x float4 = one 128-byte line per row */

@@ -15,7 +15,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/gdn_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 #define GI_PARTS 8
 #define GI_NT 256

@@ -29,7 +29,7 @@
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/gdn_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 #define FG_WARPS 16
 #define FG_NT (FG_WARPS * 32)

@@ -16,7 +16,7 @@
 
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/gdn_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/moe_internal.cuh"
 #include "backend/cuda/moe_route.cuh"
 

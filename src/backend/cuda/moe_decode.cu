@@ -38,7 +38,7 @@
 
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/gdn_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/moe_internal.cuh"
 
 #define GU_NT 256        /* threads of a gate_up block: 8 warps, one row i (gate and up) each */

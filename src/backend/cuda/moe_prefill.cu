@@ -25,7 +25,7 @@
 
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_util.h"
-#include "backend/cuda/gdn_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/moe_internal.cuh"
 
 #define GM_BM QD_MOE_BM

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_gdn.h"
+#include "backend/cuda/cuda_device.h"
 #include "parallel/cuda/comm.h"
 #include "parallel/cuda/tp_cuda_rt.h"
 

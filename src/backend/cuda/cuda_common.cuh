@@ -1,8 +1,8 @@
-/* Device helpers shared by the GDN kernels: bf16 <-> fp32 on raw bit
+/* Device helpers shared by every kernel family: bf16 <-> fp32 on raw bit
  * patterns (the public API passes bf16 as uint16_t so C callers need no CUDA
  * types), and cp.async for the software pipeline of the state kernel. */
-#ifndef QD_CUDA_GDN_COMMON_CUH
-#define QD_CUDA_GDN_COMMON_CUH
+#ifndef QD_CUDA_COMMON_CUH
+#define QD_CUDA_COMMON_CUH
 
 #include <cuda_bf16.h>
 #include <stdint.h>

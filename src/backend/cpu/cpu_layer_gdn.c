@@ -4,7 +4,7 @@
  * of many sequences (multi-sequence decode) share one recurrent call. */
 #include <math.h>
 
-#include "model/model.h"
+#include "backend/cpu/cpu_backend.h"
 
 /* Delta-rule implementation by span length: the recurrence wins for a few tokens
  * (decode, short verify windows); the chunked WY form wins for prefill. */
@@ -25,26 +25,25 @@ static gdn_kernel pick_gdn_kernel(int T, int invariant) {
     return qd_cpu_gdn_chunked;
 }
 
-qd_status qd_layer_gdn_forward(qd_context *ctx, const qd_layer *L, const qd_span_rt *spans, int n_spans,
-                               int n_rows, const float *x, float *y) {
-    const qd_model *m = ctx->model;
-    const qd_config *c = &m->cfg;
+qd_status qd_cpu_layer_gdn(qd_cpu_ctx *ctx, const qd_layer *L, const qd_step *st, const float *x, float *y) {
+    const qd_config *c = ctx->m->cfg;
     const qd_gdn_weights *w = &L->gdn;
-    qd_scratch *s = &ctx->s;
+    const qd_span_rt *spans = st->rt;
+    const int n_spans = st->n_spans, n_rows = st->n_rows;
+    qd_cpu_scratch *s = &ctx->s;
     const int hk = c->gdn_hk, hv = c->gdn_hv, dk = c->gdn_dk, dv = c->gdn_dv, K = c->gdn_conv_kernel;
     const int key_dim = hk * dk, conv_dim = qd_config_conv_dim(c), value_dim = qd_config_value_dim(c);
 
-    qd_ctx_matmul(ctx, &w->in_qkv, x, n_rows, s->proj);  /* [n][conv_dim] */
-    qd_ctx_matmul(ctx, &w->in_z, x, n_rows, s->proj2);   /* [n][value_dim] */
-    qd_ctx_matmul(ctx, &w->in_b, x, n_rows, s->proj3);   /* [n][hv] */
-    qd_ctx_matmul(ctx, &w->in_a, x, n_rows, s->proj4);   /* [n][hv] */
+    qd_cpu_ctx_matmul(ctx, &w->in_qkv, x, n_rows, s->proj);  /* [n][conv_dim] */
+    qd_cpu_ctx_matmul(ctx, &w->in_z, x, n_rows, s->proj2);   /* [n][value_dim] */
+    qd_cpu_ctx_matmul(ctx, &w->in_b, x, n_rows, s->proj3);   /* [n][hv] */
+    qd_cpu_ctx_matmul(ctx, &w->in_a, x, n_rows, s->proj4);   /* [n][hv] */
 
     const size_t conv_state = (size_t)conv_dim * (K - 1);
     const size_t ssm_state = (size_t)hv * dk * dv;
     for (int i = 0; i < n_spans; i++) {
-        qd_seq_state *q = &ctx->seqs[spans[i].seq];
         qd_cpu_conv1d_silu(s->proj + (size_t)spans[i].row0 * conv_dim, spans[i].T, conv_dim, conv_dim, w->conv_w, K,
-                           q->conv + L->state_index * conv_state, s->conv_out + (size_t)spans[i].row0 * conv_dim);
+                           qd_cpu_seq_conv(ctx, spans[i].seq) + L->state_index * conv_state, s->conv_out + (size_t)spans[i].row0 * conv_dim);
     }
     qd_cpu_l2norm_heads(s->conv_out, n_rows, hk, dk, conv_dim, 1e-6f, 1.0f / sqrtf((float)dk));
     qd_cpu_l2norm_heads(s->conv_out + key_dim, n_rows, hk, dk, conv_dim, 1e-6f, 1.0f);
@@ -62,17 +61,17 @@ qd_status qd_layer_gdn_forward(qd_context *ctx, const qd_layer *L, const qd_span
             .k = base + key_dim, .k_stride = conv_dim,
             .v = base + 2 * key_dim, .v_stride = conv_dim,
             .g = s->g + r0 * hv, .beta = s->beta + r0 * hv,
-            .S = ctx->seqs[spans[i].seq].ssm + L->state_index * ssm_state,
+            .S = qd_cpu_seq_ssm(ctx, spans[i].seq) + L->state_index * ssm_state,
             .o = s->o + r0 * value_dim,
             .T = spans[i].T,
         };
-        gdn_kernel fn = pick_gdn_kernel(spans[i].T, ctx->params.batch_invariant);
+        gdn_kernel fn = pick_gdn_kernel(spans[i].T, ctx->d.params.batch_invariant);
         if (fn == qd_cpu_gdn_recurrent) ctx->gdn_spans[n_multi++] = sp;
-        else fn(m->pool, dims, &sp);
+        else fn(ctx->m->pool, dims, &sp);
     }
-    if (n_multi == 1) qd_cpu_gdn_recurrent(m->pool, dims, &ctx->gdn_spans[0]);
-    else qd_cpu_gdn_recurrent_multi(m->pool, dims, ctx->gdn_spans, n_multi);
+    if (n_multi == 1) qd_cpu_gdn_recurrent(ctx->m->pool, dims, &ctx->gdn_spans[0]);
+    else qd_cpu_gdn_recurrent_multi(ctx->m->pool, dims, ctx->gdn_spans, n_multi);
     qd_cpu_gated_rmsnorm(s->o, s->proj2, w->norm_w, n_rows, hv, dv, c->rms_norm_eps, s->u);
-    qd_ctx_matmul(ctx, &w->out, s->u, n_rows, y);
+    qd_cpu_ctx_matmul(ctx, &w->out, s->u, n_rows, y);
     return QD_OK;
 }

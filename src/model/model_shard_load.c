@@ -6,26 +6,20 @@
 #include <string.h>
 
 #include "base/arena.h"
-#include "parallel/shard.h"
-#ifdef QD_HAVE_CUDA
-#include "backend/cuda/cuda_model.h"
-#endif
-
-#ifdef QD_HAVE_CUDA
-/* After the upload nothing reads a CUDA model's host weights: the buffers bound since
- * `mark` (column slices, gathered runs, fp32 vectors, expert tables) are freed and every
- * layer keeps only its kinds and state index, so no pointer to them survives. */
-static void drop_host_weights(qd_model *m, int mark) {
-    for (int i = mark; i < m->n_owned; i++) qd_aligned_free(m->owned[i]);
-    m->n_owned = mark;
+#include "model/model_shard.h"
+/* The buffers a rank model owns (column slices, gathered runs, fp32 vectors, expert
+ * tables) are freed and every layer keeps only its kinds and state index, so no pointer
+ * to them survives. */
+void qd_shard_model_drop_host(qd_model *m) {
+    for (int i = m->n_owned_layout; i < m->n_owned; i++) qd_aligned_free(m->owned[i]);
+    m->n_owned = m->n_owned_layout;
     for (int L = 0; L < m->cfg.n_layers; L++) {
-        qd_layer *ly = &m->layers[L];
+        qd_layer *ly = &m->w.layers[L];
         const qd_layer keep = {.kind = ly->kind, .ffn_kind = ly->ffn_kind, .state_index = ly->state_index};
         *ly = keep;
     }
-    m->final_norm = NULL;
+    m->w.final_norm = NULL;
 }
-#endif
 
 qd_status qd_shard_model_load(qd_model *top, const qd_shard_plan *p, uint64_t seed, qd_dtype dummy_dtype,
                               qd_model **out, qd_err *err) {
@@ -34,6 +28,7 @@ qd_status qd_shard_model_load(qd_model *top, const qd_shard_plan *p, uint64_t se
     if (!m) return qd_seterr(err, QD_ERR_OOM, "out of memory for a rank model");
     m->cfg = p->local;
     m->backend = top->backend;
+    m->ops = top->ops;    /* what the rank's backend does with dummy weights; no backend model */
     m->gen = top->gen;
     memcpy(m->eos_ids, top->eos_ids, sizeof m->eos_ids);
     m->n_eos = top->n_eos;
@@ -41,18 +36,12 @@ qd_status qd_shard_model_load(qd_model *top, const qd_shard_plan *p, uint64_t se
     m->st = top->st;      /* borrowed: every rank reads the one mapping */
     qd_status s = qd_model_init_layers(m, err);
     if (s == QD_OK) {
-        m->expert0 = p->expert0;
-        m->n_local_experts = p->n_local_experts;
-        const int mark = m->n_owned;
+        m->w.expert0 = p->expert0;
+        m->w.n_local_experts = p->n_local_experts;
+        m->n_owned_layout = m->n_owned;
         if (m->st) s = qd_model_bind_checkpoint_plan(m, &top->cfg, p, err);
         else s = qd_model_bind_dummy(m, seed, dummy_dtype, err);
         if (s == QD_OK) qd_model_account(m);
-#ifdef QD_HAVE_CUDA
-        if (s == QD_OK && m->backend == QD_BACKEND_CUDA && (s = qd_cuda_model_upload(m, err)) == QD_OK)
-            drop_host_weights(m, mark);
-#else
-        (void)mark;
-#endif
     }
     if (s != QD_OK) {
         qd_shard_model_free(m);

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "model/model.h"
+#include "backend/cpu/cpu_backend.h"
 
 void qd_moe_route_token(const float *logits, int E, int k, int renorm, int32_t *sel, float *wsel, float *prob) {
     float mx = -INFINITY;
@@ -33,25 +33,20 @@ void qd_moe_route_token(const float *logits, int E, int k, int renorm, int32_t *
     }
 }
 
-qd_status qd_layer_moe_forward(qd_context *ctx, const qd_moe_weights *w, int n_rows, const float *x, float *y) {
-    return qd_layer_moe_forward_experts(ctx, w, 0, ctx->model->cfg.n_experts, n_rows, x, y);
-}
-
-/* Only the pairs routed to experts [e0, e1) are gathered, computed and added, so an
- * expert-parallel rank (src/parallel) runs its own experts and the others contribute 0. */
-qd_status qd_layer_moe_forward_experts(qd_context *ctx, const qd_moe_weights *w, int e0, int e1, int n_rows,
-                                       const float *x, float *y) {
-    const qd_model *m = ctx->model;
-    const qd_config *c = &m->cfg;
-    qd_threadpool *pool = m->pool;
-    const int inv = ctx->params.batch_invariant; /* experts sum rows in one order */
-    qd_scratch *s = &ctx->s;
+/* Only the pairs routed to the bound experts [e0, e1) are gathered, computed and added,
+ * so an expert-parallel rank runs its own experts and the others contribute 0. */
+qd_status qd_cpu_layer_moe(qd_cpu_ctx *ctx, const qd_moe_weights *w, int n_rows, const float *x, float *y) {
+    const qd_config *c = ctx->m->cfg;
+    qd_threadpool *pool = ctx->m->pool;
+    const int e0 = ctx->m->w->expert0, e1 = e0 + ctx->m->w->n_local_experts;
+    const int inv = ctx->d.params.batch_invariant; /* experts sum rows in one order */
+    qd_cpu_scratch *s = &ctx->s;
     const int H = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok, I = c->moe_intermediate_size;
 
     /* shared expert first, straight into y */
     if (w->has_shared) {
-        QD_TRY(qd_layer_mlp_forward(ctx, &w->shared, n_rows, x, y));
-        qd_ctx_matmul(ctx, &w->shared_gate, x, n_rows, s->g); /* [n][1] */
+        QD_TRY(qd_cpu_layer_mlp(ctx, &w->shared, n_rows, x, y));
+        qd_cpu_ctx_matmul(ctx, &w->shared_gate, x, n_rows, s->g); /* [n][1] */
         for (int r = 0; r < n_rows; r++) {
             float gsig = qd_sigmoid(s->g[r]);
             for (int i = 0; i < H; i++) y[(size_t)r * H + i] *= gsig;
@@ -61,7 +56,7 @@ qd_status qd_layer_moe_forward_experts(qd_context *ctx, const qd_moe_weights *w,
     }
 
     /* route: router logits, then per token softmax + top-k */
-    qd_ctx_matmul(ctx, &w->router, x, n_rows, s->router);
+    qd_cpu_ctx_matmul(ctx, &w->router, x, n_rows, s->router);
     for (int r = 0; r < n_rows; r++)
         qd_moe_route_token(s->router + (size_t)r * E, E, k, c->norm_topk_prob, s->moe_sel + (size_t)r * k,
                     s->moe_w + (size_t)r * k, s->moe_prob);

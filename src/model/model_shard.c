@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "parallel/shard.h"
+#include "model/model_shard.h"
 
 qd_weight qd_shard_rows_view(const qd_weight *w, qd_shard_range r) {
     const size_t esz = qd_dtype_size(w->dtype);
@@ -117,12 +117,12 @@ static qd_status slice_moe(qd_model *m, const qd_shard_plan *p, const qd_moe_wei
 
 static qd_status slice_layers(qd_model *full, const qd_shard_plan *p, qd_model *m, qd_err *err) {
     const int n = full->cfg.n_layers;
-    m->layers = qd_model_alloc(m, sizeof(qd_layer) * (size_t)n);
-    if (!m->layers) return qd_seterr(err, QD_ERR_OOM, "out of memory for %d layers", n);
-    memset(m->layers, 0, sizeof(qd_layer) * (size_t)n);
+    m->w.layers = qd_model_alloc(m, sizeof(qd_layer) * (size_t)n);
+    if (!m->w.layers) return qd_seterr(err, QD_ERR_OOM, "out of memory for %d layers", n);
+    memset(m->w.layers, 0, sizeof(qd_layer) * (size_t)n);
     for (int L = 0; L < n; L++) {
-        const qd_layer *src = &full->layers[L];
-        qd_layer *dst = &m->layers[L];
+        const qd_layer *src = &full->w.layers[L];
+        qd_layer *dst = &m->w.layers[L];
         dst->kind = src->kind;
         dst->ffn_kind = src->ffn_kind;
         dst->state_index = src->state_index;
@@ -147,13 +147,13 @@ qd_status qd_shard_model_slice(qd_model *full, const qd_shard_plan *p, qd_model 
     m->n_eos = full->n_eos;
     m->dummy_dtype = full->dummy_dtype;
     m->pool = full->pool;  /* borrowed: the ranks of the in-process group run one after another */
-    m->embed = full->embed;
-    m->lm_head = full->lm_head;
-    m->final_norm = full->final_norm;
-    m->n_gdn = full->n_gdn;
-    m->n_attn = full->n_attn;
-    m->expert0 = p->expert0;
-    m->n_local_experts = p->n_local_experts;
+    m->w.embed = full->w.embed;
+    m->w.lm_head = full->w.lm_head;
+    m->w.final_norm = full->w.final_norm;
+    m->w.n_gdn = full->w.n_gdn;
+    m->w.n_attn = full->w.n_attn;
+    m->w.expert0 = p->expert0;
+    m->w.n_local_experts = p->n_local_experts;
     qd_status s = slice_layers(full, p, m, err);
     if (s != QD_OK) {
         qd_shard_model_free(m);

@@ -1,0 +1,125 @@
+/* The CPU backend's forward: embeddings, the layer loop, the logit rows. One loop for
+ * an unsplit model and for the ranks of a split one: the ranks' blocks run one after
+ * another, and between blocks their partial outputs are summed in rank order, which is
+ * what an all-reduce does across devices (up to its summation order). */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+
+static void embed_rows(const qd_cpu_ctx *c, const qd_step *st, float *h) {
+    const qd_weight *e = &c->m->w->embed;
+    const int H = c->m->cfg->hidden_size;
+    const size_t esz = qd_dtype_size(e->dtype);
+    int r = 0;
+    for (int i = 0; i < st->n_spans; i++)
+        for (int t = 0; t < st->spans[i].n_tokens; t++, r++)
+            qd_convert_to_f32(e->dtype, (const unsigned char *)e->data + (size_t)st->spans[i].tokens[t] * H * esz,
+                              h + (size_t)r * H, (size_t)H);
+}
+
+/* Positions and embeddings of a validated batch. */
+static void begin_rows(qd_cpu_ctx *c, const qd_step *st) {
+    for (int i = 0; i < st->n_spans; i++)
+        for (int t = 0; t < st->rt[i].T; t++) c->s.pos[st->rt[i].row0 + t] = st->rt[i].pos0 + t;
+    embed_rows(c, st, c->s.h);
+}
+
+/* Index of the largest logit, the lowest among equals (as the CUDA argmax), and its
+ * log-softmax when lp is not NULL. */
+static int32_t argmax_row(const float *x, int n, float *lp) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    if (lp) {
+        double se = 0;
+        /* float terms (this is a pass over the whole vocabulary), a double sum */
+        for (int i = 0; i < n; i++) se += expf(x[i] - x[best]);
+        *lp = (float)-log(se);
+    }
+    return best;
+}
+
+/* After the layer stack: what the rows that want logits hand back (see qd_logit_out).
+ * Into a caller's logits buffer every row is computed in one matmul (the LM head is read
+ * once); ids alone go one row at a time through the context's row buffer. */
+static qd_status logits_out(qd_cpu_ctx *ctx, const qd_step *st, const qd_logit_out *out) {
+    const qd_config *c = ctx->m->cfg;
+    const qd_weights *w = ctx->m->w;
+    const int H = c->hidden_size, n_logit_rows = st->n_logit_rows;
+    qd_cpu_scratch *s = &ctx->s;
+    if (n_logit_rows == 0) return QD_OK;
+    /* gather the rows that want logits, final norm, LM head */
+    int lr = 0;
+    for (int i = 0; i < st->n_spans; i++) {
+        const qd_span_rt *rt = &st->rt[i];
+        if (st->spans[i].logits == QD_LOGITS_NONE) continue;
+        int first = st->spans[i].logits == QD_LOGITS_ALL ? 0 : rt->T - 1;
+        for (int t = first; t < rt->T; t++, lr++)
+            qd_cpu_rmsnorm(s->h + (size_t)(rt->row0 + t) * H, 1, H, H, w->final_norm, 1.0f, c->rms_norm_eps,
+                           s->x + (size_t)lr * H, H);
+    }
+    if (out->logits) {
+        qd_cpu_ctx_matmul(ctx, &w->lm_head, s->x, n_logit_rows, out->logits);
+        if (out->ids)
+            for (int r = 0; r < n_logit_rows; r++)
+                out->ids[r] = argmax_row(out->logits + (size_t)r * c->vocab_size, out->vocab_limit,
+                                         out->logprobs ? out->logprobs + r : NULL);
+        return QD_OK;
+    }
+    for (int r = 0; r < n_logit_rows; r++) {
+        qd_cpu_ctx_matmul(ctx, &w->lm_head, s->x + (size_t)r * H, 1, ctx->row_logits);
+        out->ids[r] = argmax_row(ctx->row_logits, out->vocab_limit, out->logprobs ? out->logprobs + r : NULL);
+    }
+    return QD_OK;
+}
+
+/* One block (mixer, or FFN when ffn) of layer L on one rank: normed input, the block's
+ * (partial) output in s.y. */
+static qd_status run_block(qd_cpu_ctx *ctx, int L, int ffn, const qd_step *st) {
+    const qd_config *c = ctx->m->cfg;
+    const qd_layer *ly = &ctx->m->w->layers[L];
+    qd_cpu_scratch *s = &ctx->s;
+    const int H = c->hidden_size;
+    qd_cpu_rmsnorm(s->h, st->n_rows, H, H, ffn ? ly->post_norm : ly->input_norm, 1.0f, c->rms_norm_eps, s->x, H);
+    if (!ffn) {
+        if (ly->kind == QD_LAYER_GDN) return qd_cpu_layer_gdn(ctx, ly, st, s->x, s->y);
+        return qd_cpu_layer_attn(ctx, ly, st, s->x, s->y);
+    }
+    if (ly->ffn_kind == QD_FFN_MOE) return qd_cpu_layer_moe(ctx, &ly->moe, st->n_rows, s->x, s->y);
+    return qd_cpu_layer_mlp(ctx, &ly->mlp, st->n_rows, s->x, s->y);
+}
+
+/* The all-reduce: every rank's y becomes y_0 + y_1 + ... in rank order. */
+static void sum_ranks(qd_cpu_ctx *const *ranks, int n, size_t len) {
+    float *acc = ranks[0]->s.y;
+    for (int r = 1; r < n; r++) {
+        const float *y = ranks[r]->s.y;
+        for (size_t i = 0; i < len; i++) acc[i] += y[i];
+    }
+    for (int r = 1; r < n; r++) memcpy(ranks[r]->s.y, acc, len * sizeof(float));
+}
+
+qd_status qd_cpu_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_step *st, const qd_logit_out *out) {
+    const qd_config *c = ranks[0]->m->cfg;
+    const size_t len = (size_t)st->n_rows * (size_t)c->hidden_size;
+    for (int r = 0; r < n; r++) begin_rows(ranks[r], st);
+    for (int L = 0; L < c->n_layers; L++) {
+        for (int ffn = 0; ffn < 2; ffn++) {
+            for (int r = 0; r < n; r++) {
+                qd_status s = run_block(ranks[r], L, ffn, st);
+                if (s != QD_OK) {
+                    if (n > 1) qd_err_prefix(ranks[r]->err, "rank %d, layer %d: ", r, L);
+                    return s;
+                }
+            }
+            if (n > 1) sum_ranks(ranks, n, len);
+            for (int r = 0; r < n; r++) {
+                float *h = ranks[r]->s.h;
+                const float *y = ranks[r]->s.y;
+                for (size_t i = 0; i < len; i++) h[i] += y[i];
+            }
+        }
+    }
+    return logits_out(ranks[0], st, out);
+}

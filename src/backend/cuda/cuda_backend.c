@@ -1,0 +1,40 @@
+/* The CUDA backend's table (backend.h): weights uploaded as bf16 at model creation
+ * (cuda_model.c), contexts planned in one device block (cuda_context.c), the forward
+ * (cuda_forward.c). */
+#include "backend/cuda/cuda_model.h"
+
+static qd_status cuda_copy_gbps(size_t bytes, int n_threads, double *gbps, qd_err *err) {
+    (void)n_threads;
+    qd_status s = qd_cuda_copy_gbps(bytes, gbps);
+    if (s != QD_OK) return qd_seterr(err, s, "measuring the device's copy bandwidth: %s", qd_cuda_last_error());
+    return QD_OK;
+}
+
+const qd_backend_ops qd_cuda_ops = {
+    .name = "CUDA",
+    .kv_elem_bytes = 2,
+    .copies_weights = true,
+    .draws_dummy_weights = true,
+    .copy_gbps = cuda_copy_gbps,
+    .model_create = qd_cuda_model_create,
+    .model_free = qd_cuda_model_free,
+    .ctx_create = qd_cuda_ctx_create,
+    .ctx_free = qd_cuda_ctx_free,
+    .forward = qd_cuda_forward,
+    .state_bytes = qd_cuda_state_bytes,
+    .state_read = qd_cuda_state_read,
+    .state_write = qd_cuda_state_write,
+    .state_copy = qd_cuda_state_copy,
+    .kv_copy_block = qd_cuda_kv_copy_block,
+    .snap_save = qd_cuda_snap_save,
+    .snap_load = qd_cuda_snap_load,
+    .snap_read = qd_cuda_snap_read,
+};
+
+const qd_backend_ops *qd_backend_cuda(qd_err *err) {
+    if (qd_cuda_device_count() == 0) {
+        qd_seterr(err, QD_ERR_BACKEND, "--backend cuda: no CUDA device found (no GPU or no driver)");
+        return NULL;
+    }
+    return &qd_cuda_ops;
+}
