@@ -74,6 +74,11 @@ typedef enum qd_backend_kind {
     QD_BACKEND_CUDA = 1
 } qd_backend_kind;
 
+/* "cpu" / "cuda"; NULL for an unknown kind. */
+const char *qd_backend_name(qd_backend_kind kind);
+/* The kind named so (as qd_backend_name spells it); QD_ERR_INVALID_ARG when none is. */
+qd_status qd_backend_parse(const char *name, qd_backend_kind *kind);
+
 typedef struct qd_model_params {
     const char *path;             /* checkpoint directory (config.json, *.safetensors) */
     qd_load_format load_format;

@@ -39,10 +39,11 @@
 #include "backend/cpu/cpu_ops.h"
 #include "base/dtype.h"
 #include "base/threadpool.h"
-#include "model/model.h"
+#include "backend/cpu/cpu_backend.h"
 #include "qd_test.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_attn.h"
+#include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_moe.h"

@@ -39,7 +39,7 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_moe.h"
-#include "model/model.h"
+#include "backend/cpu/cpu_backend.h"
 #include "qd_test_cuda.h"
 #endif
 

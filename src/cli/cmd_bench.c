@@ -127,7 +127,7 @@ int qd_cmd_bench(int argc, char **argv) {
     uint64_t s = 12345;
     for (int i = 0; i < max_prefill; i++) { s = s * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((s >> 33) % (uint64_t)V); }
 
-    const char *backend = mo.backend == QD_BACKEND_CUDA ? "cuda" : "cpu";
+    const char *backend = qd_backend_name(mo.backend);
     printf("model: %s\n", qd_model_describe(m));
     printf("backend %s; weights: %.2f GB stored, %.3f GB read per decode step at batch 1; loaded in %.2f s\n", backend,
            qd_model_weight_bytes(m) / 1e9, qd_model_active_weight_bytes(m) / 1e9, t_load);

@@ -71,9 +71,7 @@ int cli_parse_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     if (!strcmp(a, "--backend")) {
         const char *v = cli_value(argc, argv, i);
         if (!v) return -1;
-        if (!strcmp(v, "cpu")) o->backend = QD_BACKEND_CPU;
-        else if (!strcmp(v, "cuda")) o->backend = QD_BACKEND_CUDA;
-        else {
+        if (qd_backend_parse(v, &o->backend) != QD_OK) {
             fprintf(stderr, "qdelta: --backend expects cpu or cuda, got '%s'\n", v);
             return -1;
         }

@@ -1,0 +1,61 @@
+/* The feed-forward blocks on the GPU: the dense SwiGLU MLP and the MoE block with its
+ * shared expert. */
+#include "backend/cuda/cuda_layers.h"
+#include "backend/cuda/cuda_moe.h"
+
+qd_status qd_cuda_layer_mlp(qd_cuda_ctx *g, const qd_cuda_lin_in *in, const uint16_t *gate_up, const uint16_t *down,
+                            int I, float *y, int accumulate) {
+    const int n = g->host.n_rows, H = g->cfg->hidden_size;
+    const qd_cuda_lin_out gu = {gate_up, 2 * (int64_t)I, g->ffn, 2 * (int64_t)I};
+    TRYC(qd_cuda_lin(g, in, H, n, &gu, 1, 0, g->x));
+    qd_cuda_lin_in act = {0};
+    act.kind = QD_LIN_SILU;
+    act.gu = g->ffn;
+    const qd_cuda_lin_out dn = {down, H, y, H};
+    return qd_cuda_lin(g, &act, I, n, &dn, 1, accumulate, g->act);
+}
+
+qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d) {
+    const qd_config *c = g->cfg;
+    const int n = g->host.n_rows, H = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok;
+    const int Ie = c->moe_intermediate_size;
+    /* kernel table: batches of up to QD_MOE_BLOCK_MAX_TOKENS of an unsplit model run the
+     * whole block in three launches (measured faster there, cuda_moe.h); it adds into h
+     * itself, so a split model takes the general path */
+    if (!g->reduce && !g->invariant && qd_cuda_moe_block_preferred(n, H, Ie, d->has_shared_gate ? d->I : 0, E, k)) {
+        const qd_cuda_moe_block_args a = {
+            .n = n, .H = H, .I = Ie, .E = E, .k = k, .renorm = c->norm_topk_prob,
+            .d_h = g->h, .d_norm = d->post_norm, .eps = c->rms_norm_eps, .d_router = d->router,
+            .d_gate_up = d->experts_gate_up, .d_down = d->experts_down,
+            .d_sh_gate_up = d->has_shared_gate ? d->gate_up : NULL, .d_sh_down = d->down, .I_s = d->I,
+            .d_x = g->x, .d_logits = g->router, .d_sel = g->sel, .d_w = g->selw, .d_route_cnt = g->route_cnt,
+            .d_sh_act = g->ffn, .d_sh_out = g->ys, .d_work = g->moe_work,
+        };
+        return qd_cuda_moe_block(&a, g->stream);
+    }
+    float *dst = qd_cuda_block_out(g); /* the shared expert and the experts add into it */
+    if (g->reduce) TRYC(qd_cuda_memset_async(dst, 0, (size_t)n * H * 4, g->stream));
+    /* router logits and the shared expert's gate logit in one product: [n][E + 1] */
+    const int Er = E + (d->has_shared_gate ? 1 : 0);
+    /* fp32 input: a bf16-rounded x would flip near-tied expert choices (discrete changes) */
+    TRYC(qd_cuda_add_rmsnorm(g->h, NULL, d->post_norm, c->rms_norm_eps, n, H, NULL, g->x, g->xf, g->stream));
+    TRYC(qd_cuda_matmul_xf32(d->router, Er, H, g->xf, H, n, g->router, E + 1, g->stream));
+    if (d->has_shared_gate) {
+        qd_cuda_lin_in x = {0};
+        x.kind = QD_LIN_BF16;
+        x.x = g->x;
+        x.ldx = H;
+        TRYC(qd_cuda_layer_mlp(g, &x, d->gate_up, d->down, d->I, g->ys, 0));
+        TRYC(qd_cuda_sigmoid_scale(dst, g->ys, g->router + E, E + 1, n, H, g->stream));
+    }
+    TRYC(qd_cuda_moe_route(g->router, E + 1, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
+    const qd_cuda_model *cm = g->cm;
+    if (cm->n_experts_local < E) /* expert parallel: this rank's pairs only */
+        TRYC(qd_cuda_moe_localize(g->sel, n * k, cm->expert0, cm->n_experts_local, g->stream));
+    const qd_cuda_moe_args a = {
+        .n = n, .H = H, .I = Ie, .E = cm->n_experts_local, .k = k, .d_x = g->x, .d_sel = g->sel, .d_w = g->selw,
+        .d_gate_up = d->experts_gate_up, .d_down = d->experts_down, .d_y = dst, .d_work = g->moe_work,
+        .cublas = qd_cuda_blas_handle(g->blas), .invariant = g->invariant,
+    };
+    return qd_cuda_moe_experts(&a, g->stream);
+}
