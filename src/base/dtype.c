@@ -5,15 +5,15 @@
 static const struct { const char *name; size_t size; } k_dtypes[QD_DTYPE_COUNT] = {
     [QD_DTYPE_F32] = {"F32", 4},     [QD_DTYPE_BF16] = {"BF16", 2}, [QD_DTYPE_F16] = {"F16", 2},
     [QD_DTYPE_F8_E4M3] = {"F8_E4M3", 1}, [QD_DTYPE_I32] = {"I32", 4}, [QD_DTYPE_I64] = {"I64", 8},
-    [QD_DTYPE_U8] = {"U8", 1},
+    [QD_DTYPE_U8] = {"U8", 1}, [QD_DTYPE_NVFP4] = {"NVFP4", 0}, [QD_DTYPE_INT4] = {"INT4", 0},
 };
 
 size_t qd_dtype_size(qd_dtype t) { return (unsigned)t < QD_DTYPE_COUNT ? k_dtypes[t].size : 0; }
 const char *qd_dtype_name(qd_dtype t) { return (unsigned)t < QD_DTYPE_COUNT ? k_dtypes[t].name : "?"; }
 
 int qd_dtype_parse(const char *s) {
-    for (int i = 0; i < QD_DTYPE_COUNT; i++)
-        if (strcmp(s, k_dtypes[i].name) == 0) return i;
+    for (int i = 0; i < QD_DTYPE_COUNT; i++) /* size 0: weight formats, not safetensors dtypes */
+        if (k_dtypes[i].size > 0 && strcmp(s, k_dtypes[i].name) == 0) return i;
     return -1;
 }
 
@@ -93,4 +93,10 @@ void qd_convert_to_f32(qd_dtype t, const void *src, float *dst, size_t n) {
     } break;
     default: break;
     }
+}
+
+float qd_e2m1_to_f32(uint8_t v) {
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const float m = mag[v & 7];
+    return (v & 8) ? -m : m;
 }

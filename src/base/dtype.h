@@ -1,4 +1,4 @@
-/* Storage dtypes and scalar conversions (bf16, f16, f8 e4m3 -> f32). */
+/* Storage dtypes and scalar conversions (bf16, f16, f8 e4m3, fp4 e2m1 -> f32). */
 #ifndef QD_BASE_DTYPE_H
 #define QD_BASE_DTYPE_H
 
@@ -14,6 +14,10 @@ typedef enum qd_dtype {
     QD_DTYPE_I32,
     QD_DTYPE_I64,
     QD_DTYPE_U8,
+    /* weight formats with no safetensors spelling of their own: two 4-bit values per byte
+     * (base/weight.h gives their layouts); qd_dtype_size is 0, qd_weight_bytes sizes them */
+    QD_DTYPE_NVFP4,
+    QD_DTYPE_INT4,
     QD_DTYPE_COUNT
 } qd_dtype;
 
@@ -41,6 +45,9 @@ static inline uint16_t qd_f32_to_bf16(float f) {
 float qd_f16_to_f32(uint16_t h);
 uint16_t qd_f32_to_f16(float f);
 float qd_f8e4m3_to_f32(uint8_t v);
+/* FP4 E2M1 (the low 4 bits of v): sign, 2 exponent bits (bias 1), 1 mantissa bit; the
+ * values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. */
+float qd_e2m1_to_f32(uint8_t v);
 
 /* Converts n elements of `src` (dtype t) to float. */
 void qd_convert_to_f32(qd_dtype t, const void *src, float *dst, size_t n);

@@ -1,0 +1,71 @@
+/* Sizes and the exact dequantization of the canonical weight layouts (weight.h). */
+#include "base/weight.h"
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+size_t qd_weight_data_bytes(const qd_weight *w) {
+    const size_t n = (size_t)(w->rows * w->cols);
+    if (w->dtype == QD_DTYPE_NVFP4 || w->dtype == QD_DTYPE_INT4) return n / 2;
+    return n * qd_dtype_size(w->dtype);
+}
+
+size_t qd_weight_scale_bytes(const qd_weight *w) {
+    const qd_weight_scales *s = &w->scales;
+    if (!s->data || s->block_rows < 1 || s->block_cols < 1) return 0;
+    const size_t n = (size_t)(ceil_div(w->rows, s->block_rows) * ceil_div(w->cols, s->block_cols));
+    size_t b = n * qd_dtype_size(s->dtype);
+    if (s->zeros) b += n;
+    if (s->g_idx) b += (size_t)w->cols * sizeof(int32_t);
+    return b;
+}
+
+static float scale_at(const qd_weight_scales *s, int64_t i) {
+    switch (s->dtype) {
+    case QD_DTYPE_F32: return ((const float *)s->data)[i];
+    case QD_DTYPE_BF16: return qd_bf16_to_f32(((const uint16_t *)s->data)[i]);
+    case QD_DTYPE_F16: return qd_f16_to_f32(((const uint16_t *)s->data)[i]);
+    case QD_DTYPE_F8_E4M3: return qd_f8e4m3_to_f32(((const uint8_t *)s->data)[i]);
+    default: return 0.0f;
+    }
+}
+
+void qd_weight_dequant_rows(const qd_weight *w, int64_t r0, int64_t n, float *out) {
+    const int64_t C = w->cols;
+    const qd_weight_scales *s = &w->scales;
+    for (int64_t r = r0; r < r0 + n; r++) {
+        float *o = out + (size_t)(r - r0) * (size_t)C;
+        switch (w->dtype) {
+        case QD_DTYPE_F8_E4M3: {
+            const uint8_t *q = (const uint8_t *)w->data + (size_t)(r * C);
+            const int64_t sc = ceil_div(C, s->block_cols), sr = r / s->block_rows;
+            for (int64_t c = 0; c < C; c++) o[c] = qd_f8e4m3_to_f32(q[c]) * scale_at(s, sr * sc + c / s->block_cols);
+            break;
+        }
+        case QD_DTYPE_NVFP4: {
+            const uint8_t *q = (const uint8_t *)w->data + (size_t)(r * C / 2);
+            const int64_t sc = C / 16;
+            for (int64_t c = 0; c < C; c++) {
+                const uint8_t b = q[c / 2];
+                o[c] = qd_e2m1_to_f32(c % 2 ? (uint8_t)(b >> 4) : (uint8_t)(b & 15)) * scale_at(s, r * sc + c / 16) *
+                       s->global;
+            }
+            break;
+        }
+        case QD_DTYPE_INT4: {
+            const uint8_t *q = (const uint8_t *)w->data + (size_t)(r * C / 2);
+            const int64_t sc = ceil_div(C, s->block_cols);
+            for (int64_t c = 0; c < C; c++) {
+                const int64_t gi = (s->g_idx ? s->g_idx[c] : c / s->block_cols) + r * sc;
+                const uint8_t b = q[c / 2];
+                const int v = c % 2 ? b >> 4 : b & 15;
+                const int z = s->zeros ? s->zeros[gi] : 8;
+                o[c] = (float)(v - z) * scale_at(s, gi);
+            }
+            break;
+        }
+        default:
+            qd_convert_to_f32(w->dtype, (const unsigned char *)w->data + (size_t)(r * C) * qd_dtype_size(w->dtype), o,
+                              (size_t)C);
+        }
+    }
+}
