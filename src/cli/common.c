@@ -5,6 +5,7 @@
 #include "io/tokenizer.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -95,6 +96,10 @@ int cli_parse_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     }
     if (!strcmp(a, "--expert-parallel")) {
         o->expert_parallel = true;
+        return 1;
+    }
+    if (!strcmp(a, "--revision")) {
+        if (!(o->revision = cli_value(argc, argv, i))) return -1;
         return 1;
     }
     if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
@@ -201,19 +206,145 @@ char *cli_read_file(const char *path, size_t *len) {
 #ifndef QD_DEFAULT_MODEL_DIR
 #define QD_DEFAULT_MODEL_DIR "models/qdelta-tiny"
 #endif
+#ifndef QD_INSTALL_MODEL_DIR
+#define QD_INSTALL_MODEL_DIR "/usr/local/share/qdelta/models/qdelta-tiny"
+#endif
 
-bool cli_default_model(cli_model_opts *o) {
-    if (o->model_dir) return true;
+static bool is_dir(const char *path) {
     struct stat st;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", QD_DEFAULT_MODEL_DIR);
-    if (stat(path, &st) != 0) {
-        fprintf(stderr, "qdelta: no model given (-m DIR) and the embedded default model is not at %s\n",
-                QD_DEFAULT_MODEL_DIR);
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static bool has_config(const char *dir) {
+    char path[4200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    return stat(path, &st) == 0;
+}
+
+/* The directory of the running executable (from /proc/self/exe, so a moved or
+ * installed binary finds what lies beside it); false when unknown. */
+static bool exe_dir(char *out, size_t n) {
+    ssize_t len = readlink("/proc/self/exe", out, n - 1);
+    if (len <= 0 || (size_t)len >= n - 1) return false;
+    out[len] = '\0';
+    char *slash = strrchr(out, '/');
+    if (!slash) return false;
+    *slash = '\0';
+    return true;
+}
+
+void cli_hf_hub_cache(char *out, size_t n) {
+    const char *v;
+    if ((v = getenv("HF_HUB_CACHE")) && *v) snprintf(out, n, "%s", v);
+    else if ((v = getenv("HUGGINGFACE_HUB_CACHE")) && *v) snprintf(out, n, "%s", v); /* older name */
+    else if ((v = getenv("HF_HOME")) && *v) snprintf(out, n, "%s/hub", v);
+    else if ((v = getenv("XDG_CACHE_HOME")) && *v) snprintf(out, n, "%s/huggingface/hub", v);
+    else snprintf(out, n, "%s/.cache/huggingface/hub", (v = getenv("HOME")) && *v ? v : "");
+}
+
+/* ORG/NAME as the hub spells repository ids: two non-empty parts of [A-Za-z0-9._-],
+ * neither starting with '.' (so ./x and ../x stay paths). */
+static bool is_repo_id(const char *s) {
+    const char *slash = strchr(s, '/');
+    if (!slash || slash == s || !slash[1] || strchr(slash + 1, '/')) return false;
+    if (s[0] == '.' || slash[1] == '.') return false;
+    for (const char *p = s; *p; p++)
+        if (p != slash && !((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+                            *p == '.' || *p == '_' || *p == '-'))
+            return false;
+    return true;
+}
+
+/* A revision as a file name under refs/ or snapshots/: no "..", no leading '/'. */
+static bool safe_revision(const char *r) {
+    return r[0] && r[0] != '/' && !strstr(r, "..") && strlen(r) < 256;
+}
+
+/* The snapshot of repo id NAME at REV in the hub cache, laid out as huggingface_hub
+ * writes it: models--ORG--NAME/refs/REV holds a commit hash, snapshots/HASH/ the files
+ * (symlinks into blobs/); REV may also be a commit hash itself. */
+static bool hf_resolve(cli_model_opts *o, const char *name) {
+    const char *rev = o->revision ? o->revision : "main";
+    char hub[2048], repo[3072], path[3400];
+    cli_hf_hub_cache(hub, sizeof hub);
+    int k = snprintf(repo, sizeof repo, "%s/models--", hub);
+    for (const char *p = name; *p && k < (int)sizeof repo - 3; p++) {
+        if (*p == '/') { repo[k++] = '-'; repo[k++] = '-'; }
+        else repo[k++] = *p;
+    }
+    repo[k] = '\0';
+    if (!safe_revision(rev)) {
+        fprintf(stderr, "qdelta: --revision '%s' is not a branch, tag or commit name\n", rev);
         return false;
     }
-    o->model_dir = QD_DEFAULT_MODEL_DIR;
+    snprintf(path, sizeof path, "%s/snapshots/%s", repo, rev);
+    if (!is_dir(path)) {
+        char ref[3400];
+        snprintf(ref, sizeof ref, "%s/refs/%s", repo, rev);
+        FILE *f = fopen(ref, "r");
+        char hash[128] = "";
+        if (f) {
+            if (!fgets(hash, sizeof hash, f)) hash[0] = '\0';
+            fclose(f);
+            hash[strcspn(hash, " \t\r\n")] = '\0';
+        }
+        if (!f || !hash[0] || !safe_revision(hash)) {
+            fprintf(stderr,
+                    "qdelta: model '%s' is not a directory, and revision '%s' of it is not in the Hugging Face cache "
+                    "%s (no %s%s)\n"
+                    "  The cache is HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub. This build downloads "
+                    "nothing: fetch it first (e.g. `huggingface-cli download %s%s%s`) or pass its directory.\n",
+                    name, rev, hub, ref, f ? " holding a commit hash" : "", name, o->revision ? " --revision " : "",
+                    o->revision ? o->revision : "");
+            return false;
+        }
+        snprintf(path, sizeof path, "%s/snapshots/%s", repo, hash);
+        if (!is_dir(path)) {
+            fprintf(stderr, "qdelta: model '%s': %s names commit %s, but the cache has no %s (an interrupted download?)\n",
+                    name, ref, hash, path);
+            return false;
+        }
+    }
+    snprintf(o->resolved, sizeof o->resolved, "%s", path);
+    o->model_dir = o->resolved;
+    o->model_name = name;
     return true;
+}
+
+bool cli_default_model(cli_model_opts *o) {
+    if (o->model_dir) {
+        if (is_dir(o->model_dir) || !is_repo_id(o->model_dir)) {
+            if (o->revision) {
+                fprintf(stderr, "qdelta: --revision applies to a model name in the Hugging Face cache, "
+                                "and '%s' is a directory\n", o->model_dir);
+                return false;
+            }
+            return true; /* a path: used as it is (a missing one fails at load, naming it) */
+        }
+        return hf_resolve(o, o->model_dir);
+    }
+    /* the default model: installed (PREFIX/bin/qdelta -> PREFIX/share/qdelta/models), a
+     * build tree inside the source tree (build/qdelta -> models/), then the install
+     * prefix and the source tree this binary was compiled from */
+    char dir[4096], installed[4200] = "", build[4200] = "";
+    if (exe_dir(dir, sizeof dir)) {
+        snprintf(installed, sizeof installed, "%s/../share/qdelta/models/qdelta-tiny", dir);
+        snprintf(build, sizeof build, "%s/../models/qdelta-tiny", dir);
+    }
+    const char *cand[4] = {installed, build, QD_INSTALL_MODEL_DIR, QD_DEFAULT_MODEL_DIR};
+    for (int i = 0; i < 4; i++) {
+        if (!cand[i][0] || !has_config(cand[i])) continue;
+        /* without the "..": it names the model in messages and the served model id */
+        if (!realpath(cand[i], o->resolved)) snprintf(o->resolved, sizeof o->resolved, "%s", cand[i]);
+        o->model_dir = o->resolved;
+        return true;
+    }
+    fprintf(stderr, "qdelta: no model given (-m DIR or -m ORG/NAME) and the embedded default model is in none of:");
+    for (int i = 0; i < 4; i++)
+        if (cand[i][0]) fprintf(stderr, " %s", cand[i]);
+    fprintf(stderr, "\n");
+    return false;
 }
 
 int cli_load_tokenizer(const char *dir, qd_tokenizer **out) {
