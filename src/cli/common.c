@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include "io/safetensors.h"
 #include "io/tokenizer.h"
 
 #include <errno.h>
@@ -109,13 +110,95 @@ int cli_parse_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     return 0;
 }
 
+/* The fraction callback of qd_model_load: after the shards are read (below), what is
+ * left is binding (and, on a GPU, uploading) the weights; the bar's line is cleared at 1. */
 static void progress_bar(float f, void *user) {
     (void)user;
     if (!isatty(STDERR_FILENO)) return;
-    int w = 30, n = (int)(f * w + 0.5f);
-    fprintf(stderr, "\rloading [%.*s%*s] %3d%%", n, "##############################", w - n, "", (int)(f * 100 + 0.5f));
     if (f >= 1.0f) fputs("\r\033[K", stderr);
+    else fputs("\rloading weights...", stderr);
     fflush(stderr);
+}
+
+static void fmt_bytes(double b, char *buf, size_t n) {
+    if (b >= 1e9) snprintf(buf, n, "%.2f GB", b / 1e9);
+    else if (b >= 1e6) snprintf(buf, n, "%.1f MB", b / 1e6);
+    else snprintf(buf, n, "%.0f kB", b / 1e3);
+}
+
+typedef struct read_progress {
+    double t0, last;
+    bool tty;
+} read_progress;
+
+/* Reading the shards: a bar redrawn at most 10 times a second on a terminal, else one
+ * line per shard (logs of a service or CI). Rate and ETA from the bytes read so far. */
+static void read_progress_cb(const qd_st_progress *p, void *user) {
+    read_progress *r = user;
+    const double now = cli_now(), dt = now - r->t0;
+    const bool end = p->shard_finished && p->shard == p->n_shards;
+    if (r->tty && !end && now - r->last < 0.1) return;
+    if (!r->tty && !p->shard_finished) return;
+    r->last = now;
+    const double rate = dt > 0 ? (double)p->bytes_done / dt : 0;
+    const double eta = rate > 0 ? (double)(p->bytes_total - p->bytes_done) / rate : 0;
+    char done[32], total[32], rt[32];
+    fmt_bytes((double)p->bytes_done, done, sizeof done);
+    fmt_bytes((double)p->bytes_total, total, sizeof total);
+    fmt_bytes(rate, rt, sizeof rt);
+    const double f = p->bytes_total ? (double)p->bytes_done / (double)p->bytes_total : 1.0;
+    if (r->tty) {
+        const int w = 30, n = (int)(f * w + 0.5);
+        fprintf(stderr, "\rloading [%.*s%*s] %3d%%  %s / %s  shard %d/%d  %s/s  ETA %.0f s\033[K", n,
+                "##############################", w - n, "", (int)(f * 100 + 0.5), done, total, p->shard, p->n_shards, rt, eta);
+        if (end) fputc('\n', stderr);
+    } else {
+        fprintf(stderr, "loading: shard %d/%d read, %s of %s (%d%%), %s/s, ETA %.0f s\n", p->shard, p->n_shards, done,
+                total, (int)(f * 100 + 0.5), rt, eta);
+    }
+    fflush(stderr);
+}
+
+/* MemAvailable in bytes (0 when unknown). */
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* Reads the checkpoint's shards up front with a progress display, when the load is long
+ * enough to want one (several shards, or 1 GB and more). The library's own mapping then
+ * finds the pages resident. Skipped when the files do not fit in the memory available
+ * (they would be read twice); a checkpoint that cannot be opened is left to
+ * qd_model_load, which names the problem. */
+static void read_shards(const cli_model_opts *o) {
+    qd_safetensors *st = NULL;
+    qd_err err;
+    qd_err_clear(&err);
+    if (qd_st_open_dir(o->model_dir, &st, &err) != QD_OK) return;
+    const uint64_t total = qd_st_total_bytes(st);
+    const int n = qd_st_file_count(st);
+    if (n > 1 || total >= 1000000000ull) {
+        const uint64_t avail = mem_available();
+        if (avail && total > avail / 10 * 8) {
+            char t[32];
+            fmt_bytes((double)total, t, sizeof t);
+            fprintf(stderr, "loading: %d shards, %s (more than the memory available: read as the weights are used)\n", n, t);
+        } else {
+            read_progress r = {.t0 = cli_now(), .tty = isatty(STDERR_FILENO)};
+            if (qd_st_prefetch(st, 0, read_progress_cb, &r, &err) == QD_OK && !r.tty) {
+                char t[32];
+                fmt_bytes((double)total, t, sizeof t);
+                fprintf(stderr, "loading: %d shard%s, %s read in %.1f s\n", n, n == 1 ? "" : "s", t, cli_now() - r.t0);
+            }
+        }
+    }
+    qd_st_close(st);
 }
 
 qd_model *cli_load_model(const cli_model_opts *o) {
@@ -123,6 +206,7 @@ qd_model *cli_load_model(const cli_model_opts *o) {
         fprintf(stderr, "qdelta: no model given (use -m DIR)\n");
         return NULL;
     }
+    if (!o->quiet && o->load_format == QD_LOAD_AUTO) read_shards(o);
     qd_model_params mp = qd_model_default_params();
     mp.path = o->model_dir;
     mp.load_format = o->load_format;
