@@ -12,7 +12,7 @@
 #include "cli/common.h"
 #include "server/server.h"
 #ifdef QD_HAVE_CUDA
-#include "backend/cuda/cuda_gdn.h" /* qd_cuda_mem_info */
+#include "backend/cuda/cuda_gdn.h" /* qd_cuda_mem_info, qd_cuda_device_info */
 #endif
 
 static void usage(FILE *f) {
@@ -152,7 +152,14 @@ static void print_banner(const srv_server *s, const cli_model_opts *mo, bool pre
     human(kv_pool_bytes(s->model, p), kv, sizeof kv);
     human(p->prefix_cache_bytes, pc, sizeof pc);
     char backend[64];
-    if (mo->backend == QD_BACKEND_CUDA) snprintf(backend, sizeof backend, "cuda");
+    if (mo->backend == QD_BACKEND_CUDA) {
+        snprintf(backend, sizeof backend, "cuda");
+#ifdef QD_HAVE_CUDA
+        char dev[48];
+        int sms = 0;
+        if (qd_cuda_device_info(dev, sizeof dev, &sms) == QD_OK) snprintf(backend, sizeof backend, "cuda (%s)", dev);
+#endif
+    }
     else snprintf(backend, sizeof backend, "cpu, %d threads", mo->threads > 0 ? mo->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
     char prefix[160];
     if (p->prefix_cache_bytes == 0) snprintf(prefix, sizeof prefix, "off");
