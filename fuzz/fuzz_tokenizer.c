@@ -1,9 +1,11 @@
 /* libFuzzer target for the tokenizer: encode arbitrary bytes with the real
  * Qwen3 tokenizer, decode, stream-decode, and check the round trip.
  *
- * The tokenizer is read once from $QD_TOKENIZER, else
- * ../shared/data/qwen3-tokenizer/tokenizer.json (relative to the cwd); when
- * neither can be loaded every input is accepted without testing.
+ * The tokenizer is read once from $QD_TOKENIZER, else from the repository's
+ * tests/data/qwen3-tokenizer/tokenizer.json, found through the source directory
+ * compiled in (QD_SOURCE_DIR), so the harness works from any working directory.
+ * When it cannot be loaded the harness exits non-zero at once: a fuzzer that
+ * accepted every input untested would report success while covering nothing.
  *
  * Checked for every input: encode succeeds; every id is in range; decode
  * succeeds and is valid UTF-8; the streaming detokenizer emits only complete
@@ -20,8 +22,11 @@
 
 #include "io/tokenizer.h"
 
+#ifndef QD_SOURCE_DIR
+#define QD_SOURCE_DIR "."
+#endif
+
 static qd_tokenizer *g_tok;
-static int g_tried;
 
 /* NFC, normalizing around U+11A7 separately (utf8proc 2.8 wrongly composes
  * LV + U+11A7; the tokenizer avoids that the same way). */
@@ -51,15 +56,21 @@ static void fail(const char *what) {
     abort();
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (!g_tried) {
-        g_tried = 1;
-        const char *p = getenv("QD_TOKENIZER");
-        qd_err err = {0};
-        if (qd_tokenizer_load(p ? p : "../shared/data/qwen3-tokenizer/tokenizer.json", &g_tok, &err) != QD_OK)
-            fprintf(stderr, "fuzz_tokenizer: no tokenizer (%s); inputs are not tested\n", err.msg);
+/* Called by libFuzzer once before any input. */
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    const char *p = getenv("QD_TOKENIZER");
+    if (!p) p = QD_SOURCE_DIR "/tests/data/qwen3-tokenizer/tokenizer.json";
+    qd_err err = {0};
+    if (qd_tokenizer_load(p, &g_tok, &err) != QD_OK) {
+        fprintf(stderr, "fuzz_tokenizer: cannot load the tokenizer %s: %s\n", p, err.msg);
+        exit(1);
     }
-    if (!g_tok) return 0;
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     qd_err err = {0};
     int32_t *ids = NULL;
     size_t n = 0;

@@ -54,7 +54,9 @@ start() {
 
 KEY=test-key-123
 printf '%s\n' "$KEY" > "$T/api.key"   # the key from a file (--api-key-file), trailing newline dropped
-start A --api-key-file "$T/api.key" --max-model-len 512 --max-num-seqs 16
+# A, F and G run with the prefix cache off (on by default) as their checks assume: the
+# soak's RSS bound, queue and invariance counts without snapshots
+start A --api-key-file "$T/api.key" --max-model-len 512 --max-num-seqs 16 --no-prefix-cache
 start B --chat-template tests/data/chat_template/qwen3_5.jinja --max-model-len 1024 --max-num-seqs 4 \
   --prefix-cache-memory 67108864
 A="http://127.0.0.1:$PORT_A"
@@ -102,7 +104,7 @@ h2=$(pc_hits)
 check "grep -q 'chat.completion' $T/turn2 && [ \"\${h0%.*}\" = \"\${h1%.*}\" ] && [ \$(( \${h2%.*} - \${h1%.*} )) -ge 20 ]" "prefix cache: a chat's second turn hits the first turn's history ($h0 -> $h1 -> $h2)"
 
 # queue full: one running sequence and one waiting place, eight long requests at once
-start F --max-num-seqs 1 --max-waiting 1
+start F --max-num-seqs 1 --max-waiting 1 --no-prefix-cache
 CURLS=()
 for i in 1 2 3 4 5 6 7 8; do
   curl -s -m 120 -o /dev/null -w '%{http_code}\n' -d '{"prompt":"Once","max_tokens":300,"ignore_eos":true}' \
@@ -119,7 +121,7 @@ check "[ $rcF = 0 ]" "server F exits 0 on SIGTERM"
 # 64-aligned pieces under a 128-token step budget) return exactly their solo tokens, through
 # the forward's argmax and (not under ASan, for time) through the sampler (bench/invariance.py
 # compares id for id)
-start G --batch-invariant --max-batch-tokens 128 --max-model-len 1024 --max-num-seqs 16
+start G --batch-invariant --max-batch-tokens 128 --max-model-len 1024 --max-num-seqs 16 --no-prefix-cache
 for tl in 0 $([ $ASAN = 1 ] || echo 2); do
   if python3 bench/invariance.py --url "http://127.0.0.1:$PORT_G" --requests 16 --prompt-len 1..300 --max-tokens 4..16 \
        --top-logprobs $tl --label "tiny, batch-invariant" >"$T/inv.$tl" 2>&1 && grep -q "ok=1" "$T/inv.$tl"; then ok
@@ -128,6 +130,30 @@ done
 kill -TERM "$PID_G"
 rcG=0; wait "$PID_G" || rcG=$?
 check "[ $rcG = 0 ]" "server G exits 0 on SIGTERM"
+
+# ------------------------------------------------------------ defaults, banner, help
+# the banner: printed once when ready, naming the URL, the model, the backend, the memory
+# plan and the prefix cache
+check "[ \$(grep -c 'ready on http://127.0.0.1:$PORT_A\$' $T/A.err) = 1 ] && grep -q '^  model      \"qdelta-tiny\" (qwen3_next, ' $T/A.err && grep -q '^  backend    cpu, [0-9]* threads, API key required' $T/A.err && grep -q '^  memory     weights .*, GDN state .* (16 seqs), KV cache .* (512 tokens each)' $T/A.err && grep -q '^  prefix cache off' $T/A.err" "banner of A ($(cat "$T/A.err"))"
+check "grep -q '^  prefix cache on, 64.0 MiB\$' $T/B.err" "banner of B: the prefix cache budget given ($(grep 'prefix cache' "$T/B.err"))"
+# the prefix cache is on by default, with a budget from the memory left, and it hits
+start H --max-model-len 512 --max-num-seqs 2
+H="http://127.0.0.1:$PORT_H"
+check "grep -q '^  prefix cache on, .* (from the memory left; --no-prefix-cache turns it off)' $T/H.err" "default: prefix cache on ($(grep 'prefix cache' "$T/H.err"))"
+for k in 1 2; do curl -s -m 60 -d '{"prompt":"The quick brown fox jumps over the lazy dog, and then","max_tokens":2,"temperature":0}' $H/v1/completions >/dev/null; done
+check "curl -s -m 10 $H/metrics | grep -q '^qdelta_prefix_cache_hit_tokens_total [1-9]'" "default: the second identical prompt hits the prefix cache"
+# roles: only the OpenAI API's; any other is a 400 naming it
+check "[ \$(curl -s -m 30 -o $T/body -w '%{http_code}' -d '{\"messages\":[{\"role\":\"wizard\",\"content\":\"hi\"}],\"max_tokens\":2}' $H/v1/chat/completions) = 400 ] && grep -q \"role 'wizard' is not one of system, developer, user, assistant, tool\" $T/body" "unknown role -> 400 naming it ($(cat "$T/body"))"
+check "[ \$(curl -s -m 30 -o $T/body -w '%{http_code}' -d '{\"messages\":[{\"role\":\"developer\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2}' $H/v1/chat/completions) = 200 ]" "developer role accepted ($(cat "$T/body"))"
+# a model name other than the served one: 404 saying which one is served, as --help says
+check "[ \$(curl -s -m 30 -o $T/body -w '%{http_code}' -d '{\"model\":\"default\",\"prompt\":\"x\",\"max_tokens\":1}' $H/v1/completions) = 404 ] && grep -q 'this server serves .qdelta-tiny.' $T/body" "wrong model -> 404 naming the served one ($(cat "$T/body"))"
+check "[ \$(curl -s -m 30 -o /dev/null -w '%{http_code}' -d '{\"model\":\"qdelta-tiny\",\"prompt\":\"x\",\"max_tokens\":1}' $H/v1/completions) = 200 ]" "the served model name -> 200"
+kill -TERM "$PID_H"
+rcH=0; wait "$PID_H" || rcH=$?
+check "[ $rcH = 0 ]" "server H exits 0 on SIGTERM"
+"$Q" serve --help > "$T/help"
+check "grep -q 'A request.s' $T/help && grep -q '\"model\" must be this id or be left out' $T/help && grep -q 'qdelta-tiny for the default model' $T/help" "serve --help says which model names requests may use"
+check "grep -q -- '--no-prefix-cache' $T/help && grep -q 'On by default' $T/help" "serve --help documents the prefix cache default"
 
 # ------------------------------------------------------------ the openai client suite
 if python3 tests/test_server.py --url "$A" --api-key "$KEY" --tools-url "$B" --pid "$PID_A" --soak "$SOAK" \

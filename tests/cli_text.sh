@@ -15,8 +15,8 @@ for c in logits run chat bench tokenize detokenize render-chat; do
   check "'$Q' $c --help >/dev/null" "$c --help"
 done
 
-# tokenizer round trip through the CLI (Qwen3 tokenizer shipped in ../shared)
-QT=../shared/data/qwen3-tokenizer
+# tokenizer round trip through the CLI (the Qwen3 tokenizer in tests/data; ctest runs from the root)
+QT=tests/data/qwen3-tokenizer
 printf 'Hello, world! ça va? 数学 😀\n  indented\tcode() <|im_start|>user\n' > "$T/a.txt"
 printf 'second file' > "$T/b.txt"
 check "[ \$('$Q' tokenize -m $QT $T/a.txt $T/b.txt | wc -l) -eq 2 ]" "tokenize prints one line per file"

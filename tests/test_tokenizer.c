@@ -2,9 +2,9 @@
  * (tools/gen_tokenizer_cases.py), decode round trips, the streaming
  * detokenizer, API edge cases and error messages.
  *
- * Run from the repository root. The real Qwen3 tokenizer is expected at
- * ../shared/data/qwen3-tokenizer/ (override with QD_TOKENIZER_DIR); if it is
- * missing the test fails and says where it looked. */
+ * Run from the repository root (ctest does). The real Qwen3 tokenizer ships in
+ * tests/data/qwen3-tokenizer/; if it is missing the test fails and says where
+ * it looked. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -446,14 +446,13 @@ static void run_tokenizer(const char *name, const char *json, const char *cases,
 }
 
 int main(void) {
-    const char *dir = getenv("QD_TOKENIZER_DIR");
-    if (!dir) dir = "../shared/data/qwen3-tokenizer";
+    const char *dir = "tests/data/qwen3-tokenizer";
     char json[1024];
     snprintf(json, sizeof json, "%s/tokenizer.json", dir);
     FILE *f = fopen(json, "r");
     if (!f) {
         fprintf(stderr, "test_tokenizer: the Qwen3 tokenizer is missing: cannot open %s "
-                        "(run from the repository root, or set QD_TOKENIZER_DIR)\n", json);
+                        "(run from the repository root)\n", json);
         CHECK(f != NULL);
     } else {
         fclose(f);

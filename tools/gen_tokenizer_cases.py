@@ -4,7 +4,7 @@
     python3 tools/gen_tokenizer_cases.py TOKENIZER_JSON OUT_CASES [--seed N] [--count N] [--max-cases N]
 
 The committed files were made with (tokenizers 0.23.3):
-    ... ../shared/data/qwen3-tokenizer/tokenizer.json tests/data/tokenizer/qwen3_cases.txt
+    ... tests/data/qwen3-tokenizer/tokenizer.json tests/data/tokenizer/qwen3_cases.txt
     ... tests/data/qwen35-tokenizer/tokenizer.json tests/data/tokenizer/qwen35_cases.txt --seed 35
     ... tests/data/tokenizer/flags/tokenizer.json tests/data/tokenizer/flags_cases.txt --seed 7 --max-cases 2000
 Other modes:

@@ -11,7 +11,7 @@
 #include "cli/common.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: qdelta bench -m DIR [--backend cpu|cuda] [--load-format auto|dummy|dummy-f32] [-t N]\n"
+    fprintf(f, "usage: qdelta bench [-m DIR] [--backend cpu|cuda] [--load-format auto|dummy|dummy-f32] [-t N]\n"
                "                    [--tensor-parallel-size N] [--expert-parallel]\n"
                "                    [--prefill 512,4096] [--decode N] [--batch B] [--context T]\n"
                "                    [--batch-invariant]\n"
@@ -21,6 +21,7 @@ static void usage(FILE *f) {
                "  With --tensor-parallel-size N on CUDA it also reports the device time of the last\n"
                "  step's all-reduces (rank 0, waiting for the other ranks included).\n"
                "  --batch-invariant measures the batch-invariant mode (docs/batch-invariance.md).\n"
+               "  Without -m it measures the embedded default model.\n"
                CLI_MODEL_OPTS_HELP);
 }
 
@@ -98,7 +99,7 @@ int qd_cmd_bench(int argc, char **argv) {
             batch_invariant = 1;
         } else { fprintf(stderr, "qdelta bench: unknown option '%s'\n", argv[i]); usage(stderr); return 2; }
     }
-    if (!mo.model_dir) { usage(stderr); return 2; }
+    if (!cli_default_model(&mo)) return 2;
     double t0 = cli_now();
     qd_model *m = cli_load_model(&mo);
     if (!m) return 1;

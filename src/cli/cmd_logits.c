@@ -8,7 +8,7 @@
 #include "cli/common.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: qdelta logits -m DIR --ids FILE -o OUT.f32 [options]\n"
+    fprintf(f, "usage: qdelta logits [-m DIR] --ids FILE -o OUT.f32 [options]\n"
                "  Runs one prefill over the token ids in FILE (whitespace-separated) and writes the\n"
                "  logits of every position to OUT.f32: n_ids x vocab_size little-endian float32.\n"
                CLI_MODEL_OPTS_HELP);
@@ -26,7 +26,8 @@ int qd_cmd_logits(int argc, char **argv) {
         else if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--out")) { if (!(out_path = cli_value(argc, argv, &i))) return 2; }
         else { fprintf(stderr, "qdelta logits: unknown option '%s'\n", argv[i]); usage(stderr); return 2; }
     }
-    if (!ids_path || !out_path || !mo.model_dir) { usage(stderr); return 2; }
+    if (!ids_path || !out_path) { usage(stderr); return 2; }
+    if (!cli_default_model(&mo)) return 2;
     char *text = cli_read_file(ids_path, NULL);
     if (!text) return 1;
     int32_t *ids;

@@ -6,13 +6,17 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "server/server.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_gdn.h" /* qd_cuda_mem_info, qd_cuda_device_info */
+#endif
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: qdelta serve [-m DIR] [options]\n"
+    fprintf(f, "usage: qdelta serve [-m DIR|ORG/NAME] [options]\n"
                "  OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions,\n"
                "  GET /v1/models, GET /health, GET /metrics. Without -m it serves the embedded\n"
                "  default model. SIGINT/SIGTERM shut it down gracefully.\n"
@@ -21,7 +25,10 @@ static void usage(FILE *f) {
                "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/*\n"
                "  --api-key-file FILE       the same, the key read from FILE's first line\n"
                "                            (keeps the key out of the process list)\n"
-               "  --served-model-name NAME  model id in the API (default: the directory name)\n"
+               "  --served-model-name NAME  the model id of the API (GET /v1/models). A request's\n"
+               "                            \"model\" must be this id or be left out; any other name\n"
+               "                            gets 404. Default: the ORG/NAME given to -m, else the\n"
+               "                            directory's name (qdelta-tiny for the default model)\n"
                "  --chat-template FILE      Jinja chat template overriding the checkpoint's\n"
                "  --max-num-seqs N          sequences running at once (default 16)\n"
                "  --max-model-len N         prompt + completion tokens (default: the model's\n"
@@ -30,8 +37,11 @@ static void usage(FILE *f) {
                "  --kv-block-size N         tokens per KV block (default: the engine's)\n"
                "  --max-waiting N           queued requests before 503 (default 256)\n"
                "  --prefix-cache-memory B   bytes for the prefix cache (GDN state snapshots and\n"
-               "                            the KV blocks they keep); 0 = off (default). With\n"
-               "                            --backend cuda the snapshots are GPU memory\n"
+               "                            the KV blocks they keep). On by default, with a budget\n"
+               "                            from the memory left after the model and the KV cache\n"
+               "                            (the banner prints it); its outputs are those without\n"
+               "                            it. With --backend cuda the snapshots are GPU memory\n"
+               "  --no-prefix-cache         turn the prefix cache off (same as --prefix-cache-memory 0)\n"
                "  --prefix-cache-host-memory B  host memory for snapshots moved out of a full\n"
                "                            prefix cache (restored from there); 0 = none (default)\n"
                "  --prefix-snapshot-interval N  also snapshot every N prompt tokens (default 512)\n"
@@ -72,6 +82,100 @@ static int parse_int_opt(int argc, char **argv, int *i, long min, long max, int 
     return 0;
 }
 
+/* MemAvailable of /proc/meminfo in bytes (0 when unreadable). */
+static size_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (size_t)kb * 1024;
+}
+
+/* The engine's context as planned for these parameters: a GDN state per sequence and
+ * the KV pool (by default enough for every sequence at max_model_len). */
+static size_t planned_bytes(const qd_model *m, const qd_engine_params *p) {
+    const size_t block = p->kv_block_size > 0 ? (size_t)p->kv_block_size : 16;
+    const size_t blocks = p->n_kv_blocks > 0 ? (size_t)p->n_kv_blocks
+                                             : (size_t)p->max_num_seqs * (((size_t)p->max_model_len + block - 1) / block);
+    return (size_t)qd_model_state_bytes(m) * (size_t)p->max_num_seqs +
+           blocks * block * (size_t)qd_model_kv_bytes_per_token(m);
+}
+
+static size_t kv_pool_bytes(const qd_model *m, const qd_engine_params *p) {
+    return planned_bytes(m, p) - (size_t)qd_model_state_bytes(m) * (size_t)p->max_num_seqs;
+}
+
+/* The prefix cache's budget when none was given: a share of the memory left once the
+ * model is loaded and the context is planned. The cache is exact (outputs are those
+ * without it), so the only cost is memory; half of what is left on a GPU (its slots are
+ * taken at start), a quarter of the host's available memory on the CPU (pages are
+ * committed only as snapshots are taken), each capped, and 0 when nothing is left. */
+static size_t auto_prefix_budget(const qd_model *m, const cli_model_opts *mo, const qd_engine_params *p) {
+    const size_t planned = planned_bytes(m, p);
+    size_t left = 0, cap = (size_t)4 << 30, share = 4;
+#ifdef QD_HAVE_CUDA
+    if (mo->backend == QD_BACKEND_CUDA) {
+        size_t fr = 0, total = 0;
+        if (qd_cuda_mem_info(&fr, &total) != QD_OK) return 0;
+        /* beside the plan: the forward's scratch and cuBLAS workspaces, a few percent */
+        const size_t reserve = total / 16;
+        left = fr > planned + reserve ? fr - planned - reserve : 0;
+        cap = (size_t)32 << 30;
+        share = 2;
+    } else
+#endif
+    {
+        (void)mo;
+        const size_t avail = mem_available();
+        left = avail > planned ? avail - planned : 0;
+    }
+    size_t b = left / share;
+    return b > cap ? cap : b;
+}
+
+static void human(size_t bytes, char *buf, size_t n) {
+    if (bytes >= ((size_t)1 << 30)) snprintf(buf, n, "%.1f GiB", (double)bytes / (1 << 30));
+    else if (bytes >= ((size_t)1 << 20)) snprintf(buf, n, "%.1f MiB", (double)bytes / (1 << 20));
+    else snprintf(buf, n, "%.1f KiB", (double)bytes / 1024);
+}
+
+/* One block on stderr once the server is ready: where, what, on what, in how much memory. */
+static void print_banner(const srv_server *s, const cli_model_opts *mo, bool prefix_auto) {
+    const srv_config *c = &s->cfg;
+    const qd_engine_params *p = &c->engine;
+    char w[32], st[32], kv[32], pc[32];
+    human((size_t)qd_model_weight_bytes(s->model), w, sizeof w);
+    human((size_t)qd_model_state_bytes(s->model) * (size_t)p->max_num_seqs, st, sizeof st);
+    human(kv_pool_bytes(s->model, p), kv, sizeof kv);
+    human(p->prefix_cache_bytes, pc, sizeof pc);
+    char backend[64];
+    if (mo->backend == QD_BACKEND_CUDA) {
+        snprintf(backend, sizeof backend, "cuda");
+#ifdef QD_HAVE_CUDA
+        char dev[48];
+        int sms = 0;
+        if (qd_cuda_device_info(dev, sizeof dev, &sms) == QD_OK) snprintf(backend, sizeof backend, "cuda (%s)", dev);
+#endif
+    }
+    else snprintf(backend, sizeof backend, "cpu, %d threads", mo->threads > 0 ? mo->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
+    char prefix[160];
+    if (p->prefix_cache_bytes == 0) snprintf(prefix, sizeof prefix, "off");
+    else snprintf(prefix, sizeof prefix, "on, %s%s%s", pc, prefix_auto ? " (from the memory left; --no-prefix-cache turns it off)" : "",
+                  p->prefix_cache_host_bytes ? " + host tier" : "");
+    fprintf(stderr,
+            "qdelta serve: ready on http://%s:%d\n"
+            "  model      \"%s\" (%s, %s)\n"
+            "  backend    %s%s%s\n"
+            "  memory     weights %s, GDN state %s (%d seqs), KV cache %s (%d tokens each)\n"
+            "  prefix cache %s\n",
+            c->host, c->port, c->model_name, qd_model_type(s->model), mo->model_dir, backend,
+            c->api_key ? ", API key required" : "", p->batch_invariant ? ", batch-invariant" : "", w, st,
+            p->max_num_seqs, kv, p->max_model_len, prefix);
+}
+
 int qd_cmd_serve(int argc, char **argv) {
     cli_model_opts mo = {0};
     srv_server s;
@@ -83,6 +187,7 @@ int qd_cmd_serve(int argc, char **argv) {
     c->http_threads = 1;
     c->max_connections = 4096;
     int max_body = 4 << 20;
+    bool prefix_auto = true; /* no --prefix-cache-memory / --no-prefix-cache: a budget from memory left */
     c->engine = qd_engine_default_params();
     c->engine.max_num_seqs = 16;
     c->engine.max_model_len = 0;
@@ -119,6 +224,11 @@ int qd_cmd_serve(int argc, char **argv) {
             long n;
             bad = !v || cli_int(a, v, 0, LONG_MAX, &n);
             if (!bad) c->engine.prefix_cache_bytes = (size_t)n;
+            prefix_auto = false;
+        }
+        else if (!strcmp(a, "--no-prefix-cache")) {
+            c->engine.prefix_cache_bytes = 0;
+            prefix_auto = false;
         }
         else if (!strcmp(a, "--prefix-cache-host-memory")) {
             const char *v = cli_value(argc, argv, &i);
@@ -137,7 +247,7 @@ int qd_cmd_serve(int argc, char **argv) {
     c->max_body = (size_t)max_body;
     if (!cli_default_model(&mo)) { free(api_key_buf); return 2; }
     c->model_dir = mo.model_dir;
-    if (!c->model_name) c->model_name = base_name(mo.model_dir);
+    if (!c->model_name) c->model_name = mo.model_name ? mo.model_name : base_name(mo.model_dir);
     if (!c->engine.max_model_len) {
         int m = model_max_len(mo.model_dir);
         c->engine.max_model_len = m > 0 && m < 4096 ? m : 4096;
@@ -179,14 +289,20 @@ int qd_cmd_serve(int argc, char **argv) {
     s.think_end = qd_tokenizer_token_to_id(s.tok, "</think>");
     s.n_eos = qd_model_eos_ids(s.model, &s.eos);
     s.gen_defaults = qd_model_generation_defaults(s.model);
-    if (qd_engine_create(s.model, &c->engine, &s.engine, &err) != QD_OK) {
-        fprintf(stderr, "qdelta serve: engine: %s\n", err.msg);
-        goto done;
+    if (prefix_auto) c->engine.prefix_cache_bytes = auto_prefix_budget(s.model, &mo, &c->engine);
+    for (;;) {
+        if (qd_engine_create(s.model, &c->engine, &s.engine, &err) == QD_OK) break;
+        /* the automatic budget is an estimate: a GPU context that does not fit with it
+         * is tried again with a smaller one, then without the cache */
+        if (!prefix_auto || c->engine.prefix_cache_bytes == 0) {
+            fprintf(stderr, "qdelta serve: engine: %s\n", err.msg);
+            goto done;
+        }
+        c->engine.prefix_cache_bytes = c->engine.prefix_cache_bytes >= ((size_t)64 << 20) ? c->engine.prefix_cache_bytes / 2 : 0;
+        qd_err_clear(&err);
     }
     if (srv_start(&s)) goto done;
-    fprintf(stderr, "qdelta serve: %s (%s) on http://%s:%d  max-num-seqs %d, max-model-len %d%s%s\n", c->model_name,
-            qd_model_type(s.model), c->host, c->port, c->engine.max_num_seqs, c->engine.max_model_len,
-            c->api_key ? ", API key required" : "", c->engine.batch_invariant ? ", batch-invariant" : "");
+    print_banner(&s, &mo, prefix_auto);
     /* tests and scripts read the port from this line when they pass --port 0 */
     printf("listening on http://%s:%d\n", c->host, c->port);
     fflush(stdout);

@@ -7,17 +7,19 @@
 #include "cli/common.h"
 
 int qd_cmd_tokenize(int argc, char **argv) {
-    const char *dir = NULL;
+    const char *dir = NULL, *rev = NULL;
     int first_file = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: qdelta tokenize -m DIR FILE...\n"
+            printf("usage: qdelta tokenize [-m DIR|ORG/NAME [--revision REV]] FILE...\n"
                    "  Encodes each file's whole content (no special tokens added; special tokens in\n"
                    "  the text are matched) and prints one line per file: the ids separated by spaces.\n");
             return 0;
         }
         if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
             if (!(dir = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(argv[i], "--revision")) {
+            if (!(rev = cli_value(argc, argv, &i))) return 2;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "qdelta tokenize: unknown option '%s'\n", argv[i]);
             return 2;
@@ -25,14 +27,14 @@ int qd_cmd_tokenize(int argc, char **argv) {
             first_file = i;
         }
     }
-    cli_model_opts mo = {.model_dir = dir};
+    cli_model_opts mo = {.model_dir = dir, .revision = rev};
     if (!cli_default_model(&mo)) return 2;
     if (!first_file) { fprintf(stderr, "qdelta tokenize: no input files\n"); return 2; }
     qd_tokenizer *tok;
     if (cli_load_tokenizer(mo.model_dir, &tok)) return 1;
     int rc = 0;
     for (int i = first_file; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) { i++; continue; }
+        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model") || !strcmp(argv[i], "--revision")) { i++; continue; }
         size_t len;
         char *text = cli_read_file(argv[i], &len);
         int32_t *ids = NULL;
@@ -48,17 +50,19 @@ int qd_cmd_tokenize(int argc, char **argv) {
 }
 
 int qd_cmd_detokenize(int argc, char **argv) {
-    const char *dir = NULL, *file = NULL;
+    const char *dir = NULL, *rev = NULL, *file = NULL;
     int skip_special = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: qdelta detokenize -m DIR [--skip-special] [FILE]\n"
+            printf("usage: qdelta detokenize [-m DIR|ORG/NAME [--revision REV]] [--skip-special] [FILE]\n"
                    "  Reads token ids (whitespace-separated) from FILE or standard input and prints\n"
                    "  the decoded text exactly (no added newline).\n");
             return 0;
         }
         if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
             if (!(dir = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(argv[i], "--revision")) {
+            if (!(rev = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(argv[i], "--skip-special")) {
             skip_special = 1;
         } else if (argv[i][0] == '-' && argv[i][1]) {
@@ -68,7 +72,7 @@ int qd_cmd_detokenize(int argc, char **argv) {
             file = argv[i];
         }
     }
-    cli_model_opts mo = {.model_dir = dir};
+    cli_model_opts mo = {.model_dir = dir, .revision = rev};
     if (!cli_default_model(&mo)) return 2;
     char *text = cli_read_file(file ? file : "/dev/stdin", NULL);
     if (!text) return 1;
@@ -96,16 +100,18 @@ int qd_cmd_detokenize(int argc, char **argv) {
 }
 
 int qd_cmd_render_chat(int argc, char **argv) {
-    const char *dir = NULL, *req = NULL;
+    const char *dir = NULL, *rev = NULL, *req = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: qdelta render-chat -m DIR --request REQ.json\n"
+            printf("usage: qdelta render-chat [-m DIR|ORG/NAME [--revision REV]] --request REQ.json\n"
                    "  REQ.json holds `messages` and optionally `tools`, `add_generation_prompt`,\n"
                    "  `enable_thinking`; prints the prompt the model's chat template renders, exactly.\n");
             return 0;
         }
         if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
             if (!(dir = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(argv[i], "--revision")) {
+            if (!(rev = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(argv[i], "--request")) {
             if (!(req = cli_value(argc, argv, &i))) return 2;
         } else {
@@ -113,7 +119,7 @@ int qd_cmd_render_chat(int argc, char **argv) {
             return 2;
         }
     }
-    cli_model_opts mo = {.model_dir = dir};
+    cli_model_opts mo = {.model_dir = dir, .revision = rev};
     if (!cli_default_model(&mo)) return 2;
     if (!req) { fprintf(stderr, "qdelta render-chat: --request REQ.json is required\n"); return 2; }
     char *json = cli_read_file(req, NULL);

@@ -18,10 +18,18 @@ typedef struct cli_model_opts {
     bool quiet;                 /* no progress bar */
     int tensor_parallel_size;   /* --tensor-parallel-size N (0/1: not split) */
     bool expert_parallel;       /* --expert-parallel */
+    const char *revision;       /* --revision: branch, tag or commit of a model name (HF cache) */
+    const char *model_name;     /* set by cli_default_model: the org/name given to -m when it was
+                                 * found in the Hugging Face cache, else NULL */
+    char resolved[4096];        /* storage for model_dir once resolved */
 } cli_model_opts;
 
 /* One help line for the options above beyond -m (every model-running command prints it). */
 #define CLI_MODEL_OPTS_HELP                                                                          \
+    "  -m DIR|ORG/NAME  a checkpoint directory, or a model name found in the local Hugging Face\n"   \
+    "                   cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub;\n"     \
+    "                   nothing is downloaded); --revision REV picks its branch, tag or commit\n"    \
+    "                   (default main). Without -m: the embedded default model\n"                    \
     "  --load-format auto|dummy, --backend cpu|cuda, -t N threads, -q quiet\n"                      \
     "  --tensor-parallel-size N  split the model over N ranks (CUDA: N GPUs, or GPU 0 when only one\n" \
     "                            is visible; CPU: in process, for checks); --expert-parallel: MoE\n"   \
@@ -46,9 +54,15 @@ char *cli_read_file(const char *path, size_t *len);
 
 double cli_now(void);
 
-/* Fills o->model_dir with the embedded default model when -m was not given.
- * Returns false (message printed) when there is none. */
+/* Resolves -m: without it, the embedded default model (installed beside the executable,
+ * in the build's source tree, or where it was compiled); a path that exists is used as
+ * it is; an ORG/NAME that is not a path is looked up in the local Hugging Face cache at
+ * o->revision (default main). Returns false (message printed) when there is no model. */
 bool cli_default_model(cli_model_opts *o);
+
+/* The Hugging Face hub cache directory, resolved as huggingface_hub does: HF_HUB_CACHE,
+ * else HF_HOME/hub, else XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub. */
+void cli_hf_hub_cache(char *out, size_t n);
 
 struct qd_tokenizer;
 /* Loads DIR/tokenizer.json (and tokenizer_config.json). 0 or -1 (message printed). */

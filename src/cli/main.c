@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "qdelta.h"
+#include "qd_git_version.h" /* QD_GIT_COMMIT, generated in the build directory */
 
 typedef struct {
     const char *name;
@@ -39,7 +40,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("qdelta %s\n", QDELTA_VERSION);
+        printf("qdelta %s (commit %s)\n", QDELTA_VERSION, QD_GIT_COMMIT);
         return 0;
     }
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)

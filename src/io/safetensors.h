@@ -43,4 +43,23 @@ const qd_st_tensor *qd_st_find(const qd_safetensors *st, const char *name);
 /* The file a tensor came from (for messages). */
 const char *qd_st_file_name(const qd_safetensors *st, int file_index);
 
+/* Where qd_st_prefetch is, after each chunk it read: bytes of all shards and of the
+ * shards done, the shard being read (1-based), and whether this call ended it. */
+typedef struct qd_st_progress {
+    uint64_t bytes_done, bytes_total;
+    int shard, n_shards;
+    int shard_finished;
+} qd_st_progress;
+typedef void (*qd_st_progress_fn)(const qd_st_progress *p, void *user);
+
+int qd_st_file_count(const qd_safetensors *st);
+/* Bytes of all the files (shards) mapped. */
+uint64_t qd_st_total_bytes(const qd_safetensors *st);
+/* Reads every mapped shard once, in order, so that its pages are resident (in the page
+ * cache, for this and any later mapping of the files), calling fn (if non-NULL) after
+ * each chunk of `chunk` bytes (0: 64 MiB) and at the end of each shard. Loading a
+ * multi-gigabyte checkpoint is this reading; doing it up front lets a caller show it.
+ * The library prints nothing itself. */
+qd_status qd_st_prefetch(const qd_safetensors *st, size_t chunk, qd_st_progress_fn fn, void *user, qd_err *err);
+
 #endif

@@ -79,7 +79,8 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
     if (model && !json_is_null(model)) {
         if (!json_is_string(model)) return srv_fail(e, 400, "invalid_request_error", "model", "'model' must be a string");
         if (strcmp(json_string_value(model), s->cfg.model_name) != 0) {
-            srv_fail(e, 404, "NotFoundError", "model", "The model `%s` does not exist.", json_string_value(model));
+            srv_fail(e, 404, "NotFoundError", "model", "The model `%.200s` does not exist; this server serves `%s`.",
+                     json_string_value(model), s->cfg.model_name);
             e->code = "model_not_found";
             return -1;
         }

@@ -22,6 +22,13 @@ static int check_messages(json_t *msgs, srv_error *e) {
         json_t *role = json_object_get(m, "role");
         if (!json_is_string(role))
             return srv_fail(e, 400, "invalid_request_error", "messages", "messages[%zu].role must be a string", i);
+        /* The roles of the OpenAI API. Templates pass an unknown role through as text
+         * ("<|im_start|>wizard"), which the model never saw in training: refuse it. */
+        const char *r = json_string_value(role);
+        if (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && strcmp(r, "assistant") &&
+            strcmp(r, "tool"))
+            return srv_fail(e, 400, "invalid_request_error", "messages",
+                            "messages[%zu].role '%.64s' is not one of system, developer, user, assistant, tool", i, r);
         json_t *c = json_object_get(m, "content");
         if (c && !json_is_null(c) && !json_is_string(c) && !json_is_array(c))
             return srv_fail(e, 400, "invalid_request_error", "messages",
