@@ -124,6 +124,14 @@ int64_t qd_model_kv_bytes_per_token(const qd_model *model);
  * the denominator of a decode roofline. */
 qd_status qd_backend_copy_gbps(qd_backend_kind kind, size_t bytes, int n_threads, double *gbps, char *err,
                                size_t err_size);
+/* The device a backend's contexts take their memory from, as it is now. */
+typedef struct qd_device_info {
+    char name[128];           /* "NVIDIA H200", "host memory" */
+    size_t free_bytes, total_bytes;
+    int commits_lazily;       /* memory a context asks for is committed only as it is first
+                               * written (host pages): a large budget costs address space */
+} qd_device_info;
+qd_status qd_backend_device_info(qd_backend_kind kind, qd_device_info *out, char *err, size_t err_size);
 /* All-reduce timing of a split model (benchmarks): contexts created after this with on
  * record the device time of each all-reduce; QD_ERR_UNSUPPORTED for a model whose backend
  * has no all-reduces (an unsplit model, a split model on the CPU). */

@@ -183,6 +183,8 @@ struct qd_backend_ops {
     /* Copy bandwidth of the memory weights stream from (GB/s, read + write), best of
      * several copies of `bytes`. */
     qd_status (*copy_gbps)(size_t bytes, int n_threads, double *gbps, qd_err *err);
+    /* The device the contexts take memory from: its name, free and total bytes. */
+    qd_status (*device_info)(qd_device_info *out, qd_err *err);
 
     qd_status (*model_create)(const qd_backend_model_desc *d, void **out, qd_err *err);
     void (*model_free)(void *bm);

@@ -11,9 +11,6 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "server/server.h"
-#ifdef QD_HAVE_CUDA
-#include "backend/cuda/cuda_gdn.h" /* qd_cuda_mem_info, qd_cuda_device_info */
-#endif
 
 static void usage(FILE *f) {
     fprintf(f, "usage: qdelta serve [-m DIR|ORG/NAME] [options]\n"
@@ -83,17 +80,6 @@ static int parse_int_opt(int argc, char **argv, int *i, long min, long max, int 
 }
 
 /* MemAvailable of /proc/meminfo in bytes (0 when unreadable). */
-static size_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (size_t)kb * 1024;
-}
-
 /* The engine's context as planned for these parameters: a GDN state per sequence and
  * the KV pool (by default enough for every sequence at max_model_len). */
 static size_t planned_bytes(const qd_model *m, const qd_engine_params *p) {
@@ -115,23 +101,14 @@ static size_t kv_pool_bytes(const qd_model *m, const qd_engine_params *p) {
  * committed only as snapshots are taken), each capped, and 0 when nothing is left. */
 static size_t auto_prefix_budget(const qd_model *m, const cli_model_opts *mo, const qd_engine_params *p) {
     const size_t planned = planned_bytes(m, p);
-    size_t left = 0, cap = (size_t)4 << 30, share = 4;
-#ifdef QD_HAVE_CUDA
-    if (mo->backend == QD_BACKEND_CUDA) {
-        size_t fr = 0, total = 0;
-        if (qd_cuda_mem_info(&fr, &total) != QD_OK) return 0;
-        /* beside the plan: the forward's scratch and cuBLAS workspaces, a few percent */
-        const size_t reserve = total / 16;
-        left = fr > planned + reserve ? fr - planned - reserve : 0;
-        cap = (size_t)32 << 30;
-        share = 2;
-    } else
-#endif
-    {
-        (void)mo;
-        const size_t avail = mem_available();
-        left = avail > planned ? avail - planned : 0;
-    }
+    qd_device_info di;
+    if (qd_backend_device_info(mo->backend, &di, NULL, 0) != QD_OK) return 0;
+    /* slots taken at start (device memory): half of what is left beside the plan, less the
+     * forward's scratch and library workspaces (a few percent); committed as written (host
+     * pages): a quarter */
+    const size_t reserve = di.commits_lazily ? 0 : di.total_bytes / 16;
+    const size_t cap = di.commits_lazily ? (size_t)4 << 30 : (size_t)32 << 30, share = di.commits_lazily ? 4 : 2;
+    const size_t left = di.free_bytes > planned + reserve ? di.free_bytes - planned - reserve : 0;
     size_t b = left / share;
     return b > cap ? cap : b;
 }
@@ -151,16 +128,16 @@ static void print_banner(const srv_server *s, const cli_model_opts *mo, bool pre
     human((size_t)qd_model_state_bytes(s->model) * (size_t)p->max_num_seqs, st, sizeof st);
     human(kv_pool_bytes(s->model, p), kv, sizeof kv);
     human(p->prefix_cache_bytes, pc, sizeof pc);
-    char backend[64];
-    if (mo->backend == QD_BACKEND_CUDA) {
-        snprintf(backend, sizeof backend, "cuda");
-#ifdef QD_HAVE_CUDA
-        char dev[48];
-        int sms = 0;
-        if (qd_cuda_device_info(dev, sizeof dev, &sms) == QD_OK) snprintf(backend, sizeof backend, "cuda (%s)", dev);
-#endif
+    char backend[64], device[256] = "";
+    qd_device_info di;
+    const int threads = mo->threads > 0 ? mo->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(backend, sizeof backend, "%s, %d threads", qd_backend_name(mo->backend), threads);
+    if (qd_backend_device_info(mo->backend, &di, NULL, 0) == QD_OK) {
+        char fr[32], tot[32];
+        human(di.free_bytes, fr, sizeof fr);
+        human(di.total_bytes, tot, sizeof tot);
+        snprintf(device, sizeof device, "  device     %s, %s free of %s\n", di.name, fr, tot);
     }
-    else snprintf(backend, sizeof backend, "cpu, %d threads", mo->threads > 0 ? mo->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
     char prefix[160];
     if (p->prefix_cache_bytes == 0) snprintf(prefix, sizeof prefix, "off");
     else snprintf(prefix, sizeof prefix, "on, %s%s%s", pc, prefix_auto ? " (from the memory left; --no-prefix-cache turns it off)" : "",
@@ -169,10 +146,11 @@ static void print_banner(const srv_server *s, const cli_model_opts *mo, bool pre
             "qdelta serve: ready on http://%s:%d\n"
             "  model      \"%s\" (%s, %s)\n"
             "  backend    %s%s%s\n"
+            "%s"
             "  memory     weights %s, GDN state %s (%d seqs), KV cache %s (%d tokens each)\n"
             "  prefix cache %s\n",
             c->host, c->port, c->model_name, qd_model_type(s->model), mo->model_dir, backend,
-            c->api_key ? ", API key required" : "", p->batch_invariant ? ", batch-invariant" : "", w, st,
+            c->api_key ? ", API key required" : "", p->batch_invariant ? ", batch-invariant" : "", device, w, st,
             p->max_num_seqs, kv, p->max_model_len, prefix);
 }
 

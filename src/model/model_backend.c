@@ -108,6 +108,16 @@ qd_status qd_backend_copy_gbps(qd_backend_kind kind, size_t bytes, int n_threads
     return s;
 }
 
+qd_status qd_backend_device_info(qd_backend_kind kind, qd_device_info *out, char *errbuf, size_t err_size) {
+    qd_err err;
+    qd_err_clear(&err);
+    memset(out, 0, sizeof *out);
+    const qd_backend_ops *ops = qd_backend_find(kind, false, &err);
+    qd_status s = ops ? ops->device_info(out, &err) : err.status;
+    if (s != QD_OK && errbuf && err_size) snprintf(errbuf, err_size, "%s", err.msg);
+    return s;
+}
+
 qd_status qd_model_set_comm_timing(qd_model *m, int on) {
     if (!m->ops->set_comm_timing)
         return qd_seterr(&m->err, QD_ERR_UNSUPPORTED, "all-reduce timing: the %s backend has no all-reduces",

@@ -1,6 +1,7 @@
 /* The CPU backend's model and context (cpu_backend.h): the weights are used as bound;
  * the context's state, KV contents, snapshot slots and scratch are host allocations made
  * at creation. Its operations are plain copies. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -197,10 +198,27 @@ static qd_status cpu_copy_gbps(size_t bytes, int n_threads, double *gbps, qd_err
     return QD_OK;
 }
 
+static qd_status cpu_device_info(qd_device_info *out, qd_err *err) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "host memory");
+    out->commits_lazily = 1;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return qd_seterr(err, QD_ERR_IO, "cannot read /proc/meminfo");
+    char line[256];
+    unsigned long long kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) out->free_bytes = (size_t)kb * 1024;
+        else if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) out->total_bytes = (size_t)kb * 1024;
+    }
+    fclose(f);
+    return QD_OK;
+}
+
 const qd_backend_ops qd_cpu_ops = {
     .name = "CPU",
     .kv_elem_bytes = 4,
     .copy_gbps = cpu_copy_gbps,
+    .device_info = cpu_device_info,
     .model_create = cpu_model_create,
     .model_free = cpu_model_free,
     .ctx_create = cpu_ctx_create,

@@ -1,6 +1,8 @@
 /* The CUDA backend's table (backend.h): weights uploaded as bf16 at model creation
  * (cuda_model.c), contexts planned in one device block (cuda_context.c), the forward
  * (cuda_forward.c). */
+#include <string.h>
+
 #include "backend/cuda/cuda_model.h"
 
 static qd_status cuda_copy_gbps(size_t bytes, int n_threads, double *gbps, qd_err *err) {
@@ -10,12 +12,22 @@ static qd_status cuda_copy_gbps(size_t bytes, int n_threads, double *gbps, qd_er
     return QD_OK;
 }
 
+static qd_status cuda_device_info(qd_device_info *out, qd_err *err) {
+    memset(out, 0, sizeof *out);
+    int sms = 0;
+    qd_status s = qd_cuda_device_info(out->name, sizeof out->name, &sms);
+    if (s == QD_OK) s = qd_cuda_mem_info(&out->free_bytes, &out->total_bytes);
+    if (s != QD_OK) return qd_seterr(err, s, "querying the CUDA device: %s", qd_cuda_last_error());
+    return QD_OK;
+}
+
 const qd_backend_ops qd_cuda_ops = {
     .name = "CUDA",
     .kv_elem_bytes = 2,
     .copies_weights = true,
     .draws_dummy_weights = true,
     .copy_gbps = cuda_copy_gbps,
+    .device_info = cuda_device_info,
     .model_create = qd_cuda_model_create,
     .model_free = qd_cuda_model_free,
     .ctx_create = qd_cuda_ctx_create,
