@@ -1134,7 +1134,7 @@ static int at_cpu_common(const op_data *d, float *out, int block_row) {
     float *kc = xmalloc(4 * nc), *vc = xmalloc(4 * nc), *q = NULL, *gate = NULL;
     at_paged(d, &g, block_row, kc, vc);
     float scale = 1.0f;
-    if (block_row) { /* the layer's prep as src/layers/attention.c composes the CPU ops */
+    if (block_row) { /* the layer's prep as src/backend/cpu/cpu_layer_attn.c composes the CPU ops */
         q = xmalloc(4 * (size_t)g.n * g.nq * g.hd);
         gate = xmalloc(4 * (size_t)g.n * g.nq * g.hd);
         for (size_t r = 0; r < (size_t)g.n * g.nq; r++) {

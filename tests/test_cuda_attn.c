@@ -1,5 +1,5 @@
 /* CUDA gated-attention kernels (qd_cuda_attn_prep + qd_cuda_attn) against the
- * CPU reference of src/layers/attention.c: qd_cpu_rmsnorm (zero-centred, w
+ * CPU reference of src/backend/cpu/cpu_layer_attn.c: qd_cpu_rmsnorm (zero-centred, w
  * offset 1), qd_cpu_rope_neox, qd_cpu_attention, sigmoid gate. Fresh random
  * inputs from a printed seed; awkward ragged batches: spans of 1, 5, 16, 63,
  * 64, 65, 200 rows at aligned and unaligned start positions, decode-only,
@@ -167,7 +167,7 @@ static void run_case(qd_threadpool *pool, qd_test_rng *rng, const shape_def *c, 
         knw[i] = 0.5f + 0.3f * qd_test_normal(rng);
     }
 
-    /* CPU reference: split, norms, rope (as src/layers/attention.c) */
+    /* CPU reference: split, norms, rope (as src/backend/cpu/cpu_layer_attn.c) */
     for (int r = 0; r < n_rows; r++)
         for (int h = 0; h < nq; h++) {
             const float *src = qg + ((size_t)r * nq + h) * qw;

@@ -1,7 +1,7 @@
 /* CUDA MoE kernels (router and routed experts) against a CPU reference, on
  * fresh random inputs (seed printed; QD_TEST_SEED replays it).
  *
- * Router: the CPU router of src/layers/moe.c (qd_moe_route_token), in fp32;
+ * Router: the CPU router of src/backend/cpu/cpu_layer_moe.c (qd_moe_route_token), in fp32;
  * logits are multiples of 1/64, so distinct logits give clearly distinct
  * probabilities and equal logits give bit-equal ones: the selection must
  * match exactly, ties included (many copied logits, one all-equal row).

@@ -54,6 +54,12 @@ qd_status qd_split_snap_save(void *bc, int seq, int slot);
 qd_status qd_split_snap_load(void *bc, int seq, int slot);
 qd_status qd_split_snap_read(void *bc, int slot, void *dst);
 
+/* The state entries of a split backend's table. */
+#define QD_SPLIT_STATE_OPS                                                                                    \
+    .state_bytes = qd_split_state_bytes, .state_read = qd_split_state_read, .state_write = qd_split_state_write, \
+    .state_copy = qd_split_state_copy, .kv_copy_block = qd_split_kv_copy_block, .snap_save = qd_split_snap_save,  \
+    .snap_load = qd_split_snap_load, .snap_read = qd_split_snap_read
+
 /* The rank backend contexts of a split context (tests look into them). */
 static inline void *qd_split_rank_ctx(void *bc, int r) { return ((qd_split_ctx *)bc)->ranks[r]; }
 

@@ -87,20 +87,12 @@ static qd_status forward(void *bc, const qd_step *st, const qd_logit_out *out) {
 static const qd_backend_ops split_cpu_ops = {
     .name = "CPU",
     .kv_elem_bytes = 4,
-    .copy_gbps = NULL,
     .model_create = model_create,
     .model_free = model_free,
     .ctx_create = ctx_create,
     .ctx_free = ctx_free,
     .forward = forward,
-    .state_bytes = qd_split_state_bytes,
-    .state_read = qd_split_state_read,
-    .state_write = qd_split_state_write,
-    .state_copy = qd_split_state_copy,
-    .kv_copy_block = qd_split_kv_copy_block,
-    .snap_save = qd_split_snap_save,
-    .snap_load = qd_split_snap_load,
-    .snap_read = qd_split_snap_read,
+    QD_SPLIT_STATE_OPS,
 };
 
 const qd_backend_ops *qd_backend_split_cpu(qd_err *err) {

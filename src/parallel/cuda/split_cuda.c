@@ -369,21 +369,11 @@ static const qd_backend_ops split_cuda_ops = {
     .ctx_create = ctx_create,
     .ctx_free = ctx_free,
     .forward = forward,
-    .state_bytes = qd_split_state_bytes,
-    .state_read = qd_split_state_read,
-    .state_write = qd_split_state_write,
-    .state_copy = qd_split_state_copy,
-    .kv_copy_block = qd_split_kv_copy_block,
-    .snap_save = qd_split_snap_save,
-    .snap_load = qd_split_snap_load,
-    .snap_read = qd_split_snap_read,
+    QD_SPLIT_STATE_OPS,
     .comm_time = comm_time,
 };
 
 const qd_backend_ops *qd_backend_split_cuda(qd_err *err) {
-    if (qd_cuda_device_count() == 0) {
-        qd_seterr(err, QD_ERR_BACKEND, "--backend cuda: no CUDA device found (no GPU or no driver)");
-        return NULL;
-    }
-    return &split_cuda_ops;
+    /* the ranks' backend must be there (a device found) */
+    return qd_backend_cuda(err) ? &split_cuda_ops : NULL;
 }
