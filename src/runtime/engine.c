@@ -272,6 +272,27 @@ static qd_status validate_submit(qd_engine *e, const int32_t *prompt, int n_prom
         if (prompt[i] < 0 || prompt[i] >= e->vocab)
             return qd_seterr(err, QD_ERR_INVALID_ARG, "prompt token id %d at position %d is out of range [0, %d)",
                              prompt[i], i, e->vocab);
+    if (rp->min_tokens < 0 || rp->min_tokens > rp->max_tokens)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "min_tokens %d is not in [0, max_tokens %d]", rp->min_tokens,
+                         rp->max_tokens);
+    if (rp->n_stop_token_ids < 0 || rp->n_stop_token_ids > QD_MAX_STOP_TOKEN_IDS)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "%d stop token ids (at most %d)", rp->n_stop_token_ids,
+                         QD_MAX_STOP_TOKEN_IDS);
+    for (int i = 0; i < rp->n_stop_token_ids; i++)
+        if (rp->stop_token_ids[i] < 0 || rp->stop_token_ids[i] >= e->vocab)
+            return qd_seterr(err, QD_ERR_INVALID_ARG, "stop token id %d is out of range [0, %d)", rp->stop_token_ids[i],
+                             e->vocab);
+    if (rp->n_logit_bias < 0 || rp->n_logit_bias > QD_MAX_LOGIT_BIAS)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "%d logit_bias entries (at most %d)", rp->n_logit_bias,
+                         QD_MAX_LOGIT_BIAS);
+    for (int i = 0; i < rp->n_logit_bias; i++) {
+        const qd_logit_bias *b = &rp->logit_bias[i];
+        if (b->id < 0 || b->id >= e->vocab)
+            return qd_seterr(err, QD_ERR_INVALID_ARG, "logit_bias token id %d is out of range [0, %d)", b->id, e->vocab);
+        if (!(b->bias >= -100.0f && b->bias <= 100.0f))
+            return qd_seterr(err, QD_ERR_INVALID_ARG, "logit_bias of token %d is %g, not in [-100, 100]", b->id,
+                             (double)b->bias);
+    }
     if ((int64_t)n_prompt + rp->max_tokens > e->params.max_model_len)
         return qd_seterr(err, QD_ERR_CAPACITY, "prompt of %d tokens + max_tokens %d exceeds max_model_len %d", n_prompt,
                          rp->max_tokens, e->params.max_model_len);

@@ -54,6 +54,15 @@ typedef struct qd_engine_params {
 
 qd_engine_params qd_engine_default_params(void);
 
+/* Bounds of the per-request token lists (OpenAI allows 300 logit_bias entries). */
+#define QD_MAX_LOGIT_BIAS 300
+#define QD_MAX_STOP_TOKEN_IDS 64
+
+typedef struct qd_logit_bias {
+    int32_t id;   /* [0, vocab) */
+    float bias;   /* added to the raw logit before sampling; [-100, 100] */
+} qd_logit_bias;
+
 typedef struct qd_request_params {
     qd_sampling_params sampling;
     int max_tokens;           /* >= 1 */
@@ -64,6 +73,17 @@ typedef struct qd_request_params {
      * generation prompt differently (e.g. without its <think> opener), so that is the
      * deepest position the next turn is sure to share. */
     int snapshot_at;
+    /* Generated tokens before which the EOS ids and stop_token_ids cannot be sampled
+     * (their logits are -inf until then); [0, max_tokens]. */
+    int min_tokens;
+    /* More ids that end the request like EOS (finish EOS; the token is reported), even
+     * with ignore_eos: the caller asked for them by id. */
+    int n_stop_token_ids;
+    int32_t stop_token_ids[QD_MAX_STOP_TOKEN_IDS];
+    /* Added to the logits before penalties and sampling (OpenAI logit_bias); the
+     * reported logprobs are of the biased logits (the distribution sampled from). */
+    int n_logit_bias;
+    qd_logit_bias logit_bias[QD_MAX_LOGIT_BIAS];
 } qd_request_params;
 
 typedef enum qd_finish_reason {

@@ -322,19 +322,40 @@ static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
 
 /* After a sampled token: the finish reason it causes, if any. */
 static qd_finish_reason finish_after(const qd_engine *e, const qd_request *r, int32_t tok) {
-    if (!r->params.ignore_eos)
-        for (int i = 0; i < e->n_eos; i++)
-            if (tok == e->eos[i]) return QD_FINISH_EOS;
+    const int generated = r->n_tokens - r->n_prompt; /* tok included */
+    if (generated > r->params.min_tokens) {
+        if (!r->params.ignore_eos)
+            for (int i = 0; i < e->n_eos; i++)
+                if (tok == e->eos[i]) return QD_FINISH_EOS;
+        for (int i = 0; i < r->params.n_stop_token_ids; i++)
+            if (tok == r->params.stop_token_ids[i]) return QD_FINISH_EOS;
+    }
     if (r->n_tokens - r->n_prompt >= r->params.max_tokens || r->n_tokens >= e->params.max_model_len)
         return QD_FINISH_LENGTH;
     return QD_FINISH_NONE;
 }
 
+/* min_tokens not reached yet: the EOS ids and stop token ids are masked out of the
+ * next token's row. */
+static int needs_eos_mask(const qd_engine *e, const qd_request *r) {
+    return r->n_tokens - r->n_prompt < r->params.min_tokens && (e->n_eos > 0 || r->params.n_stop_token_ids > 0);
+}
+
+/* The request's own edits of its logits row before the sampler: logit_bias, then the
+ * min_tokens mask (which wins: a bias cannot bring EOS back early). */
+static void edit_row(const qd_engine *e, const qd_request *r, float *row) {
+    for (int i = 0; i < r->params.n_logit_bias; i++) row[r->params.logit_bias[i].id] += r->params.logit_bias[i].bias;
+    if (!needs_eos_mask(e, r)) return;
+    for (int i = 0; i < e->n_eos; i++) row[e->eos[i]] = -INFINITY;
+    for (int i = 0; i < r->params.n_stop_token_ids; i++) row[r->params.stop_token_ids[i]] = -INFINITY;
+}
+
 /* A request whose next token is the argmax of its raw logits over its vocabulary
  * bound: greedy, no penalty, no alternatives to report (the sampler would pick that
  * token and report its raw log-softmax, both of which the forward computes). */
-static int greedy_only(const qd_request *r) {
+static int greedy_only(const qd_engine *e, const qd_request *r) {
     const qd_sampling_params *p = qd_sampler_params(r->sampler);
+    if (r->params.n_logit_bias > 0 || needs_eos_mask(e, r)) return 0; /* the row is edited first */
     return p->temperature < QD_SAMPLER_GREEDY_EPS && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
            p->frequency_penalty == 0.0f && p->n_logprobs == 0;
 }
@@ -353,7 +374,7 @@ static qd_status step_forward(qd_engine *e, int n_spans) {
         const qd_request *r = e->span_req[i];
         const int l = qd_sampler_params(r->sampler)->vocab_limit;
         const int bound = l > 0 ? l : e->vocab;
-        int full = !greedy_only(r);
+        int full = !greedy_only(e, r);
         if (!full && limit == 0) limit = bound;
         else if (!full && bound != limit) full = 1;
         e->full[row++] = (uint8_t)full;
@@ -367,7 +388,11 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row) {
     qd_err err = {0};
     qd_sample_result res = {.token = e->greedy_ids[row], .logprob = e->greedy_lps[row]};
     qd_status st;
-    if (e->full[row]) st = qd_sampler_sample(r->sampler, e->logits + (size_t)row * e->vocab, &res, &err);
+    if (e->full[row]) {
+        float *lr = e->logits + (size_t)row * e->vocab;
+        edit_row(e, r, lr);
+        st = qd_sampler_sample(r->sampler, lr, &res, &err);
+    }
     /* NaN, +inf or all -inf in the row: the sampler refuses those, so does this path */
     else if (isnan(res.logprob))
         st = qd_seterr(&err, QD_ERR_INVALID_ARG, "the logits row is not finite (argmax %d)", res.token);
