@@ -143,7 +143,8 @@ try:
     cdp.js("document.getElementById('stop').click()")
     cdp.wait("document.querySelectorAll('.msg.assistant .stats').length === 2", 30, "the stopped reply")
     stats2 = cdp.js("document.querySelectorAll('.msg.assistant .stats')[1].textContent")
-    check("stopped" in stats2, f"the stop button ended the reply: {stats2!r}")
+    check("stopped" in stats2, f"the stop button ended the reply: {stats2!r} "
+          f"({cdp.js('document.querySelectorAll(`.msg.assistant .body`)[1].textContent')!r})")
 
     # thinking on (the Qwen3.5 template opens <think>): the reasoning arrives folded
     cdp.js("document.getElementById('opts').value = '{\"max_tokens\": 24, \"temperature\": 0}';"
@@ -151,11 +152,11 @@ try:
            "document.getElementById('input').value = 'What is two plus two?';"
            "document.getElementById('form').requestSubmit()")
     cdp.wait("document.querySelectorAll('.msg.assistant .stats').length === 3", 60, "the thinking reply")
-    check(cdp.js("document.querySelectorAll('.msg.assistant')[2].querySelectorAll('details').length") == 1,
-          "thinking: the reasoning is in a <details> fold")
-    check(cdp.js("!document.querySelectorAll('.msg.assistant')[2].querySelector('details').open"), "thinking: folded")
-    check(len(cdp.js("document.querySelectorAll('.msg.assistant')[2].querySelector('.reasoning').textContent")) > 0,
-          "thinking: the reasoning text is there")
+    third = "document.querySelectorAll('.msg.assistant')[2]"
+    if check(cdp.js(third + ".querySelectorAll('details').length") == 1,
+             f"thinking: the reasoning is in a <details> fold ({cdp.js(third + '.textContent')!r})"):
+        check(cdp.js("!" + third + ".querySelector('details').open"), "thinking: folded")
+        check(len(cdp.js(third + ".querySelector('.reasoning').textContent")) > 0, "thinking: the reasoning text is there")
 
     shot = cdp.call("Page.captureScreenshot", format="png")
     os.makedirs(os.path.dirname(os.path.abspath(args.screenshot)), exist_ok=True)
