@@ -8,4 +8,7 @@ Q="$1"
 . "$(dirname "$0")/server_lib.sh"
 start A --api-key anth-key-1 --max-model-len 512 --max-num-seqs 4
 start B --chat-template tests/data/chat_template/qwen3_5.jinja --max-model-len 1024 --max-num-seqs 4
-python3 tests/test_anthropic.py --url "http://127.0.0.1:$PORT_A" --api-key anth-key-1 --tools-url "http://127.0.0.1:$PORT_B"
+rc=0
+python3 tests/test_anthropic.py --url "http://127.0.0.1:$PORT_A" --api-key anth-key-1 --tools-url "http://127.0.0.1:$PORT_B" || rc=1
+stop_servers || rc=1
+exit $rc

@@ -13,4 +13,7 @@ fi
 . "$(dirname "$0")/server_lib.sh"
 start A --chat-template tests/data/chat_template/qwen3_5.jinja --max-model-len 4096 --max-num-seqs 2
 SHOT="$(cd "$(dirname "$Q")" && pwd)/Testing/Temporary/chat_page.png"
-python3 tests/test_chat_page.py --url "http://127.0.0.1:$PORT_A" --chromium "$CHROMIUM" --model qdelta-tiny --screenshot "$SHOT"
+rc=0
+python3 tests/test_chat_page.py --url "http://127.0.0.1:$PORT_A" --chromium "$CHROMIUM" --model qdelta-tiny --screenshot "$SHOT" || rc=1
+stop_servers || rc=1
+exit $rc

@@ -6,4 +6,7 @@ set -u
 Q="$1"
 . "$(dirname "$0")/server_lib.sh"
 start A --max-model-len 512 --max-num-seqs 4
-python3 tests/test_openai_fields.py --url "http://127.0.0.1:$PORT_A"
+rc=0
+python3 tests/test_openai_fields.py --url "http://127.0.0.1:$PORT_A" || rc=1
+stop_servers || rc=1
+exit $rc
