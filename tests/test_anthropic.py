@@ -247,6 +247,9 @@ expect_error(lambda: create(A, model=MODEL, max_tokens=4, messages=HELLO, top_p=
              ["top_p"], "top_p out of range")
 expect_error(lambda: create(A, model=MODEL, max_tokens=4, messages=HELLO, tools=[{"name": "f"}]),
              anthropic.BadRequestError, 400, ["tools[0]", "input_schema"], "tool without input_schema")
+expect_error(lambda: create(A, model=MODEL, max_tokens=4, messages=HELLO,
+                            tools=[{"name": "a<b>", "input_schema": {"type": "object"}}]),
+             anthropic.BadRequestError, 400, ["tools[0]", "name"], "tool name with characters outside [A-Za-z0-9_-]")
 expect_error(lambda: create(A, model=MODEL, max_tokens=4, messages=HELLO, tools=TOOLS,
                                        tool_choice={"type": "tool", "name": "other"}),
              anthropic.BadRequestError, 400, ["other"], "tool_choice names an unknown tool")

@@ -186,6 +186,17 @@ static json_t *convert_messages(json_t *req, srv_error *e) {
     return out;
 }
 
+/* Anthropic's rule for tool names, which also keeps a name safe to write into the
+ * prompt (force_tool_prefix). */
+static int valid_tool_name(json_t *name) {
+    const char *s = json_string_value(name);
+    size_t n = s ? strlen(s) : 0;
+    if (n < 1 || n > 128) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-') return 0;
+    return 1;
+}
+
 /* tools [{name, description, input_schema}] -> OpenAI function tools. */
 static json_t *convert_tools(json_t *tools, srv_error *e) {
     if (!json_is_array(tools)) { BAD(e, "tools", "'tools' must be an array"); return NULL; }
@@ -199,7 +210,7 @@ static json_t *convert_tools(json_t *tools, srv_error *e) {
         const char *err = NULL;
         if (!json_is_object(t)) err = "must be an object";
         else if (ty && strcmp(ty, "custom")) err = "is a server tool type this server does not run (only custom tools)";
-        else if (!json_is_string(name) || !json_string_length(name)) err = "needs a non-empty string 'name'";
+        else if (!valid_tool_name(name)) err = "needs a 'name' of 1 to 128 letters, digits, '_' or '-'";
         else if (desc && !json_is_string(desc)) err = "has a 'description' that is not a string";
         else if (!json_is_object(schema)) err = "needs an object 'input_schema'";
         if (err) {
@@ -346,7 +357,7 @@ static int render(srv_server *s, json_t *req, srv_gen *g, rendered *out, srv_err
     size_t n = out->len;
     while (n && isspace((unsigned char)out->text[n - 1])) n--;
     out->opens_think = n >= 7 && !memcmp(out->text + n - 7, "<think>", 7);
-    char prefix[256] = "";
+    char prefix[320] = ""; /* the longest opening with a 128-byte name fits */
     if (choice >= CHOICE_ANY) {
         force_tool_prefix(choice, tool_name, out->text, prefix, sizeof prefix);
         size_t pl = strlen(prefix);
