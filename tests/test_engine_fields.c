@@ -161,6 +161,84 @@ static void check_model(qd_model *m, const char *dir, qd_test_rng *rng) {
     qd_engine_free(e);
 }
 
+/* n sequences of one prompt: prefilled once (prefill_tokens_total grows by the prompt
+ * alone when slots are free), sequence i = a lone run with seed + i, greedy ones all
+ * the same; with fewer slots than sequences the rest queue as ordinary requests and
+ * still give the same tokens. Batch-invariant, so "the same" is exact. */
+static void check_forks(qd_model *m, const char *dir, qd_test_rng *rng, int slots) {
+    qd_engine_params ep = qd_engine_default_params();
+    ep.max_num_seqs = slots;
+    ep.max_model_len = 128;
+    ep.batch_invariant = 1;
+    ep.prefix_cache_bytes = 0;
+    qd_engine *e = NULL;
+    qd_err err = {0};
+    if (qd_engine_create(m, &ep, &e, &err) != QD_OK) {
+        CHECKF(0, "%s: engine: %s", dir, err.msg);
+        return;
+    }
+    const int V = qd_model_vocab_size(m);
+    int32_t prompt[40];
+    const int n = 5 + (int)(qd_test_next(rng) % 30);
+    for (int i = 0; i < n; i++) prompt[i] = (int32_t)(qd_test_next(rng) % (uint64_t)V);
+    enum { N = 4 };
+    for (int sampled = 0; sampled < 2; sampled++) {
+        qd_request_params p = greedy(12);
+        if (sampled) {
+            p.sampling.temperature = 1.0f;
+            p.sampling.seed = qd_test_next(rng);
+        }
+        run alone[N], group[N];
+        for (int i = 0; i < N; i++) {
+            qd_request_params pi = p;
+            pi.sampling.seed = p.sampling.seed + (uint64_t)i;
+            CHECK(generate(e, prompt, n, &pi, &alone[i], &err) == QD_OK);
+        }
+        qd_engine_stats before, after;
+        qd_engine_get_stats(e, &before);
+        void *users[N];
+        uint64_t ids[N];
+        for (int i = 0; i < N; i++) {
+            memset(&group[i], 0, sizeof group[i]);
+            pthread_mutex_init(&group[i].mu, NULL);
+            pthread_cond_init(&group[i].cv, NULL);
+            users[i] = &group[i];
+        }
+        CHECKF(qd_engine_submit_n(e, prompt, n, &p, N, on_event, users, ids, &err) == QD_OK, "submit_n: %s", err.msg);
+        for (int i = 0; i < N; i++) {
+            pthread_mutex_lock(&group[i].mu);
+            while (!group[i].done) pthread_cond_wait(&group[i].cv, &group[i].mu);
+            pthread_mutex_unlock(&group[i].mu);
+        }
+        qd_engine_get_stats(e, &after);
+        for (int i = 0; i < N; i++) {
+            CHECKF(group[i].n == 12 && !memcmp(group[i].toks, alone[i].toks, sizeof alone[i].toks[0] * 12),
+                   "%s (%d slots, %s): sequence %d = a lone run with seed + %d", dir, slots, sampled ? "sampled" : "greedy",
+                   i, i);
+            if (!sampled) CHECK(!memcmp(group[i].toks, group[0].toks, sizeof group[0].toks[0] * 12));
+            pthread_mutex_destroy(&group[i].mu);
+            pthread_cond_destroy(&group[i].cv);
+        }
+        if (sampled) {
+            int differ = 0;
+            for (int i = 1; i < N; i++) differ |= memcmp(group[i].toks, group[0].toks, sizeof group[0].toks[0] * 12) != 0;
+            CHECKF(differ, "%s: sampled sequences with different seeds differ", dir);
+        }
+        const uint64_t prefilled = after.prefill_tokens_total - before.prefill_tokens_total;
+        if (slots >= N)
+            CHECKF(prefilled == (uint64_t)n, "%s: the prompt was prefilled once (%llu tokens for a %d-token prompt)", dir,
+                   (unsigned long long)prefilled, n);
+        else
+            CHECKF(prefilled > (uint64_t)n && prefilled <= (uint64_t)(N * n), "%s: %d slots: %llu prefill tokens", dir,
+                   slots, (unsigned long long)prefilled);
+        CHECK(after.slots_used == 0 && after.kv_blocks_used == 0 && after.waiting == 0);
+    }
+    qd_request_params p = greedy(4);
+    CHECK(qd_engine_submit_n(e, prompt, n, &p, 0, on_event, NULL, NULL, &err) == QD_ERR_INVALID_ARG && strstr(err.msg, "n = 0"));
+    CHECK(qd_engine_submit_n(e, prompt, n, &p, QD_MAX_FORKS + 1, on_event, NULL, NULL, &err) == QD_ERR_INVALID_ARG);
+    qd_engine_free(e);
+}
+
 int main(void) {
     qd_test_rng rng = qd_test_rng_from_env();
     const char *dirs[] = {"models/qdelta-tiny", "tests/fixtures/qwen3_5_dense_f32"};
@@ -169,6 +247,8 @@ int main(void) {
         CHECKF(m != NULL, "load %s", dirs[i]);
         if (!m) continue;
         check_model(m, dirs[i], &rng);
+        check_forks(m, dirs[i], &rng, 4);
+        check_forks(m, dirs[i], &rng, 2);
         qd_model_free(m);
     }
     return qd_test_finish("test_engine_fields");

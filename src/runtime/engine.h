@@ -129,6 +129,17 @@ void qd_engine_free(qd_engine *e);
  * the request's first callback can run. */
 qd_status qd_engine_submit(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params,
                            qd_engine_callback cb, void *user, uint64_t *request_id, qd_err *err);
+/* n sequences of one prompt (OpenAI's n): the prompt is prefilled once, as the first
+ * request; when it has its logits the context sequence is forked (qd_seq_fork: GDN
+ * state copied, KV blocks shared) into a free slot for each of the others, which sample
+ * their first token from the same row. Sequence i samples with seed params.seed + i
+ * and reports through cb(users[i]); request_ids[i] is its id (each can be cancelled
+ * alone). A sequence that finds no free slot at that moment is queued as an ordinary
+ * request instead (the prefix cache, if on, then shares the prompt). 1 <= n <=
+ * QD_MAX_FORKS. qd_engine_submit is the n = 1 case. */
+#define QD_MAX_FORKS 128
+qd_status qd_engine_submit_n(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params, int n,
+                             qd_engine_callback cb, void *const *users, uint64_t *request_ids, qd_err *err);
 /* Cancels a queued or running request; frees its slot and blocks at the next step
  * boundary at the latest. Unknown ids are ignored. Thread-safe. */
 void qd_engine_cancel(qd_engine *e, uint64_t request_id);
