@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The test command: configure, build (CUDA sources too when nvcc is present; GPU
 # tests skip without a GPU) and run every ctest test. The server tests drive
-# `qdelta serve` with curl and the official `openai` Python client; the client is
-# installed from PyPI here when missing.
+# `qdelta serve` with curl and the official `openai` and `anthropic` Python clients;
+# they are installed from PyPI here when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! python3 -c "import openai" 2>/dev/null; then
-  python3 -m pip install -q openai 2>/dev/null || python3 -m pip install -q --break-system-packages openai
-fi
+# the official clients the server tests drive: openai, anthropic; websocket-client for
+# the chat page's headless-Chromium test (tests/cli_chat_page.sh)
+for mod in openai:openai anthropic:anthropic websocket:websocket-client; do
+  if ! python3 -c "import ${mod%%:*}" 2>/dev/null; then
+    python3 -m pip install -q "${mod#*:}" 2>/dev/null || python3 -m pip install -q --break-system-packages "${mod#*:}"
+  fi
+done
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 ctest --test-dir build --output-on-failure -j"$(nproc)"

@@ -272,6 +272,27 @@ static qd_status validate_submit(qd_engine *e, const int32_t *prompt, int n_prom
         if (prompt[i] < 0 || prompt[i] >= e->vocab)
             return qd_seterr(err, QD_ERR_INVALID_ARG, "prompt token id %d at position %d is out of range [0, %d)",
                              prompt[i], i, e->vocab);
+    if (rp->min_tokens < 0 || rp->min_tokens > rp->max_tokens)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "min_tokens %d is not in [0, max_tokens %d]", rp->min_tokens,
+                         rp->max_tokens);
+    if (rp->n_stop_token_ids < 0 || rp->n_stop_token_ids > QD_MAX_STOP_TOKEN_IDS)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "%d stop token ids (at most %d)", rp->n_stop_token_ids,
+                         QD_MAX_STOP_TOKEN_IDS);
+    for (int i = 0; i < rp->n_stop_token_ids; i++)
+        if (rp->stop_token_ids[i] < 0 || rp->stop_token_ids[i] >= e->vocab)
+            return qd_seterr(err, QD_ERR_INVALID_ARG, "stop token id %d is out of range [0, %d)", rp->stop_token_ids[i],
+                             e->vocab);
+    if (rp->n_logit_bias < 0 || rp->n_logit_bias > QD_MAX_LOGIT_BIAS)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "%d logit_bias entries (at most %d)", rp->n_logit_bias,
+                         QD_MAX_LOGIT_BIAS);
+    for (int i = 0; i < rp->n_logit_bias; i++) {
+        const qd_logit_bias *b = &rp->logit_bias[i];
+        if (b->id < 0 || b->id >= e->vocab)
+            return qd_seterr(err, QD_ERR_INVALID_ARG, "logit_bias token id %d is out of range [0, %d)", b->id, e->vocab);
+        if (!(b->bias >= -100.0f && b->bias <= 100.0f))
+            return qd_seterr(err, QD_ERR_INVALID_ARG, "logit_bias of token %d is %g, not in [-100, 100]", b->id,
+                             (double)b->bias);
+    }
     if ((int64_t)n_prompt + rp->max_tokens > e->params.max_model_len)
         return qd_seterr(err, QD_ERR_CAPACITY, "prompt of %d tokens + max_tokens %d exceeds max_model_len %d", n_prompt,
                          rp->max_tokens, e->params.max_model_len);
@@ -284,10 +305,9 @@ static qd_status validate_submit(qd_engine *e, const int32_t *prompt, int n_prom
     return QD_OK;
 }
 
-qd_status qd_engine_submit(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params,
-                           qd_engine_callback cb, void *user, uint64_t *request_id, qd_err *err) {
-    if (!e) return qd_seterr(err, QD_ERR_INVALID_ARG, "qd_engine_submit: engine is NULL");
-    QD_TRY(validate_submit(e, prompt, n_prompt, params, err));
+/* A request not yet queued: its tokens (the prompt) and its sampler. */
+static qd_status new_request(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params,
+                             qd_engine_callback cb, void *user, qd_request **out, qd_err *err) {
     qd_request *r = calloc(1, sizeof *r);
     if (!r) return qd_seterr(err, QD_ERR_OOM, "out of memory for a request");
     r->tokens = malloc(sizeof(int32_t) * ((size_t)n_prompt + (size_t)params->max_tokens));
@@ -311,32 +331,68 @@ qd_status qd_engine_submit(qd_engine *e, const int32_t *prompt, int n_prompt, co
     r->cb = cb;
     r->user = user;
     r->phase = QD_SEQ_WAITING;
-
-    pthread_mutex_lock(&e->mu);
-    if (e->stop) st = qd_seterr(err, QD_ERR_INVALID_ARG, "the engine is shutting down");
-    else if (e->n_queued >= e->params.max_waiting)
-        st = qd_seterr(err, QD_ERR_CAPACITY, "request queue full (%d waiting, max_waiting %d)", e->n_queued,
-                       e->params.max_waiting);
-    if (st == QD_OK) {
-        r->id = e->next_id++;
-        /* written before the engine thread can see r: its callback may run before we return */
-        if (request_id) *request_id = r->id;
-        qd_req_list_push_back(&e->incoming, r);
-        r->live_next = e->live;
-        if (e->live) e->live->live_prev = r;
-        e->live = r;
-        e->n_queued++;
-        e->stats.waiting = e->n_queued;
-        pthread_cond_signal(&e->cv);
-    }
-    pthread_mutex_unlock(&e->mu);
-    if (st != QD_OK) {
-        qd_sampler_free(r->sampler);
-        free(r->tokens);
-        free(r);
-        return st;
-    }
+    *out = r;
     return QD_OK;
+}
+
+static void free_request(qd_request *r) {
+    qd_sampler_free(r->sampler);
+    free(r->tokens);
+    free(r);
+}
+
+qd_status qd_engine_submit_n(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params, int n,
+                             qd_engine_callback cb, void *const *users, uint64_t *request_ids, qd_err *err) {
+    if (!e) return qd_seterr(err, QD_ERR_INVALID_ARG, "qd_engine_submit: engine is NULL");
+    if (n < 1 || n > QD_MAX_FORKS)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "n = %d sequences per prompt is not in [1, %d]", n, QD_MAX_FORKS);
+    QD_TRY(validate_submit(e, prompt, n_prompt, params, err));
+    qd_request *rs[QD_MAX_FORKS];
+    qd_status st = QD_OK;
+    int made = 0;
+    for (; made < n && st == QD_OK; made++) {
+        qd_request_params p = *params;
+        p.sampling.seed = params->sampling.seed + (uint64_t)made; /* sequence i draws with seed + i */
+        st = new_request(e, prompt, n_prompt, &p, cb, users ? users[made] : NULL, &rs[made], err);
+    }
+    if (st != QD_OK) made--; /* the failed one freed itself */
+    if (st == QD_OK) {
+        /* the first is an ordinary request; the others wait for its prefill, then fork */
+        for (int i = 1; i < n; i++) {
+            rs[i]->phase = QD_SEQ_FORK_WAIT;
+            rs[i]->fork_next = rs[0]->fork_head;
+            rs[0]->fork_head = rs[i];
+        }
+        pthread_mutex_lock(&e->mu);
+        if (e->stop) st = qd_seterr(err, QD_ERR_INVALID_ARG, "the engine is shutting down");
+        else if (e->n_queued + n > e->params.max_waiting)
+            st = qd_seterr(err, QD_ERR_CAPACITY, "request queue full (%d waiting, max_waiting %d, %d more asked)",
+                           e->n_queued, e->params.max_waiting, n);
+        if (st == QD_OK) {
+            for (int i = 0; i < n; i++) {
+                qd_request *r = rs[i];
+                r->id = e->next_id++;
+                /* written before the engine thread can see r: its callback may run before we return */
+                if (request_ids) request_ids[i] = r->id;
+                r->live_next = e->live;
+                if (e->live) e->live->live_prev = r;
+                e->live = r;
+            }
+            qd_req_list_push_back(&e->incoming, rs[0]);
+            e->n_queued += n; /* the waiting forks count as queued until they get a slot */
+            e->stats.waiting = e->n_queued;
+            pthread_cond_signal(&e->cv);
+        }
+        pthread_mutex_unlock(&e->mu);
+    }
+    if (st != QD_OK)
+        for (int i = 0; i < made; i++) free_request(rs[i]);
+    return st;
+}
+
+qd_status qd_engine_submit(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params,
+                           qd_engine_callback cb, void *user, uint64_t *request_id, qd_err *err) {
+    return qd_engine_submit_n(e, prompt, n_prompt, params, 1, cb, &user, request_id, err);
 }
 
 void qd_engine_cancel(qd_engine *e, uint64_t request_id) {

@@ -54,6 +54,15 @@ typedef struct qd_engine_params {
 
 qd_engine_params qd_engine_default_params(void);
 
+/* Bounds of the per-request token lists (OpenAI allows 300 logit_bias entries). */
+#define QD_MAX_LOGIT_BIAS 300
+#define QD_MAX_STOP_TOKEN_IDS 64
+
+typedef struct qd_logit_bias {
+    int32_t id;   /* [0, vocab) */
+    float bias;   /* added to the raw logit before sampling; [-100, 100] */
+} qd_logit_bias;
+
 typedef struct qd_request_params {
     qd_sampling_params sampling;
     int max_tokens;           /* >= 1 */
@@ -64,6 +73,17 @@ typedef struct qd_request_params {
      * generation prompt differently (e.g. without its <think> opener), so that is the
      * deepest position the next turn is sure to share. */
     int snapshot_at;
+    /* Generated tokens before which the EOS ids and stop_token_ids cannot be sampled
+     * (their logits are -inf until then); [0, max_tokens]. */
+    int min_tokens;
+    /* More ids that end the request like EOS (finish EOS; the token is reported), even
+     * with ignore_eos: the caller asked for them by id. */
+    int n_stop_token_ids;
+    int32_t stop_token_ids[QD_MAX_STOP_TOKEN_IDS];
+    /* Added to the logits before penalties and sampling (OpenAI logit_bias); the
+     * reported logprobs are of the biased logits (the distribution sampled from). */
+    int n_logit_bias;
+    qd_logit_bias logit_bias[QD_MAX_LOGIT_BIAS];
 } qd_request_params;
 
 typedef enum qd_finish_reason {
@@ -109,6 +129,17 @@ void qd_engine_free(qd_engine *e);
  * the request's first callback can run. */
 qd_status qd_engine_submit(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params,
                            qd_engine_callback cb, void *user, uint64_t *request_id, qd_err *err);
+/* n sequences of one prompt (OpenAI's n): the prompt is prefilled once, as the first
+ * request; when it has its logits the context sequence is forked (qd_seq_fork: GDN
+ * state copied, KV blocks shared) into a free slot for each of the others, which sample
+ * their first token from the same row. Sequence i samples with seed params.seed + i
+ * and reports through cb(users[i]); request_ids[i] is its id (each can be cancelled
+ * alone). A sequence that finds no free slot at that moment is queued as an ordinary
+ * request instead (the prefix cache, if on, then shares the prompt). 1 <= n <=
+ * QD_MAX_FORKS. qd_engine_submit is the n = 1 case. */
+#define QD_MAX_FORKS 128
+qd_status qd_engine_submit_n(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params, int n,
+                             qd_engine_callback cb, void *const *users, uint64_t *request_ids, qd_err *err);
 /* Cancels a queued or running request; frees its slot and blocks at the next step
  * boundary at the latest. Unknown ids are ignored. Thread-safe. */
 void qd_engine_cancel(qd_engine *e, uint64_t request_id);

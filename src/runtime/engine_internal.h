@@ -16,6 +16,8 @@ typedef enum qd_seq_phase {
     QD_SEQ_WAITING = 0,  /* queued; holds no slot and no blocks */
     QD_SEQ_PREFILLING,   /* has a slot; some of its known tokens are not in the context yet */
     QD_SEQ_DECODING,     /* has a slot; feeds back one sampled token per step */
+    QD_SEQ_FORK_WAIT,    /* one of n sequences of a prompt (qd_engine_submit_n) waiting for the
+                            first one's prefill, to be forked from it; holds no slot */
     QD_SEQ_FINISHED,
     QD_SEQ_CANCELLED
 } qd_seq_phase;
@@ -39,6 +41,8 @@ typedef struct qd_request {
     int cancel_seen;          /* copied from cancel_requested at a step boundary (engine thread) */
     int step_chunk;           /* tokens scheduled in the current step */
     int snap_branch;          /* prefix cache: where this prompt left the cached path (a snapshot target), 0: none */
+    struct qd_request *fork_head;  /* the first of n: the others, waiting to be forked from it */
+    struct qd_request *fork_next;  /* next in that list */
     struct qd_request *prev, *next;            /* submit queue or waiting deque */
     struct qd_request *live_prev, *live_next;  /* every request not yet finished, under mu */
 } qd_request;

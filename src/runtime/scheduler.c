@@ -150,6 +150,18 @@ static void preempt(qd_engine *e, qd_request *r) {
     e->preemptions++;
 }
 
+/* The sequences waiting to fork from r, queued (at the front, in order) as ordinary
+ * requests: r ends without forking them, or found no free slot for them. */
+static void release_forks(qd_engine *e, qd_request *r) {
+    while (r->fork_head) {
+        qd_request *c = r->fork_head;
+        r->fork_head = c->fork_next;
+        c->fork_next = NULL;
+        c->phase = QD_SEQ_WAITING;
+        qd_req_list_push_front(&e->waiting, c); /* still counted in n_queued */
+    }
+}
+
 void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const qd_sample_result *sample,
                       const char *error) {
     /* a finished generation's state is the start of the next turn of a conversation */
@@ -160,7 +172,11 @@ void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const q
     else if (r->phase == QD_SEQ_WAITING) {
         qd_req_list_remove(&e->waiting, r);
         was_queued = 1;
+    } else if (r->phase == QD_SEQ_FORK_WAIT) {
+        was_queued = 1; /* only its first sequence finishes it this way: it is out of that list already */
     }
+    /* sequences still waiting to fork from this one go on as ordinary requests */
+    release_forks(e, r);
     r->phase = why == QD_FINISH_CANCELLED ? QD_SEQ_CANCELLED : QD_SEQ_FINISHED;
     qd_engine_event ev = {
         .request_id = r->id,
@@ -322,19 +338,40 @@ static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
 
 /* After a sampled token: the finish reason it causes, if any. */
 static qd_finish_reason finish_after(const qd_engine *e, const qd_request *r, int32_t tok) {
-    if (!r->params.ignore_eos)
-        for (int i = 0; i < e->n_eos; i++)
-            if (tok == e->eos[i]) return QD_FINISH_EOS;
+    const int generated = r->n_tokens - r->n_prompt; /* tok included */
+    if (generated > r->params.min_tokens) {
+        if (!r->params.ignore_eos)
+            for (int i = 0; i < e->n_eos; i++)
+                if (tok == e->eos[i]) return QD_FINISH_EOS;
+        for (int i = 0; i < r->params.n_stop_token_ids; i++)
+            if (tok == r->params.stop_token_ids[i]) return QD_FINISH_EOS;
+    }
     if (r->n_tokens - r->n_prompt >= r->params.max_tokens || r->n_tokens >= e->params.max_model_len)
         return QD_FINISH_LENGTH;
     return QD_FINISH_NONE;
 }
 
+/* min_tokens not reached yet: the EOS ids and stop token ids are masked out of the
+ * next token's row. */
+static int needs_eos_mask(const qd_engine *e, const qd_request *r) {
+    return r->n_tokens - r->n_prompt < r->params.min_tokens && (e->n_eos > 0 || r->params.n_stop_token_ids > 0);
+}
+
+/* The request's own edits of its logits row before the sampler: logit_bias, then the
+ * min_tokens mask (which wins: a bias cannot bring EOS back early). */
+static void edit_row(const qd_engine *e, const qd_request *r, float *row) {
+    for (int i = 0; i < r->params.n_logit_bias; i++) row[r->params.logit_bias[i].id] += r->params.logit_bias[i].bias;
+    if (!needs_eos_mask(e, r)) return;
+    for (int i = 0; i < e->n_eos; i++) row[e->eos[i]] = -INFINITY;
+    for (int i = 0; i < r->params.n_stop_token_ids; i++) row[r->params.stop_token_ids[i]] = -INFINITY;
+}
+
 /* A request whose next token is the argmax of its raw logits over its vocabulary
  * bound: greedy, no penalty, no alternatives to report (the sampler would pick that
  * token and report its raw log-softmax, both of which the forward computes). */
-static int greedy_only(const qd_request *r) {
+static int greedy_only(const qd_engine *e, const qd_request *r) {
     const qd_sampling_params *p = qd_sampler_params(r->sampler);
+    if (r->params.n_logit_bias > 0 || needs_eos_mask(e, r)) return 0; /* the row is edited first */
     return p->temperature < QD_SAMPLER_GREEDY_EPS && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
            p->frequency_penalty == 0.0f && p->n_logprobs == 0;
 }
@@ -353,7 +390,7 @@ static qd_status step_forward(qd_engine *e, int n_spans) {
         const qd_request *r = e->span_req[i];
         const int l = qd_sampler_params(r->sampler)->vocab_limit;
         const int bound = l > 0 ? l : e->vocab;
-        int full = !greedy_only(r);
+        int full = !greedy_only(e, r);
         if (!full && limit == 0) limit = bound;
         else if (!full && bound != limit) full = 1;
         e->full[row++] = (uint8_t)full;
@@ -361,39 +398,115 @@ static qd_status step_forward(qd_engine *e, int n_spans) {
     return qd_forward_mixed(e->ctx, e->spans, n_spans, limit, e->full, e->logits, e->greedy_ids, e->greedy_lps);
 }
 
-/* The next token of r from logit row `row` (the sampler on its logits, or the
- * forward's argmax), appended and reported. */
-static void sample_and_report(qd_engine *e, qd_request *r, int row) {
+/* Appends r's sampled token, reports it and finishes r if the token ends it. */
+static void report_token(qd_engine *e, qd_request *r, const qd_sample_result *res) {
     qd_err err = {0};
-    qd_sample_result res = {.token = e->greedy_ids[row], .logprob = e->greedy_lps[row]};
-    qd_status st;
-    if (e->full[row]) st = qd_sampler_sample(r->sampler, e->logits + (size_t)row * e->vocab, &res, &err);
-    /* NaN, +inf or all -inf in the row: the sampler refuses those, so does this path */
-    else if (isnan(res.logprob))
-        st = qd_seterr(&err, QD_ERR_INVALID_ARG, "the logits row is not finite (argmax %d)", res.token);
-    else st = QD_OK;
-    if (st != QD_OK || qd_sampler_accept(r->sampler, res.token, &err) != QD_OK) {
+    if (qd_sampler_accept(r->sampler, res->token, &err) != QD_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "request %llu: sampling failed: %s", (unsigned long long)r->id, err.msg);
         qd_engine_finish(e, r, QD_FINISH_ERROR, NULL, e->errbuf);
         return;
     }
-    r->tokens[r->n_tokens++] = res.token;
+    r->tokens[r->n_tokens++] = res->token;
     e->generated_total++;
-    qd_finish_reason why = finish_after(e, r, res.token);
+    qd_finish_reason why = finish_after(e, r, res->token);
     if (why != QD_FINISH_NONE) {
-        qd_engine_finish(e, r, why, &res, NULL);
+        qd_engine_finish(e, r, why, res, NULL);
         return;
     }
     r->phase = QD_SEQ_DECODING;
     qd_engine_event ev = {
         .request_id = r->id,
         .has_token = 1,
-        .sample = res,
+        .sample = *res,
         .finish = QD_FINISH_NONE,
         .prompt_tokens = r->n_prompt,
         .completion_tokens = r->n_tokens - r->n_prompt,
     };
     if (r->cb && r->cb(r->user, &ev) != 0) qd_engine_finish(e, r, QD_FINISH_STOP, NULL, NULL);
+}
+
+/* r has its prompt's logits: each sequence waiting to fork from it takes a free slot,
+ * becomes a copy of r's sequence (GDN state copied, KV blocks shared) and is running,
+ * with nothing to prefill. Those that find no slot are queued as ordinary requests;
+ * one cancelled meanwhile ends here. Returns the forked ones, in submission order. */
+static int fork_waiting(qd_engine *e, qd_request *r, qd_request **forked) {
+    int n = 0;
+    qd_request *rest = NULL, **tail = &rest;
+    while (r->fork_head) {
+        qd_request *c = r->fork_head;
+        r->fork_head = c->fork_next;
+        c->fork_next = NULL;
+        if (c->cancel_seen) {
+            qd_engine_finish(e, c, QD_FINISH_CANCELLED, NULL, NULL);
+            continue;
+        }
+        if (e->n_free_slots > 0) {
+            c->slot = e->free_slots[--e->n_free_slots];
+            if (qd_seq_fork(e->ctx, r->slot, c->slot) == QD_OK) {
+                c->n_computed = r->n_computed;
+                c->phase = QD_SEQ_DECODING;
+                c->admitted_once = 1;
+                e->prompt_total += (uint64_t)c->n_prompt; /* counted, never computed: prefill_total is r's alone */
+                e->running[e->n_running++] = c;
+                qd_engine_queued_add(e, -1);
+                forked[n++] = c;
+                continue;
+            }
+            qd_seq_reset(e->ctx, c->slot);
+            e->free_slots[e->n_free_slots++] = c->slot;
+            c->slot = -1;
+        }
+        *tail = c;
+        tail = &c->fork_next;
+    }
+    r->fork_head = rest;
+    release_forks(e, r);
+    /* the list was built newest first: report in submission order */
+    for (int i = 0; i < n / 2; i++) {
+        qd_request *t = forked[i];
+        forked[i] = forked[n - 1 - i];
+        forked[n - 1 - i] = t;
+    }
+    return n;
+}
+
+/* The next token of r from logit row `row` (the sampler on its logits, or the
+ * forward's argmax), appended and reported; the same for the sequences forked from r
+ * at its first token, from the same row (their parameters are r's but the seed, so the
+ * row's edits are the same). */
+static void sample_and_report(qd_engine *e, qd_request *r, int row) {
+    qd_err err = {0};
+    qd_request *forked[QD_MAX_FORKS];
+    const int n_forked = r->fork_head ? fork_waiting(e, r, forked) : 0;
+    qd_sample_result res = {.token = e->greedy_ids[row], .logprob = e->greedy_lps[row]};
+    qd_status st;
+    float *lr = e->logits + (size_t)row * e->vocab;
+    if (e->full[row]) {
+        edit_row(e, r, lr);
+        st = qd_sampler_sample(r->sampler, lr, &res, &err);
+    }
+    /* NaN, +inf or all -inf in the row: the sampler refuses those, so does this path */
+    else if (isnan(res.logprob))
+        st = qd_seterr(&err, QD_ERR_INVALID_ARG, "the logits row is not finite (argmax %d)", res.token);
+    else st = QD_OK;
+    for (int i = 0; i < n_forked && st == QD_OK; i++) {
+        qd_sample_result fr = res;
+        qd_err ferr = {0};
+        if (e->full[row] && qd_sampler_sample(forked[i]->sampler, lr, &fr, &ferr) != QD_OK) {
+            snprintf(e->errbuf, sizeof e->errbuf, "request %llu: sampling failed: %s", (unsigned long long)forked[i]->id,
+                     ferr.msg);
+            qd_engine_finish(e, forked[i], QD_FINISH_ERROR, NULL, e->errbuf);
+            continue;
+        }
+        report_token(e, forked[i], &fr);
+    }
+    if (st != QD_OK) {
+        snprintf(e->errbuf, sizeof e->errbuf, "request %llu: sampling failed: %s", (unsigned long long)r->id, err.msg);
+        for (int i = 0; i < n_forked; i++) qd_engine_finish(e, forked[i], QD_FINISH_ERROR, NULL, e->errbuf);
+        qd_engine_finish(e, r, QD_FINISH_ERROR, NULL, e->errbuf);
+        return;
+    }
+    report_token(e, r, &res);
 }
 
 int qd_engine_step(qd_engine *e) {

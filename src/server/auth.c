@@ -1,4 +1,5 @@
-/* Bearer-key check for --api-key (OpenAI clients send "Authorization: Bearer KEY"). */
+/* Key check for --api-key: OpenAI clients send "Authorization: Bearer KEY", Anthropic
+ * clients "x-api-key: KEY". */
 #include <string.h>
 #include <strings.h>
 
@@ -18,6 +19,15 @@ int srv_auth_ok(const srv_server *s, const char *h) {
     while (*h == ' ') h++;
     if (strncasecmp(h, "Bearer ", 7) != 0) return 0;
     h += 7;
+    while (*h == ' ') h++;
+    size_t n = strlen(h);
+    while (n && (h[n - 1] == ' ' || h[n - 1] == '\t')) n--;
+    return const_time_eq(h, n, s->cfg.api_key, strlen(s->cfg.api_key));
+}
+
+int srv_auth_key_ok(const srv_server *s, const char *h) {
+    if (!s->cfg.api_key || !s->cfg.api_key[0]) return 1;
+    if (!h) return 0;
     while (*h == ' ') h++;
     size_t n = strlen(h);
     while (n && (h[n - 1] == ' ' || h[n - 1] == '\t')) n--;

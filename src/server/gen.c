@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "server/anthropic_out.h"
 #include "server/server.h"
 
 srv_gen *srv_gen_new(srv_server *s, srv_kind kind) {
@@ -25,7 +26,9 @@ srv_gen *srv_gen_new(srv_server *s, srv_kind kind) {
     uint64_t c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(g->id, sizeof g->id, "%s-%08llx%08llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
+    g->stop_index = -1;
+    snprintf(g->id, sizeof g->id, "%s%08llx%08llx",
+             kind == SRV_CHAT ? "chatcmpl-" : kind == SRV_MESSAGES ? "msg_" : "cmpl-",
              (unsigned long long)(ts.tv_nsec ^ (ts.tv_sec << 20)) & 0xffffffffull, (unsigned long long)c);
     __atomic_add_fetch(&s->n_gens, 1, __ATOMIC_RELAXED);
     return g;
@@ -87,14 +90,33 @@ static void split_push(srv_gen *g, const char *t, size_t n, int final) {
 static void text_push(srv_gen *g, const char *t, size_t n) {
     qd_stop_result sr;
     qd_err err;
-    if (g->stopped || qd_stop_matcher_push(g->stop, t, n, &sr, &err) != QD_OK) return;
+    if (g->stopped) return;
+    /* before min_tokens stop strings do not apply (vLLM): the text passes the matcher by */
+    if (g->completion_tokens < g->o.rp.min_tokens) {
+        split_push(g, t, n, 0);
+        return;
+    }
+    if (qd_stop_matcher_push(g->stop, t, n, &sr, &err) != QD_OK) return;
     split_push(g, sr.text, sr.len, 0);
-    if (sr.stopped) g->stopped = 1;
+    if (sr.stopped) {
+        g->stopped = 1;
+        g->stop_index = sr.stop_index;
+    }
 }
+
+void srv_gen_seed_output(srv_gen *g, const char *text, size_t n) { split_push(g, text, n, 0); }
 
 static int is_eos(const srv_server *s, int32_t id) {
     for (int i = 0; i < s->n_eos; i++)
         if (s->eos[i] == id) return 1;
+    return 0;
+}
+
+/* A token of the request's stop_token_ids that ended it: like EOS, not part of the text. */
+static int is_stop_token(const srv_gen *g, const qd_engine_event *ev) {
+    if (ev->finish != QD_FINISH_EOS) return 0;
+    for (int i = 0; i < g->o.rp.n_stop_token_ids; i++)
+        if (g->o.rp.stop_token_ids[i] == ev->sample.token) return 1;
     return 0;
 }
 
@@ -170,6 +192,10 @@ static json_t *chunk_base(const srv_gen *g) {
 /* Sends the text and logprobs gathered for this event as one chunk (if any), with the
  * finish reason when given. */
 static void stream_chunk(srv_gen *g, const char *finish) {
+    if (g->kind == SRV_MESSAGES) {
+        srv_anthropic_stream(g, finish);
+        return;
+    }
     int have = g->dcontent.n || g->dreasoning.n || g->dlp || g->tool_calls || (g->kind == SRV_CHAT && !g->sent_role) ||
                (g->kind == SRV_COMPLETION && g->echo_text.n && !g->sent_role);
     if (!have && !finish) return;
@@ -207,6 +233,10 @@ static void stream_chunk(srv_gen *g, const char *finish) {
 }
 
 static void build_body(srv_gen *g, const char *finish) {
+    if (g->kind == SRV_MESSAGES) {
+        srv_anthropic_body(g, finish);
+        return;
+    }
     json_t *o = json_pack("{s:s, s:s, s:i, s:s}", "id", g->id, "object", g->kind == SRV_CHAT ? "chat.completion" : "text_completion",
                           "created", (json_int_t)g->created, "model", g->srv->cfg.model_name);
     json_t *choice;
@@ -259,8 +289,12 @@ static void finalize(srv_gen *g, const char *finish, const char *error) {
         srv_error e;
         srv_fail(&e, 500, "internal_error", NULL, "generation failed: %s", error);
         srv_reply r = {0};
-        srv_reply_error(&r, &e);
-        if (g->o.stream) {
+        if (g->kind == SRV_MESSAGES) srv_reply_error_anthropic(&r, &e);
+        else srv_reply_error(&r, &e);
+        if (g->o.stream && g->kind == SRV_MESSAGES) {
+            free(r.body);
+            srv_anthropic_stream_error(g, &e);
+        } else if (g->o.stream) {
             srv_buf_append(&g->out, "data: ", 6);
             if (r.body) srv_buf_append(&g->out, r.body, strlen(r.body));
             srv_buf_append(&g->out, "\n\ndata: [DONE]\n\n", 16);
@@ -278,7 +312,7 @@ static void finalize(srv_gen *g, const char *finish, const char *error) {
             json_object_set_new(c, "usage", usage_json(g));
             sse_send(g, c);
         }
-        srv_buf_append(&g->out, "data: [DONE]\n\n", 14);
+        if (g->kind != SRV_MESSAGES) srv_buf_append(&g->out, "data: [DONE]\n\n", 14); /* OpenAI's end marker */
     } else {
         build_body(g, finish);
     }
@@ -326,7 +360,7 @@ static int on_event(void *user, const qd_engine_event *ev) {
             if (g->o.logprobs) add_logprobs(g, g->o.stream ? &g->dlp : &g->lp, r);
             int32_t id = r->token;
             int special = qd_tokenizer_is_special(s->tok, id) && id != s->think_start && id != s->think_end;
-            if (!(is_eos(s, id) && !g->o.rp.ignore_eos) && !special) {
+            if (!(is_eos(s, id) && !g->o.rp.ignore_eos) && !special && !is_stop_token(g, ev)) {
                 const char *t;
                 size_t n;
                 qd_err err;

@@ -45,9 +45,13 @@ static enum MHD_Result send_text(srv_server *s, struct MHD_Connection *c, int st
     return ret;
 }
 
-static enum MHD_Result send_error(srv_server *s, struct MHD_Connection *c, int status, const char *type, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static enum MHD_Result send_error(srv_server *s, struct MHD_Connection *c, int status, const char *type, const char *fmt, ...) {
+/* The Anthropic routes answer errors in Anthropic's shape, the rest in OpenAI's. */
+static int is_anthropic_url(const char *url) { return url && !strncmp(url, "/v1/messages", 12); }
+
+static enum MHD_Result send_error(srv_server *s, struct MHD_Connection *c, const char *url, int status, const char *type,
+                                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static enum MHD_Result send_error(srv_server *s, struct MHD_Connection *c, const char *url, int status, const char *type,
+                                  const char *fmt, ...) {
     srv_error e;
     srv_fail(&e, status, type, NULL, "%s", "");
     va_list ap;
@@ -55,7 +59,8 @@ static enum MHD_Result send_error(srv_server *s, struct MHD_Connection *c, int s
     vsnprintf(e.msg, sizeof e.msg, fmt, ap);
     va_end(ap);
     srv_reply r = {0};
-    srv_reply_error(&r, &e);
+    if (is_anthropic_url(url)) srv_reply_error_anthropic(&r, &e);
+    else srv_reply_error(&r, &e);
     return send_text(s, c, status, "application/json", r.body);
 }
 
@@ -110,12 +115,16 @@ static enum MHD_Result deferred_body(srv_server *s, struct MHD_Connection *c, sr
     return send_text(s, c, status, "application/json", body);
 }
 
-typedef enum route_id { R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS } route_id;
+typedef enum route_id {
+    R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_MESSAGES, R_COUNT_TOKENS, R_PAGE
+} route_id;
 
 static route_id find_route(const char *url, int *want_post) {
     static const struct { const char *path; route_id id; int post; } k[] = {
         {"/v1/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1}, {"/v1/models", R_MODELS, 0},
         {"/health", R_HEALTH, 0},            {"/metrics", R_METRICS, 0},
+        {"/v1/messages", R_MESSAGES, 1},     {"/v1/messages/count_tokens", R_COUNT_TOKENS, 1},
+        {"/", R_PAGE, 0},
     };
     size_t n = strlen(url);
     while (n > 1 && url[n - 1] == '/') n--; /* "/v1/models/" is "/v1/models" */
@@ -142,7 +151,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) / 16 > s->cfg.max_body) {
             cs->too_large = 1;
-            return send_error(s, c, 413, "invalid_request_error", "request body larger than %zu bytes", s->cfg.max_body);
+            return send_error(s, c, url, 413, "invalid_request_error", "request body larger than %zu bytes", s->cfg.max_body);
         }
         return MHD_YES;
     }
@@ -156,36 +165,43 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_size = 0;
         return MHD_YES;
     }
-    if (cs->too_large) return send_error(s, c, 413, "invalid_request_error", "request body larger than %zu bytes", s->cfg.max_body);
+    if (cs->too_large) return send_error(s, c, url, 413, "invalid_request_error", "request body larger than %zu bytes", s->cfg.max_body);
 
     int want_post = 0;
     route_id id = find_route(url, &want_post);
-    if (id == R_NONE) return send_error(s, c, 404, "NotFoundError", "no route %s", url);
+    if (id == R_NONE) return send_error(s, c, url, 404, "NotFoundError", "no route %s", url);
     int is_post = !strcmp(method, "POST");
     int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if ((want_post && !is_post) || (!want_post && !is_get))
-        return send_error(s, c, 405, "invalid_request_error", "method %s not allowed here", method);
+        return send_error(s, c, url, 405, "invalid_request_error", "method %s not allowed here", method);
+    /* the key as OpenAI clients send it (Authorization: Bearer) or as Anthropic's do (x-api-key) */
+    const char *xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
     if (!strncmp(url, "/v1/", 4) &&
-        !srv_auth_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)))
-        return send_error(s, c, 401, "authentication_error", "%s", "invalid or missing API key (Authorization: Bearer KEY)");
+        !(xkey ? srv_auth_key_ok(s, xkey)
+               : srv_auth_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))))
+        return send_error(s, c, url, 401, "authentication_error", "%s",
+                          "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)");
 
     srv_reply r = {0};
     if (id == R_MODELS) srv_route_models(s, &r);
     else if (id == R_HEALTH) srv_route_health(s, &r);
     else if (id == R_METRICS) srv_route_metrics(s, &r);
+    else if (id == R_PAGE) srv_route_page(s, &r);
     else {
         json_error_t je;
         json_t *req = cs->body.n ? json_loadb(cs->body.p, cs->body.n, 0, &je) : NULL;
         if (!req) {
             char msg[300];
             snprintf(msg, sizeof msg, "%s", cs->body.n ? je.text : "empty body");
-            return send_error(s, c, 400, "invalid_request_error", "malformed JSON body: %s", msg);
+            return send_error(s, c, url, 400, "invalid_request_error", "malformed JSON body: %s", msg);
         }
         if (!json_is_object(req)) {
             json_decref(req);
-            return send_error(s, c, 400, "invalid_request_error", "%s", "the request body must be a JSON object");
+            return send_error(s, c, url, 400, "invalid_request_error", "%s", "the request body must be a JSON object");
         }
         if (id == R_CHAT) srv_route_chat(s, req, &r);
+        else if (id == R_MESSAGES) srv_route_messages(s, req, &r);
+        else if (id == R_COUNT_TOKENS) srv_route_count_tokens(s, req, &r);
         else srv_route_completions(s, req, &r);
         json_decref(req);
     }

@@ -60,6 +60,48 @@ static int add_stop(srv_opts *o, json_t *v, srv_error *e) {
     return 0;
 }
 
+/* logit_bias: {"token id": bias in [-100, 100]} (OpenAI's shape: keys are decimal ids). */
+static int parse_logit_bias(srv_server *s, json_t *v, qd_request_params *rp, srv_error *e) {
+    if (!json_is_object(v))
+        return srv_fail(e, 400, "invalid_request_error", "logit_bias", "'logit_bias' must be an object of token id -> bias");
+    if (json_object_size(v) > QD_MAX_LOGIT_BIAS)
+        return srv_fail(e, 400, "invalid_request_error", "logit_bias", "'logit_bias' has %zu entries, at most %d",
+                        json_object_size(v), QD_MAX_LOGIT_BIAS);
+    const int vocab = s->vocab_limit > 0 ? s->vocab_limit : qd_model_vocab_size(s->model);
+    const char *k;
+    json_t *b;
+    json_object_foreach(v, k, b) {
+        char *end = NULL;
+        long id = strtol(k, &end, 10);
+        if (!*k || *end || id < 0 || id >= vocab)
+            return srv_fail(e, 400, "invalid_request_error", "logit_bias",
+                            "logit_bias key '%.40s' is not a token id in [0, %d)", k, vocab);
+        if (!json_is_number(b) || !(json_number_value(b) >= -100 && json_number_value(b) <= 100))
+            return srv_fail(e, 400, "invalid_request_error", "logit_bias",
+                            "logit_bias of token %ld must be a number in [-100, 100]", id);
+        rp->logit_bias[rp->n_logit_bias++] = (qd_logit_bias){.id = (int32_t)id, .bias = (float)json_number_value(b)};
+    }
+    return 0;
+}
+
+static int parse_stop_token_ids(srv_server *s, json_t *v, qd_request_params *rp, srv_error *e) {
+    if (!json_is_array(v))
+        return srv_fail(e, 400, "invalid_request_error", "stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    if (json_array_size(v) > QD_MAX_STOP_TOKEN_IDS)
+        return srv_fail(e, 400, "invalid_request_error", "stop_token_ids", "'stop_token_ids' has %zu entries, at most %d",
+                        json_array_size(v), QD_MAX_STOP_TOKEN_IDS);
+    const int vocab = qd_model_vocab_size(s->model);
+    size_t i;
+    json_t *t;
+    json_array_foreach(v, i, t) {
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= vocab)
+            return srv_fail(e, 400, "invalid_request_error", "stop_token_ids",
+                            "stop_token_ids[%zu] must be a token id in [0, %d)", i, vocab);
+        rp->stop_token_ids[rp->n_stop_token_ids++] = (int32_t)json_integer_value(t);
+    }
+    return 0;
+}
+
 int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_error *e) {
     memset(o, 0, sizeof *o);
     qd_sampling_params *sp = &o->rp.sampling;
@@ -135,6 +177,16 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
     if ((r = get_bool(req, "ignore_eos", &b, e)) < 0) return -1;
     if (r) o->rp.ignore_eos = b;
 
+    json_t *lb = json_object_get(req, "logit_bias");
+    if (lb && !json_is_null(lb) && parse_logit_bias(s, lb, &o->rp, e)) return -1;
+    json_t *sti = json_object_get(req, "stop_token_ids");
+    if (sti && !json_is_null(sti) && parse_stop_token_ids(s, sti, &o->rp, e)) return -1;
+    if ((r = get_int(req, "min_tokens", &n, e)) < 0) return -1;
+    if (r) {
+        if (n < 0 || n > (1 << 30)) return srv_fail(e, 400, "invalid_request_error", "min_tokens", "'min_tokens' must be >= 0");
+        o->rp.min_tokens = (int)n;
+    }
+
     json_t *stop = json_object_get(req, "stop");
     if (stop && !json_is_null(stop)) {
         if (json_is_array(stop)) {
@@ -187,6 +239,9 @@ int srv_check_length(srv_server *s, int n_prompt, srv_opts *o, srv_error *e) {
         return srv_fail(e, 400, "invalid_request_error", "messages",
                         "This model's maximum context length is %d tokens. However, your request has %d input tokens. "
                         "Please reduce the length of the input.", ctx, n_prompt);
+    if (o->max_tokens_set && o->rp.min_tokens > o->rp.max_tokens)
+        return srv_fail(e, 400, "invalid_request_error", "min_tokens", "'min_tokens' (%d) is larger than 'max_tokens' (%d)",
+                        o->rp.min_tokens, o->rp.max_tokens);
     if (!o->max_tokens_set) {
         o->rp.max_tokens = ctx - n_prompt;
     } else if ((long long)n_prompt + o->rp.max_tokens > ctx) {

@@ -70,7 +70,9 @@ typedef struct srv_server {
 
 /* ------------------------------------------------------------- requests */
 
-typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
+/* SRV_MESSAGES: the Anthropic Messages API (routes/anthropic_messages.c), a chat whose
+ * output is shaped by server/anthropic_out.c. */
+typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION, SRV_MESSAGES } srv_kind;
 
 /* Everything a request asked for, validated. */
 typedef struct srv_opts {
@@ -144,12 +146,21 @@ typedef struct srv_gen {
     int http_status;      /* for a non-streaming body or an error after submit */
     char *body;           /* non-streaming response body */
     double t_submit, t_last;
+    int stop_index;       /* which stop string matched (-1: none) */
+    /* Anthropic streams: the content block open now (index, type) */
+    struct {
+        int index;        /* blocks started so far */
+        int open;         /* 0: none, else the type of the open block (anthropic_out.c) */
+    } msg_block;
 } srv_gen;
 
 srv_gen *srv_gen_new(srv_server *s, srv_kind kind);
 void srv_gen_unref(srv_gen *g);
 /* Submits to the engine; 0, or -1 with e set (queue full, shutting down, ...). */
 int srv_gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e);
+/* Feeds text through the output pipeline as if generated (think split, tool-call
+ * capture), before submission: the part of a forced reply the prompt already holds. */
+void srv_gen_seed_output(srv_gen *g, const char *text, size_t n);
 /* The connection went away or finished: cancel if still running, drop its reference. */
 void srv_gen_conn_done(srv_gen *g);
 
@@ -167,12 +178,20 @@ typedef struct srv_reply {
 void srv_reply_error(srv_reply *r, const srv_error *e);
 void srv_route_chat(srv_server *s, json_t *req, srv_reply *r);
 void srv_route_completions(srv_server *s, json_t *req, srv_reply *r);
+void srv_route_messages(srv_server *s, json_t *req, srv_reply *r);
+void srv_route_count_tokens(srv_server *s, json_t *req, srv_reply *r);
+/* An error in Anthropic's shape {"type":"error","error":{"type","message"}}. */
+void srv_reply_error_anthropic(srv_reply *r, const srv_error *e);
+/* GET /: the chat page compiled into the binary (server/web/chat.html). */
+void srv_route_page(srv_server *s, srv_reply *r);
 void srv_route_models(srv_server *s, srv_reply *r);
 void srv_route_health(srv_server *s, srv_reply *r);
 void srv_route_metrics(srv_server *s, srv_reply *r);
 
 /* -------------------------------------------------------------- helpers */
 int srv_auth_ok(const srv_server *s, const char *authorization_header);
+/* The same key from Anthropic's "x-api-key: KEY" header. */
+int srv_auth_key_ok(const srv_server *s, const char *x_api_key);
 double srv_now(void);
 /* JSON value of one token's text (lossy UTF-8) and its bytes. */
 json_t *srv_token_json(const srv_server *s, int32_t id, json_t **bytes);

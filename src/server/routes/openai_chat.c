@@ -11,6 +11,35 @@
  * request cannot make the template run away with the server's memory or time. */
 static const qd_chat_template_limits k_limits = {.max_output = 16u << 20, .max_memory = 64u << 20, .max_steps = 20000000, .max_depth = 100};
 
+/* Content parts: text only. This server serves text models, so an image, audio or
+ * file part has nothing to be rendered into (templates would emit pad tokens with no
+ * pixels behind them: a silently wrong answer); it is refused naming its type. */
+static int check_parts(json_t *c, size_t i, srv_error *e) {
+    size_t j;
+    json_t *p;
+    json_array_foreach(c, j, p) {
+        json_t *t = json_is_object(p) ? json_object_get(p, "type") : NULL;
+        if (!json_is_string(t))
+            return srv_fail(e, 400, "invalid_request_error", "messages",
+                            "messages[%zu].content[%zu] must be an object with a string 'type'", i, j);
+        const char *ty = json_string_value(t);
+        if (!strcmp(ty, "text")) {
+            if (!json_is_string(json_object_get(p, "text")))
+                return srv_fail(e, 400, "invalid_request_error", "messages",
+                                "messages[%zu].content[%zu].text must be a string", i, j);
+            continue;
+        }
+        if (!strcmp(ty, "image_url") || !strcmp(ty, "input_audio") || !strcmp(ty, "file") || !strcmp(ty, "image") ||
+            !strcmp(ty, "audio") || !strcmp(ty, "video") || !strcmp(ty, "video_url") || !strcmp(ty, "audio_url"))
+            return srv_fail(e, 400, "invalid_request_error", "messages",
+                            "messages[%zu].content[%zu] is a '%s' part: this server serves text only "
+                            "(image, audio, video and file inputs are not supported)", i, j, ty);
+        return srv_fail(e, 400, "invalid_request_error", "messages",
+                        "messages[%zu].content[%zu] has an unknown part type '%.64s' (only 'text' is supported)", i, j, ty);
+    }
+    return 0;
+}
+
 static int check_messages(json_t *msgs, srv_error *e) {
     if (!msgs) return srv_fail(e, 400, "invalid_request_error", "messages", "'messages' is required");
     if (!json_is_array(msgs)) return srv_fail(e, 400, "invalid_request_error", "messages", "'messages' must be an array");
@@ -33,6 +62,7 @@ static int check_messages(json_t *msgs, srv_error *e) {
         if (c && !json_is_null(c) && !json_is_string(c) && !json_is_array(c))
             return srv_fail(e, 400, "invalid_request_error", "messages",
                             "messages[%zu].content must be a string, an array of parts or null", i);
+        if (json_is_array(c) && check_parts(c, i, e)) return -1;
     }
     return 0;
 }
