@@ -19,6 +19,7 @@ Formats (fixture name: base, format, what it covers):
                     in_proj_qkvz quantized in stored row order (blocks cross key-head groups),
                     per-expert MoE, modules_to_not_convert
   fp8_35_dense_bf16s qwen3_5_dense_bf16 (composite), fp8 block, bf16 weight_scale_inv
+  fp8_35_dense_f32s the same with f32 scales: what qdelta's online --quantization fp8 must give
   fp8_35_moe_f16s   qwen3_5_moe_fused_bf16, fused experts split per expert (as the FP8 releases
                     store them), fp8 block, f16 weight_scale_inv
   ctfp8_35_dense    compressed-tensors float-quantized, channel strategy, ignore with re:
@@ -183,6 +184,7 @@ def awq(w, g):
 FORMATS = {
     "fp8_next_moe": ("qwen3_next_moe_bf16", "fp8", dict(scale_dtype=torch.float32)),
     "fp8_35_dense_bf16s": ("qwen3_5_dense_bf16", "fp8", dict(scale_dtype=torch.bfloat16)),
+    "fp8_35_dense_f32s": ("qwen3_5_dense_bf16", "fp8", dict(scale_dtype=torch.float32)),
     "fp8_35_moe_f16s": ("qwen3_5_moe_fused_bf16", "fp8", dict(scale_dtype=torch.float16)),
     "ctfp8_35_dense": ("qwen3_5_dense_bf16", "ctfp8", {}),
     "nvfp4mo_next_moe": ("qwen3_next_moe_bf16", "nvfp4mo", {}),
@@ -386,12 +388,14 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     os.makedirs(a.out, exist_ok=True)
-    manifest = dict(torch=torch.__version__, transformers=transformers.__version__, fixtures={})
+    mpath = os.path.join(a.out, "MANIFEST.json")
+    manifest = json.load(open(mpath)) if a.only and os.path.exists(mpath) else dict(fixtures={})
+    manifest.update(torch=torch.__version__, transformers=transformers.__version__)
     for name in FORMATS:
         if a.only and name not in a.only:
             continue
         make(name, a.out, manifest["fixtures"])
-    json.dump(manifest, open(os.path.join(a.out, "MANIFEST.json"), "w"), indent=1)
+    json.dump(manifest, open(mpath, "w"), indent=1)
 
 
 if __name__ == "__main__":
