@@ -286,6 +286,20 @@ int main(void) {
         }
         decoder_check(dir);
     }
+    /* tensor parallel over per-channel FP8 (any column cut keeps the row's scale) and over
+     * NVFP4 / GPTQ where the cuts fall on group boundaries or inside a whole-row group */
+    static const char *const tp_ok[] = {"ctfp8_35_dense", "gptqc_35_moe"};
+    for (size_t i = 0; i < sizeof tp_ok / sizeof *tp_ok; i++) {
+        char dir[512], err[1024] = "";
+        snprintf(dir, sizeof dir, "%s/%s", QFX, tp_ok[i]);
+        qd_model *m = load(dir, 2, err, sizeof err);
+        CHECKF(m != NULL, "%s tp=2: %s", dir, err);
+        if (m) {
+            printf("  tp=2:\n");
+            golden_case(m, dir, 33);
+            qd_model_free(m);
+        }
+    }
     refusals();
     return qd_test_finish("test_quant_load");
 }

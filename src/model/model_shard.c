@@ -97,7 +97,22 @@ qd_status qd_shard_rows_gather(qd_model *m, const qd_weight *w, const qd_shard_r
 static qd_status quant_cols_copy(qd_model *m, const qd_weight *w, qd_shard_range c, qd_weight *out, qd_err *err) {
     const qd_weight_scales *s = &w->scales;
     const int64_t bc = s->block_cols, end = c.begin + c.count;
-    if (c.begin % bc || (end % bc && end != w->cols) || s->g_idx)
+    const int packed = w->dtype != QD_DTYPE_F8_E4M3;
+    if (bc >= w->cols && !s->g_idx && (!packed || (c.begin % 2 == 0 && c.count % 2 == 0))) {
+        /* one scale per row (per-channel FP8, INT4 group -1): any cut keeps it */
+        const size_t in_rb = row_bytes(w), out_rb = packed ? (size_t)c.count / 2 : (size_t)c.count,
+                     off = packed ? (size_t)c.begin / 2 : (size_t)c.begin;
+        unsigned char *dst = w->data ? qd_model_alloc(m, (size_t)w->rows * out_rb) : NULL;
+        if (w->data && !dst) return qd_seterr(err, QD_ERR_OOM, "out of memory slicing a %lld-column weight", (long long)c.count);
+        for (int64_t r = 0; dst && r < w->rows; r++)
+            memcpy(dst + (size_t)r * out_rb, (const unsigned char *)w->data + (size_t)r * in_rb + off, out_rb);
+        *out = *w;
+        out->cols = c.count;
+        out->data = dst;
+        out->scales.block_cols = c.count;
+        return QD_OK;
+    }
+    if (c.begin % bc || (end % bc && end != w->cols) || s->g_idx || (packed && (c.begin % 2 || c.count % 2)))
         return qd_seterr(err, QD_ERR_SHAPE,
                          "a tensor-parallel split of a %s weight [%lld, %lld] at columns [%lld, %lld) cuts its %lld-column "
                          "scale blocks%s", qd_dtype_name(w->dtype), (long long)w->rows, (long long)w->cols,
@@ -105,7 +120,6 @@ static qd_status quant_cols_copy(qd_model *m, const qd_weight *w, qd_shard_range
                          s->g_idx ? " (act-order g_idx groups cannot be split)" : "");
     const int64_t sc = scale_cols(w), sr = ceil_div(w->rows, s->block_rows), b0 = c.begin / bc, nb = ceil_div(c.count, bc);
     const size_t esz = qd_dtype_size(s->dtype);
-    const int packed = w->dtype != QD_DTYPE_F8_E4M3;
     const size_t in_rb = row_bytes(w), out_rb = packed ? (size_t)c.count / 2 : (size_t)c.count,
                  off = packed ? (size_t)c.begin / 2 : (size_t)c.begin;
     unsigned char *dst = w->data ? qd_model_alloc(m, (size_t)w->rows * out_rb) : NULL;
