@@ -85,12 +85,12 @@ static qd_status get_matrix(binder *b, qd_weight *w, int64_t rows, int64_t cols,
     snprintf(name, sizeof name, "%s%s", rel[0] == '@' ? "" : b->prefix, rel[0] == '@' ? rel + 1 : rel);
     const size_t n = strlen(name), sfx = strlen(".weight");
     if (n > sfx && !strcmp(name + n - sfx, ".weight")) name[n - sfx] = 0;
-    const qd_status s = qd_quant_load_linear(b->m, &b->c->quant, name, rows, cols, w, b->err);
-    if (s != QD_OK && b->err->status == QD_ERR_SHAPE) {
-        const qd_st_tensor *t = qd_quant_find(b->m, name, ".weight");
-        if (t) qd_err_prefix(b->err, "%s: ", qd_st_file_name(b->m->st, t->file_index));
+    const qd_st_tensor *t = qd_quant_find(b->m, name, ".weight");
+    if (t && (t->dtype == QD_DTYPE_F32 || t->dtype == QD_DTYPE_BF16 || t->dtype == QD_DTYPE_F16)) {
+        int64_t shape[2] = {rows, cols}; /* a plain weight's shape, reported with its file */
+        QD_TRY(get_tensor(b, &t, 2, shape, "%s", rel));
     }
-    return s;
+    return qd_quant_load_linear(b->m, &b->c->quant, name, rows, cols, w, b->err);
 }
 
 /* The embedding table: a lookup, not a linear layer, so always plain. */

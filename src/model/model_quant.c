@@ -111,3 +111,47 @@ qd_status qd_quant_load_linear(qd_model *m, const qd_quant_config *q, const char
     *out = (qd_weight){.dtype = w->dtype, .rows = rows, .cols = cols, .data = w->data};
     return QD_OK;
 }
+
+const qd_weight *qd_weights_first_quantized(const qd_config *c, const qd_weights *w, char *where, size_t size) {
+#define QD_PROBE(wt, label)                                              \
+    do {                                                                 \
+        if (qd_weight_quantized(wt)) {                                   \
+            snprintf(where, size, "layer %d %s", L, label);              \
+            return (wt);                                                 \
+        }                                                                \
+    } while (0)
+    for (int L = 0; w->layers && L < c->n_layers; L++) {
+        const qd_layer *ly = &w->layers[L];
+        if (ly->kind == QD_LAYER_GDN) {
+            QD_PROBE(&ly->gdn.in_qkv, "linear_attn in_proj_qkv(z)");
+            QD_PROBE(&ly->gdn.in_z, "linear_attn in_proj_z");
+            QD_PROBE(&ly->gdn.in_a, "linear_attn in_proj_a");
+            QD_PROBE(&ly->gdn.in_b, "linear_attn in_proj_b");
+            QD_PROBE(&ly->gdn.out, "linear_attn.out_proj");
+        } else {
+            QD_PROBE(&ly->attn.q, "self_attn.q_proj");
+            QD_PROBE(&ly->attn.k, "self_attn.k_proj");
+            QD_PROBE(&ly->attn.v, "self_attn.v_proj");
+            QD_PROBE(&ly->attn.o, "self_attn.o_proj");
+        }
+        const qd_mlp_weights *mlps[2] = {&ly->mlp, NULL};
+        int n = 1;
+        if (ly->ffn_kind == QD_FFN_MOE) {
+            QD_PROBE(&ly->moe.router, "mlp.gate");
+            n = 0;
+            for (int e = 0; ly->moe.experts && e < c->n_experts; e++) {
+                QD_PROBE(&ly->moe.experts[e].gate, "mlp.experts.*.gate_proj");
+                QD_PROBE(&ly->moe.experts[e].up, "mlp.experts.*.up_proj");
+                QD_PROBE(&ly->moe.experts[e].down, "mlp.experts.*.down_proj");
+            }
+            if (ly->moe.has_shared) mlps[n++] = &ly->moe.shared;
+        }
+        for (int i = 0; i < n; i++) {
+            QD_PROBE(&mlps[i]->gate, "mlp gate_proj");
+            QD_PROBE(&mlps[i]->up, "mlp up_proj");
+            QD_PROBE(&mlps[i]->down, "mlp down_proj");
+        }
+    }
+#undef QD_PROBE
+    return NULL;
+}

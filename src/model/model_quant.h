@@ -30,6 +30,10 @@ qd_status qd_quant_check_shape(const qd_st_tensor *t, int ndim, const int64_t *s
 /* The n elements of a F32 / BF16 / F16 tensor as owned fp32; an error names the tensor. */
 qd_status qd_quant_f32(qd_model *m, const qd_st_tensor *t, float **out, qd_err *err);
 
+/* The first quantized linear weight of w (NULL: none), named into `where` ("layer 3
+ * mlp.down_proj"), so a backend that cannot multiply one refuses the model by name. */
+const qd_weight *qd_weights_first_quantized(const qd_config *c, const qd_weights *w, char *where, size_t size);
+
 /* Quantization at load (model_quant_online.c): a plain weight to F8_E4M3 with 128 x 128
  * block scales (amax / 448 per block), buffers owned by m; and every linear layer of m's
  * bound weights into `kind` (fp8 as above, nvfp4, int4 symmetric group 128). */
