@@ -8,7 +8,10 @@
  * As in the official FP8 checkpoints, the embedding, lm_head, routers, shared-expert gates and
  * GDN in_proj_a / in_proj_b stay as they are. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "base/arena.h"
 
 #include "model/model_quant.h"
 
@@ -46,83 +49,92 @@ static uint8_t f32_to_e2m1(float x) {
     return sign | (uint8_t)best;
 }
 
-static qd_status row_f32(qd_model *m, const qd_weight *w, float **row, qd_err *err) {
-    *row = qd_model_alloc(m, (size_t)w->cols * sizeof(float));
-    return *row ? QD_OK : qd_seterr(err, QD_ERR_OOM, "out of memory quantizing a %lld-column weight", (long long)w->cols);
+/* One conversion, cut over the model's thread pool: tasks of rows (FP8: of 128-row block rows)
+ * that each dequantize their rows into their own scratch. */
+typedef struct qjob {
+    const qd_weight *w;
+    uint8_t *q;          /* the packed elements */
+    void *s;             /* the scales */
+    float *row_amax;     /* NVFP4's first pass: [rows] */
+    float global;        /* NVFP4 */
+    int64_t group;       /* INT4 */
+    int failed;          /* a task could not allocate its scratch */
+} qjob;
+
+static float *scratch(qjob *j, int64_t n) {
+    float *t = malloc((size_t)n * sizeof(float));
+    if (!t) j->failed = 1;
+    return t;
 }
 
-qd_status qd_quant_to_fp8_block(qd_model *m, const qd_weight *w, qd_weight *out, qd_err *err) {
-    init_tables();
-    const int64_t R = w->rows, C = w->cols, B = 128, sr = (R + B - 1) / B, sc = (C + B - 1) / B;
-    uint8_t *q = qd_model_alloc(m, (size_t)(R * C));
-    float *s = qd_model_alloc(m, (size_t)(sr * sc) * sizeof(float)), *tmp;
-    if (!q || !s) return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing a %lldx%lld weight to FP8", (long long)R,
-                                   (long long)C);
-    QD_TRY(row_f32(m, w, &tmp, err));
-    for (int64_t i = 0; i < sr * sc; i++) s[i] = 0;
-    for (int64_t r = 0; r < R; r++) { /* block amax */
-        qd_weight_dequant_rows(w, r, 1, tmp);
-        for (int64_t c = 0; c < C; c++) s[(r / B) * sc + c / B] = fmaxf(s[(r / B) * sc + c / B], fabsf(tmp[c]));
+static void fp8_task(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    qjob *j = user;
+    const qd_weight *w = j->w;
+    const int64_t R = w->rows, C = w->cols, B = 128, sc = (C + B - 1) / B;
+    float *s = j->s, *tmp = scratch(j, B * C);
+    if (!tmp) return;
+    for (int64_t br = begin; br < end; br++) {
+        const int64_t r0 = br * B, n = R - r0 < B ? R - r0 : B;
+        qd_weight_dequant_rows(w, r0, n, tmp);
+        for (int64_t b = 0; b < sc; b++) s[br * sc + b] = 0;
+        for (int64_t i = 0; i < n * C; i++) s[br * sc + (i % C) / B] = fmaxf(s[br * sc + (i % C) / B], fabsf(tmp[i]));
+        for (int64_t b = 0; b < sc; b++) s[br * sc + b] = s[br * sc + b] > 0 ? s[br * sc + b] / 448.0f : 1.0f;
+        for (int64_t i = 0; i < n * C; i++) j->q[r0 * C + i] = f32_to_e4m3(tmp[i] / s[br * sc + (i % C) / B]);
     }
-    for (int64_t i = 0; i < sr * sc; i++) s[i] = s[i] > 0 ? s[i] / 448.0f : 1.0f;
-    for (int64_t r = 0; r < R; r++) {
-        qd_weight_dequant_rows(w, r, 1, tmp);
-        for (int64_t c = 0; c < C; c++) q[r * C + c] = f32_to_e4m3(tmp[c] / s[(r / B) * sc + c / B]);
-    }
-    *out = (qd_weight){.dtype = QD_DTYPE_F8_E4M3, .rows = R, .cols = C, .data = q,
-                       .scales = {.dtype = QD_DTYPE_F32, .data = s, .block_rows = B, .block_cols = B, .global = 1}};
-    return QD_OK;
+    free(tmp);
 }
 
-static qd_status to_nvfp4(qd_model *m, const qd_weight *w, qd_weight *out, qd_err *err) {
-    init_tables();
-    const int64_t R = w->rows, C = w->cols;
-    if (C % 16)
-        return qd_seterr(err, QD_ERR_UNSUPPORTED, "--quantization nvfp4: a weight of %lld in-features (not a multiple "
-                         "of 16)", (long long)C);
-    uint8_t *q = qd_model_alloc(m, (size_t)(R * C / 2)), *s = qd_model_alloc(m, (size_t)(R * C / 16));
-    float *tmp;
-    if (!q || !s) return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing to NVFP4");
-    QD_TRY(row_f32(m, w, &tmp, err));
-    float amax = 0;
-    for (int64_t r = 0; r < R; r++) {
-        qd_weight_dequant_rows(w, r, 1, tmp);
-        for (int64_t c = 0; c < C; c++) amax = fmaxf(amax, fabsf(tmp[c]));
+static void amax_task(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    qjob *j = user;
+    float *tmp = scratch(j, j->w->cols);
+    if (!tmp) return;
+    for (int64_t r = begin; r < end; r++) {
+        qd_weight_dequant_rows(j->w, r, 1, tmp);
+        float a = 0;
+        for (int64_t c = 0; c < j->w->cols; c++) a = fmaxf(a, fabsf(tmp[c]));
+        j->row_amax[r] = a;
     }
-    const float g = amax > 0 ? amax / (448.0f * 6.0f) : 1.0f;
-    memset(q, 0, (size_t)(R * C / 2));
-    for (int64_t r = 0; r < R; r++) {
-        qd_weight_dequant_rows(w, r, 1, tmp);
+    free(tmp);
+}
+
+static void nvfp4_task(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    qjob *j = user;
+    const int64_t C = j->w->cols;
+    uint8_t *s = j->s;
+    float *tmp = scratch(j, C);
+    if (!tmp) return;
+    for (int64_t r = begin; r < end; r++) {
+        qd_weight_dequant_rows(j->w, r, 1, tmp);
+        memset(j->q + r * C / 2, 0, (size_t)C / 2);
         for (int64_t b = 0; b < C / 16; b++) {
             float a = 0;
             for (int k = 0; k < 16; k++) a = fmaxf(a, fabsf(tmp[b * 16 + k]));
-            uint8_t sc = f32_to_e4m3(a / 6.0f / g);
+            uint8_t sc = f32_to_e4m3(a / 6.0f / j->global);
             if (sc == 0) sc = 1; /* the smallest e4m3 step: an all-zero block stays zero */
             s[r * (C / 16) + b] = sc;
-            const float eff = qd_f8e4m3_to_f32(sc) * g;
+            const float eff = qd_f8e4m3_to_f32(sc) * j->global;
             for (int k = 0; k < 16; k++) {
                 const int64_t c = b * 16 + k;
                 const uint8_t code = f32_to_e2m1(tmp[c] / eff);
-                q[(r * C + c) / 2] |= (uint8_t)(c % 2 ? code << 4 : code);
+                j->q[(r * C + c) / 2] |= (uint8_t)(c % 2 ? code << 4 : code);
             }
         }
     }
-    *out = (qd_weight){.dtype = QD_DTYPE_NVFP4, .rows = R, .cols = C, .data = q,
-                       .scales = {.dtype = QD_DTYPE_F8_E4M3, .data = s, .block_rows = 1, .block_cols = 16, .global = g}};
-    return QD_OK;
+    free(tmp);
 }
 
-static qd_status to_int4(qd_model *m, const qd_weight *w, qd_weight *out, qd_err *err) {
-    const int64_t R = w->rows, C = w->cols, g = C % 128 ? C : 128, G = C / g;
-    if (C % 2)
-        return qd_seterr(err, QD_ERR_UNSUPPORTED, "--quantization int4: a weight of %lld in-features (odd)", (long long)C);
-    uint8_t *q = qd_model_alloc(m, (size_t)(R * C / 2));
-    float *s = qd_model_alloc(m, (size_t)(R * G) * sizeof(float)), *tmp;
-    if (!q || !s) return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing to INT4");
-    QD_TRY(row_f32(m, w, &tmp, err));
-    memset(q, 0, (size_t)(R * C / 2));
-    for (int64_t r = 0; r < R; r++) {
-        qd_weight_dequant_rows(w, r, 1, tmp);
+static void int4_task(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    qjob *j = user;
+    const int64_t C = j->w->cols, g = j->group, G = C / g;
+    float *s = j->s, *tmp = scratch(j, C);
+    if (!tmp) return;
+    for (int64_t r = begin; r < end; r++) {
+        qd_weight_dequant_rows(j->w, r, 1, tmp);
+        memset(j->q + r * C / 2, 0, (size_t)C / 2);
         for (int64_t gr = 0; gr < G; gr++) {
             float a = 0;
             for (int64_t k = 0; k < g; k++) a = fmaxf(a, fabsf(tmp[gr * g + k]));
@@ -132,13 +144,79 @@ static qd_status to_int4(qd_model *m, const qd_weight *w, qd_weight *out, qd_err
                 const int64_t c = gr * g + k;
                 long v = lrintf(tmp[c] / sc) + 8;
                 v = v < 0 ? 0 : v > 15 ? 15 : v;
-                q[(r * C + c) / 2] |= (uint8_t)(c % 2 ? v << 4 : v);
+                j->q[(r * C + c) / 2] |= (uint8_t)(c % 2 ? v << 4 : v);
             }
         }
     }
-    *out = (qd_weight){.dtype = QD_DTYPE_INT4, .rows = R, .cols = C, .data = q,
-                       .scales = {.dtype = QD_DTYPE_F32, .data = s, .block_rows = 1, .block_cols = g, .global = 1}};
+    free(tmp);
+}
+
+static qd_status run(qd_model *m, qjob *j, int64_t n, qd_parallel_fn fn, qd_err *err) {
+    if (m->pool) qd_parallel_for(m->pool, n, 1, fn, j);
+    else fn(j, 0, n, 0);
+    return j->failed ? qd_seterr(err, QD_ERR_OOM, "out of memory for quantization scratch") : QD_OK;
+}
+
+qd_status qd_quant_to_fp8_block(qd_model *m, const qd_weight *w, qd_weight *out, qd_err *err) {
+    init_tables();
+    const int64_t R = w->rows, C = w->cols, B = 128, sr = (R + B - 1) / B, sc = (C + B - 1) / B;
+    qjob j = {.w = w, .q = qd_model_alloc(m, (size_t)(R * C)), .s = qd_model_alloc(m, (size_t)(sr * sc) * sizeof(float))};
+    if (!j.q || !j.s)
+        return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing a %lldx%lld weight to FP8", (long long)R, (long long)C);
+    QD_TRY(run(m, &j, sr, fp8_task, err));
+    *out = (qd_weight){.dtype = QD_DTYPE_F8_E4M3, .rows = R, .cols = C, .data = j.q,
+                       .scales = {.dtype = QD_DTYPE_F32, .data = j.s, .block_rows = B, .block_cols = B, .global = 1}};
     return QD_OK;
+}
+
+static qd_status to_nvfp4(qd_model *m, const qd_weight *w, qd_weight *out, qd_err *err) {
+    init_tables();
+    const int64_t R = w->rows, C = w->cols;
+    if (C % 16)
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "--quantization nvfp4: a weight of %lld in-features (not a multiple "
+                         "of 16)", (long long)C);
+    qjob j = {.w = w, .q = qd_model_alloc(m, (size_t)(R * C / 2)), .s = qd_model_alloc(m, (size_t)(R * C / 16)),
+              .row_amax = malloc((size_t)R * sizeof(float))};
+    if (!j.q || !j.s || !j.row_amax) {
+        free(j.row_amax);
+        return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing to NVFP4");
+    }
+    qd_status st = run(m, &j, R, amax_task, err);
+    float amax = 0;
+    for (int64_t r = 0; r < R; r++) amax = fmaxf(amax, j.row_amax[r]);
+    free(j.row_amax);
+    QD_TRY(st);
+    j.global = amax > 0 ? amax / (448.0f * 6.0f) : 1.0f;
+    QD_TRY(run(m, &j, R, nvfp4_task, err));
+    *out = (qd_weight){.dtype = QD_DTYPE_NVFP4, .rows = R, .cols = C, .data = j.q,
+                       .scales = {.dtype = QD_DTYPE_F8_E4M3, .data = j.s, .block_rows = 1, .block_cols = 16,
+                                  .global = j.global}};
+    return QD_OK;
+}
+
+static qd_status to_int4(qd_model *m, const qd_weight *w, qd_weight *out, qd_err *err) {
+    const int64_t R = w->rows, C = w->cols, g = C % 128 ? C : 128, G = C / g;
+    if (C % 2)
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "--quantization int4: a weight of %lld in-features (odd)", (long long)C);
+    qjob j = {.w = w, .q = qd_model_alloc(m, (size_t)(R * C / 2)), .s = qd_model_alloc(m, (size_t)(R * G) * sizeof(float)),
+              .group = g};
+    if (!j.q || !j.s) return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing to INT4");
+    QD_TRY(run(m, &j, R, int4_task, err));
+    *out = (qd_weight){.dtype = QD_DTYPE_INT4, .rows = R, .cols = C, .data = j.q,
+                       .scales = {.dtype = QD_DTYPE_F32, .data = j.s, .block_rows = 1, .block_cols = g, .global = 1}};
+    return QD_OK;
+}
+
+/* A dummy weight's BF16 buffer is the model's own: freed once converted, so a large dummy
+ * model peaks at one BF16 matrix beside its quantized weights (checkpoint weights are views
+ * into the mapping and are not in the list). */
+static void drop_owned(qd_model *m, const void *p) {
+    for (int i = m->n_owned - 1; i >= m->n_owned_layout && i >= 0; i--)
+        if (m->owned[i] == p) {
+            qd_aligned_free(m->owned[i]);
+            m->owned[i] = NULL;
+            return;
+        }
 }
 
 static qd_status convert(qd_model *m, qd_quantization kind, qd_weight *w, qd_err *err) {
@@ -155,6 +233,7 @@ static qd_status convert(qd_model *m, qd_quantization kind, qd_weight *w, qd_err
     case QD_QUANTIZATION_INT4: QD_TRY(to_int4(m, w, &q, err)); break;
     default: return qd_seterr(err, QD_ERR_INVALID_ARG, "quantization %d is not a format", (int)kind);
     }
+    drop_owned(m, w->data);
     *w = q;
     return QD_OK;
 }
