@@ -129,7 +129,10 @@ static void decoder_check(const char *dir) {
     json_array_foreach(list, i, e) {
         const char *name = json_string_value(json_object_get(e, "name"));
         const int64_t rows = json_integer_value(json_object_get(e, "rows")), cols = json_integer_value(json_object_get(e, "cols"));
-        if (!ref || off + (size_t)(rows * cols) * sizeof(float) > len) {
+        const json_t *checked = json_object_get(e, "checked_rows");
+        const size_t n_checked = json_array_size(checked);
+        CHECKF(name && rows > 0 && cols > 0 && n_checked > 0, "%s: dequant.json entry %zu is malformed", dir, i);
+        if (!ref || off + n_checked * (size_t)cols * sizeof(float) > len) {
             CHECKF(0, "%s: dequant.f32 is shorter than dequant.json says", dir);
             break;
         }
@@ -138,20 +141,23 @@ static void decoder_check(const char *dir) {
         CHECKF(s == QD_OK, "%s: %s: %s", dir, name, err.msg);
         if (s == QD_OK) {
             CHECKF(qd_weight_quantized(&w), "%s: %s was loaded as plain %s", dir, name, qd_dtype_name(w.dtype));
-            float *got = malloc(sizeof(float) * (size_t)(rows * cols));
-            qd_weight_dequant_rows(&w, 0, rows, got);
-            const float *want = ref + off / sizeof(float);
+            float *got = malloc(sizeof(float) * (size_t)cols);
             double worst = 0;
-            for (int64_t k = 0; k < rows * cols; k++) {
-                const double tol = 1e-6 * fabs(want[k]); /* 1/divisor folded into a multiplier: an ulp */
-                const double d = fabs((double)got[k] - want[k]);
-                if (d > tol && d > worst) worst = d;
+            for (size_t k = 0; k < n_checked; k++) {
+                const int64_t r = json_integer_value(json_array_get(checked, k));
+                qd_weight_dequant_rows(&w, r, 1, got);
+                const float *want = ref + off / sizeof(float) + k * (size_t)cols;
+                for (int64_t c = 0; c < cols; c++) {
+                    const double tol = 1e-6 * fabs(want[c]); /* 1/divisor folded into a multiplier: an ulp */
+                    const double d = fabs((double)got[c] - want[c]);
+                    if (d > tol && d > worst) worst = d;
+                }
             }
             CHECKF(worst == 0, "%s: %s dequantizes differently from the reference (worst |diff| %g)", dir, name, worst);
             free(got);
             modules++;
         }
-        off += (size_t)(rows * cols) * sizeof(float);
+        off += n_checked * (size_t)cols * sizeof(float);
     }
     CHECKF(ref && off == len, "%s: dequant.f32 has %zu bytes, dequant.json describes %zu", dir, len, off);
     printf("  %-22s decoder check: %d modules\n", dir + strlen(QFX) + 1, modules);

@@ -10,8 +10,9 @@ ModelOpt), dequantizes the stored tensors exactly by the format's published rule
 section 8) into an fp32 checkpoint of the base layout, and runs transformers on that:
 
   prompt_<L>.ids / logits_<L>.f32 / greedy_<L>.ids   as in make_fixtures.py (L in 1, 33)
-  dequant.f32      a sample of the quantized modules (the first of each kind, ~48 KB), dequantized, fp32, in the order of
-                   dequant.json (name, rows, cols): the decoder check of tests/test_quant_load.c
+  dequant.f32      rows of the first quantized module of each kind (edges, middle, around row 128), dequantized,
+                   fp32, in the order of
+                   dequant.json (name, rows, cols, checked_rows): the decoder check of tests/test_quant_load.c
                    (qdelta's dequantization of the stored tensors must give these values)
 
 Formats (fixture name: base, format, what it covers):
@@ -310,18 +311,19 @@ def run_reference(model, ids, vocab):
     return lg, gen, gap, ok
 
 
-def decoder_sample(deq, budget=12288):
-    """The modules of the decoder check: the first of each kind (name with numbers elided), smallest
-    kinds first, within `budget` floats (fixtures stay small)."""
+def decoder_sample(deq):
+    """The decoder check's rows: of the first module of each kind (name with numbers elided), the
+    first and last rows, the middle one and those around the 128-row block edge (where Qwen3-Next's
+    in_proj_qkvz blocks cross key-head groups), every column. Small, and every layout is in it."""
     kinds = {}
     for n in sorted(deq):
         kinds.setdefault(re.sub(r"\d+", "#", n), n)
-    picked, used = [], 0
-    for n in sorted(kinds.values(), key=lambda n: deq[n].numel()):
-        if used + deq[n].numel() <= budget:
-            picked.append(n)
-            used += deq[n].numel()
-    return sorted(picked)
+    out = []
+    for n in sorted(kinds.values()):
+        R = deq[n].shape[0]
+        rows = sorted({r for r in (0, 1, R // 2, 127, 128, 129, R - 2, R - 1) if 0 <= r < R})
+        out.append((n, rows))
+    return out
 
 
 def make(name, out, manifest):
@@ -371,12 +373,12 @@ def make(name, out, manifest):
         lg.numpy().astype("<f4").tofile(os.path.join(d, f"logits_{L}.f32"))
         cases.append(dict(L=L, seed=100 * L + attempt, min_gap=gap))
     # the decoder check: what the reference used, module by module
-    names = decoder_sample(deq)
-    json.dump([dict(name=n, rows=deq[n].shape[0], cols=deq[n].shape[1]) for n in names],
+    sample = decoder_sample(deq)
+    json.dump([dict(name=n, rows=deq[n].shape[0], cols=deq[n].shape[1], checked_rows=r) for n, r in sample],
               open(os.path.join(d, "dequant.json"), "w"), indent=1)
-    np.concatenate([deq[n].numpy().astype("<f4").ravel() for n in names]).tofile(os.path.join(d, "dequant.f32"))
+    np.concatenate([deq[n][r].numpy().astype("<f4").ravel() for n, r in sample]).tofile(os.path.join(d, "dequant.f32"))
     manifest[name] = dict(base=base, format=fmt, options={k: str(v) for k, v in kw.items()}, cases=cases,
-                          quantized_modules=len(names))
+                          quantized_modules=len(deq), decoder_checked_modules=len(sample))
     print(name, "ok", cases, flush=True)
 
 
