@@ -79,6 +79,16 @@ const char *qd_backend_name(qd_backend_kind kind);
 /* The kind named so (as qd_backend_name spells it); QD_ERR_INVALID_ARG when none is. */
 qd_status qd_backend_parse(const char *name, qd_backend_kind *kind);
 
+/* Quantization at load (qd_model_params.quantization): the linear layers of a plain
+ * checkpoint, or of dummy weights, converted into a quantized format (README "Quantized
+ * checkpoints"). A quantized checkpoint loads in its own format with QD_QUANTIZATION_NONE. */
+typedef enum qd_quantization {
+    QD_QUANTIZATION_NONE = 0,  /* weights as stored */
+    QD_QUANTIZATION_FP8 = 1,   /* FP8 e4m3, 128 x 128 block scales (checkpoints and dummy weights) */
+    QD_QUANTIZATION_NVFP4 = 2, /* NVFP4 (dummy weights only) */
+    QD_QUANTIZATION_INT4 = 3   /* int4 symmetric, group 128 (dummy weights only) */
+} qd_quantization;
+
 typedef struct qd_model_params {
     const char *path;             /* checkpoint directory (config.json, *.safetensors) */
     qd_load_format load_format;
@@ -97,6 +107,7 @@ typedef struct qd_model_params {
     int tp_devices;       /* CUDA: GPUs the ranks use; 0 = one per rank when that many are visible,
                            * else GPU 0 alone; 1 = every rank on GPU 0 (no NCCL: the ranks add
                            * their partial sums on the device, for tests and one-GPU runs) */
+    qd_quantization quantization; /* --quantization: NONE loads the weights as stored */
 } qd_model_params;
 
 qd_model_params qd_model_default_params(void);

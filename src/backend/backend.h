@@ -179,6 +179,8 @@ struct qd_backend_ops {
                                   * memory: the host weights may be dropped afterwards */
     bool draws_dummy_weights;    /* dummy weights are drawn by model_create from each weight's
                                   * dummy_seed / dummy_scale: bind them without data */
+    bool quantized_weights;      /* model_create takes F8_E4M3 / NVFP4 / INT4 weights (weight.h);
+                                  * a model holding one is refused by a backend without it */
 
     /* Copy bandwidth of the memory weights stream from (GB/s, read + write), best of
      * several copies of `bytes`. */

@@ -29,43 +29,45 @@ static float scale_at(const qd_weight_scales *s, int64_t i) {
     }
 }
 
-void qd_weight_dequant_rows(const qd_weight *w, int64_t r0, int64_t n, float *out) {
+void qd_weight_dequant_span(const qd_weight *w, int64_t r, int64_t c0, int64_t n, float *o) {
     const int64_t C = w->cols;
     const qd_weight_scales *s = &w->scales;
-    for (int64_t r = r0; r < r0 + n; r++) {
-        float *o = out + (size_t)(r - r0) * (size_t)C;
-        switch (w->dtype) {
-        case QD_DTYPE_F8_E4M3: {
-            const uint8_t *q = (const uint8_t *)w->data + (size_t)(r * C);
-            const int64_t sc = ceil_div(C, s->block_cols), sr = r / s->block_rows;
-            for (int64_t c = 0; c < C; c++) o[c] = qd_f8e4m3_to_f32(q[c]) * scale_at(s, sr * sc + c / s->block_cols);
-            break;
-        }
-        case QD_DTYPE_NVFP4: {
-            const uint8_t *q = (const uint8_t *)w->data + (size_t)(r * C / 2);
-            const int64_t sc = C / 16;
-            for (int64_t c = 0; c < C; c++) {
-                const uint8_t b = q[c / 2];
-                o[c] = qd_e2m1_to_f32(c % 2 ? (uint8_t)(b >> 4) : (uint8_t)(b & 15)) * scale_at(s, r * sc + c / 16) *
-                       s->global;
-            }
-            break;
-        }
-        case QD_DTYPE_INT4: {
-            const uint8_t *q = (const uint8_t *)w->data + (size_t)(r * C / 2);
-            const int64_t sc = ceil_div(C, s->block_cols);
-            for (int64_t c = 0; c < C; c++) {
-                const int64_t gi = (s->g_idx ? s->g_idx[c] : c / s->block_cols) + r * sc;
-                const uint8_t b = q[c / 2];
-                const int v = c % 2 ? b >> 4 : b & 15;
-                const int z = s->zeros ? s->zeros[gi] : 8;
-                o[c] = (float)(v - z) * scale_at(s, gi);
-            }
-            break;
-        }
-        default:
-            qd_convert_to_f32(w->dtype, (const unsigned char *)w->data + (size_t)(r * C) * qd_dtype_size(w->dtype), o,
-                              (size_t)C);
-        }
+    switch (w->dtype) {
+    case QD_DTYPE_F8_E4M3: {
+        const uint8_t *q = (const uint8_t *)w->data + (size_t)(r * C);
+        const int64_t sc = ceil_div(C, s->block_cols), sr = r / s->block_rows;
+        for (int64_t c = c0; c < c0 + n; c++)
+            o[c - c0] = qd_f8e4m3_to_f32(q[c]) * scale_at(s, sr * sc + c / s->block_cols);
+        break;
     }
+    case QD_DTYPE_NVFP4: {
+        const uint8_t *q = (const uint8_t *)w->data + (size_t)(r * C / 2);
+        const int64_t sc = C / 16;
+        for (int64_t c = c0; c < c0 + n; c++) {
+            const uint8_t b = q[c / 2];
+            o[c - c0] = qd_e2m1_to_f32(c % 2 ? (uint8_t)(b >> 4) : (uint8_t)(b & 15)) * scale_at(s, r * sc + c / 16) *
+                        s->global;
+        }
+        break;
+    }
+    case QD_DTYPE_INT4: {
+        const uint8_t *q = (const uint8_t *)w->data + (size_t)(r * C / 2);
+        const int64_t sc = ceil_div(C, s->block_cols);
+        for (int64_t c = c0; c < c0 + n; c++) {
+            const int64_t gi = (s->g_idx ? s->g_idx[c] : c / s->block_cols) + r * sc;
+            const uint8_t b = q[c / 2];
+            const int v = c % 2 ? b >> 4 : b & 15;
+            const int z = s->zeros ? s->zeros[gi] : 8;
+            o[c - c0] = (float)(v - z) * scale_at(s, gi);
+        }
+        break;
+    }
+    default:
+        qd_convert_to_f32(w->dtype, (const unsigned char *)w->data + (size_t)(r * C + c0) * qd_dtype_size(w->dtype), o,
+                          (size_t)n);
+    }
+}
+
+void qd_weight_dequant_rows(const qd_weight *w, int64_t r0, int64_t n, float *out) {
+    for (int64_t r = r0; r < r0 + n; r++) qd_weight_dequant_span(w, r, 0, w->cols, out + (size_t)(r - r0) * (size_t)w->cols);
 }

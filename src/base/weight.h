@@ -61,5 +61,7 @@ size_t qd_weight_scale_bytes(const qd_weight *w);
  * the conversion of the stored values): the reference every multiply of a quantized format
  * is tested against. */
 void qd_weight_dequant_rows(const qd_weight *w, int64_t r0, int64_t n, float *out);
+/* Columns [c0, c0 + n) of row r, the same values. */
+void qd_weight_dequant_span(const qd_weight *w, int64_t r, int64_t c0, int64_t n, float *out);
 
 #endif

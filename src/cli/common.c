@@ -70,6 +70,19 @@ int cli_parse_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         }
         return 1;
     }
+    if (!strcmp(a, "--quantization")) {
+        const char *v = cli_value(argc, argv, i);
+        if (!v) return -1;
+        if (!strcmp(v, "fp8")) o->quantization = QD_QUANTIZATION_FP8;
+        else if (!strcmp(v, "nvfp4")) o->quantization = QD_QUANTIZATION_NVFP4;
+        else if (!strcmp(v, "int4")) o->quantization = QD_QUANTIZATION_INT4;
+        else if (!strcmp(v, "none")) o->quantization = QD_QUANTIZATION_NONE;
+        else {
+            fprintf(stderr, "qdelta: --quantization expects fp8, nvfp4, int4 or none, got '%s'\n", v);
+            return -1;
+        }
+        return 1;
+    }
     if (!strcmp(a, "--backend")) {
         const char *v = cli_value(argc, argv, i);
         if (!v) return -1;
@@ -212,6 +225,7 @@ qd_model *cli_load_model(const cli_model_opts *o) {
     mp.n_threads = o->threads;
     mp.tensor_parallel_size = o->tensor_parallel_size;
     mp.expert_parallel = o->expert_parallel;
+    mp.quantization = o->quantization;
     if (!o->quiet) mp.progress = progress_bar;
     qd_model *m;
     char err[1024];

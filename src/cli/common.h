@@ -18,6 +18,7 @@ typedef struct cli_model_opts {
     bool quiet;                 /* no progress bar */
     int tensor_parallel_size;   /* --tensor-parallel-size N (0/1: not split) */
     bool expert_parallel;       /* --expert-parallel */
+    qd_quantization quantization; /* --quantization none|fp8|nvfp4|int4 */
     const char *revision;       /* --revision: branch, tag or commit of a model name (HF cache) */
     const char *model_name;     /* set by cli_default_model: the org/name given to -m when it was
                                  * found in the Hugging Face cache, else NULL */
@@ -33,7 +34,10 @@ typedef struct cli_model_opts {
     "  --load-format auto|dummy, --backend cpu|cuda, -t N threads, -q quiet\n"                      \
     "  --tensor-parallel-size N  split the model over N ranks (CUDA: N GPUs, or GPU 0 when only one\n" \
     "                            is visible; CPU: in process, for checks); --expert-parallel: MoE\n"   \
-    "                            experts partitioned over the ranks instead of split\n"
+    "                            experts partitioned over the ranks instead of split\n"   \
+    "  --quantization fp8|nvfp4|int4  quantize at load: a BF16 checkpoint to FP8 block-128 (fp8\n" \
+    "                            only), dummy weights to any of them; quantized checkpoints\n"  \
+    "                            (FP8, NVFP4, GPTQ, AWQ) load as stored without it\n"
 
 /* If argv[*i] is a model option, consumes it (and its value) and returns 1;
  * returns -1 with a message on a bad value, 0 when not a model option. */

@@ -393,6 +393,9 @@ static qd_status parse_root(cfg *c, qd_config *o) {
         return qd_seterr(c->err, QD_ERR_FORMAT, "%s: max_position_embeddings = %d must be positive", c->what,
                          o->max_position_embeddings);
     QD_TRY(read_token_ids(c, o));
+    const char *where;
+    const json_t *qc = lookup(c, "quantization_config", &where);
+    QD_TRY(qd_quant_config_parse(qc, c->what, false, &o->quant, c->err));
     return check_products(c, o);
 }
 
@@ -414,6 +417,36 @@ qd_status qd_config_parse(const char *json_text, size_t len, const char *what, q
     return s;
 }
 
+/* ModelOpt exports keep their scheme in DIR/hf_quant_config.json ({"quantization": {...}});
+ * where config.json names one too, the two must be the same method. */
+static qd_status load_modelopt_file(const char *dir, qd_config *out, qd_err *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return QD_OK;
+    fclose(f);
+    char *text;
+    size_t len;
+    QD_TRY(qd_read_file(path, CFG_MAX_FILE, &text, &len, err));
+    json_t *top;
+    qd_status s = qd_json_parse(text, len, path, &top, err);
+    free(text);
+    if (s != QD_OK) return s;
+    const json_t *qc = json_object_get(top, "quantization");
+    if (!json_is_object(qc)) {
+        s = qd_seterr(err, QD_ERR_FORMAT, "%s: no 'quantization' object", path);
+    } else if (out->quant.method != QD_QUANT_NONE && out->quant.method != QD_QUANT_MODELOPT) {
+        s = qd_seterr(err, QD_ERR_FORMAT, "%s: modelopt quantization, but config.json says quant_method '%s'", path,
+                      out->quant.method_name);
+    } else {
+        qd_quant_config q;
+        s = qd_quant_config_parse(qc, path, true, &q, err);
+        if (s == QD_OK) out->quant = q;
+    }
+    json_decref(top);
+    return s;
+}
+
 qd_status qd_config_load(const char *dir, qd_config *out, qd_err *err) {
     size_t n = strlen(dir) + sizeof "/config.json";
     char *path = malloc(n);
@@ -427,7 +460,7 @@ qd_status qd_config_load(const char *dir, qd_config *out, qd_err *err) {
         free(text);
     }
     free(path);
-    return s;
+    return s == QD_OK ? load_modelopt_file(dir, out, err) : s;
 }
 
 int qd_config_n_gdn_layers(const qd_config *c) {

@@ -24,6 +24,45 @@ typedef enum qd_arch {
 typedef enum qd_layer_kind { QD_LAYER_GDN = 0, QD_LAYER_ATTN = 1 } qd_layer_kind;
 typedef enum qd_ffn_kind { QD_FFN_DENSE = 0, QD_FFN_MOE = 1 } qd_ffn_kind;
 
+/* The checkpoint's quantization scheme (config.json quantization_config, or ModelOpt's
+ * hf_quant_config.json; config_quant.c). It says what the tensors are expected to be; the
+ * loader (src/model/model_quant*.c) still decides per module from the tensors present and
+ * fails where they and this disagree. */
+typedef enum qd_quant_method {
+    QD_QUANT_NONE = 0,
+    QD_QUANT_FP8,          /* quant_method fp8: e4m3 weight + weight_scale_inv (block) or weight_scale */
+    QD_QUANT_CT_FP8,       /* compressed-tensors float-quantized: weight + weight_scale */
+    QD_QUANT_CT_NVFP4,     /* compressed-tensors nvfp4-pack-quantized: weight_packed + scales */
+    QD_QUANT_MODELOPT,     /* ModelOpt NVFP4 (weight U8, weight_scale e4m3, weight_scale_2) or FP8 */
+    QD_QUANT_GPTQ,         /* qweight / qzeros / scales / g_idx, packed along the input dim */
+    QD_QUANT_AWQ           /* qweight / qzeros / scales, GEMM packing along the output dim */
+} qd_quant_method;
+
+/* How the entries of an exclusion list match a module name (HF's modules_to_not_convert
+ * are substrings; compressed-tensors' ignore entries are names or "re:" regexes matched
+ * from the start; ModelOpt's exclude_modules are wildcards; every kind takes "re:"). */
+typedef enum qd_quant_match { QD_QUANT_MATCH_SUBSTRING = 0, QD_QUANT_MATCH_NAME, QD_QUANT_MATCH_WILDCARD } qd_quant_match;
+
+#define QD_QUANT_EXCLUDE_BYTES 32768
+
+typedef struct qd_quant_config {
+    qd_quant_method method;
+    char method_name[48];     /* as written (quant_method / format / quant_algo) for messages */
+    int block_rows, block_cols; /* FP8 weight_block_size / block_structure; 0: per-channel or per-tensor */
+    int bits;                 /* GPTQ / AWQ: 4 */
+    int group_size;           /* GPTQ / AWQ / NVFP4 group; -1: one group per row */
+    bool sym;                 /* GPTQ sym / AWQ !zero_point */
+    bool desc_act;            /* GPTQ act-order (g_idx) */
+    int gptq_version;         /* 1 (checkpoint_format gptq: stored zeros are z - 1) or 2 (exact) */
+    bool has_exclusions;      /* the config names the modules left unquantized */
+    qd_quant_match match;
+    int n_excluded;
+    char excluded[QD_QUANT_EXCLUDE_BYTES]; /* the entries, each NUL-terminated, back to back */
+} qd_quant_config;
+
+/* Whether the module `name` (a tensor name without ".weight") is on the exclusion list. */
+bool qd_quant_excluded(const qd_quant_config *q, const char *name);
+
 typedef struct qd_config {
     qd_arch arch;
     char model_type[32];        /* as written in config.json (top level) */
@@ -62,6 +101,8 @@ typedef struct qd_config {
     bool norm_topk_prob;        /* renormalise top-k weights */
 
     int max_position_embeddings;
+    qd_quant_config quant;      /* QD_QUANT_NONE for plain checkpoints */
+
     int bos_token_id;           /* -1 if absent */
     int eos_token_ids[QD_MAX_EOS];
     int n_eos;
@@ -71,6 +112,13 @@ typedef struct qd_config {
 qd_status qd_config_parse(const char *json_text, size_t len, const char *what, qd_config *out, qd_err *err);
 /* Reads and parses DIR/config.json. */
 qd_status qd_config_load(const char *dir, qd_config *out, qd_err *err);
+
+/* The quantization_config object of a config (NULL: none), or ModelOpt's hf_quant_config.json
+ * object; `what` names the source. Unknown methods, formats, bit widths or layouts fail naming
+ * the field and value. */
+struct json_t;
+qd_status qd_quant_config_parse(const struct json_t *qc, const char *what, bool modelopt_file, qd_quant_config *out,
+                                qd_err *err);
 
 int qd_config_n_gdn_layers(const qd_config *c);
 int qd_config_n_attn_layers(const qd_config *c);

@@ -131,7 +131,7 @@ static qd_status parse_entry(const char *name, const json_t *v, const unsigned c
         return qd_seterr(err, QD_ERR_FORMAT, "%s: tensor '%s': data_offsets [%lld, %lld] beyond the %zu-byte data area",
                          file, name, (long long)b, (long long)e, data_len);
     size_t esz = qd_dtype_size(t->dtype);
-    if (t->n_elements > (int64_t)(SIZE_MAX / esz) || (uint64_t)t->n_elements * esz != (uint64_t)(e - b))
+    if ((uint64_t)t->n_elements > SIZE_MAX / esz || (uint64_t)t->n_elements * esz != (uint64_t)(e - b))
         return qd_seterr(err, QD_ERR_FORMAT,
                          "%s: tensor '%s': %lld bytes stored but shape x %s needs %lld elements x %zu bytes", file,
                          name, (long long)(e - b), qd_dtype_name(t->dtype), (long long)t->n_elements, esz);

@@ -6,6 +6,7 @@
 #include "base/arena.h"
 #include "base/log.h"
 #include "model/model.h"
+#include "model/model_quant.h"
 
 qd_model_params qd_model_default_params(void) {
     qd_model_params p;
@@ -34,7 +35,9 @@ void *qd_model_own(qd_model *m, void *p) {
 
 void *qd_model_alloc(qd_model *m, size_t bytes) { return qd_model_own(m, qd_aligned_alloc(bytes)); }
 
-static int64_t weight_bytes(const qd_weight *w) { return w->rows * w->cols * (int64_t)qd_dtype_size(w->dtype); }
+static int64_t weight_bytes(const qd_weight *w) {
+    return (int64_t)(qd_weight_data_bytes(w) + qd_weight_scale_bytes(w));
+}
 static int64_t mlp_bytes(const qd_mlp_weights *w) {
     return weight_bytes(&w->gate) + weight_bytes(&w->up) + weight_bytes(&w->down);
 }
@@ -149,6 +152,24 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
     }
     if (params->progress) params->progress(0.0f, params->progress_user);
     const bool dummy = params->load_format == QD_LOAD_DUMMY || params->load_format == QD_LOAD_DUMMY_F32;
+    if (params->quantization != QD_QUANTIZATION_NONE) {
+        if ((unsigned)params->quantization > QD_QUANTIZATION_INT4) {
+            s = qd_seterr(&err, QD_ERR_INVALID_ARG, "quantization %d is not a format", (int)params->quantization);
+            goto fail;
+        }
+        if (!dummy && params->quantization != QD_QUANTIZATION_FP8) {
+            s = qd_seterr(&err, QD_ERR_UNSUPPORTED, "--quantization %s: a checkpoint is quantized at load to fp8 only "
+                          "(nvfp4 and int4 are for --load-format dummy)",
+                          params->quantization == QD_QUANTIZATION_NVFP4 ? "nvfp4" : "int4");
+            goto fail;
+        }
+        if (params->tensor_parallel_size > 1) {
+            s = qd_seterr(&err, QD_ERR_UNSUPPORTED, "--quantization with tensor parallelism is not supported yet "
+                          "(quantized checkpoints split)");
+            goto fail;
+        }
+        m->quantization = params->quantization; /* dummy weights are then drawn on the host */
+    }
     if (params->tensor_parallel_size > 1) { /* the ranks read their slices: no weights here */
         if (!dummy && (s = qd_st_open_dir(params->path, &m->st, &err)) != QD_OK) goto fail;
         if ((s = qd_model_backend_create(m, params, &err)) != QD_OK) goto fail;
@@ -162,6 +183,7 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
         if ((s = qd_st_open_dir(params->path, &m->st, &err)) != QD_OK) goto fail;
         s = qd_model_bind_checkpoint(m, &err);
     }
+    if (s == QD_OK && m->quantization != QD_QUANTIZATION_NONE) s = qd_model_quantize(m, m->quantization, &err);
     if (s != QD_OK) goto fail;
     qd_model_account(m);
     if ((s = qd_model_backend_create(m, params, &err)) != QD_OK) goto fail;

@@ -28,6 +28,7 @@ struct qd_model {
     void *bm;                 /* its model */
     qd_safetensors *st;       /* NULL for dummy weights */
     qd_dtype dummy_dtype;     /* storage of dummy weights */
+    qd_quantization quantization; /* quantized at load (model_quant_online.c); dummies drawn on the host */
     qd_threadpool *pool;
     qd_weights w;             /* none on a split model, whose ranks hold theirs */
     /* tensor / expert parallel (model_split.c): the ranks' models, each binding its slices;

@@ -5,7 +5,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/model_quant.h"
 #include "model/model_split.h"
+
+/* A backend that cannot multiply a quantized format refuses the model by name, never
+ * reading the quantized bytes as plain values. */
+static qd_status check_formats(const qd_backend_ops *ops, const qd_config *c, const qd_weights *w, qd_err *err) {
+    char where[96];
+    const qd_weight *q = qd_weights_first_quantized(c, w, where, sizeof where);
+    if (q && !ops->quantized_weights)
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "the %s backend does not multiply quantized weights yet (%s is %s)",
+                         ops->name, where, qd_dtype_name(q->dtype));
+    return QD_OK;
+}
 
 static qd_status make_backend(qd_model *m, const qd_backend_model_desc *d, qd_err *err) {
     QD_TRY(m->ops->model_create(d, &m->bm, err));
@@ -64,12 +76,15 @@ static void account_split(qd_model *m, const char *backend_name) {
 qd_status qd_model_backend_create(qd_model *m, const qd_model_params *params, qd_err *err) {
     const bool split = params && params->tensor_parallel_size > 1;
     if (!m->ops && !(m->ops = qd_backend_find(m->backend, split, err))) return err->status;
-    if (!split)
+    if (!split) {
+        QD_TRY(check_formats(m->ops, &m->cfg, &m->w, err));
         return make_backend(m, &(qd_backend_model_desc){.cfg = &m->cfg, .w = &m->w, .pool = m->pool}, err);
+    }
     const qd_backend_ops *rank_ops = qd_backend_find(m->backend, false, err);
     if (!rank_ops) return err->status;
     QD_TRY(load_ranks(m, params, err));
     const qd_model_split *t = m->split;
+    for (int r = 0; r < t->size; r++) QD_TRY(check_formats(rank_ops, &t->ranks[r]->cfg, &t->ranks[r]->w, err));
     const qd_backend_model_desc d = {.cfg = &m->cfg, .w = &m->w, .pool = m->pool, .n_ranks = t->size,
                                      .ranks = t->descs, .rank_ops = rank_ops,
                                      .expert_parallel = t->expert_parallel, .tp_devices = params->tp_devices};

@@ -1,5 +1,7 @@
 /* --load-format dummy: weights drawn at load from config.json alone, in BF16, with
- * scales that keep activations in a sane range. For benchmarks at real shapes. */
+ * scales that keep activations in a sane range. For benchmarks at real shapes. With
+ * --quantization fp8|nvfp4|int4 the linear layers are then converted into that format
+ * (model_quant_online.c), so every benchmark runs in a format without a download. */
 #include <math.h>
 #include <string.h>
 
@@ -35,7 +37,9 @@ static void fill_worker(void *user, int64_t begin, int64_t end, int worker) {
 }
 
 static qd_status rand_matrix(qd_model *m, qd_weight *w, int64_t rows, int64_t cols, uint64_t *seed, qd_err *err) {
-    if (m->ops->draws_dummy_weights) { /* drawn by the backend: no host copy of a 70 GB model */
+    if (m->ops->draws_dummy_weights && m->quantization == QD_QUANTIZATION_NONE) {
+        /* drawn by the backend: no host copy of a 70 GB model (quantized dummies are drawn
+         * here and converted on the host, model_quant_online.c) */
         *w = (qd_weight){.dtype = QD_DTYPE_BF16, .rows = rows, .cols = cols, .dummy_seed = splitmix(seed),
                          .dummy_scale = sqrtf(3.0f / (float)cols)};
         return QD_OK;

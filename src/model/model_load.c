@@ -15,6 +15,7 @@
 
 #include "base/log.h"
 #include "model/model.h"
+#include "model/model_quant.h"
 #include "model/model_shard.h"
 
 typedef struct binder {
@@ -67,21 +68,36 @@ static qd_status get_tensor(binder *b, const qd_st_tensor **out, int ndim, const
 static qd_status check_matrix_dtype(binder *b, const qd_st_tensor *t) {
     if (t->dtype == QD_DTYPE_F32 || t->dtype == QD_DTYPE_BF16 || t->dtype == QD_DTYPE_F16) return QD_OK;
     return qd_seterr(b->err, QD_ERR_UNSUPPORTED,
-                     "tensor '%s' has dtype %s; this build computes with F32, BF16 or F16 weights "
-                     "(quantized formats are not supported yet)", t->name, qd_dtype_name(t->dtype));
+                     "tensor '%s' has dtype %s; it is read as F32, BF16 or F16 (a quantized table is not "
+                     "supported here)", t->name, qd_dtype_name(t->dtype));
 }
 
+/* A linear layer's weight [rows][cols], plain or quantized (model_quant.c): fmt names its
+ * ".weight" tensor; the module is that name without the suffix. */
 static qd_status get_matrix(binder *b, qd_weight *w, int64_t rows, int64_t cols, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 static qd_status get_matrix(binder *b, qd_weight *w, int64_t rows, int64_t cols, const char *fmt, ...) {
-    char rel[256];
+    char rel[256], name[300];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(rel, sizeof rel, fmt, ap);
     va_end(ap);
+    snprintf(name, sizeof name, "%s%s", rel[0] == '@' ? "" : b->prefix, rel[0] == '@' ? rel + 1 : rel);
+    const size_t n = strlen(name), sfx = strlen(".weight");
+    if (n > sfx && !strcmp(name + n - sfx, ".weight")) name[n - sfx] = 0;
+    const qd_st_tensor *t = qd_quant_find(b->m, name, ".weight");
+    if (t && (t->dtype == QD_DTYPE_F32 || t->dtype == QD_DTYPE_BF16 || t->dtype == QD_DTYPE_F16)) {
+        int64_t shape[2] = {rows, cols}; /* a plain weight's shape, reported with its file */
+        QD_TRY(get_tensor(b, &t, 2, shape, "%s", rel));
+    }
+    return qd_quant_load_linear(b->m, &b->c->quant, name, rows, cols, w, b->err);
+}
+
+/* The embedding table: a lookup, not a linear layer, so always plain. */
+static qd_status get_embedding(binder *b, qd_weight *w, int64_t rows, int64_t cols) {
     const qd_st_tensor *t;
     int64_t shape[2] = {rows, cols};
-    QD_TRY(get_tensor(b, &t, 2, shape, "%s", rel));
+    QD_TRY(get_tensor(b, &t, 2, shape, "embed_tokens.weight"));
     QD_TRY(check_matrix_dtype(b, t));
     *w = (qd_weight){.dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data};
     return QD_OK;
@@ -136,7 +152,9 @@ static qd_status get_rows(binder *b, qd_weight *w, int64_t rows, int64_t cols, c
     va_end(ap);
     qd_weight whole;
     QD_TRY(get_matrix(b, &whole, rows, cols, "%s", rel));
-    return qd_shard_rows_gather(b->m, &whole, runs, n_runs, w, b->err);
+    const qd_status s = qd_shard_rows_gather(b->m, &whole, runs, n_runs, w, b->err);
+    if (s != QD_OK) qd_err_prefix(b->err, "tensor '%s%s': ", b->prefix, rel);
+    return s;
 }
 
 /* Columns `range` of every row of a stored [rows][cols] matrix (a view when whole). */
@@ -151,13 +169,15 @@ static qd_status get_cols(binder *b, qd_weight *w, int64_t rows, int64_t cols, q
     va_end(ap);
     qd_weight whole;
     QD_TRY(get_matrix(b, &whole, rows, cols, "%s", rel));
-    return qd_shard_cols_copy(b->m, &whole, range, w, b->err);
+    const qd_status s = qd_shard_cols_copy(b->m, &whole, range, w, b->err);
+    if (s != QD_OK) qd_err_prefix(b->err, "tensor '%s%s': ", b->prefix, rel);
+    return s;
 }
 
-/* Copies selected rows of a stored matrix into a new owned matrix of the same dtype. */
-static qd_status gather_rows(binder *b, const qd_st_tensor *src, const qd_shard_range *runs, int n_runs, qd_weight *out) {
-    const qd_weight whole = {.dtype = src->dtype, .rows = src->shape[0], .cols = src->shape[1], .data = src->data};
-    return qd_shard_rows_gather(b->m, &whole, runs, n_runs, out, b->err);
+/* Copies selected rows of a loaded matrix into a new owned matrix of the same format (a
+ * quantized one with its scales by the stored row index, weight.h). */
+static qd_status gather_rows(binder *b, const qd_weight *whole, const qd_shard_range *runs, int n_runs, qd_weight *out) {
+    return qd_shard_rows_gather(b->m, whole, runs, n_runs, out, b->err);
 }
 
 /* Qwen3-Next: in_proj_qkvz is HK groups of [q_j | k_j | v_{j*r..} | z_{j*r..}] and
@@ -170,12 +190,11 @@ static qd_status bind_gdn_interleaved(binder *b, int L, qd_gdn_weights *g) {
     const int hk = c->gdn_hk, dk = c->gdn_dk, dv = c->gdn_dv, r = c->gdn_hv / c->gdn_hk, H = c->hidden_size;
     const int hk_l = p->local.gdn_hk, vh = p->local.gdn_hv / hk_l; /* value heads read per group */
     const int64_t group = 2 * dk + 2 * r * dv;
-    const qd_st_tensor *qkvz, *ba;
-    int64_t s1[2] = {hk * group, H}, s2[2] = {2 * c->gdn_hv, H};
-    QD_TRY(get_tensor(b, &qkvz, 2, s1, "layers.%d.linear_attn.in_proj_qkvz.weight", L));
-    QD_TRY(check_matrix_dtype(b, qkvz));
-    QD_TRY(get_tensor(b, &ba, 2, s2, "layers.%d.linear_attn.in_proj_ba.weight", L));
-    QD_TRY(check_matrix_dtype(b, ba));
+    /* quantized in the stored (interleaved) row order: its scale blocks cross key-head
+     * groups, so rows are gathered with the scales of their stored index */
+    qd_weight qkvz_w, ba_w, *qkvz = &qkvz_w, *ba = &ba_w;
+    QD_TRY(get_matrix(b, qkvz, hk * group, H, "layers.%d.linear_attn.in_proj_qkvz.weight", L));
+    QD_TRY(get_matrix(b, ba, 2 * c->gdn_hv, H, "layers.%d.linear_attn.in_proj_ba.weight", L));
 
     qd_shard_range runs[3 * 64] = {{0, 0}};
     if (hk_l > 64) return qd_seterr(b->err, QD_ERR_UNSUPPORTED, "linear_num_key_heads %d > 64", hk_l);
@@ -253,6 +272,21 @@ static qd_status bind_mlp(binder *b, qd_mlp_weights *w, int I, qd_shard_range ro
     return QD_OK;
 }
 
+/* Fused [E][..][..] expert tensors are read plain only: a quantized fused layout (e.g.
+ * ModelOpt's gate_up_proj with [E, 2] globals) is refused by name, never read unscaled. */
+static qd_status check_fused_expert(binder *b, const qd_st_tensor *t) {
+    if (t->dtype == QD_DTYPE_F32 || t->dtype == QD_DTYPE_BF16 || t->dtype == QD_DTYPE_F16) {
+        char name[320];
+        snprintf(name, sizeof name, "%s_weight_scale", t->name);
+        if (!qd_st_find(b->m->st, name) && !qd_quant_find(b->m, t->name, ".weight_scale") &&
+            !qd_quant_find(b->m, t->name, "_scale"))
+            return QD_OK;
+    }
+    return qd_seterr(b->err, QD_ERR_UNSUPPORTED,
+                     "tensor '%s' (%s): quantized fused-expert tensors are not supported yet; per-expert quantized "
+                     "experts (experts.{e}.*_proj) load", t->name, qd_dtype_name(t->dtype));
+}
+
 /* Experts outside the plan's partition stay zero-sized (expert parallel): the forward
  * never reads them. */
 static qd_status bind_moe(binder *b, int L, qd_moe_weights *w) {
@@ -270,9 +304,9 @@ static qd_status bind_moe(binder *b, int L, qd_moe_weights *w) {
         const qd_st_tensor *gu, *dn;
         int64_t s_gu[3] = {E, 2 * I, H}, s_dn[3] = {E, H, I};
         QD_TRY(get_tensor(b, &gu, 3, s_gu, "layers.%d.mlp.experts.gate_up_proj", L));
-        QD_TRY(check_matrix_dtype(b, gu));
+        QD_TRY(check_fused_expert(b, gu));
         QD_TRY(get_tensor(b, &dn, 3, s_dn, "layers.%d.mlp.experts.down_proj", L));
-        QD_TRY(check_matrix_dtype(b, dn));
+        QD_TRY(check_fused_expert(b, dn));
         size_t e1 = qd_dtype_size(gu->dtype), e2 = qd_dtype_size(dn->dtype);
         for (int e = p->expert0; e < p->expert0 + p->n_local_experts; e++) {
             const unsigned char *base = (const unsigned char *)gu->data + (size_t)e * 2 * I * H * e1;
@@ -280,7 +314,7 @@ static qd_status bind_moe(binder *b, int L, qd_moe_weights *w) {
             const qd_weight up = {.dtype = gu->dtype, .rows = I, .cols = H, .data = base + (size_t)I * H * e1};
             const qd_weight down = {.dtype = dn->dtype, .rows = H, .cols = I,
                                     .data = (const unsigned char *)dn->data + (size_t)e * H * I * e2};
-            w->experts[e].gate = qd_shard_rows_view(&gate, p->expert_rows);
+            w->experts[e].gate = qd_shard_rows_view(&gate, p->expert_rows); /* plain (check_fused_expert) */
             w->experts[e].up = qd_shard_rows_view(&up, p->expert_rows);
             QD_TRY(qd_shard_cols_copy(b->m, &down, p->expert_rows, &w->experts[e].down, b->err));
         }
@@ -309,7 +343,7 @@ qd_status qd_model_bind_checkpoint_plan(qd_model *m, const qd_config *c, const q
     m->w.expert0 = p->expert0;
     m->w.n_local_experts = p->n_local_experts;
 
-    QD_TRY(get_matrix(&b, &m->w.embed, c->vocab_size, H, "embed_tokens.weight"));
+    QD_TRY(get_embedding(&b, &m->w.embed, c->vocab_size, H));
     QD_TRY(get_vector(&b, &m->w.final_norm, 1, s_h, "norm.weight"));
     if (c->tie_word_embeddings) {
         m->w.lm_head = m->w.embed;

@@ -202,7 +202,9 @@ static int use_gemv(const qd_matmul_item *it) { return it->n <= QD_MM_GEMV_MAX_N
 
 static void run_task(const qd_matmul_item *it, const mm_task *t) {
     const qd_weight *w = it->w;
-    if (use_gemv(it)) {
+    if (qd_weight_quantized(w)) {
+        qd_mm_quant_range(w, it->x, it->y, t->r0, t->r1, t->i0, t->i1);
+    } else if (use_gemv(it)) {
         if (gemv_select(w->dtype, 1)) gemv_groups(w, it->x, it->n, it->y, t->r0, t->r1);
         else gemv_scalar(w->dtype, w->data, w->cols, it->x, it->n, it->y, w->rows, t->r0, t->r1);
     } else {

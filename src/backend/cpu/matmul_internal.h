@@ -13,6 +13,11 @@
  * packing and the y read-modify-write are no longer amortised away. */
 #ifndef QD_MM_GEMV_MAX_N
 #define QD_MM_GEMV_MAX_N 32
+/* The same for a quantized w (F8_E4M3, NVFP4, INT4; matmul_quant.c): rows [r0, r1) dequantized
+ * exactly, in tiles, and dotted in fp32; any r0. */
+void qd_mm_quant_range(const qd_weight *w, const float *x, float *y, int64_t r0, int64_t r1,
+                       int64_t i0, int64_t i1);
+
 #endif
 /* GEMM micro-kernel tile: MR x rows by NR W rows. K is cut into equal blocks of at
  * most QD_MM_KC columns; a packed panel (NR x block floats, 64 KiB at most) is heap
@@ -24,6 +29,11 @@
 #define QD_MM_NR 16
 #ifndef QD_MM_KC
 #define QD_MM_KC 1024
+/* The same for a quantized w (F8_E4M3, NVFP4, INT4; matmul_quant.c): rows [r0, r1) dequantized
+ * exactly, in tiles, and dotted in fp32; any r0. */
+void qd_mm_quant_range(const qd_weight *w, const float *x, float *y, int64_t r0, int64_t r1,
+                       int64_t i0, int64_t i1);
+
 #endif
 #define QD_MM_KC_STACK 256
 
@@ -45,5 +55,10 @@ static inline float qd_mm_wscalar(qd_dtype dt, const void *w, int64_t idx) {
  * ldx = cols, ldy = rows. Needs no heap memory. */
 void qd_mm_gemm_range(const qd_weight *w, const float *x, float *y, int64_t r0, int64_t r1,
                       int64_t i0, int64_t i1);
+
+/* The same for a quantized w (F8_E4M3, NVFP4, INT4; matmul_quant.c): rows [r0, r1) dequantized
+ * exactly, in tiles, and dotted in fp32; any r0. */
+void qd_mm_quant_range(const qd_weight *w, const float *x, float *y, int64_t r0, int64_t r1,
+                       int64_t i0, int64_t i1);
 
 #endif

@@ -1,0 +1,237 @@
+/* quantization_config (config.json) and ModelOpt's hf_quant_config.json -> qd_quant_config
+ * (model-spec section 8). Only what the loader needs to check the tensors against is kept;
+ * every method, format, bit width and layout this engine cannot load exactly is refused
+ * here by name, before a tensor is read. */
+#include <fnmatch.h>
+#include <regex.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "io/config.h"
+#include "io/json_util.h"
+
+#define SUPPORTED_METHODS "fp8, compressed-tensors (float-quantized, nvfp4-pack-quantized), modelopt (NVFP4, FP8), gptq, awq"
+
+static const char *str_of(const json_t *o, const char *key) {
+    const json_t *v = json_object_get(o, key);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static qd_status int_of(const json_t *o, const char *key, const char *what, int def, int *out, qd_err *err) {
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) { *out = def; return QD_OK; }
+    if (!json_is_integer(v))
+        return qd_seterr(err, QD_ERR_FORMAT, "%s: quantization field '%s' must be an integer, got %s", what, key,
+                         qd_json_type_name(v));
+    *out = (int)json_integer_value(v);
+    return QD_OK;
+}
+
+static bool bool_of(const json_t *o, const char *key, bool def) {
+    const json_t *v = json_object_get(o, key);
+    return json_is_boolean(v) ? json_is_true(v) : def;
+}
+
+static qd_status add_exclusions(const json_t *list, const char *key, const char *what, qd_quant_config *q,
+                                qd_err *err) {
+    if (!list || json_is_null(list)) return QD_OK;
+    if (!json_is_array(list))
+        return qd_seterr(err, QD_ERR_FORMAT, "%s: quantization field '%s' must be a list of module names, got %s",
+                         what, key, qd_json_type_name(list));
+    q->has_exclusions = true;
+    size_t used = 0;
+    for (int i = 0; i < q->n_excluded; i++) used += strlen(q->excluded + used) + 1;
+    size_t i;
+    json_t *e;
+    json_array_foreach(list, i, e) {
+        if (!json_is_string(e))
+            return qd_seterr(err, QD_ERR_FORMAT, "%s: %s[%zu] must be a string, got %s", what, key, i,
+                             qd_json_type_name(e));
+        const char *s = json_string_value(e);
+        const size_t n = strlen(s) + 1;
+        if (used + n > sizeof q->excluded)
+            return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: quantization list '%s' is longer than the supported %d bytes",
+                             what, key, QD_QUANT_EXCLUDE_BYTES);
+        if (!strncmp(s, "re:", 3)) {
+            regex_t re;
+            if (regcomp(&re, s + 3, REG_EXTENDED | REG_NOSUB) != 0)
+                return qd_seterr(err, QD_ERR_FORMAT, "%s: %s[%zu] '%.200s' is not a regular expression this build reads",
+                                 what, key, i, s);
+            regfree(&re);
+        }
+        memcpy(q->excluded + used, s, n);
+        used += n;
+        q->n_excluded++;
+    }
+    return QD_OK;
+}
+
+static bool match_entry(const char *pat, qd_quant_match how, const char *name) {
+    if (!strncmp(pat, "re:", 3)) {
+        /* Python's re.match: anchored at the start only */
+        char anchored[1024];
+        snprintf(anchored, sizeof anchored, "^(%s)", pat + 3);
+        regex_t re;
+        if (regcomp(&re, anchored, REG_EXTENDED | REG_NOSUB) != 0) return false;
+        const bool hit = regexec(&re, name, 0, NULL, 0) == 0;
+        regfree(&re);
+        return hit;
+    }
+    switch (how) {
+    case QD_QUANT_MATCH_SUBSTRING: return strstr(name, pat) != NULL;
+    case QD_QUANT_MATCH_WILDCARD:
+        if (fnmatch(pat, name, 0) == 0) return true;
+        /* "lm_head" or "*.mlp.gate" also name the module under a composite prefix */
+        break;
+    case QD_QUANT_MATCH_NAME: break;
+    }
+    const size_t n = strlen(name), m = strlen(pat);
+    if (!strcmp(name, pat)) return true;
+    return n > m && name[n - m - 1] == '.' && !strcmp(name + n - m, pat);
+}
+
+bool qd_quant_excluded(const qd_quant_config *q, const char *name) {
+    const char *p = q->excluded;
+    for (int i = 0; i < q->n_excluded; i++, p += strlen(p) + 1)
+        if (match_entry(p, q->match, name)) return true;
+    return false;
+}
+
+static qd_status unsupported(const char *what, const char *field, const char *value, const char *why, qd_err *err) {
+    return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: quantization %s '%.64s' is not supported%s%s", what, field,
+                     value ? value : "(not a string)", why ? ": " : "", why ? why : "");
+}
+
+static qd_status block_size(const json_t *v, const char *key, const char *what, qd_quant_config *q, qd_err *err) {
+    if (!v || json_is_null(v)) return QD_OK;
+    if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_integer(json_array_get(v, 0)) ||
+        !json_is_integer(json_array_get(v, 1)))
+        return qd_seterr(err, QD_ERR_FORMAT, "%s: quantization field '%s' must be two integers", what, key);
+    q->block_rows = (int)json_integer_value(json_array_get(v, 0));
+    q->block_cols = (int)json_integer_value(json_array_get(v, 1));
+    if (q->block_rows < 1 || q->block_cols < 1 || q->block_rows > 65536 || q->block_cols > 65536)
+        return qd_seterr(err, QD_ERR_FORMAT, "%s: quantization %s [%d, %d] is out of range", what, key, q->block_rows,
+                         q->block_cols);
+    return QD_OK;
+}
+
+static qd_status parse_fp8(const json_t *qc, const char *what, qd_quant_config *q, qd_err *err) {
+    q->method = QD_QUANT_FP8;
+    const char *fmt = str_of(qc, "fmt");
+    if (fmt && strcmp(fmt, "e4m3"))
+        return unsupported(what, "fmt", fmt, "FP8 weights are read as e4m3 only", err);
+    QD_TRY(block_size(json_object_get(qc, "weight_block_size"), "weight_block_size", what, q, err));
+    q->match = QD_QUANT_MATCH_SUBSTRING;
+    return add_exclusions(json_object_get(qc, "modules_to_not_convert"), "modules_to_not_convert", what, q, err);
+}
+
+/* compressed-tensors: one config group of weights (its `targets` are Linear layers). */
+static qd_status parse_ct(const json_t *qc, const char *what, qd_quant_config *q, qd_err *err) {
+    const char *format = str_of(qc, "format");
+    snprintf(q->method_name, sizeof q->method_name, "compressed-tensors %s", format ? format : "(no format)");
+    const json_t *groups = json_object_get(qc, "config_groups");
+    if (!json_is_object(groups) || json_object_size(groups) != 1)
+        return qd_seterr(err, QD_ERR_UNSUPPORTED,
+                         "%s: compressed-tensors config_groups must hold exactly one group (mixed schemes are not "
+                         "supported)", what);
+    const json_t *g = json_object_iter_value(json_object_iter((json_t *)groups));
+    const json_t *wq = json_object_get(g, "weights");
+    if (!json_is_object(wq)) return qd_seterr(err, QD_ERR_FORMAT, "%s: config_groups group has no 'weights'", what);
+    int bits = 0;
+    QD_TRY(int_of(wq, "num_bits", what, 0, &bits, err));
+    const char *type = str_of(wq, "type"), *strategy = str_of(wq, "strategy");
+    if (!format) return qd_seterr(err, QD_ERR_NOT_FOUND, "%s: compressed-tensors config without 'format'", what);
+    if (!strcmp(format, "float-quantized") || !strcmp(format, "naive-quantized")) {
+        if (bits != 8 || !type || strcmp(type, "float"))
+            return unsupported(what, "weights type", type, "float-quantized weights must be 8-bit float (e4m3)", err);
+        q->method = QD_QUANT_CT_FP8;
+        if (!strategy) return qd_seterr(err, QD_ERR_NOT_FOUND, "%s: compressed-tensors weights without 'strategy'", what);
+        if (!strcmp(strategy, "block"))
+            QD_TRY(block_size(json_object_get(wq, "block_structure"), "block_structure", what, q, err));
+        else if (strcmp(strategy, "channel") && strcmp(strategy, "tensor"))
+            return unsupported(what, "FP8 weight strategy", strategy, "expected channel, tensor or block", err);
+    } else if (!strcmp(format, "nvfp4-pack-quantized")) {
+        if (bits != 4 || !type || strcmp(type, "float"))
+            return unsupported(what, "weights type", type, "nvfp4-pack-quantized weights must be 4-bit float", err);
+        QD_TRY(int_of(wq, "group_size", what, 16, &q->group_size, err));
+        if (q->group_size != 16) return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: NVFP4 group_size %d (must be 16)", what, q->group_size);
+        q->method = QD_QUANT_CT_NVFP4;
+    } else {
+        return unsupported(what, "compressed-tensors format", format,
+                           "supported are float-quantized and nvfp4-pack-quantized", err);
+    }
+    q->match = QD_QUANT_MATCH_NAME;
+    return add_exclusions(json_object_get(qc, "ignore"), "ignore", what, q, err);
+}
+
+static qd_status parse_modelopt(const json_t *qc, const char *what, qd_quant_config *q, qd_err *err) {
+    const char *algo = str_of(qc, "quant_algo");
+    if (!algo) return qd_seterr(err, QD_ERR_NOT_FOUND, "%s: modelopt quantization without 'quant_algo'", what);
+    snprintf(q->method_name, sizeof q->method_name, "modelopt %s", algo);
+    q->method = QD_QUANT_MODELOPT;
+    if (!strcmp(algo, "NVFP4")) {
+        QD_TRY(int_of(qc, "group_size", what, 16, &q->group_size, err));
+        if (q->group_size != 16)
+            return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: NVFP4 group_size %d (must be 16)", what, q->group_size);
+    } else if (strcmp(algo, "FP8")) {
+        return unsupported(what, "quant_algo", algo, "modelopt checkpoints load as NVFP4 or FP8", err);
+    }
+    const char *kv = str_of(qc, "kv_cache_quant_algo");
+    if (kv && strcmp(kv, "none") && strcmp(kv, "None"))
+        return unsupported(what, "kv_cache_quant_algo", kv, "the KV cache is kept in the engine's own precision", err);
+    q->match = QD_QUANT_MATCH_WILDCARD;
+    const json_t *ex = json_object_get(qc, "exclude_modules");
+    if (!ex) ex = json_object_get(qc, "ignore");
+    return add_exclusions(ex, "exclude_modules", what, q, err);
+}
+
+static qd_status parse_int4(const json_t *qc, const char *what, bool awq, qd_quant_config *q, qd_err *err) {
+    q->method = awq ? QD_QUANT_AWQ : QD_QUANT_GPTQ;
+    QD_TRY(int_of(qc, awq ? "w_bit" : "bits", what, 0, &q->bits, err));
+    if (awq && q->bits == 0) QD_TRY(int_of(qc, "bits", what, 0, &q->bits, err));
+    if (q->bits != 4)
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: %s bits %d is not supported (4-bit only)", what,
+                         awq ? "awq" : "gptq", q->bits);
+    QD_TRY(int_of(qc, awq ? "q_group_size" : "group_size", what, 0, &q->group_size, err));
+    if (awq && q->group_size == 0) QD_TRY(int_of(qc, "group_size", what, 0, &q->group_size, err));
+    if (q->group_size != -1 && (q->group_size < 2 || q->group_size % 2))
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: group_size %d is not supported (an even size or -1)", what,
+                         q->group_size);
+    if (awq) {
+        q->sym = !bool_of(qc, "zero_point", true);
+        const char *ver = str_of(qc, "version");
+        if (ver && strcmp(ver, "gemm") && strcmp(ver, "GEMM"))
+            return unsupported(what, "awq version", ver, "only the GEMM packing is read", err);
+    } else {
+        q->sym = bool_of(qc, "sym", true);
+        q->desc_act = bool_of(qc, "desc_act", false);
+        const char *cf = str_of(qc, "checkpoint_format");
+        if (!cf || !strcmp(cf, "gptq")) q->gptq_version = 1;
+        else if (!strcmp(cf, "gptq_v2")) q->gptq_version = 2;
+        else return unsupported(what, "gptq checkpoint_format", cf, "expected gptq or gptq_v2", err);
+        const json_t *dyn = json_object_get(qc, "dynamic");
+        if (json_is_object(dyn) && json_object_size(dyn))
+            return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: gptq 'dynamic' per-module overrides are not supported", what);
+    }
+    q->match = QD_QUANT_MATCH_SUBSTRING;
+    return add_exclusions(json_object_get(qc, "modules_to_not_convert"), "modules_to_not_convert", what, q, err);
+}
+
+qd_status qd_quant_config_parse(const json_t *qc, const char *what, bool modelopt_file, qd_quant_config *q,
+                                qd_err *err) {
+    memset(q, 0, sizeof *q);
+    if (!qc || json_is_null(qc)) return QD_OK;
+    if (!json_is_object(qc))
+        return qd_seterr(err, QD_ERR_FORMAT, "%s: quantization_config must be an object, got %s", what,
+                         qd_json_type_name(qc));
+    const char *m = modelopt_file ? "modelopt" : str_of(qc, "quant_method");
+    if (!m) return qd_seterr(err, QD_ERR_NOT_FOUND, "%s: quantization_config without a 'quant_method'", what);
+    snprintf(q->method_name, sizeof q->method_name, "%s", m);
+    if (!strcmp(m, "fp8")) return parse_fp8(qc, what, q, err);
+    if (!strcmp(m, "compressed-tensors")) return parse_ct(qc, what, q, err);
+    if (!strcmp(m, "modelopt")) return parse_modelopt(qc, what, q, err);
+    if (!strcmp(m, "gptq")) return parse_int4(qc, what, false, q, err);
+    if (!strcmp(m, "awq")) return parse_int4(qc, what, true, q, err);
+    return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: quant_method '%.64s' is not supported (supported: %s)", what, m,
+                     SUPPORTED_METHODS);
+}

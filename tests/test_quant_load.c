@@ -1,0 +1,311 @@
+/* Quantized checkpoints on the CPU reference backend (fixtures: tools/make_quant_fixtures.py,
+ * tests/fixtures/quant/<name>):
+ *  - golden: for every format, the logits of every position of one prefill are within
+ *    5e-4 x max|ref| of transformers fp32 run on the exactly dequantized weights, and the
+ *    16-token greedy continuation is identical;
+ *  - decoder: the stored tensors of a sample of modules (dequant.json / dequant.f32), loaded
+ *    by the format parsers into the canonical layouts and dequantized by
+ *    qd_weight_dequant_rows, are the values the reference used (to a float rounding);
+ *  - refusals: unknown methods and layouts, configs that disagree with the tensors, and a
+ *    tensor-parallel split that cuts a scale block fail with a message naming the
+ *    quant_method, field, module or tensor. */
+#include <jansson.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/weight.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "model/model_quant.h"
+#include "qd_test.h"
+#include "qdelta.h"
+
+#define QFX "tests/fixtures/quant"
+
+static int parse_ids(const char *s, int32_t *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s) break;
+        out[n++] = (int32_t)v;
+        s = end;
+    }
+    return n;
+}
+
+static qd_model *load(const char *dir, int tp, char *err, size_t err_size) {
+    qd_model_params mp = qd_model_default_params();
+    mp.path = dir;
+    mp.n_threads = 2;
+    mp.backend = QD_BACKEND_CPU;
+    mp.tensor_parallel_size = tp;
+    qd_model *m = NULL;
+    if (qd_model_load(&mp, &m, err, err_size) != QD_OK) return NULL;
+    return m;
+}
+
+static void golden_case(qd_model *m, const char *dir, int L) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/prompt_%d.ids", dir, L);
+    char *txt = qd_test_read_file(path, NULL);
+    CHECKF(txt != NULL, "cannot read %s", path);
+    if (!txt) return;
+    int32_t ids[64];
+    CHECKF(parse_ids(txt, ids, 64) == L, "%s: expected %d ids", path, L);
+    free(txt);
+    const int V = qd_model_vocab_size(m);
+    qd_context_params cp = qd_context_default_params();
+    cp.max_ctx = L + 16;
+    cp.max_batch = L;
+    qd_context *ctx;
+    CHECK(qd_context_create(m, &cp, &ctx) == QD_OK);
+    float *logits = malloc(sizeof(float) * (size_t)L * V), *step = malloc(sizeof(float) * V);
+    qd_span span = {0, ids, L, QD_LOGITS_ALL};
+    CHECKF(qd_forward(ctx, &span, 1, logits) == QD_OK, "%s: forward: %s", dir, qd_context_errmsg(ctx));
+    snprintf(path, sizeof path, "%s/logits_%d.f32", dir, L);
+    size_t len;
+    float *ref = (float *)qd_test_read_file(path, &len);
+    CHECKF(ref && len == sizeof(float) * (size_t)L * V, "%s: missing or of the wrong size", path);
+    if (ref && len == sizeof(float) * (size_t)L * V) {
+        double mx = 0, e = 0;
+        for (size_t i = 0; i < (size_t)L * V; i++) mx = fmax(mx, fabs(ref[i]));
+        for (size_t i = 0; i < (size_t)L * V; i++) e = fmax(e, fabs((double)logits[i] - ref[i]));
+        printf("  %-22s L=%-3d max|diff|/max|ref| = %.2e\n", dir + strlen(QFX) + 1, L, e / mx);
+        CHECKF(mx > 0 && e <= 5e-4 * mx, "%s: logits differ: max |diff| %g vs 5e-4 x max|ref| = %g", path, e, 5e-4 * mx);
+    }
+    free(ref);
+    snprintf(path, sizeof path, "%s/greedy_%d.ids", dir, L);
+    txt = qd_test_read_file(path, NULL);
+    CHECKF(txt != NULL, "cannot read %s", path);
+    if (txt) {
+        int32_t want[64], got[64];
+        const int n = parse_ids(txt, want, 64);
+        free(txt);
+        CHECKF(n == 16, "%s: %d ids", path, n);
+        const float *row = logits + (size_t)(L - 1) * V;
+        int same = 1;
+        for (int t = 0; t < n; t++) {
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                if (row[v] > row[best]) best = v;
+            got[t] = best;
+            same &= got[t] == want[t];
+            if (t + 1 == n) break;
+            qd_span d = {0, &got[t], 1, QD_LOGITS_LAST};
+            CHECK(qd_forward(ctx, &d, 1, step) == QD_OK);
+            row = step;
+        }
+        CHECKF(same, "%s: greedy continuation differs", path);
+    }
+    free(step);
+    free(logits);
+    qd_context_free(ctx);
+}
+
+/* The decoder check: qdelta's parser + dequantization of the stored tensors against the
+ * weights the reference ran with. */
+static void decoder_check(const char *dir) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/dequant.json", dir);
+    json_error_t je;
+    json_t *list = json_load_file(path, 0, &je);
+    CHECKF(json_is_array(list) && json_array_size(list) > 0, "%s: %s", path, je.text);
+    if (!json_is_array(list)) return;
+    snprintf(path, sizeof path, "%s/dequant.f32", dir);
+    size_t len;
+    float *ref = (float *)qd_test_read_file(path, &len);
+    CHECKF(ref != NULL, "cannot read %s", path);
+    qd_model *m = calloc(1, sizeof *m);
+    qd_err err;
+    qd_err_clear(&err);
+    CHECKF(qd_config_load(dir, &m->cfg, &err) == QD_OK, "%s: %s", dir, err.msg);
+    CHECKF(qd_st_open_dir(dir, &m->st, &err) == QD_OK, "%s: %s", dir, err.msg);
+    size_t off = 0, i;
+    json_t *e;
+    int modules = 0;
+    json_array_foreach(list, i, e) {
+        const char *name = json_string_value(json_object_get(e, "name"));
+        const int64_t rows = json_integer_value(json_object_get(e, "rows")), cols = json_integer_value(json_object_get(e, "cols"));
+        const json_t *checked = json_object_get(e, "checked_rows");
+        const size_t n_checked = json_array_size(checked);
+        CHECKF(name && rows > 0 && cols > 0 && n_checked > 0, "%s: dequant.json entry %zu is malformed", dir, i);
+        if (!ref || off + n_checked * (size_t)cols * sizeof(float) > len) {
+            CHECKF(0, "%s: dequant.f32 is shorter than dequant.json says", dir);
+            break;
+        }
+        qd_weight w;
+        const qd_status s = qd_quant_load_linear(m, &m->cfg.quant, name, rows, cols, &w, &err);
+        CHECKF(s == QD_OK, "%s: %s: %s", dir, name, err.msg);
+        if (s == QD_OK) {
+            CHECKF(qd_weight_quantized(&w), "%s: %s was loaded as plain %s", dir, name, qd_dtype_name(w.dtype));
+            float *got = malloc(sizeof(float) * (size_t)cols);
+            double worst = 0;
+            for (size_t k = 0; k < n_checked; k++) {
+                const int64_t r = json_integer_value(json_array_get(checked, k));
+                qd_weight_dequant_rows(&w, r, 1, got);
+                const float *want = ref + off / sizeof(float) + k * (size_t)cols;
+                for (int64_t c = 0; c < cols; c++) {
+                    const double tol = 1e-6 * fabs(want[c]); /* 1/divisor folded into a multiplier: an ulp */
+                    const double d = fabs((double)got[c] - want[c]);
+                    if (d > tol && d > worst) worst = d;
+                }
+            }
+            CHECKF(worst == 0, "%s: %s dequantizes differently from the reference (worst |diff| %g)", dir, name, worst);
+            free(got);
+            modules++;
+        }
+        off += n_checked * (size_t)cols * sizeof(float);
+    }
+    CHECKF(ref && off == len, "%s: dequant.f32 has %zu bytes, dequant.json describes %zu", dir, len, off);
+    printf("  %-22s decoder check: %d modules\n", dir + strlen(QFX) + 1, modules);
+    free(ref);
+    json_decref(list);
+    qd_model_free(m);
+}
+
+/* ------------------------------------------------------------------ refusals */
+
+static char tmp_root[] = "/tmp/qd_quant_XXXXXX";
+
+/* A copy of fixture `src` in a fresh directory with config.json edited by `edit`. */
+static const char *variant(const char *src, const char *tag, void (*edit)(json_t *cfg)) {
+    static char dir[256];
+    snprintf(dir, sizeof dir, "%s/%s", tmp_root, tag);
+    mkdir(dir, 0700);
+    const char *files[] = {"model.safetensors", "generation_config.json", "hf_quant_config.json"};
+    char a[600], b[600];
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        if (access(a, R_OK) != 0) continue;
+        if (a[0] != '/') {
+            char cwd[512], abs_path[1200];
+            if (!getcwd(cwd, sizeof cwd)) continue;
+            snprintf(abs_path, sizeof abs_path, "%s/%s", cwd, a);
+            CHECK(symlink(abs_path, b) == 0);
+        } else {
+            CHECK(symlink(a, b) == 0);
+        }
+    }
+    snprintf(a, sizeof a, "%s/config.json", src);
+    json_error_t je;
+    json_t *cfg = json_load_file(a, 0, &je);
+    CHECK(cfg != NULL);
+    edit(cfg);
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    CHECK(json_dump_file(cfg, b, JSON_INDENT(1)) == 0);
+    json_decref(cfg);
+    return dir;
+}
+
+static void refused(const char *dir, const char *what, const char *want1, const char *want2) {
+    char err[1024] = "";
+    qd_model *m = load(dir, 1, err, sizeof err);
+    CHECKF(m == NULL, "%s: loaded, expected a refusal", what);
+    if (m) qd_model_free(m);
+    CHECKF(strstr(err, want1) && (!want2 || strstr(err, want2)), "%s: message '%s' does not name '%s'%s%s", what, err,
+           want1, want2 ? " and " : "", want2 ? want2 : "");
+    printf("  refused %-34s %s\n", what, err);
+}
+
+static json_t *qc(json_t *cfg) { return json_object_get(cfg, "quantization_config"); }
+static void set_method(json_t *cfg, const char *m) { json_object_set_new(qc(cfg), "quant_method", json_string(m)); }
+static void ed_bnb(json_t *c) { set_method(c, "bitsandbytes"); }
+static void ed_hqq(json_t *c) { set_method(c, "hqq"); }
+static void ed_e5m2(json_t *c) { json_object_set_new(qc(c), "fmt", json_string("e5m2")); }
+static void ed_no_qc(json_t *c) { json_object_del(c, "quantization_config"); }
+static void ed_block64(json_t *c) { json_object_set_new(qc(c), "weight_block_size", json_pack("[ii]", 64, 128)); }
+static void ed_exclude_q(json_t *c) {
+    json_array_append_new(json_object_get(qc(c), "modules_to_not_convert"), json_string("mlp.down_proj"));
+}
+static void ed_unexclude(json_t *c) {
+    json_object_set_new(qc(c), "modules_to_not_convert", json_pack("[s]", "lm_head"));
+}
+static void ed_gptq8(json_t *c) { json_object_set_new(qc(c), "bits", json_integer(8)); }
+static void ed_gptq_fmt(json_t *c) { json_object_set_new(qc(c), "checkpoint_format", json_string("marlin")); }
+static void ed_awq_gemv(json_t *c) { json_object_set_new(qc(c), "version", json_string("gemv")); }
+static void ed_awq_as_gptq(json_t *c) { set_method(c, "gptq"); json_object_set_new(qc(c), "sym", json_false()); }
+static void ed_ct_pack(json_t *c) { json_object_set_new(qc(c), "format", json_string("pack-quantized")); }
+static void ed_plain_fp8(json_t *c) {
+    json_object_set_new(c, "quantization_config",
+                        json_pack("{s:s, s:[ii], s:[s]}", "quant_method", "fp8", "weight_block_size", 128, 128,
+                                  "modules_to_not_convert", "lm_head"));
+}
+static void ed_nothing(json_t *c) { (void)c; }
+
+static void refusals(void) {
+    CHECK(mkdtemp(tmp_root) != NULL);
+    const char *fp8 = QFX "/fp8_35_dense_bf16s", *gptq = QFX "/gptq1_35_dense", *awq = QFX "/awq_35_dense",
+               *ct = QFX "/ctfp8_35_dense";
+    refused(variant(fp8, "bnb", ed_bnb), "bitsandbytes", "quant_method 'bitsandbytes'", NULL);
+    refused(variant(fp8, "hqq", ed_hqq), "hqq", "quant_method 'hqq'", NULL);
+    refused(variant(fp8, "e5m2", ed_e5m2), "fp8 fmt e5m2", "fmt 'e5m2'", NULL);
+    refused(variant(fp8, "noqc", ed_no_qc), "quantized tensors, no config", "no quantization_config", ".weight'");
+    refused(variant(fp8, "block64", ed_block64), "scale grid of another block size", "weight_scale_inv'", "shape");
+    refused(variant(fp8, "excl", ed_exclude_q), "config excludes a quantized module", "mlp.down_proj.weight'",
+            "not converted");
+    refused(variant(fp8, "unexcl", ed_unexclude), "plain module not excluded", "stored unquantized", "linear_attn.in_proj_");
+    refused(variant(gptq, "gptq8", ed_gptq8), "gptq 8-bit", "bits 8", NULL);
+    refused(variant(gptq, "gptqfmt", ed_gptq_fmt), "gptq checkpoint_format", "checkpoint_format 'marlin'", NULL);
+    refused(variant(awq, "gemv", ed_awq_gemv), "awq gemv packing", "awq version 'gemv'", NULL);
+    refused(variant(awq, "awqgptq", ed_awq_as_gptq), "awq tensors read as gptq", ".qweight'", "shape");
+    refused(variant(ct, "ctpack", ed_ct_pack), "compressed-tensors int pack", "format 'pack-quantized'", NULL);
+    refused(variant("tests/fixtures/qwen3_5_dense_bf16", "plainfp8", ed_plain_fp8), "plain checkpoint, fp8 config",
+            "stored unquantized", "fp8");
+    /* a split whose column cut falls inside a 128-wide scale block (o_proj: 128 columns in two) */
+    char err[1024] = "";
+    qd_model *m = load(variant(fp8, "tp2", ed_nothing), 2, err, sizeof err);
+    CHECKF(m == NULL && strstr(err, "tensor '") && strstr(err, "cuts its 128-column scale blocks"),
+           "tp=2 over FP8 block-128 with 64-column halves: '%s'", err);
+    printf("  refused %-34s %s\n", "tp split inside a block", err);
+    if (m) qd_model_free(m);
+    /* an FP8 e5m2 tensor is refused by the safetensors reader, naming it */
+    const char hdr[] = "{\"w\":{\"dtype\":\"F8_E5M2\",\"shape\":[2,2],\"data_offsets\":[0,4]}}";
+    unsigned char buf[8 + sizeof hdr + 4] = {0};
+    const uint64_t n = sizeof hdr - 1;
+    memcpy(buf, &n, 8);
+    memcpy(buf + 8, hdr, n);
+    qd_safetensors *st = NULL;
+    qd_err e;
+    qd_err_clear(&e);
+    CHECK(qd_st_open_memory(buf, 8 + n + 4, "e5m2.safetensors", &st, &e) != QD_OK);
+    CHECKF(strstr(e.msg, "'w'") && strstr(e.msg, "F8_E5M2"), "e5m2 tensor: '%s'", e.msg);
+    if (st) qd_st_close(st);
+}
+
+int main(void) {
+    static const char *const names[] = {"fp8_next_moe", "fp8_35_dense_bf16s", "fp8_35_moe_f16s", "ctfp8_35_dense",
+                                        "nvfp4mo_next_moe", "nvfp4ct_35_dense", "gptq1_35_dense", "gptq2_next_moe",
+                                        "gptqc_35_moe", "awq_35_dense"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char dir[512], err[1024] = "";
+        snprintf(dir, sizeof dir, "%s/%s", QFX, names[i]);
+        qd_model *m = load(dir, 1, err, sizeof err);
+        CHECKF(m != NULL, "%s: load failed: %s", dir, err);
+        if (m) {
+            golden_case(m, dir, 1);
+            golden_case(m, dir, 33);
+            qd_model_free(m);
+        }
+        decoder_check(dir);
+    }
+    /* tensor parallel over per-channel FP8 (any column cut keeps the row's scale) and over
+     * NVFP4 / GPTQ where the cuts fall on group boundaries or inside a whole-row group */
+    static const char *const tp_ok[] = {"ctfp8_35_dense", "gptqc_35_moe"};
+    for (size_t i = 0; i < sizeof tp_ok / sizeof *tp_ok; i++) {
+        char dir[512], err[1024] = "";
+        snprintf(dir, sizeof dir, "%s/%s", QFX, tp_ok[i]);
+        qd_model *m = load(dir, 2, err, sizeof err);
+        CHECKF(m != NULL, "%s tp=2: %s", dir, err);
+        if (m) {
+            printf("  tp=2:\n");
+            golden_case(m, dir, 33);
+            qd_model_free(m);
+        }
+    }
+    refusals();
+    return qd_test_finish("test_quant_load");
+}
