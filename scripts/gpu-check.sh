@@ -20,6 +20,8 @@
 #     invariant: batch-invariant mode: test_cuda_batch_invariant, bench/invariance.py against
 #            --batch-invariant servers (gpu fixture, 35B-A3B dummy), qdelta bench of the 35B-A3B with
 #            and without the mode
+#     busyhost: qdelta bench on the 35B-A3B at batch 1, idle and with every host core busy with
+#            other work (one spinning process per core), the ratio of the two
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
 #                                  .peer (or .peer.tar.xz, unpacked) on PYTHONPATH: a peer's code is
 #                                  carried there, never committed
@@ -244,6 +246,22 @@ if has invariant; then
     done
 fi
 
+BUSY_LOG="$LOGDIR/busyhost.log"
+if has busyhost; then
+    : >"$BUSY_LOG"
+    busy_bench() { # label
+        echo "=== busyhost $1" >>"$BUSY_LOG"
+        timeout 240 "$BUILD/qdelta" bench -q -m bench/configs/qwen3_5_35b_a3b --backend cuda --load-format dummy \
+            --prefill 128 --decode 128 --batch 1 >>"$BUSY_LOG" 2>&1 || { status=1; echo "FAILED: busyhost $1" >>"$BUSY_LOG"; }
+    }
+    busy_bench idle
+    pids=""
+    for _ in $(seq "$(nproc)"); do (while :; do :; done) & pids="$pids $!"; done
+    busy_bench busy
+    # shellcheck disable=SC2086
+    kill $pids 2>/dev/null; wait $pids 2>/dev/null
+fi
+
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
 for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier \
     test_cuda_batch_invariant; do
@@ -257,6 +275,8 @@ if [ -s "$INV_LOG" ]; then
 fi
 [ -s "$TP_LOG" ] && awk '/^=== tp-/ { split_ = substr($0, 5) } /^RESULT/ && split_ { print split_ ": " $0 }' "$TP_LOG"
 grep -h "^FAILED: tp" "$TP_LOG" 2>/dev/null
+[ -s "$BUSY_LOG" ] && awk '/^=== busyhost/ { mode = $3 } /^RESULT decode/ && mode { for (i = 1; i <= NF; i++) if ($i ~ /^tok_s=/) { split($i, p, "="); t[mode] = p[2] } }
+    END { if (t["idle"] > 0) printf "busy host: decode B=1 idle %s tok/s, every core busy %s tok/s (%.0f%% of idle)\n", t["idle"], t["busy"], 100 * t["busy"] / t["idle"] }' "$BUSY_LOG"
 cat "$BENCH_LOG" "$E2E_LOG" 2>/dev/null | awk '
 function kv(line, key,    i, n, f, p) {
     n = split(line, f, " ")
