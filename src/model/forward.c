@@ -55,7 +55,7 @@ static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd
 static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, const qd_logit_out *out) {
     qd_step st = {.spans = spans, .rt = ctx->spans_rt, .n_spans = n_spans, .seqs = ctx->seqs};
     QD_TRY(validate(ctx, spans, n_spans, ctx->spans_rt, &st.n_rows, &st.n_logit_rows));
-    if (st.n_logit_rows > 0 && !out->logits && !out->ids)
+    if (st.n_logit_rows > 0 && !out->logits && !out->ids && !out->hidden)
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
     /* the state has advanced in the backend unless the failure came first; a failed
      * device step leaves the context unusable for those sequences, as its message says */
@@ -70,6 +70,13 @@ qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *
     return forward(ctx, spans, n_spans, &out);
 }
 
+qd_status qd_forward_hidden(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, float *hidden) {
+    if (!ctx) return QD_ERR_INVALID_ARG;
+    if (!hidden) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "no output buffer for the hidden states");
+    const qd_logit_out out = {.logits = logits, .vocab_limit = ctx->model->cfg.vocab_size, .hidden = hidden};
+    return forward(ctx, spans, n_spans, &out);
+}
+
 qd_status qd_forward_mixed(qd_context *ctx, const qd_span *spans, int n_spans, int vocab_limit, const uint8_t *full,
                            float *logits, int32_t *ids, float *logprobs) {
     if (!ctx) return QD_ERR_INVALID_ARG;
@@ -79,7 +86,8 @@ qd_status qd_forward_mixed(qd_context *ctx, const qd_span *spans, int n_spans, i
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "vocab_limit %d outside [0, %d]", vocab_limit, V);
     if (full && !logits)
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "rows of logits asked for but no logits buffer");
-    const qd_logit_out out = {logits, full, ids, logprobs, vocab_limit ? vocab_limit : V};
+    const qd_logit_out out = {.logits = logits, .full = full, .ids = ids, .logprobs = logprobs,
+                             .vocab_limit = vocab_limit ? vocab_limit : V};
     return forward(ctx, spans, n_spans, &out);
 }
 

@@ -32,8 +32,10 @@ qd_status qd_kv_pool_init(qd_context *ctx) {
                              "max_seqs %d x max_ctx %d is too large for a KV pool; set n_kv_blocks", p->max_seqs, p->max_ctx);
         p->n_kv_blocks = (int)all;
     }
-    kv->n_blocks = n_attn > 0 ? p->n_kv_blocks : 0;
-    kv->block_elems = (size_t)n_attn * kv->block_size * c->attn_nkv * c->attn_head_dim;
+    /* with params.mtp the MTP head's attention is one more layer of every block */
+    const int n_kv_layers = n_attn + (p->mtp ? 1 : 0);
+    kv->n_blocks = n_kv_layers > 0 ? p->n_kv_blocks : 0;
+    kv->block_elems = (size_t)n_kv_layers * kv->block_size * c->attn_nkv * c->attn_head_dim;
     for (int i = 0; i < p->max_seqs; i++) {
         ctx->seqs[i].blocks = calloc((size_t)kv->max_blocks_per_seq, sizeof(int32_t));
         if (!ctx->seqs[i].blocks) return QD_ERR_OOM;
@@ -124,6 +126,7 @@ qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens) {
 void qd_kv_truncate(qd_context *ctx, int seq, int n_tokens) {
     qd_seq_blocks *q = &ctx->seqs[seq];
     const int keep = qd_kv_blocks_for(ctx, n_tokens);
+    if (q->mtp_length > n_tokens) q->mtp_length = n_tokens; /* the MTP KV past it went with the blocks */
     while (q->n_blocks > keep) unref(&ctx->kv, q->blocks[--q->n_blocks]);
 }
 
@@ -196,6 +199,7 @@ qd_status qd_seq_fork(qd_context *ctx, int src, int dst) {
     }
     b->n_blocks = a->n_blocks;
     b->length = a->length;
+    b->mtp_length = a->mtp_length;
     return QD_OK;
 }
 

@@ -30,6 +30,8 @@ struct qd_model {
     qd_dtype dummy_dtype;     /* storage of dummy weights */
     qd_threadpool *pool;
     qd_weights w;             /* none on a split model, whose ranks hold theirs */
+    char mtp_missing[256];    /* why w.mtp is NULL (no head, an incomplete one), for the error
+                               * of a context that asks for speculation */
     /* tensor / expert parallel (model_split.c): the ranks' models, each binding its slices;
      * this model then holds the config and the checkpoint mapping */
     struct qd_model_split *split;
@@ -54,6 +56,16 @@ qd_status qd_model_bind_checkpoint(qd_model *m, qd_err *err);
  * m->cfg is the plan's local config. */
 struct qd_shard_plan;
 qd_status qd_model_bind_checkpoint_plan(qd_model *m, const qd_config *c, const struct qd_shard_plan *p, qd_err *err);
+/* Binding pieces model_mtp.c reuses (model_load.c): layer L named "<prefix>layers.L.*"
+ * with the plan's slices; a matrix or a [n] vector (to fp32) by its absolute name. */
+qd_status qd_model_bind_layer(qd_model *m, const qd_config *c, const struct qd_shard_plan *p, const char *prefix,
+                              int L, qd_layer *ly, qd_err *err);
+qd_status qd_model_bind_matrix(qd_model *m, const char *name, int64_t rows, int64_t cols, qd_weight *w, qd_err *err);
+qd_status qd_model_bind_norm(qd_model *m, const char *name, int64_t n, float **out, qd_err *err);
+/* The MTP head (model_mtp.c): bound into m->w.mtp when the checkpoint has a complete one
+ * (a plan p of the whole model); otherwise m->w.mtp stays NULL and m->mtp_missing says
+ * why. Only running out of memory fails the load. */
+qd_status qd_model_bind_mtp(qd_model *m, const struct qd_shard_plan *p, qd_err *err);
 /* Layer kinds and state indices from m->cfg (model.c). */
 qd_status qd_model_init_layers(qd_model *m, qd_err *err);
 qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err *err);

@@ -63,6 +63,7 @@ static size_t plan_scratch(const qd_config *c, size_t B, unsigned char *base, qd
     CARVE(moe_w, float, B * k_top);
     CARVE(moe_order, int32_t, B * k_top);
     CARVE(pos, int32_t, B);
+    CARVE(mtp_cat, float, B * 2 * H);
 #undef CARVE
     return off;
 }
@@ -224,6 +225,7 @@ const qd_backend_ops qd_cpu_ops = {
     .ctx_create = cpu_ctx_create,
     .ctx_free = cpu_ctx_free,
     .forward = cpu_forward,
+    .mtp_forward = qd_cpu_mtp_forward,
     .state_bytes = cpu_state_bytes,
     .state_read = cpu_state_read,
     .state_write = cpu_state_write,

@@ -41,6 +41,7 @@ typedef struct qd_cpu_scratch {
     float *moe_w;       /* [B][k_top] */
     int32_t *moe_order; /* [B*k_top] */
     int32_t *pos;       /* [B] positions */
+    float *mtp_cat;     /* [B][2H] the MTP head's fc input: [normed embedding | normed hidden] */
 } qd_cpu_scratch;
 
 typedef struct qd_cpu_ctx {
@@ -94,6 +95,9 @@ void qd_moe_route_token(const float *logits, int E, int k, int renorm, int32_t *
  * and between blocks their partial outputs are summed in rank order (what an all-reduce
  * does across devices). n == 1 is the unsplit forward; rank 0 writes the logit rows. */
 qd_status qd_cpu_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_step *st, const qd_logit_out *out);
+
+/* The MTP head over one batch (backend.h, qd_backend_ops.mtp_forward); unsplit only. */
+qd_status qd_cpu_mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out);
 
 /* The CPU backend's operations (cpu_backend.c), also used directly by the CPU split
  * backend on its ranks. */
