@@ -178,6 +178,8 @@ typedef struct qd_context_params {
                           * span at a multiple of QD_INVARIANT_ALIGN and never leaves a
                           * one-token prompt tail (the engine does). Costs speed. Not for
                           * split models (QD_ERR_UNSUPPORTED). */
+    int speculative_tokens; /* K in 0..4: spans marked verify (K + 1 tokens at most) keep the
+                             * GDN state after each of their tokens, for qd_seq_accept; 0 = none */
     int mtp;           /* 1 = plan the MTP head's KV cache (one more attention layer in every
                         * KV block) for speculative decoding and qd_mtp_forward; context
                         * creation fails with QD_ERR_UNSUPPORTED, saying why, when the
@@ -243,6 +245,30 @@ qd_status qd_forward_greedy_logprobs(qd_context *ctx, const qd_span *spans, int 
  * for off the device, so a step of greedy rows moves a few bytes per row, not a row. */
 qd_status qd_forward_mixed(qd_context *ctx, const qd_span *spans, int n_spans, int vocab_limit, const uint8_t *full,
                            float *logits, int32_t *ids, float *logprobs);
+
+/* Every output and option of a forward at once (designated initialisers; zero fields are
+ * off). verify[i] = 1 marks span i a speculative verify span (the last accepted token and
+ * the drafts, at most params.speculative_tokens + 1 tokens): the forward keeps the state
+ * after each of its tokens, for qd_seq_accept. ids / logprobs / full / logits as in
+ * qd_forward_mixed (ids NULL: no argmax), hidden as in qd_forward_hidden. */
+typedef struct qd_forward_args {
+    const qd_span *spans;
+    int n_spans;
+    const uint8_t *verify;     /* [n_spans], or NULL: no verify span */
+    int vocab_limit;           /* 0: the whole vocabulary */
+    const uint8_t *full;       /* [n_logit_rows] rows of logits wanted, or NULL: all */
+    float *logits;             /* [n_logit_rows][vocab_size], or NULL */
+    int32_t *ids;              /* [n_logit_rows], or NULL */
+    float *logprobs;           /* [n_logit_rows], or NULL */
+    float *hidden;             /* [n_logit_rows][hidden_size], or NULL */
+} qd_forward_args;
+qd_status qd_forward_ex(qd_context *ctx, const qd_forward_args *args);
+
+/* After a forward whose span for `seq` was a verify span of T tokens: keep its first
+ * n_keep (1..T) as if only they had been fed. The GDN and conv states become those after
+ * token n_keep, the length drops to the span's start + n_keep, the KV positions past it
+ * are dropped (and the MTP KV past it). n_keep == T keeps everything. */
+qd_status qd_seq_accept(qd_context *ctx, int seq, int n_keep);
 
 /* ------------------------------------------------ MTP head (speculative decoding) */
 

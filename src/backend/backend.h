@@ -125,6 +125,8 @@ typedef struct qd_seq_blocks {
     int length;         /* tokens consumed */
     int32_t *blocks;    /* [max_blocks_per_seq] */
     int n_blocks;       /* blocks held (covering at least `length` positions) */
+    int verify_pos0, verify_T; /* the last forward's verify span of this sequence (T 0: none,
+                                * or accepted since) */
     int mtp_length;     /* positions of the MTP layer's KV written (<= length; the MTP
                          * layer at position p reads the main hidden state at p) */
 } qd_seq_blocks;
@@ -135,6 +137,7 @@ typedef struct qd_step {
     const qd_span_rt *rt;        /* [n_spans] */
     int n_spans, n_rows, n_logit_rows;
     const qd_seq_blocks *seqs;   /* [max_seqs] lengths before the step, block tables */
+    const uint8_t *verify;       /* [n_spans] 1 = a verify span (keeps per-token states), or NULL */
     bool no_graph;               /* run this step eagerly (a split rank follows rank 0's choice) */
 } qd_step;
 
@@ -232,6 +235,13 @@ struct qd_backend_ops {
     qd_status (*snap_save)(void *bc, int seq, int slot);
     qd_status (*snap_load)(void *bc, int seq, int slot);
     qd_status (*snap_read)(void *bc, int slot, void *dst);
+    /* A span with st->verify[i] (at most params.speculative_tokens + 1 tokens) keeps the
+     * GDN conv and recurrent state after each of its tokens; verify_keep makes the state
+     * after token `index` of the sequence's last verify span its state (the rollback of a
+     * rejected draft). Each row's outputs equal those of feeding the tokens one at a time (bit for bit
+     * in batch-invariant mode).
+     * NULL: the backend has no verify spans (the model layer refuses them). */
+    qd_status (*verify_keep)(void *bc, int seq, int index);
     /* The MTP head over a validated batch (NULL: this backend has none, and the model
      * layer refuses speculation). Row r of the step takes the embedding of its token and
      * hidden[r] ([n_rows][H], a main forward's qd_logit_out.hidden or a previous MTP

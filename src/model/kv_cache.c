@@ -127,6 +127,7 @@ void qd_kv_truncate(qd_context *ctx, int seq, int n_tokens) {
     qd_seq_blocks *q = &ctx->seqs[seq];
     const int keep = qd_kv_blocks_for(ctx, n_tokens);
     if (q->mtp_length > n_tokens) q->mtp_length = n_tokens; /* the MTP KV past it went with the blocks */
+    if (q->verify_pos0 + q->verify_T > n_tokens) q->verify_T = 0; /* a rollback ends an unaccepted verify */
     while (q->n_blocks > keep) unref(&ctx->kv, q->blocks[--q->n_blocks]);
 }
 
