@@ -214,6 +214,38 @@ static void check_fixture(const char *dir) {
                qd_context_errmsg(ctx));
     }
 
+    /* 6b. prefix sharing: a fork's MTP write at the shared block's edge (the pair of the
+     * last shared position and a token the two sequences do not share) goes to a private
+     * copy; the parent's MTP rows are those of a run without the fork */
+    {
+        float *h = malloc(sizeof(float) * (size_t)n * H), *ref_rows = malloc(sizeof(float) * rows * V);
+        float *rows2 = malloc(sizeof(float) * rows * V);
+        for (int pass = 0; pass < 2; pass++) {
+            qd_seq_reset(ctx, 0);
+            qd_seq_reset(ctx, 1);
+            qd_span a = {.seq = 0, .tokens = ids, .n_tokens = 21, .logits = QD_LOGITS_ALL};
+            CHECK(qd_forward_hidden(ctx, &a, 1, NULL, h) == QD_OK);
+            qd_span ma = {.seq = 0, .tokens = ids + 1, .n_tokens = 20, .logits = QD_LOGITS_NONE};
+            CHECK(qd_mtp_forward(ctx, &ma, 1, h, NULL, NULL) == QD_OK);
+            if (pass == 1) { /* the child redoes position 19 with another token 20 */
+                CHECK(qd_seq_fork(ctx, 0, 1) == QD_OK && qd_mtp_length(ctx, 1) == 20);
+                CHECK(qd_mtp_truncate(ctx, 1, 19) == QD_OK);
+                int32_t other = (ids[20] + 5) % V;
+                qd_span mb = {.seq = 1, .tokens = &other, .n_tokens = 1, .logits = QD_LOGITS_NONE};
+                CHECK(qd_mtp_forward(ctx, &mb, 1, h + (size_t)19 * H, NULL, NULL) == QD_OK);
+            }
+            qd_span b = {.seq = 0, .tokens = ids + 21, .n_tokens = n - 21, .logits = QD_LOGITS_ALL};
+            CHECK(qd_forward_hidden(ctx, &b, 1, NULL, h + (size_t)21 * H) == QD_OK);
+            qd_span mc = {.seq = 0, .tokens = ids + 21, .n_tokens = n - 21, .logits = QD_LOGITS_ALL};
+            CHECK(qd_mtp_forward(ctx, &mc, 1, h + (size_t)20 * H, pass ? rows2 : ref_rows, NULL) == QD_OK);
+        }
+        CHECKF(max_diff(rows2, ref_rows, (size_t)(n - 21) * V) == 0, "%s: a fork's MTP write reached the parent (%g)",
+               dir, max_diff(rows2, ref_rows, (size_t)(n - 21) * V));
+        free(h);
+        free(ref_rows);
+        free(rows2);
+    }
+
     /* 7. bad spans */
     {
         int32_t bad = V;

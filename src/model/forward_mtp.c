@@ -68,6 +68,7 @@ static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd
             return qd_seterr(&ctx->err, QD_ERR_CAPACITY, "MTP batch of more than %d tokens (max_batch)", p->max_batch);
         const int past = q->mtp_length + s->n_tokens - q->length; /* positions beyond the sequence's blocks */
         if (past > 0) blocks += qd_kv_blocks_needed(ctx, s->seq, past);
+        blocks += qd_kv_shared_in(ctx, s->seq, q->mtp_length, q->mtp_length + s->n_tokens);
         rt[i] = (qd_span_rt){s->seq, rows, s->n_tokens, q->mtp_length};
         rows += s->n_tokens;
         if (s->logits == QD_LOGITS_ALL) logit_rows += s->n_tokens;
@@ -83,6 +84,8 @@ static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd
         const qd_seq_blocks *q = &ctx->seqs[spans[i].seq];
         const int past = q->mtp_length + spans[i].n_tokens - q->length;
         if (past > 0) QD_TRY(qd_kv_reserve(ctx, spans[i].seq, past));
+        /* a pair (h_p, token p+1) at the edge of a shared prefix differs between sharers */
+        QD_TRY(qd_kv_unshare(ctx, spans[i].seq, q->mtp_length, q->mtp_length + spans[i].n_tokens));
     }
     *n_rows = rows;
     *n_logit_rows = logit_rows;

@@ -123,6 +123,39 @@ qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens) {
     return QD_OK;
 }
 
+int qd_kv_shared_in(const qd_context *ctx, int seq, int from, int to) {
+    const qd_kv_pool *kv = &ctx->kv;
+    const qd_seq_blocks *q = &ctx->seqs[seq];
+    if (kv->n_blocks == 0 || to <= from) return 0;
+    int n = 0;
+    for (int b = from / kv->block_size; b < q->n_blocks && b * kv->block_size < to; b++) n += kv->ref[q->blocks[b]] > 1;
+    return n;
+}
+
+qd_status qd_kv_unshare(qd_context *ctx, int seq, int from, int to) {
+    qd_kv_pool *kv = &ctx->kv;
+    qd_seq_blocks *q = &ctx->seqs[seq];
+    if (kv->n_blocks == 0 || to <= from) return QD_OK;
+    if (qd_kv_shared_in(ctx, seq, from, to) > kv->n_free)
+        return qd_seterr(&ctx->err, QD_ERR_CAPACITY, "KV cache pool exhausted: sequence %d needs private copies of %d "
+                         "shared blocks, %d free", seq, qd_kv_shared_in(ctx, seq, from, to), kv->n_free);
+    for (int b = from / kv->block_size; b < q->n_blocks && b * kv->block_size < to; b++) {
+        const int32_t old = q->blocks[b];
+        if (kv->ref[old] <= 1) continue;
+        const int32_t nb = kv->free_ids[--kv->n_free];
+        kv->ref[nb] = 1;
+        qd_status st = qd_kv_copy_block(ctx, nb, old);
+        if (st != QD_OK) {
+            kv->free_ids[kv->n_free++] = nb;
+            kv->ref[nb] = 0;
+            return st;
+        }
+        q->blocks[b] = nb;
+        unref(kv, old);
+    }
+    return QD_OK;
+}
+
 void qd_kv_truncate(qd_context *ctx, int seq, int n_tokens) {
     qd_seq_blocks *q = &ctx->seqs[seq];
     const int keep = qd_kv_blocks_for(ctx, n_tokens);

@@ -114,6 +114,12 @@ int qd_kv_blocks_for(const qd_context *ctx, int n_tokens);
  * last block if it is partly filled and shared. QD_ERR_CAPACITY when the pool lacks
  * blocks (nothing changes then). */
 qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens);
+/* Shared blocks (held by another sequence or the prefix cache too) among those covering
+ * positions [from, to) of seq; qd_kv_unshare gives seq a private copy of each (the MTP
+ * head writes its KV at positions whose pairs depend on tokens the sharers need not have
+ * in common). QD_ERR_CAPACITY when the pool lacks blocks (nothing changes then). */
+int qd_kv_shared_in(const qd_context *ctx, int seq, int from, int to);
+qd_status qd_kv_unshare(qd_context *ctx, int seq, int from, int to);
 /* Keeps the blocks covering the first n_tokens positions, returns the others. */
 void qd_kv_truncate(qd_context *ctx, int seq, int n_tokens);
 /* ------------------------------------------ sequence state snapshots (kv_cache.c) */
