@@ -189,6 +189,12 @@ typedef struct qd_context_params {
                           * span at a multiple of QD_INVARIANT_ALIGN and never leaves a
                           * one-token prompt tail (the engine does). Costs speed. Not for
                           * split models (QD_ERR_UNSUPPORTED). */
+    int speculative_tokens; /* K in 0..4: spans marked verify (K + 1 tokens at most) keep the
+                             * GDN state after each of their tokens, for qd_seq_accept; 0 = none */
+    int mtp;           /* 1 = plan the MTP head's KV cache (one more attention layer in every
+                        * KV block) for speculative decoding and qd_mtp_forward; context
+                        * creation fails with QD_ERR_UNSUPPORTED, saying why, when the
+                        * checkpoint has no usable MTP head or the backend has no MTP forward */
 } qd_context_params;
 
 /* Batch-invariant mode: prompt pieces and prefix-cache restores start at multiples of
@@ -250,6 +256,55 @@ qd_status qd_forward_greedy_logprobs(qd_context *ctx, const qd_span *spans, int 
  * for off the device, so a step of greedy rows moves a few bytes per row, not a row. */
 qd_status qd_forward_mixed(qd_context *ctx, const qd_span *spans, int n_spans, int vocab_limit, const uint8_t *full,
                            float *logits, int32_t *ids, float *logprobs);
+
+/* Every output and option of a forward at once (designated initialisers; zero fields are
+ * off). verify[i] = 1 marks span i a speculative verify span (the last accepted token and
+ * the drafts, at most params.speculative_tokens + 1 tokens): the forward keeps the state
+ * after each of its tokens, for qd_seq_accept. ids / logprobs / full / logits as in
+ * qd_forward_mixed (ids NULL: no argmax), hidden as in qd_forward_hidden. */
+typedef struct qd_forward_args {
+    const qd_span *spans;
+    int n_spans;
+    const uint8_t *verify;     /* [n_spans], or NULL: no verify span */
+    int vocab_limit;           /* 0: the whole vocabulary */
+    const uint8_t *full;       /* [n_logit_rows] rows of logits wanted, or NULL: all */
+    float *logits;             /* [n_logit_rows][vocab_size], or NULL */
+    int32_t *ids;              /* [n_logit_rows], or NULL */
+    float *logprobs;           /* [n_logit_rows], or NULL */
+    float *hidden;             /* [n_logit_rows][hidden_size], or NULL */
+} qd_forward_args;
+qd_status qd_forward_ex(qd_context *ctx, const qd_forward_args *args);
+
+/* After a forward whose span for `seq` was a verify span of T tokens: keep its first
+ * n_keep (1..T) as if only they had been fed. The GDN and conv states become those after
+ * token n_keep, the length drops to the span's start + n_keep, the KV positions past it
+ * are dropped (and the MTP KV past it). n_keep == T keeps everything. */
+qd_status qd_seq_accept(qd_context *ctx, int seq, int n_keep);
+
+/* ------------------------------------------------ MTP head (speculative decoding) */
+
+/* 1 when the checkpoint's MTP head is bound; otherwise 0, and why (no mtp.* tensors, an
+ * incomplete head) goes into why[0..why_size) when why is not NULL. */
+int qd_model_has_mtp(const qd_model *model, char *why, size_t why_size);
+/* Width of the hidden states of qd_forward_hidden and qd_mtp_forward. */
+int qd_model_hidden_size(const qd_model *model);
+/* qd_forward that also writes each logit row's hidden state after the final norm (the
+ * MTP head's input) to hidden [n_logit_rows][hidden_size]. logits may be NULL. */
+qd_status qd_forward_hidden(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, float *hidden);
+/* The MTP head (a context created with params.mtp) over a ragged batch: span i's token t
+ * is the embedding input and hidden row (row0 + t) of hidden [n_rows][hidden_size] the
+ * hidden input (a main forward's final-normed state, or h' of a previous MTP step), at
+ * MTP positions mtp_length, mtp_length + 1, ... of the span's sequence, whose MTP KV the
+ * step appends to (mtp_length advances; it may run up to max_ctx past the sequence's
+ * length, for draft steps). Logit rows as in qd_forward (the draft logits of the token
+ * two places on); hidden_out [n_logit_rows][hidden_size] h' after the MTP norm, or NULL. */
+qd_status qd_mtp_forward(qd_context *ctx, const qd_span *spans, int n_spans, const float *hidden, float *logits,
+                         float *hidden_out);
+/* Positions of a sequence's MTP KV cache, or -1 for a bad sequence; qd_mtp_truncate drops
+ * those past n (draft positions, whose hidden inputs were the MTP's own). A rollback of
+ * the sequence (qd_seq_state_restore, qd_seq_reset) truncates it to the new length. */
+int qd_mtp_length(const qd_context *ctx, int seq);
+qd_status qd_mtp_truncate(qd_context *ctx, int seq, int n);
 
 #ifdef __cplusplus
 }

@@ -72,6 +72,20 @@ typedef struct qd_layer {
     int state_index;    /* index among GDN layers (conv/recurrent state) or attention layers (KV) */
 } qd_layer;
 
+/* The MTP head (spec 7.2): one extra decoder layer that drafts token p+2 from the main
+ * model's final-normed hidden state at p and the token at p+1. It shares the main
+ * model's embedding and LM head. Its attention keeps its own keys and values in the
+ * main KV blocks, as attention layer n_attn (the layer's state_index), so the model
+ * layer's block tables, prefix sharing and rollback cover it with no bookkeeping of its
+ * own; a context reserves that extra layer only when created with params.mtp. */
+typedef struct qd_mtp_weights {
+    float *pre_fc_norm_embedding; /* [H] zero-centred */
+    float *pre_fc_norm_hidden;    /* [H] zero-centred */
+    qd_weight fc;                 /* [H][2H]: columns [0, H) take the normed embedding, [H, 2H) the normed hidden */
+    qd_layer layer;               /* full attention + the family's FFN; state_index = n_attn */
+    float *norm;                  /* [H] zero-centred, before the shared LM head */
+} qd_mtp_weights;
+
 /* Every weight of a model (or of one rank of a split model), as bound on the host. */
 typedef struct qd_weights {
     qd_weight embed;          /* [V][H] */
@@ -82,6 +96,7 @@ typedef struct qd_weights {
     /* MoE experts [expert0, expert0 + n_local_experts) are bound: all of them, except on an
      * expert-parallel rank, whose other experts are zero-sized */
     int expert0, n_local_experts;
+    qd_mtp_weights *mtp;      /* NULL: no (complete) MTP head in the checkpoint */
 } qd_weights;
 
 /* Floats of one sequence's GDN state: conv [n_gdn][conv_dim][Kc-1] then recurrent
@@ -110,6 +125,10 @@ typedef struct qd_seq_blocks {
     int length;         /* tokens consumed */
     int32_t *blocks;    /* [max_blocks_per_seq] */
     int n_blocks;       /* blocks held (covering at least `length` positions) */
+    int verify_pos0, verify_T; /* the last forward's verify span of this sequence (T 0: none,
+                                * or accepted since) */
+    int mtp_length;     /* positions of the MTP layer's KV written (<= length; the MTP
+                         * layer at position p reads the main hidden state at p) */
 } qd_seq_blocks;
 
 /* One forward's batch: validated, its KV blocks reserved. */
@@ -118,6 +137,7 @@ typedef struct qd_step {
     const qd_span_rt *rt;        /* [n_spans] */
     int n_spans, n_rows, n_logit_rows;
     const qd_seq_blocks *seqs;   /* [max_seqs] lengths before the step, block tables */
+    const uint8_t *verify;       /* [n_spans] 1 = a verify span (keeps per-token states), or NULL */
     bool no_graph;               /* run this step eagerly (a split rank follows rank 0's choice) */
 } qd_step;
 
@@ -129,6 +149,8 @@ typedef struct qd_logit_out {
     int32_t *ids;          /* [n_logit_rows] argmax over [0, vocab_limit), or NULL */
     float *logprobs;       /* [n_logit_rows] that token's log-softmax over the same range, or NULL */
     int vocab_limit;       /* in [1, vocab_size] */
+    float *hidden;         /* [n_logit_rows][H] each logit row's hidden state after the final
+                            * norm (the MTP head's input), or NULL */
 } qd_logit_out;
 
 /* --------------------------------------------------------- descriptions */
@@ -215,6 +237,21 @@ struct qd_backend_ops {
     qd_status (*snap_save)(void *bc, int seq, int slot);
     qd_status (*snap_load)(void *bc, int seq, int slot);
     qd_status (*snap_read)(void *bc, int slot, void *dst);
+    /* A span with st->verify[i] (at most params.speculative_tokens + 1 tokens) keeps the
+     * GDN conv and recurrent state after each of its tokens; verify_keep makes the state
+     * after token `index` of the sequence's last verify span its state (the rollback of a
+     * rejected draft). Each row's outputs equal those of feeding the tokens one at a time (bit for bit
+     * in batch-invariant mode).
+     * NULL: the backend has no verify spans (the model layer refuses them). */
+    qd_status (*verify_keep)(void *bc, int seq, int index);
+    /* The MTP head over a validated batch (NULL: this backend has none, and the model
+     * layer refuses speculation). Row r of the step takes the embedding of its token and
+     * hidden[r] ([n_rows][H], a main forward's qd_logit_out.hidden or a previous MTP
+     * step's), at the positions of st->rt (pos0 = the sequence's mtp_length), writing
+     * and attending over the MTP layer's KV (attention layer n_attn of the blocks). The
+     * logit rows are the MTP's draft logits; out->hidden gets h' after the MTP norm (the
+     * next draft step's hidden input). */
+    qd_status (*mtp_forward)(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out);
     /* Device time the last forward spent in all-reduces (split models; NULL elsewhere). */
     qd_status (*comm_time)(void *bc, double *ms, int *count);
 };

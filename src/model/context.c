@@ -22,6 +22,16 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
                          p.max_seqs, p.max_ctx, p.max_batch);
     if (p.n_snap_slots < 0)
         return qd_seterr(&m->err, QD_ERR_INVALID_ARG, "n_snap_slots %d must not be negative", p.n_snap_slots);
+    if (p.speculative_tokens < 0 || p.speculative_tokens > 4)
+        return qd_seterr(&m->err, QD_ERR_INVALID_ARG, "speculative_tokens %d outside 0..4", p.speculative_tokens);
+    if (p.mtp) {
+        if (!m->ops->mtp_forward)
+            return qd_seterr(&m->err, QD_ERR_UNSUPPORTED,
+                             "speculative decoding: the %s backend has no MTP forward yet", m->ops->name);
+        if (!m->w.mtp)
+            return qd_seterr(&m->err, QD_ERR_UNSUPPORTED, "speculative decoding: %s",
+                             m->mtp_missing[0] ? m->mtp_missing : "the model has no MTP head");
+    }
     qd_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return qd_seterr(&m->err, QD_ERR_OOM, "out of memory for a context");
     ctx->model = m;
@@ -69,6 +79,7 @@ qd_status qd_seq_reset(qd_context *ctx, int seq) {
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, ctx->params.max_seqs);
     QD_TRY(qd_seq_state_clear(ctx, seq));
     ctx->seqs[seq].length = 0;
+    ctx->seqs[seq].verify_T = 0;
     qd_kv_truncate(ctx, seq, 0);
     return QD_OK;
 }

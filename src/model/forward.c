@@ -5,8 +5,8 @@
 
 #include "model/model.h"
 
-static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd_span_rt *rt, int *n_rows,
-                          int *n_logit_rows) {
+static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, const uint8_t *verify, qd_span_rt *rt,
+                          int *n_rows, int *n_logit_rows) {
     const qd_model *m = ctx->model;
     const qd_context_params *p = &ctx->params;
     if (n_spans < 1) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "empty batch");
@@ -32,6 +32,18 @@ static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd
                              s->seq, len, s->n_tokens, p->max_ctx);
         if (s->n_tokens > p->max_batch - rows)
             return qd_seterr(&ctx->err, QD_ERR_CAPACITY, "batch of more than %d tokens (max_batch)", p->max_batch);
+        if (verify && verify[i]) {
+            if (p->speculative_tokens < 1)
+                return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
+                                 "span %d is a verify span but the context has speculative_tokens 0", i);
+            if (!m->ops->verify_keep)
+                return qd_seterr(&ctx->err, QD_ERR_UNSUPPORTED, "the %s backend has no verify spans yet",
+                                 m->ops->name);
+            if (s->n_tokens > p->speculative_tokens + 1)
+                return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
+                                 "verify span %d has %d tokens, more than speculative_tokens %d + 1", i, s->n_tokens,
+                                 p->speculative_tokens);
+        }
         blocks += qd_kv_blocks_needed(ctx, s->seq, s->n_tokens);
         rt[i] = (qd_span_rt){s->seq, rows, s->n_tokens, len};
         rows += s->n_tokens;
@@ -52,21 +64,73 @@ static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd
     return QD_OK;
 }
 
-static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, const qd_logit_out *out) {
-    qd_step st = {.spans = spans, .rt = ctx->spans_rt, .n_spans = n_spans, .seqs = ctx->seqs};
-    QD_TRY(validate(ctx, spans, n_spans, ctx->spans_rt, &st.n_rows, &st.n_logit_rows));
-    if (st.n_logit_rows > 0 && !out->logits && !out->ids)
+static qd_status forward_v(qd_context *ctx, const qd_span *spans, int n_spans, const uint8_t *verify,
+                           const qd_logit_out *out) {
+    qd_step st = {.spans = spans, .rt = ctx->spans_rt, .n_spans = n_spans, .seqs = ctx->seqs, .verify = verify};
+    QD_TRY(validate(ctx, spans, n_spans, verify, ctx->spans_rt, &st.n_rows, &st.n_logit_rows));
+    if (st.n_logit_rows > 0 && !out->logits && !out->ids && !out->hidden)
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
     /* the state has advanced in the backend unless the failure came first; a failed
      * device step leaves the context unusable for those sequences, as its message says */
     QD_TRY(ctx->model->ops->forward(ctx->bc, &st, out));
-    for (int i = 0; i < n_spans; i++) ctx->seqs[st.rt[i].seq].length += st.rt[i].T;
+    for (int i = 0; i < n_spans; i++) {
+        qd_seq_blocks *q = &ctx->seqs[st.rt[i].seq];
+        q->verify_pos0 = q->length;
+        q->verify_T = verify && verify[i] ? st.rt[i].T : 0;
+        q->length += st.rt[i].T;
+    }
+    return QD_OK;
+}
+
+static qd_status forward(qd_context *ctx, const qd_span *spans, int n_spans, const qd_logit_out *out) {
+    return forward_v(ctx, spans, n_spans, NULL, out);
+}
+
+qd_status qd_forward_ex(qd_context *ctx, const qd_forward_args *a) {
+    if (!ctx) return QD_ERR_INVALID_ARG;
+    if (!a) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "no forward arguments");
+    const int V = ctx->model->cfg.vocab_size;
+    if (a->vocab_limit < 0 || a->vocab_limit > V)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "vocab_limit %d outside [0, %d]", a->vocab_limit, V);
+    if (a->full && !a->logits)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "rows of logits asked for but no logits buffer");
+    if (a->logprobs && !a->ids)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "log-probabilities asked for without an ids buffer");
+    const qd_logit_out out = {.logits = a->logits, .full = a->full, .ids = a->ids, .logprobs = a->logprobs,
+                              .vocab_limit = a->vocab_limit ? a->vocab_limit : V, .hidden = a->hidden};
+    return forward_v(ctx, a->spans, a->n_spans, a->verify, &out);
+}
+
+qd_status qd_seq_accept(qd_context *ctx, int seq, int n_keep) {
+    if (!ctx) return QD_ERR_INVALID_ARG;
+    if (seq < 0 || seq >= ctx->params.max_seqs)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, ctx->params.max_seqs);
+    qd_seq_blocks *q = &ctx->seqs[seq];
+    if (q->verify_T == 0 || q->length != q->verify_pos0 + q->verify_T)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
+                         "sequence %d: the last forward that fed it was not a verify span (nothing to accept)", seq);
+    if (n_keep < 1 || n_keep > q->verify_T)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "sequence %d: keep %d of a verify span of %d tokens", seq,
+                         n_keep, q->verify_T);
+    if (n_keep < q->verify_T) {
+        QD_TRY(ctx->model->ops->verify_keep(ctx->bc, seq, n_keep - 1));
+        q->length = q->verify_pos0 + n_keep;
+        qd_kv_truncate(ctx, seq, q->length);
+    }
+    q->verify_T = 0;
     return QD_OK;
 }
 
 qd_status qd_forward(qd_context *ctx, const qd_span *spans, int n_spans, float *logits) {
     if (!ctx) return QD_ERR_INVALID_ARG;
     const qd_logit_out out = {.logits = logits, .vocab_limit = ctx->model->cfg.vocab_size};
+    return forward(ctx, spans, n_spans, &out);
+}
+
+qd_status qd_forward_hidden(qd_context *ctx, const qd_span *spans, int n_spans, float *logits, float *hidden) {
+    if (!ctx) return QD_ERR_INVALID_ARG;
+    if (!hidden) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "no output buffer for the hidden states");
+    const qd_logit_out out = {.logits = logits, .vocab_limit = ctx->model->cfg.vocab_size, .hidden = hidden};
     return forward(ctx, spans, n_spans, &out);
 }
 
@@ -79,7 +143,8 @@ qd_status qd_forward_mixed(qd_context *ctx, const qd_span *spans, int n_spans, i
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "vocab_limit %d outside [0, %d]", vocab_limit, V);
     if (full && !logits)
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "rows of logits asked for but no logits buffer");
-    const qd_logit_out out = {logits, full, ids, logprobs, vocab_limit ? vocab_limit : V};
+    const qd_logit_out out = {.logits = logits, .full = full, .ids = ids, .logprobs = logprobs,
+                             .vocab_limit = vocab_limit ? vocab_limit : V};
     return forward(ctx, spans, n_spans, &out);
 }
 

@@ -32,8 +32,10 @@ qd_status qd_kv_pool_init(qd_context *ctx) {
                              "max_seqs %d x max_ctx %d is too large for a KV pool; set n_kv_blocks", p->max_seqs, p->max_ctx);
         p->n_kv_blocks = (int)all;
     }
-    kv->n_blocks = n_attn > 0 ? p->n_kv_blocks : 0;
-    kv->block_elems = (size_t)n_attn * kv->block_size * c->attn_nkv * c->attn_head_dim;
+    /* with params.mtp the MTP head's attention is one more layer of every block */
+    const int n_kv_layers = n_attn + (p->mtp ? 1 : 0);
+    kv->n_blocks = n_kv_layers > 0 ? p->n_kv_blocks : 0;
+    kv->block_elems = (size_t)n_kv_layers * kv->block_size * c->attn_nkv * c->attn_head_dim;
     for (int i = 0; i < p->max_seqs; i++) {
         ctx->seqs[i].blocks = calloc((size_t)kv->max_blocks_per_seq, sizeof(int32_t));
         if (!ctx->seqs[i].blocks) return QD_ERR_OOM;
@@ -121,9 +123,44 @@ qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens) {
     return QD_OK;
 }
 
+int qd_kv_shared_in(const qd_context *ctx, int seq, int from, int to) {
+    const qd_kv_pool *kv = &ctx->kv;
+    const qd_seq_blocks *q = &ctx->seqs[seq];
+    if (kv->n_blocks == 0 || to <= from) return 0;
+    int n = 0;
+    for (int b = from / kv->block_size; b < q->n_blocks && b * kv->block_size < to; b++) n += kv->ref[q->blocks[b]] > 1;
+    return n;
+}
+
+qd_status qd_kv_unshare(qd_context *ctx, int seq, int from, int to) {
+    qd_kv_pool *kv = &ctx->kv;
+    qd_seq_blocks *q = &ctx->seqs[seq];
+    if (kv->n_blocks == 0 || to <= from) return QD_OK;
+    if (qd_kv_shared_in(ctx, seq, from, to) > kv->n_free)
+        return qd_seterr(&ctx->err, QD_ERR_CAPACITY, "KV cache pool exhausted: sequence %d needs private copies of %d "
+                         "shared blocks, %d free", seq, qd_kv_shared_in(ctx, seq, from, to), kv->n_free);
+    for (int b = from / kv->block_size; b < q->n_blocks && b * kv->block_size < to; b++) {
+        const int32_t old = q->blocks[b];
+        if (kv->ref[old] <= 1) continue;
+        const int32_t nb = kv->free_ids[--kv->n_free];
+        kv->ref[nb] = 1;
+        qd_status st = qd_kv_copy_block(ctx, nb, old);
+        if (st != QD_OK) {
+            kv->free_ids[kv->n_free++] = nb;
+            kv->ref[nb] = 0;
+            return st;
+        }
+        q->blocks[b] = nb;
+        unref(kv, old);
+    }
+    return QD_OK;
+}
+
 void qd_kv_truncate(qd_context *ctx, int seq, int n_tokens) {
     qd_seq_blocks *q = &ctx->seqs[seq];
     const int keep = qd_kv_blocks_for(ctx, n_tokens);
+    if (q->mtp_length > n_tokens) q->mtp_length = n_tokens; /* the MTP KV past it went with the blocks */
+    if (q->verify_pos0 + q->verify_T > n_tokens) q->verify_T = 0; /* a rollback ends an unaccepted verify */
     while (q->n_blocks > keep) unref(&ctx->kv, q->blocks[--q->n_blocks]);
 }
 
@@ -196,6 +233,7 @@ qd_status qd_seq_fork(qd_context *ctx, int src, int dst) {
     }
     b->n_blocks = a->n_blocks;
     b->length = a->length;
+    b->mtp_length = a->mtp_length;
     return QD_OK;
 }
 

@@ -31,6 +31,8 @@ struct qd_model {
     qd_quantization quantization; /* quantized at load (model_quant_online.c); dummies drawn on the host */
     qd_threadpool *pool;
     qd_weights w;             /* none on a split model, whose ranks hold theirs */
+    char mtp_missing[256];    /* why w.mtp is NULL (no head, an incomplete one), for the error
+                               * of a context that asks for speculation */
     /* tensor / expert parallel (model_split.c): the ranks' models, each binding its slices;
      * this model then holds the config and the checkpoint mapping */
     struct qd_model_split *split;
@@ -55,6 +57,16 @@ qd_status qd_model_bind_checkpoint(qd_model *m, qd_err *err);
  * m->cfg is the plan's local config. */
 struct qd_shard_plan;
 qd_status qd_model_bind_checkpoint_plan(qd_model *m, const qd_config *c, const struct qd_shard_plan *p, qd_err *err);
+/* Binding pieces model_mtp.c reuses (model_load.c): layer L named "<prefix>layers.L.*"
+ * with the plan's slices; a matrix or a [n] vector (to fp32) by its absolute name. */
+qd_status qd_model_bind_layer(qd_model *m, const qd_config *c, const struct qd_shard_plan *p, const char *prefix,
+                              int L, qd_layer *ly, qd_err *err);
+qd_status qd_model_bind_matrix(qd_model *m, const char *name, int64_t rows, int64_t cols, qd_weight *w, qd_err *err);
+qd_status qd_model_bind_norm(qd_model *m, const char *name, int64_t n, float **out, qd_err *err);
+/* The MTP head (model_mtp.c): bound into m->w.mtp when the checkpoint has a complete one
+ * (a plan p of the whole model); otherwise m->w.mtp stays NULL and m->mtp_missing says
+ * why. Only running out of memory fails the load. */
+qd_status qd_model_bind_mtp(qd_model *m, const struct qd_shard_plan *p, qd_err *err);
 /* Layer kinds and state indices from m->cfg (model.c). */
 qd_status qd_model_init_layers(qd_model *m, qd_err *err);
 qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err *err);
@@ -103,6 +115,12 @@ int qd_kv_blocks_for(const qd_context *ctx, int n_tokens);
  * last block if it is partly filled and shared. QD_ERR_CAPACITY when the pool lacks
  * blocks (nothing changes then). */
 qd_status qd_kv_reserve(qd_context *ctx, int seq, int n_tokens);
+/* Shared blocks (held by another sequence or the prefix cache too) among those covering
+ * positions [from, to) of seq; qd_kv_unshare gives seq a private copy of each (the MTP
+ * head writes its KV at positions whose pairs depend on tokens the sharers need not have
+ * in common). QD_ERR_CAPACITY when the pool lacks blocks (nothing changes then). */
+int qd_kv_shared_in(const qd_context *ctx, int seq, int from, int to);
+qd_status qd_kv_unshare(qd_context *ctx, int seq, int from, int to);
 /* Keeps the blocks covering the first n_tokens positions, returns the others. */
 void qd_kv_truncate(qd_context *ctx, int seq, int n_tokens);
 /* ------------------------------------------ sequence state snapshots (kv_cache.c) */

@@ -8,7 +8,8 @@
  * views too; its column ranges (out_proj, o_proj, down_proj) and its q/k/v runs are
  * copied, touching only the bytes of its slice. Small vectors (norms, gates, conv taps)
  * are converted to fp32, a rank's entries only. Tensors of the vision tower
- * (model.visual.*) and the MTP head (mtp.*) are not used and not rejected. */
+ * (model.visual.*) are not used and not rejected; the MTP head (mtp.*) is bound by
+ * model_mtp.c for a whole (unsplit) model. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -335,6 +336,24 @@ static qd_status bind_moe(binder *b, int L, qd_moe_weights *w) {
     return QD_OK;
 }
 
+/* Layer L's norms, mixer and FFN, named "<prefix>layers.L.*". */
+static qd_status bind_layer(binder *b, int L, qd_layer *ly) {
+    const qd_config *c = b->c;
+    int64_t s_h[1] = {c->hidden_size};
+    QD_TRY(get_vector(b, &ly->input_norm, 1, s_h, "layers.%d.input_layernorm.weight", L));
+    QD_TRY(get_vector(b, &ly->post_norm, 1, s_h, "layers.%d.post_attention_layernorm.weight", L));
+    if (ly->kind == QD_LAYER_GDN) QD_TRY(bind_gdn(b, L, &ly->gdn));
+    else QD_TRY(bind_attn(b, L, &ly->attn));
+    if (ly->ffn_kind == QD_FFN_MOE) {
+        QD_TRY(bind_moe(b, L, &ly->moe));
+    } else {
+        char base[64];
+        snprintf(base, sizeof base, "layers.%d.mlp", L);
+        QD_TRY(bind_mlp(b, &ly->mlp, c->intermediate_size, b->p->mlp_rows, base));
+    }
+    return QD_OK;
+}
+
 qd_status qd_model_bind_checkpoint_plan(qd_model *m, const qd_config *c, const qd_shard_plan *p, qd_err *err) {
     binder b = {m, c, p, "model.", err};
     if (qd_st_find(m->st, "model.language_model.embed_tokens.weight")) b.prefix = "model.language_model.";
@@ -350,25 +369,29 @@ qd_status qd_model_bind_checkpoint_plan(qd_model *m, const qd_config *c, const q
     } else {
         QD_TRY(get_matrix(&b, &m->w.lm_head, c->vocab_size, H, "@lm_head.weight"));
     }
-    for (int L = 0; L < c->n_layers; L++) {
-        qd_layer *ly = &m->w.layers[L];
-        QD_TRY(get_vector(&b, &ly->input_norm, 1, s_h, "layers.%d.input_layernorm.weight", L));
-        QD_TRY(get_vector(&b, &ly->post_norm, 1, s_h, "layers.%d.post_attention_layernorm.weight", L));
-        if (ly->kind == QD_LAYER_GDN) QD_TRY(bind_gdn(&b, L, &ly->gdn));
-        else QD_TRY(bind_attn(&b, L, &ly->attn));
-        if (ly->ffn_kind == QD_FFN_MOE) {
-            QD_TRY(bind_moe(&b, L, &ly->moe));
-        } else {
-            char base[64];
-            snprintf(base, sizeof base, "layers.%d.mlp", L);
-            QD_TRY(bind_mlp(&b, &ly->mlp, c->intermediate_size, p->mlp_rows, base));
-        }
-    }
+    for (int L = 0; L < c->n_layers; L++) QD_TRY(bind_layer(&b, L, &m->w.layers[L]));
     return QD_OK;
+}
+
+qd_status qd_model_bind_layer(qd_model *m, const qd_config *c, const qd_shard_plan *p, const char *prefix, int L,
+                              qd_layer *ly, qd_err *err) {
+    binder b = {m, c, p, prefix, err};
+    return bind_layer(&b, L, ly);
+}
+
+qd_status qd_model_bind_matrix(qd_model *m, const char *name, int64_t rows, int64_t cols, qd_weight *w, qd_err *err) {
+    binder b = {.m = m, .c = &m->cfg, .prefix = "", .err = err};
+    return get_matrix(&b, w, rows, cols, "%s", name);
+}
+
+qd_status qd_model_bind_norm(qd_model *m, const char *name, int64_t n, float **out, qd_err *err) {
+    binder b = {.m = m, .c = &m->cfg, .prefix = "", .err = err};
+    return get_vector(&b, out, 1, &n, "%s", name);
 }
 
 qd_status qd_model_bind_checkpoint(qd_model *m, qd_err *err) {
     qd_shard_plan whole;
     QD_TRY(qd_shard_plan_make(&m->cfg, 1, 0, false, &whole, err));
-    return qd_model_bind_checkpoint_plan(m, &m->cfg, &whole, err);
+    QD_TRY(qd_model_bind_checkpoint_plan(m, &m->cfg, &whole, err));
+    return qd_model_bind_mtp(m, &whole, err); /* model_mtp.c */
 }

@@ -63,6 +63,7 @@ static size_t plan_scratch(const qd_config *c, size_t B, unsigned char *base, qd
     CARVE(moe_w, float, B * k_top);
     CARVE(moe_order, int32_t, B * k_top);
     CARVE(pos, int32_t, B);
+    CARVE(mtp_cat, float, B * 2 * H);
 #undef CARVE
     return off;
 }
@@ -76,6 +77,8 @@ static void cpu_ctx_free(void *bc) {
     qd_aligned_free(c->kv_k);
     qd_aligned_free(c->kv_v);
     qd_aligned_free(c->snap_pool);
+    qd_aligned_free(c->verify_conv);
+    qd_aligned_free(c->verify_ssm);
     qd_aligned_free(c->scratch_block);
     free(c->gdn_spans);
     free(c);
@@ -103,10 +106,16 @@ static qd_status cpu_ctx_create(void *bm, const qd_backend_ctx_desc *d, void **o
         c->kv_k = qd_aligned_alloc(kv_bytes);
         c->kv_v = qd_aligned_alloc(kv_bytes);
     }
+    if (p->speculative_tokens > 0) {
+        c->verify_states = p->speculative_tokens + 1;
+        c->verify_conv = qd_aligned_alloc(seqs * (size_t)c->verify_states * c->conv_floats * sizeof(float) + 64);
+        c->verify_ssm = qd_aligned_alloc(seqs * (size_t)c->verify_states * c->ssm_floats * sizeof(float) + 64);
+    }
     /* untouched pages of the slots cost address space only, until a slot is written */
     if (snap_bytes) c->snap_pool = qd_aligned_alloc(snap_bytes);
     if (!c->scratch_block || !c->row_logits || !c->gdn_spans || !c->conv || !c->ssm ||
-        (kv_bytes && (!c->kv_k || !c->kv_v)) || (snap_bytes && !c->snap_pool)) {
+        (kv_bytes && (!c->kv_k || !c->kv_v)) || (snap_bytes && !c->snap_pool) ||
+        (c->verify_states && (!c->verify_conv || !c->verify_ssm))) {
         const size_t state_bytes = (c->conv_floats + c->ssm_floats) * sizeof(float);
         cpu_ctx_free(c);
         return qd_seterr(err, QD_ERR_OOM,
@@ -126,6 +135,15 @@ static qd_status cpu_forward(void *bc, const qd_step *st, const qd_logit_out *ou
 }
 
 /* ------------------------------------------------------------ state copies */
+
+static qd_status cpu_verify_keep(void *bc, int seq, int index) {
+    qd_cpu_ctx *c = bc;
+    if (index < 0 || index >= c->verify_states)
+        return qd_seterr(c->err, QD_ERR_INVALID_ARG, "verify state %d outside [0, %d)", index, c->verify_states);
+    memcpy(qd_cpu_seq_conv(c, seq), qd_cpu_verify_conv(c, seq, index), c->conv_floats * sizeof(float));
+    memcpy(qd_cpu_seq_ssm(c, seq), qd_cpu_verify_ssm(c, seq, index), c->ssm_floats * sizeof(float));
+    return QD_OK;
+}
 
 static size_t cpu_state_bytes(void *bc) {
     const qd_cpu_ctx *c = bc;
@@ -225,6 +243,8 @@ const qd_backend_ops qd_cpu_ops = {
     .ctx_create = cpu_ctx_create,
     .ctx_free = cpu_ctx_free,
     .forward = cpu_forward,
+    .mtp_forward = qd_cpu_mtp_forward,
+    .verify_keep = cpu_verify_keep,
     .state_bytes = cpu_state_bytes,
     .state_read = cpu_state_read,
     .state_write = cpu_state_write,

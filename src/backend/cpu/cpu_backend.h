@@ -41,6 +41,7 @@ typedef struct qd_cpu_scratch {
     float *moe_w;       /* [B][k_top] */
     int32_t *moe_order; /* [B*k_top] */
     int32_t *pos;       /* [B] positions */
+    float *mtp_cat;     /* [B][2H] the MTP head's fc input: [normed embedding | normed hidden] */
 } qd_cpu_scratch;
 
 typedef struct qd_cpu_ctx {
@@ -56,12 +57,22 @@ typedef struct qd_cpu_ctx {
     float *ssm;               /* [max_seqs][n_gdn][hv][dk][dv] fp32 recurrent state */
     float *kv_k, *kv_v;       /* [n_kv_blocks][n_attn][block_size][nkv][hd] keys (post-norm,
                                * post-RoPE) and values */
+    int verify_states;        /* params.speculative_tokens + 1, or 0 */
+    float *verify_conv;       /* [max_seqs][verify_states][conv_floats] state after each verify token */
+    float *verify_ssm;        /* [max_seqs][verify_states][ssm_floats] */
     float *snap_pool;         /* [n_snap_slots][conv | ssm] snapshot slots; pages committed as
                                * slots are first written */
 } qd_cpu_ctx;
 
 static inline float *qd_cpu_seq_conv(const qd_cpu_ctx *c, int seq) { return c->conv + (size_t)seq * c->conv_floats; }
 static inline float *qd_cpu_seq_ssm(const qd_cpu_ctx *c, int seq) { return c->ssm + (size_t)seq * c->ssm_floats; }
+/* The state of every GDN layer after token i of seq's verify span. */
+static inline float *qd_cpu_verify_conv(const qd_cpu_ctx *c, int seq, int i) {
+    return c->verify_conv + ((size_t)seq * c->verify_states + i) * c->conv_floats;
+}
+static inline float *qd_cpu_verify_ssm(const qd_cpu_ctx *c, int seq, int i) {
+    return c->verify_ssm + ((size_t)seq * c->verify_states + i) * c->ssm_floats;
+}
 
 /* Where position p of attention layer `attn_index` of a sequence with block table
  * `blocks` lives in kv_k (values at the same offset in kv_v); kvd = nkv * hd. */
@@ -94,6 +105,9 @@ void qd_moe_route_token(const float *logits, int E, int k, int renorm, int32_t *
  * and between blocks their partial outputs are summed in rank order (what an all-reduce
  * does across devices). n == 1 is the unsplit forward; rank 0 writes the logit rows. */
 qd_status qd_cpu_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_step *st, const qd_logit_out *out);
+
+/* The MTP head over one batch (backend.h, qd_backend_ops.mtp_forward); unsplit only. */
+qd_status qd_cpu_mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out);
 
 /* The CPU backend's operations (cpu_backend.c), also used directly by the CPU split
  * backend on its ranks. */

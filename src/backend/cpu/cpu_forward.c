@@ -43,7 +43,7 @@ static int32_t argmax_row(const float *x, int n, float *lp) {
 /* After the layer stack: what the rows that want logits hand back (see qd_logit_out).
  * Into a caller's logits buffer every row is computed in one matmul (the LM head is read
  * once); ids alone go one row at a time through the context's row buffer. */
-static qd_status logits_out(qd_cpu_ctx *ctx, const qd_step *st, const qd_logit_out *out) {
+static qd_status logits_out(qd_cpu_ctx *ctx, const qd_step *st, const float *final_norm, const qd_logit_out *out) {
     const qd_config *c = ctx->m->cfg;
     const qd_weights *w = ctx->m->w;
     const int H = c->hidden_size, n_logit_rows = st->n_logit_rows;
@@ -56,9 +56,11 @@ static qd_status logits_out(qd_cpu_ctx *ctx, const qd_step *st, const qd_logit_o
         if (st->spans[i].logits == QD_LOGITS_NONE) continue;
         int first = st->spans[i].logits == QD_LOGITS_ALL ? 0 : rt->T - 1;
         for (int t = first; t < rt->T; t++, lr++)
-            qd_cpu_rmsnorm(s->h + (size_t)(rt->row0 + t) * H, 1, H, H, w->final_norm, 1.0f, c->rms_norm_eps,
+            qd_cpu_rmsnorm(s->h + (size_t)(rt->row0 + t) * H, 1, H, H, final_norm, 1.0f, c->rms_norm_eps,
                            s->x + (size_t)lr * H, H);
     }
+    if (out->hidden) memcpy(out->hidden, s->x, sizeof(float) * (size_t)n_logit_rows * H);
+    if (!out->logits && !out->ids) return QD_OK; /* the hidden states alone */
     if (out->logits) {
         qd_cpu_ctx_matmul(ctx, &w->lm_head, s->x, n_logit_rows, out->logits);
         if (out->ids)
@@ -76,9 +78,8 @@ static qd_status logits_out(qd_cpu_ctx *ctx, const qd_step *st, const qd_logit_o
 
 /* One block (mixer, or FFN when ffn) of layer L on one rank: normed input, the block's
  * (partial) output in s.y. */
-static qd_status run_block(qd_cpu_ctx *ctx, int L, int ffn, const qd_step *st) {
+static qd_status run_block(qd_cpu_ctx *ctx, const qd_layer *ly, int ffn, const qd_step *st) {
     const qd_config *c = ctx->m->cfg;
-    const qd_layer *ly = &ctx->m->w->layers[L];
     qd_cpu_scratch *s = &ctx->s;
     const int H = c->hidden_size;
     qd_cpu_rmsnorm(s->h, st->n_rows, H, H, ffn ? ly->post_norm : ly->input_norm, 1.0f, c->rms_norm_eps, s->x, H);
@@ -107,7 +108,7 @@ qd_status qd_cpu_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_step *s
     for (int L = 0; L < c->n_layers; L++) {
         for (int ffn = 0; ffn < 2; ffn++) {
             for (int r = 0; r < n; r++) {
-                qd_status s = run_block(ranks[r], L, ffn, st);
+                qd_status s = run_block(ranks[r], &ranks[r]->m->w->layers[L], ffn, st);
                 if (s != QD_OK) {
                     if (n > 1) qd_err_prefix(ranks[r]->err, "rank %d, layer %d: ", r, L);
                     return s;
@@ -121,5 +122,31 @@ qd_status qd_cpu_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_step *s
             }
         }
     }
-    return logits_out(ranks[0], st, out);
+    return logits_out(ranks[0], st, ranks[0]->m->w->final_norm, out);
+}
+
+/* spec 7.2: h = fc([PreFcNormEmb(embed(token)) | PreFcNormHid(hidden)]), one decoder
+ * layer over the MTP layer's own KV (attention layer n_attn of the blocks), then the
+ * MTP norm and the shared LM head. */
+qd_status qd_cpu_mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out) {
+    qd_cpu_ctx *ctx = bc;
+    const qd_config *c = ctx->m->cfg;
+    const qd_mtp_weights *w = ctx->m->w->mtp;
+    qd_cpu_scratch *s = &ctx->s;
+    const int H = c->hidden_size, n = st->n_rows;
+    if (!w) return qd_seterr(ctx->err, QD_ERR_UNSUPPORTED, "the model has no MTP head bound");
+    const size_t need = (size_t)(ctx->m->w->n_attn + 1) * ctx->d.params.kv_block_size * c->attn_nkv * c->attn_head_dim;
+    if (ctx->d.kv_block_elems < need)
+        return qd_seterr(ctx->err, QD_ERR_UNSUPPORTED, "the context was created without the MTP layer's KV (params.mtp)");
+    begin_rows(ctx, st); /* positions; the embeddings land in s.h */
+    qd_cpu_rmsnorm(s->h, n, H, H, w->pre_fc_norm_embedding, 1.0f, c->rms_norm_eps, s->mtp_cat, 2 * H);
+    qd_cpu_rmsnorm(hidden, n, H, H, w->pre_fc_norm_hidden, 1.0f, c->rms_norm_eps, s->mtp_cat + H, 2 * H);
+    qd_cpu_ctx_matmul(ctx, &w->fc, s->mtp_cat, n, s->h);
+    const size_t len = (size_t)n * H;
+    for (int ffn = 0; ffn < 2; ffn++) {
+        qd_status r = run_block(ctx, &w->layer, ffn, st);
+        if (r != QD_OK) return qd_err_prefix(ctx->err, "MTP layer: ");
+        for (size_t i = 0; i < len; i++) s->h[i] += s->y[i];
+    }
+    return logits_out(ctx, st, w->norm, out);
 }

@@ -3,6 +3,7 @@
  * output projection. Each span carries its own conv and recurrent state; the short spans
  * of many sequences (multi-sequence decode) share one recurrent call. */
 #include <math.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
 
@@ -42,8 +43,20 @@ qd_status qd_cpu_layer_gdn(qd_cpu_ctx *ctx, const qd_layer *L, const qd_step *st
     const size_t conv_state = (size_t)conv_dim * (K - 1);
     const size_t ssm_state = (size_t)hv * dk * dv;
     for (int i = 0; i < n_spans; i++) {
-        qd_cpu_conv1d_silu(s->proj + (size_t)spans[i].row0 * conv_dim, spans[i].T, conv_dim, conv_dim, w->conv_w, K,
-                           qd_cpu_seq_conv(ctx, spans[i].seq) + L->state_index * conv_state, s->conv_out + (size_t)spans[i].row0 * conv_dim);
+        float *cs = qd_cpu_seq_conv(ctx, spans[i].seq) + L->state_index * conv_state;
+        const size_t r0 = (size_t)spans[i].row0;
+        if (!st->verify || !st->verify[i]) {
+            qd_cpu_conv1d_silu(s->proj + r0 * conv_dim, spans[i].T, conv_dim, conv_dim, w->conv_w, K, cs,
+                               s->conv_out + r0 * conv_dim);
+            continue;
+        }
+        /* a verify span: token by token, keeping the conv state after each */
+        for (int t = 0; t < spans[i].T; t++) {
+            qd_cpu_conv1d_silu(s->proj + (r0 + t) * conv_dim, 1, conv_dim, conv_dim, w->conv_w, K, cs,
+                               s->conv_out + (r0 + t) * conv_dim);
+            memcpy(qd_cpu_verify_conv(ctx, spans[i].seq, t) + L->state_index * conv_state, cs,
+                   conv_state * sizeof(float));
+        }
     }
     qd_cpu_l2norm_heads(s->conv_out, n_rows, hk, dk, conv_dim, 1e-6f, 1.0f / sqrtf((float)dk));
     qd_cpu_l2norm_heads(s->conv_out + key_dim, n_rows, hk, dk, conv_dim, 1e-6f, 1.0f);
@@ -65,12 +78,24 @@ qd_status qd_cpu_layer_gdn(qd_cpu_ctx *ctx, const qd_layer *L, const qd_step *st
             .o = s->o + r0 * value_dim,
             .T = spans[i].T,
         };
+        if (st->verify && st->verify[i]) { /* one token at a time, keeping the state after each */
+            for (int t = 0; t < spans[i].T; t++) {
+                qd_gdn_span one = sp;
+                one.q += t * conv_dim, one.k += t * conv_dim, one.v += t * conv_dim;
+                one.g += (size_t)t * hv, one.beta += (size_t)t * hv, one.o += (size_t)t * value_dim;
+                one.T = 1;
+                qd_cpu_gdn_recurrent(ctx->m->pool, dims, &one);
+                memcpy(qd_cpu_verify_ssm(ctx, spans[i].seq, t) + L->state_index * ssm_state, sp.S,
+                       ssm_state * sizeof(float));
+            }
+            continue;
+        }
         gdn_kernel fn = pick_gdn_kernel(spans[i].T, ctx->d.params.batch_invariant);
         if (fn == qd_cpu_gdn_recurrent) ctx->gdn_spans[n_multi++] = sp;
         else fn(ctx->m->pool, dims, &sp);
     }
     if (n_multi == 1) qd_cpu_gdn_recurrent(ctx->m->pool, dims, &ctx->gdn_spans[0]);
-    else qd_cpu_gdn_recurrent_multi(ctx->m->pool, dims, ctx->gdn_spans, n_multi);
+    else if (n_multi > 1) qd_cpu_gdn_recurrent_multi(ctx->m->pool, dims, ctx->gdn_spans, n_multi);
     qd_cpu_gated_rmsnorm(s->o, s->proj2, w->norm_w, n_rows, hv, dv, c->rms_norm_eps, s->u);
     qd_cpu_ctx_matmul(ctx, &w->out, s->u, n_rows, y);
     return QD_OK;
