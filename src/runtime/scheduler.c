@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "runtime/engine_internal.h"
+#include "runtime/grammar/constraint.h"
 
 void qd_req_list_push_back(qd_req_list *l, qd_request *r) {
     r->next = NULL;
@@ -183,6 +184,7 @@ void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const q
     pthread_mutex_unlock(&e->mu);
     if (r->cb) r->cb(r->user, &ev); /* the return value cannot change a finished request */
     qd_sampler_free(r->sampler);
+    qd_constraint_free(r->params.constraint);
     free(r->tokens);
     free(r);
 }
@@ -335,6 +337,7 @@ static qd_finish_reason finish_after(const qd_engine *e, const qd_request *r, in
  * token and report its raw log-softmax, both of which the forward computes). */
 static int greedy_only(const qd_request *r) {
     const qd_sampling_params *p = qd_sampler_params(r->sampler);
+    if (r->params.constraint && qd_constraint_active(r->params.constraint)) return 0;
     return p->temperature < QD_SAMPLER_GREEDY_EPS && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
            p->frequency_penalty == 0.0f && p->n_logprobs == 0;
 }
@@ -366,12 +369,19 @@ static qd_status step_forward(qd_engine *e, int n_spans) {
 static void sample_and_report(qd_engine *e, qd_request *r, int row) {
     qd_err err = {0};
     qd_sample_result res = {.token = e->greedy_ids[row], .logprob = e->greedy_lps[row]};
-    qd_status st;
-    if (e->full[row]) st = qd_sampler_sample(r->sampler, e->logits + (size_t)row * e->vocab, &res, &err);
+    qd_status st = QD_OK;
+    qd_constraint *con = r->params.constraint;
+    /* an active constraint always has its logits row (greedy_only): the mask goes on
+     * it, the sampler picks from what is left, the kept token advances the grammar */
+    if (con && e->full[row]) {
+        const int remaining = r->params.max_tokens - (r->n_tokens - r->n_prompt);
+        st = qd_constraint_mask_logits(con, e->logits + (size_t)row * e->vocab, e->vocab, remaining, &err);
+    }
+    if (st == QD_OK && e->full[row]) st = qd_sampler_sample(r->sampler, e->logits + (size_t)row * e->vocab, &res, &err);
     /* NaN, +inf or all -inf in the row: the sampler refuses those, so does this path */
-    else if (isnan(res.logprob))
+    else if (st == QD_OK && isnan(res.logprob))
         st = qd_seterr(&err, QD_ERR_INVALID_ARG, "the logits row is not finite (argmax %d)", res.token);
-    else st = QD_OK;
+    if (st == QD_OK && con) st = qd_constraint_accept(con, res.token, &err);
     if (st != QD_OK || qd_sampler_accept(r->sampler, res.token, &err) != QD_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "request %llu: sampling failed: %s", (unsigned long long)r->id, err.msg);
         qd_engine_finish(e, r, QD_FINISH_ERROR, NULL, e->errbuf);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/grammar/constraint.h"
 #include "server/server.h"
 
 srv_gen *srv_gen_new(srv_server *s, srv_kind kind) {
@@ -36,6 +37,7 @@ static void gen_free(srv_gen *g) {
     srv_server *s = g->srv;
     if (g->dt.tok) qd_detok_free(&g->dt);
     qd_stop_matcher_free(g->stop);
+    qd_constraint_free(g->o.rp.constraint); /* NULL unless a route failed before submit */
     srv_opts_free(&g->o);
     srv_think_free(&g->think);
     srv_toolcap_free(&g->toolcap);
@@ -372,7 +374,17 @@ static int on_event(void *user, const qd_engine_event *ev) {
     return want_stop && !last;
 }
 
+/* The engine owns the request's constraint once it accepts the request; until then
+ * (and when it refuses it) the generation does. */
+static int gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e);
 int srv_gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e) {
+    int rc = gen_submit(g, prompt, n_prompt, e);
+    if (rc) qd_constraint_free(g->o.rp.constraint);
+    g->o.rp.constraint = NULL;
+    return rc;
+}
+
+static int gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e) {
     srv_server *s = g->srv;
     qd_err err;
     qd_err_clear(&err);

@@ -25,6 +25,7 @@
 #include "io/tokenizer.h"
 #include "qdelta.h"
 #include "runtime/engine.h"
+#include "runtime/grammar/token_trie.h"
 #include "runtime/stop.h"
 #include "server/metrics.h"
 #include "server/think.h"
@@ -53,6 +54,7 @@ typedef struct srv_server {
     qd_tokenizer *tok;
     qd_chat_template *tpl;
     qd_engine *engine;
+    qd_token_trie *trie;             /* the vocabulary for constrained decoding (structured.c) */
     struct MHD_Daemon *daemon;
     int vocab_limit;
     int32_t think_start, think_end;  /* ids of <think> / </think>; -1 when absent */
