@@ -296,6 +296,11 @@ static void test_masks(void) {
     cp.start_after = 'Z';
     CHECK(qd_constraint_create(&cp, &c, &err) == QD_OK);
     CHECK(!qd_constraint_active(c));
+    /* before it: anything but EOS; with 3 tokens left ("null" needs 4 + EOS) only 'Z' */
+    CHECK(qd_constraint_fill_mask(c, -1, mask, &err) == QD_OK);
+    CHECK(((mask['q' >> 5] >> ('q' & 31)) & 1) && !((mask[EOS >> 5] >> (EOS & 31)) & 1));
+    CHECK(qd_constraint_fill_mask(c, 6, mask, &err) == QD_OK);
+    CHECK(((mask['Z' >> 5] >> ('Z' & 31)) & 1) && !((mask['q' >> 5] >> ('q' & 31)) & 1));
     CHECK(qd_constraint_accept(c, 'q', &err) == QD_OK && qd_constraint_accept(c, 'Z', &err) == QD_OK);
     CHECK(qd_constraint_active(c));
     CHECK(qd_constraint_fill_mask(c, -1, mask, &err) == QD_OK);

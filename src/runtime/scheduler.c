@@ -337,7 +337,7 @@ static qd_finish_reason finish_after(const qd_engine *e, const qd_request *r, in
  * token and report its raw log-softmax, both of which the forward computes). */
 static int greedy_only(const qd_request *r) {
     const qd_sampling_params *p = qd_sampler_params(r->sampler);
-    if (r->params.constraint && qd_constraint_active(r->params.constraint)) return 0;
+    if (r->params.constraint) return 0; /* its mask goes on the logits row */
     return p->temperature < QD_SAMPLER_GREEDY_EPS && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
            p->frequency_penalty == 0.0f && p->n_logprobs == 0;
 }
@@ -371,7 +371,7 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row) {
     qd_sample_result res = {.token = e->greedy_ids[row], .logprob = e->greedy_lps[row]};
     qd_status st = QD_OK;
     qd_constraint *con = r->params.constraint;
-    /* an active constraint always has its logits row (greedy_only): the mask goes on
+    /* a constrained request always has its logits row (greedy_only): the mask goes on
      * it, the sampler picks from what is left, the kept token advances the grammar */
     if (con && e->full[row]) {
         const int remaining = r->params.max_tokens - (r->n_tokens - r->n_prompt);

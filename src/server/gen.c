@@ -42,6 +42,7 @@ static void gen_free(srv_gen *g) {
     srv_think_free(&g->think);
     srv_toolcap_free(&g->toolcap);
     json_decref(g->tool_calls);
+    json_decref(g->tools);
     srv_buf_free(&g->content);
     srv_buf_free(&g->reasoning);
     srv_buf_free(&g->echo_text);
@@ -253,7 +254,7 @@ static void finalize(srv_gen *g, const char *finish, const char *error) {
     split_push(g, "", 0, 1);
     srv_toolcap_push(&g->toolcap, "", 0, 1, out_cb, g);
     if (g->toolcap.capturing) {
-        g->tool_calls = srv_parse_tool_calls(g->toolcap.cap.p, g->toolcap.cap.n, g->id);
+        g->tool_calls = srv_parse_tool_calls(g->toolcap.cap.p, g->toolcap.cap.n, g->id, g->tools);
         if (!g->tool_calls) out_text(g, 0, g->toolcap.cap.p, g->toolcap.cap.n); /* not a call after all */
         else if (finish && strcmp(finish, "abort") != 0) finish = "tool_calls";
     }

@@ -127,6 +127,7 @@ typedef struct srv_gen {
     srv_think think;      /* reasoning / content split (chat only) */
     srv_toolcap toolcap;  /* tool calls held out of the content (chat with tools) */
     json_t *tool_calls;   /* parsed at the end */
+    json_t *tools;        /* the request's tools (a reference), to type call arguments */
     srv_buf dcontent, dreasoning; /* streaming: text of the current event */
     json_t *dlp;          /* streaming: logprobs of the current event */
     size_t text_offset;   /* streaming completions: bytes of text sent so far */

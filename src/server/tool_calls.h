@@ -26,7 +26,9 @@ void srv_toolcap_free(srv_toolcap *t);
 
 /* Parses captured text into an array of OpenAI tool calls
  * [{"id", "type": "function", "function": {"name", "arguments": "<json string>"}}];
- * NULL when it holds no well-formed call. `id_prefix` makes the ids unique. */
-json_t *srv_parse_tool_calls(const char *text, size_t n, const char *id_prefix);
+ * NULL when it holds no well-formed call. `id_prefix` makes the ids unique. `tools`
+ * (the request's, may be NULL) types the XML form's values by each parameter's
+ * schema. */
+json_t *srv_parse_tool_calls(const char *text, size_t n, const char *id_prefix, const json_t *tools);
 
 #endif

@@ -123,7 +123,16 @@ oom:
 
 qd_status qd_constraint_fill_mask(qd_constraint *c, int remaining, uint32_t *mask, qd_err *err) {
     if (!c->active) {
+        /* reasoning: anything but EOS (the answer must follow), and </think> alone
+         * once only the shortest answer still fits */
+        const int32_t t = c->start_after;
+        if (remaining >= 0 && remaining <= qd_match_dist(c->g, &c->cur) + 2 && t < c->trie->vocab_size) {
+            memset(mask, 0, sizeof(uint32_t) * c->n_words);
+            mask[t >> 5] |= 1u << (t & 31);
+            return QD_OK;
+        }
         memset(mask, 0xff, sizeof(uint32_t) * c->n_words);
+        for (int i = 0; i < c->n_eos; i++) mask[c->eos[i] >> 5] &= ~(1u << (c->eos[i] & 31));
         return QD_OK;
     }
     const mask_entry *e = cached_mask(c, err);
@@ -152,11 +161,10 @@ qd_status qd_constraint_fill_mask(qd_constraint *c, int remaining, uint32_t *mas
 }
 
 qd_status qd_constraint_mask_logits(qd_constraint *c, float *logits, int n_logits, int remaining, qd_err *err) {
-    if (!c->active) return QD_OK;
     QD_TRY(qd_constraint_fill_mask(c, remaining, c->scratch, err));
     int v = c->trie->vocab_size;
     for (int i = 0; i < n_logits; i++)
-        if (i >= v || !((c->scratch[i >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
+        if (i >= v ? c->active : !((c->scratch[i >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
     return QD_OK;
 }
 

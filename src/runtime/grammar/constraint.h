@@ -16,8 +16,10 @@
  * hold every byte). When no token can close in time the full mask is used and the
  * request ends by length.
  *
- * With `start_after` (the id of </think> for a model that reasons), nothing is
- * constrained until that token has been generated. */
+ * With `start_after` (the id of </think> for a model that reasons), the grammar
+ * applies once that token has been generated; before it every token but EOS is
+ * allowed (an answer must follow the reasoning), and when only the shortest answer
+ * still fits in the budget, that token alone. */
 #ifndef QD_RUNTIME_GRAMMAR_CONSTRAINT_H
 #define QD_RUNTIME_GRAMMAR_CONSTRAINT_H
 
@@ -46,10 +48,10 @@ int qd_constraint_active(const qd_constraint *c);
 int qd_constraint_complete(const qd_constraint *c);
 
 /* The allowed tokens now (trie vocab_size bits), given `remaining` tokens that may
- * still be generated counting this one (< 0: no limit). Every bit set when inactive. */
+ * still be generated counting this one (< 0: no limit). */
 qd_status qd_constraint_fill_mask(qd_constraint *c, int remaining, uint32_t *mask, qd_err *err);
 /* Sets every disallowed logit of a row of n_logits to -inf (ids past the
- * vocabulary too). No change when inactive. */
+ * vocabulary too, once active). */
 qd_status qd_constraint_mask_logits(qd_constraint *c, float *logits, int n_logits, int remaining, qd_err *err);
 /* Advances by a kept token; QD_ERR_INVALID_ARG when the token is not allowed. */
 qd_status qd_constraint_accept(qd_constraint *c, int32_t token, qd_err *err);

@@ -87,6 +87,7 @@ void srv_route_chat(srv_server *s, json_t *req, srv_reply *r) {
     if (tools && !json_is_null(tools)) {
         if (!json_is_array(tools)) { srv_fail(&e, 400, "invalid_request_error", "tools", "'tools' must be an array"); goto fail; }
         if (json_array_size(tools)) json_object_set(vars, "tools", tools);
+        g->tools = json_incref(tools);
         json_t *choice = json_object_get(req, "tool_choice");
         /* tool_choice "none": the tools are shown but calls are not parsed */
         g->toolcap.enabled = json_array_size(tools) > 0 && !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
