@@ -147,7 +147,9 @@ static int xml_call(qd_grammar *g, const char *name, const json_t *params, qd_er
 }
 
 static int hermes_call(qd_grammar *g, const char *name, const json_t *params, qd_err *err, char *where, size_t wn) {
-    char *qname = json_dumps(json_string(name), JSON_ENCODE_ANY | JSON_COMPACT);
+    json_t *nj = json_string(name);
+    char *qname = nj ? json_dumps(nj, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    json_decref(nj);
     if (!qname) return -1;
     char head[700];
     snprintf(head, sizeof head, "<tool_call>\n{\"name\": %s, \"arguments\": ", qname);

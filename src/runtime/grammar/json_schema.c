@@ -363,7 +363,9 @@ static int compile_object(sc_ctx *c, const json_t *s, const char *path) {
     }
     rest[n][0] = rest[n][1] = sc_seq(c, NULL, 0);
     for (int j = n - 1; j >= 0 && !c->failed; j--) {
-        char *key = json_dumps(json_string(list[j].name), JSON_COMPACT | JSON_ENCODE_ANY | JSON_ENSURE_ASCII);
+        json_t *kj = json_string(list[j].name);
+        char *key = kj ? json_dumps(kj, JSON_COMPACT | JSON_ENCODE_ANY | JSON_ENSURE_ASCII) : NULL;
+        json_decref(kj);
         char p[512];
         subpath(p, sizeof p, path, "properties", list[j].name);
         int val = list[j].schema ? compile(c, list[j].schema, p) : sc_any_value(c);
