@@ -28,6 +28,9 @@ void qd_token_trie_free(qd_token_trie *t) {
     free(t->blob);
     free(t->tok_off);
     free(t->tok_len);
+    free(t->sub_plain);
+    free(t->rank_begin);
+    free(t->sorted_ids);
     free(t);
 }
 
@@ -106,6 +109,22 @@ qd_status qd_token_trie_build_bytes(const unsigned char *const *tokens, const in
     t->end[0] = nn;
     t->n_nodes = nn;
     free(path);
+    t->sub_plain = malloc((size_t)nn);
+    t->rank_begin = malloc(sizeof(int) * ((size_t)nn + 1));
+    t->sorted_ids = malloc(sizeof(int) * ((size_t)n + 1));
+    if (!t->sub_plain || !t->rank_begin || !t->sorted_ids) goto oom;
+    int rank = 0;
+    for (int i = 0; i < nn; i++) {
+        t->rank_begin[i] = rank;
+        for (int id = t->tok_first[i]; id >= 0; id = t->tok_next[id]) t->sorted_ids[rank++] = id;
+    }
+    t->rank_begin[nn] = rank;
+    /* bottom-up over preorder: a node's subtree follows it */
+    for (int i = nn - 1; i >= 0; i--) {
+        int plain = i == 0 || qd_json_plain_byte(t->byte[i]);
+        for (int c = i + 1; c < t->end[i] && plain; c = t->end[c]) plain = t->sub_plain[c];
+        t->sub_plain[i] = (uint8_t)plain;
+    }
     free(refs);
     *out = t;
     return QD_OK;
@@ -144,6 +163,8 @@ qd_status qd_token_trie_build(const qd_tokenizer *tok, qd_token_trie **out, qd_e
 void qd_trie_walk_free(qd_trie_walk *w) {
     for (int i = 0; i < w->n_states; i++) qd_mstate_free(&w->states[i]);
     free(w->states);
+    free(w->at);
+    w->at = NULL;
     w->states = NULL;
     w->n_states = 0;
 }
@@ -154,39 +175,74 @@ static int walk_reserve(qd_trie_walk *w, int n) {
     if (!s) return -1;
     for (int i = w->n_states; i < n; i++) qd_mstate_init(&s[i]);
     w->states = s;
+    const qd_mstate **at = realloc(w->at, sizeof *at * (size_t)n);
+    if (!at) return -1;
+    w->at = at;
     w->n_states = n;
     return 0;
 }
+
+/* 1 when st advanced by any plain byte is st again (a string's content loop). */
+static int loops_on_plain(const qd_grammar *g, const qd_mstate *st, qd_mstate *tmp) {
+    if (st->complete || st->n == 0) return 0;
+    for (int b = 0x20; b <= 0x7e; b++) {
+        if (!qd_json_plain_byte((unsigned char)b)) continue;
+        if (!qd_match_byte(g, st, (unsigned char)b, tmp) || !qd_mstate_equal(tmp, st)) return 0;
+    }
+    return 1;
+}
+
+static void allow(uint32_t *mask, int id) { mask[id >> 5] |= 1u << (id & 31); }
 
 int qd_token_trie_mask(const qd_token_trie *t, const qd_grammar *g, const qd_mstate *st, qd_trie_walk *w,
                        int budget, uint32_t *mask, int *max_dist_out) {
     memset(mask, 0, sizeof(uint32_t) * (((size_t)t->vocab_size + 31) / 32));
     int max_dist = 0;
     if (walk_reserve(w, t->max_depth + 1) || qd_mstate_copy(&w->states[0], st)) return -1;
+    const qd_mstate *start = &w->states[0];
+    w->at[0] = start;
+    const int loop = t->max_depth >= 1 && loops_on_plain(g, start, &w->states[1]);
+    const int want_dist = budget >= 0 || max_dist_out != NULL;
+    const int start_dist = loop && want_dist ? qd_match_dist(g, start) : 0;
+    const int start_ok = budget < 0 || start_dist <= budget;
     uint8_t first[32];
     qd_match_next_bytes(g, st, first);
     int i = 1;
     while (i < t->n_nodes) {
         int d = t->depth[i];
-        const qd_mstate *from = &w->states[d - 1];
+        const qd_mstate *from = w->at[d - 1];
         unsigned char b = t->byte[i];
-        /* the root's children are most of the skips: test them against the union of
-         * next bytes before advancing anything */
-        if ((d == 1 && !((first[b >> 3] >> (b & 7)) & 1)) || from->n == 0 ||
-            !qd_match_byte(g, from, b, &w->states[d])) {
-            if (w->states[d].oom) return -1;
-            i = t->end[i];
-            continue;
+        if (loop && from == start && qd_json_plain_byte(b)) {
+            if (t->sub_plain[i]) {
+                /* every token below stays in the loop: all allowed (or none, by budget) */
+                if (start_ok) {
+                    for (int r = t->rank_begin[i]; r < t->rank_begin[t->end[i]]; r++) allow(mask, t->sorted_ids[r]);
+                    if (start_dist > max_dist) max_dist = start_dist;
+                }
+                i = t->end[i];
+                continue;
+            }
+            w->at[d] = start;
+        } else {
+            /* the root's children are most of the skips: test them against the union of
+             * next bytes before advancing anything */
+            if ((d == 1 && !((first[b >> 3] >> (b & 7)) & 1)) || from->n == 0 ||
+                !qd_match_byte(g, from, b, &w->states[d])) {
+                if (w->states[d].oom) return -1;
+                i = t->end[i];
+                continue;
+            }
+            w->at[d] = &w->states[d];
         }
         if (t->tok_first[i] >= 0) {
             int ok = 1;
-            if (budget >= 0 || max_dist_out) {
-                int dist = qd_match_dist(g, &w->states[d]);
+            if (want_dist) {
+                int dist = w->at[d] == start ? start_dist : qd_match_dist(g, w->at[d]);
                 if (budget >= 0 && dist > budget) ok = 0;
                 else if (dist > max_dist) max_dist = dist;
             }
             if (ok)
-                for (int id = t->tok_first[i]; id >= 0; id = t->tok_next[id]) mask[id >> 5] |= 1u << (id & 31);
+                for (int id = t->tok_first[i]; id >= 0; id = t->tok_next[id]) allow(mask, id);
         }
         i++;
     }

@@ -31,6 +31,11 @@ typedef struct qd_token_trie {
     unsigned char *blob;     /* every token's bytes */
     size_t *tok_off;         /* [vocab_size] token i: blob[tok_off[i] .. + tok_len[i]) */
     int *tok_len;            /* [vocab_size] -1: not in the trie */
+    /* Subtree skipping (see qd_token_trie_mask): */
+    uint8_t *sub_plain;      /* [n_nodes] the node's byte and every byte below it are plain JSON string bytes */
+    int *rank_begin;         /* [n_nodes + 1] tokens at nodes before i in preorder: the subtree of i holds
+                              * the tokens sorted_ids[rank_begin[i] .. rank_begin[end[i]]) */
+    int *sorted_ids;         /* [tokens in the trie] ids in preorder */
 } qd_token_trie;
 
 qd_status qd_token_trie_build(const qd_tokenizer *tok, qd_token_trie **out, qd_err *err);
@@ -43,10 +48,18 @@ void qd_token_trie_free(qd_token_trie *t);
 /* Scratch of a walk: one matcher state per trie depth. */
 typedef struct qd_trie_walk {
     qd_mstate *states;       /* [max_depth + 1] */
+    const qd_mstate **at;    /* [max_depth + 1] the state at each depth (states[d], or the walk's start) */
     int n_states;
 } qd_trie_walk;
 
 void qd_trie_walk_free(qd_trie_walk *w);
+
+/* Plain JSON string bytes: printable ASCII but '"' and '\\'. When the start state
+ * loops on every one of them (inside a string: the state after any of these bytes is
+ * the state before), a subtree of plain bytes below a node reached in that state is
+ * allowed whole without advancing the matcher, and a plain byte from that state
+ * costs no advance either; only quotes, escapes and non-ASCII bytes are walked. */
+static inline int qd_json_plain_byte(unsigned char b) { return b >= 0x20 && b <= 0x7e && b != '"' && b != '\\'; }
 
 /* Sets bit id of mask (vocab_size bits, 32 per word) for every token whose bytes can
  * follow `st` (the state after them is alive); clears the others. With budget >= 0,
