@@ -163,6 +163,9 @@ def validate_calls(calls, what, only=None, most=None):
             check(False, f"{what}: arguments {argtext!r} validate: {exc}")
 
 
+STREAM_SHAPE = {"first_with_name": 0, "calls": 0, "arg_deltas": 0}
+
+
 def collect_stream(client, **kw):
     calls, finish = {}, None
     for chunk in client.chat.completions.create(stream=True, **kw):
@@ -171,6 +174,11 @@ def collect_stream(client, **kw):
         ch = chunk.choices[0]
         finish = ch.finish_reason or finish
         for d in ch.delta.tool_calls or []:
+            if d.index not in calls:
+                STREAM_SHAPE["calls"] += 1
+                STREAM_SHAPE["first_with_name"] += bool(d.id and d.function and d.function.name)
+            if d.function and d.function.arguments:
+                STREAM_SHAPE["arg_deltas"] += 1
             e = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
             if d.id:
                 e["id"] = d.id
@@ -210,6 +218,10 @@ def test_tool_choice():
             validate_calls([{"id": t.id, "name": t.function.name, "arguments": t.function.arguments}
                             for t in r.choices[0].message.tool_calls or []], f"{label} parallel_tool_calls false", most=1)
     check(validated >= 6, f"tool calls that finished and were validated: {validated} of 8")
+    # streamed as they are generated: id and name in each call's first delta, arguments in pieces
+    st = STREAM_SHAPE
+    check(st["calls"] > 0 and st["first_with_name"] == st["calls"], f"streamed calls open with id and name: {st}")
+    check(st["arg_deltas"] > 3 * st["calls"], f"arguments arrive in pieces: {st}")
 
 
 def expect_400(what, needle, **kw):

@@ -30,6 +30,7 @@
 #include "server/metrics.h"
 #include "server/think.h"
 #include "server/tool_calls.h"
+#include "server/tool_stream.h"
 
 struct MHD_Connection;
 struct MHD_Daemon;
@@ -128,6 +129,8 @@ typedef struct srv_gen {
     srv_toolcap toolcap;  /* tool calls held out of the content (chat with tools) */
     json_t *tool_calls;   /* parsed at the end */
     json_t *tools;        /* the request's tools (a reference), to type call arguments */
+    srv_toolstream tstream; /* streaming: tool calls as deltas while they are generated */
+    json_t *dtools;       /* streaming: tool-call deltas of the current event */
     srv_buf dcontent, dreasoning; /* streaming: text of the current event */
     json_t *dlp;          /* streaming: logprobs of the current event */
     size_t text_offset;   /* streaming completions: bytes of text sent so far */

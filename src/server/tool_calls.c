@@ -50,7 +50,7 @@ static void trim(const char **s, size_t *n) {
 }
 
 /* The schema of parameter `key` of function name[0..nn) in `tools`; NULL: unknown. */
-static const json_t *param_schema(const json_t *tools, const char *name, size_t nn, const char *key) {
+const json_t *srv_tool_param_schema(const json_t *tools, const char *name, size_t nn, const char *key) {
     size_t i;
     const json_t *t;
     json_array_foreach(tools, i, t) {
@@ -62,7 +62,7 @@ static const json_t *param_schema(const json_t *tools, const char *name, size_t 
     return NULL;
 }
 
-static int type_allows(const json_t *type, const char *t) {
+int srv_type_allows(const json_t *type, const char *t) {
     if (json_is_string(type)) return !strcmp(json_string_value(type), t);
     size_t i;
     const json_t *v;
@@ -72,22 +72,22 @@ static int type_allows(const json_t *type, const char *t) {
 
 /* Whether a parsed JSON value has one of the schema's types. */
 static int value_fits(const json_t *type, const json_t *v) {
-    if (json_is_integer(v)) return type_allows(type, "integer") || type_allows(type, "number");
+    if (json_is_integer(v)) return srv_type_allows(type, "integer") || srv_type_allows(type, "number");
     if (json_is_real(v))
-        return type_allows(type, "number") ||
-               (type_allows(type, "integer") && json_real_value(v) == (double)(long long)json_real_value(v));
-    if (json_is_boolean(v)) return type_allows(type, "boolean");
-    if (json_is_null(v)) return type_allows(type, "null");
-    if (json_is_object(v)) return type_allows(type, "object");
-    if (json_is_array(v)) return type_allows(type, "array");
-    return type_allows(type, "string");
+        return srv_type_allows(type, "number") ||
+               (srv_type_allows(type, "integer") && json_real_value(v) == (double)(long long)json_real_value(v));
+    if (json_is_boolean(v)) return srv_type_allows(type, "boolean");
+    if (json_is_null(v)) return srv_type_allows(type, "null");
+    if (json_is_object(v)) return srv_type_allows(type, "object");
+    if (json_is_array(v)) return srv_type_allows(type, "array");
+    return srv_type_allows(type, "string");
 }
 
 /* A parameter value typed by its schema: text that parses as JSON of an allowed type
  * keeps that type; text for a string parameter stays a string ("123" against
  * {"type": "string"} is "123"); without a schema or a type, valid JSON keeps its type
  * and anything else is a string. */
-static json_t *typed_value(const json_t *schema, const char *v, size_t vn) {
+json_t *srv_tool_param_value(const json_t *schema, const char *v, size_t vn) {
     json_t *parsed = json_loadb(v, vn, JSON_DECODE_ANY, NULL);
     const json_t *type = json_object_get(schema, "type");
     const json_t *en = json_object_get(schema, "enum");
@@ -102,7 +102,7 @@ static json_t *typed_value(const json_t *schema, const char *v, size_t vn) {
     }
     if (!type) return parsed ? parsed : json_stringn(v, vn);
     if (parsed && value_fits(type, parsed)) return parsed;
-    if (type_allows(type, "string") || !parsed) {
+    if (srv_type_allows(type, "string") || !parsed) {
         json_decref(parsed);
         return json_stringn(v, vn);
     }
@@ -110,7 +110,7 @@ static json_t *typed_value(const json_t *schema, const char *v, size_t vn) {
 }
 
 /* Qwen3.5 / Coder format: <function=NAME> <parameter=P>VALUE</parameter>... </function>.
- * Values are typed by the tool's parameter schema (typed_value). */
+ * Values are typed by the tool's parameter schema (srv_tool_param_value). */
 static json_t *parse_xml_call(const char *s, size_t n, const json_t *tools) {
     const char *end = s + n;
     if (n < 10 || memcmp(s, "<function=", 10)) return NULL;
@@ -131,7 +131,7 @@ static json_t *parse_xml_call(const char *s, size_t n, const json_t *tools) {
         if (vn && v[vn - 1] == '\n') vn--;
         char key[256];
         snprintf(key, sizeof key, "%.*s", (int)(pg - pn), pn);
-        json_object_set_new(args, key, typed_value(param_schema(tools, name, (size_t)(gt - name), key), v, vn));
+        json_object_set_new(args, key, srv_tool_param_value(srv_tool_param_schema(tools, name, (size_t)(gt - name), key), v, vn));
         p = ve + 12;
     }
     if (!memmem(p, (size_t)(end - p), "</function>", 11)) {
