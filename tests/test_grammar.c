@@ -114,6 +114,15 @@ static const schema_case CASES[] = {
     {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
      {"{}", "{\"x\":1,\"y\":2}", NULL},
      {"{\"x\":\"s\"}", NULL}},
+    {"{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d{3}$\"}",
+     {"\"AB-123\"", "\"ZZ-000\"", NULL},
+     {"\"ab-123\"", "\"AB-1234\"", "\"AB-12\"", NULL}},
+    {"{\"type\":\"string\",\"pattern\":\"(cat|dog)s?\"}",
+     {"\"dogs\"", "\"a cat!\"", "\"\\\"dog\"", NULL},
+     {"\"cow\"", "\"\"", NULL}},
+    {"{\"type\":\"string\",\"pattern\":\"^a\\\"[^b\\\\s]*.$\"}",
+     {"\"a\\\"x\"", "\"a\\\"\xc3\xa9zz\\\\\"", NULL},
+     {"\"a\\\"bb\"", "\"a\\\"\\nq\"", "\"a\\\"x\\n\"", NULL}},
     {"true", {"{\"a\":[1,2.5,\"s\",null,{}]}", "-0.5", "\"x\"", NULL}, {"01", "[1,]", NULL}},
 };
 
@@ -146,8 +155,12 @@ static void test_errors(void) {
         qd_status st;
         const char *needle;
     } BAD[] = {
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^a+$\"}}}", QD_ERR_UNSUPPORTED,
-         "'pattern' at #/properties/a"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^(?=a)a+$\"}}}", QD_ERR_UNSUPPORTED,
+         "'pattern' at #/properties/a: a lookaround"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", QD_ERR_UNSUPPORTED, "a backreference"},
+        {"{\"type\":\"string\",\"pattern\":\"a+?\"}", QD_ERR_UNSUPPORTED, "lazy"},
+        {"{\"type\":\"string\",\"pattern\":\"[z-a]\"}", QD_ERR_INVALID_ARG, "backwards"},
+        {"{\"type\":\"string\",\"pattern\":\"(ab\"}", QD_ERR_INVALID_ARG, "unclosed '('"},
         {"{\"type\":\"object\",\"minProperties\":1}", QD_ERR_UNSUPPORTED, "'minProperties' at #"},
         {"{\"type\":\"strin\"}", QD_ERR_INVALID_ARG, "unknown type \"strin\""},
         {"{\"type\":\"array\",\"minItems\":-1}", QD_ERR_INVALID_ARG, "'minItems'"},

@@ -65,6 +65,9 @@ SCHEMAS = {
     "unicode_str": {"type": "object", "properties": {"s": {"type": "string", "minLength": 3, "maxLength": 8}},
                     "required": ["s"]},
     "map": {"type": "object", "additionalProperties": {"type": "integer", "minimum": -3, "maximum": 3}},
+    "pattern": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+                                                 "word": {"type": "string", "pattern": "(cat|dog)s?"}},
+                "required": ["code", "word"]},
 }
 
 

@@ -204,7 +204,7 @@ static const char *const ANNOTATIONS[] = {"title", "description", "default", "ex
                                           "definitions", NULL};
 static const char *const SUPPORTED[] = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
                                         "properties", "required", "additionalProperties", "items",
-                                        "minItems", "maxItems", "minLength", "maxLength", "format",
+                                        "minItems", "maxItems", "minLength", "maxLength", "format", "pattern",
                                         "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
                                         "uniqueItems", NULL};
 
@@ -468,7 +468,7 @@ static int compile_type(sc_ctx *c, const json_t *s, const char *type, const char
 static const char *implied_type(const json_t *s) {
     static const char *const obj[] = {"properties", "required", "additionalProperties", NULL};
     static const char *const arr[] = {"items", "minItems", "maxItems", "uniqueItems", NULL};
-    static const char *const str[] = {"minLength", "maxLength", "format", NULL};
+    static const char *const str[] = {"minLength", "maxLength", "format", "pattern", NULL};
     static const char *const num[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
     for (int i = 0; obj[i]; i++)
         if (json_object_get(s, obj[i])) return "object";

@@ -5,7 +5,8 @@
  * are taken to be disjoint, as they are in the schemas tools declare); allOf with one
  * member; $ref to "#", "#/$defs/NAME", "#/definitions/NAME" or any JSON pointer into
  * the root (recursive references included); items, minItems, maxItems; minLength,
- * maxLength, format (date, time, date-time, uuid, email); minimum, maximum,
+ * maxLength, format (date, time, date-time, uuid, email), pattern (a regular-expression
+ * subset: json_schema_pattern.c); minimum, maximum,
  * exclusiveMinimum, exclusiveMaximum (draft 6+ numbers) for integers and numbers.
  * Annotations are ignored: title, description, default, examples, $schema, $id,
  * $comment, deprecated, readOnly, writeOnly. Every other keyword is refused with

@@ -46,6 +46,8 @@ int sc_upto_digits(sc_ctx *c, int k);
 /* string / integer / number schemas (json_schema_scalar.c) */
 int sc_string(sc_ctx *c, const json_t *s, const char *path);
 int sc_numeric(sc_ctx *c, const json_t *s, const char *path, int integer);
+/* a string matching a regular-expression subset (json_schema_pattern.c) */
+int sc_pattern(sc_ctx *c, const char *pattern, size_t len, const char *path);
 
 /* A non-negative integer keyword (minLength ...): value, -1 when absent, -2 on error. */
 long long sc_count(sc_ctx *c, const json_t *s, const char *key, const char *path);

@@ -107,6 +107,13 @@ int sc_string(sc_ctx *c, const json_t *s, const char *path) {
     long long lo = sc_count(c, s, "minLength", path), hi = sc_count(c, s, "maxLength", path);
     if (lo == -2 || hi == -2) return -1;
     int32_t q = qd_grammar_byte('"');
+    const json_t *pat = json_object_get(s, "pattern");
+    if (pat) {
+        if (!json_is_string(pat)) return sc_fail(c, QD_ERR_INVALID_ARG, "'pattern' at %s must be a string", path);
+        if (fmt || lo >= 0 || hi >= 0)
+            return sc_fail(c, QD_ERR_UNSUPPORTED, "unsupported combination at %s: 'pattern' with 'format' or a length bound", path);
+        return sc_pattern(c, json_string_value(pat), json_string_length(pat), path);
+    }
     if (fmt) {
         if (!json_is_string(fmt)) return sc_fail(c, QD_ERR_INVALID_ARG, "'format' at %s must be a string", path);
         if (lo >= 0 || hi >= 0)
