@@ -149,6 +149,28 @@ static void test_schemas(void) {
     }
 }
 
+/* A repeated group that can be empty is a cycle of rules that consume nothing: the
+ * matcher enters each (stack, rule) once per expansion, so this is fast and exact.
+ * (Matcher only: the backtracking reference explodes on such cycles.) */
+static void test_empty_cycles(void) {
+    qd_err err = {0};
+    qd_grammar *g = compile_text("{\"type\":\"string\",\"pattern\":\"^(|a|(b?)*)+c$\"}", &err);
+    CHECKF(g != NULL, "%s", err.msg);
+    if (!g) return;
+    static const char *const ok[] = {"\"c\"", "\"aabc\"", "\"bbbac\"", NULL}, *const bad[] = {"\"\"", "\"ca\"", "\"d\"", NULL};
+    for (int i = 0; ok[i]; i++) {
+        int complete = 0;
+        matches(g, ok[i], &complete);
+        CHECKF(complete, "accepts %s", ok[i]);
+    }
+    for (int i = 0; bad[i]; i++) {
+        int complete = 0;
+        matches(g, bad[i], &complete);
+        CHECKF(!complete, "refuses %s", bad[i]);
+    }
+    qd_grammar_free(g);
+}
+
 static void test_errors(void) {
     static const struct {
         const char *schema;
@@ -325,6 +347,7 @@ static void test_masks(void) {
 int main(void) {
     test_schemas();
     test_errors();
+    test_empty_cycles();
     test_masks();
     return qd_test_finish("test_grammar");
 }

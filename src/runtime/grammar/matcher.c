@@ -16,6 +16,8 @@ void qd_mstate_free(qd_mstate *s) {
     free(s->depth);
     free(s->hash);
     free(s->frames);
+    free(s->seen);
+    free(s->seen_gen);
     memset(s, 0, sizeof *s);
 }
 
@@ -24,6 +26,53 @@ void qd_mstate_clear(qd_mstate *s) {
     s->complete = 0;
     s->n_frames = 0;
     s->oom = 0;
+    if (s->seen_n) {
+        /* a new generation empties the table without touching it */
+        if (++s->seen_now == 0) {
+            memset(s->seen_gen, 0, sizeof(uint32_t) * (size_t)s->seen_cap);
+            s->seen_now = 1;
+        }
+    }
+    s->seen_n = 0;
+    s->work = 0;
+}
+
+/* 1 when (stack, rule) was entered before in this expansion; records it otherwise.
+ * Keys are 64-bit hashes of the stack and the rule. */
+static int seen_before(qd_mstate *s, uint64_t key) {
+    if (s->seen_now == 0) s->seen_now = 1;
+    if (2 * (s->seen_n + 1) > s->seen_cap) {
+        int nc = s->seen_cap ? 2 * s->seen_cap : 256;
+        uint64_t *t = malloc(sizeof *t * (size_t)nc);
+        uint32_t *tg = calloc((size_t)nc, sizeof *tg);
+        if (!t || !tg) {
+            free(t);
+            free(tg);
+            return 0;
+        }
+        for (int i = 0; i < s->seen_cap; i++)
+            if (s->seen_gen[i] == s->seen_now)
+                for (size_t h = (size_t)(s->seen[i] & (uint64_t)(nc - 1));; h = (h + 1) & (size_t)(nc - 1))
+                    if (tg[h] != s->seen_now) {
+                        t[h] = s->seen[i];
+                        tg[h] = s->seen_now;
+                        break;
+                    }
+        free(s->seen);
+        free(s->seen_gen);
+        s->seen = t;
+        s->seen_gen = tg;
+        s->seen_cap = nc;
+    }
+    for (size_t h = (size_t)(key & (uint64_t)(s->seen_cap - 1));; h = (h + 1) & (size_t)(s->seen_cap - 1)) {
+        if (s->seen_gen[h] != s->seen_now) {
+            s->seen[h] = key;
+            s->seen_gen[h] = s->seen_now;
+            s->seen_n++;
+            return 0;
+        }
+        if (s->seen[h] == key) return 1;
+    }
 }
 
 static int reserve(qd_mstate *s, int stacks, int frames) {
@@ -136,7 +185,8 @@ static void expand(const qd_grammar *g, qd_mstate *s, int32_t *f, int d, int gua
         f[2 * (d - 1) + 1] = p + 1;
         if (p + 1 >= g->alt_len[a]) d--;
         while (d > 0 && f[2 * (d - 1) + 1] >= g->alt_len[f[2 * (d - 1)]]) d--;
-        if (d >= QD_MATCH_MAX_DEPTH) return;
+        if (d >= QD_MATCH_MAX_DEPTH || ++s->work > QD_MATCH_MAX_WORK) return;
+        if (seen_before(s, hash_frames(f, d) * 0x9e3779b97f4a7c15ull + (uint64_t)sym + 1)) return;
         int n_alt = g->rule_nalt[sym], a0 = g->rule_alt0[sym];
         if (n_alt == 1) {
             f[2 * d] = g->alt_order[a0];

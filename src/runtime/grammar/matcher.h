@@ -8,7 +8,8 @@
  * an ambiguous grammar (anyOf branches that share a prefix) costs a few stacks, not an
  * exponential number. Stacks deeper than QD_MATCH_MAX_DEPTH frames (nesting deeper
  * than the grammar's recursion can sensibly need) are dropped, and so are stacks
- * beyond QD_MATCH_MAX_STACKS: a bounded cost per byte whatever the grammar. */
+ * beyond QD_MATCH_MAX_STACKS: a bounded cost per byte whatever the grammar. A rule
+ * entered twice with the same stack below it in one expansion is entered once. */
 #ifndef QD_RUNTIME_GRAMMAR_MATCHER_H
 #define QD_RUNTIME_GRAMMAR_MATCHER_H
 
@@ -27,7 +28,17 @@ typedef struct qd_mstate {
     int32_t *frames;       /* (alternative, position) pairs */
     int n_frames, cap, cap_frames;
     int oom;               /* memory ran out: the state is unusable */
+    /* Scratch of the expansion that builds this state: the (stack, rule) pairs already
+     * entered, so that a cycle of rules that consume nothing (a repeated group that can
+     * be empty, "(a|)*") is entered once instead of for ever. */
+    uint64_t *seen;
+    uint32_t *seen_gen;    /* [seen_cap] a slot is used when its generation is seen_now */
+    uint32_t seen_now;
+    int seen_cap, seen_n;
+    long work;             /* rule entries in this expansion, bounded by QD_MATCH_MAX_WORK */
 } qd_mstate;
+
+#define QD_MATCH_MAX_WORK 200000
 
 void qd_mstate_init(qd_mstate *s);
 void qd_mstate_free(qd_mstate *s);
