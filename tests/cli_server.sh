@@ -158,6 +158,8 @@ check "grep -q -- '--no-prefix-cache' $T/help && grep -q 'On by default' $T/help
 # ------------------------------------------------------------ the openai client suite
 if python3 tests/test_server.py --url "$A" --api-key "$KEY" --tools-url "$B" --pid "$PID_A" --soak "$SOAK" \
      --soak-rss-check $((1 - ASAN)); then ok; else bad "tests/test_server.py"; fi
+# structured outputs and enforced tool calls (openai + jsonschema clients)
+if python3 tests/test_structured.py --url "$A" --api-key "$KEY" --tools-url "$B"; then ok; else bad "tests/test_structured.py"; fi
 
 # ------------------------------------------------------------ graceful shutdown
 # a stream is open when SIGTERM arrives: it ends (finish_reason abort + [DONE]) and the

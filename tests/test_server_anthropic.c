@@ -92,7 +92,7 @@ static void test_stream(void) {
     srv_buf_append(&g.dcontent, "Checking ", 9);
     srv_anthropic_stream(&g, NULL);
     srv_buf_append(&g.dcontent, "now.", 4);
-    g.tool_calls = srv_parse_tool_calls(k_call, strlen(k_call), g.id);
+    g.tool_calls = srv_parse_tool_calls(k_call, strlen(k_call), g.id, NULL);
     CHECK(json_array_size(g.tool_calls) == 1);
     g.completion_tokens = 30;
     srv_anthropic_stream(&g, "tool_calls");
@@ -143,7 +143,7 @@ static void test_body(void) {
     setup(&s, &g, 0);
     srv_buf_append(&g.reasoning, "hmm", 3);
     srv_buf_append(&g.content, "Checking.", 9);
-    g.tool_calls = srv_parse_tool_calls(k_call, strlen(k_call), g.id);
+    g.tool_calls = srv_parse_tool_calls(k_call, strlen(k_call), g.id, NULL);
     g.completion_tokens = 9;
     srv_anthropic_body(&g, "tool_calls");
     json_t *b = json_loads(g.body, 0, NULL);

@@ -19,7 +19,7 @@ static void call_is(json_t *calls, size_t i, const char *name, const char *args)
     CHECKF(a && !strcmp(a, args), "call %zu arguments '%s' != '%s'", i, a ? a : "(null)", args);
 }
 
-static json_t *parse(const char *s) { return srv_parse_tool_calls(s, strlen(s), "t"); }
+static json_t *parse(const char *s) { return srv_parse_tool_calls(s, strlen(s), "t", NULL); }
 
 typedef struct sink {
     char out[1024];
@@ -48,6 +48,20 @@ int main(void) {
         call_is(c, 1, "now", "{}");
     }
     json_decref(c);
+
+    /* XML values typed by the tool's parameter schema, not by their look */
+    json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"g\",\"parameters\":{\"type\":\"object\","
+                               "\"properties\":{\"zip\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"},"
+                               "\"flag\":{\"type\":[\"boolean\",\"string\"]},\"code\":{\"enum\":[\"007\",7]},"
+                               "\"x\":{\"type\":\"number\"}}}}}]", 0, NULL);
+    const char *xml = "<tool_call>\n<function=g>\n<parameter=zip>\n123\n</parameter>\n<parameter=n>\n4\n</parameter>\n"
+                      "<parameter=flag>\ntrue\n</parameter>\n<parameter=code>\n007\n</parameter>\n"
+                      "<parameter=x>\nabc\n</parameter>\n<parameter=free>\n[1]\n</parameter>\n</function>\n</tool_call>";
+    c = srv_parse_tool_calls(xml, strlen(xml), "t", tools);
+    CHECK(json_array_size(c) == 1);
+    if (c) call_is(c, 0, "g", "{\"zip\":\"123\",\"n\":4,\"flag\":true,\"code\":\"007\",\"x\":\"abc\",\"free\":[1]}");
+    json_decref(c);
+    json_decref(tools);
 
     c = parse("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}</tool_call>");
     CHECK(c != NULL);

@@ -347,6 +347,9 @@ qd_status qd_engine_submit_n(qd_engine *e, const int32_t *prompt, int n_prompt, 
     if (n < 1 || n > QD_MAX_FORKS)
         return qd_seterr(err, QD_ERR_INVALID_ARG, "n = %d sequences per prompt is not in [1, %d]", n, QD_MAX_FORKS);
     QD_TRY(validate_submit(e, prompt, n_prompt, params, err));
+    /* a grammar's state is one sequence's: each sequence would need its own */
+    if (n > 1 && params->constraint)
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "a constrained request (structured output, tool choice) takes n = 1");
     qd_request *rs[QD_MAX_FORKS];
     qd_status st = QD_OK;
     int made = 0;

@@ -21,6 +21,8 @@
 #include "qdelta.h"
 #include "runtime/sampler.h"
 
+typedef struct qd_constraint qd_constraint; /* runtime/grammar/constraint.h */
+
 typedef struct qd_engine qd_engine;
 
 typedef struct qd_engine_params {
@@ -84,6 +86,11 @@ typedef struct qd_request_params {
      * reported logprobs are of the biased logits (the distribution sampled from). */
     int n_logit_bias;
     qd_logit_bias logit_bias[QD_MAX_LOGIT_BIAS];
+    /* A grammar on the output (structured outputs, tool calls): its token mask is
+     * applied to every logits row before sampling, and the kept token advances it.
+     * Owned by the engine once qd_engine_submit succeeds (freed with the request);
+     * the caller keeps it when submit fails. NULL: unconstrained. */
+    qd_constraint *constraint;
 } qd_request_params;
 
 typedef enum qd_finish_reason {

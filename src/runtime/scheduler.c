@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "runtime/engine_internal.h"
+#include "runtime/grammar/constraint.h"
 
 void qd_req_list_push_back(qd_req_list *l, qd_request *r) {
     r->next = NULL;
@@ -199,6 +200,7 @@ void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const q
     pthread_mutex_unlock(&e->mu);
     if (r->cb) r->cb(r->user, &ev); /* the return value cannot change a finished request */
     qd_sampler_free(r->sampler);
+    qd_constraint_free(r->params.constraint);
     free(r->tokens);
     free(r);
 }
@@ -371,7 +373,7 @@ static void edit_row(const qd_engine *e, const qd_request *r, float *row) {
  * token and report its raw log-softmax, both of which the forward computes). */
 static int greedy_only(const qd_engine *e, const qd_request *r) {
     const qd_sampling_params *p = qd_sampler_params(r->sampler);
-    if (r->params.n_logit_bias > 0 || needs_eos_mask(e, r)) return 0; /* the row is edited first */
+    if (r->params.constraint || r->params.n_logit_bias > 0 || needs_eos_mask(e, r)) return 0; /* the row is edited or masked first */
     return p->temperature < QD_SAMPLER_GREEDY_EPS && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
            p->frequency_penalty == 0.0f && p->n_logprobs == 0;
 }
@@ -481,14 +483,20 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row) {
     qd_sample_result res = {.token = e->greedy_ids[row], .logprob = e->greedy_lps[row]};
     qd_status st;
     float *lr = e->logits + (size_t)row * e->vocab;
+    qd_constraint *con = r->params.constraint;
     if (e->full[row]) {
         edit_row(e, r, lr);
-        st = qd_sampler_sample(r->sampler, lr, &res, &err);
+        /* a constrained request always has its logits row (greedy_only): the mask goes on
+         * it, the sampler picks from what is left, the kept token advances the grammar */
+        st = con ? qd_constraint_mask_logits(con, lr, e->vocab, r->params.max_tokens - (r->n_tokens - r->n_prompt), &err)
+                 : QD_OK;
+        if (st == QD_OK) st = qd_sampler_sample(r->sampler, lr, &res, &err);
     }
     /* NaN, +inf or all -inf in the row: the sampler refuses those, so does this path */
     else if (isnan(res.logprob))
         st = qd_seterr(&err, QD_ERR_INVALID_ARG, "the logits row is not finite (argmax %d)", res.token);
     else st = QD_OK;
+    if (st == QD_OK && con) st = qd_constraint_accept(con, res.token, &err);
     for (int i = 0; i < n_forked && st == QD_OK; i++) {
         qd_sample_result fr = res;
         qd_err ferr = {0};

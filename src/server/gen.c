@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "server/anthropic_out.h"
+#include "runtime/grammar/constraint.h"
 #include "server/server.h"
 
 srv_gen *srv_gen_new(srv_server *s, srv_kind kind) {
@@ -39,10 +40,13 @@ static void gen_free(srv_gen *g) {
     srv_server *s = g->srv;
     if (g->dt.tok) qd_detok_free(&g->dt);
     qd_stop_matcher_free(g->stop);
+    qd_constraint_free(g->o.rp.constraint); /* NULL unless a route failed before submit */
     srv_opts_free(&g->o);
     srv_think_free(&g->think);
     srv_toolcap_free(&g->toolcap);
     json_decref(g->tool_calls);
+    json_decref(g->tools);
+    json_decref(g->dtools);
     srv_buf_free(&g->content);
     srv_buf_free(&g->reasoning);
     srv_buf_free(&g->echo_text);
@@ -75,11 +79,21 @@ static void out_text(srv_gen *g, int reasoning, const char *t, size_t n) {
 
 static void out_cb(void *user, int reasoning, const char *t, size_t n) { out_text(user, reasoning, t, n); }
 
+/* Streaming: the deltas of the tool calls captured so far. */
+static void stream_tool_deltas(srv_gen *g) {
+    if (!g->o.stream || !g->toolcap.capturing || g->tstream.broken) return;
+    if (!g->dtools && !(g->dtools = json_array())) return;
+    srv_toolstream_feed(&g->tstream, g->toolcap.cap.p, g->toolcap.cap.n, g->tools, g->id, g->dtools);
+}
+
 /* Reasoning goes out as is; content passes the tool-call capture first. */
 static void emit_cb(void *user, int reasoning, const char *t, size_t n) {
     srv_gen *g = user;
     if (reasoning) out_text(g, 1, t, n);
-    else srv_toolcap_push(&g->toolcap, t, n, 0, out_cb, g);
+    else {
+        srv_toolcap_push(&g->toolcap, t, n, 0, out_cb, g);
+        stream_tool_deltas(g);
+    }
 }
 
 static void split_push(srv_gen *g, const char *t, size_t n, int final) {
@@ -196,7 +210,8 @@ static void stream_chunk(srv_gen *g, const char *finish) {
         srv_anthropic_stream(g, finish);
         return;
     }
-    int have = g->dcontent.n || g->dreasoning.n || g->dlp || g->tool_calls || (g->kind == SRV_CHAT && !g->sent_role) ||
+    int have = g->dcontent.n || g->dreasoning.n || g->dlp || g->tool_calls || json_array_size(g->dtools) ||
+               (g->kind == SRV_CHAT && !g->sent_role) ||
                (g->kind == SRV_COMPLETION && g->echo_text.n && !g->sent_role);
     if (!have && !finish) return;
     json_t *c = chunk_base(g), *choice;
@@ -212,6 +227,9 @@ static void stream_chunk(srv_gen *g, const char *finish) {
             json_array_foreach(g->tool_calls, i, tc) json_object_set_new(tc, "index", json_integer((json_int_t)i));
             json_object_set_new(delta, "tool_calls", g->tool_calls);
             g->tool_calls = NULL;
+        } else if (json_array_size(g->dtools)) {
+            json_object_set_new(delta, "tool_calls", g->dtools);
+            g->dtools = NULL;
         }
         choice = json_pack("{s:i, s:o}", "index", 0, "delta", delta);
     } else {
@@ -280,10 +298,16 @@ static void finalize(srv_gen *g, const char *finish, const char *error) {
     if (g->stopped && finish && !strcmp(finish, "length")) finish = "stop";
     split_push(g, "", 0, 1);
     srv_toolcap_push(&g->toolcap, "", 0, 1, out_cb, g);
+    stream_tool_deltas(g);
     if (g->toolcap.capturing) {
-        g->tool_calls = srv_parse_tool_calls(g->toolcap.cap.p, g->toolcap.cap.n, g->id);
+        g->tool_calls = srv_parse_tool_calls(g->toolcap.cap.p, g->toolcap.cap.n, g->id, g->tools);
         if (!g->tool_calls) out_text(g, 0, g->toolcap.cap.p, g->toolcap.cap.n); /* not a call after all */
         else if (finish && strcmp(finish, "abort") != 0) finish = "tool_calls";
+        /* calls already streamed as deltas are not sent again whole */
+        if (g->o.stream && g->tstream.n_calls > 0) {
+            json_decref(g->tool_calls);
+            g->tool_calls = NULL;
+        }
     }
     if (error) {
         srv_error e;
@@ -406,7 +430,17 @@ static int on_event(void *user, const qd_engine_event *ev) {
     return want_stop && !last;
 }
 
+/* The engine owns the request's constraint once it accepts the request; until then
+ * (and when it refuses it) the generation does. */
+static int gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e);
 int srv_gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e) {
+    int rc = gen_submit(g, prompt, n_prompt, e);
+    if (rc) qd_constraint_free(g->o.rp.constraint);
+    g->o.rp.constraint = NULL;
+    return rc;
+}
+
+static int gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e) {
     srv_server *s = g->srv;
     qd_err err;
     qd_err_clear(&err);

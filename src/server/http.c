@@ -231,6 +231,12 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
 }
 
 int srv_start(srv_server *s) {
+    qd_err terr;
+    qd_err_clear(&terr);
+    if (!s->trie && qd_token_trie_build(s->tok, &s->trie, &terr) != QD_OK) {
+        fprintf(stderr, "qdelta serve: token trie: %s\n", terr.msg);
+        return -1;
+    }
     struct addrinfo hints, *ai = NULL;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
@@ -267,7 +273,11 @@ int srv_start(srv_server *s) {
 }
 
 void srv_stop(srv_server *s) {
-    if (!s->daemon) return;
+    if (!s->daemon) {
+        qd_token_trie_free(s->trie); /* no request ever ran */
+        s->trie = NULL;
+        return;
+    }
     /* 1. stop accepting: the listening socket closes, open connections stay */
     MHD_socket ls = MHD_quiesce_daemon(s->daemon);
     if (ls != MHD_INVALID_SOCKET) close(ls);
@@ -285,4 +295,6 @@ void srv_stop(srv_server *s) {
     for (int i = 0; i < 200 && __atomic_load_n(&s->n_gens, __ATOMIC_RELAXED) > 0; i++) usleep(10000);
     MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
+    qd_token_trie_free(s->trie); /* after the engine: its constraints walk it */
+    s->trie = NULL;
 }

@@ -25,10 +25,12 @@
 #include "io/tokenizer.h"
 #include "qdelta.h"
 #include "runtime/engine.h"
+#include "runtime/grammar/token_trie.h"
 #include "runtime/stop.h"
 #include "server/metrics.h"
 #include "server/think.h"
 #include "server/tool_calls.h"
+#include "server/tool_stream.h"
 
 struct MHD_Connection;
 struct MHD_Daemon;
@@ -53,6 +55,7 @@ typedef struct srv_server {
     qd_tokenizer *tok;
     qd_chat_template *tpl;
     qd_engine *engine;
+    qd_token_trie *trie;             /* the vocabulary for constrained decoding (structured.c) */
     struct MHD_Daemon *daemon;
     int vocab_limit;
     int32_t think_start, think_end;  /* ids of <think> / </think>; -1 when absent */
@@ -127,6 +130,9 @@ typedef struct srv_gen {
     srv_think think;      /* reasoning / content split (chat only) */
     srv_toolcap toolcap;  /* tool calls held out of the content (chat with tools) */
     json_t *tool_calls;   /* parsed at the end */
+    json_t *tools;        /* the request's tools (a reference), to type call arguments */
+    srv_toolstream tstream; /* streaming: tool calls as deltas while they are generated */
+    json_t *dtools;       /* streaming: tool-call deltas of the current event */
     srv_buf dcontent, dreasoning; /* streaming: text of the current event */
     json_t *dlp;          /* streaming: logprobs of the current event */
     size_t text_offset;   /* streaming completions: bytes of text sent so far */

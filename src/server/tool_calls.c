@@ -49,10 +49,69 @@ static void trim(const char **s, size_t *n) {
     while (*n && isspace((unsigned char)(*s)[*n - 1])) (*n)--;
 }
 
+/* The schema of parameter `key` of function name[0..nn) in `tools`; NULL: unknown. */
+const json_t *srv_tool_param_schema(const json_t *tools, const char *name, size_t nn, const char *key) {
+    size_t i;
+    const json_t *t;
+    json_array_foreach(tools, i, t) {
+        const json_t *f = json_object_get(t, "function");
+        const char *fn = json_string_value(json_object_get(f, "name"));
+        if (fn && strlen(fn) == nn && !memcmp(fn, name, nn))
+            return json_object_get(json_object_get(json_object_get(f, "parameters"), "properties"), key);
+    }
+    return NULL;
+}
+
+int srv_type_allows(const json_t *type, const char *t) {
+    if (json_is_string(type)) return !strcmp(json_string_value(type), t);
+    size_t i;
+    const json_t *v;
+    json_array_foreach(type, i, v) if (json_is_string(v) && !strcmp(json_string_value(v), t)) return 1;
+    return 0;
+}
+
+/* Whether a parsed JSON value has one of the schema's types. */
+static int value_fits(const json_t *type, const json_t *v) {
+    if (json_is_integer(v)) return srv_type_allows(type, "integer") || srv_type_allows(type, "number");
+    if (json_is_real(v))
+        return srv_type_allows(type, "number") ||
+               (srv_type_allows(type, "integer") && json_real_value(v) == (double)(long long)json_real_value(v));
+    if (json_is_boolean(v)) return srv_type_allows(type, "boolean");
+    if (json_is_null(v)) return srv_type_allows(type, "null");
+    if (json_is_object(v)) return srv_type_allows(type, "object");
+    if (json_is_array(v)) return srv_type_allows(type, "array");
+    return srv_type_allows(type, "string");
+}
+
+/* A parameter value typed by its schema: text that parses as JSON of an allowed type
+ * keeps that type; text for a string parameter stays a string ("123" against
+ * {"type": "string"} is "123"); without a schema or a type, valid JSON keeps its type
+ * and anything else is a string. */
+json_t *srv_tool_param_value(const json_t *schema, const char *v, size_t vn) {
+    json_t *parsed = json_loadb(v, vn, JSON_DECODE_ANY, NULL);
+    const json_t *type = json_object_get(schema, "type");
+    const json_t *en = json_object_get(schema, "enum");
+    if (json_is_array(en)) {
+        size_t i;
+        const json_t *x;
+        json_array_foreach(en, i, x) if (json_is_string(x) && json_string_length(x) == vn &&
+                                         !memcmp(json_string_value(x), v, vn)) {
+            json_decref(parsed);
+            return json_stringn(v, vn);
+        }
+    }
+    if (!type) return parsed ? parsed : json_stringn(v, vn);
+    if (parsed && value_fits(type, parsed)) return parsed;
+    if (srv_type_allows(type, "string") || !parsed) {
+        json_decref(parsed);
+        return json_stringn(v, vn);
+    }
+    return parsed;
+}
+
 /* Qwen3.5 / Coder format: <function=NAME> <parameter=P>VALUE</parameter>... </function>.
- * A value that is valid JSON (number, bool, object, ...) keeps its type; anything else
- * is a string, which is what the format means for plain text. */
-static json_t *parse_xml_call(const char *s, size_t n) {
+ * Values are typed by the tool's parameter schema (srv_tool_param_value). */
+static json_t *parse_xml_call(const char *s, size_t n, const json_t *tools) {
     const char *end = s + n;
     if (n < 10 || memcmp(s, "<function=", 10)) return NULL;
     const char *name = s + 10, *gt = memchr(name, '>', (size_t)(end - name));
@@ -72,8 +131,7 @@ static json_t *parse_xml_call(const char *s, size_t n) {
         if (vn && v[vn - 1] == '\n') vn--;
         char key[256];
         snprintf(key, sizeof key, "%.*s", (int)(pg - pn), pn);
-        json_t *val = json_loadb(v, vn, JSON_DECODE_ANY, NULL);
-        json_object_set_new(args, key, val ? val : json_stringn(v, vn));
+        json_object_set_new(args, key, srv_tool_param_value(srv_tool_param_schema(tools, name, (size_t)(gt - name), key), v, vn));
         p = ve + 12;
     }
     if (!memmem(p, (size_t)(end - p), "</function>", 11)) {
@@ -106,7 +164,7 @@ static json_t *parse_json_call(const char *s, size_t n) {
     return f;
 }
 
-json_t *srv_parse_tool_calls(const char *text, size_t n, const char *id_prefix) {
+json_t *srv_parse_tool_calls(const char *text, size_t n, const char *id_prefix, const json_t *tools) {
     json_t *calls = json_array();
     const char *p = text, *end = text + n;
     for (;;) {
@@ -120,7 +178,7 @@ json_t *srv_parse_tool_calls(const char *text, size_t n, const char *id_prefix) 
         if (!close) goto bad;
         size_t bn = (size_t)(close - body);
         trim(&body, &bn);
-        json_t *f = bn && *body == '{' ? parse_json_call(body, bn) : parse_xml_call(body, bn);
+        json_t *f = bn && *body == '{' ? parse_json_call(body, bn) : parse_xml_call(body, bn, tools);
         if (!f) goto bad;
         char id[96];
         snprintf(id, sizeof id, "call_%s_%zu", id_prefix, json_array_size(calls));

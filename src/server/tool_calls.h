@@ -26,7 +26,17 @@ void srv_toolcap_free(srv_toolcap *t);
 
 /* Parses captured text into an array of OpenAI tool calls
  * [{"id", "type": "function", "function": {"name", "arguments": "<json string>"}}];
- * NULL when it holds no well-formed call. `id_prefix` makes the ids unique. */
-json_t *srv_parse_tool_calls(const char *text, size_t n, const char *id_prefix);
+ * NULL when it holds no well-formed call. `id_prefix` makes the ids unique. `tools`
+ * (the request's, may be NULL) types the XML form's values by each parameter's
+ * schema. */
+json_t *srv_parse_tool_calls(const char *text, size_t n, const char *id_prefix, const json_t *tools);
+
+/* The schema of parameter `key` of function name[0..nn) in `tools`; NULL: unknown. */
+const json_t *srv_tool_param_schema(const json_t *tools, const char *name, size_t nn, const char *key);
+/* A parameter's text typed by its schema (NULL: by its look): text that parses as JSON
+ * of an allowed type keeps that type, text for a string parameter stays a string. */
+json_t *srv_tool_param_value(const json_t *schema, const char *v, size_t vn);
+/* 1 when a schema's "type" (a name or an array of names) allows type t. */
+int srv_type_allows(const json_t *type, const char *t);
 
 #endif

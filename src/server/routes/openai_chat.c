@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "server/server.h"
+#include "server/structured.h"
 
 /* Bounds for rendering a client-supplied conversation: generous for real chats, but a
  * request cannot make the template run away with the server's memory or time. */
@@ -116,6 +117,7 @@ void srv_route_chat(srv_server *s, json_t *req, srv_reply *r) {
     if (tools && !json_is_null(tools)) {
         if (!json_is_array(tools)) { srv_fail(&e, 400, "invalid_request_error", "tools", "'tools' must be an array"); goto fail; }
         if (json_array_size(tools)) json_object_set(vars, "tools", tools);
+        g->tools = json_incref(tools);
         json_t *choice = json_object_get(req, "tool_choice");
         /* tool_choice "none": the tools are shown but calls are not parsed */
         g->toolcap.enabled = json_array_size(tools) > 0 && !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
@@ -153,6 +155,8 @@ void srv_route_chat(srv_server *s, json_t *req, srv_reply *r) {
     if (n > (size_t)1 << 30) n = (size_t)1 << 30;
     if (srv_check_length(s, (int)n, &g->o, &e)) goto fail;
     g->o.rp.snapshot_at = history_tokens(s, vars, text, len, ids, n);
+    /* response_format / tool_choice: a grammar on the output, after the reasoning */
+    if (srv_structured_setup(s, req, SRV_CHAT, text, g->think.in_think, &g->o.rp.constraint, &e)) goto fail;
     if (srv_gen_submit(g, ids, (int)n, &e)) goto fail;
     r->status = 200;
     r->gen = g;

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "server/server.h"
+#include "server/structured.h"
 
 /* The prompt as ids: a string, [ids], or a one-element list of either (the batch form
  * with more than one prompt is n > 1 in disguise and refused). */
@@ -54,6 +55,7 @@ void srv_route_completions(srv_server *s, json_t *req, srv_reply *r) {
         if (qd_tokenizer_decode(s->tok, ids, n, 0, &t, &tl, &err) == QD_OK) srv_buf_append(&g->echo_text, t, tl);
         free(t);
     }
+    if (srv_structured_setup(s, req, SRV_COMPLETION, NULL, 0, &g->o.rp.constraint, &e)) goto fail;
     if (srv_gen_submit(g, ids, (int)n, &e)) goto fail;
     r->status = 200;
     r->gen = g;

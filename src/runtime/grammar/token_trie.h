@@ -1,0 +1,72 @@
+/* The tokenizer's vocabulary as a trie over token bytes, flattened in preorder, and
+ * the token mask of a grammar state computed by one walk over it.
+ *
+ * A walk advances the matcher byte by byte down the trie, keeping one state per
+ * depth, and skips a whole subtree (every token sharing that prefix) as soon as its
+ * prefix is dead, so the work is proportional to the prefixes the grammar allows,
+ * not to the vocabulary. Tokens that are not text are left out: special added tokens
+ * (<|im_end|>, <think> ...) and holes; the constraint (constraint.h) decides about
+ * EOS itself. Non-special added tokens (e.g. <tool_call> in Qwen's vocabularies)
+ * are in the trie with their content as bytes.
+ *
+ * A trie is read-only once built: any number of constraints may share one. */
+#ifndef QD_RUNTIME_GRAMMAR_TOKEN_TRIE_H
+#define QD_RUNTIME_GRAMMAR_TOKEN_TRIE_H
+
+#include <stdint.h>
+
+#include "base/err.h"
+#include "io/tokenizer.h"
+#include "runtime/grammar/matcher.h"
+
+typedef struct qd_token_trie {
+    int vocab_size;          /* ids [0, vocab_size) */
+    int n_nodes;             /* node 0 is the root (the empty prefix) */
+    uint8_t *byte;           /* [n_nodes] the byte that leads to the node */
+    int *depth;              /* [n_nodes] its prefix length */
+    int *end;                /* [n_nodes] one past the last node of its subtree */
+    int *tok_first;          /* [n_nodes] first token whose bytes end here, -1: none */
+    int *tok_next;           /* [vocab_size] next token with the same bytes, -1: none */
+    int max_depth;           /* longest token in bytes */
+    unsigned char *blob;     /* every token's bytes */
+    size_t *tok_off;         /* [vocab_size] token i: blob[tok_off[i] .. + tok_len[i]) */
+    int *tok_len;            /* [vocab_size] -1: not in the trie */
+    /* Subtree skipping (see qd_token_trie_mask): */
+    uint8_t *sub_plain;      /* [n_nodes] the node's byte and every byte below it are plain JSON string bytes */
+    int *rank_begin;         /* [n_nodes + 1] tokens at nodes before i in preorder: the subtree of i holds
+                              * the tokens sorted_ids[rank_begin[i] .. rank_begin[end[i]]) */
+    int *sorted_ids;         /* [tokens in the trie] ids in preorder */
+} qd_token_trie;
+
+qd_status qd_token_trie_build(const qd_tokenizer *tok, qd_token_trie **out, qd_err *err);
+/* From explicit token byte strings (tests, benchmarks): tokens[i] of lens[i] bytes;
+ * lens[i] < 0 leaves id i out. */
+qd_status qd_token_trie_build_bytes(const unsigned char *const *tokens, const int *lens, int vocab_size,
+                                    qd_token_trie **out, qd_err *err);
+void qd_token_trie_free(qd_token_trie *t);
+
+/* Scratch of a walk: one matcher state per trie depth. */
+typedef struct qd_trie_walk {
+    qd_mstate *states;       /* [max_depth + 1] */
+    const qd_mstate **at;    /* [max_depth + 1] the state at each depth (states[d], or the walk's start) */
+    int n_states;
+} qd_trie_walk;
+
+void qd_trie_walk_free(qd_trie_walk *w);
+
+/* Plain JSON string bytes: printable ASCII but '"' and '\\'. When the start state
+ * loops on every one of them (inside a string: the state after any of these bytes is
+ * the state before), a subtree of plain bytes below a node reached in that state is
+ * allowed whole without advancing the matcher, and a plain byte from that state
+ * costs no advance either; only quotes, escapes and non-ASCII bytes are walked. */
+static inline int qd_json_plain_byte(unsigned char b) { return b >= 0x20 && b <= 0x7e && b != '"' && b != '\\'; }
+
+/* Sets bit id of mask (vocab_size bits, 32 per word) for every token whose bytes can
+ * follow `st` (the state after them is alive); clears the others. With budget >= 0,
+ * a token is allowed only if the fewest bytes that then complete the input are at
+ * most `budget`. *max_dist_out (may be NULL) gets the largest such completion
+ * distance among the allowed tokens. 0, or -1 when memory ran out. */
+int qd_token_trie_mask(const qd_token_trie *t, const qd_grammar *g, const qd_mstate *st, qd_trie_walk *w,
+                       int budget, uint32_t *mask, int *max_dist_out);
+
+#endif

@@ -1,0 +1,36 @@
+/* Tool calls streamed as OpenAI deltas while they are generated: for each call, a
+ * first delta with its index, id, type and function name as soon as the name is
+ * complete, then argument fragments as they arrive. Reads the tool-call capture
+ * (tool_calls.h) incrementally, in both forms:
+ *   hermes JSON: the text of "arguments" is passed on byte for byte;
+ *   Qwen3.5 XML: the parameters are written as a JSON object, string parameters
+ *   (by the tool's schema) streamed character by character (escaped), other values
+ *   once complete, typed by the schema (srv_tool_param_value).
+ * Text that stops fitting either form ends the streaming (`broken`); the caller then
+ * falls back to parsing the whole capture at the end. */
+#ifndef QD_SERVER_TOOL_STREAM_H
+#define QD_SERVER_TOOL_STREAM_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+typedef struct srv_toolstream {
+    size_t pos;          /* bytes of the capture consumed */
+    int phase;           /* see tool_stream.c */
+    int n_calls;         /* calls whose first delta went out */
+    int broken;
+    /* hermes: the arguments value being scanned */
+    int depth, in_str, esc;
+    /* XML: the current call and parameter */
+    char fname[256];
+    char param[256];
+    int n_params, string_param;
+} srv_toolstream;
+
+/* Consumes what it can of cap[0..n) and appends the deltas it completes to `deltas`
+ * (a JSON array). `tools` types XML values; `id_prefix` makes the ids, as
+ * srv_parse_tool_calls does (so a call has the same id streamed or not). */
+void srv_toolstream_feed(srv_toolstream *ts, const char *cap, size_t n, const json_t *tools, const char *id_prefix,
+                         json_t *deltas);
+
+#endif

@@ -1,0 +1,92 @@
+/* Tool calls streamed as deltas (src/server/tool_stream.c, compiled in here with
+ * tool_calls.c and util.c): for captures in both forms fed in every piece size, the
+ * first delta of each call carries its id and name, the argument fragments joined
+ * parse to the same JSON as srv_parse_tool_calls gives for the whole capture (XML
+ * values typed by the tool's schema), and string values arrive before the call ends. */
+#include <string.h>
+
+#include "qd_test.h"
+#include "server/tool_calls.c"
+#include "server/tool_stream.c"
+#include "server/util.c"
+
+static const char TOOLS[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"opts\":{\"type\":\"object\"}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"now\",\"parameters\":{\"type\":\"object\"}}}]";
+
+static void check_capture(const char *cap, const json_t *tools, int n_calls) {
+    json_t *whole = srv_parse_tool_calls(cap, strlen(cap), "x", tools);
+    CHECKF(json_array_size(whole) == (size_t)n_calls, "whole parse of %s", cap);
+    size_t n = strlen(cap);
+    for (size_t step = 1; step <= n; step++) {
+        srv_toolstream ts;
+        memset(&ts, 0, sizeof ts);
+        json_t *deltas = json_array();
+        int early_string = 0;
+        const char *first_close = strstr(cap, "</parameter>");
+        for (size_t off = step < n ? step : n;; off = off + step < n ? off + step : n) {
+            size_t before = json_array_size(deltas);
+            srv_toolstream_feed(&ts, cap, off, tools, "x", deltas);
+            /* a string argument's characters go out before its closing tag arrives */
+            for (size_t k = before; k < json_array_size(deltas); k++) {
+                const char *a = json_string_value(json_object_get(json_object_get(json_array_get(deltas, k), "function"), "arguments"));
+                if (a && strchr(a, 'P') && first_close && off < (size_t)(first_close - cap)) early_string = 1;
+            }
+            if (off == n) break;
+        }
+        CHECKF(!ts.broken && ts.n_calls == n_calls, "step %zu: %d calls streamed, broken %d", step, ts.n_calls, ts.broken);
+        for (int c = 0; c < n_calls; c++) {
+            srv_buf args = {0};
+            const char *id = NULL, *name = NULL;
+            size_t i;
+            json_t *d;
+            json_array_foreach(deltas, i, d) {
+                if (json_integer_value(json_object_get(d, "index")) != c) continue;
+                if (!id) {
+                    id = json_string_value(json_object_get(d, "id"));
+                    name = json_string_value(json_object_get(json_object_get(d, "function"), "name"));
+                }
+                const char *a = json_string_value(json_object_get(json_object_get(d, "function"), "arguments"));
+                if (a) srv_buf_append(&args, a, strlen(a));
+            }
+            json_t *want = json_object_get(json_array_get(whole, (size_t)c), "function");
+            json_t *wargs = json_loads(json_string_value(json_object_get(want, "arguments")), 0, NULL);
+            json_t *gargs = args.p ? json_loadb(args.p, args.n, 0, NULL) : NULL;
+            CHECKF(id && !strcmp(id, json_string_value(json_object_get(json_array_get(whole, (size_t)c), "id"))),
+                   "step %zu call %d: the id first", step, c);
+            CHECKF(name && !strcmp(name, json_string_value(json_object_get(want, "name"))), "step %zu call %d: the name", step, c);
+            CHECKF(gargs && json_equal(gargs, wargs), "step %zu call %d: streamed arguments '%.*s'", step, c, (int)args.n,
+                   args.p ? args.p : "");
+            json_decref(wargs);
+            json_decref(gargs);
+            srv_buf_free(&args);
+        }
+        if (strstr(cap, "<parameter=city>") && step <= 4) CHECKF(early_string, "step %zu: the string streamed early", step);
+        json_decref(deltas);
+    }
+    json_decref(whole);
+}
+
+int main(void) {
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    check_capture("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris \\\"}\", \"days\": [1, {\"a\": 2}]}}\n</tool_call>",
+                  tools, 1);
+    check_capture("<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", "
+                  "\"arguments\": {\"city\": \"\xc3\xa9t\xc3\xa9\"}}\n</tool_call>",
+                  tools, 2);
+    check_capture("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis \xe2\x82\xac \"x\" </par\n</parameter>\n"
+                  "<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{\"a\": [1]}\n</parameter>\n</function>\n</tool_call>\n"
+                  "<tool_call>\n<function=now>\n</function>\n</tool_call>",
+                  tools, 2);
+    /* not a call: streaming stops, nothing is claimed */
+    srv_toolstream ts;
+    memset(&ts, 0, sizeof ts);
+    json_t *deltas = json_array();
+    const char *bad = "<tool_call>\nhello";
+    srv_toolstream_feed(&ts, bad, strlen(bad), tools, "x", deltas);
+    CHECK(ts.broken && ts.n_calls == 0 && json_array_size(deltas) == 0);
+    json_decref(deltas);
+    json_decref(tools);
+    return qd_test_finish("test_tool_stream");
+}
