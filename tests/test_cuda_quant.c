@@ -8,7 +8,10 @@
  * -1 (one group), with and without zeros, and GPTQ act-order (g_idx); n = 1..16, y
  * stored or accumulated, every element of y checked, the padding between y rows must
  * keep its bits. Also the refusals (n out of range, a plain format, NVFP4 with cols
- * % 16).
+ * % 16), and the kernel table (qd_cuda_linear with quantized outputs: bf16 x and an
+ * RMSNorm input, an FP8 and an INT4 product in one call) against qd_cuda_qgemv on the
+ * same x, bit for bit (the table materialises x, then runs the same kernel), and its
+ * refusal of n > 16 and of the fused path.
  *
  * Tolerance: the GPU dequantizes each element with the same fp32 operations in the same
  * order as the reference (e4m3 * scale; e2m1 * scale * global; (q - z) * scale), so the
@@ -28,6 +31,8 @@
 #include "qd_test.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_quant.h"
 #include "qd_test_cuda.h"
 
@@ -178,6 +183,59 @@ static void test_refusals(void) {
     qd_cuda_free(d);
 }
 
+/* qd_cuda_linear with quantized products: the same bits as qd_cuda_qgemv on the x the
+ * table materialises (RMSNORM through qd_cuda_add_rmsnorm, as the plain path does). */
+static void test_linear_table(qd_cuda_blas *blas) {
+    const int64_t C = 1000, R0 = 300, R1 = 77;
+    const int n = 3;
+    uint8_t *q8 = malloc((size_t)(R0 * C)), *q4 = malloc((size_t)(R1 * C / 2));
+    for (int64_t i = 0; i < R0 * C; i++) q8[i] = (uint8_t)(rnd_byte() & 0x77); /* finite e4m3 */
+    for (int64_t i = 0; i < R1 * C / 2; i++) q4[i] = rnd_byte();
+    float *s8 = qd_test_rnd(&rng, (size_t)(cdiv(R0, 128) * cdiv(C, 128)), 0.05f);
+    float *s4 = qd_test_rnd(&rng, (size_t)(R1 * cdiv(C, 64)), 0.05f);
+    qd_weight w8 = {.dtype = QD_DTYPE_F8_E4M3, .rows = R0, .cols = C};
+    w8.data = qd_test_dev(q8, (size_t)(R0 * C));
+    w8.scales = (qd_weight_scales){.dtype = QD_DTYPE_F32, .block_rows = 128, .block_cols = 128, .global = 1.0f};
+    w8.scales.data = qd_test_dev(s8, sizeof(float) * (size_t)(cdiv(R0, 128) * cdiv(C, 128)));
+    qd_weight w4 = {.dtype = QD_DTYPE_INT4, .rows = R1, .cols = C};
+    w4.data = qd_test_dev(q4, (size_t)(R1 * C / 2));
+    w4.scales = (qd_weight_scales){.dtype = QD_DTYPE_F32, .block_rows = 1, .block_cols = 64, .global = 1.0f};
+    w4.scales.data = qd_test_dev(s4, sizeof(float) * (size_t)(R1 * cdiv(C, 64)));
+    float *hf = qd_test_rnd(&rng, (size_t)(n * C), 1.0f), *nw = qd_test_rnd(&rng, (size_t)C, 0.1f);
+    uint16_t *xb = qd_test_round_bf16(hf, (size_t)(n * C));
+    float *dh = qd_test_dev(hf, sizeof(float) * (size_t)(n * C)), *dnw = qd_test_dev(nw, sizeof(float) * (size_t)C);
+    uint16_t *dx = qd_test_dev(xb, (size_t)(n * C) * 2), *scratch = qd_test_dev(NULL, (size_t)(n * C) * 2);
+    uint16_t *xm = qd_test_dev(NULL, (size_t)(n * C) * 2);
+    float *y[4];
+    for (int i = 0; i < 4; i++) y[i] = qd_test_dev(NULL, sizeof(float) * (size_t)(n * R0));
+    for (int kind = 0; kind < 2; kind++) {
+        qd_cuda_lin_in in = {.kind = kind ? QD_LIN_RMSNORM : QD_LIN_BF16, .x = dx, .ldx = C, .h = dh, .w = dnw,
+                             .eps = 1e-6f};
+        const qd_cuda_lin_out out[2] = {{.rows = R0, .y = y[0], .ldy = R0, .qw = &w8},
+                                        {.rows = R1, .y = y[1], .ldy = R1, .qw = &w4}};
+        CHECK(qd_cuda_linear_choice(&in, C, n, out, 2) == QD_LIN_PATH_PLAIN);
+        ST_OK(qd_cuda_linear(blas, &in, C, n, out, 2, 0, scratch, NULL));
+        const uint16_t *x = dx;
+        if (kind) {
+            ST_OK(qd_cuda_add_rmsnorm(dh, NULL, dnw, 1e-6f, n, (int)C, NULL, xm, NULL, NULL));
+            x = xm;
+        }
+        ST_OK(qd_cuda_qgemv(&w8, x, C, n, y[2], R0, 0, NULL));
+        ST_OK(qd_cuda_qgemv(&w4, x, C, n, y[3], R1, 0, NULL));
+        float *a = qd_test_host(y[0], sizeof(float) * (size_t)(n * R0)), *b = qd_test_host(y[2], sizeof(float) * (size_t)(n * R0));
+        float *c = qd_test_host(y[1], sizeof(float) * (size_t)(n * R1)), *d = qd_test_host(y[3], sizeof(float) * (size_t)(n * R1));
+        CHECKF(a && b && !memcmp(a, b, sizeof(float) * (size_t)(n * R0)), "linear table, fp8 product, kind %d", kind);
+        CHECKF(c && d && !memcmp(c, d, sizeof(float) * (size_t)(n * R1)), "linear table, int4 product, kind %d", kind);
+        free(a); free(b); free(c); free(d);
+        CHECK(qd_cuda_linear(blas, &in, C, 17, out, 2, 0, scratch, NULL) == QD_ERR_UNSUPPORTED);
+        CHECK(qd_cuda_linear_path(QD_LIN_PATH_FUSED, blas, &in, C, n, out, 2, 0, scratch, NULL) == QD_ERR_UNSUPPORTED);
+    }
+    void *dev[] = {(void *)w8.data, (void *)w8.scales.data, (void *)w4.data, (void *)w4.scales.data, dh, dnw, dx,
+                   scratch, xm, y[0], y[1], y[2], y[3]};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) qd_cuda_free(dev[i]);
+    free(q8); free(q4); free(s8); free(s4); free(hf); free(nw); free(xb);
+}
+
 int main(void) {
     if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_quant", "no CUDA device");
     rng = qd_test_rng_from_env();
@@ -199,6 +257,10 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
     test_refusals();
+    qd_cuda_blas *blas = NULL;
+    CHECK(qd_cuda_blas_create(&blas, NULL) == QD_OK);
+    if (blas) test_linear_table(blas);
+    qd_cuda_blas_destroy(blas);
     return qd_test_finish("test_cuda_quant");
 }
 

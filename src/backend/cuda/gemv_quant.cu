@@ -50,7 +50,7 @@ __device__ __forceinline__ float qg_scale(const qg_params &p, int64_t i) {
     case QD_DTYPE_F32: return __ldg((const float *)p.scales + i);
     case QD_DTYPE_BF16: return qd_bf2f(__ldg((const unsigned short *)p.scales + i));
     case QD_DTYPE_F16: return __half2float(__ushort_as_half(__ldg((const unsigned short *)p.scales + i)));
-    default: return qg_e4m3(__ldg(p.scales ? (const unsigned char *)p.scales + i : NULL));
+    default: return qg_e4m3(__ldg((const unsigned char *)p.scales + i)); /* NVFP4: e4m3 */
     }
 }
 
@@ -141,8 +141,14 @@ extern "C" qd_status qd_cuda_qgemv(const qd_weight *w, const uint16_t *d_x, int6
         break;
     default: return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv: the weight is not a quantized format");
     }
-    int sms = 132, dev = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    static int sms = 0; /* one wave of 8 blocks per SM; the count asked once */
+    if (!sms) {
+        int dev = 0, v = 0;
+        sms = cudaGetDevice(&dev) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0
+                  ? v
+                  : 132;
+    }
     const int64_t tiles = qg_ceil(p.rows, QG_WARPS), wave = (int64_t)sms * 8;
     const unsigned blocks = (unsigned)(tiles < wave ? tiles : wave);
     cudaStream_t st = (cudaStream_t)stream;
