@@ -517,12 +517,12 @@ static qd_status moe_call(void *ctx, int i) {
     x.kind = QD_LIN_BF16;
     x.x = r->x;
     x.ldx = H;
-    const qd_cuda_lin_out gu = {r->sgu[L], 2 * (int64_t)m->Is, r->ffn, 2 * (int64_t)m->Is};
+    const qd_cuda_lin_out gu = {.W = r->sgu[L], .rows = 2 * (int64_t)m->Is, .y = r->ffn, .ldy = 2 * (int64_t)m->Is};
     if ((s = qd_cuda_linear(g_blas, &x, H, n, &gu, 1, 0, NULL, g_stream))) return s;
     qd_cuda_lin_in act = {0};
     act.kind = QD_LIN_SILU;
     act.gu = r->ffn;
-    const qd_cuda_lin_out dn = {r->sdn[L], H, r->ys, H};
+    const qd_cuda_lin_out dn = {.W = r->sdn[L], .rows = H, .y = r->ys, .ldy = H};
     if ((s = qd_cuda_linear(g_blas, &act, m->Is, n, &dn, 1, 0, r->act, g_stream)) ||
         (s = qd_cuda_sigmoid_scale(r->h, r->ys, r->logits + E, E + 1, n, H, g_stream)) ||
         (s = qd_cuda_moe_route(r->logits, E + 1, n, E, k, 1, r->sel, r->selw, g_stream)))

@@ -4,7 +4,9 @@
 # kernel benchmarks and the end-to-end `qdelta bench` runs, writes logs under
 # $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
 #
-#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant]   default: tests kernels e2e
+#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant] [quant]   default: tests kernels e2e
+#     quant: quantized weights: test_cuda_quant (the quantized GEMV against the CPU dequantization),
+#            then bench/quant_cuda_bench (GB/s of FP8 / NVFP4 / INT4 GEMV vs copy bandwidth and bf16)
 #     tp:    tensor / expert parallelism: test_cuda_tp (ranks sharing GPU 0, and NCCL when two or
 #            more GPUs are visible), then qdelta bench on the dummy Qwen3-Next-80B config cut to 8
 #            layers: unsplit, TP=2 and EP=2 (on one GPU the ranks share it: the split and the
@@ -58,9 +60,11 @@ if [ -z "${QD_SKIP_BUILD:-}" ]; then
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
 targets="qdelta test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_model test_snap_tier test_cuda_batch_invariant gdn_cuda_bench"
-for t in test_cuda_attn test_cuda_moe test_cuda_tp attn_cuda_bench moe_cuda_bench linear_cuda_bench; do
+for t in test_cuda_attn test_cuda_moe test_cuda_tp test_cuda_quant attn_cuda_bench moe_cuda_bench linear_cuda_bench quant_cuda_bench; do
     grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
 done
+# the quant part alone builds only its own targets
+[ "$parts" = quant ] && targets="test_cuda_quant quant_cuda_bench"
 # shellcheck disable=SC2086
 cmake --build "$BUILD" -j"$(nproc)" --target $targets >>"$LOGDIR/build.log" 2>&1 ||
     { echo "build failed"; grep -E "error|Error" "$LOGDIR/build.log" | head -30; exit 1; }
@@ -262,9 +266,22 @@ if has busyhost; then
     kill $pids 2>/dev/null; wait $pids 2>/dev/null
 fi
 
+QUANT_LOG="$LOGDIR/quant.log"
+if has quant; then
+    : >"$QUANT_LOG"
+    run_test test_cuda_quant "$QUANT_LOG"
+    bin=$(find "$BUILD" -name quant_cuda_bench -type f -perm -u+x | head -1)
+    if [ -n "$bin" ]; then
+        echo "=== quant_cuda_bench" >>"$QUANT_LOG"
+        timeout 240 "$bin" >>"$QUANT_LOG" 2>&1 || { status=1; echo "quant_cuda_bench failed" >>"$QUANT_LOG"; }
+    else
+        status=1; echo "quant_cuda_bench not built" >>"$QUANT_LOG"
+    fi
+fi
+
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
 for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier \
-    test_cuda_batch_invariant; do
+    test_cuda_batch_invariant test_cuda_quant; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
 [ -s "$THR_LOG" ] && grep -E "^\|" "$THR_LOG"
@@ -316,6 +333,11 @@ END {
     for (i = 1; i <= ne; i++) print e2e[i]
 }'
 grep -h "^FAILED" "$E2E_LOG" 2>/dev/null
+if [ -s "$QUANT_LOG" ]; then
+    grep -E "^RESULT copy" "$QUANT_LOG"
+    awk '/^RESULT qgemv/ { l = ""; for (i = 3; i <= NF; i++) l = l " " $i; print "qgemv" l }' "$QUANT_LOG"
+    grep -E "worst err/tol|failed|CHECK" "$QUANT_LOG" | head -40
+fi
 if [ -s "$SERVE_LOG" ]; then
     grep -E "^\||^RESULT invariance" "$SERVE_LOG" | head -60
     grep -hE "^ERROR|^prefix_bench:|^Traceback|Error:" "$SERVE_LOG" | head -10

@@ -1508,7 +1508,7 @@ static int ln_cuda(const op_data *d, float *out) {
         break;
     default: in.gu = da_f32(&a, d->f[LN_A], d->nf[LN_A]);
     }
-    qd_cuda_lin_out o = {da_bf16(&a, d->f[LN_W], d->nf[LN_W]), c->rows, da_alloc(&a, NULL, 4 * (size_t)c->n * ldy), ldy};
+    qd_cuda_lin_out o = {.W = da_bf16(&a, d->f[LN_W], d->nf[LN_W]), .rows = c->rows, .y = da_alloc(&a, NULL, 4 * (size_t)c->n * ldy), .ldy = ldy};
     uint16_t *scratch = da_alloc(&a, NULL, 2 * (size_t)c->n * C);
     if (a.ok && path == 0) DA_ST(&a, qd_cuda_linear(g_blas, &in, C, c->n, &o, 1, 0, scratch, NULL));
     if (a.ok && path != 0) {

@@ -306,7 +306,7 @@ static void test_table_rules(void) {
     }
     /* above n = 8 the fused kernel does not exist */
     CHECK(qd_cuda_linear_choice(&(qd_cuda_lin_in){.kind = QD_LIN_BF16, .x = (const uint16_t *)fake, .ldx = 64}, 64, 9,
-                                &(qd_cuda_lin_out){(const uint16_t *)fake, 8, fake, 8}, 1) == QD_LIN_PATH_PLAIN);
+                                &(qd_cuda_lin_out){.W = (const uint16_t *)fake, .rows = 8, .y = fake, .ldy = 8}, 1) == QD_LIN_PATH_PLAIN);
     printf("  linear table: %zu projection shapes x 4 sizes as measured\n", sizeof rc / sizeof rc[0]);
 }
 

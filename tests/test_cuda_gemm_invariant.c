@@ -272,9 +272,9 @@ static void test_linear(qd_cuda_blas *blas, int kind, int n_out, int acc) {
         const int64_t R = rows3[j], ldy = R + 3;
         uint16_t *wb = rnd_rows_bf16((int)R, cols, cols, 0.5f, &W[j]);
         y0[j] = qd_test_rnd(&rng, (size_t)NMAX * ldy, 1.0f);
-        out[j] = (qd_cuda_lin_out){qd_test_dev(wb, (size_t)R * cols * 2), R, qd_test_dev(NULL, (size_t)NMAX * ldy * 4), ldy};
+        out[j] = (qd_cuda_lin_out){.W = qd_test_dev(wb, (size_t)R * cols * 2), .rows = R, .y = qd_test_dev(NULL, (size_t)NMAX * ldy * 4), .ldy = ldy};
         yone[j] = qd_test_dev(NULL, (size_t)ldy * 4);
-        one[j] = (qd_cuda_lin_out){out[j].W, R, yone[j], ldy};
+        one[j] = (qd_cuda_lin_out){.W = out[j].W, .rows = R, .y = yone[j], .ldy = ldy};
         free(wb);
     }
     uint16_t *scratch = qd_test_dev(NULL, (size_t)NMAX * cols * 2), *scratch1 = qd_test_dev(NULL, (size_t)cols * 2);
@@ -413,7 +413,7 @@ static void test_bad_args(qd_cuda_blas *blas) {
     in.kind = QD_LIN_BF16;
     in.x = dx;
     in.ldx = C;
-    qd_cuda_lin_out o = {dW, R, dy, R};
+    qd_cuda_lin_out o = {.W = dW, .rows = R, .y = dy, .ldy = R};
     CHECK(qd_cuda_linear_path(4, blas, &in, C, 2, &o, 1, 0, NULL, NULL) == QD_ERR_INVALID_ARG);
     CHECK(qd_cuda_linear_path(QD_LIN_PATH_INVARIANT, blas, &in, 60, 2, &o, 1, 0, NULL, NULL) != QD_OK);
     in.ldx = C + 4;

@@ -82,7 +82,7 @@ static qd_status block_reduce(qd_cuda_ctx *g) {
 static qd_status logit_rows(qd_cuda_ctx *g, int r0, int nr) {
     const int V = g->cfg->vocab_size, H = g->cfg->hidden_size;
     const qd_cuda_lin_in in = qd_cuda_norm_in(g, g->cm->final_norm, g->dev.logit_rows + r0);
-    const qd_cuda_lin_out out = {g->cm->lm_head, V, g->logits, V};
+    const qd_cuda_lin_out out = {.W = g->cm->lm_head, .rows = V, .y = g->logits, .ldy = V};
     return qd_cuda_lin(g, &in, H, nr, &out, 1, 0, g->x);
 }
 

@@ -6,12 +6,12 @@
 qd_status qd_cuda_layer_mlp(qd_cuda_ctx *g, const qd_cuda_lin_in *in, const uint16_t *gate_up, const uint16_t *down,
                             int I, float *y, int accumulate) {
     const int n = g->host.n_rows, H = g->cfg->hidden_size;
-    const qd_cuda_lin_out gu = {gate_up, 2 * (int64_t)I, g->ffn, 2 * (int64_t)I};
+    const qd_cuda_lin_out gu = {.W = gate_up, .rows = 2 * (int64_t)I, .y = g->ffn, .ldy = 2 * (int64_t)I};
     TRYC(qd_cuda_lin(g, in, H, n, &gu, 1, 0, g->x));
     qd_cuda_lin_in act = {0};
     act.kind = QD_LIN_SILU;
     act.gu = g->ffn;
-    const qd_cuda_lin_out dn = {down, H, y, H};
+    const qd_cuda_lin_out dn = {.W = down, .rows = H, .y = y, .ldy = H};
     return qd_cuda_lin(g, &act, I, n, &dn, 1, accumulate, g->act);
 }
 

@@ -15,7 +15,7 @@ qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
     float *ssm = g->ssm + (size_t)gi * S * g->ssm_slot;
 
     const qd_cuda_lin_in in = qd_cuda_norm_in(g, d->input_norm, NULL);
-    const qd_cuda_lin_out proj = {d->gdn_in, W, g->proj, W};
+    const qd_cuda_lin_out proj = {.W = d->gdn_in, .rows = W, .y = g->proj, .ldy = W};
     TRYC(qd_cuda_lin(g, &in, H, n, &proj, 1, 0, g->x));
     /* proj rows: in_qkv (conv inputs) | in_z | in_b | in_a */
     const qd_cuda_gdn_in_args ia = {
@@ -65,6 +65,6 @@ qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
     gin.dv = dvh;
     gin.w = d->gdn_norm;
     gin.eps = c->rms_norm_eps;
-    const qd_cuda_lin_out out = {d->gdn_out, H, qd_cuda_block_out(g), H};
+    const qd_cuda_lin_out out = {.W = d->gdn_out, .rows = H, .y = qd_cuda_block_out(g), .ldy = H};
     return qd_cuda_lin(g, &gin, value_dim, n, &out, 1, !g->reduce, g->u);
 }

@@ -42,12 +42,17 @@ typedef struct qd_cuda_lin_in {
     const float *gu;      /* SILU */
 } qd_cuda_lin_in;
 
-/* One product of the call: W [rows][cols] bf16 into y, n rows at stride ldy (fp32). */
+/* One product of the call: W [rows][cols] bf16 into y, n rows at stride ldy (fp32).
+ * qw set (a quantized weight with device pointers, cuda_quant.h): W is unused and the
+ * product is the quantized GEMV (n <= QD_CUDA_QGEMV_MAX_N) on x materialised into
+ * scratch by the elementwise kernels (the in-kernel fused input is bf16 only so far);
+ * larger n is refused with QD_ERR_UNSUPPORTED (no quantized prefill GEMM yet). */
 typedef struct qd_cuda_lin_out {
     const uint16_t *W;
     int64_t rows;
     float *y;
     int64_t ldy;
+    const struct qd_weight *qw;
 } qd_cuda_lin_out;
 
 #define QD_LIN_MAX_OUT 3

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/cuda_quant.h"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -438,9 +439,16 @@ static int fg_valid(const qd_cuda_lin_in *in, int64_t cols, const qd_cuda_lin_ou
            in->kind >= QD_LIN_BF16 && in->kind <= QD_LIN_SILU;
 }
 
+static int fg_any_quantized(const qd_cuda_lin_out *out, int n_out) {
+    for (int j = 0; j < n_out; j++)
+        if (out[j].qw) return 1;
+    return 0;
+}
+
 extern "C" int qd_cuda_linear_choice(const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out,
                                      int n_out) {
-    if (!fg_valid(in, cols, out, n_out) || !fg_fusable(in, cols, n, out, n_out)) return QD_LIN_PATH_PLAIN;
+    if (!fg_valid(in, cols, out, n_out) || fg_any_quantized(out, n_out) || !fg_fusable(in, cols, n, out, n_out))
+        return QD_LIN_PATH_PLAIN;
     int64_t wbytes = 0;
     for (int j = 0; j < n_out; j++) wbytes += out[j].rows * cols * 2;
     return fg_prefer_fused(in, n, n_out, wbytes) ? QD_LIN_PATH_FUSED : QD_LIN_PATH_PLAIN;
@@ -458,6 +466,18 @@ extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cud
     if (n <= 0) return QD_OK;
     if (!fg_valid(in, cols, out, n_out) || path < QD_LIN_PATH_TABLE || path > QD_LIN_PATH_INVARIANT)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: bad arguments");
+    if (fg_any_quantized(out, n_out)) { /* quantized weights: x materialised, then the quantized GEMV */
+        if (path == QD_LIN_PATH_FUSED || path == QD_LIN_PATH_INVARIANT)
+            return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: quantized weights take the plain path only");
+        if (n > QD_CUDA_QGEMV_MAX_N)
+            return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: quantized weights above 16 rows of x (prefill) are not "
+                                                    "supported yet");
+        for (int j = 0; j < n_out; j++)
+            if (!out[j].qw || out[j].qw->cols != cols || out[j].qw->rows != out[j].rows)
+                return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: a quantized product's weight is missing or its "
+                                                        "shape differs from the call's");
+        path = QD_LIN_PATH_PLAIN;
+    }
     if (path == QD_LIN_PATH_TABLE) path = qd_cuda_linear_choice(in, cols, n, out, n_out);
     else if (path == QD_LIN_PATH_FUSED && !fg_fusable(in, cols, n, out, n_out))
         return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: shape outside the fused GEMV");
@@ -515,6 +535,11 @@ extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cud
         return QD_OK;
     }
     for (int j = 0; j < n_out; j++) {
+        if (out[j].qw) {
+            qd_status s = qd_cuda_qgemv(out[j].qw, x, ldx, n, out[j].y, out[j].ldy, accumulate, stream);
+            if (s) return s;
+            continue;
+        }
         qd_status s = accumulate ? qd_cuda_matmul_acc(b, out[j].W, out[j].rows, cols, x, ldx, n, out[j].y,
                                                       out[j].ldy)
                                  : qd_cuda_matmul(b, out[j].W, out[j].rows, cols, x, ldx, n, out[j].y, out[j].ldy, 0);

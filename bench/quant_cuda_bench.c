@@ -1,0 +1,114 @@
+/* Quantized-weight GEMV (cuda_quant.h) on the Qwen3.5-35B-A3B projection shapes: GB/s of
+ * the weight bytes (data + scales) read per call, against the copy bandwidth of the same
+ * run, and beside it the bf16 GEMV (qd_cuda_matmul at n <= 8) on the same shape. Weights
+ * are rotated over copies beyond L2 (>= 200 MiB per format and shape) so that every call
+ * reads HBM. Prints one RESULT line per format x shape x n. */
+#define BENCH_NAME "quant_cuda_bench"
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_quant.h"
+#include "base/weight.h"
+#include "cuda_bench_util.h"
+
+typedef struct shape { const char *name; int64_t rows, cols; } shape;
+
+static float time_ms(qd_cuda_timer *t, int iters, void (*fn)(void *, int), void *arg) {
+    float v[5];
+    for (int rep = 0; rep < 5; rep++) {
+        fn(arg, 0);
+        TRY(qd_cuda_timer_start(t));
+        for (int i = 0; i < iters; i++) fn(arg, i);
+        TRY(qd_cuda_timer_stop(t, &v[rep]));
+    }
+    return median(v, 5) / (float)iters;
+}
+
+typedef struct run {
+    qd_weight w[256];
+    const uint16_t *Wb[256];
+    int copies, n;
+    int64_t rows, cols;
+    uint16_t *x;
+    float *y;
+    qd_cuda_blas *blas;
+} run;
+
+static void call_q(void *a, int i) {
+    run *r = a;
+    TRY(qd_cuda_qgemv(&r->w[i % r->copies], r->x, r->cols, r->n, r->y, r->rows, 0, NULL));
+}
+static void call_b(void *a, int i) {
+    run *r = a;
+    TRY(qd_cuda_matmul(r->blas, r->Wb[i % r->copies], r->rows, r->cols, r->x, r->cols, r->n, r->y, r->rows, 0));
+}
+
+int main(void) {
+    if (qd_cuda_device_count() == 0) {
+        printf(BENCH_NAME ": skipped: no CUDA device\n");
+        return 0;
+    }
+    const double copy = copy_bw();
+    printf("RESULT copy_GBps=%.0f\n", copy);
+    qd_cuda_timer t;
+    TRY(qd_cuda_timer_create(&t));
+    run r = {0};
+    TRY(qd_cuda_blas_create(&r.blas, NULL));
+    static const shape shapes[] = {
+        {"gdn_in_proj", 12288 + 64, 2048}, {"gdn_out", 2048, 4096}, {"attn_q", 8192, 2048},
+        {"expert_gate_up", 1024, 2048},     {"expert_down", 2048, 512}, {"lm_head", 248320, 2048},
+    };
+    static const qd_dtype fmts[] = {QD_DTYPE_F8_E4M3, QD_DTYPE_NVFP4, QD_DTYPE_INT4};
+    static const int ns[] = {1, 4, 8};
+    r.x = upload(NULL, (size_t)16 * 8192 * 2);
+    TRY(qd_cuda_memset(r.x, 0x3c, (size_t)16 * 8192 * 2));
+    r.y = upload(NULL, (size_t)16 * 248320 * 4);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const shape *s = &shapes[si];
+        r.rows = s->rows;
+        r.cols = s->cols;
+        const size_t bf = (size_t)(s->rows * s->cols) * 2;
+        r.copies = (int)(((size_t)400 << 20) / bf + 1);
+        if (r.copies > 256) r.copies = 256;
+        for (int c = 0; c < r.copies; c++) {
+            void *d = upload(NULL, bf);
+            TRY(qd_cuda_memset(d, 0x3c, bf));
+            r.Wb[c] = d;
+        }
+        for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
+            qd_weight w = {.dtype = fmts[fi], .rows = s->rows, .cols = s->cols};
+            w.scales.dtype = fmts[fi] == QD_DTYPE_NVFP4 ? QD_DTYPE_F8_E4M3 : QD_DTYPE_F32;
+            w.scales.global = 1.0f;
+            w.scales.block_rows = fmts[fi] == QD_DTYPE_F8_E4M3 ? 128 : 1;
+            w.scales.block_cols = fmts[fi] == QD_DTYPE_F8_E4M3 ? 128 : fmts[fi] == QD_DTYPE_NVFP4 ? 16 : 128;
+            w.scales.data = (void *)1; /* for the byte count */
+            const size_t db = qd_weight_data_bytes(&w), sb = qd_weight_scale_bytes(&w);
+            for (int c = 0; c < r.copies; c++) {
+                r.w[c] = w;
+                void *d = upload(NULL, db), *sc = upload(NULL, sb);
+                TRY(qd_cuda_memset(d, 0x11, db));
+                TRY(qd_cuda_memset(sc, 0x30, sb));
+                r.w[c].data = d;
+                r.w[c].scales.data = sc;
+            }
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                r.n = ns[ni];
+                const float qms = time_ms(&t, 20, call_q, &r), bms = time_ms(&t, 20, call_b, &r);
+                const double qgb = (double)(db + sb) / (qms * 1e6), bgb = (double)bf / (bms * 1e6);
+                printf("RESULT qgemv shape=%s rows=%lld cols=%lld fmt=%s n=%d us=%.1f GBps=%.0f pct_copy=%.0f "
+                       "bf16_us=%.1f bf16_GBps=%.0f speedup_vs_bf16=%.2f\n",
+                       s->name, (long long)s->rows, (long long)s->cols, qd_dtype_name(fmts[fi]) ? qd_dtype_name(fmts[fi]) : "?",
+                       r.n, qms * 1e3, qgb, 100.0 * qgb / copy, bms * 1e3, bgb, bms / qms);
+            }
+            for (int c = 0; c < r.copies; c++) {
+                qd_cuda_free((void *)r.w[c].data);
+                qd_cuda_free((void *)r.w[c].scales.data);
+            }
+        }
+        for (int c = 0; c < r.copies; c++) qd_cuda_free((void *)r.Wb[c]);
+    }
+    qd_cuda_blas_destroy(r.blas);
+    qd_cuda_timer_destroy(&t);
+    return 0;
+}

@@ -1,0 +1,271 @@
+/* The quantized-weight GEMV of the CUDA backend (cuda_quant.h, gemv_quant.cu) against
+ * the CPU reference: qd_weight_dequant_rows (base/weight.c, the exact dequantization)
+ * and a double-accumulated product, on fresh random inputs (seed printed; QD_TEST_SEED
+ * replays it): random stored bytes, random scales, bf16 x, awkward shapes (rows and
+ * cols not multiples of the block, partial blocks and groups at the edges), every
+ * format of base/weight.h: FP8 block 128 x 128 (F32 and BF16 scales) and per-channel,
+ * NVFP4 (e4m3 scales of 1 x 16, global factor), INT4 with group sizes 32 / 64 / 128 /
+ * -1 (one group), with and without zeros, and GPTQ act-order (g_idx); n = 1..16, y
+ * stored or accumulated, every element of y checked, the padding between y rows must
+ * keep its bits. Also the refusals (n out of range, a plain format, NVFP4 with cols
+ * % 16), and the kernel table (qd_cuda_linear with quantized outputs: bf16 x and an
+ * RMSNorm input, an FP8 and an INT4 product in one call) against qd_cuda_qgemv on the
+ * same x, bit for bit (the table materialises x, then runs the same kernel), and its
+ * refusal of n > 16 and of the fused path.
+ *
+ * Tolerance: the GPU dequantizes each element with the same fp32 operations in the same
+ * order as the reference (e4m3 * scale; e2m1 * scale * global; (q - z) * scale), so the
+ * weights are the same floats; what differs is the summation: each lane adds cols / 32
+ * terms in fp32 (fma, exact products of bf16 x and fp32 w are not exact, but each fma
+ * rounds once), then a 5-level shuffle tree. Recursive summation of k terms errs by at
+ * most (k - 1) u sum |terms| (u = 2^-24), so |y - ref| <= (cols / 32 + 6) 2^-24 sum
+ * |w x| is a rigorous bound; the check uses twice it plus 1e-30. Skips (77) without a GPU. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/dtype.h"
+#include "base/weight.h"
+#include "qd_test.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_quant.h"
+#include "qd_test_cuda.h"
+
+static qd_test_rng rng;
+
+typedef struct qcase {
+    const char *name;
+    qd_dtype fmt;
+    int64_t rows, cols, br, bc; /* bc -1: one group over cols (INT4) */
+    qd_dtype scale_dtype;
+    int zeros, act_order, n, acc;
+} qcase;
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static uint8_t rnd_byte(void) { return (uint8_t)(qd_test_next(&rng) >> 56); }
+
+static void run_case(const qcase *qc) {
+    const int64_t R = qc->rows, C = qc->cols, bc = qc->bc < 0 ? C : qc->bc;
+    const int n = qc->n;
+    qd_weight w = {.dtype = qc->fmt, .rows = R, .cols = C};
+    w.scales.dtype = qc->scale_dtype;
+    w.scales.global = 1.0f;
+    size_t dbytes = qc->fmt == QD_DTYPE_F8_E4M3 ? (size_t)(R * C) : (size_t)(R * C / 2);
+    uint8_t *q = malloc(dbytes);
+    for (size_t i = 0; i < dbytes; i++) {
+        q[i] = rnd_byte();
+        if (qc->fmt == QD_DTYPE_F8_E4M3 && (q[i] & 0x7f) == 0x7f) q[i] = 0x7e; /* no NaN patterns */
+    }
+    w.data = q;
+    int64_t ns;
+    if (qc->fmt == QD_DTYPE_F8_E4M3) {
+        w.scales.block_rows = qc->br;
+        w.scales.block_cols = bc;
+        ns = cdiv(R, qc->br) * cdiv(C, bc);
+    } else if (qc->fmt == QD_DTYPE_NVFP4) {
+        w.scales.block_rows = 1;
+        w.scales.block_cols = 16;
+        w.scales.global = 0.37f;
+        ns = R * (C / 16);
+    } else {
+        w.scales.block_rows = 1;
+        w.scales.block_cols = bc;
+        ns = R * cdiv(C, bc);
+    }
+    const size_t ssz = qd_dtype_size(qc->scale_dtype);
+    unsigned char *sc = malloc((size_t)ns * ssz);
+    for (int64_t i = 0; i < ns; i++) {
+        const float v = 0.01f + 0.05f * (qd_test_uniform(&rng) + 1.0f);
+        if (qc->scale_dtype == QD_DTYPE_F32) memcpy(sc + i * 4, &v, 4);
+        else if (qc->scale_dtype == QD_DTYPE_BF16) ((uint16_t *)sc)[i] = qd_f32_to_bf16(v);
+        else if (qc->scale_dtype == QD_DTYPE_F16) ((uint16_t *)sc)[i] = qd_f32_to_f16(v);
+        else sc[i] = (uint8_t)(0x28 + (rnd_byte() % 0x30)); /* e4m3 in [2^-4, 2^2) */
+    }
+    w.scales.data = sc;
+    uint8_t *zeros = NULL;
+    int32_t *g_idx = NULL;
+    if (qc->zeros) {
+        zeros = malloc((size_t)ns);
+        for (int64_t i = 0; i < ns; i++) zeros[i] = (uint8_t)(rnd_byte() % 16);
+        w.scales.zeros = zeros;
+    }
+    if (qc->act_order) { /* GPTQ desc_act: g_idx[c] = (position of c in a random order) / group size */
+        int32_t *perm = malloc(sizeof(int32_t) * (size_t)C);
+        for (int64_t c = 0; c < C; c++) perm[c] = (int32_t)c;
+        for (int64_t c = C - 1; c > 0; c--) {
+            const int64_t j = (int64_t)(qd_test_next(&rng) % (uint64_t)(c + 1));
+            const int32_t t = perm[c];
+            perm[c] = perm[j];
+            perm[j] = t;
+        }
+        g_idx = malloc(sizeof(int32_t) * (size_t)C);
+        for (int64_t i = 0; i < C; i++) g_idx[perm[i]] = (int32_t)(i / bc);
+        free(perm);
+        w.scales.g_idx = g_idx;
+    }
+    /* the reference */
+    float *wf = malloc(sizeof(float) * (size_t)(R * C));
+    qd_weight_dequant_rows(&w, 0, R, wf);
+    const int64_t ldx = C + 3, ldy = R + 5;
+    float *xf = qd_test_rnd(&rng, (size_t)(n * ldx), 1.0f);
+    uint16_t *xb = qd_test_round_bf16(xf, (size_t)(n * ldx));
+    float *y0 = qd_test_rnd(&rng, (size_t)(n * ldy), 1.0f);
+    /* the device copy of the weight: the same struct with device pointers */
+    qd_weight dw = w;
+    dw.data = qd_test_dev(q, dbytes);
+    dw.scales.data = qd_test_dev(sc, (size_t)ns * ssz);
+    dw.scales.zeros = zeros ? qd_test_dev(zeros, (size_t)ns) : NULL;
+    dw.scales.g_idx = g_idx ? qd_test_dev(g_idx, sizeof(int32_t) * (size_t)C) : NULL;
+    uint16_t *dx = qd_test_dev(xb, (size_t)(n * ldx) * 2);
+    float *dy = qd_test_dev(y0, sizeof(float) * (size_t)(n * ldy));
+    ST_OK(qd_cuda_qgemv(&dw, dx, ldx, n, dy, ldy, qc->acc, NULL));
+    float *y = qd_test_host(dy, sizeof(float) * (size_t)(n * ldy));
+    int bad = 0;
+    double worst = 0;
+    for (int t = 0; t < n && y; t++) {
+        for (int64_t r = 0; r < R; r++) {
+            double ref = 0, mag = 0;
+            for (int64_t c = 0; c < C; c++) {
+                const double p = (double)wf[r * C + c] * (double)xf[t * ldx + c];
+                ref += p;
+                mag += fabs(p);
+            }
+            const double base = qc->acc ? (double)y0[t * ldy + r] : 0.0;
+            const double got = y[t * ldy + r], err = fabs(got - (ref + base));
+            const double tol = 2.0 * ((double)C / 32 + 6) * ldexp(1.0, -24) * (mag + fabs(base)) + 1e-30;
+            if (!(err <= tol)) {
+                if (bad++ < 3)
+                    fprintf(stderr, "%s n=%d: y[%d][%lld] = %.9g, reference %.9g (tol %.3g)\n", qc->name, n, t,
+                            (long long)r, got, ref + base, tol);
+            }
+            if (tol > 0 && err / tol > worst) worst = err / tol;
+        }
+        for (int64_t r = R; r < ldy; r++) /* padding keeps its bits */
+            if (memcmp(&y[t * ldy + r], &y0[t * ldy + r], 4)) bad++;
+    }
+    CHECKF(bad == 0, "%s (%lld x %lld, n = %d): %d elements off", qc->name, (long long)R, (long long)C, n, bad);
+    printf("%-28s %5lld x %-5lld n=%-2d %s worst err/tol %.3f\n", qc->name, (long long)R, (long long)C, n,
+           qc->acc ? "acc" : "set", worst);
+    qd_cuda_free((void *)dw.data);
+    qd_cuda_free((void *)dw.scales.data);
+    qd_cuda_free((void *)dw.scales.zeros);
+    qd_cuda_free((void *)dw.scales.g_idx);
+    qd_cuda_free(dx);
+    qd_cuda_free(dy);
+    free(q); free(sc); free(zeros); free(g_idx); free(wf); free(xf); free(xb); free(y0); free(y);
+}
+
+static void test_refusals(void) {
+    qd_weight w = {.dtype = QD_DTYPE_F8_E4M3, .rows = 4, .cols = 32};
+    void *d = qd_test_dev(NULL, 4096);
+    w.data = d;
+    w.scales = (qd_weight_scales){.dtype = QD_DTYPE_F32, .data = d, .block_rows = 128, .block_cols = 128};
+    CHECK(qd_cuda_qgemv(&w, d, 32, 17, d, 4, 0, NULL) == QD_ERR_INVALID_ARG);
+    CHECK(qd_cuda_qgemv(&w, d, 16, 1, d, 4, 0, NULL) == QD_ERR_INVALID_ARG); /* ldx < cols */
+    w.dtype = QD_DTYPE_BF16;
+    CHECK(qd_cuda_qgemv(&w, d, 32, 1, d, 4, 0, NULL) == QD_ERR_UNSUPPORTED);
+    w.dtype = QD_DTYPE_NVFP4;
+    w.cols = 24;
+    w.scales.dtype = QD_DTYPE_F8_E4M3;
+    CHECK(qd_cuda_qgemv(&w, d, 32, 1, d, 4, 0, NULL) == QD_ERR_UNSUPPORTED);
+    w.dtype = QD_DTYPE_INT4;
+    w.cols = 32;
+    w.scales.dtype = QD_DTYPE_F8_E4M3;
+    CHECK(qd_cuda_qgemv(&w, d, 32, 1, d, 4, 0, NULL) == QD_ERR_UNSUPPORTED);
+    w.scales.data = NULL;
+    CHECK(qd_cuda_qgemv(&w, d, 32, 1, d, 4, 0, NULL) == QD_ERR_INVALID_ARG);
+    qd_cuda_free(d);
+}
+
+/* qd_cuda_linear with quantized products: the same bits as qd_cuda_qgemv on the x the
+ * table materialises (RMSNORM through qd_cuda_add_rmsnorm, as the plain path does). */
+static void test_linear_table(qd_cuda_blas *blas) {
+    const int64_t C = 1000, R0 = 300, R1 = 77;
+    const int n = 3;
+    uint8_t *q8 = malloc((size_t)(R0 * C)), *q4 = malloc((size_t)(R1 * C / 2));
+    for (int64_t i = 0; i < R0 * C; i++) q8[i] = (uint8_t)(rnd_byte() & 0x77); /* finite e4m3 */
+    for (int64_t i = 0; i < R1 * C / 2; i++) q4[i] = rnd_byte();
+    float *s8 = qd_test_rnd(&rng, (size_t)(cdiv(R0, 128) * cdiv(C, 128)), 0.05f);
+    float *s4 = qd_test_rnd(&rng, (size_t)(R1 * cdiv(C, 64)), 0.05f);
+    qd_weight w8 = {.dtype = QD_DTYPE_F8_E4M3, .rows = R0, .cols = C};
+    w8.data = qd_test_dev(q8, (size_t)(R0 * C));
+    w8.scales = (qd_weight_scales){.dtype = QD_DTYPE_F32, .block_rows = 128, .block_cols = 128, .global = 1.0f};
+    w8.scales.data = qd_test_dev(s8, sizeof(float) * (size_t)(cdiv(R0, 128) * cdiv(C, 128)));
+    qd_weight w4 = {.dtype = QD_DTYPE_INT4, .rows = R1, .cols = C};
+    w4.data = qd_test_dev(q4, (size_t)(R1 * C / 2));
+    w4.scales = (qd_weight_scales){.dtype = QD_DTYPE_F32, .block_rows = 1, .block_cols = 64, .global = 1.0f};
+    w4.scales.data = qd_test_dev(s4, sizeof(float) * (size_t)(R1 * cdiv(C, 64)));
+    float *hf = qd_test_rnd(&rng, (size_t)(n * C), 1.0f), *nw = qd_test_rnd(&rng, (size_t)C, 0.1f);
+    uint16_t *xb = qd_test_round_bf16(hf, (size_t)(n * C));
+    float *dh = qd_test_dev(hf, sizeof(float) * (size_t)(n * C)), *dnw = qd_test_dev(nw, sizeof(float) * (size_t)C);
+    uint16_t *dx = qd_test_dev(xb, (size_t)(n * C) * 2), *scratch = qd_test_dev(NULL, (size_t)(n * C) * 2);
+    uint16_t *xm = qd_test_dev(NULL, (size_t)(n * C) * 2);
+    float *y[4];
+    for (int i = 0; i < 4; i++) y[i] = qd_test_dev(NULL, sizeof(float) * (size_t)(n * R0));
+    for (int kind = 0; kind < 2; kind++) {
+        qd_cuda_lin_in in = {.kind = kind ? QD_LIN_RMSNORM : QD_LIN_BF16, .x = dx, .ldx = C, .h = dh, .w = dnw,
+                             .eps = 1e-6f};
+        const qd_cuda_lin_out out[2] = {{.rows = R0, .y = y[0], .ldy = R0, .qw = &w8},
+                                        {.rows = R1, .y = y[1], .ldy = R1, .qw = &w4}};
+        CHECK(qd_cuda_linear_choice(&in, C, n, out, 2) == QD_LIN_PATH_PLAIN);
+        ST_OK(qd_cuda_linear(blas, &in, C, n, out, 2, 0, scratch, NULL));
+        const uint16_t *x = dx;
+        if (kind) {
+            ST_OK(qd_cuda_add_rmsnorm(dh, NULL, dnw, 1e-6f, n, (int)C, NULL, xm, NULL, NULL));
+            x = xm;
+        }
+        ST_OK(qd_cuda_qgemv(&w8, x, C, n, y[2], R0, 0, NULL));
+        ST_OK(qd_cuda_qgemv(&w4, x, C, n, y[3], R1, 0, NULL));
+        float *a = qd_test_host(y[0], sizeof(float) * (size_t)(n * R0)), *b = qd_test_host(y[2], sizeof(float) * (size_t)(n * R0));
+        float *c = qd_test_host(y[1], sizeof(float) * (size_t)(n * R1)), *d = qd_test_host(y[3], sizeof(float) * (size_t)(n * R1));
+        CHECKF(a && b && !memcmp(a, b, sizeof(float) * (size_t)(n * R0)), "linear table, fp8 product, kind %d", kind);
+        CHECKF(c && d && !memcmp(c, d, sizeof(float) * (size_t)(n * R1)), "linear table, int4 product, kind %d", kind);
+        free(a); free(b); free(c); free(d);
+        CHECK(qd_cuda_linear(blas, &in, C, 17, out, 2, 0, scratch, NULL) == QD_ERR_UNSUPPORTED);
+        CHECK(qd_cuda_linear_path(QD_LIN_PATH_FUSED, blas, &in, C, n, out, 2, 0, scratch, NULL) == QD_ERR_UNSUPPORTED);
+    }
+    void *dev[] = {(void *)w8.data, (void *)w8.scales.data, (void *)w4.data, (void *)w4.scales.data, dh, dnw, dx,
+                   scratch, xm, y[0], y[1], y[2], y[3]};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) qd_cuda_free(dev[i]);
+    free(q8); free(q4); free(s8); free(s4); free(hf); free(nw); free(xb);
+}
+
+int main(void) {
+    if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_quant", "no CUDA device");
+    rng = qd_test_rng_from_env();
+    static const qcase cases[] = {
+        {"fp8 block128", QD_DTYPE_F8_E4M3, 300, 520, 128, 128, QD_DTYPE_F32, 0, 0, 1, 0},
+        {"fp8 block128", QD_DTYPE_F8_E4M3, 300, 520, 128, 128, QD_DTYPE_F32, 0, 0, 3, 1},
+        {"fp8 block128", QD_DTYPE_F8_E4M3, 129, 2048, 128, 128, QD_DTYPE_F32, 0, 0, 16, 0},
+        {"fp8 block128 bf16 scales", QD_DTYPE_F8_E4M3, 77, 333, 128, 128, QD_DTYPE_BF16, 0, 0, 5, 1},
+        {"fp8 per-channel", QD_DTYPE_F8_E4M3, 257, 1000, 1, 1000, QD_DTYPE_F32, 0, 0, 8, 0},
+        {"fp8 per-channel", QD_DTYPE_F8_E4M3, 1, 7, 1, 7, QD_DTYPE_F32, 0, 0, 2, 0},
+        {"nvfp4", QD_DTYPE_NVFP4, 129, 2064, 1, 16, QD_DTYPE_F8_E4M3, 0, 0, 1, 0},
+        {"nvfp4", QD_DTYPE_NVFP4, 70, 48, 1, 16, QD_DTYPE_F8_E4M3, 0, 0, 11, 1},
+        {"int4 g32 zeros", QD_DTYPE_INT4, 100, 200, 1, 32, QD_DTYPE_F32, 1, 0, 4, 0},
+        {"int4 g64 sym", QD_DTYPE_INT4, 65, 640, 1, 64, QD_DTYPE_F32, 0, 0, 7, 1},
+        {"int4 g128 zeros", QD_DTYPE_INT4, 513, 4096, 1, 128, QD_DTYPE_F32, 1, 0, 16, 0},
+        {"int4 one group", QD_DTYPE_INT4, 33, 1002, 1, -1, QD_DTYPE_F32, 1, 0, 1, 0},
+        {"int4 g64 act-order zeros", QD_DTYPE_INT4, 90, 384, 1, 64, QD_DTYPE_F32, 1, 1, 6, 0},
+        {"int4 g128 act-order sym", QD_DTYPE_INT4, 40, 300, 1, 128, QD_DTYPE_F16, 0, 1, 9, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+    test_refusals();
+    qd_cuda_blas *blas = NULL;
+    CHECK(qd_cuda_blas_create(&blas, NULL) == QD_OK);
+    if (blas) test_linear_table(blas);
+    qd_cuda_blas_destroy(blas);
+    return qd_test_finish("test_cuda_quant");
+}
+
+#else
+
+int main(void) { return qd_test_skip("test_cuda_quant", "built without CUDA"); }
+
+#endif
