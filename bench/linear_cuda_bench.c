@@ -196,7 +196,7 @@ static void lin_outs(const lin_run *r, int i, qd_cuda_lin_out *out) {
 
 static qd_status lin_call(void *ctx, int i) {
     const lin_run *r = ctx;
-    qd_cuda_lin_out out[QD_LIN_MAX_OUT];
+    qd_cuda_lin_out out[QD_LIN_MAX_OUT] = {{0}};
     lin_outs(r, i, out);
     return qd_cuda_linear_path(r->path, g_blas, &r->in, r->s->cols, r->n, out, r->s->n_out, r->s->acc, a_scratch,
                                g_stream);
@@ -218,7 +218,7 @@ static qd_status lin_call_scratch_add(void *ctx, int i) {
         s = qd_cuda_silu_mul(in->gu, r->n, (int)cols, a_scratch, g_stream);
     if (s) return s;
     if (in->kind != QD_LIN_BF16) x = a_scratch;
-    qd_cuda_lin_out out[QD_LIN_MAX_OUT];
+    qd_cuda_lin_out out[QD_LIN_MAX_OUT] = {{0}};
     lin_outs(r, i, out);
     for (int j = 0; j < r->s->n_out && !s; j++) {
         s = qd_cuda_matmul(g_blas, out[j].W, out[j].rows, cols, x, cols, r->n, a_sy, out[j].rows, 0);
@@ -263,7 +263,7 @@ static void bench_shape(const lin_shape *s) {
     static const int ns[4] = {1, 2, 4, 8};
     for (int k = 0; k < 4; k++) {
         r.n = ns[k];
-        qd_cuda_lin_out out[QD_LIN_MAX_OUT];
+        qd_cuda_lin_out out[QD_LIN_MAX_OUT] = {{0}};
         lin_outs(&r, 0, out);
         const int table = qd_cuda_linear_choice(&r.in, s->cols, r.n, out, s->n_out);
         double us[3] = {-1, -1, -1}, gbs[3] = {0, 0, 0};

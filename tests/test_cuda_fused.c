@@ -132,7 +132,7 @@ static void test_linear(qd_cuda_blas *blas, const lin_case *lc) {
     }
     if (lc->kind != QD_LIN_BF16) round_bf16_inplace(xref, (size_t)(n * cols));
     /* the products; y rows padded by 3 elements that must keep their bits */
-    qd_cuda_lin_out out[QD_LIN_MAX_OUT];
+    qd_cuda_lin_out out[QD_LIN_MAX_OUT] = {{0}};
     float *W[QD_LIN_MAX_OUT], *y0[QD_LIN_MAX_OUT];
     double *acc_ref[QD_LIN_MAX_OUT], *mag_ref[QD_LIN_MAX_OUT], *l2_ref[QD_LIN_MAX_OUT];
     for (int j = 0; j < lc->n_out; j++) {
@@ -290,7 +290,7 @@ static void test_table_rules(void) {
         in.o = (const uint16_t *)fake;
         in.ldz = 2 * rc[i].cols;
         in.dv = 128;
-        qd_cuda_lin_out out[QD_LIN_MAX_OUT];
+        qd_cuda_lin_out out[QD_LIN_MAX_OUT] = {{0}};
         for (int j = 0; j < rc[i].n_out; j++) {
             out[j].W = (const uint16_t *)fake;
             out[j].rows = rc[i].rows[j];
