@@ -275,10 +275,18 @@ static void batched_vs_alone(qd_model *m, uint64_t *seed) {
     double worst = 0;
     int same_top = 1;
     for (int i = 0; i < NS; i++) {
-        worst = fmax(worst, rel_err(batch + (size_t)i * V, alone + (size_t)i * V, (size_t)V));
-        same_top &= argmax(batch + (size_t)i * V, V) == argmax(alone + (size_t)i * V, V);
+        const float *b = batch + (size_t)i * V, *a = alone + (size_t)i * V;
+        worst = fmax(worst, rel_err(b, a, (size_t)V));
+        /* batch and alone round differently (bf16 GEMMs of other shapes): a perturbation of
+         * at most d per logit can only swap the top two when they are within 2 d, so only
+         * such a near tie may differ (random inputs on the H200 found one at 4.4e-3) */
+        const int ta = argmax(a, V), tb = argmax(b, V);
+        double d = 0;
+        for (int v = 0; v < V; v++) d = fmax(d, fabs((double)b[v] - a[v]));
+        same_top &= ta == tb || (double)a[ta] - a[tb] <= 2 * d;
     }
-    printf("  ragged batch vs alone (5 sequences, mixed prefill/decode): %.2e, same top-1: %d\n", worst, same_top);
+    printf("  ragged batch vs alone (5 sequences, mixed prefill/decode): %.2e, same top-1 (but near ties): %d\n", worst,
+           same_top);
     CHECKF(worst <= 2e-2, "batched vs alone: %.3e", worst);
     CHECK(same_top);
     free(alone);
