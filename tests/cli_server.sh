@@ -14,43 +14,13 @@
 # QD_SERVER_SOAK=N overrides the soak's request count.
 set -u
 Q="$1"
-T=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$T"
-}
-trap cleanup EXIT
 pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
+. "$(dirname "$0")/server_lib.sh" # T, start NAME ARGS..., stop_servers, ok / bad / check
 
 # An ASan build is slower and its allocator quarantine grows RSS: smaller soak, no RSS check.
 ASAN=0
 if grep -q "AddressSanitizer" "$Q" 2>/dev/null; then ASAN=1; fi
 SOAK=${QD_SERVER_SOAK:-$([ $ASAN = 1 ] && echo 300 || echo 3000)}
-
-# start NAME ARGS...: runs the server, waits for its "listening on" line, sets PORT_NAME / PID_NAME
-start() {
-  local name=$1; shift
-  "$Q" serve --port 0 -q "$@" >"$T/$name.out" 2>"$T/$name.err" &
-  local pid=$!
-  PIDS+=("$pid")
-  for _ in $(seq 1 300); do
-    if grep -q "listening on" "$T/$name.out" 2>/dev/null; then break; fi
-    if ! kill -0 "$pid" 2>/dev/null; then break; fi
-    sleep 0.1
-  done
-  local port
-  port=$(sed -n 's/^listening on http:\/\/[^:]*:\([0-9]*\)$/\1/p' "$T/$name.out")
-  if [ -z "$port" ]; then
-    echo "FAIL: server $name did not start" >&2
-    cat "$T/$name.err" >&2
-    exit 1
-  fi
-  eval "PORT_$name=$port PID_$name=$pid"
-}
 
 KEY=test-key-123
 printf '%s\n' "$KEY" > "$T/api.key"   # the key from a file (--api-key-file), trailing newline dropped

@@ -1,5 +1,5 @@
 # Sourced by the server test scripts: start NAME ARGS... runs `$Q serve --port 0 ARGS`,
-# waits for its "listening on" line and sets PORT_NAME; stop_servers ends them with SIGTERM
+# waits for its "listening on" line and sets PORT_NAME and PID_NAME; stop_servers ends them with SIGTERM
 # and fails unless each exits 0 (under ASan a leak is a nonzero exit); any still running
 # at exit are killed.
 T=$(mktemp -d)
@@ -36,5 +36,5 @@ start() {
     cat "$T/$name.err" >&2
     exit 1
   fi
-  eval "PORT_$name=$port"
+  eval "PORT_$name=$port PID_$name=$pid"
 }

@@ -19,22 +19,11 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "model/model_quant.h"
+#include "qd_fixtures.h"
 #include "qd_test.h"
 #include "qdelta.h"
 
 #define QFX "tests/fixtures/quant"
-
-static int parse_ids(const char *s, int32_t *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s) break;
-        out[n++] = (int32_t)v;
-        s = end;
-    }
-    return n;
-}
 
 static qd_model *load(const char *dir, int tp, char *err, size_t err_size) {
     qd_model_params mp = qd_model_default_params();
@@ -54,7 +43,7 @@ static void golden_case(qd_model *m, const char *dir, int L) {
     CHECKF(txt != NULL, "cannot read %s", path);
     if (!txt) return;
     int32_t ids[64];
-    CHECKF(parse_ids(txt, ids, 64) == L, "%s: expected %d ids", path, L);
+    CHECKF(qd_fixture_parse_ids(txt, ids, 64) == L, "%s: expected %d ids", path, L);
     free(txt);
     const int V = qd_model_vocab_size(m);
     qd_context_params cp = qd_context_default_params();
@@ -82,7 +71,7 @@ static void golden_case(qd_model *m, const char *dir, int L) {
     CHECKF(txt != NULL, "cannot read %s", path);
     if (txt) {
         int32_t want[64], got[64];
-        const int n = parse_ids(txt, want, 64);
+        const int n = qd_fixture_parse_ids(txt, want, 64);
         free(txt);
         CHECKF(n == 16, "%s: %d ids", path, n);
         const float *row = logits + (size_t)(L - 1) * V;
