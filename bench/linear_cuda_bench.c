@@ -527,7 +527,7 @@ static qd_status moe_call(void *ctx, int i) {
         (s = qd_cuda_sigmoid_scale(r->h, r->ys, r->logits + E, E + 1, n, H, g_stream)) ||
         (s = qd_cuda_moe_route(r->logits, E + 1, n, E, k, 1, r->sel, r->selw, g_stream)))
         return s;
-    const qd_cuda_moe_args a = {n, H, m->I, E, k, r->x, r->sel, r->selw, r->gu[L], r->dn[L], r->h, r->work, NULL, 0};
+    const qd_cuda_moe_args a = {.n = n, .H = H, .I = m->I, .E = E, .k = k, .d_x = r->x, .d_sel = r->sel, .d_w = r->selw, .d_gate_up = r->gu[L], .d_down = r->dn[L], .d_y = r->h, .d_work = r->work, .cublas = NULL, .invariant = 0};
     return qd_cuda_moe_experts(&a, g_stream);
 }
 

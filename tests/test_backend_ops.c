@@ -1398,7 +1398,7 @@ static int me_cuda(const op_data *d, float *out) {
     const size_t wb = qd_cuda_moe_work_bytes(c->n, H, I, E, k);
     void *work = da_alloc(&a, NULL, wb);
     if (a.ok) {
-        qd_cuda_moe_args ma = {c->n, H, I, E, k, dx, dsel, dw, dgu, ddn, dy, work, NULL, c->mode & 1};
+        qd_cuda_moe_args ma = {.n = c->n, .H = H, .I = I, .E = E, .k = k, .d_x = dx, .d_sel = dsel, .d_w = dw, .d_gate_up = dgu, .d_down = ddn, .d_y = dy, .d_work = work, .cublas = NULL, .invariant = c->mode & 1};
         DA_ST(&a, qd_cuda_moe_experts(&ma, NULL));
     }
     da_get_f32(&a, out, dy, d->n_out);

@@ -236,7 +236,7 @@ static int run_experts_mode(const experts_t *ex, const batch_t *b, int t0, int n
         ST_OK(qd_cuda_memcpy_h2d(dy, b->y0 + (size_t)t0 * H, (size_t)n * H * 4));
         ST_OK(qd_cuda_memcpy_h2d(dy + (size_t)n * H, guard, sizeof guard));
         ST_OK(qd_cuda_memset(work, 0xff, wb));
-        qd_cuda_moe_args a = {n, H, ex->I, ex->E, k, dx, dsel, dw, ex->dgu, ex->ddn, dy, work, NULL, invariant};
+        qd_cuda_moe_args a = {.n = n, .H = H, .I = ex->I, .E = ex->E, .k = k, .d_x = dx, .d_sel = dsel, .d_w = dw, .d_gate_up = ex->dgu, .d_down = ex->ddn, .d_y = dy, .d_work = work, .cublas = NULL, .invariant = invariant};
         if (!graph) {
             ST_OK(qd_cuda_moe_experts(&a, NULL));
         } else {
@@ -380,7 +380,7 @@ int main(void) {
     free_experts(&ex);
 
     /* argument checks */
-    qd_cuda_moe_args bad = {1, 100, 64, 8, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+    qd_cuda_moe_args bad = {.n = 1, .H = 100, .I = 64, .E = 8, .k = 2, .d_x = NULL, .d_sel = NULL, .d_w = NULL, .d_gate_up = NULL, .d_down = NULL, .d_y = NULL, .d_work = NULL, .cublas = NULL, .invariant = 0};
     CHECK(qd_cuda_moe_experts(&bad, NULL) == QD_ERR_INVALID_ARG); /* H % 8 != 0 */
     CHECK(qd_cuda_moe_route(NULL, 8, 1, 8, 9, 0, NULL, NULL, NULL) == QD_ERR_INVALID_ARG);
     return qd_test_finish("test_cuda_moe");

@@ -87,6 +87,7 @@ static qd_status forward(void *bc, const qd_step *st, const qd_logit_out *out) {
 static const qd_backend_ops split_cpu_ops = {
     .name = "CPU",
     .kv_elem_bytes = 4,
+    .quantized_weights = true, /* the ranks' backend multiplies them; shards keep block boundaries */
     .model_create = model_create,
     .model_free = model_free,
     .ctx_create = ctx_create,

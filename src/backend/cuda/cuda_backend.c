@@ -26,6 +26,7 @@ const qd_backend_ops qd_cuda_ops = {
     .kv_elem_bytes = 2,
     .copies_weights = true,
     .draws_dummy_weights = true,
+    .quantized_weights = true, /* cuda_quant.h: weights kept in their format on the device */
     .copy_gbps = cuda_copy_gbps,
     .device_info = cuda_device_info,
     .model_create = qd_cuda_model_create,

@@ -74,6 +74,16 @@ static void plan_device(qd_cuda_ctx *g, qd_cuda_carve *cv) {
     if (E > 0)
         g->moe_work = qd_cuda_take(cv, qd_cuda_moe_work_bytes((int)B, (int)H, c->moe_intermediate_size, (int)E, (int)k));
     g->meta_dev = qd_cuda_take(cv, g->meta_bytes);
+    /* quantized weights: bf16 copies for the products the quantized GEMV and MoE decode
+     * kernels do not cover (prefill sizes; every product in batch-invariant mode) */
+    const int inv = g->d.params.batch_invariant;
+    const qd_cuda_model *cm = g->cm;
+    g->wdq = NULL;
+    if (cm->max_dequant_elems > 0 && (B > QD_CUDA_QGEMV_MAX_N || inv))
+        g->wdq = qd_cuda_take(cv, (size_t)cm->max_dequant_elems * 2);
+    g->moe_dq = NULL;
+    if (cm->quantized_experts && (B > (size_t)qd_cuda_moe_graph_max_tokens() || B * k > 1024 || inv))
+        g->moe_dq = qd_cuda_take(cv, qd_cuda_moe_dequant_bytes((int)H, c->moe_intermediate_size, cm->n_experts_local));
 }
 
 /* The step metadata layout, identical on host and device (see qd_cuda_step). */

@@ -105,7 +105,7 @@ static qd_status run_layers(qd_cuda_ctx *g, int max_span_rows, int n_logit_first
             TRYC(qd_cuda_layer_moe(g, d));
         } else {
             const qd_cuda_lin_in in = qd_cuda_norm_in(g, d->post_norm, NULL);
-            TRYC(qd_cuda_layer_mlp(g, &in, d->gate_up, d->down, d->I, qd_cuda_block_out(g), !g->reduce));
+            TRYC(qd_cuda_layer_mlp(g, &in, &d->gate_up, &d->down, d->I, qd_cuda_block_out(g), !g->reduce));
         }
         TRYC(block_reduce(g));
     }

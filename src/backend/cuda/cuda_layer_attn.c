@@ -11,9 +11,8 @@ qd_status qd_cuda_layer_attn(qd_cuda_ctx *g, const qd_cuda_layer *d, int ai, int
     const int qdim = nq * hd, kvd = nkv * hd, q_rows = qdim * (c->attn_output_gate ? 2 : 1);
     /* q (with its gate), k and v of one normed x: one launch at decode sizes */
     const qd_cuda_lin_in in = qd_cuda_norm_in(g, d->input_norm, NULL);
-    const qd_cuda_lin_out qkv[3] = {{.W = d->q, .rows = q_rows, .y = g->proj, .ldy = q_rows},
-                                    {.W = d->k, .rows = kvd, .y = g->proj2, .ldy = kvd},
-                                    {.W = d->v, .rows = kvd, .y = g->proj3, .ldy = kvd}};
+    const qd_cuda_lin_out qkv[3] = {qd_cuda_mat_out(g, &d->q, g->proj, q_rows), qd_cuda_mat_out(g, &d->k, g->proj2, kvd),
+                                    qd_cuda_mat_out(g, &d->v, g->proj3, kvd)};
     TRYC(qd_cuda_lin(g, &in, H, n, qkv, 3, 0, g->x));
     const size_t layer_off = (size_t)ai * g->d.params.kv_block_size * kvd;
     qd_cuda_attn_args a = {
@@ -33,6 +32,6 @@ qd_status qd_cuda_layer_attn(qd_cuda_ctx *g, const qd_cuda_layer *d, int ai, int
     oin.kind = QD_LIN_BF16;
     oin.x = g->o;
     oin.ldx = qdim;
-    const qd_cuda_lin_out out = {.W = d->o, .rows = H, .y = qd_cuda_block_out(g), .ldy = H};
+    const qd_cuda_lin_out out = qd_cuda_mat_out(g, &d->o, qd_cuda_block_out(g), H);
     return qd_cuda_lin(g, &oin, qdim, n, &out, 1, !g->reduce, NULL);
 }

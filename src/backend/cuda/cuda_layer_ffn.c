@@ -3,16 +3,26 @@
 #include "backend/cuda/cuda_layers.h"
 #include "backend/cuda/cuda_moe.h"
 
-qd_status qd_cuda_layer_mlp(qd_cuda_ctx *g, const qd_cuda_lin_in *in, const uint16_t *gate_up, const uint16_t *down,
-                            int I, float *y, int accumulate) {
+qd_status qd_cuda_layer_mlp(qd_cuda_ctx *g, const qd_cuda_lin_in *in, const qd_cuda_stack *gate_up,
+                            const qd_cuda_mat *down, int I, float *y, int accumulate) {
     const int n = g->host.n_rows, H = g->cfg->hidden_size;
-    const qd_cuda_lin_out gu = {.W = gate_up, .rows = 2 * (int64_t)I, .y = g->ffn, .ldy = 2 * (int64_t)I};
-    TRYC(qd_cuda_lin(g, in, H, n, &gu, 1, 0, g->x));
+    qd_cuda_lin_out gu[QD_CUDA_MAX_PARTS];
+    const int n_gu = qd_cuda_stack_outs(g, gate_up, g->ffn, 2 * (int64_t)I, gu);
+    TRYC(qd_cuda_lin(g, in, H, n, gu, n_gu, 0, g->x));
     qd_cuda_lin_in act = {0};
     act.kind = QD_LIN_SILU;
     act.gu = g->ffn;
-    const qd_cuda_lin_out dn = {.W = down, .rows = H, .y = y, .ldy = H};
+    const qd_cuda_lin_out dn = qd_cuda_mat_out(g, down, y, H);
     return qd_cuda_lin(g, &act, I, n, &dn, 1, accumulate, g->act);
+}
+
+/* The experts' and shared expert's formats the fused block takes: bf16 throughout, or the
+ * routed experts quantized with a shared expert (if any) in their format as one stack. */
+static int block_formats(const qd_cuda_layer *d) {
+    const int q = d->q_experts_gate_up.n_mats > 0;
+    if (!d->has_shared_gate) return 1;
+    if (!q) return d->gate_up.n == 1 && d->gate_up.part[0].bf16 && d->down.bf16;
+    return d->sh_q_gate_up.n_mats == 2 && d->sh_q_gate_up.dtype == d->q_experts_gate_up.dtype;
 }
 
 qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d) {
@@ -22,12 +32,18 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d) {
     /* kernel table: batches of up to QD_MOE_BLOCK_MAX_TOKENS of an unsplit model run the
      * whole block in three launches (measured faster there, cuda_moe.h); it adds into h
      * itself, so a split model takes the general path */
-    if (!g->reduce && !g->invariant && qd_cuda_moe_block_preferred(n, H, Ie, d->has_shared_gate ? d->I : 0, E, k)) {
+    const int quant = d->q_experts_gate_up.n_mats > 0;
+    if (!g->reduce && !g->invariant && block_formats(d) &&
+        qd_cuda_moe_block_preferred(n, H, Ie, d->has_shared_gate ? d->I : 0, E, k)) {
+        const int q_sh = quant && d->has_shared_gate;
         const qd_cuda_moe_block_args a = {
             .n = n, .H = H, .I = Ie, .E = E, .k = k, .renorm = c->norm_topk_prob,
             .d_h = g->h, .d_norm = d->post_norm, .eps = c->rms_norm_eps, .d_router = d->router,
             .d_gate_up = d->experts_gate_up, .d_down = d->experts_down,
-            .d_sh_gate_up = d->has_shared_gate ? d->gate_up : NULL, .d_sh_down = d->down, .I_s = d->I,
+            .d_sh_gate_up = d->has_shared_gate && !quant ? d->gate_up.part[0].bf16 : NULL,
+            .d_sh_down = d->has_shared_gate && !quant ? d->down.bf16 : NULL, .I_s = d->I,
+            .q_gate_up = quant ? &d->q_experts_gate_up : NULL, .q_down = quant ? &d->q_experts_down : NULL,
+            .q_sh_gate_up = q_sh ? &d->sh_q_gate_up : NULL, .q_sh_down = q_sh ? &d->sh_q_down : NULL,
             .d_x = g->x, .d_logits = g->router, .d_sel = g->sel, .d_w = g->selw, .d_route_cnt = g->route_cnt,
             .d_sh_act = g->ffn, .d_sh_out = g->ys, .d_work = g->moe_work,
         };
@@ -45,7 +61,7 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d) {
         x.kind = QD_LIN_BF16;
         x.x = g->x;
         x.ldx = H;
-        TRYC(qd_cuda_layer_mlp(g, &x, d->gate_up, d->down, d->I, g->ys, 0));
+        TRYC(qd_cuda_layer_mlp(g, &x, &d->gate_up, &d->down, d->I, g->ys, 0));
         TRYC(qd_cuda_sigmoid_scale(dst, g->ys, g->router + E, E + 1, n, H, g->stream));
     }
     TRYC(qd_cuda_moe_route(g->router, E + 1, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
@@ -56,6 +72,8 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d) {
         .n = n, .H = H, .I = Ie, .E = cm->n_experts_local, .k = k, .d_x = g->x, .d_sel = g->sel, .d_w = g->selw,
         .d_gate_up = d->experts_gate_up, .d_down = d->experts_down, .d_y = dst, .d_work = g->moe_work,
         .cublas = qd_cuda_blas_handle(g->blas), .invariant = g->invariant,
+        .q_gate_up = quant ? &d->q_experts_gate_up : NULL, .q_down = quant ? &d->q_experts_down : NULL,
+        .d_dequant = g->moe_dq,
     };
     return qd_cuda_moe_experts(&a, g->stream);
 }

@@ -15,8 +15,9 @@ qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
     float *ssm = g->ssm + (size_t)gi * S * g->ssm_slot;
 
     const qd_cuda_lin_in in = qd_cuda_norm_in(g, d->input_norm, NULL);
-    const qd_cuda_lin_out proj = {.W = d->gdn_in, .rows = W, .y = g->proj, .ldy = W};
-    TRYC(qd_cuda_lin(g, &in, H, n, &proj, 1, 0, g->x));
+    qd_cuda_lin_out proj[QD_CUDA_MAX_PARTS];
+    const int n_proj = qd_cuda_stack_outs(g, &d->gdn_in, g->proj, W, proj);
+    TRYC(qd_cuda_lin(g, &in, H, n, proj, n_proj, 0, g->x));
     /* proj rows: in_qkv (conv inputs) | in_z | in_b | in_a */
     const qd_cuda_gdn_in_args ia = {
         .n = n, .hk = hk, .hv = hv, .dk = dk, .dv = dvh, .K = K, .n_spans = h->n_spans,
@@ -65,6 +66,6 @@ qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
     gin.dv = dvh;
     gin.w = d->gdn_norm;
     gin.eps = c->rms_norm_eps;
-    const qd_cuda_lin_out out = {.W = d->gdn_out, .rows = H, .y = qd_cuda_block_out(g), .ldy = H};
+    const qd_cuda_lin_out out = qd_cuda_mat_out(g, &d->gdn_out, qd_cuda_block_out(g), H);
     return qd_cuda_lin(g, &gin, value_dim, n, &out, 1, !g->reduce, g->u);
 }

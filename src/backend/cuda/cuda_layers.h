@@ -21,6 +21,20 @@ static inline qd_status qd_cuda_lin(qd_cuda_ctx *g, const qd_cuda_lin_in *in, in
                                n_out, accumulate, scratch, g->stream);
 }
 
+/* The product of one device matrix into y (its rows at stride ldy). */
+static inline qd_cuda_lin_out qd_cuda_mat_out(const qd_cuda_ctx *g, const qd_cuda_mat *m, float *y, int64_t ldy) {
+    qd_cuda_lin_out o = {.W = m->bf16, .rows = m->rows, .y = y, .ldy = ldy,
+                         .qw = qd_cuda_mat_quantized(m) ? &m->q : NULL, .dequant = g->wdq};
+    return o;
+}
+
+/* The products of a stack's parts, part j into columns row0[j].. of y; returns their count. */
+static inline int qd_cuda_stack_outs(const qd_cuda_ctx *g, const qd_cuda_stack *st, float *y, int64_t ldy,
+                                     qd_cuda_lin_out out[QD_CUDA_MAX_PARTS]) {
+    for (int j = 0; j < st->n; j++) out[j] = qd_cuda_mat_out(g, &st->part[j], y + st->row0[j], ldy);
+    return st->n;
+}
+
 /* The residual h is complete at every layer boundary: each block's output
  * projection adds into it (qd_cuda_linear with accumulate, the MoE combine), and
  * each norm is folded into the projection that reads it (the kernel table of
@@ -45,8 +59,8 @@ static inline float *qd_cuda_block_out(const qd_cuda_ctx *g) { return g->reduce 
 qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi);
 qd_status qd_cuda_layer_attn(qd_cuda_ctx *g, const qd_cuda_layer *d, int ai, int max_span_rows);
 /* SwiGLU MLP of width I on the input `in` (of H columns): y (+)= down(silu(gate) * up). */
-qd_status qd_cuda_layer_mlp(qd_cuda_ctx *g, const qd_cuda_lin_in *in, const uint16_t *gate_up, const uint16_t *down,
-                            int I, float *y, int accumulate);
+qd_status qd_cuda_layer_mlp(qd_cuda_ctx *g, const qd_cuda_lin_in *in, const qd_cuda_stack *gate_up,
+                            const qd_cuda_mat *down, int I, float *y, int accumulate);
 /* The MoE block with its shared expert, from the residual h. */
 qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d);
 

@@ -43,21 +43,23 @@ typedef struct qd_cuda_lin_in {
 } qd_cuda_lin_in;
 
 /* One product of the call: W [rows][cols] bf16 into y, n rows at stride ldy (fp32).
- * qw set (a quantized weight with device pointers, cuda_quant.h): W is unused and the
- * product is the quantized GEMV (n <= QD_CUDA_QGEMV_MAX_N) on x materialised into
- * scratch by the elementwise kernels (the in-kernel fused input is bf16 only so far);
- * larger n is refused with QD_ERR_UNSUPPORTED (no quantized prefill GEMM yet). */
+ * qw set (a quantized device weight, cuda_quant.h): W is unused; up to QD_CUDA_QGEMV_MAX_N
+ * rows of x the product is the quantized GEMV on x materialised into scratch (the
+ * in-kernel fused input is bf16 only); above that, and on the invariant path, the weight
+ * is first dequantized into `dequant` (bf16, rows x cols; the products of one call run in
+ * stream order, so they may share it) and the bf16 path runs on it. */
 typedef struct qd_cuda_lin_out {
     const uint16_t *W;
     int64_t rows;
     float *y;
     int64_t ldy;
     const struct qd_weight *qw;
+    uint16_t *dequant;
 } qd_cuda_lin_out;
 
-#define QD_LIN_MAX_OUT 3
+#define QD_LIN_MAX_OUT 4
 
-/* y_j = W_j . x (accumulate 0) or y_j += W_j . x (accumulate 1) for the n_out <= 3
+/* y_j = W_j . x (accumulate 0) or y_j += W_j . x (accumulate 1) for the n_out <= 4
  * products sharing the input x of n rows of cols. scratch: bf16 [n][cols], used when
  * the table materialises x (NULL only for QD_LIN_BF16). A call the table gives to
  * the fused GEMV (n <= 8 and small enough matrices, see fg_prefer_fused) is one

@@ -1,8 +1,16 @@
 /* Device weights of a model: planned in one pass (sizes), checked against the
  * GPU's free memory with a clear message, then allocated as one block and filled
- * in a second pass. BF16 checkpoint tensors are copied as stored; F32/F16 ones are
- * rounded to bf16 on the host; dummy weights are drawn on the device with the same
- * values the CPU backend draws. */
+ * in a second pass.
+ *
+ * Formats: the linear projections stay in their checkpoint format (bf16, or a quantized
+ * layout of base/weight.h: no bf16 copy), their BF16 / F16 scales widened to F32 (exact).
+ * A MoE layer's experts stay quantized when the decode kernels take their layout
+ * (qd_moe_decode_takes: one vectorised layout for every expert); otherwise, and for the
+ * embedding, lm_head and routers (which the kernels read as bf16), a quantized tensor is
+ * dequantized to bf16 on the host and the log names it. F32 / F16 tensors are rounded to
+ * bf16 on the host; dummy bf16 weights are drawn on the device with the same values the
+ * CPU backend draws. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,8 +19,10 @@
 
 typedef struct planner {
     qd_cuda_carve cv;    /* cv.base NULL while measuring */
-    uint16_t *staging;   /* pinned bf16 staging for converted tensors */
+    uint16_t *staging;   /* pinned staging for converted tensors: staging_elems bf16, or half as many floats */
     size_t staging_elems;
+    size_t fmt_bytes[QD_DTYPE_COUNT]; /* device bytes by format (scales counted with their weight) */
+    int n_widened;       /* quantized tensors uploaded as bf16 */
     qd_err *err;
 } planner;
 
@@ -22,8 +32,13 @@ static qd_status cuda_err(qd_err *err, qd_status s, const char *what) {
     return qd_seterr(err, s, "%s: %s", what, qd_cuda_last_error());
 }
 
-/* Writes w (rows x cols, any stored dtype) as bf16 at dst. */
-static qd_status put_matrix(planner *p, uint16_t *dst, const qd_weight *w) {
+static qd_status h2d(planner *p, void *dst, const void *src, size_t bytes) {
+    qd_status s = qd_cuda_memcpy_h2d(dst, src, bytes);
+    return s ? cuda_err(p->err, s, "uploading weights") : QD_OK;
+}
+
+/* Writes w (rows x cols, any stored format) as bf16 at dst. */
+static qd_status put_bf16(planner *p, uint16_t *dst, const qd_weight *w) {
     const int64_t n = w->rows * w->cols;
     qd_status s;
     if (!w->data) {
@@ -31,12 +46,26 @@ static qd_status put_matrix(planner *p, uint16_t *dst, const qd_weight *w) {
             return cuda_err(p->err, s, "generating dummy weights");
         return QD_OK;
     }
-    if (w->dtype == QD_DTYPE_BF16) {
-        if ((s = qd_cuda_memcpy_h2d(dst, w->data, (size_t)n * 2))) return cuda_err(p->err, s, "uploading weights");
-        return QD_OK;
+    if (w->dtype == QD_DTYPE_BF16) return h2d(p, dst, w->data, (size_t)n * 2);
+    float tmp[1024];
+    if (qd_weight_quantized(w)) { /* exactly dequantized, a row span at a time */
+        const int64_t C = w->cols;
+        int64_t filled = 0;
+        for (int64_t r = 0; r < w->rows; r++)
+            for (int64_t c0 = 0; c0 < C; c0 += 1024) {
+                const int64_t k = C - c0 < 1024 ? C - c0 : 1024;
+                if (filled + k > (int64_t)p->staging_elems) {
+                    QD_TRY(h2d(p, dst, p->staging, (size_t)filled * 2));
+                    dst += filled;
+                    filled = 0;
+                }
+                qd_weight_dequant_span(w, r, c0, k, tmp);
+                for (int64_t t = 0; t < k; t++) p->staging[filled + t] = qd_f32_to_bf16(tmp[t]);
+                filled += k;
+            }
+        return filled ? h2d(p, dst, p->staging, (size_t)filled * 2) : QD_OK;
     }
     const size_t esz = qd_dtype_size(w->dtype);
-    float tmp[1024];
     for (int64_t i0 = 0; i0 < n; i0 += (int64_t)p->staging_elems) {
         const int64_t m = n - i0 < (int64_t)p->staging_elems ? n - i0 : (int64_t)p->staging_elems;
         for (int64_t j = 0; j < m; j += 1024) {
@@ -44,48 +73,281 @@ static qd_status put_matrix(planner *p, uint16_t *dst, const qd_weight *w) {
             qd_convert_to_f32(w->dtype, (const unsigned char *)w->data + (size_t)(i0 + j) * esz, tmp, (size_t)k);
             for (int64_t t = 0; t < k; t++) p->staging[j + t] = qd_f32_to_bf16(tmp[t]);
         }
-        if ((s = qd_cuda_memcpy_h2d(dst + i0, p->staging, (size_t)m * 2))) return cuda_err(p->err, s, "uploading weights");
+        QD_TRY(h2d(p, dst + i0, p->staging, (size_t)m * 2));
     }
     return QD_OK;
 }
 
-/* A matrix of `rows` x cols made of the given weights stacked by rows. */
-static qd_status matrix(planner *p, uint16_t **out, const qd_weight *const *parts, int n_parts) {
+/* ---- quantized layouts on the device ---- */
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t q_row_bytes(const qd_weight *w) { return w->dtype == QD_DTYPE_F8_E4M3 ? w->cols : w->cols / 2; }
+/* scale elements of w in the device layout (NVFP4: [rows][cols / 16]) */
+static int64_t q_scale_elems(const qd_weight *w) {
+    const qd_weight_scales *s = &w->scales;
+    if (w->dtype == QD_DTYPE_NVFP4) return w->rows * (w->cols / 16);
+    return ceil_div(w->rows, s->block_rows) * ceil_div(w->cols, s->block_cols);
+}
+static size_t q_scale_esize(const qd_weight *w) { return w->dtype == QD_DTYPE_NVFP4 ? 1 : 4; }
+
+/* Whether b continues the quantized part that a began (rows_before rows so far): one layout,
+ * and no scale block straddling the two. */
+static int q_joinable(const qd_weight *a, int64_t rows_before, const qd_weight *b) {
+    const qd_weight_scales *x = &a->scales, *y = &b->scales;
+    if (!qd_weight_quantized(a) || a->dtype != b->dtype || a->cols != b->cols || x->g_idx || y->g_idx ||
+        !x->zeros != !y->zeros || x->block_cols != y->block_cols || x->block_rows != y->block_rows)
+        return 0;
+    if (a->dtype == QD_DTYPE_NVFP4) return x->global == y->global;
+    return rows_before % x->block_rows == 0;
+}
+
+/* Widens n scales of w starting at element i0 (stored dtype) to F32 at dst. */
+static qd_status put_scales_f32(planner *p, float *dst, const qd_weight *w, int64_t n) {
+    float *st = (float *)p->staging;
+    const int64_t cap = (int64_t)p->staging_elems / 2;
+    const size_t esz = qd_dtype_size(w->scales.dtype);
+    for (int64_t i0 = 0; i0 < n; i0 += cap) {
+        const int64_t m = n - i0 < cap ? n - i0 : cap;
+        qd_convert_to_f32(w->scales.dtype, (const unsigned char *)w->scales.data + (size_t)i0 * esz, st, (size_t)m);
+        QD_TRY(h2d(p, dst + i0, st, (size_t)m * 4));
+    }
+    return QD_OK;
+}
+
+/* The parts srcs[0..n) (joinable, quantized) as one device matrix m. */
+static qd_status put_quant(planner *p, qd_cuda_mat *m, const qd_weight *const *srcs, int n) {
+    const qd_weight *w0 = srcs[0];
+    int64_t rows = 0, data_b = 0, scale_n = 0;
+    for (int i = 0; i < n; i++) {
+        if (!srcs[i]->data || !srcs[i]->scales.data)
+            return qd_seterr(p->err, QD_ERR_INVALID_ARG, "a quantized weight without its values or scales");
+        rows += srcs[i]->rows;
+        data_b += srcs[i]->rows * q_row_bytes(srcs[i]);
+        scale_n += q_scale_elems(srcs[i]);
+    }
+    const size_t esz = q_scale_esize(w0);
+    uint8_t *data = take(p, (size_t)data_b);
+    void *scales = take(p, (size_t)scale_n * esz);
+    uint8_t *zeros = w0->scales.zeros ? take(p, (size_t)scale_n) : NULL;
+    int32_t *g_idx = w0->scales.g_idx ? take(p, (size_t)w0->cols * 4) : NULL;
+    p->fmt_bytes[w0->dtype] += (size_t)data_b + (size_t)scale_n * (esz + (zeros ? 1 : 0)) + (g_idx ? (size_t)w0->cols * 4 : 0);
+    *m = (qd_cuda_mat){.rows = rows, .cols = w0->cols};
+    m->q = (qd_weight){.dtype = w0->dtype, .rows = rows, .cols = w0->cols, .data = data};
+    m->q.scales = (qd_weight_scales){.dtype = w0->dtype == QD_DTYPE_NVFP4 ? QD_DTYPE_F8_E4M3 : QD_DTYPE_F32,
+                                     .data = scales, .block_rows = w0->scales.block_rows,
+                                     .block_cols = w0->scales.block_cols, .global = w0->scales.global,
+                                     .zeros = zeros, .g_idx = g_idx};
+    if (!p->cv.base) {
+        m->q.data = (const void *)1; /* measuring: marks the matrix quantized */
+        return QD_OK;
+    }
+    for (int i = 0; i < n; i++) {
+        const qd_weight *w = srcs[i];
+        const int64_t db = w->rows * q_row_bytes(w), sn = q_scale_elems(w);
+        QD_TRY(h2d(p, data, w->data, (size_t)db));
+        if (esz == 4) QD_TRY(put_scales_f32(p, (float *)scales, w, sn));
+        else QD_TRY(h2d(p, scales, w->scales.data, (size_t)sn));
+        if (zeros) QD_TRY(h2d(p, zeros, w->scales.zeros, (size_t)sn));
+        data += db;
+        scales = (unsigned char *)scales + (size_t)sn * esz;
+        if (zeros) zeros += sn;
+    }
+    if (g_idx) QD_TRY(h2d(p, g_idx, w0->scales.g_idx, (size_t)w0->cols * 4));
+    return QD_OK;
+}
+
+/* srcs stacked by rows into out, as few parts as their formats allow. */
+static qd_status stack(planner *p, qd_cuda_stack *out, const qd_weight *const *srcs, int n) {
+    memset(out, 0, sizeof *out);
+    int64_t row = 0;
+    for (int i = 0; i < n;) {
+        int j = i + 1;
+        int64_t rows = srcs[i]->rows;
+        const int quant = qd_weight_quantized(srcs[i]);
+        if (quant)
+            while (j < n && q_joinable(srcs[i], rows, srcs[j])) rows += srcs[j++]->rows;
+        else
+            while (j < n && !qd_weight_quantized(srcs[j])) rows += srcs[j++]->rows;
+        if (out->n == QD_CUDA_MAX_PARTS)
+            return qd_seterr(p->err, QD_ERR_UNSUPPORTED, "a stacked projection of more than %d formats",
+                             QD_CUDA_MAX_PARTS);
+        qd_cuda_mat *m = &out->part[out->n];
+        out->row0[out->n++] = row;
+        if (quant) {
+            QD_TRY(put_quant(p, m, srcs + i, j - i));
+        } else {
+            uint16_t *d = take(p, (size_t)(rows * srcs[i]->cols) * 2);
+            p->fmt_bytes[QD_DTYPE_BF16] += (size_t)(rows * srcs[i]->cols) * 2;
+            *m = (qd_cuda_mat){.bf16 = d, .rows = rows, .cols = srcs[i]->cols};
+            if (p->cv.base)
+                for (int k = i; k < j; k++) {
+                    QD_TRY(put_bf16(p, d, srcs[k]));
+                    d += srcs[k]->rows * srcs[k]->cols;
+                }
+        }
+        row += rows;
+        i = j;
+    }
+    return QD_OK;
+}
+
+static qd_status one(planner *p, qd_cuda_mat *out, const qd_weight *w) {
+    qd_cuda_stack st;
+    QD_TRY(stack(p, &st, &w, 1));
+    *out = st.part[0];
+    return QD_OK;
+}
+
+/* A matrix the kernels read as bf16 whatever its format (embedding, lm_head, routers). */
+static qd_status bf16_only(planner *p, uint16_t **out, const qd_weight *const *parts, int n_parts) {
     int64_t rows = 0;
-    for (int i = 0; i < n_parts; i++) rows += parts[i]->rows;
+    for (int i = 0; i < n_parts; i++) {
+        rows += parts[i]->rows;
+        if (qd_weight_quantized(parts[i])) p->n_widened += !p->cv.base;
+    }
     uint16_t *d = take(p, (size_t)(rows * parts[0]->cols) * 2);
+    p->fmt_bytes[QD_DTYPE_BF16] += (size_t)(rows * parts[0]->cols) * 2;
     *out = d;
     if (!p->cv.base) return QD_OK;
     for (int i = 0; i < n_parts; i++) {
-        QD_TRY(put_matrix(p, d, parts[i]));
+        QD_TRY(put_bf16(p, d, parts[i]));
         d += parts[i]->rows * parts[i]->cols;
     }
     return QD_OK;
 }
 
-static qd_status one(planner *p, uint16_t **out, const qd_weight *w) { return matrix(p, out, &w, 1); }
-
 static qd_status vec(planner *p, float **out, const float *src, int64_t n) {
     float *d = take(p, (size_t)n * sizeof(float));
+    p->fmt_bytes[QD_DTYPE_F32] += (size_t)n * sizeof(float);
     *out = d;
     if (!p->cv.base) return QD_OK;
-    qd_status s = qd_cuda_memcpy_h2d(d, src, (size_t)n * sizeof(float));
-    return s ? cuda_err(p->err, s, "uploading a vector") : QD_OK;
+    return h2d(p, d, src, (size_t)n * sizeof(float));
 }
 
-static qd_status mlp(planner *p, const qd_mlp_weights *w, uint16_t **gate_up, uint16_t **down) {
+/* The kernels' view of matrices [first, first + count) of one uploaded quantized matrix
+ * stacked from `count` equal parts. */
+static qd_cuda_qmats qmats_of_stack(const qd_cuda_mat *m, int count, const float *globals) {
+    qd_cuda_qmats q;
+    memset(&q, 0, sizeof q);
+    qd_weight one_mat = m->q;
+    one_mat.rows = m->rows / count;
+    if (!qd_cuda_qmats_of(&one_mat, &q)) return (qd_cuda_qmats){0};
+    q.n_mats = count;
+    q.globals = globals;
+    return q;
+}
+
+static qd_status mlp(planner *p, const qd_mlp_weights *w, qd_cuda_layer *d) {
     const qd_weight *gu[2] = {&w->gate, &w->up};
-    QD_TRY(matrix(p, gate_up, gu, 2));
-    return one(p, down, &w->down);
+    QD_TRY(stack(p, &d->gate_up, gu, 2));
+    QD_TRY(one(p, &d->down, &w->down));
+    memset(&d->sh_q_gate_up, 0, sizeof d->sh_q_gate_up);
+    memset(&d->sh_q_down, 0, sizeof d->sh_q_down);
+    if (d->gate_up.n == 1 && qd_cuda_mat_quantized(&d->gate_up.part[0]) && qd_cuda_mat_quantized(&d->down) &&
+        d->gate_up.part[0].q.dtype == d->down.q.dtype && w->gate.rows % w->gate.scales.block_rows == 0) {
+        d->sh_q_gate_up = qmats_of_stack(&d->gate_up.part[0], 2, NULL);
+        d->sh_q_down = qmats_of_stack(&d->down, 1, NULL);
+        if (!d->sh_q_gate_up.n_mats || !d->sh_q_down.n_mats) d->sh_q_gate_up.n_mats = d->sh_q_down.n_mats = 0;
+    }
+    return QD_OK;
+}
+
+/* w as the device holds it: BF16 / F16 scales widened to F32. */
+static qd_weight widened(const qd_weight *w) {
+    qd_weight d = *w;
+    if (d.dtype != QD_DTYPE_NVFP4 && (d.scales.dtype == QD_DTYPE_BF16 || d.scales.dtype == QD_DTYPE_F16))
+        d.scales.dtype = QD_DTYPE_F32;
+    return d;
+}
+
+/* Whether the experts [e0, e0 + E) stay quantized: one vectorised layout for all of them
+ * (the decode kernels' condition), gate and up in one block-row-aligned stack. */
+static int experts_quantizable(const qd_moe_weights *w, int e0, int E, int H, int Ie) {
+    const qd_weight g0w = widened(&w->experts[e0].gate), *g0 = &g0w;
+    if (!qd_weight_quantized(g0) || !qd_cuda_qlayout_vectorised(g0)) return 0;
+    const int cols = g0->dtype == QD_DTYPE_F8_E4M3 ? 16 : 32;
+    if (H % cols || Ie % cols) return 0;
+    for (int e = e0; e < e0 + E; e++) {
+        const qd_mlp_weights *x = &w->experts[e];
+        const qd_weight *m[3] = {&x->gate, &x->up, &x->down};
+        for (int i = 0; i < 3; i++) {
+            const qd_weight mw = widened(m[i]);
+            if (m[i]->dtype != g0->dtype || !m[i]->data || !qd_cuda_qlayout_vectorised(&mw) ||
+                !m[i]->scales.zeros != !g0->scales.zeros)
+                return 0;
+            if (i < 2 && (m[i]->scales.block_cols != g0->scales.block_cols ||
+                          m[i]->scales.block_rows != g0->scales.block_rows))
+                return 0;
+        }
+        if (x->down.scales.block_rows != w->experts[e0].down.scales.block_rows ||
+            x->down.scales.block_cols != w->experts[e0].down.scales.block_cols)
+            return 0;
+    }
+    return 1;
+}
+
+/* Quantized experts: 2E matrices gate, up, ... and E down matrices, each with its own scales
+ * (so a block may be partial at the end of each), NVFP4 with per-matrix globals. */
+static qd_status experts_q(planner *p, qd_cuda_layer *d, const qd_moe_weights *w, int e0, int E) {
+    const qd_weight *g0 = &w->experts[e0].gate, *d0 = &w->experts[e0].down;
+    qd_cuda_qmats *gu = &d->q_experts_gate_up, *dn = &d->q_experts_down;
+    const int fp4 = g0->dtype == QD_DTYPE_NVFP4;
+    const size_t esz = q_scale_esize(g0);
+    const int64_t gsn = q_scale_elems(g0), dsn = q_scale_elems(d0);
+    const int64_t gdb = g0->rows * q_row_bytes(g0), ddb = d0->rows * q_row_bytes(d0);
+    qd_cuda_qmats v;
+    const qd_weight gw = widened(g0), dw = widened(d0);
+    qd_cuda_qmats_of(&gw, &v); /* the layout fields; pointers set below */
+    *gu = v;
+    gu->n_mats = 2 * E;
+    qd_cuda_qmats_of(&dw, &v);
+    *dn = v;
+    dn->n_mats = E;
+    gu->data = take(p, (size_t)(2 * E * gdb));
+    gu->scales = take(p, (size_t)(2 * E * gsn) * esz);
+    gu->zeros = g0->scales.zeros ? take(p, (size_t)(2 * E * gsn)) : NULL;
+    dn->data = take(p, (size_t)(E * ddb));
+    dn->scales = take(p, (size_t)(E * dsn) * esz);
+    dn->zeros = d0->scales.zeros ? take(p, (size_t)(E * dsn)) : NULL;
+    float *globals = fp4 ? take(p, (size_t)(3 * E) * sizeof(float)) : NULL;
+    gu->globals = globals;
+    dn->globals = globals ? globals + 2 * E : NULL;
+    p->fmt_bytes[g0->dtype] += (size_t)(2 * E * (gdb + gsn * (int64_t)esz + (gu->zeros ? gsn : 0))) +
+                               (size_t)(E * (ddb + dsn * (int64_t)esz + (dn->zeros ? dsn : 0))) +
+                               (fp4 ? (size_t)(3 * E) * 4 : 0);
+    if (!p->cv.base) return QD_OK;
+    float *glob_host = fp4 ? calloc((size_t)(3 * E), sizeof(float)) : NULL;
+    if (fp4 && !glob_host) return qd_seterr(p->err, QD_ERR_OOM, "out of memory");
+    qd_status s = QD_OK;
+    for (int e = 0; e < E && !s; e++) {
+        const qd_mlp_weights *x = &w->experts[e0 + e];
+        const qd_weight *m[3] = {&x->gate, &x->up, &x->down};
+        for (int i = 0; i < 3 && !s; i++) {
+            const int gate_up = i < 2;
+            const int64_t mat = gate_up ? 2 * e + i : e, db = gate_up ? gdb : ddb, sn = gate_up ? gsn : dsn;
+            const qd_cuda_qmats *q = gate_up ? gu : dn;
+            s = h2d(p, (uint8_t *)q->data + mat * db, m[i]->data, (size_t)db);
+            if (!s && esz == 4) s = put_scales_f32(p, (float *)q->scales + mat * sn, m[i], sn);
+            else if (!s) s = h2d(p, (uint8_t *)q->scales + mat * sn, m[i]->scales.data, (size_t)sn);
+            if (!s && q->zeros) s = h2d(p, (uint8_t *)q->zeros + mat * sn, m[i]->scales.zeros, (size_t)sn);
+            if (fp4) glob_host[gate_up ? mat : 2 * E + e] = m[i]->scales.global;
+        }
+    }
+    if (!s && fp4) s = h2d(p, globals, glob_host, (size_t)(3 * E) * sizeof(float));
+    free(glob_host);
+    return s;
 }
 
 /* Both passes: with p->cv.base NULL only the offsets advance. */
 static qd_status place(const qd_config *c, const qd_weights *m, qd_cuda_model *cm, planner *p) {
     const int H = c->hidden_size, hv = c->gdn_hv, hd = c->attn_head_dim;
-    QD_TRY(one(p, &cm->embed, &m->embed));
+    const qd_weight *emb = &m->embed, *lmh = &m->lm_head;
+    QD_TRY(bf16_only(p, &cm->embed, &emb, 1));
     if (c->tie_word_embeddings) cm->lm_head = cm->embed;
-    else QD_TRY(one(p, &cm->lm_head, &m->lm_head));
+    else QD_TRY(bf16_only(p, &cm->lm_head, &lmh, 1));
     QD_TRY(vec(p, &cm->final_norm, m->final_norm, H));
+    cm->max_dequant_elems = 0;
+    cm->quantized_experts = 0;
     for (int L = 0; L < c->n_layers; L++) {
         const qd_layer *ly = &m->layers[L];
         qd_cuda_layer *d = &cm->layers[L];
@@ -94,7 +356,7 @@ static qd_status place(const qd_config *c, const qd_weights *m, qd_cuda_model *c
         if (ly->kind == QD_LAYER_GDN) {
             const qd_gdn_weights *g = &ly->gdn;
             const qd_weight *in[4] = {&g->in_qkv, &g->in_z, &g->in_b, &g->in_a};
-            QD_TRY(matrix(p, &d->gdn_in, in, 4));
+            QD_TRY(stack(p, &d->gdn_in, in, 4));
             QD_TRY(vec(p, &d->conv_w, g->conv_w, (int64_t)qd_config_conv_dim(c) * c->gdn_conv_kernel));
             QD_TRY(vec(p, &d->A_log, g->A_log, hv));
             QD_TRY(vec(p, &d->dt_bias, g->dt_bias, hv));
@@ -111,28 +373,50 @@ static qd_status place(const qd_config *c, const qd_weights *m, qd_cuda_model *c
         }
         if (ly->ffn_kind == QD_FFN_DENSE) {
             d->I = c->intermediate_size;
-            QD_TRY(mlp(p, &ly->mlp, &d->gate_up, &d->down));
+            QD_TRY(mlp(p, &ly->mlp, d));
         } else {
             const qd_moe_weights *w = &ly->moe;
             const qd_weight *rg[2] = {&w->router, &w->shared_gate};
             d->has_shared_gate = w->has_shared;
-            QD_TRY(matrix(p, &d->router, rg, w->has_shared ? 2 : 1));
+            QD_TRY(bf16_only(p, &d->router, rg, w->has_shared ? 2 : 1));
             const int E = m->n_local_experts, e0 = m->expert0, Ie = c->moe_intermediate_size;
-            /* experts stacked [E][2 Ie][H] and [E][H][Ie]: all, or an expert-parallel rank's */
-            d->experts_gate_up = take(p, (size_t)E * 2 * Ie * H * 2);
-            d->experts_down = take(p, (size_t)E * H * Ie * 2);
-            if (p->cv.base)
-                for (int e = 0; e < E; e++) {
-                    const qd_mlp_weights *x = &w->experts[e0 + e];
-                    QD_TRY(put_matrix(p, d->experts_gate_up + (size_t)e * 2 * Ie * H, &x->gate));
-                    QD_TRY(put_matrix(p, d->experts_gate_up + (size_t)e * 2 * Ie * H + (size_t)Ie * H, &x->up));
-                    QD_TRY(put_matrix(p, d->experts_down + (size_t)e * H * Ie, &x->down));
-                }
+            d->experts_gate_up = d->experts_down = NULL;
+            memset(&d->q_experts_gate_up, 0, sizeof d->q_experts_gate_up);
+            memset(&d->q_experts_down, 0, sizeof d->q_experts_down);
+            if (E > 0 && experts_quantizable(w, e0, E, H, Ie)) {
+                QD_TRY(experts_q(p, d, w, e0, E));
+                cm->quantized_experts = 1;
+            } else {
+                /* experts stacked [E][2 Ie][H] and [E][H][Ie]: all, or an expert-parallel rank's */
+                d->experts_gate_up = take(p, (size_t)E * 2 * Ie * H * 2);
+                d->experts_down = take(p, (size_t)E * H * Ie * 2);
+                p->fmt_bytes[QD_DTYPE_BF16] += (size_t)E * 3 * Ie * H * 2;
+                if (E > 0 && qd_weight_quantized(&w->experts[e0].gate)) p->n_widened += !p->cv.base;
+                if (p->cv.base)
+                    for (int e = 0; e < E; e++) {
+                        const qd_mlp_weights *x = &w->experts[e0 + e];
+                        QD_TRY(put_bf16(p, d->experts_gate_up + (size_t)e * 2 * Ie * H, &x->gate));
+                        QD_TRY(put_bf16(p, d->experts_gate_up + (size_t)e * 2 * Ie * H + (size_t)Ie * H, &x->up));
+                        QD_TRY(put_bf16(p, d->experts_down + (size_t)e * H * Ie, &x->down));
+                    }
+            }
             if (w->has_shared) {
                 d->I = c->shared_expert_intermediate_size;
-                QD_TRY(mlp(p, &w->shared, &d->gate_up, &d->down));
+                QD_TRY(mlp(p, &w->shared, d));
             }
         }
+        /* the prefill products' dequantization scratch: the largest quantized dense matrix */
+        const qd_cuda_mat *mats[6] = {&d->gdn_out, &d->q, &d->k, &d->v, &d->o, &d->down};
+        for (int i = 0; i < 6; i++)
+            if (qd_cuda_mat_quantized(mats[i]) && mats[i]->rows * mats[i]->cols > cm->max_dequant_elems)
+                cm->max_dequant_elems = mats[i]->rows * mats[i]->cols;
+        const qd_cuda_stack *sts[2] = {&d->gdn_in, &d->gate_up};
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < sts[i]->n; j++) {
+                const qd_cuda_mat *x = &sts[i]->part[j];
+                if (qd_cuda_mat_quantized(x) && x->rows * x->cols > cm->max_dequant_elems)
+                    cm->max_dequant_elems = x->rows * x->cols;
+            }
     }
     return QD_OK;
 }
@@ -150,11 +434,12 @@ static qd_status upload(const qd_backend_model_desc *d, qd_cuda_model *cm, qd_er
     if (s) return cuda_err(err, s, "querying the CUDA device");
     planner p = {.err = err};
     QD_TRY(place(d->cfg, w, cm, &p));
+    const int n_widened = p.n_widened;
     size_t free_b = 0, total_b = 0;
     if ((s = qd_cuda_mem_info(&free_b, &total_b))) return cuda_err(err, s, "querying device memory");
     if (p.cv.off > free_b)
         return qd_seterr(err, QD_ERR_OOM,
-                         "the model's weights need %.2f GiB of device memory as bf16, but %s has %.2f GiB free of "
+                         "the model's weights need %.2f GiB of device memory, but %s has %.2f GiB free of "
                          "%.2f GiB", (double)p.cv.off / (1 << 30), cm->device_name, (double)free_b / (1 << 30),
                          (double)total_b / (1 << 30));
     if ((s = qd_cuda_malloc(&cm->arena, p.cv.off))) return cuda_err(err, s, "allocating device memory for the weights");
@@ -165,7 +450,16 @@ static qd_status upload(const qd_backend_model_desc *d, qd_cuda_model *cm, qd_er
     qd_cuda_free_host(q.staging);
     QD_TRY(s);
     if ((s = qd_cuda_sync())) return cuda_err(err, s, "uploading weights");
-    QD_LOGI("CUDA: %.2f GiB of weights on %s", (double)cm->bytes / (1 << 30), cm->device_name);
+    char by_fmt[256] = "";
+    size_t len = 0;
+    for (int t = 0; t < QD_DTYPE_COUNT; t++)
+        if (q.fmt_bytes[t] && len < sizeof by_fmt)
+            len += (size_t)snprintf(by_fmt + len, sizeof by_fmt - len, "%s%s %.2f GiB", len ? ", " : "",
+                                    qd_dtype_name((qd_dtype)t), (double)q.fmt_bytes[t] / (1 << 30));
+    QD_LOGI("CUDA: %.2f GiB of weights on %s (%s)", (double)cm->bytes / (1 << 30), cm->device_name, by_fmt);
+    if (n_widened)
+        QD_LOGI("CUDA: %d quantized tensors (embedding, lm_head, routers, or experts in a layout the MoE kernels "
+                "do not take) are held as bf16", n_widened);
     return QD_OK;
 }
 

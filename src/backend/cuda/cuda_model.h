@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_quant.h"
 
 /* Two-pass layout of one device allocation: with base NULL only the offset advances
  * (measuring); with base set, each take returns the next 256-byte aligned piece. */
@@ -24,29 +25,54 @@ static inline void *qd_cuda_take(qd_cuda_carve *c, size_t bytes) {
     return r;
 }
 
-/* One layer's device weights. Matrices are bf16 [rows][cols]; several of the
- * checkpoint's projections are stacked so that one GEMM computes them together. */
+/* A device matrix [rows][cols]: bf16 rows, or a quantized weight in its canonical layout
+ * (cuda_quant.h: device pointers, F32 scales for F8_E4M3 / INT4) when q.data is set. */
+typedef struct qd_cuda_mat {
+    const uint16_t *bf16;
+    qd_weight q;
+    int64_t rows, cols;
+} qd_cuda_mat;
+
+static inline int qd_cuda_mat_quantized(const qd_cuda_mat *m) { return m->q.data != NULL; }
+
+/* Several of the checkpoint's projections stacked by rows so that one call computes them
+ * together: as one matrix when their formats allow (every part bf16, or one quantized
+ * layout whose blocks do not straddle two parts), else up to QD_CUDA_MAX_PARTS parts,
+ * part j giving rows [row0[j], row0[j] + part[j].rows) of the product. */
+#define QD_CUDA_MAX_PARTS 4
+typedef struct qd_cuda_stack {
+    int n;
+    qd_cuda_mat part[QD_CUDA_MAX_PARTS];
+    int64_t row0[QD_CUDA_MAX_PARTS];
+} qd_cuda_stack;
+
+/* One layer's device weights. */
 typedef struct qd_cuda_layer {
     float *input_norm, *post_norm;   /* [H] zero-centred */
     /* GDN */
-    uint16_t *gdn_in;                /* [conv_dim + value_dim + 2 hv][H]: in_qkv | in_z | in_b | in_a */
+    qd_cuda_stack gdn_in;            /* [conv_dim + value_dim + 2 hv][H]: in_qkv | in_z | in_b | in_a */
     float *conv_w;                   /* [conv_dim][K] */
     float *A_log, *dt_bias;          /* [hv] */
     float *gdn_norm;                 /* [dv] */
-    uint16_t *gdn_out;               /* [H][value_dim] */
+    qd_cuda_mat gdn_out;             /* [H][value_dim] */
     /* attention */
-    uint16_t *q, *k, *v, *o;         /* q [nq*hd*(1+gate)][H], k/v [nkv*hd][H], o [H][nq*hd] */
+    qd_cuda_mat q, k, v, o;          /* q [nq*hd*(1+gate)][H], k/v [nkv*hd][H], o [H][nq*hd] */
     float *q_norm, *k_norm;          /* [hd] zero-centred */
     /* dense FFN, or the MoE's shared expert */
-    uint16_t *gate_up;               /* [2I][H]: gate rows then up rows */
-    uint16_t *down;                  /* [H][I] */
+    qd_cuda_stack gate_up;           /* [2I][H]: gate rows then up rows */
+    qd_cuda_mat down;                /* [H][I] */
     int I;
+    /* the shared expert as the fused MoE block reads it when quantized (gate_up one part):
+     * gate_proj, up_proj (2 matrices) and down_proj (1); n_mats 0 otherwise */
+    qd_cuda_qmats sh_q_gate_up, sh_q_down;
     /* MoE */
-    uint16_t *router;                /* [E (+1)][H]: the router, then the shared expert's gate row
+    uint16_t *router;                /* [E (+1)][H] bf16: the router, then the shared expert's gate row
                                       * when there is one (one GEMV computes both) */
     int has_shared_gate;
-    uint16_t *experts_gate_up;       /* [E][2 I_e][H] (an expert-parallel rank: its E_local experts) */
-    uint16_t *experts_down;          /* [E][H][I_e] */
+    uint16_t *experts_gate_up;       /* [E][2 I_e][H] bf16 (an expert-parallel rank: its E_local experts) */
+    uint16_t *experts_down;          /* [E][H][I_e] bf16 */
+    /* or, quantized (experts_* NULL): 2E matrices [I_e][H] and E matrices [H][I_e] (cuda_quant.h) */
+    qd_cuda_qmats q_experts_gate_up, q_experts_down;
 } qd_cuda_layer;
 
 typedef struct qd_cuda_model {
@@ -62,6 +88,10 @@ typedef struct qd_cuda_model {
                                       * rank's [expert0, expert0 + n_experts_local) */
     void *arena;                     /* one device allocation holding every weight */
     size_t bytes;
+    int64_t max_dequant_elems;       /* the largest quantized dense matrix (rows x cols): the bf16
+                                      * scratch its prefill products dequantize into */
+    int quantized_experts;           /* some layer's experts are quantized (the prefill path
+                                      * dequantizes a layer's experts into context scratch) */
     char device_name[128];
 } qd_cuda_model;
 
@@ -109,6 +139,9 @@ typedef struct qd_cuda_ctx {
     float *g, *beta;                 /* [B][hv] */
     uint16_t *o, *u;                 /* [B][max(value_dim, nq*hd)] */
     float *ffn;                      /* [B][2 max(I, I_s)] gate|up */
+    uint16_t *wdq;                   /* [max_dequant_elems] bf16: a quantized matrix for a prefill product,
+                                      * or NULL when every product is a decode GEMV */
+    uint16_t *moe_dq;                /* a layer's quantized experts as bf16 (qd_cuda_moe_dequant_bytes), or NULL */
     uint16_t *act;                   /* [B][max(I, I_s)] */
     float *router;                   /* [B][E + 1] router logits | shared-expert gate logit */
     int32_t *sel;                    /* [B][k] */

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/cuda/cuda_quant.h"
 #include "qdelta.h"
 
 #ifdef __cplusplus
@@ -44,7 +45,18 @@ typedef struct qd_cuda_moe_args {
     void *cublas;             /* cublasHandle_t; unused (the grouped GEMMs are our own), may be NULL */
     int invariant;            /* batch-invariant mode: the grouped-GEMM path at every n, so that a
                                * token's sums never change with the batch (1: on) */
+    /* Quantized experts (cuda_quant.h), NULL for bf16 (then d_gate_up / d_down): gate_up 2E
+     * matrices [I][H] (expert e's gate_proj 2e, up_proj 2e + 1), down E matrices [H][I], one
+     * vectorised layout (qd_moe_decode_takes). The decode path reads them as stored; the
+     * prefill path dequantizes every expert into d_dequant (qd_cuda_moe_dequant_bytes) and
+     * runs the bf16 grouped GEMMs on it. */
+    const qd_cuda_qmats *q_gate_up;
+    const qd_cuda_qmats *q_down;
+    uint16_t *d_dequant;
 } qd_cuda_moe_args;
+
+/* Bytes of the bf16 copy of E experts that the prefill path of quantized experts works on. */
+size_t qd_cuda_moe_dequant_bytes(int H, int I, int E);
 
 /* Scratch bytes for up to n_max tokens: about n_max * k * (I + H) * 4 (the
  * per-pair activations and expert outputs; 335 MB for 35B-A3B at 4096 tokens).
@@ -74,10 +86,12 @@ typedef struct qd_cuda_moe_block_args {
     const float *d_norm;          /* [H] post-attention RMSNorm weight (zero-centred) */
     float eps;
     const uint16_t *d_router;     /* [E (+1)][H]: router rows, then the shared gate row when there is a shared expert */
-    const uint16_t *d_gate_up;    /* [E][2I][H] */
-    const uint16_t *d_down;       /* [E][H][I] */
-    const uint16_t *d_sh_gate_up; /* [2 I_s][H] shared expert, or NULL for none */
+    const uint16_t *d_gate_up;    /* [E][2I][H], or NULL with q_gate_up */
+    const uint16_t *d_down;       /* [E][H][I], or NULL with q_down */
+    const uint16_t *d_sh_gate_up; /* [2 I_s][H] shared expert, or NULL for none (or quantized) */
     const uint16_t *d_sh_down;    /* [H][I_s] */
+    const qd_cuda_qmats *q_gate_up, *q_down;       /* quantized routed experts (qd_cuda_moe_args) or NULL */
+    const qd_cuda_qmats *q_sh_gate_up, *q_sh_down; /* the shared expert in their format, or NULL */
     int I_s;
     uint16_t *d_x;                /* [n][H] scratch: the normed input, bf16 */
     float *d_logits;              /* [n][E + 1] scratch */

@@ -1,8 +1,15 @@
-/* Products with quantized weights on the device (gemv_quant.cu). The weight is a
- * qd_weight (base/weight.h) in its canonical layout whose pointers (data,
- * scales.data, scales.zeros, scales.g_idx) are device addresses: the same
- * description the CPU reference dequantizes, so one struct names a weight on
- * either side. */
+/* Products with quantized weights on the device (gemv_quant.cu, the MoE kernels).
+ *
+ * A dense weight is a qd_weight (base/weight.h) in its canonical layout whose pointers
+ * (data, scales.data, scales.zeros, scales.g_idx) are device addresses: the same
+ * description the CPU reference dequantizes, so one struct names a weight on either side.
+ * The upload (cuda_model.c) widens BF16 / F16 scales to F32 (exact), so on the device
+ * F8_E4M3 and INT4 scales are F32 and NVFP4 scales e4m3.
+ *
+ * A MoE layer's experts are a qd_cuda_qmats: n_mats matrices of one layout stored back
+ * to back (gate_up: matrix 2e is expert e's gate_proj, 2e + 1 its up_proj; down: matrix
+ * e), each with its own scales, so the decode kernels find expert e's bytes by a stride
+ * whatever its block shape. */
 #ifndef QD_CUDA_QUANT_H
 #define QD_CUDA_QUANT_H
 
@@ -17,18 +24,46 @@ extern "C" {
 
 #define QD_CUDA_QGEMV_MAX_N 16
 
-/* y[t][r] (+)= sum_c W[r][c] x[t][c] for t < n <= QD_CUDA_QGEMV_MAX_N, W quantized
- * (F8_E4M3 with F32 scales of any block shape: block 128 x 128 or per-channel; NVFP4
- * with e4m3 scales of 1 x 16 and the global factor; INT4 with F32 group scales, U8
- * zeros or none (z = 8), and g_idx act-order groups or contiguous groups). x bf16
- * rows at stride ldx, y fp32 rows at stride ldy; fp32 accumulation. The weight's
- * bytes are read once per call and the scales applied in registers; act-order reads
- * the group of each column from g_idx (no reordering: exact, slower). Any rows and
- * cols the layout allows (partial blocks, cols not a multiple of the block).
- * Errors (status and message): an unsupported format or scale dtype, n out of range,
- * missing data. */
+typedef struct qd_cuda_qmats {
+    int dtype;               /* QD_DTYPE_F8_E4M3, QD_DTYPE_NVFP4 or QD_DTYPE_INT4 */
+    int n_mats;
+    int64_t rows, cols;      /* of one matrix */
+    const uint8_t *data;     /* [n_mats][rows][row_bytes]: e4m3 bytes, or two 4-bit codes per byte */
+    int64_t row_bytes;       /* cols (F8_E4M3), cols / 2 (4-bit) */
+    const void *scales;      /* [n_mats][scale_rows][nbc]: F32 (F8_E4M3, INT4) or e4m3 (NVFP4) */
+    int64_t block_rows, block_cols, nbc, scale_rows;
+    const uint8_t *zeros;    /* INT4 zero points shaped as the scales, or NULL (z = 8) */
+    const float *globals;    /* NVFP4: [n_mats] the per-matrix factor; NULL: global for every matrix */
+    float global;
+} qd_cuda_qmats;
+
+/* Whether the vectorised kernels take matrices of this layout (one 16-byte piece of a row
+ * lies in one scale block): F8_E4M3 with F32 scales, cols % 16 == 0 and block_cols % 16 == 0;
+ * INT4 with F32 scales, cols % 32 == 0, group size % 32 == 0, no g_idx; NVFP4 with cols % 32 == 0.
+ * Layouts outside it still multiply (qd_cuda_qgemv's element loop) but a MoE layer's experts
+ * in such a layout are uploaded as bf16 (cuda_model.c says so in its log). */
+int qd_cuda_qlayout_vectorised(const qd_weight *w);
+/* The one-matrix view of a dense device weight (n_mats 1); 0 when the layout is not
+ * vectorised (then *m is untouched). */
+int qd_cuda_qmats_of(const qd_weight *dw, qd_cuda_qmats *m);
+
+/* y[t][r] (+)= sum_c W[r][c] x[t][c] for t < n <= QD_CUDA_QGEMV_MAX_N, W quantized (any
+ * layout of base/weight.h: F8_E4M3 with F32 / BF16 / F16 scales of any block shape; NVFP4;
+ * INT4 with group scales, U8 zeros or none, g_idx act-order groups or contiguous ones).
+ * x bf16 rows at stride ldx, y fp32 rows at stride ldy; fp32 accumulation. Vectorised
+ * layouts read the weight in 16-byte pieces, each dequantized in registers and its block
+ * scale applied to the piece's partial sums; others (act order, odd shapes) take an element
+ * loop that reads the group of each column from g_idx (exact, slower). A row's sums are
+ * taken in the same order whatever n is. Errors (status and message): an unsupported
+ * format or scale dtype, n out of range, missing data. */
 qd_status qd_cuda_qgemv(const qd_weight *dw, const uint16_t *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
                         int accumulate, void *stream);
+
+/* The exact dequantization into bf16 rows (rounded to nearest even from the fp32 value the
+ * CPU reference computes): a dense weight into d_out [rows][cols], or every matrix of m into
+ * d_out [n_mats][rows][cols]. The prefill products run on these (cuBLAS, the grouped GEMMs). */
+qd_status qd_cuda_dequant_bf16(const qd_weight *dw, uint16_t *d_out, void *stream);
+qd_status qd_cuda_qmats_dequant_bf16(const qd_cuda_qmats *m, uint16_t *d_out, void *stream);
 
 #ifdef __cplusplus
 }

@@ -466,17 +466,21 @@ extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cud
     if (n <= 0) return QD_OK;
     if (!fg_valid(in, cols, out, n_out) || path < QD_LIN_PATH_TABLE || path > QD_LIN_PATH_INVARIANT)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: bad arguments");
-    if (fg_any_quantized(out, n_out)) { /* quantized weights: x materialised, then the quantized GEMV */
-        if (path == QD_LIN_PATH_FUSED || path == QD_LIN_PATH_INVARIANT)
+    /* quantized weights: x materialised, then the quantized GEMV, or (prefill sizes, the
+     * invariant path) the bf16 products on the weight dequantized into out[j].dequant */
+    const int quant = fg_any_quantized(out, n_out);
+    const int dequant = quant && (path == QD_LIN_PATH_INVARIANT || n > QD_CUDA_QGEMV_MAX_N);
+    if (quant) {
+        if (path == QD_LIN_PATH_FUSED)
             return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: quantized weights take the plain path only");
-        if (n > QD_CUDA_QGEMV_MAX_N)
-            return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: quantized weights above 16 rows of x (prefill) are not "
-                                                    "supported yet");
         for (int j = 0; j < n_out; j++)
-            if (!out[j].qw || out[j].qw->cols != cols || out[j].qw->rows != out[j].rows)
-                return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: a quantized product's weight is missing or its "
-                                                        "shape differs from the call's");
-        path = QD_LIN_PATH_PLAIN;
+            if (out[j].qw && (out[j].qw->cols != cols || out[j].qw->rows != out[j].rows))
+                return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: a quantized product's weight shape differs from "
+                                                        "the call's");
+            else if (out[j].qw && dequant && !out[j].dequant)
+                return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: a quantized product above the GEMV's rows needs "
+                                                        "dequantization scratch");
+        if (path != QD_LIN_PATH_INVARIANT) path = QD_LIN_PATH_PLAIN;
     }
     if (path == QD_LIN_PATH_TABLE) path = qd_cuda_linear_choice(in, cols, n, out, n_out);
     else if (path == QD_LIN_PATH_FUSED && !fg_fusable(in, cols, n, out, n_out))
@@ -484,7 +488,8 @@ extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cud
     if (path == QD_LIN_PATH_INVARIANT) { /* refused before x is materialised */
         if (cols % 8) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: the invariant product needs cols % 8 == 0");
         for (int j = 0; j < n_out; j++)
-            if (!al16(out[j].W)) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: the invariant product needs aligned W");
+            if (!al16(out[j].qw ? out[j].dequant : out[j].W))
+                return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: the invariant product needs aligned W");
         if (in->kind == QD_LIN_BF16 && (!al16(in->x) || in->ldx % 8))
             return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: the invariant product needs aligned x, ldx % 8 == 0");
     }
@@ -526,23 +531,24 @@ extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cud
         x = scratch;
         ldx = cols;
     }
-    if (path == QD_LIN_PATH_INVARIANT) {
-        for (int j = 0; j < n_out; j++) {
-            qd_status s = qd_cuda_matmul_invariant(out[j].W, out[j].rows, cols, x, ldx, n, out[j].y, out[j].ldy,
-                                                   accumulate, stream);
-            if (s) return s;
-        }
-        return QD_OK;
-    }
     for (int j = 0; j < n_out; j++) {
-        if (out[j].qw) {
+        const uint16_t *W = out[j].W;
+        if (out[j].qw && !dequant) {
             qd_status s = qd_cuda_qgemv(out[j].qw, x, ldx, n, out[j].y, out[j].ldy, accumulate, stream);
             if (s) return s;
             continue;
         }
-        qd_status s = accumulate ? qd_cuda_matmul_acc(b, out[j].W, out[j].rows, cols, x, ldx, n, out[j].y,
-                                                      out[j].ldy)
-                                 : qd_cuda_matmul(b, out[j].W, out[j].rows, cols, x, ldx, n, out[j].y, out[j].ldy, 0);
+        if (out[j].qw) { /* cuBLAS runs on the handle's stream: the same one (qd_cuda_blas_create) */
+            qd_status s = qd_cuda_dequant_bf16(out[j].qw, out[j].dequant, stream);
+            if (s) return s;
+            W = out[j].dequant;
+        }
+        qd_status s;
+        if (path == QD_LIN_PATH_INVARIANT)
+            s = qd_cuda_matmul_invariant(W, out[j].rows, cols, x, ldx, n, out[j].y, out[j].ldy, accumulate, stream);
+        else
+            s = accumulate ? qd_cuda_matmul_acc(b, W, out[j].rows, cols, x, ldx, n, out[j].y, out[j].ldy)
+                           : qd_cuda_matmul(b, W, out[j].rows, cols, x, ldx, n, out[j].y, out[j].ldy, 0);
         if (s) return s;
     }
     return QD_OK;

@@ -50,6 +50,10 @@ extern "C" int qd_cuda_moe_graph_max_tokens(void) { return QD_MOE_GRAPH_MAX_TOKE
 
 static int misaligned(const void *p) { return ((uintptr_t)p & 15) != 0; }
 
+extern "C" size_t qd_cuda_moe_dequant_bytes(int H, int I, int E) {
+    return (size_t)E * 3 * (size_t)I * (size_t)H * 2;
+}
+
 extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream) {
     if (!a) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: NULL args");
     /* k may exceed E: an expert-parallel rank holds E / tp experts, and the pairs routed to
@@ -59,15 +63,33 @@ extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream
         return qd_cuda_fail(QD_ERR_INVALID_ARG,
                             "qd_cuda_moe_experts: need H, I multiples of 8, 1 <= E <= 1024, 1 <= k <= 32");
     if (a->n == 0) return QD_OK;
-    if (!a->d_x || !a->d_sel || !a->d_w || !a->d_gate_up || !a->d_down || !a->d_y || !a->d_work)
+    const int quant = a->q_gate_up != NULL;
+    if (!a->d_x || !a->d_sel || !a->d_w || (!quant && (!a->d_gate_up || !a->d_down)) || !a->d_y || !a->d_work)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: NULL pointer");
     if (misaligned(a->d_x) || misaligned(a->d_gate_up) || misaligned(a->d_down) || misaligned(a->d_y) ||
-        misaligned(a->d_work))
+        misaligned(a->d_work) || misaligned(a->d_dequant))
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: pointers must be 16-byte aligned");
+    if (quant && !qd_moe_decode_takes(a, NULL))
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: quantized experts outside the kernels' layouts");
     qd_moe_work w;
     qd_moe_layout(a->n, a->H, a->I, a->E, a->k, (char *)a->d_work, &w);
     cudaStream_t s = (cudaStream_t)stream;
     if (!a->invariant && a->n <= QD_MOE_GRAPH_MAX_TOKENS && (int64_t)a->n * a->k <= QD_MOE_DECODE_MAX_PAIRS)
         return qd_moe_decode(a, &w, NULL, 0, s);
-    return qd_moe_prefill(a, &w, s);
+    if (!quant) return qd_moe_prefill(a, &w, s);
+    /* prefill of quantized experts: every expert to bf16 (a few hundred MB per layer at the
+     * released sizes: a fraction of a prefill step's time), then the bf16 grouped GEMMs */
+    if (!a->d_dequant) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: no dequantization scratch");
+    if (a->q_gate_up->n_mats != 2 * a->E || a->q_down->n_mats != a->E || a->q_gate_up->rows != a->I ||
+        a->q_gate_up->cols != a->H || a->q_down->rows != a->H || a->q_down->cols != a->I)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: quantized expert shapes differ from the call's");
+    uint16_t *gu = a->d_dequant, *dn = a->d_dequant + (size_t)a->E * 2 * a->I * a->H;
+    qd_status st = qd_cuda_qmats_dequant_bf16(a->q_gate_up, gu, stream);
+    if (!st) st = qd_cuda_qmats_dequant_bf16(a->q_down, dn, stream);
+    if (st) return st;
+    qd_cuda_moe_args b = *a;
+    b.d_gate_up = gu;
+    b.d_down = dn;
+    b.q_gate_up = b.q_down = NULL;
+    return qd_moe_prefill(&b, &w, s);
 }

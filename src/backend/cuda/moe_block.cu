@@ -105,18 +105,29 @@ static int misaligned(const void *p) { return ((uintptr_t)p & 15) != 0; }
 
 extern "C" qd_status qd_cuda_moe_block(const qd_cuda_moe_block_args *a, void *stream) {
     if (!a) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_block: NULL args");
-    const int has_sh = a->d_sh_gate_up != NULL;
+    const int has_sh = a->d_sh_gate_up != NULL || a->q_sh_gate_up != NULL;
     if (!qd_cuda_moe_block_supported(a->n, a->H, a->I, has_sh ? a->I_s : 0, a->E, a->k) || (has_sh && a->I_s < 8))
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_block: shape outside qd_cuda_moe_block_supported");
-    if (!a->d_h || !a->d_norm || !a->d_router || !a->d_gate_up || !a->d_down || !a->d_x || !a->d_logits ||
-        !a->d_sel || !a->d_w || !a->d_route_cnt || !a->d_work ||
-        (has_sh && (!a->d_sh_down || !a->d_sh_act || !a->d_sh_out)))
+    const int quant = a->q_gate_up != NULL;
+    if (!a->d_h || !a->d_norm || !a->d_router || (!quant && (!a->d_gate_up || !a->d_down)) || !a->d_x ||
+        !a->d_logits || !a->d_sel || !a->d_w || !a->d_route_cnt || !a->d_work ||
+        (has_sh && ((!a->q_sh_gate_up && !a->d_sh_down) || !a->d_sh_act || !a->d_sh_out)))
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_block: NULL pointer");
     if (misaligned(a->d_h) || misaligned(a->d_x) || misaligned(a->d_router) || misaligned(a->d_gate_up) ||
         misaligned(a->d_down) || misaligned(a->d_work) ||
         (has_sh && (misaligned(a->d_sh_gate_up) || misaligned(a->d_sh_down) || misaligned(a->d_sh_act) ||
                     misaligned(a->d_sh_out))))
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_block: pointers must be 16-byte aligned");
+    qd_cuda_moe_args ea = {}; /* members named one by one: C++ warns of the rest in a designated list */
+    ea.n = a->n; ea.H = a->H; ea.I = a->I; ea.E = a->E; ea.k = a->k;
+    ea.d_x = a->d_x; ea.d_sel = a->d_sel; ea.d_w = a->d_w; ea.d_gate_up = a->d_gate_up; ea.d_down = a->d_down;
+    ea.d_y = a->d_h; ea.d_work = a->d_work; ea.q_gate_up = a->q_gate_up; ea.q_down = a->q_down;
+    qd_moe_shared sh = {};
+    sh.gate_up = a->d_sh_gate_up; sh.down = a->d_sh_down; sh.q_gate_up = a->q_sh_gate_up; sh.q_down = a->q_sh_down;
+    sh.I = a->I_s; sh.act = a->d_sh_act; sh.out = a->d_sh_out; sh.gate = a->d_logits + a->E; sh.gate_ld = a->E + 1;
+    if (!qd_moe_decode_takes(&ea, has_sh ? &sh : NULL))
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_block: the experts' formats or shapes are outside "
+                                                "the decode kernels");
     qd_moe_work w;
     qd_moe_layout(a->n, a->H, a->I, a->E, a->k, (char *)a->d_work, &w);
     cudaStream_t s = (cudaStream_t)stream;
@@ -136,9 +147,5 @@ extern "C" qd_status qd_cuda_moe_block(const qd_cuda_moe_block_args *a, void *st
     else QD_RD_LAUNCH(32);
 #undef QD_RD_LAUNCH
     if (st) return st;
-    const qd_cuda_moe_args ea = {a->n, a->H, a->I, a->E, a->k, a->d_x, a->d_sel, a->d_w, a->d_gate_up, a->d_down,
-                                 a->d_h, a->d_work, NULL, 0};
-    const qd_moe_shared sh = {a->d_sh_gate_up, a->d_sh_down, a->I_s, a->d_sh_act, a->d_sh_out, a->d_logits + a->E,
-                              ldl};
     return qd_moe_decode(&ea, &w, has_sh ? &sh : NULL, 1, s);
 }

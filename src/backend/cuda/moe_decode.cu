@@ -39,6 +39,7 @@
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_qformat.cuh"
 #include "backend/cuda/moe_internal.cuh"
 
 #define GU_NT 256        /* threads of a gate_up block: 8 warps, one row i (gate and up) each */
@@ -62,12 +63,7 @@ __device__ __forceinline__ uint4 ld_weights(const uint4 *p) {
     return r;
 }
 
-__device__ __forceinline__ void bf16x8(const uint4 v, float f[8]) {
-    f[0] = __uint_as_float(v.x << 16); f[1] = __uint_as_float(v.x & 0xffff0000u);
-    f[2] = __uint_as_float(v.y << 16); f[3] = __uint_as_float(v.y & 0xffff0000u);
-    f[4] = __uint_as_float(v.z << 16); f[5] = __uint_as_float(v.z & 0xffff0000u);
-    f[6] = __uint_as_float(v.w << 16); f[7] = __uint_as_float(v.w & 0xffff0000u);
-}
+__device__ __forceinline__ void bf16x8(const uint4 v, float f[8]) { qf_bf16::decode8(v, 0, 0, f); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -115,8 +111,9 @@ __device__ __forceinline__ int group_tokens(int n, int g, int *list) {
     return m;
 }
 
+template <class WF>
 __global__ void __launch_bounds__(GU_NT, 4)
-moe_gate_up_decode(const uint16_t *__restrict__ x, const int32_t *sel, const uint16_t *__restrict__ gate_up,
+moe_gate_up_decode(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restrict__ x, const int32_t *sel, const uint16_t *__restrict__ gate_up,
                    float *__restrict__ act, int32_t *__restrict__ counters, int n_ctr, int P, int H, int I, int E,
                    int k, const uint16_t *__restrict__ sh_gate_up, int Is, float *__restrict__ sh_act) {
     extern __shared__ uint4 xs[]; /* [GU_TG][H / 8] the pass's token rows, bf16 */
@@ -126,23 +123,35 @@ moe_gate_up_decode(const uint16_t *__restrict__ x, const int32_t *sel, const uin
     const int i = blockIdx.x * GU_WARPS + warp; /* I, Is % 8 == 0: a block's warps all have rows or none */
     const bool shared = p >= P;                 /* the block rows after the pairs (only with sh_gate_up) */
     const int rows = shared ? Is : I;
-    const int H8 = H >> 3;
-    const int nch = (H8 + 32 * GU_U - 1) / (32 * GU_U);
+    constexpr bool BF = WF::DTYPE == QD_DTYPE_BF16;
+    constexpr int U = BF ? GU_U : 2;        /* a quantized piece holds 2x or 4x the columns */
+    constexpr int PC = WF::COLS / 8;        /* x's 16-byte pieces (8 bf16) per weight piece */
+    constexpr int SUBC = WF::COLS / WF::NSUB;
+    const int H8 = H >> 3, NP = H / WF::COLS; /* H % WF::COLS == 0 for the quantized layouts (moe.cu) */
+    const int nch = (NP + 32 * U - 1) / (32 * U);
     const uint4 *wg = NULL, *wu = NULL;
+    qf_row rg = {}, ru = {};
     bool ok = false;
-    uint4 g[GU_U], u[GU_U];
+    uint4 g[U], u[U];
 #pragma unroll
-    for (int uu = 0; uu < GU_U; uu++) g[uu] = u[uu] = make_uint4(0, 0, 0, 0);
+    for (int uu = 0; uu < U; uu++) g[uu] = u[uu] = make_uint4(0, 0, 0, 0);
     /* The first chunk of weights before anything else: the long-latency traffic.
      * The shared expert's are known before the routing, so before the wait. */
     if (shared && blockIdx.x * GU_WARPS < Is) {
         ok = true;
-        wg = (const uint4 *)(sh_gate_up + (size_t)i * H);
-        wu = wg + (size_t)Is * H8;
+        if constexpr (BF) {
+            wg = (const uint4 *)(sh_gate_up + (size_t)i * H);
+            wu = wg + (size_t)Is * H8;
+        } else {
+            rg = qf_row_of(qw.sh_gate_up, 0, i);
+            ru = qf_row_of(qw.sh_gate_up, 1, i);
+            wg = (const uint4 *)rg.q;
+            wu = (const uint4 *)ru.q;
+        }
 #pragma unroll
-        for (int uu = 0; uu < GU_U; uu++) {
+        for (int uu = 0; uu < U; uu++) {
             const int b = uu * 32 + lane;
-            if (b < H8) {
+            if (b < NP) {
                 g[uu] = ld_weights(wg + b);
                 u[uu] = ld_weights(wu + b);
             }
@@ -161,12 +170,19 @@ moe_gate_up_decode(const uint16_t *__restrict__ x, const int32_t *sel, const uin
         const int e = __ldcg(sel + p);
         if (not_owner(sel, p, e)) return;
         ok = e >= 0 && e < E; /* an id out of range gives zeros */
-        wg = (const uint4 *)(gate_up + ((size_t)(ok ? e : 0) * 2 * I + i) * H);
-        wu = wg + (size_t)I * H8;
+        if constexpr (BF) {
+            wg = (const uint4 *)(gate_up + ((size_t)(ok ? e : 0) * 2 * I + i) * H);
+            wu = wg + (size_t)I * H8;
+        } else {
+            rg = qf_row_of(qw.gate_up, 2 * (ok ? e : 0), i);
+            ru = qf_row_of(qw.gate_up, 2 * (ok ? e : 0) + 1, i);
+            wg = (const uint4 *)rg.q;
+            wu = (const uint4 *)ru.q;
+        }
 #pragma unroll
-        for (int uu = 0; uu < GU_U; uu++) {
+        for (int uu = 0; uu < U; uu++) {
             const int b = uu * 32 + lane;
-            const bool in = ok && b < H8;
+            const bool in = ok && b < NP;
             g[uu] = in ? ld_weights(wg + b) : make_uint4(0, 0, 0, 0);
             u[uu] = in ? ld_weights(wu + b) : make_uint4(0, 0, 0, 0);
         }
@@ -189,17 +205,49 @@ moe_gate_up_decode(const uint16_t *__restrict__ x, const int32_t *sel, const uin
         for (int c = 0; c < nch; c++) {
             if (c || g0) {
 #pragma unroll
-                for (int uu = 0; uu < GU_U; uu++) {
-                    const int b = (c * GU_U + uu) * 32 + lane;
-                    const bool in = ok && b < H8;
+                for (int uu = 0; uu < U; uu++) {
+                    const int b = (c * U + uu) * 32 + lane;
+                    const bool in = ok && b < NP;
                     g[uu] = in ? ld_weights(wg + b) : make_uint4(0, 0, 0, 0);
                     u[uu] = in ? ld_weights(wu + b) : make_uint4(0, 0, 0, 0);
                 }
             }
 #pragma unroll
-            for (int uu = 0; uu < GU_U; uu++) {
-                const int b = (c * GU_U + uu) * 32 + lane;
-                if (b < H8) {
+            for (int uu = 0; uu < U; uu++) {
+                const int b = (c * U + uu) * 32 + lane;
+                if (!BF && b < NP) { /* a quantized piece: partial sums per scale block, then the scale */
+                    const int c0 = b * WF::COLS, zg = WF::zero(rg, c0), zu = WF::zero(ru, c0);
+#pragma unroll
+                    for (int j = 0; j < WF::NSUB; j++) {
+                        float dg[GU_TG], du[GU_TG];
+#pragma unroll
+                        for (int tt = 0; tt < GU_TG; tt++) dg[tt] = du[tt] = 0.0f;
+#pragma unroll
+                        for (int q8 = j * (SUBC / 8); q8 < (j + 1) * (SUBC / 8); q8++) {
+                            float gf[8], uf[8];
+                            WF::decode8(g[uu], q8, zg, gf);
+                            WF::decode8(u[uu], q8, zu, uf);
+#pragma unroll
+                            for (int tt = 0; tt < GU_TG; tt++) {
+                                if (tt < gs) {
+                                    float xf[8];
+                                    bf16x8(xs[tt * H8 + b * PC + q8], xf);
+#pragma unroll
+                                    for (int q = 0; q < 8; q++) {
+                                        dg[tt] = fmaf(gf[q], xf[q], dg[tt]);
+                                        du[tt] = fmaf(uf[q], xf[q], du[tt]);
+                                    }
+                                }
+                            }
+                        }
+                        const float sg = WF::scale(rg, c0, j) * WF::post(rg), su = WF::scale(ru, c0, j) * WF::post(ru);
+#pragma unroll
+                        for (int tt = 0; tt < GU_TG; tt++) {
+                            ag[tt] = fmaf(sg, dg[tt], ag[tt]);
+                            au[tt] = fmaf(su, du[tt], au[tt]);
+                        }
+                    }
+                } else if (BF && b < H8) {
                     float gf[8], uf[8];
                     bf16x8(g[uu], gf);
                     bf16x8(u[uu], uf);
@@ -228,8 +276,9 @@ moe_gate_up_decode(const uint16_t *__restrict__ x, const int32_t *sel, const uin
     }
 }
 
+template <class WF>
 __global__ void __launch_bounds__(DN_NT, 4)
-moe_down_decode(const int32_t *sel, const float *wts, const uint16_t *__restrict__ down,
+moe_down_decode(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const float *wts, const uint16_t *__restrict__ down,
                 const float *act, float *out, int32_t *counters, float *__restrict__ y, int n_ctr, int P, int H,
                 int I, int E, int k, const uint16_t *__restrict__ sh_down, int Is, const float *sh_act,
                 float *sh_out, const float *sh_gate, int64_t sh_gate_ld) {
@@ -246,20 +295,27 @@ moe_down_decode(const int32_t *sel, const float *wts, const uint16_t *__restrict
         if (not_owner(sel, p, e)) return;
     }
     const bool ok = shared || (e >= 0 && e < E);
+    constexpr bool BF = WF::DTYPE == QD_DTYPE_BF16;
+    constexpr int U = BF ? DN_U : 1;        /* a quantized piece holds 2x or 4x the columns */
+    constexpr int SUBC = WF::COLS / WF::NSUB;
     const int Ir = shared ? Is : I;
-    const int I8 = Ir >> 3, I4 = Ir >> 2;
+    const int I4 = Ir >> 2, NP = Ir / WF::COLS; /* pieces per row */
     const int h0 = blockIdx.x * QD_MOE_DN_ROWS + warp * DN_R;
-    const uint4 *wd = shared ? (const uint4 *)(sh_down + (size_t)h0 * Is)
-                             : (const uint4 *)(down + ((size_t)(ok ? e : 0) * H + h0) * I);
-    const int nch = (I8 + 32 * DN_U - 1) / (32 * DN_U);
-    uint4 w[DN_R][DN_U];
+    const qd_cuda_qmats &qm = shared ? qw.sh_down : qw.down;
+    const int64_t qmat = shared ? 0 : (ok ? e : 0);
+    const int64_t rstride = BF ? (int64_t)Ir * 2 : qm.row_bytes; /* bytes from one row to the next */
+    const uint8_t *wd = BF ? (shared ? (const uint8_t *)(sh_down + (size_t)h0 * Is)
+                                     : (const uint8_t *)(down + ((size_t)(ok ? e : 0) * H + h0) * I))
+                           : qm.data + (qmat * qm.rows + h0) * qm.row_bytes;
+    const int nch = (NP + 32 * U - 1) / (32 * U);
+    uint4 w[DN_R][U];
 #pragma unroll
     for (int r = 0; r < DN_R; r++)
 #pragma unroll
-        for (int uu = 0; uu < DN_U; uu++) {
+        for (int uu = 0; uu < U; uu++) {
             const int b = uu * 32 + lane;
-            const bool in = ok && h0 + r < H && b < I8;
-            w[r][uu] = in ? ld_weights(wd + (size_t)r * I8 + b) : make_uint4(0, 0, 0, 0);
+            const bool in = ok && h0 + r < H && b < NP;
+            w[r][uu] = in ? ld_weights((const uint4 *)(wd + r * rstride) + b) : make_uint4(0, 0, 0, 0);
         }
     const int m = shared ? group_tokens(P / k, p - P, list) : pairs_of_expert(sel, p, P, e, list, wcnt);
     /* From here on the activations of gate_up are needed (and the counters it reset). */
@@ -285,16 +341,47 @@ moe_down_decode(const int32_t *sel, const float *wts, const uint16_t *__restrict
 #pragma unroll
                 for (int r = 0; r < DN_R; r++)
 #pragma unroll
-                    for (int uu = 0; uu < DN_U; uu++) {
-                        const int b = (c * DN_U + uu) * 32 + lane;
-                        const bool in = ok && h0 + r < H && b < I8;
-                        w[r][uu] = in ? ld_weights(wd + (size_t)r * I8 + b) : make_uint4(0, 0, 0, 0);
+                    for (int uu = 0; uu < U; uu++) {
+                        const int b = (c * U + uu) * 32 + lane;
+                        const bool in = ok && h0 + r < H && b < NP;
+                        w[r][uu] = in ? ld_weights((const uint4 *)(wd + r * rstride) + b) : make_uint4(0, 0, 0, 0);
                     }
             }
 #pragma unroll
-            for (int uu = 0; uu < DN_U; uu++) {
-                const int b = (c * DN_U + uu) * 32 + lane;
-                if (b < I8) {
+            for (int uu = 0; uu < U; uu++) {
+                const int b = (c * U + uu) * 32 + lane;
+                if (!BF && b < NP) { /* a quantized piece: partial sums per scale block, then the scale */
+                    const int c0 = b * WF::COLS;
+#pragma unroll
+                    for (int r = 0; r < DN_R; r++) {
+                        const qf_row row = qf_row_of(qm, qmat, h0 + r < H ? h0 + r : 0);
+                        const int z = WF::zero(row, c0);
+#pragma unroll
+                        for (int j = 0; j < WF::NSUB; j++) {
+                            float d[DN_TG];
+#pragma unroll
+                            for (int tt = 0; tt < DN_TG; tt++) d[tt] = 0.0f;
+#pragma unroll
+                            for (int q8 = j * (SUBC / 8); q8 < (j + 1) * (SUBC / 8); q8++) {
+                                float wf[8];
+                                WF::decode8(w[r][uu], q8, z, wf);
+#pragma unroll
+                                for (int tt = 0; tt < DN_TG; tt++) {
+                                    if (tt < gs) {
+                                        const float4 a0 = as4[tt * I4 + (c0 >> 2) + 2 * q8];
+                                        const float4 a1 = as4[tt * I4 + (c0 >> 2) + 2 * q8 + 1];
+                                        const float af[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+#pragma unroll
+                                        for (int q = 0; q < 8; q++) d[tt] = fmaf(wf[q], af[q], d[tt]);
+                                    }
+                                }
+                            }
+                            const float sc = WF::scale(row, c0, j) * WF::post(row);
+#pragma unroll
+                            for (int tt = 0; tt < DN_TG; tt++) acc[r][tt] = fmaf(sc, d[tt], acc[r][tt]);
+                        }
+                    }
+                } else if (BF && b < (Ir >> 3)) {
 #pragma unroll
                     for (int tt = 0; tt < DN_TG; tt++) {
                         if (tt < gs) {
@@ -349,30 +436,66 @@ moe_down_decode(const int32_t *sel, const float *wts, const uint16_t *__restrict
     }
 }
 
-qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh, int pdl,
-                        cudaStream_t s) {
+template <class WF>
+static qd_status moe_decode_launch(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh,
+                                   const qd_moe_qw &qw, int pdl, cudaStream_t s) {
     const int P = a->n * a->k;
     const int n_ctr = (a->H + QD_MOE_DN_ROWS - 1) / QD_MOE_DN_ROWS;
-    const int has_sh = sh && sh->gate_up;
+    const int has_sh = sh && (sh->gate_up || sh->q_gate_up);
     const int Is = has_sh ? sh->I : 0, Imax = a->I > Is ? a->I : Is;
     const int tg = P < GU_TG ? P : GU_TG, dg = P < DN_TG ? P : DN_TG;
     const size_t gu_smem = (size_t)tg * a->H * 2, dn_smem = (size_t)dg * Imax * 4;
     if (gu_smem > 48 * 1024)
-        QD_CUDA_TRY(cudaFuncSetAttribute(moe_gate_up_decode, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        QD_CUDA_TRY(cudaFuncSetAttribute(moe_gate_up_decode<WF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)gu_smem));
     if (dn_smem > 48 * 1024)
-        QD_CUDA_TRY(cudaFuncSetAttribute(moe_down_decode, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        QD_CUDA_TRY(cudaFuncSetAttribute(moe_down_decode<WF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)dn_smem));
     const int sh_rows = has_sh ? (a->n + SH_TG - 1) / SH_TG : 0;
     const dim3 grid_gu((unsigned)(Imax / GU_WARPS), (unsigned)(P + sh_rows)), grid_dn((unsigned)n_ctr, (unsigned)(P + sh_rows));
-    qd_status st = qd_launch_pdl(pdl, moe_gate_up_decode, grid_gu, dim3(GU_NT), gu_smem, s, a->d_x, a->d_sel,
-                                 a->d_gate_up, w->act, w->counters, n_ctr, P, a->H, a->I, a->E, a->k,
-                                 has_sh ? sh->gate_up : (const uint16_t *)NULL, Is,
+    /* a non-NULL marker of the shared expert for the kernels' tests (its weights are in qw) */
+    const uint16_t *sh_gu = has_sh ? (sh->gate_up ? sh->gate_up : (const uint16_t *)sh->q_gate_up->data) : NULL;
+    const uint16_t *sh_dn = has_sh ? (sh->down ? sh->down : (const uint16_t *)sh->q_down->data) : NULL;
+    qd_status st = qd_launch_pdl(pdl, moe_gate_up_decode<WF>, grid_gu, dim3(GU_NT), gu_smem, s, qw, a->d_x, a->d_sel,
+                                 a->d_gate_up, w->act, w->counters, n_ctr, P, a->H, a->I, a->E, a->k, sh_gu, Is,
                                  has_sh ? sh->act : (float *)NULL);
     if (st) return st;
-    return qd_launch_pdl(1, moe_down_decode, grid_dn, dim3(DN_NT), dn_smem, s, a->d_sel, a->d_w, a->d_down,
-                         (const float *)w->act, w->out, w->counters, a->d_y, n_ctr, P, a->H, a->I, a->E, a->k,
-                         has_sh ? sh->down : (const uint16_t *)NULL, Is, has_sh ? (const float *)sh->act : (const float *)NULL,
-                         has_sh ? sh->out : (float *)NULL, has_sh ? sh->gate : (const float *)NULL,
-                         has_sh ? sh->gate_ld : (int64_t)0);
+    return qd_launch_pdl(1, moe_down_decode<WF>, grid_dn, dim3(DN_NT), dn_smem, s, qw, a->d_sel, a->d_w, a->d_down,
+                         (const float *)w->act, w->out, w->counters, a->d_y, n_ctr, P, a->H, a->I, a->E, a->k, sh_dn,
+                         Is, has_sh ? (const float *)sh->act : (const float *)NULL, has_sh ? sh->out : (float *)NULL,
+                         has_sh ? sh->gate : (const float *)NULL, has_sh ? sh->gate_ld : (int64_t)0);
+}
+
+int qd_moe_decode_takes(const qd_cuda_moe_args *a, const qd_moe_shared *sh) {
+    const int has_sh = sh && (sh->gate_up || sh->q_gate_up);
+    if (!a->q_gate_up != !a->q_down) return 0;
+    if (!a->q_gate_up) return !has_sh || (sh->gate_up && sh->down && !sh->q_gate_up);
+    const int dt = a->q_gate_up->dtype, cols = dt == QD_DTYPE_F8_E4M3 ? 16 : 32;
+    if (a->q_down->dtype != dt || a->H % cols || a->I % cols) return 0;
+    if (has_sh && (!sh->q_gate_up || !sh->q_down || sh->q_gate_up->dtype != dt || sh->q_down->dtype != dt ||
+                   sh->I % cols))
+        return 0;
+    return dt == QD_DTYPE_F8_E4M3 || dt == QD_DTYPE_INT4 || dt == QD_DTYPE_NVFP4;
+}
+
+qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh, int pdl,
+                        cudaStream_t s) {
+    if (!qd_moe_decode_takes(a, sh))
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "MoE decode: the routed and shared experts' formats or shapes "
+                                                "differ from what the kernels take");
+    qd_moe_qw qw = {};
+    if (a->q_gate_up) {
+        qw.gate_up = *a->q_gate_up;
+        qw.down = *a->q_down;
+    }
+    if (sh && sh->q_gate_up) {
+        qw.sh_gate_up = *sh->q_gate_up;
+        qw.sh_down = *sh->q_down;
+    }
+    switch (a->q_gate_up ? a->q_gate_up->dtype : QD_DTYPE_BF16) {
+    case QD_DTYPE_F8_E4M3: return moe_decode_launch<qf_f8>(a, w, sh, qw, pdl, s);
+    case QD_DTYPE_INT4: return moe_decode_launch<qf_int4>(a, w, sh, qw, pdl, s);
+    case QD_DTYPE_NVFP4: return moe_decode_launch<qf_nvfp4>(a, w, sh, qw, pdl, s);
+    default: return moe_decode_launch<qf_bf16>(a, w, sh, qw, pdl, s);
+    }
 }

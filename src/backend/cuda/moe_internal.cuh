@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_quant.h"
 
 /* Batches up to this many tokens take the decode path (GEMV kernels). */
 #define QD_MOE_GRAPH_MAX_TOKENS 64
@@ -50,8 +51,10 @@ size_t qd_moe_layout(int n, int H, int I, int E, int k, char *base, qd_moe_work 
  * for none. y += sigmoid(gate[t * gate_ld]) * down(silu(gate_up x)) with the
  * routed experts. */
 typedef struct qd_moe_shared {
-    const uint16_t *gate_up; /* [2 I][H] bf16 */
-    const uint16_t *down;    /* [H][I] bf16 */
+    const uint16_t *gate_up; /* [2 I][H] bf16, or NULL when quantized */
+    const uint16_t *down;    /* [H][I] bf16, or NULL when quantized */
+    const qd_cuda_qmats *q_gate_up; /* quantized: gate_proj, up_proj (2 matrices), in the routed experts' format */
+    const qd_cuda_qmats *q_down;    /* quantized: 1 matrix */
     int I;                   /* multiple of 8 */
     float *act;              /* [n][I] scratch */
     float *out;              /* [n][H] scratch */
@@ -59,6 +62,16 @@ typedef struct qd_moe_shared {
     int64_t gate_ld;
 } qd_moe_shared;
 
+/* The quantized weights of one decode call, by value in the kernels' parameters (zeros for bf16). */
+typedef struct qd_moe_qw {
+    qd_cuda_qmats gate_up, down;       /* routed experts: 2E and E matrices */
+    qd_cuda_qmats sh_gate_up, sh_down; /* the shared expert: 2 and 1 */
+} qd_moe_qw;
+
+/* Whether the decode kernels take these experts: bf16 throughout, or the routed experts (and
+ * the shared one, when given) quantized in one format of the vectorised layouts with H, I and
+ * the shared I multiples of the format's piece (16 columns for F8_E4M3, 32 for 4-bit). */
+int qd_moe_decode_takes(const qd_cuda_moe_args *a, const qd_moe_shared *sh);
 /* pdl: launch gate_up as a programmatic dependent of the previous kernel (it
  * waits before reading the routing). */
 qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh, int pdl,

@@ -363,6 +363,7 @@ static const qd_backend_ops split_cuda_ops = {
     .kv_elem_bytes = 2,
     .copies_weights = true,
     .draws_dummy_weights = true,
+    .quantized_weights = true, /* the ranks' backend multiplies them; shards keep block boundaries */
     .model_create = model_create,
     .model_free = model_free,
     .set_comm_timing = set_timing,

@@ -1,0 +1,137 @@
+/* Device side of the quantized layouts (cuda_quant.h): a 16-byte piece of a weight row
+ * decoded in registers. Each format is a class with
+ *   COLS   columns in one 16-byte piece (16 e4m3, 32 4-bit codes)
+ *   NSUB   scale blocks in a piece (NVFP4: 2 of 16 columns; F8_E4M3, INT4: 1, the layouts
+ *          qd_cuda_qlayout_vectorised takes keep a piece inside one block)
+ *   decode8(raw, q8, z, w)  columns 8 q8 .. 8 q8 + 7 of the piece before their scale (INT4: q - z),
+ *                       so a kernel holds 8 decoded values at a time whatever the format
+ *   scale(row, c0, j)   the block scale of sub-block j of the piece starting at column c0
+ *   post(row)           a factor of the whole matrix after the block scale (NVFP4's global)
+ * and qf_row (one row of one matrix: where its bytes, scales and zeros are). A product
+ * takes the piece's partial sum per sub-block and multiplies it by the scale once, so a
+ * scale costs one multiply per piece rather than one per element. */
+#ifndef QD_CUDA_QFORMAT_CUH
+#define QD_CUDA_QFORMAT_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_quant.h"
+
+typedef struct qf_row {
+    const uint8_t *q;     /* the row's stored bytes */
+    const void *s;        /* the row's scales: F32 [nbc] (F8_E4M3, INT4) or e4m3 [cols / 16] (NVFP4) */
+    const uint8_t *z;     /* INT4: the row's zero points or NULL */
+    float g;              /* NVFP4: the matrix's global factor times 2^14 (see qf_nvfp4) */
+    int bc;               /* block / group columns */
+} qf_row;
+
+/* Row r of matrix mat of m. */
+__device__ __forceinline__ qf_row qf_row_of(const qd_cuda_qmats &m, int64_t mat, int64_t r) {
+    qf_row w;
+    w.q = m.data + (mat * m.rows + r) * m.row_bytes;
+    const int64_t si = (mat * m.scale_rows + r / m.block_rows) * m.nbc;
+    w.s = m.dtype == QD_DTYPE_NVFP4 ? (const void *)((const uint8_t *)m.scales + si)
+                                    : (const void *)((const float *)m.scales + si);
+    w.z = m.zeros ? m.zeros + si : (const uint8_t *)0;
+    w.g = m.dtype == QD_DTYPE_NVFP4 ? (m.globals ? __ldg(m.globals + mat) : m.global) * 16384.0f : 1.0f;
+    w.bc = (int)m.block_cols;
+    return w;
+}
+
+/* Two e4m3 (low byte first) as two floats: the hardware conversion to f16 (exact: every
+ * e4m3 value is an f16 value), then widened. */
+__device__ __forceinline__ float2 qf_e4m3x2(uint32_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    __half2 hh;
+    *reinterpret_cast<__half2_raw *>(&hh) = h;
+    return __half22float2(hh);
+}
+
+__device__ __forceinline__ float qf_e4m3(uint32_t v) { return qf_e4m3x2(v & 0xffu).x; }
+
+__device__ __forceinline__ uint32_t qf_word(const uint4 &r, int i) {
+    return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w;
+}
+
+/* bf16 (the unquantized experts share the kernels): 8 columns a piece, no scale. */
+struct qf_bf16 {
+    static constexpr int COLS = 8, NSUB = 1, DTYPE = QD_DTYPE_BF16;
+    __device__ static __forceinline__ void decode8(const uint4 &v, int q8, int z, float f[8]) {
+        (void)q8; (void)z;
+        f[0] = __uint_as_float(v.x << 16); f[1] = __uint_as_float(v.x & 0xffff0000u);
+        f[2] = __uint_as_float(v.y << 16); f[3] = __uint_as_float(v.y & 0xffff0000u);
+        f[4] = __uint_as_float(v.z << 16); f[5] = __uint_as_float(v.z & 0xffff0000u);
+        f[6] = __uint_as_float(v.w << 16); f[7] = __uint_as_float(v.w & 0xffff0000u);
+    }
+    __device__ static __forceinline__ float scale(const qf_row &r, int c0, int j) { (void)r; (void)c0; (void)j; return 1.0f; }
+    __device__ static __forceinline__ int zero(const qf_row &r, int c0) { (void)r; (void)c0; return 0; }
+    __device__ static __forceinline__ float post(const qf_row &r) { (void)r; return 1.0f; }
+};
+
+struct qf_f8 {
+    static constexpr int COLS = 16, NSUB = 1, DTYPE = QD_DTYPE_F8_E4M3;
+    __device__ static __forceinline__ void decode8(const uint4 &raw, int q8, int z, float w[8]) {
+        (void)z;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const uint32_t u = qf_word(raw, 2 * q8 + i);
+            const float2 a = qf_e4m3x2(u), b = qf_e4m3x2(u >> 16);
+            w[4 * i] = a.x; w[4 * i + 1] = a.y; w[4 * i + 2] = b.x; w[4 * i + 3] = b.y;
+        }
+    }
+    __device__ static __forceinline__ float scale(const qf_row &r, int c0, int j) {
+        (void)j;
+        return __ldg((const float *)r.s + c0 / r.bc);
+    }
+    __device__ static __forceinline__ int zero(const qf_row &r, int c0) { (void)r; (void)c0; return 0; }
+    __device__ static __forceinline__ float post(const qf_row &r) { (void)r; return 1.0f; }
+};
+
+/* 4-bit codes: element 2j of a byte in its low nibble, so element e of a 32-bit word is
+ * bits 4e..4e+3 (little-endian words). */
+struct qf_int4 {
+    static constexpr int COLS = 32, NSUB = 1, DTYPE = QD_DTYPE_INT4;
+    /* q - z exactly: 2^23 + q as a float's bits, minus 2^23 + z */
+    __device__ static __forceinline__ void decode8(const uint4 &raw, int q8, int z, float w[8]) {
+        const uint32_t u = qf_word(raw, q8);
+        const float off = 8388608.0f + (float)z;
+#pragma unroll
+        for (int e = 0; e < 8; e++) w[e] = __uint_as_float(0x4b000000u | ((u >> (4 * e)) & 15u)) - off;
+    }
+    __device__ static __forceinline__ float scale(const qf_row &r, int c0, int j) {
+        (void)j;
+        return __ldg((const float *)r.s + c0 / r.bc);
+    }
+    __device__ static __forceinline__ int zero(const qf_row &r, int c0) { return r.z ? (int)__ldg(r.z + c0 / r.bc) : 8; }
+    __device__ static __forceinline__ float post(const qf_row &r) { (void)r; return 1.0f; }
+};
+
+/* e2m1 (sign, 2 exponent bits of bias 1, 1 mantissa bit) placed in an f16's bits: sign to
+ * bit 15, exponent and mantissa to bits 11..9. That f16 is the e2m1 value times 2^-14 for
+ * every code (subnormal 0.5 included), so the 2^14 joins the global factor (qf_row.g). */
+struct qf_nvfp4 {
+    static constexpr int COLS = 32, NSUB = 2, DTYPE = QD_DTYPE_NVFP4;
+    __device__ static __forceinline__ void decode8(const uint4 &raw, int q8, int z, float w[8]) {
+        (void)z;
+        const uint32_t u = qf_word(raw, q8);
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            const uint32_t v = u >> (8 * b);
+            const uint32_t h = ((v & 8u) << 12) | ((v & 7u) << 9) | ((v & 0x80u) << 24) | ((v & 0x70u) << 21);
+            __half2 hh;
+            *reinterpret_cast<uint32_t *>(&hh) = h;
+            const float2 f = __half22float2(hh);
+            w[2 * b] = f.x;
+            w[2 * b + 1] = f.y;
+        }
+    }
+    __device__ static __forceinline__ float scale(const qf_row &r, int c0, int j) {
+        return qf_e4m3(__ldg((const uint8_t *)r.s + c0 / 16 + j));
+    }
+    __device__ static __forceinline__ int zero(const qf_row &r, int c0) { (void)r; (void)c0; return 0; }
+    __device__ static __forceinline__ float post(const qf_row &r) { return r.g; }
+};
+
+#endif

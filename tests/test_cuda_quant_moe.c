@@ -1,0 +1,311 @@
+/* Quantized experts on the CUDA backend (cuda_quant.h: qd_cuda_qmats; moe_decode.cu,
+ * moe.cu, moe_block.cu) against a double reference over the exactly dequantized weights
+ * (qd_weight_dequant_rows, base/weight.c), on fresh random inputs (seed printed;
+ * QD_TEST_SEED replays it). Formats: FP8 block 128 x 128 (intermediate sizes that leave a
+ * partial block row), INT4 with group 64 and zeros (a partial last group) and symmetric
+ * one-group, NVFP4 with per-matrix global factors. Random stored codes and scales.
+ *
+ *  - qd_cuda_moe_experts at n = 1, 5, 16 (the decode kernels reading the quantized bytes)
+ *    and n = 70 (the prefill path: every expert dequantized into bf16 scratch, then the
+ *    grouped GEMMs), y accumulated onto a nonzero start, every element checked; decode
+ *    results bit-identical run to run and per token whatever else is in the batch;
+ *  - the dequantization kernel: bf16 of the reference's fp32 values, bit for bit;
+ *  - qd_cuda_moe_block with a quantized shared expert: the routing it chose (read back:
+ *    the router is tested in test_cuda_moe) applied in the reference, h += routed +
+ *    sigmoid(gate) * shared.
+ * Tolerances: decode as the bf16 decode path's (fp32 sums of exact products of the same
+ * floats); prefill as the bf16 prefill path's (bf16 weights and activations). Skips (77)
+ * without a GPU. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qd_test.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_quant.h"
+#include "base/weight.h"
+#include "qd_test_cuda.h"
+
+static qd_test_rng rng;
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static uint8_t rbyte(void) { return (uint8_t)(qd_test_next(&rng) >> 56); }
+static float runit(void) { return 0.5f + 0.25f * (qd_test_uniform(&rng) + 1.0f); } /* [0.5, 1) */
+
+/* n matrices [rows][cols] in one format, on the host (for the reference, dequantized into
+ * deq [n][rows][cols]) and on the device (d). */
+typedef struct qm {
+    qd_cuda_qmats d;
+    float *deq;
+    void *dev[4];
+} qm;
+
+static int make_qm(qd_dtype fmt, int n, int64_t rows, int64_t cols, int64_t bc, int zeros, float mag, qm *out) {
+    memset(out, 0, sizeof *out);
+    const int fp4 = fmt == QD_DTYPE_NVFP4, f8 = fmt == QD_DTYPE_F8_E4M3;
+    const int64_t br = f8 ? 128 : 1, bcol = fp4 ? 16 : bc, nbc = cdiv(cols, bcol), sr = cdiv(rows, br);
+    const int64_t row_bytes = f8 ? cols : cols / 2, sn = sr * nbc;
+    const size_t db = (size_t)(n * rows * row_bytes), ss = fp4 ? 1 : 4;
+    uint8_t *q = malloc(db), *z = zeros ? malloc((size_t)(n * sn)) : NULL;
+    unsigned char *s = malloc((size_t)(n * sn) * ss);
+    float *glob = fp4 ? malloc(sizeof(float) * (size_t)n) : NULL;
+    out->deq = malloc(sizeof(float) * (size_t)(n * rows * cols));
+    if (!q || !s || (zeros && !z) || (fp4 && !glob) || !out->deq) return 0;
+    for (size_t i = 0; i < db; i++) q[i] = f8 ? (uint8_t)(rbyte() & 0xbf) : rbyte(); /* e4m3 within +-1.875 */
+    for (int64_t i = 0; i < n * sn; i++) {
+        if (fp4) s[i] = (uint8_t)(0x30 + rbyte() % 8); /* e4m3 0.5 .. 0.9375 */
+        else {
+            const float v = mag / (f8 ? 1.875f : 7.0f) * runit();
+            memcpy(s + i * 4, &v, 4);
+        }
+        if (z) z[i] = (uint8_t)(rbyte() % 16);
+    }
+    for (int m = 0; fp4 && m < n; m++) glob[m] = mag / 6.0f / 0.7f * runit();
+    for (int m = 0; m < n; m++) {
+        qd_weight w = {.dtype = fmt, .rows = rows, .cols = cols, .data = q + (size_t)(m * rows * row_bytes)};
+        w.scales = (qd_weight_scales){.dtype = fp4 ? QD_DTYPE_F8_E4M3 : QD_DTYPE_F32, .data = s + (size_t)(m * sn) * ss,
+                                      .block_rows = br, .block_cols = bcol, .global = fp4 ? glob[m] : 1.0f,
+                                      .zeros = z ? z + m * sn : NULL};
+        qd_weight_dequant_rows(&w, 0, rows, out->deq + (size_t)(m * rows * cols));
+    }
+    out->d = (qd_cuda_qmats){.dtype = fmt, .n_mats = n, .rows = rows, .cols = cols, .row_bytes = row_bytes,
+                             .block_rows = br, .block_cols = bcol, .nbc = nbc, .scale_rows = sr, .global = 1.0f};
+    out->d.data = out->dev[0] = qd_test_dev(q, db);
+    out->d.scales = out->dev[1] = qd_test_dev(s, (size_t)(n * sn) * ss);
+    if (z) out->d.zeros = out->dev[2] = qd_test_dev(z, (size_t)(n * sn));
+    if (glob) out->d.globals = out->dev[3] = qd_test_dev(glob, sizeof(float) * (size_t)n);
+    free(q); free(s); free(z); free(glob);
+    return out->d.data && out->d.scales;
+}
+
+static void free_qm(qm *m) {
+    for (int i = 0; i < 4; i++) qd_cuda_free(m->dev[i]);
+    free(m->deq);
+}
+
+/* The dequantization kernel: bf16 of the reference's values, bit for bit. */
+static void check_dequant(const char *name, const qm *m) {
+    const size_t n = (size_t)(m->d.n_mats * m->d.rows * m->d.cols);
+    uint16_t *d = qd_test_dev(NULL, n * 2);
+    ST_OK(qd_cuda_qmats_dequant_bf16(&m->d, d, NULL));
+    uint16_t *h = qd_test_host(d, n * 2);
+    size_t bad = 0;
+    for (size_t i = 0; h && i < n; i++) bad += h[i] != qd_f32_to_bf16(m->deq[i]);
+    CHECKF(h && bad == 0, "%s: dequantized bf16 differs from the reference at %zu of %zu", name, bad, n);
+    free(h);
+    qd_cuda_free(d);
+}
+
+/* One token's experts in double: c[h] = sum_j w_j down_e(silu(gate_e x) * up_e x). */
+static void token_ref(const qm *gu, const qm *dn, int H, int I, const uint16_t *x, const int32_t *sel,
+                      const float *wt, int k, double *c) {
+    double *a = malloc(sizeof(double) * (size_t)I);
+    for (int h = 0; h < H; h++) c[h] = 0;
+    for (int j = 0; j < k && a; j++) {
+        const int e = sel[j];
+        const float *g = gu->deq + (size_t)(2 * e) * I * H, *u = g + (size_t)I * H, *d = dn->deq + (size_t)e * H * I;
+        for (int i = 0; i < I; i++) {
+            double sg = 0, su = 0;
+            for (int h = 0; h < H; h++) {
+                const double xv = qd_bf16_to_f32(x[h]);
+                sg += (double)g[(size_t)i * H + h] * xv;
+                su += (double)u[(size_t)i * H + h] * xv;
+            }
+            a[i] = sg / (1.0 + exp(-sg)) * su;
+        }
+        for (int h = 0; h < H; h++) {
+            double o = 0;
+            for (int i = 0; i < I; i++) o += (double)d[(size_t)h * I + i] * a[i];
+            c[h] += (double)wt[j] * o;
+        }
+    }
+    free(a);
+}
+
+/* Every element within atol * rms(contribution) + rtol * |ref|, relative L2 within l2. */
+static void compare(const char *what, const float *got, const double *ref, const double *contrib, size_t n,
+                    double atol, double rtol, double l2tol) {
+    double ss = 0, se = 0;
+    for (size_t i = 0; i < n; i++) ss += contrib[i] * contrib[i];
+    const double rms = sqrt(ss / (double)n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = fabs((double)got[i] - ref[i]);
+        if (!isfinite(got[i]) || !(e <= atol * rms + rtol * fabs(ref[i]))) bad++;
+        if (isfinite(got[i])) se += e * e;
+    }
+    const double l2 = ss > 0 ? sqrt(se / ss) : sqrt(se);
+    printf("  %-40s rms=%.3e rel_l2=%.2e bad=%zu\n", what, rms, l2, bad);
+    CHECKF(bad == 0 && l2 <= l2tol, "%s: %zu elements off, relative L2 %.2e", what, bad, l2);
+}
+
+typedef struct fcase {
+    const char *name;
+    qd_dtype fmt;
+    int H, I, E, k;
+    int64_t bc_gu, bc_dn; /* group columns (INT4) or block columns (FP8) of gate/up and down */
+    int zeros;
+} fcase;
+
+/* Runs qd_cuda_moe_experts over tokens [t0, t0 + n) into y (host). */
+static void run(const fcase *c, const qm *gu, const qm *dn, const uint16_t *x, const int32_t *sel, const float *wt,
+                const float *y0, int t0, int n, float *y) {
+    const int H = c->H, k = c->k;
+    const size_t wb = qd_cuda_moe_work_bytes(n, H, c->I, c->E, k);
+    uint16_t *dx = qd_test_dev(x + (size_t)t0 * H, (size_t)n * H * 2);
+    int32_t *ds = qd_test_dev(sel + (size_t)t0 * k, (size_t)n * k * 4);
+    float *dw = qd_test_dev(wt + (size_t)t0 * k, (size_t)n * k * 4);
+    float *dy = qd_test_dev(y0 + (size_t)t0 * H, (size_t)n * H * 4);
+    void *work = qd_test_dev(NULL, wb);
+    uint16_t *dq = qd_test_dev(NULL, qd_cuda_moe_dequant_bytes(H, c->I, c->E));
+    ST_OK(qd_cuda_memset(work, 0xff, wb));
+    qd_cuda_moe_args a = {.n = n, .H = H, .I = c->I, .E = c->E, .k = k, .d_x = dx, .d_sel = ds, .d_w = dw, .d_y = dy,
+                          .d_work = work, .q_gate_up = &gu->d, .q_down = &dn->d, .d_dequant = dq};
+    ST_OK(qd_cuda_moe_experts(&a, NULL));
+    ST_OK(qd_cuda_sync());
+    ST_OK(qd_cuda_memcpy_d2h(y, dy, (size_t)n * H * 4));
+    qd_cuda_free(dx); qd_cuda_free(ds); qd_cuda_free(dw); qd_cuda_free(dy); qd_cuda_free(work); qd_cuda_free(dq);
+}
+
+static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
+    const int H = c->H, k = c->k, decode = n <= qd_cuda_moe_graph_max_tokens() && n * k <= 1024;
+    uint16_t *x = malloc((size_t)n * H * 2);
+    int32_t *sel = malloc((size_t)n * k * 4);
+    float *wt = malloc((size_t)n * k * 4), *y0 = malloc((size_t)n * H * 4), *y = malloc((size_t)n * H * 4);
+    float *y2 = malloc((size_t)n * H * 4);
+    double *ref = malloc((size_t)n * H * 8), *con = malloc((size_t)n * H * 8);
+    for (int i = 0; i < n * H; i++) x[i] = qd_f32_to_bf16(qd_test_normal(&rng));
+    for (int i = 0; i < n * H; i++) y0[i] = qd_test_normal(&rng);
+    for (int t = 0; t < n; t++) /* k distinct experts, a third of the tokens on expert 0 (shared weights) */
+        for (int j = 0; j < k; j++) {
+            int e;
+            int fresh;
+            do {
+                e = (j == 0 && t % 3 == 0) ? 0 : (int)(qd_test_next(&rng) % (uint64_t)c->E);
+                fresh = 1;
+                for (int q = 0; q < j; q++) fresh &= sel[t * k + q] != e;
+            } while (!fresh);
+            sel[t * k + j] = e;
+            wt[t * k + j] = 0.1f + 0.4f * runit();
+        }
+    for (int t = 0; t < n; t++) {
+        token_ref(gu, dn, H, c->I, x + (size_t)t * H, sel + t * k, wt + t * k, k, con + (size_t)t * H);
+        for (int h = 0; h < H; h++) ref[(size_t)t * H + h] = y0[(size_t)t * H + h] + con[(size_t)t * H + h];
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%s n=%d (%s)", c->name, n, decode ? "decode" : "prefill");
+    run(c, gu, dn, x, sel, wt, y0, 0, n, y);
+    if (decode) compare(what, y, ref, con, (size_t)n * H, 2e-4, 1e-5, 2e-5);
+    else compare(what, y, ref, con, (size_t)n * H, 3e-2, 1e-3, 5e-3);
+    if (decode) {
+        run(c, gu, dn, x, sel, wt, y0, 0, n, y2);
+        CHECKF(!memcmp(y, y2, (size_t)n * H * 4), "%s: a second run differs bitwise", what);
+        if (n > 1) {
+            run(c, gu, dn, x, sel, wt, y0, n - 1, 1, y2);
+            CHECKF(!memcmp(y + (size_t)(n - 1) * H, y2, (size_t)H * 4), "%s: the last token alone differs bitwise",
+                   what);
+        }
+    }
+    free(x); free(sel); free(wt); free(y0); free(y); free(y2); free(ref); free(con);
+}
+
+/* The fused decode block with the shared expert quantized in the routed experts' format. */
+static void block_case(const fcase *c, const qm *gu, const qm *dn, int n) {
+    const int H = c->H, I = c->I, E = c->E, k = c->k, Is = 2 * c->I;
+    qm sgu, sdn;
+    if (!make_qm(c->fmt, 2, Is, H, c->bc_gu, c->zeros, sqrtf(3.0f / H), &sgu) ||
+        !make_qm(c->fmt, 1, H, Is, c->bc_dn, c->zeros, sqrtf(3.0f / Is), &sdn)) {
+        CHECK(0);
+        return;
+    }
+    float *h0 = malloc((size_t)n * H * 4), *nw = malloc((size_t)H * 4);
+    uint16_t *router = malloc((size_t)(E + 1) * H * 2);
+    for (int i = 0; i < n * H; i++) h0[i] = qd_test_normal(&rng);
+    for (int i = 0; i < H; i++) nw[i] = 0.1f * qd_test_uniform(&rng);
+    for (int i = 0; i < (E + 1) * H; i++) router[i] = qd_f32_to_bf16(qd_test_normal(&rng) * 0.2f);
+    float *dh = qd_test_dev(h0, (size_t)n * H * 4), *dnw = qd_test_dev(nw, (size_t)H * 4);
+    uint16_t *drt = qd_test_dev(router, (size_t)(E + 1) * H * 2), *dx = qd_test_dev(NULL, (size_t)n * H * 2);
+    float *dl = qd_test_dev(NULL, (size_t)n * (E + 1) * 4), *dw = qd_test_dev(NULL, (size_t)n * k * 4);
+    int32_t *ds = qd_test_dev(NULL, (size_t)n * k * 4), *dc = qd_test_dev(NULL, (size_t)n * 4);
+    float *dsa = qd_test_dev(NULL, (size_t)n * Is * 4), *dso = qd_test_dev(NULL, (size_t)n * H * 4);
+    const size_t wb = qd_cuda_moe_work_bytes(n, H, I, E, k);
+    void *work = qd_test_dev(NULL, wb);
+    ST_OK(qd_cuda_memset(dc, 0, (size_t)n * 4));
+    const qd_cuda_moe_block_args a = {
+        .n = n, .H = H, .I = I, .E = E, .k = k, .renorm = 1, .d_h = dh, .d_norm = dnw, .eps = 1e-6f, .d_router = drt,
+        .I_s = Is, .d_x = dx, .d_logits = dl, .d_sel = ds, .d_w = dw, .d_route_cnt = dc, .d_sh_act = dsa,
+        .d_sh_out = dso, .d_work = work, .q_gate_up = &gu->d, .q_down = &dn->d, .q_sh_gate_up = &sgu.d,
+        .q_sh_down = &sdn.d,
+    };
+    CHECK(qd_cuda_moe_block_supported(n, H, I, Is, E, k));
+    ST_OK(qd_cuda_moe_block(&a, NULL));
+    ST_OK(qd_cuda_sync());
+    float *h1 = qd_test_host(dh, (size_t)n * H * 4), *lg = qd_test_host(dl, (size_t)n * (E + 1) * 4);
+    float *wt = qd_test_host(dw, (size_t)n * k * 4);
+    uint16_t *x = qd_test_host(dx, (size_t)n * H * 2);
+    int32_t *sel = qd_test_host(ds, (size_t)n * k * 4);
+    double *ref = malloc((size_t)n * H * 8), *con = malloc((size_t)n * H * 8), *sh = malloc((size_t)H * 8);
+    if (h1 && lg && wt && x && sel && ref && con && sh) {
+        const int32_t one = 0;
+        const float unit = 1.0f;
+        for (int t = 0; t < n; t++) {
+            double *ct = con + (size_t)t * H;
+            token_ref(gu, dn, H, I, x + (size_t)t * H, sel + t * k, wt + t * k, k, ct);
+            token_ref(&sgu, &sdn, H, Is, x + (size_t)t * H, &one, &unit, 1, sh);
+            const double sg = 1.0 / (1.0 + exp(-(double)lg[(size_t)t * (E + 1) + E]));
+            for (int hh = 0; hh < H; hh++) {
+                ct[hh] += sg * sh[hh];
+                ref[(size_t)t * H + hh] = h0[(size_t)t * H + hh] + ct[hh];
+            }
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%s block n=%d, shared I=%d", c->name, n, Is);
+        compare(what, h1, ref, con, (size_t)n * H, 2e-4, 1e-5, 2e-5);
+    } else {
+        CHECK(0);
+    }
+    void *dev[] = {dh, dnw, drt, dx, dl, dw, ds, dc, dsa, dso, work};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) qd_cuda_free(dev[i]);
+    free(h0); free(nw); free(router); free(h1); free(lg); free(wt); free(x); free(sel); free(ref); free(con); free(sh);
+    free_qm(&sgu);
+    free_qm(&sdn);
+}
+
+int main(void) {
+    if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_quant_moe", "no CUDA device");
+    rng = qd_test_rng_from_env();
+    static const fcase cases[] = {
+        {"fp8 block128", QD_DTYPE_F8_E4M3, 256, 192, 12, 4, 128, 128, 0},
+        {"int4 g64 zeros", QD_DTYPE_INT4, 320, 96, 9, 3, 64, 64, 1},
+        {"int4 one group sym", QD_DTYPE_INT4, 256, 64, 8, 2, 256, 64, 0},
+        {"nvfp4", QD_DTYPE_NVFP4, 256, 160, 10, 4, 16, 16, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const fcase *c = &cases[i];
+        qm gu, dn;
+        if (!make_qm(c->fmt, 2 * c->E, c->I, c->H, c->bc_gu, c->zeros, sqrtf(3.0f / c->H), &gu) ||
+            !make_qm(c->fmt, c->E, c->H, c->I, c->bc_dn, c->zeros, sqrtf(3.0f / c->I), &dn)) {
+            CHECK(0);
+            continue;
+        }
+        check_dequant(c->name, &gu);
+        check_dequant(c->name, &dn);
+        const int ns[4] = {1, 5, 16, 70};
+        for (int j = 0; j < 4; j++) experts_case(c, &gu, &dn, ns[j]);
+        block_case(c, &gu, &dn, 3);
+        free_qm(&gu);
+        free_qm(&dn);
+    }
+    return qd_test_finish("test_cuda_quant_moe");
+}
+
+#else
+
+int main(void) { return qd_test_skip("test_cuda_quant_moe", "built without CUDA"); }
+
+#endif
