@@ -5,8 +5,15 @@
 # $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
 #
 #   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant] [quant]   default: tests kernels e2e
-#     quant: quantized weights: test_cuda_quant (the quantized GEMV against the CPU dequantization),
-#            then bench/quant_cuda_bench (GB/s of FP8 / NVFP4 / INT4 GEMV vs copy bandwidth and bf16)
+#     quant: quantized weights: test_cuda_quant (the quantized GEMV and dequantization against the CPU),
+#            test_cuda_quant_moe (quantized experts, decode kernels and prefill path, the fused block),
+#            test_cuda_quant_model (every quantized fixture checkpoint, fp8 at load, dummy weights in
+#            each format: CUDA vs reference / CPU), test_cuda_moe (the bf16 experts through the same
+#            templated kernels), then bench/quant_cuda_bench (GB/s of FP8 / NVFP4 / INT4 GEMV vs copy
+#            bandwidth and bf16)
+#     quant-e2e: qdelta bench on the Qwen3.5-35B-A3B dummy in bf16, fp8, nvfp4 and int4 (decode B=1,
+#            prefill 8k) and the 27B in bf16 and fp8 (decode B=1): each format's tok/s and its ratio
+#            to bf16 of the same run
 #     tp:    tensor / expert parallelism: test_cuda_tp (ranks sharing GPU 0, and NCCL when two or
 #            more GPUs are visible), then qdelta bench on the dummy Qwen3-Next-80B config cut to 8
 #            layers: unsplit, TP=2 and EP=2 (on one GPU the ranks share it: the split and the
@@ -60,11 +67,14 @@ if [ -z "${QD_SKIP_BUILD:-}" ]; then
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
 targets="qdelta test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_model test_snap_tier test_cuda_batch_invariant gdn_cuda_bench"
-for t in test_cuda_attn test_cuda_moe test_cuda_tp test_cuda_quant attn_cuda_bench moe_cuda_bench linear_cuda_bench quant_cuda_bench; do
+for t in test_cuda_attn test_cuda_moe test_cuda_tp test_cuda_quant test_cuda_quant_moe test_cuda_quant_model attn_cuda_bench moe_cuda_bench linear_cuda_bench quant_cuda_bench; do
     grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
 done
 # the quant part alone builds only its own targets
-[ "$parts" = quant ] && targets="test_cuda_quant quant_cuda_bench"
+case " $parts " in
+*" quant "* | *" quant-e2e "*) [ -z "$(echo " $parts " | sed -e 's/ quant-e2e / /' -e 's/ quant / /' | tr -d ' ')" ] &&
+    targets="qdelta test_cuda_quant test_cuda_quant_moe test_cuda_quant_model test_cuda_moe quant_cuda_bench" ;;
+esac
 # shellcheck disable=SC2086
 cmake --build "$BUILD" -j"$(nproc)" --target $targets >>"$LOGDIR/build.log" 2>&1 ||
     { echo "build failed"; grep -E "error|Error" "$LOGDIR/build.log" | head -30; exit 1; }
@@ -269,7 +279,7 @@ fi
 QUANT_LOG="$LOGDIR/quant.log"
 if has quant; then
     : >"$QUANT_LOG"
-    run_test test_cuda_quant "$QUANT_LOG"
+    for t in test_cuda_quant test_cuda_quant_moe test_cuda_quant_model test_cuda_moe; do run_test "$t" "$QUANT_LOG"; done
     bin=$(find "$BUILD" -name quant_cuda_bench -type f -perm -u+x | head -1)
     if [ -n "$bin" ]; then
         echo "=== quant_cuda_bench" >>"$QUANT_LOG"
@@ -279,12 +289,38 @@ if has quant; then
     fi
 fi
 
+QE2E_LOG="$LOGDIR/quant-e2e.log"
+if has quant-e2e; then
+    : >"$QE2E_LOG"
+    for spec in "qwen3_5_35b_a3b|none" "qwen3_5_35b_a3b|fp8" "qwen3_5_35b_a3b|nvfp4" "qwen3_5_35b_a3b|int4" \
+        "qwen3_5_27b|none" "qwen3_5_27b|fp8"; do
+        cfg=${spec%%|*} q=${spec#*|}
+        load="--prefill 8192 --decode 64 --batch 1"
+        [ "$cfg" = qwen3_5_27b ] && load="--prefill 1024 --decode 64 --batch 1"
+        echo "=== qbench $cfg $q" >>"$QE2E_LOG"
+        # shellcheck disable=SC2086
+        timeout 300 "$BUILD/qdelta" bench -m "bench/configs/$cfg" --backend cuda --load-format dummy --quantization "$q" \
+            $load >>"$QE2E_LOG" 2>&1 || { status=1; echo "FAILED: qbench $cfg $q" >>"$QE2E_LOG"; }
+    done
+fi
+
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
 for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier \
-    test_cuda_batch_invariant test_cuda_quant; do
+    test_cuda_batch_invariant test_cuda_quant test_cuda_quant_moe test_cuda_quant_model; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
 [ -s "$THR_LOG" ] && grep -E "^\|" "$THR_LOG"
+[ -s "$QE2E_LOG" ] && awk '/^=== qbench/ { cfg = $3; q = $4 } /CUDA: .* GiB of weights/ && cfg { sub(/.*CUDA: /, ""); w[cfg, q] = $0 }
+    /^RESULT (decode|prefill)/ && cfg { kind = $2; for (i = 1; i <= NF; i++) if ($i ~ /^tok_s=/) { split($i, p, "="); v = p[2] }
+        if (!((cfg, kind) in seen)) { seen[cfg, kind] = 1; ord[++n] = cfg SUBSEP kind }
+        r[cfg, kind, q] = v; if ($0 ~ /pct_roofline/) for (i = 1; i <= NF; i++) if ($i ~ /^pct_roofline=/) { split($i, p, "="); pr[cfg, kind, q] = p[2] } }
+    END { for (i = 1; i <= n; i++) { split(ord[i], k, SUBSEP); line = sprintf("%-16s %-7s", k[1], k[2]); b = r[k[1], k[2], "none"]
+            split("none fp8 nvfp4 int4", qs, " ")
+            for (j = 1; j <= 4; j++) if ((k[1], k[2], qs[j]) in r) line = line sprintf("  %s %s tok/s%s%s", qs[j], r[k[1], k[2], qs[j]],
+                b > 0 && qs[j] != "none" ? sprintf(" (%.2fx)", r[k[1], k[2], qs[j]] / b) : "",
+                pr[k[1], k[2], qs[j]] != "" ? sprintf(" %s%% roofline", pr[k[1], k[2], qs[j]]) : "")
+            print line }
+          for (key in w) { split(key, k, SUBSEP); print "weights " k[1] " " k[2] ": " w[key] } }' "$QE2E_LOG"
 if [ -s "$INV_LOG" ]; then
     grep -E "^RESULT invariance" "$INV_LOG"
     awk '/^=== qwen/ { mode = ($3 == "" ? "normal" : "invariant") }

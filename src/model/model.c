@@ -183,7 +183,8 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
         if ((s = qd_st_open_dir(params->path, &m->st, &err)) != QD_OK) goto fail;
         s = qd_model_bind_checkpoint(m, &err);
     }
-    if (s == QD_OK && m->quantization != QD_QUANTIZATION_NONE) s = qd_model_quantize(m, m->quantization, &err);
+    /* dummy weights were converted layer by layer as they were drawn */
+    if (s == QD_OK && !dummy && m->quantization != QD_QUANTIZATION_NONE) s = qd_model_quantize(m, m->quantization, &err);
     if (s != QD_OK) goto fail;
     qd_model_account(m);
     if ((s = qd_model_backend_create(m, params, &err)) != QD_OK) goto fail;

@@ -1,11 +1,13 @@
 /* --load-format dummy: weights drawn at load from config.json alone, in BF16, with
  * scales that keep activations in a sane range. For benchmarks at real shapes. With
- * --quantization fp8|nvfp4|int4 the linear layers are then converted into that format
- * (model_quant_online.c), so every benchmark runs in a format without a download. */
+ * --quantization fp8|nvfp4|int4 each layer's linear layers are converted into that format
+ * as soon as the layer is drawn (model_quant_online.c), so every benchmark runs in a format
+ * without a download and a large model never holds more than one layer in bf16. */
 #include <math.h>
 #include <string.h>
 
 #include "model/model.h"
+#include "model/model_quant.h"
 
 typedef struct {
     void *dst;
@@ -125,6 +127,7 @@ qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err
                 QD_TRY(rand_matrix(m, &w->shared_gate, 1, H, &s, err));
             }
         }
+        if (m->quantization != QD_QUANTIZATION_NONE) QD_TRY(qd_model_quantize_layer(m, m->quantization, L, err));
     }
     return QD_OK;
 }

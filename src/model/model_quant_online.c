@@ -244,26 +244,26 @@ static qd_status convert_mlp(qd_model *m, qd_quantization k, qd_mlp_weights *w, 
     return convert(m, k, &w->down, err);
 }
 
-qd_status qd_model_quantize(qd_model *m, qd_quantization kind, qd_err *err) {
+qd_status qd_model_quantize_layer(qd_model *m, qd_quantization kind, int L, qd_err *err) {
     const qd_config *c = &m->cfg;
-    for (int L = 0; L < c->n_layers; L++) {
-        qd_layer *ly = &m->w.layers[L];
-        if (ly->kind == QD_LAYER_GDN) {
-            QD_TRY(convert(m, kind, &ly->gdn.in_qkv, err));
-            QD_TRY(convert(m, kind, &ly->gdn.in_z, err));
-            QD_TRY(convert(m, kind, &ly->gdn.out, err));
-        } else {
-            QD_TRY(convert(m, kind, &ly->attn.q, err));
-            QD_TRY(convert(m, kind, &ly->attn.k, err));
-            QD_TRY(convert(m, kind, &ly->attn.v, err));
-            QD_TRY(convert(m, kind, &ly->attn.o, err));
-        }
-        if (ly->ffn_kind == QD_FFN_DENSE) {
-            QD_TRY(convert_mlp(m, kind, &ly->mlp, err));
-        } else {
-            for (int e = 0; e < c->n_experts; e++) QD_TRY(convert_mlp(m, kind, &ly->moe.experts[e], err));
-            if (ly->moe.has_shared) QD_TRY(convert_mlp(m, kind, &ly->moe.shared, err));
-        }
+    qd_layer *ly = &m->w.layers[L];
+    if (ly->kind == QD_LAYER_GDN) {
+        QD_TRY(convert(m, kind, &ly->gdn.in_qkv, err));
+        QD_TRY(convert(m, kind, &ly->gdn.in_z, err));
+        QD_TRY(convert(m, kind, &ly->gdn.out, err));
+    } else {
+        QD_TRY(convert(m, kind, &ly->attn.q, err));
+        QD_TRY(convert(m, kind, &ly->attn.k, err));
+        QD_TRY(convert(m, kind, &ly->attn.v, err));
+        QD_TRY(convert(m, kind, &ly->attn.o, err));
     }
+    if (ly->ffn_kind == QD_FFN_DENSE) return convert_mlp(m, kind, &ly->mlp, err);
+    for (int e = 0; e < c->n_experts; e++) QD_TRY(convert_mlp(m, kind, &ly->moe.experts[e], err));
+    if (ly->moe.has_shared) QD_TRY(convert_mlp(m, kind, &ly->moe.shared, err));
+    return QD_OK;
+}
+
+qd_status qd_model_quantize(qd_model *m, qd_quantization kind, qd_err *err) {
+    for (int L = 0; L < m->cfg.n_layers; L++) QD_TRY(qd_model_quantize_layer(m, kind, L, err));
     return QD_OK;
 }

@@ -244,7 +244,8 @@ static qd_status mlp(planner *p, const qd_mlp_weights *w, qd_cuda_layer *d) {
     memset(&d->sh_q_gate_up, 0, sizeof d->sh_q_gate_up);
     memset(&d->sh_q_down, 0, sizeof d->sh_q_down);
     if (d->gate_up.n == 1 && qd_cuda_mat_quantized(&d->gate_up.part[0]) && qd_cuda_mat_quantized(&d->down) &&
-        d->gate_up.part[0].q.dtype == d->down.q.dtype && w->gate.rows % w->gate.scales.block_rows == 0) {
+        d->gate_up.part[0].q.dtype == d->down.q.dtype && w->gate.rows % w->gate.scales.block_rows == 0 &&
+        w->gate.rows % (w->gate.dtype == QD_DTYPE_F8_E4M3 ? 16 : 32) == 0) { /* the decode kernels' pieces */
         d->sh_q_gate_up = qmats_of_stack(&d->gate_up.part[0], 2, NULL);
         d->sh_q_down = qmats_of_stack(&d->down, 1, NULL);
         if (!d->sh_q_gate_up.n_mats || !d->sh_q_down.n_mats) d->sh_q_gate_up.n_mats = d->sh_q_down.n_mats = 0;

@@ -1,0 +1,215 @@
+/* Quantized models on the CUDA backend, end to end (skipped without a GPU):
+ *  - every checkpoint of tests/fixtures/quant (tools/make_quant_fixtures.py: official FP8
+ *    with F32 / BF16 / F16 scales, compressed-tensors FP8 and NVFP4, ModelOpt NVFP4, GPTQ
+ *    v1 / v2 incl. act-order, AWQ; both families, MoE with per-expert tensors): the logits
+ *    of one prefill against transformers' fp32 reference on the dequantized weights, at the
+ *    bf16 tolerance of the tiny fixtures (their weights are built for the fp32 CPU backend:
+ *    top-1 agreement >= 85% of positions, as test_cuda_model asks of them), the CPU
+ *    backend's error printed beside it; and the decode path (the quantized GEMV and MoE
+ *    decode kernels, one token a step) against that prefill (the products on dequantized
+ *    weights): every step's logits within 2e-2 x max|logit|, top-1 equal where decidable;
+ *  - the gpu_* fixtures (the released head dims) quantized at load (--quantization fp8):
+ *    CUDA prefill and decode logits against the CPU backend on the same FP8 weights;
+ *  - dummy weights drawn in each format (--load-format dummy --quantization fp8 | nvfp4 |
+ *    int4) on a gpu_* config: the same against the CPU backend, which draws the same weights. */
+#include <math.h>
+#include <string.h>
+
+#include "qd_fixtures.h"
+#include "qd_test.h"
+#include "qdelta.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_device.h"
+#endif
+
+#ifdef QD_HAVE_CUDA
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static qd_model *load(const char *dir, qd_backend_kind be, qd_load_format fmt, qd_quantization q) {
+    qd_model_params mp = qd_model_default_params();
+    mp.path = dir;
+    mp.backend = be;
+    mp.load_format = fmt;
+    mp.quantization = q;
+    mp.n_threads = 2;
+    qd_model *m = NULL;
+    char err[1024];
+    qd_status s = qd_model_load(&mp, &m, err, sizeof err);
+    CHECKF(s == QD_OK, "%s (%s): load failed: %s", dir, be == QD_BACKEND_CUDA ? "CUDA" : "CPU", err);
+    return s == QD_OK ? m : NULL;
+}
+
+/* All-position logits of one prefill (decode 0) or of one token a step (decode 1). */
+static float *run_logits(qd_model *m, const int32_t *ids, int L, int decode) {
+    qd_context_params cp = qd_context_default_params();
+    cp.max_seqs = 1;
+    cp.max_ctx = L + 8;
+    cp.max_batch = L;
+    cp.kv_block_size = 16;
+    qd_context *ctx = NULL;
+    CHECKF(qd_context_create(m, &cp, &ctx) == QD_OK, "context: %s", qd_model_errmsg(m));
+    if (!ctx) return NULL;
+    const int V = qd_model_vocab_size(m);
+    float *lg = malloc(sizeof(float) * (size_t)L * V);
+    int ok = lg != NULL;
+    if (!decode) {
+        qd_span sp = {0, ids, L, QD_LOGITS_ALL};
+        ok = ok && qd_forward(ctx, &sp, 1, lg) == QD_OK;
+    } else {
+        for (int t = 0; ok && t < L; t++) {
+            qd_span sp = {0, ids + t, 1, QD_LOGITS_LAST};
+            ok = qd_forward(ctx, &sp, 1, lg + (size_t)t * V) == QD_OK;
+        }
+    }
+    CHECKF(ok, "forward (%s): %s", decode ? "decode" : "prefill", qd_context_errmsg(ctx));
+    qd_context_free(ctx);
+    if (!ok) {
+        free(lg);
+        return NULL;
+    }
+    return lg;
+}
+
+/* max |a - b| / max |b| and the top-1 agreement (all positions, and the decidable ones:
+ * reference top-1 / top-2 gap above 4e-2 x max|ref|). */
+typedef struct cmp {
+    double err;
+    int agree, decidable, agree_dec, over;
+} cmp;
+
+static cmp compare(const float *a, const float *b, int L, int V) {
+    cmp c = {0};
+    double mx = 0;
+    for (size_t i = 0; i < (size_t)L * V; i++) mx = fmax(mx, fabs(b[i]));
+    for (int t = 0; t < L; t++) {
+        const float *x = a + (size_t)t * V, *r = b + (size_t)t * V;
+        double e = 0;
+        int r1 = 0, r2 = -1;
+        for (int v = 0; v < V; v++) {
+            const double d = fabs((double)x[v] - r[v]);
+            if (!(d <= e)) e = d;
+            if (r[v] > r[r1]) { r2 = r1; r1 = v; }
+            else if (v != r1 && (r2 < 0 || r[v] > r[r2])) r2 = v;
+        }
+        c.err = fmax(c.err, e / mx);
+        c.over += !(e <= 2e-2 * mx);
+        const int same = argmax(x, V) == r1;
+        c.agree += same;
+        if (r2 >= 0 && r[r1] - r[r2] > 4e-2 * mx) {
+            c.decidable++;
+            c.agree_dec += same;
+        }
+    }
+    return c;
+}
+
+static int32_t *read_ids(const char *path, int *n) {
+    char *txt = qd_test_read_file(path, NULL);
+    if (!txt) return NULL;
+    int32_t *ids = malloc(sizeof(int32_t) * 4096);
+    *n = ids ? qd_fixture_parse_ids(txt, ids, 4096) : 0;
+    free(txt);
+    return ids;
+}
+
+/* A checkpoint of tests/fixtures/quant. */
+static void quant_fixture(const char *dir) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/prompt_33.ids", dir);
+    int L = 0;
+    int32_t *ids = read_ids(path, &L);
+    CHECKF(ids && L == 33, "%s: cannot read 33 prompt ids", path);
+    snprintf(path, sizeof path, "%s/logits_33.f32", dir);
+    size_t len = 0;
+    float *ref = (float *)qd_test_read_file(path, &len);
+    qd_model *gm = load(dir, QD_BACKEND_CUDA, QD_LOAD_AUTO, QD_QUANTIZATION_NONE);
+    qd_model *cm = load(dir, QD_BACKEND_CPU, QD_LOAD_AUTO, QD_QUANTIZATION_NONE);
+    if (ids && ref && gm && cm) {
+        const int V = qd_model_vocab_size(gm);
+        CHECKF(len == sizeof(float) * (size_t)L * V, "%s: wrong size", path);
+        float *pre = run_logits(gm, ids, L, 0), *dec = run_logits(gm, ids, L, 1), *cpu = run_logits(cm, ids, L, 0);
+        if (pre && dec && cpu && len == sizeof(float) * (size_t)L * V) {
+            const cmp g = compare(pre, ref, L, V), c = compare(cpu, ref, L, V), d = compare(dec, pre, L, V);
+            printf("  %-28s CUDA prefill vs reference %.2e (top-1 %d/%d); CPU %.2e (top-1 %d/%d); CUDA decode vs "
+                   "prefill %.2e (top-1 %d/%d decidable, %d over 2e-2)\n",
+                   strrchr(dir, '/') + 1, g.err, g.agree, L, c.err, c.agree, L, d.err, d.agree_dec, d.decidable,
+                   d.over);
+            CHECKF(g.agree * 100 >= L * 85, "%s: CUDA top-1 agreement %d/%d below 85%%", dir, g.agree, L);
+            CHECKF(d.over == 0 && d.agree_dec == d.decidable,
+                   "%s: decode steps vs prefill: %d positions over 2e-2, top-1 %d/%d decidable", dir, d.over,
+                   d.agree_dec, d.decidable);
+        }
+        free(pre); free(dec); free(cpu);
+    }
+    qd_model_free(gm);
+    qd_model_free(cm);
+    free(ids);
+    free(ref);
+}
+
+/* A model in a format on both backends (same weights): CUDA prefill and decode logits
+ * against the CPU's, at the bf16 tolerance of test_cuda_model's gpu_* fixtures. */
+static void both_backends(const char *what, const char *dir, qd_load_format fmt, qd_quantization q) {
+    qd_model *gm = load(dir, QD_BACKEND_CUDA, fmt, q), *cm = load(dir, QD_BACKEND_CPU, fmt, q);
+    if (gm && cm) {
+        const int V = qd_model_vocab_size(gm), L = 40;
+        int32_t ids[40];
+        uint64_t s = 0x9e3779b97f4a7c15ull;
+        for (int i = 0; i < L; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (int32_t)((s >> 33) % (uint64_t)V);
+        }
+        float *cpu = run_logits(cm, ids, L, 0), *pre = run_logits(gm, ids, L, 0), *dec = run_logits(gm, ids, L, 1);
+        if (cpu && pre && dec) {
+            const cmp p = compare(pre, cpu, L, V), d = compare(dec, cpu, L, V);
+            printf("  %-36s CUDA prefill vs CPU %.2e (over %d, top-1 %d/%d decidable); decode %.2e (over %d, "
+                   "top-1 %d/%d)\n",
+                   what, p.err, p.over, p.agree_dec, p.decidable, d.err, d.over, d.agree_dec, d.decidable);
+            CHECKF(p.over == 0 && p.agree_dec * 100 >= p.decidable * 99, "%s: prefill logits off", what);
+            CHECKF(d.over == 0 && d.agree_dec * 100 >= d.decidable * 99, "%s: decode logits off", what);
+        }
+        free(cpu); free(pre); free(dec);
+    }
+    qd_model_free(gm);
+    qd_model_free(cm);
+}
+
+int main(void) {
+    if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_quant_model", "no CUDA device");
+    static const char *quant[] = {"fp8_35_dense_f32s", "fp8_35_dense_bf16s", "fp8_35_moe_f16s", "fp8_next_moe",
+                                  "ctfp8_35_dense", "nvfp4ct_35_dense", "nvfp4mo_next_moe", "gptq1_35_dense",
+                                  "gptq2_next_moe", "gptqc_35_moe", "awq_35_dense"};
+    printf("quantized checkpoints on the GPU\n");
+    for (size_t i = 0; i < sizeof quant / sizeof quant[0]; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/quant/%s", QD_FIXTURES, quant[i]);
+        quant_fixture(dir);
+    }
+    printf("gpu_* fixtures quantized at load, and dummy weights in each format, CUDA vs CPU\n");
+    static const char *gpu[] = {"gpu_qwen3_5_dense_bf16", "gpu_qwen3_5_moe_bf16", "gpu_qwen3_next_moe_bf16"};
+    for (size_t i = 0; i < sizeof gpu / sizeof gpu[0]; i++) {
+        char dir[512], what[128];
+        snprintf(dir, sizeof dir, "%s/%s", QD_FIXTURES, gpu[i]);
+        snprintf(what, sizeof what, "%s fp8", gpu[i]);
+        both_backends(what, dir, QD_LOAD_AUTO, QD_QUANTIZATION_FP8);
+        const qd_quantization qs[3] = {QD_QUANTIZATION_FP8, QD_QUANTIZATION_NVFP4, QD_QUANTIZATION_INT4};
+        const char *qn[3] = {"fp8", "nvfp4", "int4"};
+        for (int j = 0; j < 3; j++) {
+            snprintf(what, sizeof what, "%s dummy %s", gpu[i], qn[j]);
+            both_backends(what, dir, QD_LOAD_DUMMY, qs[j]);
+        }
+    }
+    return qd_test_finish("test_cuda_quant_model");
+}
+
+#else
+
+int main(void) { return qd_test_skip("test_cuda_quant_model", "built without CUDA"); }
+
+#endif
