@@ -151,48 +151,61 @@ __device__ __forceinline__ void qv_piece_dot(const uint4 &raw, int z, const floa
         for (int j = 0; j < F::NSUB; j++) acc[t] = fmaf(s[j], d[t][j], acc[t]);
 }
 
-template <class F, int N>
+/* ROWS rows per warp: a 4-bit row of 2048 columns is 64 pieces, two per lane, so a warp
+ * takes two or four rows at once to keep QV_U pieces per lane in flight. With ROWS > 1 the
+ * row's pieces are a multiple of 32 (qv_rows), so the 32 lanes of one load step share a row. */
+template <class F, int N, int ROWS>
 __global__ void __launch_bounds__(QG_WARPS * 32)
 qgemv_vec(const __grid_constant__ qd_cuda_qmats m, const uint16_t *__restrict__ x, int64_t ldx, int n,
           float *__restrict__ y, int64_t ldy, int accumulate) {
     const int lane = threadIdx.x & 31;
     const int np = (int)(m.cols / F::COLS);
-    const int64_t stride = (int64_t)gridDim.x * QG_WARPS;
-    for (int64_t r = (int64_t)blockIdx.x * QG_WARPS + (threadIdx.x >> 5); r < m.rows; r += stride) {
-        const qf_row row = qf_row_of(m, 0, r);
-        float acc[N];
+    const int64_t r0 = ((int64_t)blockIdx.x * QG_WARPS + (threadIdx.x >> 5)) * ROWS;
+    if (r0 >= m.rows) return;
+    const int nr = (int)(m.rows - r0 < ROWS ? m.rows - r0 : ROWS), total = nr * np;
+    float acc[ROWS][N];
 #pragma unroll
-        for (int t = 0; t < N; t++) acc[t] = 0.f;
-        for (int b0 = 0; b0 < np; b0 += 32 * QV_U) {
-            uint4 raw[QV_U];
+    for (int q = 0; q < ROWS; q++)
 #pragma unroll
-            for (int u = 0; u < QV_U; u++) {
-                const int b = b0 + u * 32 + lane;
-                raw[u] = b < np ? qv_ld(row.q + (size_t)b * 16) : make_uint4(0, 0, 0, 0);
-            }
+        for (int t = 0; t < N; t++) acc[q][t] = 0.f;
+    for (int p0 = 0; p0 < total; p0 += 32 * QV_U) {
+        uint4 raw[QV_U];
 #pragma unroll
-            for (int u = 0; u < QV_U; u++) {
-                const int b = b0 + u * 32 + lane;
-                if (b < np) {
-                    const int c0 = b * F::COLS;
-                    float s[F::NSUB];
+        for (int u = 0; u < QV_U; u++) {
+            const int p = p0 + u * 32 + lane, q = ROWS > 1 ? p / np : 0, b = p - q * np;
+            raw[u] = p < total ? qv_ld(m.data + (r0 + q) * m.row_bytes + (size_t)b * 16) : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
-                    for (int j = 0; j < F::NSUB; j++) s[j] = F::scale(row, c0, j) * F::post(row);
-                    qv_piece_dot<F, N>(raw[u], F::zero(row, c0), s, x + c0, ldx, n, acc);
+        for (int u = 0; u < QV_U; u++) {
+            const int p = p0 + u * 32 + lane, q = ROWS > 1 ? p / np : 0, b = p - q * np;
+            if (p < total) {
+                const qf_row row = qf_row_of(m, 0, r0 + q);
+                const int c0 = b * F::COLS;
+                float s[F::NSUB];
+#pragma unroll
+                for (int j = 0; j < F::NSUB; j++) s[j] = F::scale(row, c0, j) * F::post(row);
+                if (ROWS == 1) {
+                    qv_piece_dot<F, N>(raw[u], F::zero(row, c0), s, x + c0, ldx, n, acc[0]);
+                } else {
+#pragma unroll
+                    for (int qq = 0; qq < ROWS; qq++) /* q is warp-uniform (np % 32 == 0) */
+                        if (qq == q) qv_piece_dot<F, N>(raw[u], F::zero(row, c0), s, x + c0, ldx, n, acc[qq]);
                 }
             }
         }
+    }
+#pragma unroll
+    for (int q = 0; q < ROWS; q++)
 #pragma unroll
         for (int t = 0; t < N; t++) {
-            float v = acc[t];
+            float v = acc[q][t];
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0 && t < n) {
-                float *yp = y + t * ldy + r;
+            if (lane == 0 && t < n && q < nr) {
+                float *yp = y + t * ldy + r0 + q;
                 *yp = accumulate ? *yp + v : v;
             }
         }
-    }
 }
 
 /* One thread per piece of the n_mats * rows rows. */
@@ -299,15 +312,33 @@ static qd_status qg_fill(const qd_weight *w, qg_params *p) {
     }
 }
 
+/* Rows per warp: enough rows for 32 QV_U pieces per warp step when a row's pieces are a
+ * multiple of 32 (every released shape), else one. */
+static int qv_rows(int64_t pieces) {
+    if (pieces % 32) return 1;
+    return pieces >= 32 * QV_U ? 1 : pieces >= 16 * QV_U ? 2 : 4;
+}
+
+template <class F, int ROWS>
+static void qv_launch_rows(const qd_cuda_qmats &m, const uint16_t *x, int64_t ldx, int n, float *y, int64_t ldy,
+                           int accumulate, cudaStream_t st) {
+    const unsigned blocks = (unsigned)qg_ceil(m.rows, (int64_t)QG_WARPS * ROWS); /* one wave per row group: no tail loop */
+    const dim3 b(QG_WARPS * 32);
+    if (n <= 1) qgemv_vec<F, 1, ROWS><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
+    else if (n <= 2) qgemv_vec<F, 2, ROWS><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
+    else if (n <= 4) qgemv_vec<F, 4, ROWS><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
+    else if (n <= 8) qgemv_vec<F, 8, ROWS><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
+    else qgemv_vec<F, 16, ROWS><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
+}
+
 template <class F>
 static void qv_launch(const qd_cuda_qmats &m, const uint16_t *x, int64_t ldx, int n, float *y, int64_t ldy,
-                      int accumulate, unsigned blocks, cudaStream_t st) {
-    const dim3 b(QG_WARPS * 32);
-    if (n <= 1) qgemv_vec<F, 1><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
-    else if (n <= 2) qgemv_vec<F, 2><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
-    else if (n <= 4) qgemv_vec<F, 4><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
-    else if (n <= 8) qgemv_vec<F, 8><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
-    else qgemv_vec<F, 16><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
+                      int accumulate, cudaStream_t st) {
+    switch (qv_rows(m.cols / F::COLS)) {
+    case 1: qv_launch_rows<F, 1>(m, x, ldx, n, y, ldy, accumulate, st); break;
+    case 2: qv_launch_rows<F, 2>(m, x, ldx, n, y, ldy, accumulate, st); break;
+    default: qv_launch_rows<F, 4>(m, x, ldx, n, y, ldy, accumulate, st); break;
+    }
 }
 
 extern "C" qd_status qd_cuda_qgemv(const qd_weight *w, const uint16_t *d_x, int64_t ldx, int n, float *d_y,
@@ -325,9 +356,9 @@ extern "C" qd_status qd_cuda_qgemv(const qd_weight *w, const uint16_t *d_x, int6
     cudaStream_t st = (cudaStream_t)stream;
     qd_cuda_qmats m;
     if (qd_cuda_qmats_of(w, &m) && ldx % 8 == 0 && ((uintptr_t)d_x & 15) == 0 && ((uintptr_t)w->data & 15) == 0) {
-        if (w->dtype == QD_DTYPE_F8_E4M3) qv_launch<qf_f8>(m, d_x, ldx, n, d_y, ldy, accumulate, blocks, st);
-        else if (w->dtype == QD_DTYPE_INT4) qv_launch<qf_int4>(m, d_x, ldx, n, d_y, ldy, accumulate, blocks, st);
-        else qv_launch<qf_nvfp4>(m, d_x, ldx, n, d_y, ldy, accumulate, blocks, st);
+        if (w->dtype == QD_DTYPE_F8_E4M3) qv_launch<qf_f8>(m, d_x, ldx, n, d_y, ldy, accumulate, st);
+        else if (w->dtype == QD_DTYPE_INT4) qv_launch<qf_int4>(m, d_x, ldx, n, d_y, ldy, accumulate, st);
+        else qv_launch<qf_nvfp4>(m, d_x, ldx, n, d_y, ldy, accumulate, st);
         QD_CUDA_CHECK_LAUNCH("qgemv");
         return QD_OK;
     }
