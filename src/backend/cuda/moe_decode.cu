@@ -111,8 +111,10 @@ __device__ __forceinline__ int group_tokens(int n, int g, int *list) {
     return m;
 }
 
+/* bf16: 4 blocks per SM (64 registers); a quantized piece decodes into more registers,
+ * so 3 blocks of more loads each */
 template <class WF>
-__global__ void __launch_bounds__(GU_NT, 4)
+__global__ void __launch_bounds__(GU_NT, WF::DTYPE == QD_DTYPE_BF16 ? 4 : 3)
 moe_gate_up_decode(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restrict__ x, const int32_t *sel, const uint16_t *__restrict__ gate_up,
                    float *__restrict__ act, int32_t *__restrict__ counters, int n_ctr, int P, int H, int I, int E,
                    int k, const uint16_t *__restrict__ sh_gate_up, int Is, float *__restrict__ sh_act) {
@@ -124,7 +126,7 @@ moe_gate_up_decode(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restr
     const bool shared = p >= P;                 /* the block rows after the pairs (only with sh_gate_up) */
     const int rows = shared ? Is : I;
     constexpr bool BF = WF::DTYPE == QD_DTYPE_BF16;
-    constexpr int U = BF ? GU_U : 2;        /* a quantized piece holds 2x or 4x the columns */
+    constexpr int U = BF ? GU_U : WF::COLS == 16 ? 4 : 2; /* pieces per lane in flight: a 2048-column row of FP8 at once */
     constexpr int PC = WF::COLS / 8;        /* x's 16-byte pieces (8 bf16) per weight piece */
     constexpr int SUBC = WF::COLS / WF::NSUB;
     const int H8 = H >> 3, NP = H / WF::COLS; /* H % WF::COLS == 0 for the quantized layouts (moe.cu) */
@@ -277,7 +279,7 @@ moe_gate_up_decode(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restr
 }
 
 template <class WF>
-__global__ void __launch_bounds__(DN_NT, 4)
+__global__ void __launch_bounds__(DN_NT, WF::DTYPE == QD_DTYPE_BF16 ? 4 : 3)
 moe_down_decode(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const float *wts, const uint16_t *__restrict__ down,
                 const float *act, float *out, int32_t *counters, float *__restrict__ y, int n_ctr, int P, int H,
                 int I, int E, int k, const uint16_t *__restrict__ sh_down, int Is, const float *sh_act,
