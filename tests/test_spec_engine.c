@@ -13,7 +13,10 @@
  *       same tokens;
  *   (f) the counters: drafted = K per verify step (less near the end), accepted by
  *       position adds up, perfect drafts are all accepted;
- *   (g) a model without an MTP head, bad K: engine creation fails, naming why.
+ *   (g) a model without an MTP head, bad K: engine creation fails, naming why;
+ *   (h) a grammar-constrained request does not speculate (no verify step of its own) and
+ *       gives what it gives without speculation, beside an unconstrained one that does.
+ * Batch-invariant runs also compare the reported logprobs bit for bit.
  * The sampled path's distribution is test_spec_sampling. */
 #include <pthread.h>
 #include <string.h>
@@ -21,6 +24,7 @@
 #include "qd_fixtures.h"
 #include "qd_test.h"
 #include "runtime/engine_internal.h"
+#include "runtime/grammar/constraint.h"
 
 #define N_REQ 4
 #define MAX_OUT 40
@@ -32,6 +36,7 @@ typedef struct collector {
     qd_engine *e;
     uint64_t id;
     int32_t toks[MAX_OUT];
+    float lps[MAX_OUT]; /* the reported logprobs: bit for bit in batch-invariant mode */
     int n;
     qd_finish_reason finish;
     int finish_events, bad_counts;
@@ -42,7 +47,10 @@ static int on_event(void *user, const qd_engine_event *ev) {
     collector *c = user;
     int ret = 0;
     pthread_mutex_lock(&g_mu);
-    if (ev->has_token && c->n < MAX_OUT) c->toks[c->n++] = ev->sample.token;
+    if (ev->has_token && c->n < MAX_OUT) {
+        c->lps[c->n] = ev->sample.logprob;
+        c->toks[c->n++] = ev->sample.token;
+    }
     if (ev->completion_tokens != c->n) c->bad_counts++;
     if (c->cancel_at && c->n == c->cancel_at && ev->finish == QD_FINISH_NONE) qd_engine_cancel(c->e, c->id);
     if (c->stop_at && c->n == c->stop_at) ret = 1;
@@ -189,10 +197,16 @@ static void check_fixture(fixture *f) {
                 const run_opts o = base_opts(k, inv);
                 replay rp = {.first_id = 1, .plain = (const int32_t(*)[MAX_OUT])ptoks[inv], .n_plain = pn[inv], .n_req = N_REQ};
                 if (run(f, &o, cs, perfect ? &rp : NULL, &st)) return;
-                int ok = 1;
-                for (int i = 0; i < N_REQ; i++) ok &= same(&cs[i], ptoks[inv][i], pn[inv][i]);
+                int ok = 1, bits = 1;
+                for (int i = 0; i < N_REQ; i++) {
+                    ok &= same(&cs[i], ptoks[inv][i], pn[inv][i]);
+                    bits &= !memcmp(cs[i].lps, plain[inv][i].lps, sizeof(float) * (size_t)pn[inv][i]);
+                }
                 CHECKF(ok, "%s k=%d %s %s: speculative greedy differs from plain greedy", f->dir, k,
                        inv ? "batch-invariant" : "default mode", perfect ? "perfect drafts" : "MTP drafts");
+                /* batch-invariant: the verify rows are the decode rows bit for bit */
+                if (inv) CHECKF(bits, "%s k=%d %s: logprobs not bit-identical to plain greedy's", f->dir, k,
+                                perfect ? "perfect drafts" : "MTP drafts");
                 check_stats(f, &st, k, perfect, perfect ? "perfect" : "MTP");
                 if (perfect) /* every step but the last of each request emits k + 1 tokens */
                     CHECKF(st.spec_verify_steps <= (uint64_t)(MAX_OUT + 23 + 31 + 12) / (k + 1) + 4 * N_REQ,
@@ -332,12 +346,87 @@ static void check_errors(fixture *f) {
     }
 }
 
+/* (h): tokens are single bytes (ids < 256; the rest left out of the trie), the grammar
+ * one or more of 'a'..'p'. */
+static void check_constrained(fixture *f) {
+    const int V = qd_model_vocab_size(f->m);
+    unsigned char bytes[256];
+    const unsigned char *toks[512];
+    int lens[512];
+    for (int i = 0; i < V && i < 512; i++) {
+        if (i < 256) bytes[i] = (unsigned char)i;
+        toks[i] = i < 256 ? &bytes[i] : NULL;
+        lens[i] = i < 256 ? 1 : -1;
+    }
+    qd_token_trie *trie = NULL;
+    qd_err err = {0};
+    CHECKF(qd_token_trie_build_bytes(toks, lens, V, &trie, &err) == QD_OK, "trie: %s", err.msg);
+    if (!trie) return;
+    int32_t out[2][2][MAX_OUT], n_out[2][2];
+    uint64_t steps[2];
+    for (int k = 0; k <= 2; k += 2) {
+        qd_engine_params ep = qd_engine_default_params();
+        ep.max_num_seqs = 2;
+        ep.max_model_len = 128;
+        ep.speculative_tokens = k;
+        qd_engine *e = NULL;
+        CHECKF(qd_engine_create(f->m, &ep, &e, &err) == QD_OK, "%s", err.msg);
+        if (!e) break;
+        collector cs[2];
+        memset(cs, 0, sizeof cs);
+        for (int i = 0; i < 2; i++) {
+            qd_request_params rq = {0};
+            rq.sampling = qd_sampling_default_params();
+            rq.sampling.temperature = 0.0f;
+            rq.max_tokens = 16;
+            rq.ignore_eos = true;
+            if (i == 0) {
+                qd_grammar *g = qd_grammar_new();
+                const int root = qd_grammar_rule(g);
+                const int32_t letter = qd_grammar_range(g, 'a', 'p'), more[2] = {letter, root};
+                qd_grammar_alt(g, root, more, 2);
+                qd_grammar_alt(g, root, &letter, 1);
+                CHECK(qd_grammar_finish(g, root, &err) == QD_OK);
+                const int32_t *eos;
+                const int n_eos = qd_model_eos_ids(f->m, &eos);
+                const qd_constraint_params cp = {.trie = trie, .grammar = g, .eos = eos, .n_eos = n_eos, .start_after = -1};
+                CHECKF(qd_constraint_create(&cp, &rq.constraint, &err) == QD_OK, "constraint: %s", err.msg);
+            }
+            cs[i].e = e;
+            CHECKF(qd_engine_submit(e, f->prompt, g_lens[i], &rq, on_event, &cs[i], &cs[i].id, &err) == QD_OK, "%s",
+                   err.msg);
+        }
+        wait_done(cs, 2);
+        qd_engine_stats st;
+        qd_engine_get_stats(e, &st);
+        qd_engine_free(e);
+        steps[k / 2] = st.spec_verify_steps;
+        for (int i = 0; i < 2; i++) {
+            memcpy(out[k / 2][i], cs[i].toks, sizeof(int32_t) * MAX_OUT);
+            n_out[k / 2][i] = cs[i].n;
+        }
+        int in_grammar = cs[0].n > 0;
+        for (int t = 0; t < cs[0].n; t++) in_grammar &= cs[0].toks[t] >= 'a' && cs[0].toks[t] <= 'p';
+        CHECKF(in_grammar, "K=%d: the constrained output leaves the grammar", k);
+    }
+    /* the unconstrained request alone decodes 16 tokens: at most 15 verify steps, all its own */
+    CHECKF(steps[0] == 0 && steps[1] > 0 && steps[1] <= 15, "verify steps %llu / %llu", (unsigned long long)steps[0],
+           (unsigned long long)steps[1]);
+    for (int i = 0; i < 2; i++)
+        CHECKF(n_out[0][i] == n_out[1][i] && !memcmp(out[0][i], out[1][i], sizeof(int32_t) * (size_t)n_out[0][i]),
+               "request %d (%s): K=2 differs from K=0", i, i ? "unconstrained" : "constrained");
+    printf("  constrained request beside an unconstrained one: %llu verify steps (the unconstrained one's), outputs == K=0\n",
+           (unsigned long long)steps[1]);
+    qd_token_trie_free(trie);
+}
+
 int main(void) {
     const char *names[3] = {"qwen3_5_dense_mtp", "qwen3_5_moe_fused_mtp", "qwen3_next_moe_mtp"};
     for (int i = 0; i < 3; i++) {
         fixture f;
         if (load(&f, names[i])) continue;
         if (i == 0) check_errors(&f);
+        if (i == 0) check_constrained(&f);
         check_fixture(&f);
         qd_model_free(f.m);
     }

@@ -45,6 +45,10 @@ static void usage(FILE *f) {
                "  --batch-invariant         a request's tokens do not depend on what runs beside\n"
                "                            it (bit-identical logits alone or batched; slower;\n"
                "                            needs --max-batch-tokens >= 128; docs/batch-invariance.md)\n"
+               "  --speculative-tokens K    speculative decoding with the checkpoint's MTP head: K = 1..4\n"
+               "                            drafts verified per decode step (0 = off, the default); the\n"
+               "                            output is plain decoding's; /metrics counts the drafts kept.\n"
+               "                            Requests with response_format / tool_choice do not speculate\n"
                "  --http-threads N          HTTP polling threads (default 1)\n"
                "  --max-body-bytes N        request body limit (default 4 MiB)\n"
                CLI_MODEL_OPTS_HELP);
@@ -215,6 +219,8 @@ int qd_cmd_serve(int argc, char **argv) {
             if (!bad) c->engine.prefix_cache_host_bytes = (size_t)n;
         }
         else if (!strcmp(a, "--batch-invariant")) c->engine.batch_invariant = 1;
+        else if (!strcmp(a, "--speculative-tokens"))
+            bad = parse_int_opt(argc, argv, &i, 0, 4, &c->engine.speculative_tokens);
         else if (!strcmp(a, "--prefix-snapshot-interval"))
             bad = parse_int_opt(argc, argv, &i, 0, 1 << 24, &c->engine.prefix_snapshot_interval);
         else if (!strcmp(a, "--http-threads")) bad = parse_int_opt(argc, argv, &i, 1, 256, &c->http_threads);
