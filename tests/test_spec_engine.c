@@ -16,6 +16,10 @@
  *   (g) a model without an MTP head, bad K: engine creation fails, naming why;
  *   (h) a grammar-constrained request does not speculate (no verify step of its own) and
  *       gives what it gives without speculation, beside an unconstrained one that does.
+ *   (i) n = 3 sequences of one prompt (qd_engine_submit_n: forked after the prefill,
+ *       sharing its blocks and MTP KV) and, in batch-invariant mode, a 100-token prompt
+ *       through the prefix cache twice (snapshots at 64-token boundaries only): the
+ *       tokens of K = 0, and the second pass hits.
  * Batch-invariant runs also compare the reported logprobs bit for bit.
  * The sampled path's distribution is test_spec_sampling. */
 #include <pthread.h>
@@ -420,6 +424,65 @@ static void check_constrained(fixture *f) {
     qd_token_trie_free(trie);
 }
 
+/* (i): one engine per K in {0, k}; n forks of a 45-token prompt, then a 100-token prompt
+ * twice (invariant mode, cache on). Returns via out [2][n + 2][MAX_OUT]. */
+static void forks_and_cache(fixture *f, int k, int32_t out[5][MAX_OUT], int n_out[5], uint64_t *hits,
+                            uint64_t *verify) {
+    qd_engine_params ep = qd_engine_default_params();
+    ep.max_num_seqs = 4;
+    ep.max_model_len = 160;
+    ep.max_batch_tokens = 128;
+    ep.batch_invariant = 1;
+    ep.speculative_tokens = k;
+    ep.prefix_cache_bytes = 64 << 20;
+    qd_engine *e = NULL;
+    qd_err err = {0};
+    CHECKF(qd_engine_create(f->m, &ep, &e, &err) == QD_OK, "%s", err.msg);
+    if (!e) return;
+    collector cs[5];
+    memset(cs, 0, sizeof cs);
+    qd_request_params rq = {0};
+    rq.sampling = qd_sampling_default_params();
+    rq.sampling.temperature = 0.0f;
+    rq.max_tokens = 20;
+    rq.ignore_eos = true;
+    void *users[3] = {&cs[0], &cs[1], &cs[2]};
+    uint64_t ids[3];
+    for (int i = 0; i < 5; i++) cs[i].e = e;
+    CHECKF(qd_engine_submit_n(e, f->prompt, 45, &rq, 3, on_event, users, ids, &err) == QD_OK, "%s", err.msg);
+    wait_done(cs, 3);
+    int32_t longp[100];
+    for (int i = 0; i < 100; i++) longp[i] = f->prompt[i % 45];
+    for (int pass = 0; pass < 2; pass++) {
+        CHECK(qd_engine_submit(e, longp, 100, &rq, on_event, &cs[3 + pass], &cs[3 + pass].id, &err) == QD_OK);
+        wait_done(&cs[3 + pass], 1);
+    }
+    qd_engine_stats st;
+    qd_engine_get_stats(e, &st);
+    qd_engine_free(e);
+    for (int i = 0; i < 5; i++) {
+        memcpy(out[i], cs[i].toks, sizeof(int32_t) * MAX_OUT);
+        n_out[i] = cs[i].n;
+    }
+    *hits = st.prefix_hit_tokens;
+    *verify = st.spec_verify_steps;
+}
+
+static void check_forks_and_cache(fixture *f) {
+    int32_t ref[5][MAX_OUT], got[5][MAX_OUT];
+    int n_ref[5], n_got[5];
+    uint64_t hits, verify;
+    forks_and_cache(f, 0, ref, n_ref, &hits, &verify);
+    for (int k = 1; k <= 4; k += 3) {
+        forks_and_cache(f, k, got, n_got, &hits, &verify);
+        for (int i = 0; i < 5; i++)
+            CHECKF(n_got[i] == 20 && n_got[i] == n_ref[i] && !memcmp(got[i], ref[i], sizeof(int32_t) * 20),
+                   "%s k=%d: %s %d differs from K=0", f->dir, k, i < 3 ? "fork" : "cached prompt pass", i < 3 ? i : i - 3);
+        CHECKF(hits >= 64 && verify > 0, "%s k=%d: %llu prefix hit tokens, %llu verify steps", f->dir, k,
+               (unsigned long long)hits, (unsigned long long)verify);
+    }
+}
+
 int main(void) {
     const char *names[3] = {"qwen3_5_dense_mtp", "qwen3_5_moe_fused_mtp", "qwen3_next_moe_mtp"};
     for (int i = 0; i < 3; i++) {
@@ -427,6 +490,7 @@ int main(void) {
         if (load(&f, names[i])) continue;
         if (i == 0) check_errors(&f);
         if (i == 0) check_constrained(&f);
+        check_forks_and_cache(&f);
         check_fixture(&f);
         qd_model_free(f.m);
     }

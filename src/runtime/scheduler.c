@@ -281,7 +281,7 @@ static int schedule_running(qd_engine *e, int *budget) {
             if (e->pc && qd_prefix_cache_reclaimable_blocks(e->pc) > 0 && qd_prefix_cache_evict_one(e->pc)) continue;
             int fit = tokens_fitting(e, r, chunk, avail_blocks(e));
             if (invariant(e)) fit = invariant_end(r, c, c + fit) - c;
-            if (fit >= 1) {
+            if (fit >= 1 && !spec_decode) { /* a speculating decode is one token already: its MTP blocks are the shortfall */
                 chunk = fit;
                 continue;
             }
