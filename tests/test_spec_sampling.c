@@ -69,7 +69,7 @@ static void reference(qd_model *m, const int32_t *prompt, const int32_t *gen, in
     CHECK(qd_context_create(m, &cp, &ctx) == QD_OK);
     int32_t toks[64];
     memcpy(toks, prompt, sizeof(int32_t) * N_PROMPT);
-    memcpy(toks + N_PROMPT, gen, sizeof(int32_t) * (size_t)n_gen);
+    if (n_gen) memcpy(toks + N_PROMPT, gen, sizeof(int32_t) * (size_t)n_gen);
     float *row = malloc(sizeof(float) * V);
     qd_span s = {.seq = 0, .tokens = toks, .n_tokens = N_PROMPT + n_gen, .logits = QD_LOGITS_LAST};
     CHECK(qd_forward(ctx, &s, 1, row) == QD_OK);
