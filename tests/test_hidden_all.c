@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "qd_fixtures.h"
+#include "model/model.h"
 #include "qd_test.h"
 
 static void check(const char *dir) {
@@ -48,6 +49,19 @@ static void check(const char *dir) {
     /* errors */
     const qd_forward_args no_buf = {.spans = spans, .n_spans = 1, .logits = logits, .hidden_all = flags};
     CHECK(qd_forward_ex(ctx, &no_buf) == QD_ERR_INVALID_ARG && strstr(qd_context_errmsg(ctx), "all_hidden"));
+    /* qd_mtp_adopt (the engine's prefix-cache restore): needs params.mtp, n <= length */
+    CHECK(qd_mtp_adopt(ctx, 0, 1) == QD_ERR_UNSUPPORTED);
+    qd_context *mc = NULL;
+    cp.mtp = 1;
+    CHECK(qd_context_create(m, &cp, &mc) == QD_OK);
+    if (mc) {
+        const qd_span s0 = {0, ta, A, QD_LOGITS_NONE};
+        CHECK(qd_forward(mc, &s0, 1, NULL) == QD_OK);
+        CHECK(qd_mtp_adopt(mc, 0, A + 1) == QD_ERR_INVALID_ARG && strstr(qd_context_errmsg(mc), "MTP length"));
+        CHECK(qd_mtp_adopt(mc, 9, 1) == QD_ERR_INVALID_ARG);
+        CHECK(qd_mtp_adopt(mc, 0, A) == QD_OK && qd_mtp_length(mc, 0) == A);
+        qd_context_free(mc);
+    }
     free(all);
     free(logits);
     free(ref);

@@ -142,6 +142,8 @@ static void print_banner(const srv_server *s, const cli_model_opts *mo, bool pre
         human(di.total_bytes, tot, sizeof tot);
         snprintf(device, sizeof device, "  device     %s, %s free of %s\n", di.name, fr, tot);
     }
+    char spec[64] = "";
+    if (p->speculative_tokens) snprintf(spec, sizeof spec, ", speculative decoding K=%d (MTP head)", p->speculative_tokens);
     char prefix[160];
     if (p->prefix_cache_bytes == 0) snprintf(prefix, sizeof prefix, "off");
     else snprintf(prefix, sizeof prefix, "on, %s%s%s", pc, prefix_auto ? " (from the memory left; --no-prefix-cache turns it off)" : "",
@@ -149,12 +151,12 @@ static void print_banner(const srv_server *s, const cli_model_opts *mo, bool pre
     fprintf(stderr,
             "qdelta serve: ready on http://%s:%d\n"
             "  model      \"%s\" (%s, %s)\n"
-            "  backend    %s%s%s\n"
+            "  backend    %s%s%s%s\n"
             "%s"
             "  memory     weights %s, GDN state %s (%d seqs), KV cache %s (%d tokens each)\n"
             "  prefix cache %s\n",
             c->host, c->port, c->model_name, qd_model_type(s->model), mo->model_dir, backend,
-            c->api_key ? ", API key required" : "", p->batch_invariant ? ", batch-invariant" : "", device, w, st,
+            c->api_key ? ", API key required" : "", p->batch_invariant ? ", batch-invariant" : "", spec, device, w, st,
             p->max_num_seqs, kv, p->max_model_len, prefix);
 }
 

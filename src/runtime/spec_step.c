@@ -94,7 +94,7 @@ void qd_spec_admitted(qd_engine *e, qd_request *r, int start) {
      * pending pairs are flushed first). Two approximations cost draft quality, never
      * output: the pair at start - 1 was made with the snapshot owner's token at `start`,
      * and a request that did not speculate (a constrained one) wrote no MTP KV. */
-    e->ctx->seqs[r->slot].mtp_length = start;
+    qd_mtp_adopt(e->ctx, r->slot, start); /* start is the slot's length: cannot fail */
 }
 
 int qd_spec_drafts_for(const qd_engine *e, const qd_request *r, int room) {
