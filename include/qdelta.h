@@ -272,6 +272,12 @@ typedef struct qd_forward_args {
     int32_t *ids;              /* [n_logit_rows], or NULL */
     float *logprobs;           /* [n_logit_rows], or NULL */
     float *hidden;             /* [n_logit_rows][hidden_size], or NULL */
+    /* [n_spans], or NULL: spans i with hidden_all[i] write the final-normed hidden state of
+     * every token (not only their logit rows) to all_hidden [sum of their n_tokens]
+     * [hidden_size], in span order: the MTP head's inputs over a prefill chunk. Needs a
+     * backend with the MTP forward. */
+    const uint8_t *hidden_all;
+    float *all_hidden;
 } qd_forward_args;
 qd_status qd_forward_ex(qd_context *ctx, const qd_forward_args *args);
 

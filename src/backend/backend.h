@@ -151,6 +151,12 @@ typedef struct qd_logit_out {
     int vocab_limit;       /* in [1, vocab_size] */
     float *hidden;         /* [n_logit_rows][H] each logit row's hidden state after the final
                             * norm (the MTP head's input), or NULL */
+    /* [n_spans] or NULL: spans i with hidden_all[i] write the final-normed hidden state of
+     * every one of their rows, in span order, to all_hidden [sum of their T][H] (the MTP
+     * head's inputs over a prefill chunk, without that chunk's logit rows). A backend
+     * without mtp_forward never gets it (the model layer refuses). */
+    const uint8_t *hidden_all;
+    float *all_hidden;
 } qd_logit_out;
 
 /* --------------------------------------------------------- descriptions */

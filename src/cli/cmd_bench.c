@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/bench_spec.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 
@@ -14,13 +15,16 @@ static void usage(FILE *f) {
     fprintf(f, "usage: qdelta bench [-m DIR] [--backend cpu|cuda] [--load-format auto|dummy|dummy-f32] [-t N]\n"
                "                    [--tensor-parallel-size N] [--expert-parallel]\n"
                "                    [--prefill 512,4096] [--decode N] [--batch B] [--context T]\n"
-               "                    [--batch-invariant]\n"
+               "                    [--batch-invariant] [--speculative-tokens K]\n"
                "  Measures prefill tok/s for each prompt length (one sequence), then decode tok/s for\n"
                "  B sequences (default 1) after a T-token prompt each (default 512), against the decode\n"
                "  roofline: weights + GDN state + KV bytes per step over the measured copy bandwidth.\n"
                "  With --tensor-parallel-size N on CUDA it also reports the device time of the last\n"
                "  step's all-reduces (rank 0, waiting for the other ranks included).\n"
                "  --batch-invariant measures the batch-invariant mode (docs/batch-invariance.md).\n"
+               "  --speculative-tokens K (1..4) also measures decode through the serving engine for the B\n"
+               "  requests without and with speculative decoding (K MTP drafts per step; the model needs\n"
+               "  an MTP head), with the acceptance by draft position; the greedy outputs must agree.\n"
                "  Without -m it measures the embedded default model.\n"
                CLI_MODEL_OPTS_HELP);
 }
@@ -78,6 +82,7 @@ int qd_cmd_bench(int argc, char **argv) {
     int prefill[8] = {512, 4096}, n_prefill = 2;
     long n_decode = 32, batch = 1, context = 512;
     int batch_invariant = 0;
+    long spec_k = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_model_opt(&mo, argc, argv, &i);
         if (r < 0) return 2;
@@ -95,6 +100,9 @@ int qd_cmd_bench(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--context")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_int("--context", v, 1, 1 << 20, &context)) return 2;
+        } else if (!strcmp(argv[i], "--speculative-tokens")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_int("--speculative-tokens", v, 0, 4, &spec_k)) return 2;
         } else if (!strcmp(argv[i], "--batch-invariant")) {
             batch_invariant = 1;
         } else { fprintf(stderr, "qdelta bench: unknown option '%s'\n", argv[i]); usage(stderr); return 2; }
@@ -196,6 +204,13 @@ int qd_cmd_bench(int argc, char **argv) {
     printf("RESULT decode backend=%s B=%ld ctx=%ld tok_s=%.2f step_ms=%.4f GB_per_step=%.4f copy_GBps=%.0f pct_roofline=%.1f%s\n",
            backend, batch, context, steps * batch, 1e3 / steps, bytes / 1e9, bw,
            roof_steps > 0 ? 100.0 * steps / roof_steps : 0.0, allreduce_field(ctx, split, ar, sizeof ar));
+    fflush(stdout);
+    if (spec_k > 0) {
+        qd_context_free(ctx); /* the engines plan their own */
+        ctx = NULL;
+        const cli_bench_spec bs = {.k = (int)spec_k, .batch = (int)batch, .context = (int)context, .n_decode = (int)n_decode};
+        if (cli_bench_spec_run(m, &bs)) goto done;
+    }
     rc = 0;
 done:
     free(ids);

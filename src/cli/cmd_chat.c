@@ -96,7 +96,7 @@ int qd_cmd_chat(int argc, char **argv) {
     int rc = 1;
     if (cli_load_tokenizer(mo.model_dir, &tok) || cli_load_chat_template(mo.model_dir, &tpl)) goto done;
     cli_apply_generation_defaults(&go, m);
-    if (cli_session_open(&s, m, tok, (int)ctx_size, 512)) goto done;
+    if (cli_session_open_spec(&s, m, tok, (int)ctx_size, 512, go.speculative_tokens)) goto done;
     if (system_msg) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system_msg));
 
     struct sigaction sa;
@@ -137,6 +137,7 @@ int qd_cmd_chat(int argc, char **argv) {
                 fprintf(stderr, "[%d prompt tokens computed, %d generated, %.1f tok/s, first token %.3f s]\n",
                         res.n_prompt_fed, res.n_ids, res.n_ids > 1 ? (res.n_ids - 1) / (res.t_decode > 0 ? res.t_decode : 1e-9) : 0.0,
                         res.t_first);
+            if (!mo.quiet) cli_print_spec_line(stderr, &res);
         } else {
             json_array_remove(msgs, json_array_size(msgs) - 1); /* the turn failed: forget its message */
         }

@@ -91,7 +91,7 @@ int qd_cmd_run(int argc, char **argv) {
     if (!go.temperature_set && prompt_ids) go.sampling.temperature = 0.0f; /* ids: greedy unless told */
     if (n_prompt == 0) { fprintf(stderr, "qdelta run: empty prompt\n"); goto done; }
     int max_ctx = ctx_size ? (int)ctx_size : n_prompt + go.max_tokens + 1;
-    if (cli_session_open(&s, m, tok, max_ctx, n_prompt < 512 ? n_prompt : 512)) goto done;
+    if (cli_session_open_spec(&s, m, tok, max_ctx, n_prompt < 512 ? n_prompt : 512, go.speculative_tokens)) goto done;
 
     FILE *stream = prompt_ids ? NULL : stdout;
     if (stream && !chat) { fputs(prompt, stdout); fflush(stdout); }
@@ -104,6 +104,7 @@ int qd_cmd_run(int argc, char **argv) {
         fprintf(stderr, "prompt %d tokens %.1f tok/s | generated %d tokens %.1f tok/s | time to first token %.3f s | finish: %s\n",
                 n_prompt, res.n_prompt_fed / (res.t_prefill > 0 ? res.t_prefill : 1e-9), res.n_ids,
                 res.n_ids > 1 ? (res.n_ids - 1) / (res.t_decode > 0 ? res.t_decode : 1e-9) : 0.0, res.t_first, res.finish);
+    if (!mo.quiet) cli_print_spec_line(stderr, &res);
     if (ids_out && write_ids(ids_out, res.ids, res.n_ids)) goto done;
     rc = 0;
 done:

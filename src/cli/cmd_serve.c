@@ -45,6 +45,10 @@ static void usage(FILE *f) {
                "  --batch-invariant         a request's tokens do not depend on what runs beside\n"
                "                            it (bit-identical logits alone or batched; slower;\n"
                "                            needs --max-batch-tokens >= 128; docs/batch-invariance.md)\n"
+               "  --speculative-tokens K    speculative decoding with the checkpoint's MTP head: K = 1..4\n"
+               "                            drafts verified per decode step (0 = off, the default); the\n"
+               "                            output is plain decoding's; /metrics counts the drafts kept.\n"
+               "                            Requests with response_format / tool_choice do not speculate\n"
                "  --http-threads N          HTTP polling threads (default 1)\n"
                "  --max-body-bytes N        request body limit (default 4 MiB)\n"
                CLI_MODEL_OPTS_HELP);
@@ -138,6 +142,8 @@ static void print_banner(const srv_server *s, const cli_model_opts *mo, bool pre
         human(di.total_bytes, tot, sizeof tot);
         snprintf(device, sizeof device, "  device     %s, %s free of %s\n", di.name, fr, tot);
     }
+    char spec[64] = "";
+    if (p->speculative_tokens) snprintf(spec, sizeof spec, ", speculative decoding K=%d (MTP head)", p->speculative_tokens);
     char prefix[160];
     if (p->prefix_cache_bytes == 0) snprintf(prefix, sizeof prefix, "off");
     else snprintf(prefix, sizeof prefix, "on, %s%s%s", pc, prefix_auto ? " (from the memory left; --no-prefix-cache turns it off)" : "",
@@ -145,12 +151,12 @@ static void print_banner(const srv_server *s, const cli_model_opts *mo, bool pre
     fprintf(stderr,
             "qdelta serve: ready on http://%s:%d\n"
             "  model      \"%s\" (%s, %s)\n"
-            "  backend    %s%s%s\n"
+            "  backend    %s%s%s%s\n"
             "%s"
             "  memory     weights %s, GDN state %s (%d seqs), KV cache %s (%d tokens each)\n"
             "  prefix cache %s\n",
             c->host, c->port, c->model_name, qd_model_type(s->model), mo->model_dir, backend,
-            c->api_key ? ", API key required" : "", p->batch_invariant ? ", batch-invariant" : "", device, w, st,
+            c->api_key ? ", API key required" : "", p->batch_invariant ? ", batch-invariant" : "", spec, device, w, st,
             p->max_num_seqs, kv, p->max_model_len, prefix);
 }
 
@@ -215,6 +221,8 @@ int qd_cmd_serve(int argc, char **argv) {
             if (!bad) c->engine.prefix_cache_host_bytes = (size_t)n;
         }
         else if (!strcmp(a, "--batch-invariant")) c->engine.batch_invariant = 1;
+        else if (!strcmp(a, "--speculative-tokens"))
+            bad = parse_int_opt(argc, argv, &i, 0, 4, &c->engine.speculative_tokens);
         else if (!strcmp(a, "--prefix-snapshot-interval"))
             bad = parse_int_opt(argc, argv, &i, 0, 1 << 24, &c->engine.prefix_snapshot_interval);
         else if (!strcmp(a, "--http-threads")) bad = parse_int_opt(argc, argv, &i, 1, 256, &c->http_threads);

@@ -26,6 +26,10 @@ void cli_apply_generation_defaults(cli_gen_opts *o, const qd_model *m) {
 }
 
 int cli_session_open(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch) {
+    return cli_session_open_spec(s, m, tok, max_ctx, max_batch, 0);
+}
+
+int cli_session_open_spec(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch, int k) {
     memset(s, 0, sizeof *s);
     s->model = m;
     s->tok = tok;
@@ -35,6 +39,23 @@ int cli_session_open(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx
     cp.max_seqs = 1;
     cp.max_ctx = max_ctx;
     cp.max_batch = max_batch;
+    if (k > 0) {
+        qd_engine_params ep = qd_engine_default_params();
+        ep.max_num_seqs = 1;
+        ep.max_model_len = max_ctx;
+        ep.max_batch_tokens = max_batch > k + 1 ? max_batch : k + 1;
+        ep.speculative_tokens = k;
+        /* a few snapshots and the blocks of one context: the next turn of a chat hits */
+        ep.prefix_cache_bytes = (size_t)qd_model_state_bytes(m) * 4 + (size_t)qd_model_kv_bytes_per_token(m) * (size_t)max_ctx * 2;
+        ep.prefix_snapshot_interval = 0;
+        qd_err err = {0};
+        if (qd_engine_create(m, &ep, &s->engine, &err) != QD_OK) {
+            fprintf(stderr, "qdelta: --speculative-tokens %d: %s\n", k, err.msg);
+            return -1;
+        }
+        s->spec_k = k;
+        return 0;
+    }
     if (qd_context_create(m, &cp, &s->ctx) != QD_OK) {
         fprintf(stderr, "qdelta: %s\n", qd_model_errmsg(m));
         return -1;
@@ -50,6 +71,7 @@ int cli_session_open(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx
 }
 
 void cli_session_close(cli_session *s) {
+    qd_engine_free(s->engine);
     qd_context_free(s->ctx);
     free(s->fed);
     free(s->logits);
@@ -103,6 +125,7 @@ static int append_text(cli_gen_result *r, size_t *cap, const char *t, size_t n, 
 
 int cli_generate(cli_session *s, const int32_t *prompt, int n_prompt, const cli_gen_opts *o, FILE *out,
                  volatile sig_atomic_t *interrupted, cli_gen_result *r) {
+    if (s->engine) return cli_generate_engine(s, prompt, n_prompt, o, out, interrupted, r);
     memset(r, 0, sizeof *r);
     qd_err err;
     qd_err_clear(&err);
@@ -245,6 +268,9 @@ int cli_parse_gen_opt(cli_gen_opts *o, int argc, char **argv, int *i) {
         o->stops[o->n_stops++] = v;
     } else if (!strcmp(a, "--ignore-eos")) {
         o->ignore_eos = true;
+    } else if (!strcmp(a, "--speculative-tokens")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_int(a, v, 0, 4, &n)) return -1;
+        o->speculative_tokens = (int)n;
     } else if (!strcmp(a, "--logprobs")) {
         if (!(v = cli_value(argc, argv, i)) || cli_int(a, v, 0, QD_MAX_LOGPROBS, &n)) return -1;
         o->print_logprobs = (int)n;
@@ -263,5 +289,9 @@ void cli_print_gen_opts_help(FILE *f) {
                "  --seed S                  same seed, same output\n"
                "  --stop STR                stop string (repeatable; matched across tokens)\n"
                "  --ignore-eos              do not stop at end-of-sequence tokens\n"
-               "  --logprobs N              print each token's logprob and N alternatives to stderr\n");
+               "  --logprobs N              print each token's logprob and N alternatives to stderr\n"
+               "  --speculative-tokens K    speculative decoding with the checkpoint's MTP head: K = 1..4\n"
+               "                            drafts verified per step (0 = off, the default); the output is\n"
+               "                            plain decoding's (greedy: the same tokens); prints a\n"
+               "                            'speculative:' line with the acceptance on stderr\n");
 }

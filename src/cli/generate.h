@@ -12,12 +12,18 @@
 
 #include "io/tokenizer.h"
 #include "qdelta.h"
+#include "runtime/engine.h"
 #include "runtime/sampler.h"
 #include "runtime/stop.h"
 
 typedef struct cli_session {
     qd_model *model;
-    qd_context *ctx;          /* one sequence: slot 0 */
+    qd_context *ctx;          /* one sequence: slot 0 (NULL when speculating) */
+    /* Speculative decoding (--speculative-tokens K): the generation runs through an
+     * engine of one sequence, whose speculative path (runtime/spec_step.c) drafts with
+     * the MTP head; its prefix cache keeps a conversation's earlier turns. NULL: off. */
+    qd_engine *engine;
+    int spec_k;
     qd_tokenizer *tok;        /* NULL when the checkpoint has none (id-only commands) */
     int max_ctx, max_batch;
     int32_t *fed;             /* [max_ctx] tokens the sequence has consumed */
@@ -34,6 +40,7 @@ typedef struct cli_gen_opts {
     bool ignore_eos;
     bool skip_special;        /* leave special tokens out of the streamed text */
     int print_logprobs;       /* >0: print each token's logprob and top alternatives to stderr */
+    int speculative_tokens;   /* --speculative-tokens K: MTP drafts per step, 0 = off */
 } cli_gen_opts;
 
 typedef struct cli_gen_result {
@@ -44,6 +51,9 @@ typedef struct cli_gen_result {
     int n_prompt_fed;         /* prompt tokens actually computed (after prefix reuse) */
     double t_prefill, t_first, t_decode;
     const char *finish;       /* "length", "stop", "eos", "interrupted" */
+    /* speculative decoding (zeros when off): verify steps, drafts, accepted, by position */
+    int spec_k;
+    uint64_t spec_steps, spec_drafted, spec_accepted, spec_accepted_at[4];
 } cli_gen_result;
 
 cli_gen_opts cli_gen_default_opts(void);
@@ -51,6 +61,14 @@ cli_gen_opts cli_gen_default_opts(void);
  * temperature, top_p, top_k, repetition_penalty), as transformers' generate would use. */
 void cli_apply_generation_defaults(cli_gen_opts *o, const qd_model *m);
 int cli_session_open(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch);
+/* The same with K drafts per step (0: cli_session_open). A model without an MTP head, or
+ * a backend without the MTP forward, fails here with the engine's message. */
+int cli_session_open_spec(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch, int k);
+/* The generation of cli_generate through the session's engine (generate_engine.c). */
+int cli_generate_engine(cli_session *s, const int32_t *prompt, int n_prompt, const cli_gen_opts *o, FILE *out,
+                        volatile sig_atomic_t *interrupted, cli_gen_result *r);
+/* "speculative: ..." on f: acceptance rate and mean accepted length of a result. */
+void cli_print_spec_line(FILE *f, const cli_gen_result *r);
 void cli_session_close(cli_session *s);
 /* Streams text to `out` (may be NULL). Returns 0, or -1 with a message printed. */
 int cli_generate(cli_session *s, const int32_t *prompt, int n_prompt, const cli_gen_opts *o, FILE *out,

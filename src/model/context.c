@@ -26,8 +26,8 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
         return qd_seterr(&m->err, QD_ERR_INVALID_ARG, "speculative_tokens %d outside 0..4", p.speculative_tokens);
     if (p.mtp) {
         if (!m->ops->mtp_forward)
-            return qd_seterr(&m->err, QD_ERR_UNSUPPORTED,
-                             "speculative decoding: the %s backend has no MTP forward yet", m->ops->name);
+            return qd_seterr(&m->err, QD_ERR_UNSUPPORTED, "speculative decoding: the %s backend%s has no MTP forward yet",
+                             m->ops->name, m->split ? " split for tensor parallelism" : "");
         if (!m->w.mtp)
             return qd_seterr(&m->err, QD_ERR_UNSUPPORTED, "speculative decoding: %s",
                              m->mtp_missing[0] ? m->mtp_missing : "the model has no MTP head");

@@ -96,8 +96,14 @@ qd_status qd_forward_ex(qd_context *ctx, const qd_forward_args *a) {
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "rows of logits asked for but no logits buffer");
     if (a->logprobs && !a->ids)
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "log-probabilities asked for without an ids buffer");
+    if (a->hidden_all && !a->all_hidden)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "hidden states of every row asked for but no all_hidden buffer");
+    if (a->hidden_all && !ctx->model->ops->mtp_forward)
+        return qd_seterr(&ctx->err, QD_ERR_UNSUPPORTED, "the %s backend has no MTP forward (hidden states of every row)",
+                         ctx->model->ops->name);
     const qd_logit_out out = {.logits = a->logits, .full = a->full, .ids = a->ids, .logprobs = a->logprobs,
-                              .vocab_limit = a->vocab_limit ? a->vocab_limit : V, .hidden = a->hidden};
+                              .vocab_limit = a->vocab_limit ? a->vocab_limit : V, .hidden = a->hidden,
+                              .hidden_all = a->hidden_all, .all_hidden = a->all_hidden};
     return forward_v(ctx, a->spans, a->n_spans, a->verify, &out);
 }
 

@@ -34,6 +34,18 @@ qd_status qd_mtp_truncate(qd_context *ctx, int seq, int n) {
     return QD_OK;
 }
 
+qd_status qd_mtp_adopt(qd_context *ctx, int seq, int n) {
+    if (!ctx) return QD_ERR_INVALID_ARG;
+    if (seq < 0 || seq >= ctx->params.max_seqs)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, ctx->params.max_seqs);
+    if (!ctx->params.mtp) return qd_seterr(&ctx->err, QD_ERR_UNSUPPORTED, "the context has no MTP KV (params.mtp)");
+    if (n < 0 || n > ctx->seqs[seq].length)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "MTP length %d outside [0, %d] (the sequence's length)", n,
+                         ctx->seqs[seq].length);
+    ctx->seqs[seq].mtp_length = n;
+    return QD_OK;
+}
+
 static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd_span_rt *rt, int *n_rows,
                           int *n_logit_rows) {
     const qd_model *m = ctx->model;

@@ -186,6 +186,11 @@ qd_status qd_snap_to_host(qd_context *ctx, int slot, int length, void *dst, size
 qd_status qd_snap_load_state(qd_context *ctx, int seq, int slot);
 qd_status qd_snap_read_payload(qd_context *ctx, int slot, void *dst);
 
+/* A sequence's MTP KV length set to n (<= its length) without computing anything: the
+ * caller knows positions [0, n) of its blocks already hold the MTP KV (a prefix restored
+ * from the prefix cache, whose snapshots are taken where they do). forward_mtp.c. */
+qd_status qd_mtp_adopt(qd_context *ctx, int seq, int n);
+
 /* The backend model of a loaded model with its weights bound (model_backend.c): finds
  * the backend of m->backend (split when m->split) and makes its model. */
 qd_status qd_model_backend_create(qd_model *m, const qd_model_params *params, qd_err *err);

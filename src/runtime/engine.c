@@ -73,6 +73,10 @@ void qd_engine_publish_stats(qd_engine *e) {
     s->preemptions = e->preemptions;
     s->steps = e->steps;
     s->prefill_tokens_total = e->prefill_total;
+    s->spec_verify_steps = e->spec_steps;
+    s->spec_draft_tokens = e->spec_drafted;
+    s->spec_accepted_tokens = e->spec_accepted;
+    for (int i = 0; i < QD_SPEC_MAX; i++) s->spec_accepted_at[i] = e->spec_accepted_at[i];
     if (e->pc) {
         qd_prefix_cache_stats ps;
         qd_prefix_cache_get_stats(e->pc, &ps);
@@ -153,6 +157,7 @@ static void engine_destroy(qd_engine *e) {
     free(e->full);
     free(e->greedy_ids);
     free(e->greedy_lps);
+    qd_spec_engine_free(e);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e);
@@ -183,6 +188,9 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
                          "prefix_snapshot_interval %d >= 0",
                          p.max_num_seqs, p.max_model_len, p.max_batch_tokens, p.kv_block_size, p.max_waiting,
                          p.n_kv_blocks, p.prefix_snapshot_interval);
+    if (p.speculative_tokens < 0 || p.speculative_tokens > QD_SPEC_MAX)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "speculative_tokens %d is not in 0..%d (0: off)", p.speculative_tokens,
+                         QD_SPEC_MAX);
     if (p.batch_invariant && p.max_batch_tokens < 2 * QD_INVARIANT_ALIGN)
         return qd_seterr(err, QD_ERR_INVALID_ARG,
                          "batch-invariant mode needs max_batch_tokens >= %d (prompts are cut at multiples of %d), "
@@ -204,6 +212,8 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
     cp.n_kv_blocks = p.n_kv_blocks;
     cp.n_snap_slots = prefix_device_slots(model, &p);
     cp.batch_invariant = p.batch_invariant;
+    cp.mtp = p.speculative_tokens > 0; /* refused, saying why, without an MTP head or forward */
+    cp.speculative_tokens = p.speculative_tokens;
     qd_status st = qd_context_create(model, &cp, &e->ctx);
     if (st != QD_OK) {
         qd_seterr(err, st, "engine context: %s", qd_model_errmsg(model));
@@ -224,18 +234,23 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
         }
     }
     const size_t n = (size_t)p.max_num_seqs;
+    const size_t rows = n * (size_t)(p.speculative_tokens + 1); /* a verify span: a logit row per token */
     e->running = calloc(n, sizeof *e->running);
     e->free_slots = calloc(n, sizeof *e->free_slots);
     e->spans = calloc(n, sizeof *e->spans);
     e->span_req = calloc(n, sizeof *e->span_req);
-    e->logits = malloc(n * (size_t)e->vocab * sizeof(float));
-    e->full = calloc(n, 1);
-    e->greedy_ids = calloc(n, sizeof *e->greedy_ids);
-    e->greedy_lps = calloc(n, sizeof *e->greedy_lps);
+    e->logits = malloc(rows * (size_t)e->vocab * sizeof(float));
+    e->full = calloc(rows, 1);
+    e->greedy_ids = calloc(rows, sizeof *e->greedy_ids);
+    e->greedy_lps = calloc(rows, sizeof *e->greedy_lps);
     if (!e->running || !e->free_slots || !e->spans || !e->span_req || !e->logits || !e->full || !e->greedy_ids ||
         !e->greedy_lps) {
         engine_destroy(e);
         return qd_seterr(err, QD_ERR_OOM, "out of memory for the engine's step buffers (%d sequences)", p.max_num_seqs);
+    }
+    if ((st = qd_spec_engine_init(e, err)) != QD_OK) {
+        engine_destroy(e);
+        return st;
     }
     /* slot 0 on top of the stack, so single-request runs always use the same slot */
     for (int i = 0; i < p.max_num_seqs; i++) e->free_slots[i] = p.max_num_seqs - 1 - i;
@@ -324,10 +339,16 @@ static qd_status new_request(qd_engine *e, const int32_t *prompt, int n_prompt, 
         free(r);
         return st;
     }
+    r->params = *params;
+    if ((st = qd_spec_request_init(e, r, err)) != QD_OK) {
+        qd_sampler_free(r->sampler);
+        free(r->tokens);
+        free(r);
+        return st;
+    }
     memcpy(r->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
     r->n_prompt = r->n_tokens = n_prompt;
     r->slot = -1;
-    r->params = *params;
     r->cb = cb;
     r->user = user;
     r->phase = QD_SEQ_WAITING;
@@ -336,6 +357,7 @@ static qd_status new_request(qd_engine *e, const int32_t *prompt, int n_prompt, 
 }
 
 static void free_request(qd_request *r) {
+    free(r->pend_h);
     qd_sampler_free(r->sampler);
     free(r->tokens);
     free(r);

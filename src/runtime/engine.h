@@ -52,6 +52,13 @@ typedef struct qd_engine_params {
      * multiples of QD_INVARIANT_ALIGN, and the prefix cache snapshots and restores only
      * there (see scheduler.c). */
     int batch_invariant;
+    /* Speculative decoding with the checkpoint's MTP head (spec_step.c): 1..4 draft
+     * tokens per decode step, verified in the step's one forward beside everything else
+     * (0: off). The output is what plain decoding gives: greedy token for token (bit for
+     * bit in batch-invariant mode), sampled in distribution. A model without an MTP head
+     * or a backend without the MTP forward fails qd_engine_create, saying which.
+     * Constrained requests (a grammar) do not speculate. */
+    int speculative_tokens;
 } qd_engine_params;
 
 qd_engine_params qd_engine_default_params(void);
@@ -172,6 +179,12 @@ typedef struct qd_engine_stats {
     uint64_t prefix_hit_tokens, prefix_query_tokens, prefix_evictions, prefix_spills, prefix_host_restores;
     int prefix_snapshots, prefix_blocks, prefix_device_snapshots, prefix_host_snapshots;
     size_t prefix_bytes, prefix_device_bytes, prefix_host_bytes;
+    /* speculative decoding (all 0 when off): verify steps (one per speculating sequence
+     * and step), draft tokens verified, of them accepted, and accepted by draft position
+     * (accepted_at[i]: drafts kept at position i of a step; position i is reached only
+     * when 0..i-1 were kept) */
+    uint64_t spec_verify_steps, spec_draft_tokens, spec_accepted_tokens;
+    uint64_t spec_accepted_at[4];
 } qd_engine_stats;
 void qd_engine_get_stats(qd_engine *e, qd_engine_stats *out);
 

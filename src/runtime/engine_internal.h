@@ -11,6 +11,9 @@
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
+#include "runtime/spec_accept.h"
+
+#define QD_SPEC_MAX 4 /* draft tokens per step at most (qd_context_params.speculative_tokens) */
 
 typedef enum qd_seq_phase {
     QD_SEQ_WAITING = 0,  /* queued; holds no slot and no blocks */
@@ -41,6 +44,18 @@ typedef struct qd_request {
     int cancel_seen;          /* copied from cancel_requested at a step boundary (engine thread) */
     int step_chunk;           /* tokens scheduled in the current step */
     int snap_branch;          /* prefix cache: where this prompt left the cached path (a snapshot target), 0: none */
+    /* Speculative decoding (spec_step.c). Invariant while it holds a slot: the MTP KV
+     * covers positions [0, n_computed - n_pend); the pairs of the rest, (target hidden
+     * state at position p, token p + 1), wait in pend_h / pend_t and run with the next
+     * step's first draft. */
+    int spec;                 /* speculates: the engine's K > 0 and no grammar constraint */
+    float *pend_h;            /* [QD_SPEC_MAX + 1][hidden] */
+    int32_t pend_t[QD_SPEC_MAX + 1];
+    int n_pend;
+    int n_draft;              /* drafts in this step's verify span (0: a plain span) */
+    int32_t vtok[QD_SPEC_MAX + 1]; /* this step's verify span: the last sampled token, the drafts */
+    int mtp_row;              /* scratch of the draft phase: its row in the MTP outputs */
+    qd_spec_rng spec_rng;     /* draws of the rejection sampler (seeded from the request's seed) */
     struct qd_request *fork_head;  /* the first of n: the others, waiting to be forked from it */
     struct qd_request *fork_next;  /* next in that list */
     struct qd_request *prev, *next;            /* submit queue or waiting deque */
@@ -91,6 +106,29 @@ struct qd_engine {
     uint8_t *full;            /* [max_num_seqs] a row's request needs its logits (sampler), not just the argmax */
     int32_t *greedy_ids;      /* [max_num_seqs] each row's argmax over the vocabulary bound */
     float *greedy_lps;        /* [max_num_seqs] its log-softmax */
+    /* Speculative decoding (spec_step.c; all NULL when off). Logit rows: a verify span
+     * has one per token, so logits, full, greedy_ids and greedy_lps above hold
+     * max_num_seqs * (K + 1) rows. */
+    int spec_k;               /* params.speculative_tokens */
+    int hidden_size;
+    uint8_t *verify;          /* [max_num_seqs] span i is a verify span */
+    uint8_t *hid_all;         /* [max_num_seqs] span i (a speculating prefill) wants every row's hidden state */
+    float *hidden;            /* [max_num_seqs * (K + 1)][hidden] each logit row's final-normed state */
+    float *all_hidden;        /* [max_batch_tokens][hidden] the hid_all spans' rows */
+    qd_span *mtp_spans;       /* [max_num_seqs] */
+    qd_request **mtp_req;     /* [max_num_seqs] */
+    float *mtp_in;            /* [max_num_seqs * (K + 1)][hidden] MTP hidden inputs */
+    float *mtp_hout;          /* [max_num_seqs][hidden] h' of the last draft step */
+    float *mtp_logits;        /* [max_num_seqs][vocab] draft logits */
+    float *probs;             /* [vocab] the target's distribution of one verify row */
+    double *resid;            /* [vocab] the rejection sampler's residual */
+    uint64_t spec_steps, spec_drafted, spec_accepted, spec_accepted_at[QD_SPEC_MAX];
+    /* Another drafter in place of the MTP's argmax (tests: perfect or wrong drafts; set
+     * before the first submit). Returns the draft for output position n_generated + j
+     * of the request (n_generated tokens reported so far, j = 0.. of this step), or -1
+     * for the MTP's. The MTP still runs on it, so its KV is what it would be. */
+    int32_t (*draft_override)(void *user, uint64_t request_id, int n_generated, int j);
+    void *draft_user;
     uint64_t preemptions, steps, finished, prompt_total, generated_total, prefill_total;
     qd_prefix_cache *pc;      /* NULL when off */
     char errbuf[QD_ERRMSG_SIZE + 128]; /* the message of an ERROR event, valid during its callback */
@@ -114,5 +152,39 @@ void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const q
 /* One scheduling step: build the batch, forward, sample, report (scheduler.c).
  * Returns 1 if it did any work. */
 int qd_engine_step(qd_engine *e);
+
+/* scheduler.c pieces spec_step.c reuses */
+qd_finish_reason qd_engine_finish_after(const qd_engine *e, const qd_request *r, int32_t tok);
+void qd_engine_edit_row(const qd_engine *e, const qd_request *r, float *row);
+
+/* ------------------------------------------ speculative decoding (spec_step.c) */
+
+/* Buffers of the speculative path, sized from the engine's params (engine_create). */
+qd_status qd_spec_engine_init(qd_engine *e, qd_err *err);
+void qd_spec_engine_free(qd_engine *e);
+/* A request's own buffers (submit): pend_h, the rejection sampler's seed. */
+qd_status qd_spec_request_init(qd_engine *e, qd_request *r, qd_err *err);
+/* r got a slot whose first `start` tokens came from the prefix cache (0: none): the
+ * MTP KV in the shared blocks covers them (snapshots are taken where it does). */
+void qd_spec_admitted(qd_engine *e, qd_request *r, int start);
+/* The drafts length of a decode of r this step, at most `room` tokens of span in all. */
+int qd_spec_drafts_for(const qd_engine *e, const qd_request *r, int room);
+/* KV blocks a speculating decode of r needs beyond the main span's: private copies of
+ * shared blocks its MTP writes into. */
+int qd_spec_extra_blocks(const qd_engine *e, const qd_request *r);
+/* Before the forward: the MTP drafts of every verify span of the step (span tokens
+ * pointed at r->vtok). */
+qd_status qd_spec_draft(qd_engine *e, int n_spans);
+/* After the forward: the MTP over the prompt pairs the hid_all spans made known. */
+qd_status qd_spec_catch_up(qd_engine *e, int n_spans);
+/* A plain span of a speculating r ended at a sampled token: its last row's hidden state
+ * hid and the token are the pending pair. */
+void qd_spec_set_pending(qd_engine *e, qd_request *r, const float *hid, int32_t token);
+/* The verify span of r (logit rows from `row`): accept, roll back, report. */
+void qd_spec_accept_and_report(qd_engine *e, qd_request *r, int row);
+/* Before a snapshot of a finished r: the pending pairs into the MTP KV, so that the
+ * snapshot's blocks hold it for every position. Returns 0 when the snapshot must not be
+ * taken (the MTP forward failed). */
+int qd_spec_flush(qd_engine *e, qd_request *r);
 
 #endif

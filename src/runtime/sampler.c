@@ -462,7 +462,7 @@ static void block_ladder(const float *restrict w, int n, double *mass) {
  *    strictly above it. (The halving is margin for rounding.) For a peaked
  *    distribution that is a small fraction of the vocabulary.
  * The exact selections then run on the collected tokens only. */
-static int32_t sample_filtered(qd_sampler *s, const float *y, float m, float inv_t) {
+static size_t filtered_cands(qd_sampler *s, const float *y, float m, float inv_t, double *z_out) {
     qd_cand *c = s->cand;
     const float min_p = s->p.min_p, top_p = s->p.top_p;
     const size_t k = (size_t)s->p.top_k;
@@ -517,7 +517,15 @@ static int32_t sample_filtered(qd_sampler *s, const float *y, float m, float inv
         for (size_t i = 0; i < nc; i++) z += c[i].w;
     }
     if (top_p < 1.0f) nc = select_nucleus(c, nc, z, top_p, &z);
-    return draw(c, nc, z, s->rng);
+    *z_out = z;
+    return nc;
+}
+
+/* The draw from what filtered_cands keeps: s->cand[0..nc) weighing z in all. */
+static int32_t sample_filtered(qd_sampler *s, const float *y, float m, float inv_t) {
+    double z;
+    const size_t nc = filtered_cands(s, y, m, inv_t, &z);
+    return draw(s->cand, nc, z, s->rng);
 }
 
 /* Steps 3-5 with at most min_p: no candidate list. Pass 1 sums the weights block by
@@ -596,6 +604,90 @@ static qd_status row_max(const float *x, int n, float *m, int32_t *arg, qd_err *
         return qd_seterr(err, QD_ERR_INVALID_ARG, "sampler: logits[%d] is +inf", (int)i);
     if (kmax == KEY_NINF)
         return qd_seterr(err, QD_ERR_INVALID_ARG, "sampler: every logit in [0, %d) is -inf", n);
+    return QD_OK;
+}
+
+/* Step 0 for a token already chosen: its raw logprob and the top-n alternatives. */
+static void raw_report(const qd_sampler *s, const float *logits, float m, int32_t tok, qd_sample_result *out) {
+    const int n = s->n;
+    qd_cand top[QD_MAX_LOGPROBS];
+    cand_heap heap = {top, 0, s->p.n_logprobs < n ? s->p.n_logprobs : n};
+    if (heap.cap)
+        for (int i = 0; i < n; i++)
+            if (heap.n < heap.cap || logits[i] > top[0].v) heap_offer(&heap, (qd_cand){logits[i], i, 0.0f});
+    float w[QD_BLOCK];
+    double sum = 0.0;
+    for (int b = 0; b < n; b += QD_BLOCK) {
+        int e = n - b < QD_BLOCK ? n : b + QD_BLOCK;
+        sum += block_sum(logits, b, e, m, 1.0f, 0.0f, w);
+    }
+    const double lse = (double)m + log(sum);
+    out->token = tok;
+    out->logprob = (float)((double)logits[tok] - lse);
+    qsort(heap.h, (size_t)heap.n, sizeof heap.h[0], cand_cmp);
+    out->n_top = heap.n;
+    for (int i = 0; i < heap.n; i++) {
+        out->top[i].id = heap.h[i].id;
+        out->top[i].logprob = (float)((double)heap.h[i].v - lse);
+    }
+}
+
+qd_status qd_sampler_report(const qd_sampler *s, const float *logits, int32_t token, qd_sample_result *out,
+                            qd_err *err) {
+    if (!s || !logits || !out) return qd_seterr(err, QD_ERR_INVALID_ARG, "qd_sampler_report: NULL argument");
+    if (token < 0 || token >= s->n)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "qd_sampler_report: token id %d outside [0, %d)", (int)token, s->n);
+    float m;
+    int32_t arg;
+    QD_TRY(row_max(logits, s->n, &m, &arg, err));
+    raw_report(s, logits, m, token, out);
+    return QD_OK;
+}
+
+qd_status qd_sampler_probs(qd_sampler *s, float *logits, float *probs, qd_err *err) {
+    if (!s || !logits || !probs) return qd_seterr(err, QD_ERR_INVALID_ARG, "qd_sampler_probs: NULL argument");
+    const int n = s->n;
+    float m;
+    int32_t arg;
+    QD_TRY(row_max(logits, n, &m, &arg, err));
+    /* step 1 as qd_sampler_sample does it, the raw values kept to restore the row */
+    if (s->n_seen > 0) {
+        for (int i = 0; i < s->n_seen; i++) {
+            int32_t id = s->seen[i];
+            if (id < n) {
+                s->saved[i] = logits[id];
+                logits[id] = penalise(s, id, logits[id]);
+            }
+        }
+        qd_err ignored;
+        if (row_max(logits, n, &m, &arg, &ignored) != QD_OK && !(m == INFINITY)) m = -INFINITY;
+    }
+    memset(probs, 0, sizeof(float) * (size_t)s->vocab_size);
+    if (s->p.temperature < QD_SAMPLER_GREEDY_EPS || isinf(m)) {
+        probs[arg] = 1.0f; /* the greedy pick is certain */
+    } else {
+        const float inv_t = 1.0f / s->p.temperature;
+        if (s->cand) {
+            double z;
+            const size_t nc = filtered_cands(s, logits, m, inv_t, &z);
+            for (size_t i = 0; i < nc; i++)
+                if (s->cand[i].w > 0.0f) probs[s->cand[i].id] = (float)(s->cand[i].w / z);
+        } else {
+            float w[QD_BLOCK];
+            double z = 0.0;
+            for (int b = 0; b < n; b += QD_BLOCK) {
+                int e = n - b < QD_BLOCK ? n : b + QD_BLOCK;
+                z += block_sum(logits, b, e, m, inv_t, s->p.min_p, w);
+            }
+            for (int b = 0; b < n; b += QD_BLOCK) {
+                int e = n - b < QD_BLOCK ? n : b + QD_BLOCK;
+                block_weights(logits, b, e, m, inv_t, s->p.min_p, w);
+                for (int i = b; i < e; i++) probs[i] = (float)(w[i - b] / z);
+            }
+        }
+    }
+    for (int i = 0; i < s->n_seen; i++)
+        if (s->seen[i] < n) logits[s->seen[i]] = s->saved[i];
     return QD_OK;
 }
 

@@ -103,6 +103,18 @@ qd_status qd_sampler_accept(qd_sampler *s, int32_t token, qd_err *err);
  * (QD_ERR_INVALID_ARG, naming the index). */
 qd_status qd_sampler_sample(qd_sampler *s, float *logits, qd_sample_result *out, qd_err *err);
 
+/* The distribution qd_sampler_sample draws the next token from, as probabilities over
+ * the row: steps 1-4 applied, the tokens filtered out (and ids >= vocab_limit) 0, the
+ * rest their renormalised weights; greedy: 1 at the argmax. probs [vocab_size]. The row
+ * is restored as by qd_sampler_sample; the RNG is not touched. Speculative sampling
+ * accepts drafts against this distribution, so its output is distributed exactly as
+ * plain sampling's. */
+qd_status qd_sampler_probs(qd_sampler *s, float *logits, float *probs, qd_err *err);
+/* The result qd_sampler_sample would report had it picked `token` from this row: its raw
+ * logprob and the top-n alternatives (step 0). */
+qd_status qd_sampler_report(const qd_sampler *s, const float *logits, int32_t token, qd_sample_result *out,
+                            qd_err *err);
+
 /* Applies step 1 (penalties) to a logits row in place, over ids < vocab_limit. Exposed
  * so callers (and tests) can see exactly what the sampler samples from. */
 void qd_sampler_apply_penalties(const qd_sampler *s, float *logits);

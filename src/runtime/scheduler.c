@@ -89,6 +89,8 @@ static int snapshot_interval(const qd_engine *e) {
 static void take_snapshot(qd_engine *e, qd_request *r) {
     if (!e->pc || r->slot < 0 || r->n_computed < 1) return;
     if (invariant(e) && (r->n_computed % QD_INVARIANT_ALIGN || r->n_computed > r->n_prompt - 2)) return;
+    /* the MTP KV of every position goes into the cached blocks with the rest */
+    if (r->spec && r->n_pend > 0 && !qd_spec_flush(e, r)) return;
     qd_prefix_cache_store(e->pc, PREFIX_KEY_BASE, r->tokens, r->n_computed, r->slot);
 }
 
@@ -137,6 +139,7 @@ static void release_slot(qd_engine *e, qd_request *r) {
     e->free_slots[e->n_free_slots++] = r->slot;
     r->slot = -1;
     r->n_computed = 0;
+    r->n_pend = 0; /* the MTP KV went with the blocks */
 }
 
 /* Recompute-style preemption: the request loses its slot and blocks but keeps every
@@ -200,6 +203,7 @@ void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const q
     pthread_mutex_unlock(&e->mu);
     if (r->cb) r->cb(r->user, &ev); /* the return value cannot change a finished request */
     qd_sampler_free(r->sampler);
+    free(r->pend_h);
     qd_constraint_free(r->params.constraint);
     free(r->tokens);
     free(r);
@@ -226,15 +230,25 @@ static int tokens_fitting(const qd_engine *e, const qd_request *r, int want, int
 /* Blocks not yet promised to a span of this step (qd_forward takes them all at once). */
 static int avail_blocks(const qd_engine *e) { return qd_kv_free_blocks(e->ctx) - e->step_reserved; }
 
-static void add_span(qd_engine *e, int *n_spans, qd_request *r, int chunk) {
+/* A span of `chunk` tokens of r; n_draft > 0 makes it a verify span of the last sampled
+ * token and n_draft drafts (drafted just before the forward: qd_spec_draft). */
+static void add_span(qd_engine *e, int *n_spans, qd_request *r, int chunk, int n_draft) {
     const int target = next_snapshot_target(e, r);
-    if (target != INT_MAX && r->n_computed + chunk > target) chunk = target - r->n_computed;
+    if (!n_draft && target != INT_MAX && r->n_computed + chunk > target) chunk = target - r->n_computed;
     if (r->phase == QD_SEQ_PREFILLING) e->prefill_total += (uint64_t)chunk;
     e->step_reserved += qd_kv_blocks_needed(e->ctx, r->slot, chunk);
+    if (r->spec && r->phase == QD_SEQ_DECODING) e->step_reserved += qd_spec_extra_blocks(e, r);
     r->step_chunk = chunk;
-    const int last = r->n_computed + chunk == r->n_tokens;
-    e->spans[*n_spans] = (qd_span){r->slot, r->tokens + r->n_computed, chunk, last ? QD_LOGITS_LAST : QD_LOGITS_NONE};
+    r->n_draft = n_draft;
+    const int last = r->n_computed + chunk >= r->n_tokens;
+    const qd_logits_mode mode = n_draft ? QD_LOGITS_ALL : last ? QD_LOGITS_LAST : QD_LOGITS_NONE;
+    e->spans[*n_spans] = (qd_span){r->slot, r->tokens + r->n_computed, chunk, mode};
     e->span_req[*n_spans] = r;
+    if (e->spec_k) {
+        e->verify[*n_spans] = (uint8_t)(n_draft > 0);
+        /* a speculating request's prompt (or recomputed) rows feed the MTP */
+        e->hid_all[*n_spans] = (uint8_t)(r->spec && r->phase == QD_SEQ_PREFILLING);
+    }
     (*n_spans)++;
 }
 
@@ -248,14 +262,26 @@ static int schedule_running(qd_engine *e, int *budget) {
         qd_request *r = e->running[i];
         const int c = r->n_computed;
         int chunk = min_i(r->n_tokens - c, *budget);
-        if (invariant(e) && (chunk = invariant_end(r, c, c + chunk) - c) == 0) continue;
+        /* a speculating decode: the last sampled token and its drafts (one by one through
+         * the GDN recurrence, so batch-invariant mode needs no alignment for it) */
+        const int spec_decode = r->spec && r->phase == QD_SEQ_DECODING;
+        int n_draft = spec_decode ? qd_spec_drafts_for(e, r, *budget) : 0;
+        if (spec_decode) chunk = 1 + n_draft;
+        else if (invariant(e) && (chunk = invariant_end(r, c, c + chunk) - c) == 0) continue;
         int self_preempted = 0;
-        while (qd_kv_blocks_needed(e->ctx, r->slot, chunk) > avail_blocks(e)) {
+        while (qd_kv_blocks_needed(e->ctx, r->slot, chunk) + (spec_decode ? qd_spec_extra_blocks(e, r) : 0) >
+               avail_blocks(e)) {
+            /* drafts are the first to go when blocks are short */
+            if (n_draft > 0) {
+                n_draft = 0;
+                chunk = 1;
+                continue;
+            }
             /* cached prefixes give way before any running request does */
             if (e->pc && qd_prefix_cache_reclaimable_blocks(e->pc) > 0 && qd_prefix_cache_evict_one(e->pc)) continue;
             int fit = tokens_fitting(e, r, chunk, avail_blocks(e));
             if (invariant(e)) fit = invariant_end(r, c, c + fit) - c;
-            if (fit >= 1) {
+            if (fit >= 1 && !spec_decode) { /* a speculating decode is one token already: its MTP blocks are the shortfall */
                 chunk = fit;
                 continue;
             }
@@ -267,7 +293,7 @@ static int schedule_running(qd_engine *e, int *budget) {
             }
         }
         if (self_preempted) break; /* r was the newest: nothing after it is running */
-        add_span(e, &n_spans, r, chunk);
+        add_span(e, &n_spans, r, chunk, n_draft);
         *budget -= r->step_chunk;
     }
     return n_spans;
@@ -327,19 +353,21 @@ static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
                 continue;
             }
             r->n_computed = start;
+            if (e->spec_k) qd_spec_admitted(e, r, start);
             /* the cached path goes on past the last snapshot: snapshot where this prompt
              * leaves it, so the next prompt sharing that much hits there */
             if (hit.n_matched > start) r->snap_branch = hit.n_matched;
             qd_prefix_cache_count_query(e->pc, r->n_tokens, start);
         }
-        add_span(e, &n_spans, r, chunk);
+        if (e->spec_k && !e->pc) qd_spec_admitted(e, r, 0);
+        add_span(e, &n_spans, r, chunk, 0);
         *budget -= r->step_chunk;
     }
     return n_spans;
 }
 
 /* After a sampled token: the finish reason it causes, if any. */
-static qd_finish_reason finish_after(const qd_engine *e, const qd_request *r, int32_t tok) {
+qd_finish_reason qd_engine_finish_after(const qd_engine *e, const qd_request *r, int32_t tok) {
     const int generated = r->n_tokens - r->n_prompt; /* tok included */
     if (generated > r->params.min_tokens) {
         if (!r->params.ignore_eos)
@@ -361,7 +389,7 @@ static int needs_eos_mask(const qd_engine *e, const qd_request *r) {
 
 /* The request's own edits of its logits row before the sampler: logit_bias, then the
  * min_tokens mask (which wins: a bias cannot bring EOS back early). */
-static void edit_row(const qd_engine *e, const qd_request *r, float *row) {
+void qd_engine_edit_row(const qd_engine *e, const qd_request *r, float *row) {
     for (int i = 0; i < r->params.n_logit_bias; i++) row[r->params.logit_bias[i].id] += r->params.logit_bias[i].bias;
     if (!needs_eos_mask(e, r)) return;
     for (int i = 0; i < e->n_eos; i++) row[e->eos[i]] = -INFINITY;
@@ -386,18 +414,39 @@ static int greedy_only(const qd_engine *e, const qd_request *r) {
  * server gives all of them the tokenizer's) is sampled from its row instead, with the
  * same result. */
 static qd_status step_forward(qd_engine *e, int n_spans) {
-    int limit = 0, row = 0;
+    int limit = 0, row = 0, any_hid = 0, any_spec = 0;
     for (int i = 0; i < n_spans; i++) {
-        if (e->spans[i].logits == QD_LOGITS_NONE) continue;
         const qd_request *r = e->span_req[i];
+        if (e->spec_k) {
+            any_hid |= e->hid_all[i];
+            any_spec |= r->spec;
+        }
+        if (e->spans[i].logits == QD_LOGITS_NONE) continue;
         const int l = qd_sampler_params(r->sampler)->vocab_limit;
         const int bound = l > 0 ? l : e->vocab;
         int full = !greedy_only(e, r);
         if (!full && limit == 0) limit = bound;
         else if (!full && bound != limit) full = 1;
-        e->full[row++] = (uint8_t)full;
+        /* a verify span has a logit row per token; greedy_only holds for all of them
+         * (min_tokens can only stop masking later in the span, never start) */
+        const int rows = e->spans[i].logits == QD_LOGITS_ALL ? e->spans[i].n_tokens : 1;
+        for (int t = 0; t < rows; t++) e->full[row++] = (uint8_t)full;
     }
-    return qd_forward_mixed(e->ctx, e->spans, n_spans, limit, e->full, e->logits, e->greedy_ids, e->greedy_lps);
+    if (!e->spec_k) return qd_forward_mixed(e->ctx, e->spans, n_spans, limit, e->full, e->logits, e->greedy_ids, e->greedy_lps);
+    const qd_forward_args a = {
+        .spans = e->spans,
+        .n_spans = n_spans,
+        .verify = e->verify,
+        .vocab_limit = limit,
+        .full = e->full,
+        .logits = e->logits,
+        .ids = e->greedy_ids,
+        .logprobs = e->greedy_lps,
+        .hidden = any_spec ? e->hidden : NULL,
+        .hidden_all = any_hid ? e->hid_all : NULL,
+        .all_hidden = any_hid ? e->all_hidden : NULL,
+    };
+    return qd_forward_ex(e->ctx, &a);
 }
 
 /* Appends r's sampled token, reports it and finishes r if the token ends it. */
@@ -410,7 +459,7 @@ static void report_token(qd_engine *e, qd_request *r, const qd_sample_result *re
     }
     r->tokens[r->n_tokens++] = res->token;
     e->generated_total++;
-    qd_finish_reason why = finish_after(e, r, res->token);
+    qd_finish_reason why = qd_engine_finish_after(e, r, res->token);
     if (why != QD_FINISH_NONE) {
         qd_engine_finish(e, r, why, res, NULL);
         return;
@@ -477,6 +526,8 @@ static int fork_waiting(qd_engine *e, qd_request *r, qd_request **forked) {
  * at its first token, from the same row (their parameters are r's but the seed, so the
  * row's edits are the same). */
 static void sample_and_report(qd_engine *e, qd_request *r, int row) {
+    /* a speculating request's pending MTP pair: this row's hidden state and the token */
+    const float *spec_h = r->spec ? e->hidden + (size_t)row * e->hidden_size : NULL;
     qd_err err = {0};
     qd_request *forked[QD_MAX_FORKS];
     const int n_forked = r->fork_head ? fork_waiting(e, r, forked) : 0;
@@ -485,7 +536,7 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row) {
     float *lr = e->logits + (size_t)row * e->vocab;
     qd_constraint *con = r->params.constraint;
     if (e->full[row]) {
-        edit_row(e, r, lr);
+        qd_engine_edit_row(e, r, lr);
         /* a constrained request always has its logits row (greedy_only): the mask goes on
          * it, the sampler picks from what is left, the kept token advances the grammar */
         st = con ? qd_constraint_mask_logits(con, lr, e->vocab, r->params.max_tokens - (r->n_tokens - r->n_prompt), &err)
@@ -506,6 +557,7 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row) {
             qd_engine_finish(e, forked[i], QD_FINISH_ERROR, NULL, e->errbuf);
             continue;
         }
+        if (spec_h && forked[i]->spec) qd_spec_set_pending(e, forked[i], spec_h, fr.token);
         report_token(e, forked[i], &fr);
     }
     if (st != QD_OK) {
@@ -514,6 +566,7 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row) {
         qd_engine_finish(e, r, QD_FINISH_ERROR, NULL, e->errbuf);
         return;
     }
+    if (spec_h) qd_spec_set_pending(e, r, spec_h, res.token);
     report_token(e, r, &res);
 }
 
@@ -533,7 +586,10 @@ int qd_engine_step(qd_engine *e) {
         return 0;
     }
     e->steps++;
-    qd_status st = step_forward(e, n_spans);
+    qd_status st = e->spec_k ? qd_spec_draft(e, n_spans) : QD_OK;
+    if (st == QD_OK) st = step_forward(e, n_spans);
+    /* the MTP over the prompt rows, before any snapshot of them is taken below */
+    if (st == QD_OK && e->spec_k) st = qd_spec_catch_up(e, n_spans);
     if (st != QD_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "forward pass failed (%s): %s", qd_status_name(st),
                  qd_context_errmsg(e->ctx));
@@ -545,6 +601,11 @@ int qd_engine_step(qd_engine *e) {
     int row = 0;
     for (int i = 0; i < n_spans; i++) {
         qd_request *r = e->span_req[i];
+        if (r->n_draft > 0) { /* advances r itself, by the tokens it keeps */
+            qd_spec_accept_and_report(e, r, row);
+            row += e->spans[i].n_tokens;
+            continue;
+        }
         r->n_computed += r->step_chunk;
         /* a cut chunk ended on a snapshot target (see add_span) */
         if (e->pc && r->phase == QD_SEQ_PREFILLING && r->n_computed < r->n_prompt && at_snapshot_target(e, r))

@@ -59,24 +59,42 @@ static int32_t draw(const double *w, int n, double z, qd_spec_rng *rng) {
     return last; /* rounding: the last token with weight */
 }
 
+int qd_spec_accept_one(const float *pi, const float *qi, int32_t d, int n, qd_spec_rng *rng, double *resid,
+                       int32_t *out) {
+    /* keep with probability min(1, p/q): u < p/q, i.e. u * q < p */
+    if (qi[d] > 0 && qd_spec_rng_uniform(rng) * qi[d] < pi[d]) {
+        *out = d;
+        return 1;
+    }
+    double z = 0;
+    for (int v = 0; v < n; v++) z += resid[v] = fmax(0.0, (double)pi[v] - qi[v]);
+    if (!(z > 0)) { /* p == q up to rounding: the residual is empty, draw from p */
+        for (int v = 0; v < n; v++) z += resid[v] = pi[v];
+    }
+    *out = draw(resid, n, z, rng);
+    return 0;
+}
+
+int qd_spec_accept_greedy_draft(const float *pi, int32_t d, int n, qd_spec_rng *rng, double *resid, int32_t *out) {
+    /* q = 1 at d: keep with probability p(d); the residual max(0, p - q) is p without d */
+    if (qd_spec_rng_uniform(rng) < pi[d]) {
+        *out = d;
+        return 1;
+    }
+    double z = 0;
+    for (int v = 0; v < n; v++) z += resid[v] = v == d ? 0.0 : (double)pi[v];
+    if (!(z > 0)) { /* p(d) == 1 up to rounding */
+        *out = d;
+        return 1;
+    }
+    *out = draw(resid, n, z, rng);
+    return 0;
+}
+
 int qd_spec_accept_sampled(const float *p, const float *q, const int32_t *draft, int k, int n, qd_spec_rng *rng,
                            double *resid, int32_t *out) {
-    for (int i = 0; i < k; i++) {
-        const float *pi = p + (size_t)i * n, *qi = q + (size_t)i * n;
-        const int32_t d = draft[i];
-        /* keep with probability min(1, p/q): u < p/q, i.e. u * q < p */
-        if (qi[d] > 0 && qd_spec_rng_uniform(rng) * qi[d] < pi[d]) {
-            out[i] = d;
-            continue;
-        }
-        double z = 0;
-        for (int v = 0; v < n; v++) z += resid[v] = fmax(0.0, (double)pi[v] - qi[v]);
-        if (!(z > 0)) { /* p == q up to rounding: the residual is empty, draw from p */
-            for (int v = 0; v < n; v++) z += resid[v] = pi[v];
-        }
-        out[i] = draw(resid, n, z, rng);
-        return i + 1;
-    }
+    for (int i = 0; i < k; i++)
+        if (!qd_spec_accept_one(p + (size_t)i * n, q + (size_t)i * n, draft[i], n, rng, resid, &out[i])) return i + 1;
     const float *pk = p + (size_t)k * n;
     double z = 0;
     for (int v = 0; v < n; v++) z += resid[v] = pk[v];

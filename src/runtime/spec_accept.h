@@ -38,4 +38,13 @@ void qd_spec_probs(const float *logits, int n, float temperature, float *probs);
 int qd_spec_accept_sampled(const float *p, const float *q, const int32_t *draft, int k, int n, qd_spec_rng *rng,
                            double *resid, int32_t *out);
 
+/* One position of qd_spec_accept_sampled: draft d drawn from qi [n], the target's pi [n].
+ * Returns 1 with *out = d when kept, else 0 with *out drawn from the residual. */
+int qd_spec_accept_one(const float *pi, const float *qi, int32_t d, int n, qd_spec_rng *rng, double *resid,
+                       int32_t *out);
+/* The same for a deterministic draft (the draft model's argmax: q is 1 at d): kept with
+ * probability pi[d], else *out is drawn from pi without d, renormalised. The engine's
+ * drafts are the MTP head's argmax, so no draft distribution is stored. */
+int qd_spec_accept_greedy_draft(const float *pi, int32_t d, int n, qd_spec_rng *rng, double *resid, int32_t *out);
+
 #endif

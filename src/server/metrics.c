@@ -161,6 +161,19 @@ char *srv_metrics_render(srv_metrics *m, const qd_engine_stats *st, int open_str
                 "Prefix cache snapshots moved from the device tier to the host tier.", (double)st->prefix_spills);
         put_one(&o, "qdelta_prefix_cache_host_restores_total", "counter",
                 "Prefix cache hits restored from the host tier.", (double)st->prefix_host_restores);
+        put_one(&o, "qdelta_spec_verify_steps_total", "counter",
+                "Speculative verify steps (one per speculating sequence and engine step).",
+                (double)st->spec_verify_steps);
+        put_one(&o, "qdelta_spec_draft_tokens_total", "counter", "Draft tokens of the MTP head verified.",
+                (double)st->spec_draft_tokens);
+        put_one(&o, "qdelta_spec_accepted_tokens_total", "counter", "Draft tokens accepted.",
+                (double)st->spec_accepted_tokens);
+        put(&o, "# HELP qdelta_spec_accepted_at_position_total Draft tokens accepted at each draft position of a verify "
+                "step (position i is reached only when 0..i-1 were accepted).\n"
+                "# TYPE qdelta_spec_accepted_at_position_total counter\n");
+        for (int i = 0; i < 4; i++)
+            put(&o, "qdelta_spec_accepted_at_position_total{position=\"%d\"} %llu\n", i,
+                (unsigned long long)st->spec_accepted_at[i]);
     }
     if (o.oom) {
         free(o.p);

@@ -48,6 +48,15 @@ static qd_status logits_out(qd_cpu_ctx *ctx, const qd_step *st, const float *fin
     const qd_weights *w = ctx->m->w;
     const int H = c->hidden_size, n_logit_rows = st->n_logit_rows;
     qd_cpu_scratch *s = &ctx->s;
+    if (out->hidden_all) {
+        float *dst = out->all_hidden;
+        for (int i = 0; i < st->n_spans; i++) {
+            if (!out->hidden_all[i]) continue;
+            const qd_span_rt *rt = &st->rt[i];
+            qd_cpu_rmsnorm(s->h + (size_t)rt->row0 * H, rt->T, H, H, final_norm, 1.0f, c->rms_norm_eps, dst, H);
+            dst += (size_t)rt->T * H;
+        }
+    }
     if (n_logit_rows == 0) return QD_OK;
     /* gather the rows that want logits, final norm, LM head */
     int lr = 0;
