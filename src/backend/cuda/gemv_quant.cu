@@ -115,13 +115,11 @@ __device__ __forceinline__ uint4 qv_ld(const uint8_t *p) {
     return r;
 }
 
-/* The partial sums of one piece (raw, starting at column c0 of x) with n rows of x,
- * scaled per sub-block, into acc; decoded 8 columns at a time. x: bf16 in global memory at
- * x + t * ldx (SX false), or fp32 in shared memory at xs + t * ldx (SX true: staged once per
- * block, so a column costs a shared load rather than a global load and a widening). */
-template <class F, int N, bool SX>
-__device__ __forceinline__ void qv_piece_dot(const uint4 &raw, int z, const float *s, const uint16_t *x,
-                                             const float *xs, int64_t ldx, int n, float *acc) {
+/* The partial sums of one piece (raw, starting at column c0 of x) with n rows of x (bf16 at
+ * x + t * ldx), scaled per sub-block, into acc; decoded 8 columns at a time. */
+template <class F, int N>
+__device__ __forceinline__ void qv_piece_dot(const uint4 &raw, int z, const float *s, const uint16_t *x, int64_t ldx,
+                                             int n, float *acc) {
     constexpr int SUBC = F::COLS / F::NSUB;
     float d[N][F::NSUB];
 #pragma unroll
@@ -135,24 +133,14 @@ __device__ __forceinline__ void qv_piece_dot(const uint4 &raw, int z, const floa
 #pragma unroll
         for (int t = 0; t < N; t++) {
             if (t < n) {
-                float xv[8];
-                if constexpr (SX) {
-                    const float4 a = *((const float4 *)(xs + t * ldx) + 2 * q8);
-                    const float4 b = *((const float4 *)(xs + t * ldx) + 2 * q8 + 1);
-                    xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
-                    xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
-                } else {
-                    const uint4 v = __ldg((const uint4 *)(x + t * ldx) + q8);
-                    const uint32_t xu[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        xv[2 * e] = __uint_as_float(xu[e] << 16);
-                        xv[2 * e + 1] = __uint_as_float(xu[e] & 0xffff0000u);
-                    }
-                }
+                const uint4 xv = __ldg((const uint4 *)(x + t * ldx) + q8);
+                const uint32_t xu[4] = {xv.x, xv.y, xv.z, xv.w};
                 float v = d[t][q8 * 8 / SUBC];
 #pragma unroll
-                for (int e = 0; e < 8; e++) v = fmaf(w[e], xv[e], v);
+                for (int e = 0; e < 4; e++) {
+                    v = fmaf(w[2 * e], __uint_as_float(xu[e] << 16), v);
+                    v = fmaf(w[2 * e + 1], __uint_as_float(xu[e] & 0xffff0000u), v);
+                }
                 d[t][q8 * 8 / SUBC] = v;
             }
         }
@@ -165,50 +153,27 @@ __device__ __forceinline__ void qv_piece_dot(const uint4 &raw, int z, const floa
 
 /* ROWS rows per warp: a 4-bit row of 2048 columns is 64 pieces, two per lane, so a warp
  * takes two or four rows at once to keep QV_U pieces per lane in flight. With ROWS > 1 the
- * row's pieces are a multiple of 32 (qv_rows), so the 32 lanes of one load step share a row.
- * SX: the n rows of x staged in shared memory as fp32 (n * cols * 4 bytes, qv_launch), after
- * the first weight loads are in flight. */
-template <class F, int N, int ROWS, bool SX>
+ * row's pieces are a multiple of 32 (qv_rows), so the 32 lanes of one load step share a row. */
+template <class F, int N, int ROWS>
 __global__ void __launch_bounds__(QG_WARPS * 32)
 qgemv_vec(const __grid_constant__ qd_cuda_qmats m, const uint16_t *__restrict__ x, int64_t ldx, int n,
           float *__restrict__ y, int64_t ldy, int accumulate) {
-    extern __shared__ float xsm[]; /* SX: [n][cols] */
     const int lane = threadIdx.x & 31;
     const int np = (int)(m.cols / F::COLS);
     const int64_t r0 = ((int64_t)blockIdx.x * QG_WARPS + (threadIdx.x >> 5)) * ROWS;
-    const int nr = r0 >= m.rows ? 0 : (int)(m.rows - r0 < ROWS ? m.rows - r0 : ROWS), total = nr * np;
-    uint4 raw[QV_U];
-#pragma unroll
-    for (int u = 0; u < QV_U; u++) {
-        const int p = u * 32 + lane, q = ROWS > 1 ? p / np : 0, b = p - q * np;
-        raw[u] = p < total ? qv_ld(m.data + (r0 + q) * m.row_bytes + (size_t)b * 16) : make_uint4(0, 0, 0, 0);
-    }
-    if constexpr (SX) {
-        const int C8 = (int)(m.cols / 8);
-        for (int i = threadIdx.x; i < n * C8; i += blockDim.x) {
-            const int t = i / C8, c = i - t * C8;
-            const uint4 v = __ldg((const uint4 *)(x + t * ldx) + c);
-            float4 *o = (float4 *)(xsm + (int64_t)t * m.cols) + 2 * c;
-            o[0] = make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
-                               __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
-            o[1] = make_float4(__uint_as_float(v.z << 16), __uint_as_float(v.z & 0xffff0000u),
-                               __uint_as_float(v.w << 16), __uint_as_float(v.w & 0xffff0000u));
-        }
-        __syncthreads();
-    }
-    if (nr == 0) return;
+    if (r0 >= m.rows) return;
+    const int nr = (int)(m.rows - r0 < ROWS ? m.rows - r0 : ROWS), total = nr * np;
     float acc[ROWS][N];
 #pragma unroll
     for (int q = 0; q < ROWS; q++)
 #pragma unroll
         for (int t = 0; t < N; t++) acc[q][t] = 0.f;
     for (int p0 = 0; p0 < total; p0 += 32 * QV_U) {
-        if (p0) {
+        uint4 raw[QV_U];
 #pragma unroll
-            for (int u = 0; u < QV_U; u++) {
-                const int p = p0 + u * 32 + lane, q = ROWS > 1 ? p / np : 0, b = p - q * np;
-                raw[u] = p < total ? qv_ld(m.data + (r0 + q) * m.row_bytes + (size_t)b * 16) : make_uint4(0, 0, 0, 0);
-            }
+        for (int u = 0; u < QV_U; u++) {
+            const int p = p0 + u * 32 + lane, q = ROWS > 1 ? p / np : 0, b = p - q * np;
+            raw[u] = p < total ? qv_ld(m.data + (r0 + q) * m.row_bytes + (size_t)b * 16) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < QV_U; u++) {
@@ -219,10 +184,13 @@ qgemv_vec(const __grid_constant__ qd_cuda_qmats m, const uint16_t *__restrict__ 
                 float s[F::NSUB];
 #pragma unroll
                 for (int j = 0; j < F::NSUB; j++) s[j] = F::scale(row, c0, j) * F::post(row);
-                const int64_t ld = SX ? m.cols : ldx;
+                if (ROWS == 1) {
+                    qv_piece_dot<F, N>(raw[u], F::zero(row, c0), s, x + c0, ldx, n, acc[0]);
+                } else {
 #pragma unroll
-                for (int qq = 0; qq < ROWS; qq++) /* q is warp-uniform (np % 32 == 0 when ROWS > 1) */
-                    if (qq == q) qv_piece_dot<F, N, SX>(raw[u], F::zero(row, c0), s, x + c0, xsm + c0, ld, n, acc[qq]);
+                    for (int qq = 0; qq < ROWS; qq++) /* q is warp-uniform (np % 32 == 0) */
+                        if (qq == q) qv_piece_dot<F, N>(raw[u], F::zero(row, c0), s, x + c0, ldx, n, acc[qq]);
+                }
             }
         }
     }
@@ -351,26 +319,16 @@ static int qv_rows(int64_t pieces) {
     return pieces >= 32 * QV_U ? 1 : pieces >= 16 * QV_U ? 2 : 4;
 }
 
-#define QV_SMEM_MAX (48 * 1024) /* x staged in shared memory up to this many bytes */
-
-template <class F, int ROWS, bool SX>
-static void qv_launch_sx(const qd_cuda_qmats &m, const uint16_t *x, int64_t ldx, int n, float *y, int64_t ldy,
-                         int accumulate, cudaStream_t st) {
-    const unsigned blocks = (unsigned)qg_ceil(m.rows, (int64_t)QG_WARPS * ROWS); /* one wave per row group: no tail loop */
-    const dim3 b(QG_WARPS * 32);
-    const size_t sm = SX ? (size_t)n * (size_t)m.cols * 4 : 0;
-    if (n <= 1) qgemv_vec<F, 1, ROWS, SX><<<blocks, b, sm, st>>>(m, x, ldx, n, y, ldy, accumulate);
-    else if (n <= 2) qgemv_vec<F, 2, ROWS, SX><<<blocks, b, sm, st>>>(m, x, ldx, n, y, ldy, accumulate);
-    else if (n <= 4) qgemv_vec<F, 4, ROWS, SX><<<blocks, b, sm, st>>>(m, x, ldx, n, y, ldy, accumulate);
-    else if (n <= 8) qgemv_vec<F, 8, ROWS, SX><<<blocks, b, sm, st>>>(m, x, ldx, n, y, ldy, accumulate);
-    else qgemv_vec<F, 16, ROWS, SX><<<blocks, b, sm, st>>>(m, x, ldx, n, y, ldy, accumulate);
-}
-
 template <class F, int ROWS>
 static void qv_launch_rows(const qd_cuda_qmats &m, const uint16_t *x, int64_t ldx, int n, float *y, int64_t ldy,
                            int accumulate, cudaStream_t st) {
-    if ((size_t)n * (size_t)m.cols * 4 <= QV_SMEM_MAX) qv_launch_sx<F, ROWS, true>(m, x, ldx, n, y, ldy, accumulate, st);
-    else qv_launch_sx<F, ROWS, false>(m, x, ldx, n, y, ldy, accumulate, st);
+    const unsigned blocks = (unsigned)qg_ceil(m.rows, (int64_t)QG_WARPS * ROWS); /* one wave per row group: no tail loop */
+    const dim3 b(QG_WARPS * 32);
+    if (n <= 1) qgemv_vec<F, 1, ROWS><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
+    else if (n <= 2) qgemv_vec<F, 2, ROWS><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
+    else if (n <= 4) qgemv_vec<F, 4, ROWS><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
+    else if (n <= 8) qgemv_vec<F, 8, ROWS><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
+    else qgemv_vec<F, 16, ROWS><<<blocks, b, 0, st>>>(m, x, ldx, n, y, ldy, accumulate);
 }
 
 template <class F>
