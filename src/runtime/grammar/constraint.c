@@ -68,6 +68,26 @@ qd_status qd_constraint_create(const qd_constraint_params *p, qd_constraint **ou
     return QD_OK;
 }
 
+qd_status qd_constraint_clone(const qd_constraint *src, qd_constraint **out, qd_err *err) {
+    *out = NULL;
+    qd_constraint_params p = {
+        .trie = src->trie,
+        .grammar = qd_grammar_ref(src->g),
+        .eos = src->eos,
+        .n_eos = src->n_eos,
+        .start_after = src->start_after,
+    };
+    qd_constraint *c;
+    QD_TRY(qd_constraint_create(&p, &c, err));
+    c->active = src->active;
+    if (qd_mstate_copy(&c->cur, &src->cur)) {
+        qd_constraint_free(c);
+        return qd_seterr(err, QD_ERR_OOM, "out of memory cloning a constraint");
+    }
+    *out = c;
+    return QD_OK;
+}
+
 void qd_constraint_free(qd_constraint *c) {
     if (!c) return;
     for (int i = 0; i < CACHE_ENTRIES; i++) {

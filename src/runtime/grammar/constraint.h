@@ -40,6 +40,9 @@ typedef struct qd_constraint_params {
 } qd_constraint_params;
 
 qd_status qd_constraint_create(const qd_constraint_params *p, qd_constraint **out, qd_err *err);
+/* A constraint in the same state on the same grammar (shared, reference counted) and
+ * trie, with its own state and caches: one per sequence of an n > 1 request. */
+qd_status qd_constraint_clone(const qd_constraint *src, qd_constraint **out, qd_err *err);
 void qd_constraint_free(qd_constraint *c);
 
 /* 1 once the constraint applies (start_after seen, or none). */
