@@ -1,7 +1,12 @@
 # Sourced by the server test scripts: start NAME ARGS... runs `$Q serve --port 0 ARGS`,
 # waits for its "listening on" line and sets PORT_NAME and PID_NAME; stop_servers ends them with SIGTERM
 # and fails unless each exits 0 (under ASan a leak is a nonzero exit); any still running
-# at exit are killed.
+# at exit are killed; ok / bad / check count checks.
+# ok / bad / check COND WHAT count checks into $pass / $fail (cli_server.sh reports them).
+pass=${pass:-0} fail=${fail:-0}
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
 T=$(mktemp -d)
 PIDS=()
 cleanup() {

@@ -124,6 +124,23 @@ static const schema_case CASES[] = {
      {"\"a\\\"x\"", "\"a\\\"\xc3\xa9zz\\\\\"", NULL},
      {"\"a\\\"bb\"", "\"a\\\"\\nq\"", "\"a\\\"x\\n\"", NULL}},
     {"true", {"{\"a\":[1,2.5,\"s\",null,{}]}", "-0.5", "\"x\"", NULL}, {"01", "[1,]", NULL}},
+    /* oneOf whose branches cannot overlap (json_schema_oneof.c): a discriminator const,
+     * different types and literals, required keys another branch forbids, $refs */
+    {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"a\"},\"x\":{\"type\":\"integer\"}},\"required\":[\"kind\",\"x\"]},"
+     "{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"b\"},\"y\":{\"type\":\"string\"}},\"required\":[\"kind\"]}]}",
+     {"{\"kind\":\"a\",\"x\":1}", "{\"kind\":\"b\"}", "{\"kind\":\"b\",\"y\":\"s\"}", NULL},
+     {"{\"kind\":\"c\"}", "{\"kind\":\"a\"}", "{\"x\":1}", NULL}},
+    {"{\"oneOf\":[{\"type\":\"string\",\"maxLength\":3},{\"type\":\"integer\"},{\"enum\":[true,null]}]}",
+     {"\"ab\"", "5", "null", "true", NULL},
+     {"false", "\"abcd\"", "1.5", NULL}},
+    {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"],\"additionalProperties\":false},"
+     "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"}},\"required\":[\"b\"],\"additionalProperties\":false}]}",
+     {"{\"a\":1}", "{\"b\":2}", NULL},
+     {"{}", "{\"a\":1,\"b\":2}", NULL}},
+    {"{\"$defs\":{\"A\":{\"enum\":[1,2]},\"B\":{\"enum\":[3,\"x\"]},\"U\":{\"oneOf\":[{\"$ref\":\"#/$defs/A\"},{\"$ref\":\"#/$defs/B\"}]}},"
+     "\"$ref\":\"#/$defs/U\"}",
+     {"1", "3", "\"x\"", NULL},
+     {"4", "\"y\"", NULL}},
 };
 
 static void test_schemas(void) {
@@ -192,6 +209,18 @@ static void test_errors(void) {
         {"{\"properties\":[]}", QD_ERR_INVALID_ARG, "'properties'"},
         {"false", QD_ERR_INVALID_ARG, "false"},
         {"{\"enum\":[]}", QD_ERR_INVALID_ARG, "'enum'"},
+        /* oneOf whose branches may overlap: refused, never compiled as anyOf */
+        {"{\"oneOf\":[{\"type\":\"string\",\"maxLength\":5},{\"type\":\"string\",\"minLength\":2}]}", QD_ERR_UNSUPPORTED,
+         "'oneOf' at #: branches 0 and 1 may both match"},
+        {"{\"oneOf\":[{\"type\":\"boolean\"},{\"type\":\"integer\"},{\"type\":\"number\"}]}", QD_ERR_UNSUPPORTED,
+         "'oneOf' at #: branches 1 and 2"},
+        {"{\"oneOf\":[{\"enum\":[1,2]},{\"enum\":[2.0,3]}]}", QD_ERR_UNSUPPORTED, "'oneOf' at #: branches 0 and 1"},
+        {"{\"oneOf\":[{\"const\":\"a\"},{\"type\":\"string\"}]}", QD_ERR_UNSUPPORTED, "'oneOf' at #: branches 0 and 1"},
+        {"{\"type\":\"object\",\"properties\":{\"p\":{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"string\"}}},"
+         "{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"integer\"}}}]}}}",
+         QD_ERR_UNSUPPORTED, "'oneOf' at #/properties/p: branches 0 and 1"},
+        {"{\"oneOf\":[{\"properties\":{\"k\":{\"const\":1}},\"required\":[\"k\"]},{\"type\":\"integer\"}]}", QD_ERR_UNSUPPORTED,
+         "'oneOf' at #: branches 0 and 1"},
     };
     for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
         qd_err err = {0};

@@ -186,7 +186,7 @@ def test_errors():
     expect(openai.BadRequestError, lambda: chat("x", temperature="hot"), "temperature wrong type")
     expect(openai.BadRequestError, lambda: chat("x", max_tokens=-5), "negative max_tokens")
     expect(openai.BadRequestError, lambda: chat("x", max_tokens=10 ** 9), "huge max_tokens")
-    expect(openai.BadRequestError, lambda: chat("x", n=2), "n > 1")
+    expect(openai.BadRequestError, lambda: chat("x", n=17), "n > 16")
     expect(openai.BadRequestError, lambda: chat("x", stop=5), "stop wrong type")
     expect(openai.BadRequestError, lambda: chat("x", top_p=7.0), "top_p out of range")
     expect(openai.BadRequestError, lambda: chat("word " * (MAX_LEN + 50)), "prompt longer than the context")

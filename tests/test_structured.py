@@ -68,6 +68,14 @@ SCHEMAS = {
     "pattern": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
                                                  "word": {"type": "string", "pattern": "(cat|dog)s?"}},
                 "required": ["code", "word"]},
+    # oneOf told apart by a discriminator: jsonschema checks that exactly one branch matches
+    "oneof_tagged": {"oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "number", "minimum": 0, "maximum": 9}},
+         "required": ["kind", "r"], "additionalProperties": False},
+        {"type": "object", "properties": {"kind": {"const": "box"}, "w": {"type": "integer", "minimum": 0, "maximum": 9},
+                                          "h": {"type": "integer", "minimum": 0, "maximum": 9}},
+         "required": ["kind", "w", "h"], "additionalProperties": False},
+        {"type": "null"}]},
 }
 
 
@@ -245,6 +253,9 @@ def test_errors():
     expect_400("unknown keyword", "unsupported keyword 'patternProperties' at #/properties/a",
                response_format=rf({"type": "object", "properties": {"a": {"type": "object", "patternProperties": {}}}}))
     expect_400("unknown keyword at the root", "unsupported keyword 'not' at #", response_format=rf({"not": {}}))
+    expect_400("oneOf whose branches overlap", "'oneOf' at #/properties/v: branches 0 and 1 may both match",
+               response_format=rf({"type": "object", "properties": {"v": {"oneOf": [
+                   {"type": "string", "maxLength": 4}, {"type": "string", "pattern": "^a"}]}}}))
     expect_400("malformed schema: bad type", "unknown type \"strng\"", response_format=rf({"type": "strng"}))
     expect_400("malformed schema: minItems", "'minItems' at #", response_format=rf({"type": "array", "minItems": "2"}))
     expect_400("malformed schema: $ref", "#/$defs/nope", response_format=rf({"$ref": "#/$defs/nope"}))

@@ -2,7 +2,8 @@
  * tool_calls.c and util.c): for captures in both forms fed in every piece size, the
  * first delta of each call carries its id and name, the argument fragments joined
  * parse to the same JSON as srv_parse_tool_calls gives for the whole capture (XML
- * values typed by the tool's schema), and string values arrive before the call ends. */
+ * values typed by the tool's schema, a value written as a JSON string decoded), and
+ * string values arrive before the call ends. */
 #include <string.h>
 
 #include "qd_test.h"
@@ -62,7 +63,7 @@ static void check_capture(const char *cap, const json_t *tools, int n_calls) {
             json_decref(gargs);
             srv_buf_free(&args);
         }
-        if (strstr(cap, "<parameter=city>") && step <= 4) CHECKF(early_string, "step %zu: the string streamed early", step);
+        if (strstr(cap, "<parameter=city>\nParis") && step <= 4) CHECKF(early_string, "step %zu: the string streamed early", step);
         json_decref(deltas);
     }
     json_decref(whole);
@@ -79,6 +80,15 @@ int main(void) {
                   "<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{\"a\": [1]}\n</parameter>\n</function>\n</tool_call>\n"
                   "<tool_call>\n<function=now>\n</function>\n</tool_call>",
                   tools, 2);
+    /* a string value written as a JSON string (as the grammar writes one with a length,
+     * format or pattern): decoded, as the whole parse decodes it, not re-quoted; one
+     * that only starts with a quote stays text */
+    check_capture("<tool_call>\n<function=get_weather>\n<parameter=city>\n\"Oslo \\\"N\\\"\"\n</parameter>\n"
+                  "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+                  tools, 1);
+    check_capture("<tool_call>\n<function=get_weather>\n<parameter=city>\n\"Oslo\" and Bergen\n</parameter>\n"
+                  "</function>\n</tool_call>",
+                  tools, 1);
     /* not a call: streaming stops, nothing is claimed */
     srv_toolstream ts;
     memset(&ts, 0, sizeof ts);

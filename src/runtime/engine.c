@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "runtime/engine_internal.h"
+#include "runtime/grammar/constraint.h"
 
 qd_engine_params qd_engine_default_params(void) {
     qd_engine_params p = {
@@ -369,18 +370,22 @@ qd_status qd_engine_submit_n(qd_engine *e, const int32_t *prompt, int n_prompt, 
     if (n < 1 || n > QD_MAX_FORKS)
         return qd_seterr(err, QD_ERR_INVALID_ARG, "n = %d sequences per prompt is not in [1, %d]", n, QD_MAX_FORKS);
     QD_TRY(validate_submit(e, prompt, n_prompt, params, err));
-    /* a grammar's state is one sequence's: each sequence would need its own */
-    if (n > 1 && params->constraint)
-        return qd_seterr(err, QD_ERR_UNSUPPORTED, "a constrained request (structured output, tool choice) takes n = 1");
     qd_request *rs[QD_MAX_FORKS];
     qd_status st = QD_OK;
     int made = 0;
-    for (; made < n && st == QD_OK; made++) {
+    for (; made < n; made++) {
         qd_request_params p = *params;
         p.sampling.seed = params->sampling.seed + (uint64_t)made; /* sequence i draws with seed + i */
-        st = new_request(e, prompt, n_prompt, &p, cb, users ? users[made] : NULL, &rs[made], err);
+        /* a grammar's state is one sequence's: sequence i > 0 gets its own copy (the
+         * caller's goes to the first) */
+        if (made > 0 && params->constraint &&
+            (st = qd_constraint_clone(params->constraint, &p.constraint, err)) != QD_OK)
+            break;
+        if ((st = new_request(e, prompt, n_prompt, &p, cb, users ? users[made] : NULL, &rs[made], err)) != QD_OK) {
+            if (made > 0) qd_constraint_free(p.constraint); /* the failed request freed itself, not its copy */
+            break;
+        }
     }
-    if (st != QD_OK) made--; /* the failed one freed itself */
     if (st == QD_OK) {
         /* the first is an ordinary request; the others wait for its prefill, then fork */
         for (int i = 1; i < n; i++) {
@@ -411,7 +416,10 @@ qd_status qd_engine_submit_n(qd_engine *e, const int32_t *prompt, int n_prompt, 
         pthread_mutex_unlock(&e->mu);
     }
     if (st != QD_OK)
-        for (int i = 0; i < made; i++) free_request(rs[i]);
+        for (int i = 0; i < made; i++) {
+            if (i > 0) qd_constraint_free(rs[i]->params.constraint);
+            free_request(rs[i]);
+        }
     return st;
 }
 

@@ -149,7 +149,9 @@ qd_status qd_engine_submit(qd_engine *e, const int32_t *prompt, int n_prompt, co
  * their first token from the same row. Sequence i samples with seed params.seed + i
  * and reports through cb(users[i]); request_ids[i] is its id (each can be cancelled
  * alone). A sequence that finds no free slot at that moment is queued as an ordinary
- * request instead (the prefix cache, if on, then shares the prompt). 1 <= n <=
+ * request instead (the prefix cache, if on, then shares the prompt). With a
+ * constraint, sequence i > 0 gets its own copy of it (qd_constraint_clone); the
+ * caller's goes to the first. 1 <= n <=
  * QD_MAX_FORKS. qd_engine_submit is the n = 1 case. */
 #define QD_MAX_FORKS 128
 qd_status qd_engine_submit_n(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params, int n,

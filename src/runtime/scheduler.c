@@ -557,6 +557,15 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row) {
             qd_engine_finish(e, forked[i], QD_FINISH_ERROR, NULL, e->errbuf);
             continue;
         }
+        /* the row was masked by r's grammar in the state every fork shares before its
+         * first token; each fork's own copy then advances by the token it kept */
+        qd_constraint *fc = forked[i]->params.constraint;
+        if (fc && qd_constraint_accept(fc, fr.token, &ferr) != QD_OK) {
+            snprintf(e->errbuf, sizeof e->errbuf, "request %llu: constraint: %s", (unsigned long long)forked[i]->id,
+                     ferr.msg);
+            qd_engine_finish(e, forked[i], QD_FINISH_ERROR, NULL, e->errbuf);
+            continue;
+        }
         if (spec_h && forked[i]->spec) qd_spec_set_pending(e, forked[i], spec_h, fr.token);
         report_token(e, forked[i], &fr);
     }

@@ -9,15 +9,17 @@
  *   (thinking_delta / text_delta / input_json_delta), then message_delta {stop_reason,
  *   stop_sequence, usage.output_tokens} and message_stop.
  * Reasoning and text arrive interleaved from the <think> splitter; a change of kind
- * closes the open block and opens the next. Tool calls are parsed when generation
- * ends (srv_parse_tool_calls), so each tool_use block carries its whole input in one
- * input_json_delta. */
+ * closes the open block and opens the next. Tool calls stream as they are generated
+ * (server/tool_stream.c): a call's id and name open its tool_use block, and each piece
+ * of its arguments is one input_json_delta, so the partial_json pieces concatenate to
+ * the input. A call the incremental parser gave up on is parsed when generation ends
+ * (srv_parse_tool_calls) and sent whole in one input_json_delta. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "server/anthropic_out.h"
 
-enum { BLOCK_NONE = 0, BLOCK_THINKING, BLOCK_TEXT };
+enum { BLOCK_NONE = 0, BLOCK_THINKING, BLOCK_TEXT, BLOCK_TOOL };
 
 /* Anthropic's stop_reason for gen.c's finish reason. */
 static const char *stop_reason(const srv_gen *g, const char *finish) {
@@ -114,6 +116,33 @@ static void stream_tool_calls(srv_gen *g) {
     g->tool_calls = NULL;
 }
 
+/* The tool-call deltas of this event (OpenAI's shape, tool_stream.c) as tool_use
+ * blocks: a delta with an id opens the call's block, its arguments pieces are
+ * input_json_delta events. */
+static void stream_tool_deltas(srv_gen *g) {
+    size_t i;
+    json_t *d;
+    json_array_foreach(g->dtools, i, d) {
+        json_t *fn = json_object_get(d, "function"), *id = json_object_get(d, "id");
+        if (json_is_string(id)) {
+            close_block(g);
+            json_t *cb = json_pack("{s:s, s:O, s:O, s:{}}", "type", "tool_use", "id", id, "name", json_object_get(fn, "name"),
+                                   "input");
+            send_event(g, "content_block_start",
+                       json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index", g->msg_block.index,
+                                 "content_block", cb));
+            g->msg_block.open = BLOCK_TOOL;
+            g->msg_block.index++;
+        }
+        json_t *args = json_object_get(fn, "arguments");
+        if (g->msg_block.open == BLOCK_TOOL && json_is_string(args) && json_string_length(args) > 0)
+            send_event(g, "content_block_delta",
+                       json_pack("{s:s, s:i, s:{s:s, s:O}}", "type", "content_block_delta", "index", g->msg_block.index - 1,
+                                 "delta", "type", "input_json_delta", "partial_json", args));
+    }
+    json_array_clear(g->dtools);
+}
+
 void srv_anthropic_stream(srv_gen *g, const char *finish) {
     if (!g->sent_role) {
         json_t *m = message_head(g);
@@ -128,6 +157,7 @@ void srv_anthropic_stream(srv_gen *g, const char *finish) {
     if (g->dreasoning.n) delta(g, BLOCK_THINKING, &g->dreasoning);
     if (g->dcontent.n) delta(g, BLOCK_TEXT, &g->dcontent);
     g->dreasoning.n = g->dcontent.n = 0;
+    if (json_array_size(g->dtools)) stream_tool_deltas(g);
     json_decref(g->dlp); /* the Messages API has no logprobs */
     g->dlp = NULL;
     if (!finish) return;

@@ -23,6 +23,7 @@ srv_gen *srv_gen_new(srv_server *s, srv_kind kind) {
     g->created = (long)time(NULL);
     g->http_status = 200;
     g->fd = -1;
+    g->n_choices = 1;
     static uint64_t counter;
     uint64_t c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
     struct timespec ts;
@@ -35,9 +36,14 @@ srv_gen *srv_gen_new(srv_server *s, srv_kind kind) {
     return g;
 }
 
+/* The lock of g's response: the lead's for every choice. */
+static pthread_mutex_t *gen_mu(srv_gen *g) { return g->lead ? &g->lead->mu : &g->mu; }
+static srv_gen *gen_lead(srv_gen *g) { return g->lead ? g->lead : g; }
+
 /* The last reference is gone. */
 static void gen_free(srv_gen *g) {
     srv_server *s = g->srv;
+    srv_gen *lead = g->lead;
     if (g->dt.tok) qd_detok_free(&g->dt);
     qd_stop_matcher_free(g->stop);
     qd_constraint_free(g->o.rp.constraint); /* NULL unless a route failed before submit */
@@ -56,16 +62,50 @@ static void gen_free(srv_gen *g) {
     json_decref(g->lp);
     json_decref(g->dlp);
     free(g->body);
+    free(g->error_body);
+    json_decref(g->choices);
     pthread_mutex_destroy(&g->mu);
     free(g);
     __atomic_sub_fetch(&s->n_gens, 1, __ATOMIC_RELAXED);
+    if (lead) srv_gen_unref(lead); /* a choice keeps its lead alive */
 }
 
 void srv_gen_unref(srv_gen *g) {
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_t *mu = gen_mu(g);
+    pthread_mutex_lock(mu);
     int left = --g->refs;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(mu);
     if (left == 0) gen_free(g);
+}
+
+/* Choice `index` of the lead's request (n > 1): the lead's options and output
+ * pipeline settings, its own state. The constraint stays with the lead (the engine
+ * gives each sequence its copy). NULL when memory runs out. */
+static srv_gen *choice_new(srv_gen *lead, int index) {
+    srv_gen *g = srv_gen_new(lead->srv, lead->kind);
+    if (!g) return NULL;
+    g->lead = lead;
+    g->index = index;
+    g->created = lead->created;
+    g->o = lead->o;
+    g->o.rp.constraint = NULL;
+    g->o.n_stops = 0;
+    for (int i = 0; i < lead->o.n_stops; i++)
+        if ((g->o.stops[g->o.n_stops] = strdup(lead->o.stops[i])) != NULL) g->o.n_stops++;
+    g->think.enabled = lead->think.enabled;
+    g->think.in_think = lead->think.in_think;
+    g->think.saw_tag = lead->think.saw_tag;
+    g->toolcap.enabled = lead->toolcap.enabled;
+    g->tools = json_incref(lead->tools);
+    if (lead->echo_text.n) srv_buf_append(&g->echo_text, lead->echo_text.p, lead->echo_text.n);
+    pthread_mutex_lock(&lead->mu);
+    lead->refs++;
+    pthread_mutex_unlock(&lead->mu);
+    if (g->o.n_stops != lead->o.n_stops) {
+        srv_gen_unref(g);
+        return NULL;
+    }
+    return g;
 }
 
 /* ---------------------------------------------------------------- text */
@@ -182,22 +222,27 @@ static void add_logprobs(srv_gen *g, json_t **dst, const qd_sample_result *r) {
 
 /* ---------------------------------------------------------------- output */
 
-static json_t *usage_json(const srv_gen *g) {
-    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", g->prompt_tokens, "completion_tokens", g->completion_tokens,
-                     "total_tokens", g->prompt_tokens + g->completion_tokens);
+/* The response's usage (of the lead, once every choice finished): the prompt counted
+ * once, the completion tokens of every choice summed, as OpenAI counts n > 1. */
+static json_t *usage_json(const srv_gen *lead) {
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", lead->prompt_tokens, "completion_tokens", lead->completion_sum,
+                     "total_tokens", lead->prompt_tokens + lead->completion_sum);
 }
 
 static void sse_send(srv_gen *g, json_t *chunk) {
     char *t = chunk ? json_dumps(chunk, JSON_COMPACT) : NULL;
     json_decref(chunk);
     if (!t) return;
-    srv_buf_append(&g->out, "data: ", 6);
-    srv_buf_append(&g->out, t, strlen(t));
-    srv_buf_append(&g->out, "\n\n", 2);
+    srv_buf *out = &gen_lead(g)->out;
+    srv_buf_append(out, "data: ", 6);
+    srv_buf_append(out, t, strlen(t));
+    srv_buf_append(out, "\n\n", 2);
     free(t);
 }
 
-static json_t *chunk_base(const srv_gen *g) {
+/* The response's id is the lead's for every choice (a choice's own id names its tool calls). */
+static json_t *chunk_base(srv_gen *g) {
+    g = gen_lead(g);
     return json_pack("{s:s, s:s, s:i, s:s}", "id", g->id, "object",
                      g->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)g->created,
                      "model", g->srv->cfg.model_name);
@@ -231,12 +276,12 @@ static void stream_chunk(srv_gen *g, const char *finish) {
             json_object_set_new(delta, "tool_calls", g->dtools);
             g->dtools = NULL;
         }
-        choice = json_pack("{s:i, s:o}", "index", 0, "delta", delta);
+        choice = json_pack("{s:i, s:o}", "index", g->index, "delta", delta);
     } else {
         srv_buf text = {0};
         if (!g->sent_role) srv_buf_append(&text, g->echo_text.p, g->echo_text.n);
         srv_buf_append(&text, g->dcontent.p, g->dcontent.n);
-        choice = json_pack("{s:i, s:s%}", "index", 0, "text", text.p ? text.p : "", text.n);
+        choice = json_pack("{s:i, s:s%}", "index", g->index, "text", text.p ? text.p : "", text.n);
         g->text_offset += text.n;
         srv_buf_free(&text);
     }
@@ -250,13 +295,8 @@ static void stream_chunk(srv_gen *g, const char *finish) {
     g->dcontent.n = g->dreasoning.n = 0;
 }
 
-static void build_body(srv_gen *g, const char *finish) {
-    if (g->kind == SRV_MESSAGES) {
-        srv_anthropic_body(g, finish);
-        return;
-    }
-    json_t *o = json_pack("{s:s, s:s, s:i, s:s}", "id", g->id, "object", g->kind == SRV_CHAT ? "chat.completion" : "text_completion",
-                          "created", (json_int_t)g->created, "model", g->srv->cfg.model_name);
+/* Non-streaming: this choice's object, into the lead's choices[index]. */
+static void add_choice(srv_gen *g, const char *finish) {
     json_t *choice;
     if (g->kind == SRV_CHAT) {
         json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", g->content.p ? g->content.p : "", g->content.n);
@@ -265,25 +305,66 @@ static void build_body(srv_gen *g, const char *finish) {
             json_object_set_new(msg, "reasoning_content", json_stringn(g->reasoning.p ? g->reasoning.p : "", g->reasoning.n));
         json_object_set_new(msg, "tool_calls", g->tool_calls ? g->tool_calls : json_array());
         g->tool_calls = NULL;
-        choice = json_pack("{s:i, s:o}", "index", 0, "message", msg);
+        choice = json_pack("{s:i, s:o}", "index", g->index, "message", msg);
     } else {
         srv_buf text = {0};
         srv_buf_append(&text, g->echo_text.p, g->echo_text.n);
         srv_buf_append(&text, g->content.p, g->content.n);
-        choice = json_pack("{s:i, s:s%}", "index", 0, "text", text.p ? text.p : "", text.n);
+        choice = json_pack("{s:i, s:s%}", "index", g->index, "text", text.p ? text.p : "", text.n);
         srv_buf_free(&text);
     }
     json_object_set_new(choice, "logprobs", g->lp ? json_incref(g->lp) : json_null());
     json_object_set_new(choice, "finish_reason", json_string(finish));
-    json_object_set_new(o, "choices", json_pack("[o]", choice));
-    json_object_set_new(o, "usage", usage_json(g));
-    g->body = json_dumps(o, JSON_COMPACT);
+    srv_gen *lead = gen_lead(g);
+    if (!lead->choices) {
+        lead->choices = json_array();
+        for (int i = 0; i < lead->n_choices; i++) json_array_append_new(lead->choices, json_null());
+    }
+    json_array_set_new(lead->choices, (size_t)g->index, choice);
+}
+
+static void build_body(srv_gen *lead) {
+    json_t *o = json_pack("{s:s, s:s, s:i, s:s}", "id", lead->id, "object", lead->kind == SRV_CHAT ? "chat.completion" : "text_completion",
+                          "created", (json_int_t)lead->created, "model", lead->srv->cfg.model_name);
+    json_object_set_new(o, "choices", lead->choices ? lead->choices : json_array());
+    lead->choices = NULL;
+    json_object_set_new(o, "usage", usage_json(lead));
+    lead->body = json_dumps(o, JSON_COMPACT);
     json_decref(o);
 }
 
-/* Ends the output: flushes held-back text, sends the final chunk / builds the body. */
+/* One choice's output is complete: when it is the last, the response ends (the
+ * usage chunk and [DONE], or the body). */
+static void finish_choice(srv_gen *g) {
+    srv_gen *lead = gen_lead(g);
+    g->choice_done = 1;
+    lead->n_finished++;
+    lead->completion_sum += g->completion_tokens;
+    if (lead->n_finished < lead->n_choices) return;
+    if (lead->o.stream) {
+        if (lead->kind != SRV_MESSAGES && lead->o.include_usage && !lead->failed) {
+            json_t *c = chunk_base(lead);
+            json_object_set_new(c, "choices", json_array());
+            json_object_set_new(c, "usage", usage_json(lead));
+            sse_send(lead, c);
+        }
+        if (lead->kind != SRV_MESSAGES) srv_buf_append(&lead->out, "data: [DONE]\n\n", 14); /* OpenAI's end marker */
+    } else if (lead->error_body) {
+        lead->http_status = 500;
+        free(lead->body);
+        lead->body = lead->error_body;
+        lead->error_body = NULL;
+    } else if (lead->kind != SRV_MESSAGES) {
+        build_body(lead);
+    }
+    lead->done = 1;
+}
+
+/* Ends a choice's output: flushes held-back text, sends its final chunk / builds its
+ * part of the body. */
 static void finalize(srv_gen *g, const char *finish, const char *error) {
-    if (g->done) return;
+    if (g->choice_done) return;
+    srv_gen *lead = gen_lead(g);
     if (!g->stopped) {
         const char *t;
         size_t n;
@@ -315,32 +396,30 @@ static void finalize(srv_gen *g, const char *finish, const char *error) {
         srv_reply r = {0};
         if (g->kind == SRV_MESSAGES) srv_reply_error_anthropic(&r, &e);
         else srv_reply_error(&r, &e);
+        lead->failed = 1;
         if (g->o.stream && g->kind == SRV_MESSAGES) {
             free(r.body);
             srv_anthropic_stream_error(g, &e);
         } else if (g->o.stream) {
-            srv_buf_append(&g->out, "data: ", 6);
-            if (r.body) srv_buf_append(&g->out, r.body, strlen(r.body));
-            srv_buf_append(&g->out, "\n\ndata: [DONE]\n\n", 16);
+            /* the error in place of the choice's end; [DONE] follows with the last choice */
+            srv_buf_append(&lead->out, "data: ", 6);
+            if (r.body) srv_buf_append(&lead->out, r.body, strlen(r.body));
+            srv_buf_append(&lead->out, "\n\n", 2);
             free(r.body);
+        } else if (!lead->error_body) {
+            lead->error_body = r.body;
         } else {
-            g->http_status = 500;
-            g->body = r.body;
+            free(r.body);
         }
     } else if (g->o.stream) {
         stream_chunk(g, NULL);
         stream_chunk(g, finish);
-        if (g->o.include_usage) {
-            json_t *c = chunk_base(g);
-            json_object_set_new(c, "choices", json_array());
-            json_object_set_new(c, "usage", usage_json(g));
-            sse_send(g, c);
-        }
-        if (g->kind != SRV_MESSAGES) srv_buf_append(&g->out, "data: [DONE]\n\n", 14); /* OpenAI's end marker */
+    } else if (g->kind == SRV_MESSAGES) {
+        srv_anthropic_body(g, finish);
     } else {
-        build_body(g, finish);
+        add_choice(g, finish);
     }
-    g->done = 1;
+    finish_choice(g);
 }
 
 static const char *finish_name(qd_finish_reason f) {
@@ -359,27 +438,27 @@ static const char *finish_name(qd_finish_reason f) {
  * non-streaming request would only be noticed when the body is written, after all
  * max_tokens. Peeking at the socket every few tokens finds the end-of-file it left
  * (a stream finds it sooner, on the next write). */
-static int client_closed(srv_gen *g) {
-    if (g->fd < 0 || g->conn_gone || (g->n_events & 7) != 0) return 0;
+static int client_closed(srv_gen *lead, int n_events) {
+    if (lead->fd < 0 || lead->conn_gone || (n_events & 7) != 0) return 0;
     char c;
-    ssize_t k = recv(g->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    ssize_t k = recv(lead->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
     return k == 0;
 }
 
 static int on_event(void *user, const qd_engine_event *ev) {
-    srv_gen *g = user;
+    srv_gen *g = user, *lead = gen_lead(g);
     srv_server *s = g->srv;
     const double now = srv_now();
     const int last = ev->finish != QD_FINISH_NONE;
     struct MHD_Connection *resume = NULL;
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&lead->mu);
     if (ev->prompt_tokens > 0) g->prompt_tokens = ev->prompt_tokens;
     if (ev->has_token) {
         if (g->n_events++ == 0) srv_metrics_ttft(&s->metrics, now - g->t_submit);
         else srv_metrics_itl(&s->metrics, now - g->t_last);
         g->t_last = now;
         g->completion_tokens = ev->completion_tokens > 0 ? ev->completion_tokens : g->completion_tokens + 1;
-        if (!g->done && !g->stopped) {
+        if (!g->choice_done && !g->stopped) {
             const qd_sample_result *r = &ev->sample;
             if (g->o.logprobs) add_logprobs(g, g->o.stream ? &g->dlp : &g->lp, r);
             int32_t id = r->token;
@@ -393,40 +472,49 @@ static int on_event(void *user, const qd_engine_event *ev) {
             if (g->stopped) finalize(g, "stop", NULL);
             else if (g->o.stream) stream_chunk(g, NULL);
         }
-        if (!g->done && client_closed(g)) {
-            g->client_gone = 1;
+        if (!g->choice_done && client_closed(lead, g->n_events)) {
+            lead->client_gone = 1;
             finalize(g, "abort", NULL);
         }
     }
     if (last) {
         g->engine_done = 1;
+        lead->n_engine_done++;
         /* the client is gone (our nonzero return may have ended it as STOP before the
          * cancel arrived): count it as cancelled either way */
-        const int aborted = ev->finish == QD_FINISH_CANCELLED || g->client_gone || (g->conn_gone && !g->done);
-        if (!g->done) finalize(g, finish_name(ev->finish), ev->finish == QD_FINISH_ERROR ? (ev->error ? ev->error : "error") : NULL);
-        srv_metrics_finished(&s->metrics, g->prompt_tokens, g->completion_tokens, now - g->t_submit,
+        const int aborted = ev->finish == QD_FINISH_CANCELLED || lead->client_gone || (lead->conn_gone && !g->choice_done);
+        if (!g->choice_done) finalize(g, finish_name(ev->finish), ev->finish == QD_FINISH_ERROR ? (ev->error ? ev->error : "error") : NULL);
+        /* n > 1: the prompt is counted with the first choice only (it was prefilled once) */
+        srv_metrics_finished(&s->metrics, g->lead ? 0 : g->prompt_tokens, g->completion_tokens, now - g->t_submit,
                              aborted);
     }
-    int want_stop = g->stopped || g->conn_gone || g->client_gone;
-    if (g->suspended && !g->conn_gone && (g->done || g->out.n > g->out_off)) {
+    int want_stop = g->stopped || lead->conn_gone || lead->client_gone;
+    if (lead->suspended && !lead->conn_gone && (lead->done || lead->out.n > lead->out_off)) {
         /* whoever clears `suspended` owns the resume; a suspended connection cannot
          * complete, so conn stays valid after the unlock */
-        g->suspended = 0;
-        resume = g->conn;
+        lead->suspended = 0;
+        resume = lead->conn;
     }
     /* The engine's reference goes in this critical section, not after the resume:
      * the connection sends the end of the response only after seeing `done` under
-     * g->mu, so once a client has a complete response only the connection's
+     * the lead's mutex, so once a client has a complete response only the connection's
      * reference is left, and MHD drops that (srv_gen_conn_done) in the same pass as
      * the last write, before its thread serves another request. Dropped after the
      * resume, a slow engine thread (ASan) left the generation counted in
      * qdelta_open_generations after the client had its answer. If the connection
      * still holds its reference g outlives the unlock; if not, no resume is due and
-     * g is freed here. */
+     * g is freed here. A choice of n > 1 also drops its reference to the lead here
+     * (g->lead is then cleared, so that gen_free does not drop it again). */
     const int free_now = last && --g->refs == 0;
-    pthread_mutex_unlock(&g->mu);
+    int free_lead = 0;
+    if (free_now && g->lead) {
+        free_lead = --lead->refs == 0;
+        g->lead = NULL;
+    }
+    pthread_mutex_unlock(&lead->mu);
     if (resume) MHD_resume_connection(resume);
     if (free_now) gen_free(g);
+    if (free_lead) gen_free(lead);
     return want_stop && !last;
 }
 
@@ -440,29 +528,58 @@ int srv_gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e
     return rc;
 }
 
-static int gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e) {
-    srv_server *s = g->srv;
+/* The text pipeline of one choice. */
+static int pipeline_init(srv_gen *g, int n_prompt, srv_error *e) {
     qd_err err;
     qd_err_clear(&err);
-    qd_detok_init(&g->dt, s->tok, 0); /* specials are filtered in on_event (except <think> tags) */
+    qd_detok_init(&g->dt, g->srv->tok, 0); /* specials are filtered in on_event (except <think> tags) */
     if (qd_stop_matcher_create((const char *const *)g->o.stops, g->o.n_stops, &g->stop, &err) != QD_OK)
         return srv_fail(e, 400, "invalid_request_error", "stop", "%s", err.msg);
     g->prompt_tokens = n_prompt;
     g->t_submit = srv_now();
-    pthread_rwlock_rdlock(&s->engine_lock);
-    if (s->shutting_down || !s->engine) {
-        pthread_rwlock_unlock(&s->engine_lock);
-        return srv_fail(e, 503, "service_unavailable", NULL, "the server is shutting down");
+    return 0;
+}
+
+static int gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e) {
+    srv_server *s = g->srv;
+    qd_err err;
+    qd_err_clear(&err);
+    /* n > 1: choice 0 is g, the others are made here; each holds one reference (the
+     * engine's once submitted, dropped here when the submit fails) */
+    const int n = g->o.n > 1 ? (g->o.n > SRV_MAX_N ? SRV_MAX_N : g->o.n) : 1;
+    srv_gen *gens[SRV_MAX_N] = {g};
+    int made = 1, rc = 0;
+    for (; made < n; made++)
+        if (!(gens[made] = choice_new(g, made))) {
+            rc = srv_fail(e, 500, "internal_error", NULL, "out of memory for %d choices", n);
+            break;
+        }
+    for (int i = 0; i < made && !rc; i++) rc = pipeline_init(gens[i], n_prompt, e);
+    g->n_choices = n;
+    qd_status st = QD_OK;
+    if (!rc) {
+        pthread_rwlock_rdlock(&s->engine_lock);
+        if (s->shutting_down || !s->engine) {
+            pthread_rwlock_unlock(&s->engine_lock);
+            rc = srv_fail(e, 503, "service_unavailable", NULL, "the server is shutting down");
+        } else {
+            pthread_mutex_lock(&g->mu);
+            g->refs++; /* the engine's reference, before the callback can run */
+            pthread_mutex_unlock(&g->mu);
+            st = qd_engine_submit_n(s->engine, prompt, n_prompt, &g->o.rp, n, on_event, (void *const *)gens,
+                                    g->request_ids, &err);
+            pthread_rwlock_unlock(&s->engine_lock);
+            if (st != QD_OK) {
+                pthread_mutex_lock(&g->mu);
+                g->refs--;
+                pthread_mutex_unlock(&g->mu);
+            }
+        }
     }
-    pthread_mutex_lock(&g->mu);
-    g->refs++; /* the engine's reference, before the callback can run */
-    pthread_mutex_unlock(&g->mu);
-    qd_status st = qd_engine_submit(s->engine, prompt, n_prompt, &g->o.rp, on_event, g, &g->request_id, &err);
-    pthread_rwlock_unlock(&s->engine_lock);
-    if (st != QD_OK) {
-        pthread_mutex_lock(&g->mu);
-        g->refs--;
-        pthread_mutex_unlock(&g->mu);
+    if (rc || st != QD_OK) {
+        for (int i = 1; i < made; i++) srv_gen_unref(gens[i]);
+        g->n_choices = 1;
+        if (rc) return rc;
         if (st == QD_ERR_CAPACITY) {
             srv_fail(e, 503, "service_unavailable", NULL, "the server is at capacity, retry later (%s)", err.msg);
             e->code = "server_busy";
@@ -472,6 +589,7 @@ static int gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error
         return srv_fail(e, 500, "internal_error", NULL, "%s", err.msg);
     }
     pthread_mutex_lock(&g->mu);
+    g->request_id = g->request_ids[0];
     g->submitted = 1;
     pthread_mutex_unlock(&g->mu);
     return 0;
@@ -482,14 +600,17 @@ void srv_gen_conn_done(srv_gen *g) {
     pthread_mutex_lock(&g->mu);
     g->conn_gone = 1;
     g->conn = NULL;
-    int cancel = g->submitted && !g->engine_done;
-    uint64_t id = g->request_id;
+    int cancel = g->submitted && g->n_engine_done < g->n_choices, n = g->n_choices;
+    uint64_t ids[SRV_MAX_N];
+    memcpy(ids, g->request_ids, sizeof ids);
     pthread_mutex_unlock(&g->mu);
     if (cancel) {
         /* the client went away (or the stream ended on a stop string): free the
-         * sequence's slot and blocks now rather than at max_tokens */
+         * sequences' slots and blocks now rather than at max_tokens (the ids of
+         * choices already ended are unknown to the engine and ignored) */
         pthread_rwlock_rdlock(&s->engine_lock);
-        if (s->engine) qd_engine_cancel(s->engine, id);
+        if (s->engine)
+            for (int i = 0; i < n; i++) qd_engine_cancel(s->engine, ids[i]);
         pthread_rwlock_unlock(&s->engine_lock);
     }
     srv_gen_unref(g);

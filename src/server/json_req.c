@@ -131,7 +131,12 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
     long long n = 0;
     int r, b = 0;
     if ((r = get_int(req, "n", &n, e)) < 0) return -1;
-    if (r && n != 1) return srv_fail(e, 400, "invalid_request_error", "n", "only n = 1 is supported");
+    o->n = 1;
+    if (r && kind == SRV_MESSAGES && n != 1)
+        return srv_fail(e, 400, "invalid_request_error", "n", "'n' is not a field of the Messages API (one reply per request)");
+    if (r && (n < 1 || n > SRV_MAX_N))
+        return srv_fail(e, 400, "invalid_request_error", "n", "'n' must be in [1, %d], got %lld", SRV_MAX_N, n);
+    if (r) o->n = (int)n;
     if ((r = get_bool(req, "stream", &b, e)) < 0) return -1;
     if (r) o->stream = b;
     json_t *so = json_object_get(req, "stream_options");

@@ -77,9 +77,13 @@ typedef struct srv_server {
  * output is shaped by server/anthropic_out.c. */
 typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION, SRV_MESSAGES } srv_kind;
 
+/* Most choices one request may ask for (OpenAI's n); above it a 400 naming `n`. */
+#define SRV_MAX_N 16
+
 /* Everything a request asked for, validated. */
 typedef struct srv_opts {
     qd_request_params rp;
+    int n;             /* choices: [1, SRV_MAX_N] (the prompt is prefilled once, the sequences forked) */
     int max_tokens_set;
     char *stops[QD_STOP_MAX_STRINGS];
     int n_stops;
@@ -153,6 +157,22 @@ typedef struct srv_gen {
     char *body;           /* non-streaming response body */
     double t_submit, t_last;
     int stop_index;       /* which stop string matched (-1: none) */
+    /* n > 1: one srv_gen per choice. The lead (choice 0, lead == NULL) owns the
+     * connection, the output buffer `out`, the body and `done` (the whole response is
+     * ready); every other choice writes into the lead's buffer, holds a reference to
+     * the lead and is guarded by the lead's mutex. `choice_done`: this choice's output
+     * is complete. */
+    struct srv_gen *lead;
+    int index;            /* choices[index] */
+    int choice_done;
+    int n_choices;        /* lead: choices in the response (1 unless n > 1) */
+    int n_finished;       /* lead: choices whose output is complete */
+    int n_engine_done;    /* lead: choices whose engine request has ended */
+    int completion_sum;   /* lead: completion tokens over the finished choices (usage) */
+    uint64_t request_ids[SRV_MAX_N]; /* lead: the engine request of each choice */
+    json_t *choices;      /* lead, non-streaming: the choice objects by index */
+    char *error_body;     /* lead, non-streaming: the reply of the first choice that failed */
+    int failed;           /* lead: a choice failed */
     /* Anthropic streams: the content block open now (index, type) */
     struct {
         int index;        /* blocks started so far */

@@ -188,7 +188,7 @@ static void xml_body(srv_toolstream *ts, const char *s, size_t n, const json_t *
         ts->string_param = json_is_string(type) && !strcmp(json_string_value(type), "string") &&
                            !json_object_get(schema, "enum");
         json_key(ts, deltas, ts->param);
-        if (ts->string_param) args_str(ts, deltas, "\"");
+        ts->value_started = 0;
         ts->pos = v;
         ts->phase = TS_XML_VALUE;
         return;
@@ -205,6 +205,15 @@ static void xml_body(srv_toolstream *ts, const char *s, size_t n, const json_t *
 
 static void xml_value(srv_toolstream *ts, const char *s, size_t n, const json_t *tools, json_t *deltas) {
     static const char end_tag[] = "</parameter>";
+    if (ts->string_param && !ts->value_started) {
+        if (ts->pos == n) return; /* the value's first byte decides */
+        /* a value written as a JSON string ("...", as the grammar writes a string with
+         * a length, format or pattern) goes out whole at its end, typed as
+         * srv_parse_tool_calls types it (decoded when it is one JSON string) */
+        if (s[ts->pos] == '"') ts->string_param = 0;
+        else args_str(ts, deltas, "\"");
+        ts->value_started = 1;
+    }
     const char *e = memmem(s + ts->pos, n - ts->pos, end_tag, sizeof end_tag - 1);
     size_t stop = e ? (size_t)(e - s) : n;
     size_t vend = stop;

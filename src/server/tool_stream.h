@@ -25,6 +25,7 @@ typedef struct srv_toolstream {
     char fname[256];
     char param[256];
     int n_params, string_param;
+    int value_started;   /* XML string value: its opening quote went out (raw text, not a JSON string) */
 } srv_toolstream;
 
 /* Consumes what it can of cap[0..n) and appends the deltas it completes to `deltas`

@@ -6,8 +6,13 @@
 #include <string.h>
 
 #include "runtime/grammar/matcher.h"
+#include "runtime/grammar/state_dfa.h"
 
 #define CACHE_ENTRIES 8
+/* States of a constraint's automaton (state_dfa.h, 1 KiB of transitions each, grown
+ * as needed): far more than the states one JSON value's masks visit; when a grammar
+ * reaches more (long bounded strings), the automaton starts over. */
+#define DFA_MAX_STATES 4096
 
 typedef struct mask_entry {
     int valid;
@@ -26,6 +31,8 @@ struct qd_constraint {
     int active;
     qd_mstate cur, next;
     qd_trie_walk walk;
+    qd_state_dfa dfa;
+    long dfa_fallbacks;  /* walks the automaton could not finish (it filled up) */
     size_t n_words;
     uint32_t *scratch;  /* [n_words] */
     mask_entry cache[CACHE_ENTRIES];
@@ -46,6 +53,7 @@ qd_status qd_constraint_create(const qd_constraint_params *p, qd_constraint **ou
     }
     c->trie = p->trie;
     c->g = p->grammar;
+    qd_state_dfa_init(&c->dfa, c->g, DFA_MAX_STATES);
     c->start_after = p->start_after;
     c->active = p->start_after < 0;
     c->n_words = ((size_t)p->trie->vocab_size + 31) / 32;
@@ -68,6 +76,26 @@ qd_status qd_constraint_create(const qd_constraint_params *p, qd_constraint **ou
     return QD_OK;
 }
 
+qd_status qd_constraint_clone(const qd_constraint *src, qd_constraint **out, qd_err *err) {
+    *out = NULL;
+    qd_constraint_params p = {
+        .trie = src->trie,
+        .grammar = qd_grammar_ref(src->g),
+        .eos = src->eos,
+        .n_eos = src->n_eos,
+        .start_after = src->start_after,
+    };
+    qd_constraint *c;
+    QD_TRY(qd_constraint_create(&p, &c, err));
+    c->active = src->active;
+    if (qd_mstate_copy(&c->cur, &src->cur)) {
+        qd_constraint_free(c);
+        return qd_seterr(err, QD_ERR_OOM, "out of memory cloning a constraint");
+    }
+    *out = c;
+    return QD_OK;
+}
+
 void qd_constraint_free(qd_constraint *c) {
     if (!c) return;
     for (int i = 0; i < CACHE_ENTRIES; i++) {
@@ -75,6 +103,7 @@ void qd_constraint_free(qd_constraint *c) {
         free(c->cache[i].mask);
     }
     qd_trie_walk_free(&c->walk);
+    qd_state_dfa_free(&c->dfa);
     qd_mstate_free(&c->cur);
     qd_mstate_free(&c->next);
     qd_grammar_free(c->g);
@@ -91,9 +120,29 @@ void qd_constraint_counts(const qd_constraint *c, long *walks, long *hits) {
     if (hits) *hits = c->hits;
 }
 
+long qd_constraint_dfa_fallbacks(const qd_constraint *c) { return c->dfa_fallbacks; }
+
 static void allow_eos(const qd_constraint *c, uint32_t *mask) {
     if (!c->cur.complete) return;
     for (int i = 0; i < c->n_eos; i++) mask[c->eos[i] >> 5] |= 1u << (c->eos[i] & 31);
+}
+
+/* The mask of the current state (token_trie.h: budget, max_dist) by a walk over the
+ * automaton, or by the matcher's walk when the automaton fills up (it then starts over
+ * for the next mask). 0, or -1 when memory ran out. */
+static int walk_mask(qd_constraint *c, int budget, uint32_t *mask, int *max_dist) {
+    int start = qd_state_dfa_intern(&c->dfa, &c->cur);
+    if (start == QD_DFA_FULL) {
+        qd_state_dfa_reset(&c->dfa);
+        start = qd_state_dfa_intern(&c->dfa, &c->cur);
+    }
+    if (start >= 0) {
+        int r = qd_token_trie_mask_dfa(c->trie, &c->dfa, start, &c->walk, budget, mask, max_dist);
+        if (r <= 0) return r;
+        qd_state_dfa_reset(&c->dfa);
+    }
+    c->dfa_fallbacks++;
+    return qd_token_trie_mask(c->trie, c->g, &c->cur, &c->walk, budget, mask, max_dist);
 }
 
 /* The unrestricted mask of the current state, from the cache or a walk. */
@@ -110,7 +159,7 @@ static const mask_entry *cached_mask(qd_constraint *c, qd_err *err) {
     c->cache_next = (c->cache_next + 1) % CACHE_ENTRIES;
     e->valid = 0;
     if (!e->mask && !(e->mask = malloc(sizeof(uint32_t) * c->n_words))) goto oom;
-    if (qd_token_trie_mask(c->trie, c->g, &c->cur, &c->walk, -1, e->mask, &e->max_dist)) goto oom;
+    if (walk_mask(c, -1, e->mask, &e->max_dist)) goto oom;
     if (qd_mstate_copy(&e->state, &c->cur)) goto oom;
     e->hash = h;
     e->valid = 1;
@@ -147,7 +196,7 @@ qd_status qd_constraint_fill_mask(qd_constraint *c, int remaining, uint32_t *mas
     c->walks++;
     int any = 0;
     if (budget >= 0) {
-        if (qd_token_trie_mask(c->trie, c->g, &c->cur, &c->walk, budget, mask, NULL))
+        if (walk_mask(c, budget, mask, NULL))
             return qd_seterr(err, QD_ERR_OOM, "out of memory computing a token mask");
         for (size_t i = 0; i < c->n_words && !any; i++) any = mask[i] != 0;
     }
@@ -162,9 +211,18 @@ qd_status qd_constraint_fill_mask(qd_constraint *c, int remaining, uint32_t *mas
 
 qd_status qd_constraint_mask_logits(qd_constraint *c, float *logits, int n_logits, int remaining, qd_err *err) {
     QD_TRY(qd_constraint_fill_mask(c, remaining, c->scratch, err));
-    int v = c->trie->vocab_size;
-    for (int i = 0; i < n_logits; i++)
-        if (i >= v ? c->active : !((c->scratch[i >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
+    const int v = c->trie->vocab_size < n_logits ? c->trie->vocab_size : n_logits;
+    /* a word at a time: inside a string most words are all allowed, elsewhere most are
+     * all refused */
+    for (int w = 0; 32 * w < v; w++) {
+        const uint32_t m = c->scratch[w];
+        if (m == 0xffffffffu && 32 * w + 32 <= v) continue;
+        const int hi = 32 * w + 32 < v ? 32 * w + 32 : v;
+        for (int i = 32 * w; i < hi; i++)
+            if (!((m >> (i & 31)) & 1)) logits[i] = -INFINITY;
+    }
+    if (c->active)
+        for (int i = v; i < n_logits; i++) logits[i] = -INFINITY;
     return QD_OK;
 }
 

@@ -7,7 +7,9 @@
  *
  * Masks are cached by state (a few entries per request): inside a string or between
  * values the state repeats from token to token, so most steps copy a cached mask
- * instead of walking the trie.
+ * instead of walking the trie. A walk goes over the constraint's state automaton
+ * (state_dfa.h), kept for the request's life: a trie node costs a table lookup, and a
+ * subtree of plain string bytes is allowed whole from any state that loops on them.
  *
  * Closing before max_tokens: each cached mask remembers the longest completion any of
  * its tokens leaves. When the tokens still allowed would not fit that completion plus
@@ -40,6 +42,9 @@ typedef struct qd_constraint_params {
 } qd_constraint_params;
 
 qd_status qd_constraint_create(const qd_constraint_params *p, qd_constraint **out, qd_err *err);
+/* A constraint in the same state on the same grammar (shared, reference counted) and
+ * trie, with its own state and caches: one per sequence of an n > 1 request. */
+qd_status qd_constraint_clone(const qd_constraint *src, qd_constraint **out, qd_err *err);
 void qd_constraint_free(qd_constraint *c);
 
 /* 1 once the constraint applies (start_after seen, or none). */
@@ -58,5 +63,7 @@ qd_status qd_constraint_accept(qd_constraint *c, int32_t token, qd_err *err);
 
 /* Mask computations since create: trie walks and cache hits (benchmarks, tests). */
 void qd_constraint_counts(const qd_constraint *c, long *walks, long *hits);
+/* Walks done by the matcher because the state automaton filled up (tests). */
+long qd_constraint_dfa_fallbacks(const qd_constraint *c);
 
 #endif

@@ -29,11 +29,17 @@ qd_grammar *qd_grammar_new(void) {
     for (int b = 0; b < 256; b++) g->classes[b][b >> 3] = (uint8_t)(1u << (b & 7));
     g->n_classes = 256;
     g->root = -1;
+    g->refs = 1;
+    return g;
+}
+
+qd_grammar *qd_grammar_ref(qd_grammar *g) {
+    if (g) __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);
     return g;
 }
 
 void qd_grammar_free(qd_grammar *g) {
-    if (!g) return;
+    if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     free(g->rule_alt0);
     free(g->rule_nalt);
     free(g->alt_rule);

@@ -44,9 +44,13 @@ typedef struct qd_grammar {
     int root;
     int too_large;                /* a limit was hit (or memory ran out) while building */
     int finished;
+    int refs;                     /* owners (constraints cloned for n > 1 share one grammar) */
 } qd_grammar;
 
 qd_grammar *qd_grammar_new(void);
+/* One more owner of a finished grammar (read-only from then on); returns g. */
+qd_grammar *qd_grammar_ref(qd_grammar *g);
+/* Drops one owner; the last frees it. */
 void qd_grammar_free(qd_grammar *g);
 
 /* A new rule with no alternatives yet; -1 when the grammar is too large. */

@@ -261,7 +261,7 @@ static int compile_alternatives(sc_ctx *c, const json_t *list, const char *kw, c
 }
 
 /* A JSON pointer into the root: "#", "#/a/b" with ~0 ~1 escapes. */
-static const json_t *resolve_ref(sc_ctx *c, const char *ref) {
+const json_t *sc_resolve_ref(sc_ctx *c, const char *ref) {
     if (ref[0] != '#') return NULL;
     const json_t *cur = c->root;
     const char *p = ref + 1;
@@ -288,7 +288,7 @@ static const json_t *resolve_ref(sc_ctx *c, const char *ref) {
 
 static int compile_ref(sc_ctx *c, const json_t *ref, const char *path) {
     if (!json_is_string(ref)) return sc_fail(c, QD_ERR_INVALID_ARG, "'$ref' at %s must be a string", path);
-    const json_t *t = resolve_ref(c, json_string_value(ref));
+    const json_t *t = sc_resolve_ref(c, json_string_value(ref));
     if (!t)
         return sc_fail(c, QD_ERR_INVALID_ARG, "'$ref' \"%s\" at %s does not point into this schema",
                        json_string_value(ref), path);
@@ -508,7 +508,11 @@ static int compile(sc_ctx *c, const json_t *s, const char *path) {
         r = sc_fail(c, QD_ERR_UNSUPPORTED, "unsupported combination at %s: '%s' together with other constraining keywords",
                     path, first);
     } else if (any) r = compile_alternatives(c, any, "anyOf", path);
-    else if (one) r = compile_alternatives(c, one, "oneOf", path);
+    else if (one) {
+        /* the union of the branches, which is oneOf only when they cannot overlap */
+        r = compile_alternatives(c, one, "oneOf", path);
+        if (r >= 0 && sc_oneof_exclusive(c, one, path)) r = -1;
+    }
     else if (all) {
         if (!json_is_array(all) || json_array_size(all) != 1)
             r = sc_fail(c, QD_ERR_UNSUPPORTED, "unsupported keyword 'allOf' with other than one member at %s", path);

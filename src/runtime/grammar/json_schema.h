@@ -1,8 +1,10 @@
 /* JSON Schema -> grammar (grammar.h) of the JSON texts that validate.
  *
  * Coverage: type (a name or an array of names, null included); properties / required
- * / additionalProperties; enum; const; anyOf; oneOf (compiled as anyOf: the branches
- * are taken to be disjoint, as they are in the schemas tools declare); allOf with one
+ * / additionalProperties; enum; const; anyOf; oneOf (the union of its branches, when
+ * they provably cannot both match a value: different types, different const / enum
+ * values, objects told apart by a required property; any other oneOf is refused with
+ * QD_ERR_UNSUPPORTED naming its path and the two branches: json_schema_oneof.c); allOf with one
  * member; $ref to "#", "#/$defs/NAME", "#/definitions/NAME" or any JSON pointer into
  * the root (recursive references included); items, minItems, maxItems; minLength,
  * maxLength, format (date, time, date-time, uuid, email), pattern (a regular-expression

@@ -49,6 +49,12 @@ int sc_numeric(sc_ctx *c, const json_t *s, const char *path, int integer);
 /* a string matching a regular-expression subset (json_schema_pattern.c) */
 int sc_pattern(sc_ctx *c, const char *pattern, size_t len, const char *path);
 
+/* The schema a "#..." JSON pointer names in the root, or NULL. */
+const json_t *sc_resolve_ref(sc_ctx *c, const char *ref);
+/* oneOf: 0 when its branches provably cannot both match a value (json_schema_oneof.c),
+ * else -1 with the error naming the path and the two branches. */
+int sc_oneof_exclusive(sc_ctx *c, const json_t *list, const char *path);
+
 /* A non-negative integer keyword (minLength ...): value, -1 when absent, -2 on error. */
 long long sc_count(sc_ctx *c, const json_t *s, const char *key, const char *path);
 

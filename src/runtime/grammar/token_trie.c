@@ -164,6 +164,9 @@ void qd_trie_walk_free(qd_trie_walk *w) {
     for (int i = 0; i < w->n_states; i++) qd_mstate_free(&w->states[i]);
     free(w->states);
     free(w->at);
+    free(w->at_id);
+    w->at_id = NULL;
+    w->n_at_id = 0;
     w->at = NULL;
     w->states = NULL;
     w->n_states = 0;

@@ -50,6 +50,8 @@ typedef struct qd_trie_walk {
     qd_mstate *states;       /* [max_depth + 1] */
     const qd_mstate **at;    /* [max_depth + 1] the state at each depth (states[d], or the walk's start) */
     int n_states;
+    int *at_id;              /* [max_depth + 1] the automaton's walk (qd_token_trie_mask_dfa): state id per depth */
+    int n_at_id;
 } qd_trie_walk;
 
 void qd_trie_walk_free(qd_trie_walk *w);
@@ -68,5 +70,15 @@ static inline int qd_json_plain_byte(unsigned char b) { return b >= 0x20 && b <=
  * distance among the allowed tokens. 0, or -1 when memory ran out. */
 int qd_token_trie_mask(const qd_token_trie *t, const qd_grammar *g, const qd_mstate *st, qd_trie_walk *w,
                        int budget, uint32_t *mask, int *max_dist_out);
+
+/* The same mask (bit for bit, the same *max_dist_out) from automaton state `start` of
+ * d (state_dfa.h): a walk that looks each node's byte up in the automaton, and allows
+ * a subtree of plain bytes whole from any state that loops on them (inside a string,
+ * also after an escape or a multi-byte character has brought the walk back to the
+ * string's state). 0; 1 when the automaton filled up (the mask is then incomplete:
+ * use qd_token_trie_mask); -1 when memory ran out. */
+typedef struct qd_state_dfa qd_state_dfa;
+int qd_token_trie_mask_dfa(const qd_token_trie *t, qd_state_dfa *d, int start, qd_trie_walk *w, int budget,
+                           uint32_t *mask, int *max_dist_out);
 
 #endif

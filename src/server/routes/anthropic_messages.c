@@ -13,12 +13,16 @@
  * bounded by max_tokens only.
  *
  * tool_choice: auto (calls parsed), none (tools shown, calls not parsed: text), any
- * and tool (see force_tool_prefix). */
+ * and tool: enforced by the grammar of OpenAI's tool_choice "required" / a named
+ * function (server/structured.c), so the reply is one or more calls (one with
+ * disable_parallel_tool_use, or for `tool`) whose input validates against the tool's
+ * input_schema. */
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "server/server.h"
+#include "server/structured.h"
 
 static const qd_chat_template_limits k_limits = {.max_output = 16u << 20, .max_memory = 64u << 20, .max_steps = 20000000, .max_depth = 100};
 
@@ -186,8 +190,7 @@ static json_t *convert_messages(json_t *req, srv_error *e) {
     return out;
 }
 
-/* Anthropic's rule for tool names, which also keeps a name safe to write into the
- * prompt (force_tool_prefix). */
+/* Anthropic's rule for tool names. */
 static int valid_tool_name(json_t *name) {
     const char *s = json_string_value(name);
     size_t n = s ? strlen(s) : 0;
@@ -304,19 +307,20 @@ static json_t *openai_opts(json_t *req, int need_max_tokens, srv_error *e) {
     return o;
 }
 
-/* tool_choice any / tool: the reply is made to start as a tool call by ending the
- * prompt with the call's opening (and, for `tool`, the function's name) in the form
- * the template taught the model: Qwen3.5's XML form when its tool instructions show
- * <function=...>, else the Hermes JSON form. What follows the opening is the model's.
- * INTEGRATION POINT (issue 17 part A, the grammar module): with constrained decoding
- * the whole call (name among the tools, arguments valid against input_schema) is
- * enforced by a grammar instead; this prefix is what can be enforced without it. */
-static const char *force_tool_prefix(tool_choice c, const char *name, const char *prompt, char *buf, size_t cap) {
-    int xml = strstr(prompt, "<function=") != NULL;
-    if (c == CHOICE_ANY) snprintf(buf, cap, "<tool_call>\n");
-    else if (xml) snprintf(buf, cap, "<tool_call>\n<function=%s>\n", name);
-    else snprintf(buf, cap, "<tool_call>\n{\"name\": \"%s\", \"arguments\": ", name);
-    return buf;
+/* tool_choice any / tool as the OpenAI request fields srv_structured_setup reads:
+ * tools (OpenAI form), tool_choice "required" or the named function, and
+ * parallel_tool_calls (false with `tool`, and with disable_parallel_tool_use). */
+static json_t *forced_tools_request(json_t *req, json_t *tools, tool_choice c, const char *name, srv_error *e) {
+    json_t *tc = json_object_get(req, "tool_choice"), *dp = json_object_get(tc, "disable_parallel_tool_use");
+    if (dp && !json_is_null(dp) && !json_is_boolean(dp)) {
+        BAD(e, "tool_choice", "tool_choice.disable_parallel_tool_use must be a boolean");
+        return NULL;
+    }
+    json_t *o = json_pack("{s:O, s:b}", "tools", tools, "parallel_tool_calls", !(c == CHOICE_TOOL || json_is_true(dp)));
+    if (!o) return NULL;
+    json_object_set_new(o, "tool_choice", c == CHOICE_ANY ? json_string("required")
+                                                          : json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", name));
+    return o;
 }
 
 typedef struct rendered {
@@ -325,6 +329,7 @@ typedef struct rendered {
     int32_t *ids;
     size_t n;
     int opens_think;
+    json_t *forced;  /* tool_choice any / tool: the OpenAI fields of the enforced call (else NULL) */
 } rendered;
 
 /* The request translated, rendered and tokenized; `g` (may be NULL: count_tokens)
@@ -357,16 +362,7 @@ static int render(srv_server *s, json_t *req, srv_gen *g, rendered *out, srv_err
     size_t n = out->len;
     while (n && isspace((unsigned char)out->text[n - 1])) n--;
     out->opens_think = n >= 7 && !memcmp(out->text + n - 7, "<think>", 7);
-    char prefix[320] = ""; /* the longest opening with a 128-byte name fits */
-    if (choice >= CHOICE_ANY) {
-        force_tool_prefix(choice, tool_name, out->text, prefix, sizeof prefix);
-        size_t pl = strlen(prefix);
-        char *t = realloc(out->text, out->len + pl + 1);
-        if (!t) { srv_fail(e, 500, "api_error", NULL, "out of memory"); goto done; }
-        memcpy(t + out->len, prefix, pl + 1);
-        out->text = t;
-        out->len += pl;
-    }
+    if (choice >= CHOICE_ANY && !(out->forced = forced_tools_request(req, tools, choice, tool_name, e))) goto done;
     if (qd_tokenizer_encode(s->tok, out->text, out->len, 0, &out->ids, &out->n, &err) != QD_OK) {
         BAD(e, "messages", "tokenizer: %s", err.msg);
         goto done;
@@ -375,7 +371,7 @@ static int render(srv_server *s, json_t *req, srv_gen *g, rendered *out, srv_err
         g->toolcap.enabled = json_array_size(tools) > 0 && choice != CHOICE_NONE;
         g->think.enabled = 1;
         if (out->opens_think) g->think.in_think = g->think.saw_tag = 1;
-        if (prefix[0]) srv_gen_seed_output(g, prefix, strlen(prefix)); /* the call's opening, for the parser */
+        g->tools = json_incref(tools); /* to type the calls' XML values by input_schema */
     }
     rc = 0;
 done:
@@ -387,6 +383,7 @@ done:
 static void rendered_free(rendered *r) {
     free(r->text);
     free(r->ids);
+    json_decref(r->forced);
 }
 
 void srv_route_messages(srv_server *s, json_t *req, srv_reply *r) {
@@ -400,6 +397,9 @@ void srv_route_messages(srv_server *s, json_t *req, srv_reply *r) {
     if (render(s, req, g, &rd, &e)) goto fail;
     size_t n = rd.n > (size_t)1 << 30 ? (size_t)1 << 30 : rd.n;
     if (srv_check_length(s, (int)n, &g->o, &e)) goto fail;
+    /* tool_choice any / tool: the grammar of the call (thinking is refused with them,
+     * so it applies from the first token) */
+    if (rd.forced && srv_structured_setup(s, rd.forced, SRV_CHAT, rd.text, 0, &g->o.rp.constraint, &e)) goto fail;
     if (srv_gen_submit(g, rd.ids, (int)n, &e)) goto fail;
     r->status = 200;
     r->gen = g;

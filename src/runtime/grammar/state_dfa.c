@@ -1,0 +1,123 @@
+/* Matcher states interned into a lazily built automaton (state_dfa.h). */
+#include "runtime/grammar/state_dfa.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/grammar/token_trie.h"
+
+#define NOT_YET (-2)
+
+void qd_state_dfa_init(qd_state_dfa *d, const qd_grammar *g, int max_states) {
+    memset(d, 0, sizeof *d);
+    d->g = g;
+    d->max_states = max_states > 0 ? max_states : 1;
+    qd_mstate_init(&d->scratch);
+}
+
+void qd_state_dfa_free(qd_state_dfa *d) {
+    for (int i = 0; i < d->cap; i++) qd_mstate_free(&d->states[i]);
+    free(d->states);
+    free(d->hash);
+    free(d->next);
+    free(d->dist);
+    free(d->loop);
+    free(d->table);
+    qd_mstate_free(&d->scratch);
+    memset(d, 0, sizeof *d);
+}
+
+void qd_state_dfa_reset(qd_state_dfa *d) {
+    d->n = 0;
+    if (d->table) memset(d->table, 0, sizeof(int) * (size_t)d->table_cap);
+}
+
+/* Room for one more state: 0, or -1 (the limit, or memory). */
+static int grow(qd_state_dfa *d) {
+    if (d->n < d->cap) return 0;
+    if (d->cap >= d->max_states) return -1;
+    int nc = d->cap ? 2 * d->cap : 64;
+    if (nc > d->max_states) nc = d->max_states;
+    qd_mstate *st = realloc(d->states, sizeof *st * (size_t)nc);
+    if (!st) return -1;
+    d->states = st;
+    for (int i = d->cap; i < nc; i++) qd_mstate_init(&st[i]);
+    uint64_t *h = realloc(d->hash, sizeof *h * (size_t)nc);
+    if (h) d->hash = h;
+    int32_t *nx = realloc(d->next, sizeof *nx * 256 * (size_t)nc);
+    if (nx) d->next = nx;
+    int *ds = realloc(d->dist, sizeof *ds * (size_t)nc);
+    if (ds) d->dist = ds;
+    int8_t *lp = realloc(d->loop, sizeof *lp * (size_t)nc);
+    if (lp) d->loop = lp;
+    if (!h || !nx || !ds || !lp) {
+        /* the arrays that moved are kept; cap stays where every array has room */
+        return -1;
+    }
+    d->cap = nc;
+    /* the hash table at most half full */
+    if (2 * nc > d->table_cap) {
+        int tc = d->table_cap ? d->table_cap : 128;
+        while (tc < 2 * nc) tc *= 2;
+        int *t = calloc((size_t)tc, sizeof *t);
+        if (!t) return -1;
+        for (int i = 0; i < d->n; i++)
+            for (size_t k = (size_t)(d->hash[i] & (uint64_t)(tc - 1));; k = (k + 1) & (size_t)(tc - 1))
+                if (!t[k]) {
+                    t[k] = i + 1;
+                    break;
+                }
+        free(d->table);
+        d->table = t;
+        d->table_cap = tc;
+    }
+    return 0;
+}
+
+int qd_state_dfa_intern(qd_state_dfa *d, const qd_mstate *s) {
+    const uint64_t h = qd_mstate_hash(s);
+    if (d->table_cap) {
+        for (size_t k = (size_t)(h & (uint64_t)(d->table_cap - 1));; k = (k + 1) & (size_t)(d->table_cap - 1)) {
+            int v = d->table[k];
+            if (!v) break;
+            if (d->hash[v - 1] == h && qd_mstate_equal(&d->states[v - 1], s)) return v - 1;
+        }
+    }
+    if (grow(d)) return QD_DFA_FULL;
+    const int id = d->n;
+    if (qd_mstate_copy(&d->states[id], s)) return QD_DFA_FULL;
+    d->hash[id] = h;
+    for (int b = 0; b < 256; b++) d->next[(size_t)id * 256 + b] = NOT_YET;
+    d->dist[id] = -1;
+    d->loop[id] = -1;
+    for (size_t k = (size_t)(h & (uint64_t)(d->table_cap - 1));; k = (k + 1) & (size_t)(d->table_cap - 1))
+        if (!d->table[k]) {
+            d->table[k] = id + 1;
+            break;
+        }
+    d->n++;
+    return id;
+}
+
+int qd_state_dfa_step_slow(qd_state_dfa *d, int id, unsigned char b) {
+    int to;
+    if (!qd_match_byte(d->g, &d->states[id], b, &d->scratch)) to = QD_DFA_DEAD;
+    else if ((to = qd_state_dfa_intern(d, &d->scratch)) == QD_DFA_FULL) return QD_DFA_FULL; /* not remembered */
+    d->next[(size_t)id * 256 + b] = to;
+    return to;
+}
+
+int qd_state_dfa_dist(qd_state_dfa *d, int id) {
+    if (d->dist[id] < 0) d->dist[id] = qd_match_dist(d->g, &d->states[id]);
+    return d->dist[id];
+}
+
+int qd_state_dfa_loops_plain(qd_state_dfa *d, int id) {
+    if (d->loop[id] < 0) {
+        int loops = 1;
+        for (int b = 0x20; b <= 0x7e && loops; b++)
+            if (qd_json_plain_byte((unsigned char)b)) loops = qd_state_dfa_step(d, id, (unsigned char)b) == id;
+        d->loop[id] = (int8_t)loops; /* a full automaton answers "no": the walk then steps byte by byte */
+    }
+    return d->loop[id];
+}

@@ -1,0 +1,55 @@
+/* The matcher's states as a lazily built automaton: each distinct state (matcher.h)
+ * that a walk reaches is interned once and numbered, and its transition by a byte is
+ * computed once and remembered. A token-mask walk over the trie (token_mask_dfa.c)
+ * then costs one table lookup per trie node instead of one matcher advance, and a
+ * state's completion distance and whether it loops on plain string bytes are computed
+ * once per state instead of once per token.
+ *
+ * The automaton belongs to one constraint (one grammar, one thread). It holds at most
+ * `max_states` states; when a new state does not fit, the step answers
+ * QD_DFA_FULL and the caller falls back to the matcher (and may reset the automaton
+ * to start over). */
+#ifndef QD_RUNTIME_GRAMMAR_STATE_DFA_H
+#define QD_RUNTIME_GRAMMAR_STATE_DFA_H
+
+#include <stdint.h>
+
+#include "runtime/grammar/grammar.h"
+#include "runtime/grammar/matcher.h"
+
+#define QD_DFA_DEAD (-1)    /* the byte kills every stack */
+#define QD_DFA_FULL (-3)    /* the state reached could not be interned (max_states, or memory) */
+
+typedef struct qd_state_dfa {
+    const qd_grammar *g;
+    int n, cap, max_states;
+    qd_mstate *states;      /* [cap] the interned states */
+    uint64_t *hash;         /* [cap] qd_mstate_hash of each */
+    int32_t *next;          /* [cap * 256] the state after byte b, QD_DFA_DEAD, or -2: not computed yet */
+    int *dist;              /* [cap] qd_match_dist, -1: not computed yet */
+    int8_t *loop;           /* [cap] 1: every plain JSON string byte leads back to the state; -1: not computed */
+    int *table;             /* [table_cap] open addressing on hash: state id + 1, 0: empty */
+    int table_cap;
+    qd_mstate scratch;
+} qd_state_dfa;
+
+void qd_state_dfa_init(qd_state_dfa *d, const qd_grammar *g, int max_states);
+void qd_state_dfa_free(qd_state_dfa *d);
+/* Forgets every state (the memory is kept). */
+void qd_state_dfa_reset(qd_state_dfa *d);
+/* The id of state s (interned if new), or QD_DFA_FULL. */
+int qd_state_dfa_intern(qd_state_dfa *d, const qd_mstate *s);
+/* The state after byte b from state id: an id, QD_DFA_DEAD or QD_DFA_FULL. */
+static inline int qd_state_dfa_step(qd_state_dfa *d, int id, unsigned char b);
+int qd_state_dfa_step_slow(qd_state_dfa *d, int id, unsigned char b);
+/* qd_match_dist of state id. */
+int qd_state_dfa_dist(qd_state_dfa *d, int id);
+/* 1 when every plain JSON string byte (qd_json_plain_byte) leads from id back to id. */
+int qd_state_dfa_loops_plain(qd_state_dfa *d, int id);
+
+static inline int qd_state_dfa_step(qd_state_dfa *d, int id, unsigned char b) {
+    int32_t t = d->next[(size_t)id * 256 + b];
+    return t != -2 ? t : qd_state_dfa_step_slow(d, id, b);
+}
+
+#endif

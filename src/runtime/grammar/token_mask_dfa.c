@@ -1,0 +1,58 @@
+/* The token mask of a grammar state by a trie walk over the state automaton
+ * (token_trie.h, state_dfa.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/grammar/state_dfa.h"
+#include "runtime/grammar/token_trie.h"
+
+static void allow(uint32_t *mask, int id) { mask[id >> 5] |= 1u << (id & 31); }
+
+int qd_token_trie_mask_dfa(const qd_token_trie *t, qd_state_dfa *d, int start, qd_trie_walk *w, int budget,
+                           uint32_t *mask, int *max_dist_out) {
+    memset(mask, 0, sizeof(uint32_t) * (((size_t)t->vocab_size + 31) / 32));
+    if (w->n_at_id < t->max_depth + 1) {
+        int *a = realloc(w->at_id, sizeof(int) * (size_t)(t->max_depth + 1));
+        if (!a) return -1;
+        w->at_id = a;
+        w->n_at_id = t->max_depth + 1;
+    }
+    int *at = w->at_id;
+    at[0] = start;
+    const int want_dist = budget >= 0 || max_dist_out != NULL;
+    int max_dist = 0;
+    int i = 1;
+    while (i < t->n_nodes) {
+        const int dep = t->depth[i], from = at[dep - 1];
+        if (t->sub_plain[i] && qd_state_dfa_loops_plain(d, from)) {
+            /* every token below ends in `from` again: all allowed, or none by budget */
+            const int dist = want_dist ? qd_state_dfa_dist(d, from) : 0;
+            if (budget < 0 || dist <= budget) {
+                for (int r = t->rank_begin[i]; r < t->rank_begin[t->end[i]]; r++) allow(mask, t->sorted_ids[r]);
+                if (dist > max_dist) max_dist = dist;
+            }
+            i = t->end[i];
+            continue;
+        }
+        const int to = qd_state_dfa_step(d, from, t->byte[i]);
+        if (to == QD_DFA_DEAD) {
+            i = t->end[i];
+            continue;
+        }
+        if (to == QD_DFA_FULL) return 1;
+        at[dep] = to;
+        if (t->tok_first[i] >= 0) {
+            int ok = 1;
+            if (want_dist) {
+                const int dist = qd_state_dfa_dist(d, to);
+                if (budget >= 0 && dist > budget) ok = 0;
+                else if (dist > max_dist) max_dist = dist;
+            }
+            if (ok)
+                for (int id = t->tok_first[i]; id >= 0; id = t->tok_next[id]) allow(mask, id);
+        }
+        i++;
+    }
+    if (max_dist_out) *max_dist_out = max_dist;
+    return 0;
+}
