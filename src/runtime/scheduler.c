@@ -277,8 +277,10 @@ static int schedule_running(qd_engine *e, int *budget) {
                 chunk = 1;
                 continue;
             }
-            /* cached prefixes give way before any running request does */
-            if (e->pc && qd_prefix_cache_reclaimable_blocks(e->pc) > 0 && qd_prefix_cache_evict_one(e->pc)) continue;
+            /* cached prefixes give way before any running request does, also those that
+             * free no block: the shortfall may be a block the cache shares with r (its next
+             * token or its MTP KV would copy it), which evicting un-shares */
+            if (e->pc && qd_prefix_cache_evict_one(e->pc)) continue;
             int fit = tokens_fitting(e, r, chunk, avail_blocks(e));
             if (invariant(e)) fit = invariant_end(r, c, c + fit) - c;
             if (fit >= 1 && !spec_decode) { /* a speculating decode is one token already: its MTP blocks are the shortfall */
