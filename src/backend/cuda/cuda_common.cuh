@@ -17,6 +17,16 @@ __device__ __forceinline__ uint32_t qd_pack_bf2(float a, float b) {
     return (uint32_t)qd_f2bf(a) | ((uint32_t)qd_f2bf(b) << 16);
 }
 
+/* Weights streamed once: a 16-byte read-only load that does not allocate in L1, with a
+ * 256-byte L2 prefetch of the rest of the line pair (the GEMV and MoE decode kernels). */
+__device__ __forceinline__ uint4 qd_ld_stream16(const void *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
 /* 16-byte global -> shared copy that bypasses registers; with valid == false
  * the 16 bytes are zero-filled (rows past the end of a short chunk), and the
  * source address is not read. */

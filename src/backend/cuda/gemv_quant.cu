@@ -106,15 +106,6 @@ __global__ void dequant_elem(const __grid_constant__ qg_params p, uint16_t *out)
 
 /* ---- the vectorised kernels ---- */
 
-/* Streamed once: read-only, no L1 allocation, a 256-byte L2 prefetch. */
-__device__ __forceinline__ uint4 qv_ld(const uint8_t *p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-    return r;
-}
-
 /* The partial sums of one piece (raw, starting at column c0 of x) with n rows of x (bf16 at
  * x + t * ldx), scaled per sub-block, into acc; decoded 8 columns at a time. */
 template <class F, int N>
@@ -173,7 +164,7 @@ qgemv_vec(const __grid_constant__ qd_cuda_qmats m, const uint16_t *__restrict__ 
 #pragma unroll
         for (int u = 0; u < QV_U; u++) {
             const int p = p0 + u * 32 + lane, q = ROWS > 1 ? p / np : 0, b = p - q * np;
-            raw[u] = p < total ? qv_ld(m.data + (r0 + q) * m.row_bytes + (size_t)b * 16) : make_uint4(0, 0, 0, 0);
+            raw[u] = p < total ? qd_ld_stream16(m.data + (r0 + q) * m.row_bytes + (size_t)b * 16) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < QV_U; u++) {

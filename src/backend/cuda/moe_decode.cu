@@ -53,15 +53,8 @@
 #define SH_TG 4          /* tokens per block row of the shared expert: one pass of either kernel */
 static_assert(SH_TG <= GU_TG && SH_TG <= DN_TG, "a shared-expert block row is one pass");
 
-/* Weights are streamed once per step: 16-byte read-only loads that do not
- * allocate in L1, with a 256-byte L2 prefetch of the rest of the line pair. */
-__device__ __forceinline__ uint4 ld_weights(const uint4 *p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-    return r;
-}
+/* Weights are streamed once per step (qd_ld_stream16, cuda_common.cuh). */
+__device__ __forceinline__ uint4 ld_weights(const uint4 *p) { return qd_ld_stream16(p); }
 
 __device__ __forceinline__ void bf16x8(const uint4 v, float f[8]) { qf_bf16::decode8(v, 0, 0, f); }
 
