@@ -138,6 +138,12 @@ static void check_model(qd_model *m, const char *dir, qd_test_rng *rng) {
             CHECK(generate(e, prompt, n, &p, &r, &err) == QD_OK);
             CHECKF(r.n == 6 && r.toks[5] == eos[0] && first_index(r.toks, 5, eos[0]) < 0 && r.finish == QD_FINISH_EOS,
                    "%s: min_tokens 5: EOS as the 6th token (%d tokens)", dir, r.n);
+            /* with ignore_eos EOS is an ordinary token: min_tokens does not mask it */
+            p.ignore_eos = true;
+            p.max_tokens = 5;
+            CHECK(generate(e, prompt, n, &p, &r, &err) == QD_OK);
+            CHECKF(r.n == 5 && r.toks[0] == eos[0] && r.toks[4] == eos[0] && r.finish == QD_FINISH_LENGTH,
+                   "%s: ignore_eos + min_tokens: EOS stays sampleable (%d tokens, first %d)", dir, r.n, r.toks[0]);
         }
     }
 

@@ -83,7 +83,8 @@ typedef struct qd_request_params {
      * deepest position the next turn is sure to share. */
     int snapshot_at;
     /* Generated tokens before which the EOS ids and stop_token_ids cannot be sampled
-     * (their logits are -inf until then); [0, max_tokens]. */
+     * (their logits are -inf until then; with ignore_eos the EOS ids are ordinary
+     * tokens and stay unmasked); [0, max_tokens]. */
     int min_tokens;
     /* More ids that end the request like EOS (finish EOS; the token is reported), even
      * with ignore_eos: the caller asked for them by id. */

@@ -383,10 +383,13 @@ qd_finish_reason qd_engine_finish_after(const qd_engine *e, const qd_request *r,
     return QD_FINISH_NONE;
 }
 
-/* min_tokens not reached yet: the EOS ids and stop token ids are masked out of the
- * next token's row. */
+/* min_tokens not reached yet: the EOS ids (unless ignore_eos makes them ordinary
+ * tokens, as in vLLM) and the stop token ids are masked out of the next token's row. */
+static int masks_eos(const qd_request *r) { return !r->params.ignore_eos; }
+
 static int needs_eos_mask(const qd_engine *e, const qd_request *r) {
-    return r->n_tokens - r->n_prompt < r->params.min_tokens && (e->n_eos > 0 || r->params.n_stop_token_ids > 0);
+    return r->n_tokens - r->n_prompt < r->params.min_tokens &&
+           ((masks_eos(r) && e->n_eos > 0) || r->params.n_stop_token_ids > 0);
 }
 
 /* The request's own edits of its logits row before the sampler: logit_bias, then the
@@ -394,7 +397,8 @@ static int needs_eos_mask(const qd_engine *e, const qd_request *r) {
 void qd_engine_edit_row(const qd_engine *e, const qd_request *r, float *row) {
     for (int i = 0; i < r->params.n_logit_bias; i++) row[r->params.logit_bias[i].id] += r->params.logit_bias[i].bias;
     if (!needs_eos_mask(e, r)) return;
-    for (int i = 0; i < e->n_eos; i++) row[e->eos[i]] = -INFINITY;
+    if (masks_eos(r))
+        for (int i = 0; i < e->n_eos; i++) row[e->eos[i]] = -INFINITY;
     for (int i = 0; i < r->params.n_stop_token_ids; i++) row[r->params.stop_token_ids[i]] = -INFINITY;
 }
 
