@@ -9,8 +9,10 @@
 #            test_cuda_quant_moe (quantized experts, decode kernels and prefill path, the fused block),
 #            test_cuda_quant_model (every quantized fixture checkpoint, fp8 at load, dummy weights in
 #            each format: CUDA vs reference / CPU), test_cuda_moe (the bf16 experts through the same
-#            templated kernels), then bench/quant_cuda_bench (GB/s of FP8 / NVFP4 / INT4 GEMV vs copy
-#            bandwidth and bf16)
+#            templated kernels), test_cuda_fp8_gemm (the W8A8 FP8 GEMM against its CPU reference),
+#            then bench/quant_cuda_bench (GB/s of FP8 / NVFP4 / INT4 GEMV vs copy bandwidth and bf16)
+#            and bench/fp8_gemm_cuda_bench (the FP8 GEMM vs our bf16 GEMM and cuBLASLt's per-tensor
+#            FP8 GEMM; QUANT_BENCH="fp8_gemm_cuda_bench" runs one of the two)
 #     quant-e2e: qdelta bench on the Qwen3.5-35B-A3B dummy in bf16, fp8, nvfp4 and int4 (decode B=1,
 #            prefill 8k) and the 27B in bf16 and fp8 (decode B=1): each format's tok/s and its ratio
 #            to bf16 of the same run (QBENCH="qwen3_5_27b|fp8 ..." runs a subset)
@@ -67,13 +69,13 @@ if [ -z "${QD_SKIP_BUILD:-}" ]; then
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
 targets="qdelta test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_model test_snap_tier test_cuda_batch_invariant gdn_cuda_bench"
-for t in test_cuda_attn test_cuda_moe test_cuda_tp test_cuda_quant test_cuda_quant_moe test_cuda_quant_model attn_cuda_bench moe_cuda_bench linear_cuda_bench quant_cuda_bench; do
+for t in test_cuda_attn test_cuda_moe test_cuda_tp test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model attn_cuda_bench moe_cuda_bench linear_cuda_bench quant_cuda_bench fp8_gemm_cuda_bench; do
     grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
 done
 # the quant part alone builds only its own targets
 case " $parts " in
 *" quant "* | *" quant-e2e "*) [ -z "$(echo " $parts " | sed -e 's/ quant-e2e / /' -e 's/ quant / /' | tr -d ' ')" ] &&
-    targets="qdelta test_cuda_quant test_cuda_quant_moe test_cuda_quant_model test_cuda_moe quant_cuda_bench" ;;
+    targets="qdelta test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model test_cuda_moe quant_cuda_bench fp8_gemm_cuda_bench" ;;
 esac
 # shellcheck disable=SC2086
 cmake --build "$BUILD" -j"$(nproc)" --target $targets >>"$LOGDIR/build.log" 2>&1 ||
@@ -279,14 +281,17 @@ fi
 QUANT_LOG="$LOGDIR/quant.log"
 if has quant; then
     : >"$QUANT_LOG"
-    for t in test_cuda_quant test_cuda_quant_moe test_cuda_quant_model test_cuda_moe; do run_test "$t" "$QUANT_LOG"; done
-    bin=$(find "$BUILD" -name quant_cuda_bench -type f -perm -u+x | head -1)
-    if [ -n "$bin" ]; then
-        echo "=== quant_cuda_bench" >>"$QUANT_LOG"
-        timeout 240 "$bin" >>"$QUANT_LOG" 2>&1 || { status=1; echo "quant_cuda_bench failed" >>"$QUANT_LOG"; }
-    else
-        status=1; echo "quant_cuda_bench not built" >>"$QUANT_LOG"
-    fi
+    for t in test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model test_cuda_moe; do run_test "$t" "$QUANT_LOG"; done
+    # QUANT_BENCH="fp8_gemm_cuda_bench": a subset
+    for b in ${QUANT_BENCH:-quant_cuda_bench fp8_gemm_cuda_bench}; do
+        bin=$(find "$BUILD" -name "$b" -type f -perm -u+x | head -1)
+        if [ -n "$bin" ]; then
+            echo "=== $b" >>"$QUANT_LOG"
+            timeout 240 "$bin" >>"$QUANT_LOG" 2>&1 || { status=1; echo "$b failed" >>"$QUANT_LOG"; }
+        else
+            status=1; echo "$b not built" >>"$QUANT_LOG"
+        fi
+    done
 fi
 
 QE2E_LOG="$LOGDIR/quant-e2e.log"
@@ -307,7 +312,7 @@ fi
 
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
 for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier \
-    test_cuda_batch_invariant test_cuda_quant test_cuda_quant_moe test_cuda_quant_model; do
+    test_cuda_batch_invariant test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
 [ -s "$THR_LOG" ] && grep -E "^\|" "$THR_LOG"
@@ -373,6 +378,7 @@ grep -h "^FAILED" "$E2E_LOG" 2>/dev/null
 if [ -s "$QUANT_LOG" ]; then
     grep -E "^RESULT copy" "$QUANT_LOG"
     awk '/^RESULT qgemv/ { l = ""; for (i = 3; i <= NF; i++) l = l " " $i; print "qgemv" l }' "$QUANT_LOG"
+    awk '/^RESULT fp8_gemm/ { l = ""; for (i = 3; i <= NF; i++) l = l " " $i; print "fp8 gemm" l }' "$QUANT_LOG"
     grep -E "worst err/tol|failed|CHECK" "$QUANT_LOG" | head -40
 fi
 if [ -s "$SERVE_LOG" ]; then

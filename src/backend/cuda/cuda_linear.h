@@ -45,9 +45,11 @@ typedef struct qd_cuda_lin_in {
 /* One product of the call: W [rows][cols] bf16 into y, n rows at stride ldy (fp32).
  * qw set (a quantized device weight, cuda_quant.h): W is unused; up to QD_CUDA_QGEMV_MAX_N
  * rows of x the product is the quantized GEMV on x materialised into scratch (the
- * in-kernel fused input is bf16 only); above that, and on the invariant path, the weight
- * is first dequantized into `dequant` (bf16, rows x cols; the products of one call run in
- * stream order, so they may share it) and the bf16 path runs on it. */
+ * in-kernel fused input is bf16 only); above that an FP8 weight of a layout the FP8 GEMM
+ * takes (qd_cuda_fp8_gemm_mode) runs W8A8 on the FP8 tensor cores with x quantized into
+ * fp8_act; other formats, and every format on the invariant path, are first dequantized
+ * into `dequant` (bf16, rows x cols; the products of one call run in stream order, so they
+ * may share it, and fp8_act likewise) and the bf16 path runs on them. */
 typedef struct qd_cuda_lin_out {
     const uint16_t *W;
     int64_t rows;
@@ -55,6 +57,8 @@ typedef struct qd_cuda_lin_out {
     int64_t ldy;
     const struct qd_weight *qw;
     uint16_t *dequant;
+    void *fp8_act;
+    size_t fp8_act_bytes;
 } qd_cuda_lin_out;
 
 #define QD_LIN_MAX_OUT 4

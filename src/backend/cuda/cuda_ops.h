@@ -90,6 +90,12 @@ typedef struct qd_cuda_blas qd_cuda_blas;
 qd_status qd_cuda_blas_create(qd_cuda_blas **out, void *stream);
 void qd_cuda_blas_destroy(qd_cuda_blas *b);
 void *qd_cuda_blas_handle(qd_cuda_blas *b); /* cublasHandle_t */
+/* The handle's workspace (graph-safe, shared by its cuBLAS and cuBLASLt calls, which run
+ * in its stream) and the FP8 GEMM's per-shape plans it owns (gemm_fp8.cu). */
+void *qd_cuda_blas_workspace(qd_cuda_blas *b, size_t *bytes);
+struct qd_cuda_fp8_plans;
+struct qd_cuda_fp8_plans **qd_cuda_blas_fp8_plans(qd_cuda_blas *b);
+void qd_cuda_fp8_plans_free(struct qd_cuda_fp8_plans *p);
 
 /* y[n][rows] = x[n][cols] . W^T with W [rows][cols] bf16 (nn.Linear), x bf16 rows at stride
  * ldx, fp32 accumulation; y fp32 (y_bf16 = 0) or bf16 rows at stride ldy. */

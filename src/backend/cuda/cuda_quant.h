@@ -15,6 +15,7 @@
 
 #include <stdint.h>
 
+#include "backend/cuda/cuda_ops.h"
 #include "base/weight.h"
 #include "qdelta.h"
 
@@ -64,6 +65,34 @@ qd_status qd_cuda_qgemv(const qd_weight *dw, const uint16_t *d_x, int64_t ldx, i
  * d_out [n_mats][rows][cols]. The prefill products run on these (cuBLAS, the grouped GEMMs). */
 qd_status qd_cuda_dequant_bf16(const qd_weight *dw, uint16_t *d_out, void *stream);
 qd_status qd_cuda_qmats_dequant_bf16(const qd_cuda_qmats *m, uint16_t *d_out, void *stream);
+
+/* W8A8 prefill products of FP8 weights on the FP8 tensor cores (gemm_fp8.cu, cuBLASLt's
+ * block-scaled FP8 GEMM). x is quantized per token to e4m3 with dynamic scales: one per
+ * 1 x 128 block of columns for a 128 x 128 block weight (DeepGEMM's scheme), one per token
+ * for a per-channel weight; s = amax / 448 (1 for an all-zero block), q = e4m3(x / s) to
+ * nearest even, saturating (qd_cuda_fp8_quant_act, exact fp32 steps). The GEMM sums each
+ * block's products in fp32 and applies s_x * s_w to it.
+ * qd_cuda_fp8_gemm_mode: which of the two layouts a device weight is (F8_E4M3 with F32
+ * scales, rows % 4 == 0, cols % 16 == 0, 16-byte aligned data), 0 for others (they take
+ * the dequantized bf16 path). qd_cuda_fp8_act_bytes: the scratch a call of n rows of x on
+ * a rows x cols weight needs. The product takes n & ~3 rows on the GEMM (cuBLASLt needs N %
+ * 4 == 0) and the last n % 4 on the W8A16 GEMV (qd_cuda_qgemv). y fp32 rows at stride ldy,
+ * stored or accumulated. On stream, which must be the handle's. */
+enum { QD_FP8_GEMM_BLOCK = 1, QD_FP8_GEMM_CHANNEL = 2 };
+int qd_cuda_fp8_gemm_mode(const qd_weight *dw);
+size_t qd_cuda_fp8_act_bytes(int64_t n, int64_t rows, int64_t cols);
+qd_status qd_cuda_fp8_gemm(qd_cuda_blas *b, const qd_weight *dw, const uint16_t *d_x, int64_t ldx, int n,
+                           float *d_y, int64_t ldy, int accumulate, void *d_scratch, size_t scratch_bytes,
+                           void *stream);
+/* The activation quantization alone: q [n][cols] e4m3, scales [L][n4] (block mode, L =
+ * ceil(cols / 128), n4 >= n the GEMM's N) or [n] (channel mode). */
+qd_status qd_cuda_fp8_quant_act(const uint16_t *d_x, int64_t ldx, int n, int64_t cols, int mode, int n4,
+                                uint8_t *d_q, float *d_scales, void *stream);
+/* cuBLASLt's FP8 GEMM with one scale per operand (device floats), y = s_w s_x W xq^T into
+ * fp32 rows at stride ldy: the benchmark's peer for the block-scaled GEMM. */
+qd_status qd_cuda_fp8_gemm_tensor(qd_cuda_blas *b, const uint8_t *d_w, int64_t rows, int64_t cols,
+                                  const float *d_sw, const uint8_t *d_xq, int n, const float *d_sx, float *d_y,
+                                  int64_t ldy, void *stream);
 
 #ifdef __cplusplus
 }

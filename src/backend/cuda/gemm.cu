@@ -11,6 +11,7 @@
 struct qd_cuda_blas {
     cublasHandle_t h;
     void *workspace;
+    struct qd_cuda_fp8_plans *fp8; /* created by the first FP8 GEMM */
 };
 
 /* cuBLAS advises a user workspace for graph capture; 32 MiB covers Hopper's kernels. */
@@ -43,10 +44,18 @@ extern "C" void qd_cuda_blas_destroy(qd_cuda_blas *b) {
     if (!b) return;
     if (b->h) cublasDestroy(b->h);
     qd_cuda_free(b->workspace);
+    qd_cuda_fp8_plans_free(b->fp8);
     free(b);
 }
 
 extern "C" void *qd_cuda_blas_handle(qd_cuda_blas *b) { return b ? (void *)b->h : NULL; }
+
+extern "C" void *qd_cuda_blas_workspace(qd_cuda_blas *b, size_t *bytes) {
+    *bytes = QD_BLAS_WORKSPACE;
+    return b->workspace;
+}
+
+extern "C" struct qd_cuda_fp8_plans **qd_cuda_blas_fp8_plans(qd_cuda_blas *b) { return &b->fp8; }
 
 /* Decode-sized products (a few rows of x) are bound by reading W once: a warp per
  * output row streams the row in 16-byte pieces (4 in flight per lane) and keeps one

@@ -439,6 +439,13 @@ static int fg_valid(const qd_cuda_lin_in *in, int64_t cols, const qd_cuda_lin_ou
            in->kind >= QD_LIN_BF16 && in->kind <= QD_LIN_SILU;
 }
 
+/* A quantized product of n > QD_CUDA_QGEMV_MAX_N rows that runs W8A8 on the FP8 GEMM
+ * (not on the invariant path, whose one summation order is the bf16 product's). */
+static int fg_fp8_gemm(const qd_cuda_lin_out *o, int path, int n) {
+    return o->qw && path != QD_LIN_PATH_INVARIANT && n > QD_CUDA_QGEMV_MAX_N && o->fp8_act &&
+           qd_cuda_fp8_gemm_mode(o->qw) && o->fp8_act_bytes >= qd_cuda_fp8_act_bytes(n, o->rows, o->qw->cols);
+}
+
 static int fg_any_quantized(const qd_cuda_lin_out *out, int n_out) {
     for (int j = 0; j < n_out; j++)
         if (out[j].qw) return 1;
@@ -458,6 +465,8 @@ extern "C" int qd_cuda_linear_choice(const qd_cuda_lin_in *in, int64_t cols, int
  *   fused GEMV: shapes fg_fusable takes that fg_prefer_fused prefers
  *   otherwise (plain): x materialised into scratch by the elementwise kernels, then
  *       the plain GEMV (n <= 8) or cuBLAS (beta = 1 when accumulating)
+ *   quantized weights (plain only): the quantized GEMV (n <= 16), else the FP8 GEMM
+ *       (W8A8, FP8 weights of its layouts), else cuBLAS on the weight dequantized to bf16
  * and by name only, INVARIANT: x materialised as for plain, then the batch-invariant
  *       product of gemm_invariant.cu */
 extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
@@ -477,7 +486,7 @@ extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cud
             if (out[j].qw && (out[j].qw->cols != cols || out[j].qw->rows != out[j].rows))
                 return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: a quantized product's weight shape differs from "
                                                         "the call's");
-            else if (out[j].qw && dequant && !out[j].dequant)
+            else if (out[j].qw && dequant && !out[j].dequant && !fg_fp8_gemm(&out[j], path, n))
                 return qd_cuda_fail(QD_ERR_INVALID_ARG, "linear: a quantized product above the GEMV's rows needs "
                                                         "dequantization scratch");
         if (path != QD_LIN_PATH_INVARIANT) path = QD_LIN_PATH_PLAIN;
@@ -535,6 +544,12 @@ extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cud
         const uint16_t *W = out[j].W;
         if (out[j].qw && !dequant) {
             qd_status s = qd_cuda_qgemv(out[j].qw, x, ldx, n, out[j].y, out[j].ldy, accumulate, stream);
+            if (s) return s;
+            continue;
+        }
+        if (fg_fp8_gemm(&out[j], path, n)) {
+            qd_status s = qd_cuda_fp8_gemm(b, out[j].qw, x, ldx, n, out[j].y, out[j].ldy, accumulate, out[j].fp8_act,
+                                           out[j].fp8_act_bytes, stream);
             if (s) return s;
             continue;
         }

@@ -1,0 +1,314 @@
+/* W8A8 products of FP8 weights on the Hopper FP8 tensor cores, through cuBLASLt's
+ * block-scaled FP8 GEMM (the scheme DeepGEMM uses): the activations are quantized per
+ * token to e4m3 with a dynamic scale per 1 x 128 block of columns (per token and whole row
+ * for a per-channel weight), and the GEMM applies the weight's 128 x 128 block scales (or
+ * its per-channel ones) and the activation scales to each block's fp32 partial sums.
+ *
+ * In cuBLAS's column-major terms, with the weight W [rows][cols] row-major seen as a
+ * [cols][rows] matrix: D [rows][n] (y rows at stride ldy) = op(A) B with A = W (op T),
+ * B = the quantized x ([cols][n], ld cols), M = rows, N = n, K = cols.
+ * Scale layouts cuBLASLt reads (cuBLAS docs, "128-element 1D and 128x128 2D block scaling"):
+ *   A, BLK128x128_32F: K-major [ceil(M / 128)][L4] with L = ceil(K / 128) rounded up to a
+ *     multiple of 4 (L4): the weight's scales [ceil(rows / 128)][L] are used as they are
+ *     when L % 4 == 0 (and 16-byte aligned), else repacked into the scratch per call;
+ *   B, VEC128_32F: N-major [L][N]: scale of token t, column block kb at kb * N + t;
+ *   OUTER_VEC_32F: a vector of M (A: the weight's per-channel scales) or N (B) floats.
+ * M and N must be multiples of 4: the GEMM takes the first n & ~3 tokens and the last
+ * n % 4 go through the W8A16 GEMV (qd_cuda_qgemv) on the same weight. */
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_quant.h"
+#include "backend/cuda/cuda_util.h"
+#include "base/err.h"
+
+#define FP8_MAX 448.0f
+#define BLK 128
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static size_t up256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* ------------------------------------------------------------ which weights */
+
+static int mode_of(const qd_weight *w) {
+    if (w->dtype != QD_DTYPE_F8_E4M3 || w->scales.dtype != QD_DTYPE_F32 || !w->data || !w->scales.data) return 0;
+    if (w->rows % 4 || w->cols % 16 || w->rows > INT32_MAX || w->cols > INT32_MAX) return 0;
+    if (((uintptr_t)w->data & 15) != 0) return 0;
+    if (w->scales.block_rows == BLK && w->scales.block_cols == BLK) return QD_FP8_GEMM_BLOCK;
+    if (w->scales.block_rows == 1 && w->scales.block_cols == w->cols && ((uintptr_t)w->scales.data & 15) == 0)
+        return QD_FP8_GEMM_CHANNEL;
+    return 0;
+}
+
+extern "C" int qd_cuda_fp8_gemm_mode(const qd_weight *dw) { return mode_of(dw); }
+
+/* Scratch layout: q [n4][cols] e4m3 | x scales (block: [L][n4], channel: [n4]) | the
+ * weight's block scales repacked to [ceil(rows / 128)][L4]. */
+extern "C" size_t qd_cuda_fp8_act_bytes(int64_t n, int64_t rows, int64_t cols) {
+    if (n <= 0 || rows <= 0 || cols <= 0) return 0;
+    const int64_t n4 = (n + 3) & ~(int64_t)3, L = cdiv(cols, BLK), L4 = (L + 3) & ~(int64_t)3;
+    return up256((size_t)(n4 * cols)) + up256((size_t)(L * n4) * 4) + up256((size_t)(cdiv(rows, BLK) * L4) * 4);
+}
+
+/* ------------------------------------------------------------ kernels */
+
+/* One warp per (token, 128-column block): amax of the block's bf16 values, scale
+ * s = amax / 448 (1 for an all-zero block), q = e4m3(x / s) rounded to nearest even,
+ * saturating. Every step is a correctly rounded fp32 operation, so the CPU reference
+ * (test_cuda_quant) reproduces the bytes exactly. */
+__global__ void quant_blocks_kernel(const uint16_t *__restrict__ x, int64_t ldx, int n, int cols, int n4,
+                                    uint8_t *__restrict__ q, float *__restrict__ sc) {
+    const int lane = threadIdx.x % 32;
+    const int64_t w = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int L = (cols + BLK - 1) / BLK;
+    if (w >= (int64_t)n * L) return;
+    const int t = (int)(w / L), kb = (int)(w % L);
+    const uint16_t *xr = x + (int64_t)t * ldx + (int64_t)kb * BLK;
+    const int c0 = kb * BLK + lane * 4;
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = c0 + i < cols ? __uint_as_float((uint32_t)xr[lane * 4 + i] << 16) : 0.f;
+    float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    const float s = a > 0.f ? __fdiv_rn(a, FP8_MAX) : 1.f;
+    uint8_t *qr = q + (int64_t)t * cols + (int64_t)kb * BLK;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (c0 + i < cols)
+            qr[lane * 4 + i] = (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(v[i], s), __NV_SATFINITE, __NV_E4M3);
+    if (lane == 0) sc[(int64_t)kb * n4 + t] = s;
+}
+
+/* Per-channel weights: one scale per token over its whole row (a block per token). */
+__global__ void quant_rows_kernel(const uint16_t *__restrict__ x, int64_t ldx, int cols, uint8_t *__restrict__ q,
+                                  float *__restrict__ sc) {
+    const int t = blockIdx.x;
+    const uint16_t *xr = x + (int64_t)t * ldx;
+    float a = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) a = fmaxf(a, fabsf(__uint_as_float((uint32_t)xr[c] << 16)));
+    __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = a;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        a = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.f;
+        for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        if (threadIdx.x == 0) part[0] = a;
+    }
+    __syncthreads();
+    const float s = part[0] > 0.f ? __fdiv_rn(part[0], FP8_MAX) : 1.f;
+    uint8_t *qr = q + (int64_t)t * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        qr[c] = (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(__uint_as_float((uint32_t)xr[c] << 16), s), __NV_SATFINITE,
+                                               __NV_E4M3);
+    if (threadIdx.x == 0) sc[t] = s;
+}
+
+/* [rb][L] -> [rb][L4], the padding zero. */
+__global__ void repack_scales_kernel(const float *__restrict__ s, int64_t rb, int L, int L4, float *__restrict__ out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rb * L4) return;
+    const int64_t r = i / L4, c = i % L4;
+    out[i] = c < L ? s[r * L + c] : 0.f;
+}
+
+extern "C" qd_status qd_cuda_fp8_quant_act(const uint16_t *d_x, int64_t ldx, int n, int64_t cols, int mode, int n4,
+                                           uint8_t *d_q, float *d_scales, void *stream) {
+    if (n <= 0) return QD_OK;
+    if (cols <= 0 || cols > INT32_MAX || n4 < n) return qd_cuda_fail(QD_ERR_INVALID_ARG, "fp8 activations: bad shape");
+    cudaStream_t st = (cudaStream_t)stream;
+    if (mode == QD_FP8_GEMM_BLOCK) {
+        const int64_t warps = (int64_t)n * cdiv(cols, BLK);
+        quant_blocks_kernel<<<(unsigned)cdiv(warps, 8), 256, 0, st>>>(d_x, ldx, n, (int)cols, n4, d_q, d_scales);
+    } else if (mode == QD_FP8_GEMM_CHANNEL) {
+        quant_rows_kernel<<<(unsigned)n, 256, 0, st>>>(d_x, ldx, (int)cols, d_q, d_scales);
+    } else {
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "fp8 activations: unknown scale mode");
+    }
+    QD_CUDA_CHECK_LAUNCH("fp8 activations");
+    return QD_OK;
+}
+
+/* ------------------------------------------------------------ cuBLASLt plans */
+
+/* The heuristic's pick per shape, asked once (it costs tens of microseconds of host time). */
+typedef struct fp8_plan {
+    int64_t m, n, k, ldy;
+    int mode, acc;
+    cublasLtMatmulAlgo_t algo;
+} fp8_plan;
+
+#define FP8_PLANS 64
+struct qd_cuda_fp8_plans {
+    fp8_plan p[FP8_PLANS];
+    int count, next;
+};
+
+extern "C" void qd_cuda_fp8_plans_free(struct qd_cuda_fp8_plans *p) { free(p); }
+
+static qd_status lt_status(cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return QD_OK;
+    char msg[192];
+    snprintf(msg, sizeof msg, "fp8 GEMM: %s: %s", what, cublasGetStatusString(s));
+    return qd_cuda_fail(QD_ERR_BACKEND, msg);
+}
+
+#define LT_TRY(call, what)                             \
+    do {                                               \
+        qd_status s_ = lt_status((call), what);        \
+        if (s_ != QD_OK) goto done;                    \
+    } while (0)
+
+/* One cuBLASLt call: D = scale_a scale_b (A^T B) (+ C when acc), fp32 out. A, B e4m3. */
+static qd_status lt_matmul(qd_cuda_blas *b, int mode, int64_t M, int64_t N, int64_t K, const void *A,
+                           const float *sa, const void *B, const float *sb, float *D, int64_t ldd, int acc,
+                           cudaStream_t st) {
+    cublasLtHandle_t lt = (cublasLtHandle_t)qd_cuda_blas_handle(b);
+    size_t ws_bytes = 0;
+    void *ws = qd_cuda_blas_workspace(b, &ws_bytes);
+    struct qd_cuda_fp8_plans **slot = qd_cuda_blas_fp8_plans(b);
+    if (!*slot && !(*slot = (struct qd_cuda_fp8_plans *)calloc(1, sizeof **slot)))
+        return qd_cuda_fail(QD_ERR_OOM, "fp8 GEMM: host allocation");
+    struct qd_cuda_fp8_plans *plans = *slot;
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    qd_status s = QD_ERR_BACKEND;
+    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+    const cublasLtMatmulMatrixScale_t ma = mode == QD_FP8_GEMM_BLOCK ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                                                     : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    const cublasLtMatmulMatrixScale_t mb = mode == QD_FP8_GEMM_BLOCK ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                                                     : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    const float one = 1.f, beta = acc ? 1.f : 0.f;
+    const fp8_plan *plan = NULL;
+    LT_TRY(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
+    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT), "transa");
+    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN), "transb");
+    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma), "A scale mode");
+    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb), "B scale mode");
+    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa), "A scales");
+    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb), "B scales");
+    LT_TRY(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)M, K), "A layout");
+    LT_TRY(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)N, K), "B layout");
+    LT_TRY(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, (uint64_t)M, (uint64_t)N, ldd), "D layout");
+    for (int i = 0; i < plans->count; i++) {
+        const fp8_plan *p = &plans->p[i];
+        if (p->m == M && p->n == N && p->k == K && p->ldy == ldd && p->mode == mode && p->acc == acc) {
+            plan = p;
+            break;
+        }
+    }
+    if (!plan) {
+        cublasLtMatmulHeuristicResult_t h;
+        int found = 0;
+        LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference");
+        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                    sizeof ws_bytes),
+               "workspace preference");
+        LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &h, &found), "heuristic");
+        if (found < 1) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "fp8 GEMM: cuBLASLt has no algorithm for %lld x %lld x %lld", (long long)M,
+                     (long long)N, (long long)K);
+            s = qd_cuda_fail(QD_ERR_UNSUPPORTED, msg);
+            goto done;
+        }
+        fp8_plan *p = &plans->p[plans->count < FP8_PLANS ? plans->count++ : plans->next++ % FP8_PLANS];
+        *p = (fp8_plan){.m = M, .n = N, .k = K, .ldy = ldd, .mode = mode, .acc = acc, .algo = h.algo};
+        plan = p;
+    }
+    LT_TRY(cublasLtMatmul(lt, desc, &one, A, la, B, lb, &beta, D, ld, D, ld, &plan->algo, ws, ws_bytes, st), "matmul");
+    s = QD_OK;
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    return s;
+}
+
+/* ------------------------------------------------------------ the product */
+
+extern "C" qd_status qd_cuda_fp8_gemm(qd_cuda_blas *b, const qd_weight *dw, const uint16_t *d_x, int64_t ldx, int n,
+                                      float *d_y, int64_t ldy, int accumulate, void *d_scratch, size_t scratch_bytes,
+                                      void *stream) {
+    if (n <= 0) return QD_OK;
+    const int mode = mode_of(dw);
+    if (!mode) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "fp8 GEMM: the weight's layout is not one the FP8 GEMM takes");
+    if (!b || !d_x || !d_y || !d_scratch) return qd_cuda_fail(QD_ERR_INVALID_ARG, "fp8 GEMM: missing operand");
+    if (scratch_bytes < qd_cuda_fp8_act_bytes(n, dw->rows, dw->cols))
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "fp8 GEMM: scratch too small");
+    if (((uintptr_t)d_scratch & 255) != 0) return qd_cuda_fail(QD_ERR_INVALID_ARG, "fp8 GEMM: scratch not aligned");
+    const int64_t M = dw->rows, K = dw->cols, n4 = n & ~3, L = cdiv(K, BLK), L4 = (L + 3) & ~(int64_t)3;
+    cudaStream_t st = (cudaStream_t)stream;
+    if (n4 > 0) {
+        uint8_t *q = (uint8_t *)d_scratch;
+        float *sx = (float *)(q + up256((size_t)(((n + 3) & ~3) * K)));
+        float *sw_pack = (float *)((uint8_t *)sx + up256((size_t)(L * ((n + 3) & ~3)) * 4));
+        QD_TRY(qd_cuda_fp8_quant_act(d_x, ldx, (int)n4, K, mode, (int)n4, q, sx, stream));
+        const float *sw = (const float *)dw->scales.data;
+        if (mode == QD_FP8_GEMM_BLOCK && (L % 4 || ((uintptr_t)sw & 15))) {
+            const int64_t cnt = cdiv(M, BLK) * L4;
+            repack_scales_kernel<<<(unsigned)cdiv(cnt, 256), 256, 0, st>>>(sw, cdiv(M, BLK), (int)L, (int)L4, sw_pack);
+            QD_CUDA_CHECK_LAUNCH("fp8 scale repack");
+            sw = sw_pack;
+        }
+        QD_TRY(lt_matmul(b, mode, M, n4, K, dw->data, sw, q, sx, d_y, ldy, accumulate, st));
+    }
+    if (n4 < n) /* the last n % 4 tokens: the W8A16 GEMV on the same weight */
+        return qd_cuda_qgemv(dw, d_x + n4 * ldx, ldx, (int)(n - n4), d_y + n4 * ldy, ldy, accumulate, stream);
+    return QD_OK;
+}
+
+/* The same GEMM on e4m3 operands with one scale per tensor (cuBLASLt's per-tensor FP8
+ * GEMM): the benchmark's peer for the block-scaled one, same shapes, same run. */
+extern "C" qd_status qd_cuda_fp8_gemm_tensor(qd_cuda_blas *b, const uint8_t *d_w, int64_t rows, int64_t cols,
+                                             const float *d_sw, const uint8_t *d_xq, int n, const float *d_sx,
+                                             float *d_y, int64_t ldy, void *stream) {
+    cublasLtHandle_t lt = (cublasLtHandle_t)qd_cuda_blas_handle(b);
+    size_t ws_bytes = 0;
+    void *ws = qd_cuda_blas_workspace(b, &ws_bytes);
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    qd_status s = QD_ERR_BACKEND;
+    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+    const float one = 1.f, zero = 0.f;
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    LT_TRY(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
+    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT), "transa");
+    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN), "transb");
+    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &d_sw, sizeof d_sw), "A scale");
+    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &d_sx, sizeof d_sx), "B scale");
+    LT_TRY(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, (uint64_t)cols, (uint64_t)rows, cols), "A layout");
+    LT_TRY(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, (uint64_t)cols, (uint64_t)n, cols), "B layout");
+    LT_TRY(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, (uint64_t)rows, (uint64_t)n, ldy), "D layout");
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                sizeof ws_bytes),
+           "workspace preference");
+    LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &h, &found), "heuristic");
+    if (found < 1) {
+        s = qd_cuda_fail(QD_ERR_UNSUPPORTED, "fp8 GEMM (per tensor): no algorithm");
+        goto done;
+    }
+    LT_TRY(cublasLtMatmul(lt, desc, &one, d_w, la, d_xq, lb, &zero, d_y, ld, d_y, ld, &h.algo, ws, ws_bytes,
+                          (cudaStream_t)stream),
+           "matmul");
+    s = QD_OK;
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    return s;
+}
