@@ -14,12 +14,13 @@
  *     perfect drafts and drafts wrong at every third position: exactly the unsplit
  *     model's plain greedy ids.
  * Also a split group cut from a loaded model (split_group.h, the slicing path) runs the
- * head like the unsplit one, and a split checkpoint without an MTP head is refused with
- * the reason. The split backend refuses batch-invariant mode, so every context here is
+ * head like the unsplit one, plain and with fp8 weights (main layers and head), and a
+ * split checkpoint without an MTP head is refused with the reason. The split backend refuses batch-invariant mode, so every context here is
  * an ordinary one (verify spans and one-token decodes agree within rounding). */
 #include <string.h>
 
 #include "model/model.h"
+#include "model/model_quant.h"
 #include "model/split_group.h"
 #include "qd_fixtures.h"
 #include "qd_test.h"
@@ -235,6 +236,102 @@ static void check_group(qd_model *full, const int32_t *prompt, int n, const mtp_
     qd_tp_cpu_free(g);
 }
 
+/* fp8 (128 x 128 block scales) of every linear weight of the MTP head, as a quantized
+ * checkpoint would hold it (online quantization converts the main layers only). */
+static qd_status fp8(qd_model *m, qd_weight *w, qd_err *err) {
+    if (w->rows == 0) return QD_OK;
+    qd_weight q;
+    QD_TRY(qd_quant_to_fp8_block(m, w, &q, err));
+    *w = q;
+    return QD_OK;
+}
+
+static qd_status fp8_mlp(qd_model *m, qd_mlp_weights *w, qd_err *err) {
+    QD_TRY(fp8(m, &w->gate, err));
+    QD_TRY(fp8(m, &w->up, err));
+    return fp8(m, &w->down, err);
+}
+
+static qd_status fp8_mtp(qd_model *m, qd_err *err) {
+    qd_mtp_weights *w = m->w.mtp;
+    qd_layer *ly = &w->layer;
+    QD_TRY(fp8(m, &w->fc, err));
+    QD_TRY(fp8(m, &ly->attn.q, err));
+    QD_TRY(fp8(m, &ly->attn.k, err));
+    QD_TRY(fp8(m, &ly->attn.v, err));
+    QD_TRY(fp8(m, &ly->attn.o, err));
+    if (ly->ffn_kind == QD_FFN_DENSE) return fp8_mlp(m, &ly->mlp, err);
+    for (int e = 0; e < m->cfg.n_experts; e++) QD_TRY(fp8_mlp(m, &ly->moe.experts[e], err));
+    return ly->moe.has_shared ? fp8_mlp(m, &ly->moe.shared, err) : QD_OK;
+}
+
+/* A quantized model (an fp8 MTP head, and fp8 main layers when with_main (a split of the
+ * dense fixture's fp8 out_proj would cut its 128-column scale blocks, which the sharding
+ * refuses)) cut into TP=2 ranks: the ranks' slices of the quantized head (column cuts of
+ * o_proj / down_proj keep their scale blocks) run the head as the unsplit quantized model
+ * does, and greedy speculation at K=2 gives its plain greedy ids. */
+static void check_quantized(const char *dir, int with_main) {
+    char path[512], msg[1024];
+    int32_t prompt[MAX_PROMPT];
+    snprintf(path, sizeof path, "%s/prompt.ids", dir);
+    char *txt = qd_test_read_file(path, NULL);
+    const int n = txt ? qd_fixture_parse_ids(txt, prompt, MAX_PROMPT) : 0;
+    free(txt);
+    qd_model *m = load(dir, 1, 0, msg, sizeof msg);
+    CHECKF(m && n > 1, "%s: %s", dir, msg);
+    if (!m || n <= 1) {
+        qd_model_free(m);
+        return;
+    }
+    qd_err err;
+    qd_err_clear(&err);
+    qd_status s = with_main ? qd_model_quantize(m, QD_QUANTIZATION_FP8, &err) : QD_OK;
+    if (s == QD_OK) s = fp8_mtp(m, &err);
+    CHECKF(s == QD_OK, "%s: fp8: %s", dir, err.msg);
+    CHECK(m->w.mtp && qd_weight_quantized(&m->w.mtp->layer.attn.o));
+    const int V = qd_model_vocab_size(m), H = qd_model_hidden_size(m);
+    qd_context *rc = s == QD_OK ? make_ctx(m, n) : NULL;
+    mtp_out ref = {0}, got = {0};
+    float *row = malloc(sizeof(float) * V);
+    int32_t plain[N_NEW], spec[N_NEW];
+    int ok = rc && row && run_mtp(rc, m, prompt, n, &ref);
+    qd_span pre = {.seq = 2, .tokens = prompt, .n_tokens = n, .logits = QD_LOGITS_LAST};
+    ok = ok && qd_forward(rc, &pre, 1, row) == QD_OK;
+    if (ok) plain[0] = argmax(row, V);
+    for (int i = 1; ok && i < N_NEW; i++) {
+        qd_span d = {.seq = 2, .tokens = &plain[i - 1], .n_tokens = 1, .logits = QD_LOGITS_LAST};
+        ok &= qd_forward(rc, &d, 1, row) == QD_OK;
+        plain[i] = argmax(row, V);
+    }
+    CHECKF(ok, "%s fp8: unsplit references", dir);
+    qd_context_free(rc);
+    qd_context_params cp = qd_context_default_params();
+    cp.max_seqs = 3;
+    cp.max_ctx = n + N_NEW + 16;
+    cp.max_batch = 2 * cp.max_ctx;
+    cp.mtp = 1;
+    cp.speculative_tokens = 4;
+    qd_tp_cpu *g = NULL;
+    CHECKF(!ok || qd_tp_cpu_create(m, 2, false, &cp, &g, &err) == QD_OK, "%s fp8: group: %s", dir, err.msg);
+    if (g) {
+        CHECK(g->models[1]->w.mtp && qd_weight_quantized(&g->models[1]->w.mtp->layer.attn.o));
+        char what[160];
+        snprintf(what, sizeof what, "%s fp8%s sliced TP=2", strrchr(dir, '/') + 1, with_main ? "" : " head");
+        if (run_mtp(g->ctx, g->top, prompt, n, &got)) compare_mtp(&got, &ref, n, V, H, what);
+        qd_spec_stats st;
+        CHECK(qd_seq_reset(g->ctx, 1) == QD_OK);
+        const qd_spec_greedy_args a = {.model = g->top, .ctx = g->ctx, .seq = 1, .prompt = prompt, .n_prompt = n,
+                                       .n_new = N_NEW, .k = 2};
+        CHECKF(qd_spec_generate_greedy(&a, spec, &st) == QD_OK, "%s: %s", what, qd_context_errmsg(g->ctx));
+        CHECKF(!memcmp(spec, plain, sizeof spec), "%s k=2: speculative greedy differs from unsplit plain greedy", what);
+        qd_tp_cpu_free(g);
+    }
+    mtp_out_free(&ref);
+    mtp_out_free(&got);
+    free(row);
+    qd_model_free(m);
+}
+
 static void check_model(const char *dir, const char *prompt_file, int max_prompt) {
     char path[512], msg[1024];
     int32_t prompt[MAX_PROMPT];
@@ -311,6 +408,8 @@ int main(void) {
         printf("%s\n", dir);
         check_model(dir, "prompt.ids", MAX_PROMPT);
     }
+    check_quantized("tests/fixtures_mtp/qwen3_5_dense_mtp", 0);
+    check_quantized("tests/fixtures_mtp/qwen3_next_moe_mtp", 1);
     /* a split checkpoint without an MTP head: the context refuses speculation and says why */
     char msg[1024];
     qd_model *m = load(QD_FIXTURES "/qwen3_5_dense_f32", 2, 0, msg, sizeof msg);
