@@ -2,8 +2,10 @@
 # Speculative decoding from the command line (--speculative-tokens K) on the MTP fixtures:
 #   run: the ids at K = 1..4 are those of K = 0 (greedy), and stderr has the
 #        'speculative:' line (acceptance %, mean accepted length) only when K > 0;
-#   errors: a model without an MTP head (the default model: run, chat, serve, bench), K
-#        outside 0..4, a tensor-parallel split: nonzero exit, a message naming why;
+#   errors: a model without an MTP head (run, chat, serve, bench), K outside 0..4:
+#        nonzero exit, a message naming why;
+#   tensor parallel: run --tensor-parallel-size 2 (-tp 2) at K = 1..3 prints the
+#        'speculative:' line and the unsplit model's greedy ids (fixtures, default model);
 #   bench: engine decode tok/s with and without speculation, greedy outputs identical;
 #   serve: completions (token-id prompts) at K = 2 equal those at K = 0, and /metrics
 #        counts drafted, accepted and accepted-at-position tokens consistently.
@@ -57,8 +59,23 @@ check "[ $rc != 0 ] && [ $rc != 124 ] && grep -q 'no MTP head' $T/e4" "serve, no
 check "[ $rc = 2 ] && grep -q -- '--speculative-tokens expects an integer in \[0, 4\]' $T/e5" "K=5: $(cat $T/e5)"
 "$Q" serve --port 0 -m "$F" --speculative-tokens -1 > /dev/null 2> "$T/e6"; rc=$?
 check "[ $rc = 2 ] && grep -q -- '--speculative-tokens' $T/e6" "serve K=-1: $(cat $T/e6)"
-"$Q" run -m "$F" --prompt-ids "1 2 3" -n 4 --speculative-tokens 2 --tensor-parallel-size 2 > /dev/null 2> "$T/e7"; rc=$?
-check "[ $rc != 0 ] && grep -q 'split for tensor parallelism has no MTP forward' $T/e7" "tensor parallel: $(cat $T/e7)"
+
+# ------------------------------------------------------------------ tensor parallel
+# a CPU split (the MTP head's layer sharded like the main layers) speculates, and its ids
+# are the unsplit model's plain greedy ones
+for F2 in tests/fixtures_mtp/qwen3_5_dense_mtp tests/fixtures_mtp/qwen3_next_moe_mtp; do
+  P2=$(cat "$F2/prompt.ids")
+  "$Q" run -m "$F2" --prompt-ids "$P2" -n 24 > "$T/tp0.ids" 2> /dev/null
+  for K in 1 2 3; do
+    "$Q" run -m "$F2" --prompt-ids "$P2" -n 24 --speculative-tokens $K --tensor-parallel-size 2 > "$T/tp.ids" 2> "$T/tp.err"; rc=$?
+    check "[ $rc = 0 ] && [ -s $T/tp0.ids ] && cmp -s $T/tp0.ids $T/tp.ids && grep -q '^speculative: K=$K, ' $T/tp.err" \
+      "$F2 -tp 2 K=$K: ids differ from the unsplit greedy ones or no speculative line ($(cat $T/tp.err))"
+  done
+done
+"$Q" run -p "Hello, my name is" -n 24 --temperature 0 > "$T/dt0" 2> /dev/null
+"$Q" run -p "Hello, my name is" -n 24 --temperature 0 -tp 2 --speculative-tokens 2 > "$T/dt2" 2> "$T/dt2.err"; rc=$?
+check "[ $rc = 0 ] && [ -s $T/dt0 ] && cmp -s $T/dt0 $T/dt2 && grep -q '^speculative: K=2, ' $T/dt2.err" \
+  "default model -tp 2 --speculative-tokens 2: $(cat $T/dt2.err)"
 
 # ------------------------------------------------------------------ bench
 "$Q" bench -m "$F" --prefill 32 --context 16 --decode 24 --batch 3 --speculative-tokens 3 -q > "$T/bench" 2>&1; rc=$?

@@ -28,7 +28,7 @@ qd_status qd_context_create(qd_model *m, const qd_context_params *params, qd_con
         if (!m->ops->mtp_forward)
             return qd_seterr(&m->err, QD_ERR_UNSUPPORTED, "speculative decoding: the %s backend%s has no MTP forward yet",
                              m->ops->name, m->split ? " split for tensor parallelism" : "");
-        if (!m->w.mtp)
+        if (!qd_model_mtp_bound(m))
             return qd_seterr(&m->err, QD_ERR_UNSUPPORTED, "speculative decoding: %s",
                              m->mtp_missing[0] ? m->mtp_missing : "the model has no MTP head");
     }

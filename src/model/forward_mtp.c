@@ -10,7 +10,7 @@
 
 int qd_model_has_mtp(const qd_model *m, char *why, size_t why_size) {
     if (!m) return 0;
-    if (m->w.mtp) return 1;
+    if (qd_model_mtp_bound(m)) return 1;
     if (why && why_size) snprintf(why, why_size, "%s", m->mtp_missing[0] ? m->mtp_missing : "the model has no MTP head");
     return 0;
 }

@@ -63,10 +63,18 @@ qd_status qd_model_bind_layer(qd_model *m, const qd_config *c, const struct qd_s
                               int L, qd_layer *ly, qd_err *err);
 qd_status qd_model_bind_matrix(qd_model *m, const char *name, int64_t rows, int64_t cols, qd_weight *w, qd_err *err);
 qd_status qd_model_bind_norm(qd_model *m, const char *name, int64_t n, float **out, qd_err *err);
-/* The MTP head (model_mtp.c): bound into m->w.mtp when the checkpoint has a complete one
- * (a plan p of the whole model); otherwise m->w.mtp stays NULL and m->mtp_missing says
- * why. Only running out of memory fails the load. */
-qd_status qd_model_bind_mtp(qd_model *m, const struct qd_shard_plan *p, qd_err *err);
+/* The MTP head (model_mtp.c): bound into m->w.mtp when the checkpoint (config c) has a
+ * complete one, with the slices of plan p (the whole model's, or a rank's); otherwise
+ * m->w.mtp stays NULL and m->mtp_missing says why. Only running out of memory fails the
+ * load. */
+qd_status qd_model_bind_mtp(qd_model *m, const qd_config *c, const struct qd_shard_plan *p, qd_err *err);
+/* A rank's plan slices the kinds of block the main layers have (shard.h), and the head's
+ * layer (full attention and the family's FFN) is sliced by the same plan: it needs a
+ * main layer of each of its kinds. The reason it cannot be sliced, or NULL. */
+const char *qd_mtp_plan_lacks(const qd_config *c, const struct qd_shard_plan *p);
+/* Whether the model can run its MTP head: its own, or, split, every rank's slice of it
+ * (model_backend.c); when not, m->mtp_missing says why. */
+int qd_model_mtp_bound(const qd_model *m);
 /* Layer kinds and state indices from m->cfg (model.c). */
 qd_status qd_model_init_layers(qd_model *m, qd_err *err);
 qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err *err);

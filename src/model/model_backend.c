@@ -56,6 +56,19 @@ static qd_status load_ranks(qd_model *m, const qd_model_params *params, qd_err *
     return QD_OK;
 }
 
+void qd_model_split_mtp(qd_model *top) {
+    qd_model_split *t = top->split;
+    t->mtp = true;
+    for (int r = 0; r < t->size && t->mtp; r++) {
+        if (t->ranks[r]->w.mtp) continue;
+        t->mtp = false;
+        snprintf(top->mtp_missing, sizeof top->mtp_missing, "%s", t->ranks[r]->mtp_missing);
+    }
+    if (t->mtp) top->mtp_missing[0] = 0;
+}
+
+int qd_model_mtp_bound(const qd_model *m) { return m->split ? m->split->mtp : m->w.mtp != NULL; }
+
 static void account_split(qd_model *m, const char *backend_name) {
     const qd_model_split *t = m->split;
     m->n_params = m->weight_bytes = m->active_weight_bytes = 0;
@@ -83,6 +96,7 @@ qd_status qd_model_backend_create(qd_model *m, const qd_model_params *params, qd
     const qd_backend_ops *rank_ops = qd_backend_find(m->backend, false, err);
     if (!rank_ops) return err->status;
     QD_TRY(load_ranks(m, params, err));
+    qd_model_split_mtp(m);
     const qd_model_split *t = m->split;
     for (int r = 0; r < t->size; r++) QD_TRY(check_formats(rank_ops, &t->ranks[r]->cfg, &t->ranks[r]->w, err));
     const qd_backend_model_desc d = {.cfg = &m->cfg, .w = &m->w, .pool = m->pool, .n_ranks = t->size,

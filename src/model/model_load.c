@@ -9,7 +9,7 @@
  * copied, touching only the bytes of its slice. Small vectors (norms, gates, conv taps)
  * are converted to fp32, a rank's entries only. Tensors of the vision tower
  * (model.visual.*) are not used and not rejected; the MTP head (mtp.*) is bound by
- * model_mtp.c for a whole (unsplit) model. */
+ * model_mtp.c, for a whole model or a rank's slices. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -393,5 +393,5 @@ qd_status qd_model_bind_checkpoint(qd_model *m, qd_err *err) {
     qd_shard_plan whole;
     QD_TRY(qd_shard_plan_make(&m->cfg, 1, 0, false, &whole, err));
     QD_TRY(qd_model_bind_checkpoint_plan(m, &m->cfg, &whole, err));
-    return qd_model_bind_mtp(m, &whole, err); /* model_mtp.c */
+    return qd_model_bind_mtp(m, &m->cfg, &whole, err); /* model_mtp.c */
 }

@@ -6,11 +6,17 @@
  * The head is optional: a checkpoint without one (or with only some of its tensors,
  * as some conversions leave) loads as before, and the reason is kept for the error of
  * a context that asks for speculation. Names are the same in both families and sit at
- * the top level (no model. / model.language_model. prefix). */
+ * the top level (no model. / model.language_model. prefix).
+ *
+ * A tensor-parallel rank binds its slices of the head's decoder layer by its plan, as of
+ * every main layer (its KV heads and query heads, its share of the FFN or of every
+ * expert, plain or quantized alike); fc, the norms, the embedding and the LM head are
+ * whole on every rank. */
 #include <stdio.h>
 #include <string.h>
 
 #include "model/model.h"
+#include "parallel/shard.h"
 
 /* The reason speculation is refused, from a binding error. */
 static qd_status missing(qd_model *m, qd_err *err, const char *why) {
@@ -20,8 +26,20 @@ static qd_status missing(qd_model *m, qd_err *err, const char *why) {
     return QD_OK;
 }
 
-qd_status qd_model_bind_mtp(qd_model *m, const struct qd_shard_plan *p, qd_err *err) {
-    const qd_config *c = &m->cfg;
+const char *qd_mtp_plan_lacks(const qd_config *c, const qd_shard_plan *p) {
+    const qd_ffn_kind ffn = c->n_experts > 0 ? QD_FFN_MOE : QD_FFN_DENSE;
+    if (p->tp_size == 1) return NULL;
+    bool attn = false, same_ffn = false;
+    for (int L = 0; L < c->n_layers; L++) {
+        attn |= c->layer_kind[L] == QD_LAYER_ATTN;
+        same_ffn |= c->ffn_kind[L] == ffn;
+    }
+    if (!attn) return "tensor parallel: the main layers have no full attention to shard its attention like";
+    if (!same_ffn) return "tensor parallel: the main layers have no FFN of its kind to shard its FFN like";
+    return NULL;
+}
+
+qd_status qd_model_bind_mtp(qd_model *m, const qd_config *c, const struct qd_shard_plan *p, qd_err *err) {
     const int H = c->hidden_size;
     m->w.mtp = NULL;
     if (!m->st || !qd_st_find(m->st, "mtp.fc.weight")) {
@@ -30,6 +48,8 @@ qd_status qd_model_bind_mtp(qd_model *m, const struct qd_shard_plan *p, qd_err *
     }
     if (qd_st_find(m->st, "mtp.layers.1.input_layernorm.weight"))
         return missing(m, err, "it has more than one layer (mtp.layers.1.*); one is supported");
+    const char *lacks = qd_mtp_plan_lacks(c, p);
+    if (lacks) return missing(m, err, lacks);
     qd_mtp_weights *w = qd_model_alloc(m, sizeof *w);
     if (!w) return qd_seterr(err, QD_ERR_OOM, "out of memory for the MTP head");
     memset(w, 0, sizeof *w);

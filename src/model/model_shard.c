@@ -242,6 +242,32 @@ static qd_status slice_layers(qd_model *full, const qd_shard_plan *p, qd_model *
     return QD_OK;
 }
 
+/* The MTP head: its decoder layer sliced like a main layer of its kinds (a plan slices
+ * the kinds the main layers have: qd_mtp_plan_lacks); fc and the norms are whole. */
+static qd_status slice_mtp(qd_model *full, const qd_shard_plan *p, qd_model *m, qd_err *err) {
+    const qd_mtp_weights *src = full->w.mtp;
+    if (!src) {
+        snprintf(m->mtp_missing, sizeof m->mtp_missing, "%s", full->mtp_missing);
+        return QD_OK;
+    }
+    const char *lacks = qd_mtp_plan_lacks(&full->cfg, p);
+    if (lacks) {
+        snprintf(m->mtp_missing, sizeof m->mtp_missing, "the checkpoint's MTP head is unusable: %s", lacks);
+        return QD_OK;
+    }
+    qd_mtp_weights *w = qd_model_alloc(m, sizeof *w);
+    if (!w) return qd_seterr(err, QD_ERR_OOM, "out of memory for the MTP head");
+    *w = *src;
+    memset(&w->layer.attn, 0, sizeof w->layer.attn);
+    memset(&w->layer.mlp, 0, sizeof w->layer.mlp);
+    memset(&w->layer.moe, 0, sizeof w->layer.moe);
+    QD_TRY(slice_attn(m, p, &src->layer.attn, &w->layer.attn, err));
+    if (src->layer.ffn_kind == QD_FFN_MOE) QD_TRY(slice_moe(m, p, &src->layer.moe, &w->layer.moe, err));
+    else QD_TRY(slice_mlp(m, &src->layer.mlp, p->mlp_rows, &w->layer.mlp, err));
+    m->w.mtp = w;
+    return QD_OK;
+}
+
 qd_status qd_shard_model_slice(qd_model *full, const qd_shard_plan *p, qd_model **out, qd_err *err) {
     *out = NULL;
     qd_model *m = calloc(1, sizeof *m);
@@ -261,6 +287,7 @@ qd_status qd_shard_model_slice(qd_model *full, const qd_shard_plan *p, qd_model 
     m->w.expert0 = p->expert0;
     m->w.n_local_experts = p->n_local_experts;
     qd_status s = slice_layers(full, p, m, err);
+    if (s == QD_OK) s = slice_mtp(full, p, m, err);
     if (s != QD_OK) {
         qd_shard_model_free(m);
         return s;

@@ -17,12 +17,13 @@ qd_status qd_shard_cols_copy(qd_model *m, const qd_weight *w, qd_shard_range c, 
 
 /* Builds rank p's model from a loaded full model: row slices of a weight are views into
  * the full model's weights, column slices and the three-run in_proj_qkv / conv1d slices
- * are copies the rank model owns; it gets a CPU backend model. The rank model shares the
+ * are copies the rank model owns (the MTP head's layer is sliced alike, when the full
+ * model has one); it gets a CPU backend model. The rank model shares the
  * full model's thread pool and must be freed (qd_shard_model_free) before it. */
 qd_status qd_shard_model_slice(qd_model *full, const qd_shard_plan *p, qd_model **out, qd_err *err);
 /* Builds rank p's model straight from the checkpoint that `top` has mapped (top->st; no
- * full model is loaded): the same weights qd_shard_model_slice cuts, reading only the
- * rank's slices. With top->st NULL the rank draws dummy weights of its own shapes
+ * full model is loaded): the same weights qd_shard_model_slice cuts (the MTP head's
+ * included), reading only the rank's slices. With top->st NULL the rank draws dummy weights of its own shapes
  * (seed, dtype), a different random model than the unsplit one. The rank model has no
  * backend model of its own (the split backend makes one from its weights on the rank's
  * device; qd_shard_model_drop_host then frees what only an upload read). It borrows top's mapping and thread pool; free it with

@@ -19,6 +19,7 @@ void qd_shard_model_drop_host(qd_model *m) {
         *ly = keep;
     }
     m->w.final_norm = NULL;
+    m->w.mtp = NULL; /* it lived in the freed buffers */
 }
 
 qd_status qd_shard_model_load(qd_model *top, const qd_shard_plan *p, uint64_t seed, qd_dtype dummy_dtype,
@@ -39,8 +40,14 @@ qd_status qd_shard_model_load(qd_model *top, const qd_shard_plan *p, uint64_t se
         m->w.expert0 = p->expert0;
         m->w.n_local_experts = p->n_local_experts;
         m->n_owned_layout = m->n_owned;
-        if (m->st) s = qd_model_bind_checkpoint_plan(m, &top->cfg, p, err);
-        else s = qd_model_bind_dummy(m, seed, dummy_dtype, err);
+        if (m->st) {
+            s = qd_model_bind_checkpoint_plan(m, &top->cfg, p, err);
+            /* the head's layer by the same plan (model_mtp.c); a head it cannot use leaves
+             * the reason in m->mtp_missing, as on an unsplit model */
+            if (s == QD_OK) s = qd_model_bind_mtp(m, &top->cfg, p, err);
+        } else {
+            s = qd_model_bind_dummy(m, seed, dummy_dtype, err);
+        }
         if (s == QD_OK) qd_model_account(m);
     }
     if (s != QD_OK) {

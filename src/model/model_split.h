@@ -12,6 +12,11 @@ typedef struct qd_model_split {
     qd_shard_plan *plans;            /* [size] */
     qd_model **ranks;                /* [size] */
     qd_backend_model_desc *descs;    /* [size] what the split backend is handed per rank */
+    bool mtp;                        /* every rank holds its slice of the MTP head */
 } qd_model_split;
+
+/* After the rank models are bound: whether the split model has an MTP head (every rank
+ * bound its slices), and, when not, top->mtp_missing from the first rank without one. */
+void qd_model_split_mtp(qd_model *top);
 
 #endif

@@ -48,6 +48,7 @@ static qd_status make(qd_tp_cpu *g, qd_model *full, int n, bool ep, const qd_con
         QD_TRY(qd_shard_model_slice(full, &t->plans[r], &t->ranks[r], err));
         t->descs[r] = (qd_backend_model_desc){.cfg = &t->ranks[r]->cfg, .w = &t->ranks[r]->w, .pool = full->pool};
     }
+    qd_model_split_mtp(top);
     const qd_backend_ops *cpu = qd_backend_find(QD_BACKEND_CPU, false, err);
     if (!(top->ops = qd_backend_find(QD_BACKEND_CPU, true, err)) || !cpu) return err->status;
     const qd_backend_model_desc d = {.cfg = &top->cfg, .w = &top->w, .pool = full->pool, .n_ranks = n,

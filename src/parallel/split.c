@@ -6,7 +6,10 @@
 qd_backend_ctx_desc qd_split_rank_desc(const qd_split_ctx *sc, const qd_backend_ctx_desc *top, int r) {
     const qd_backend_model_desc *rd = &sc->sm->ranks[r];
     qd_backend_ctx_desc d = *top;
-    d.kv_block_elems = (size_t)rd->w->n_attn * (size_t)top->params.kv_block_size * (size_t)rd->cfg->attn_nkv *
+    /* with params.mtp the MTP head's attention is one more layer of every block, as in
+     * the top context's (kv_cache.c), sharded like the others: the rank's KV heads */
+    const size_t n_kv_layers = (size_t)rd->w->n_attn + (top->params.mtp ? 1 : 0);
+    d.kv_block_elems = n_kv_layers * (size_t)top->params.kv_block_size * (size_t)rd->cfg->attn_nkv *
                        (size_t)rd->cfg->attn_head_dim;
     d.err = (qd_err *)&sc->rank_err[r];
     d.reduce = NULL;
@@ -74,6 +77,14 @@ static qd_status snap_read_rank(qd_split_ctx *sc, int r, void *arg) {
     return sc->sm->rank_ops->snap_read(sc->ranks[r], j->b, j->dst + sc->state_off[r]);
 }
 
+static qd_status verify_keep_rank(qd_split_ctx *sc, int r, void *arg) {
+    const state_job *j = arg;
+    if (!sc->sm->rank_ops->verify_keep)
+        return qd_seterr(&sc->rank_err[r], QD_ERR_UNSUPPORTED, "the %s rank backend has no verify spans",
+                         sc->sm->rank_ops->name);
+    return sc->sm->rank_ops->verify_keep(sc->ranks[r], j->a, j->b);
+}
+
 static qd_status fan(void *bc, qd_split_rank_fn fn, state_job j) {
     qd_split_ctx *sc = bc;
     return sc->each(sc, fn, &j);
@@ -97,4 +108,7 @@ qd_status qd_split_snap_load(void *bc, int seq, int slot) {
 }
 qd_status qd_split_snap_read(void *bc, int slot, void *dst) {
     return fan(bc, snap_read_rank, (state_job){.b = slot, .dst = dst});
+}
+qd_status qd_split_verify_keep(void *bc, int seq, int index) {
+    return fan(bc, verify_keep_rank, (state_job){.a = seq, .b = index});
 }

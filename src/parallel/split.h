@@ -53,6 +53,8 @@ qd_status qd_split_kv_copy_block(void *bc, int32_t dst, int32_t src);
 qd_status qd_split_snap_save(void *bc, int seq, int slot);
 qd_status qd_split_snap_load(void *bc, int seq, int slot);
 qd_status qd_split_snap_read(void *bc, int slot, void *dst);
+/* verify_keep on every rank (a split backend whose rank backend has verify spans). */
+qd_status qd_split_verify_keep(void *bc, int seq, int index);
 
 /* The state entries of a split backend's table. */
 #define QD_SPLIT_STATE_OPS                                                                                    \

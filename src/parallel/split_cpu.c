@@ -2,7 +2,8 @@
  * thread through the CPU backend's own layer loop (qd_cpu_forward_ranks), which sums
  * the ranks' partial block outputs in rank order between blocks. It is the reference
  * the multi-GPU backend is checked against, and the check of the sharding math
- * without GPUs. */
+ * without GPUs. Speculative decoding runs here too: verify spans and their rollback on
+ * every rank, the MTP head with its layer sharded like the main ones. */
 #include <stdlib.h>
 
 #include "backend/cpu/cpu_backend.h"
@@ -73,15 +74,24 @@ static qd_status ctx_create(void *bm, const qd_backend_ctx_desc *d, void **out, 
     return QD_OK;
 }
 
+/* A failed step's message: the first rank that reported one. */
+static qd_status rank_failure(qd_split_ctx *sc, qd_status s, const char *what) {
+    for (int r = 0; r < sc->sm->n; r++)
+        if (sc->rank_err[r].status != QD_OK) return qd_seterr(sc->err, s, "%s", sc->rank_err[r].msg);
+    return qd_seterr(sc->err, s, "split %s failed", what);
+}
+
 static qd_status forward(void *bc, const qd_step *st, const qd_logit_out *out) {
     qd_split_ctx *sc = bc;
     qd_status s = qd_cpu_forward_ranks((qd_cpu_ctx *const *)sc->ranks, sc->sm->n, st, out);
-    if (s != QD_OK) {
-        for (int r = 0; r < sc->sm->n; r++)
-            if (sc->rank_err[r].status != QD_OK) return qd_seterr(sc->err, s, "%s", sc->rank_err[r].msg);
-        return qd_seterr(sc->err, s, "split forward failed");
-    }
-    return QD_OK;
+    return s == QD_OK ? QD_OK : rank_failure(sc, s, "forward");
+}
+
+/* The MTP head over the ranks, its layer sharded like the main ones (cpu_forward.c). */
+static qd_status mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out) {
+    qd_split_ctx *sc = bc;
+    qd_status s = qd_cpu_mtp_forward_ranks((qd_cpu_ctx *const *)sc->ranks, sc->sm->n, st, hidden, out);
+    return s == QD_OK ? QD_OK : rank_failure(sc, s, "MTP forward");
 }
 
 static const qd_backend_ops split_cpu_ops = {
@@ -93,6 +103,10 @@ static const qd_backend_ops split_cpu_ops = {
     .ctx_create = ctx_create,
     .ctx_free = ctx_free,
     .forward = forward,
+    /* every rank keeps its slice of a verify span's per-token GDN states (its rank
+     * context is made with the same speculative_tokens), so a rollback is each rank's */
+    .verify_keep = qd_split_verify_keep,
+    .mtp_forward = mtp_forward,
     QD_SPLIT_STATE_OPS,
 };
 

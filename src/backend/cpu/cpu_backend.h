@@ -106,7 +106,11 @@ void qd_moe_route_token(const float *logits, int E, int k, int renorm, int32_t *
  * does across devices). n == 1 is the unsplit forward; rank 0 writes the logit rows. */
 qd_status qd_cpu_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_step *st, const qd_logit_out *out);
 
-/* The MTP head over one batch (backend.h, qd_backend_ops.mtp_forward); unsplit only. */
+/* The MTP head over one batch (backend.h, qd_backend_ops.mtp_forward) on ranks[0..n):
+ * its decoder layer sharded like the main layers, partial outputs summed in rank order
+ * (cpu_forward.c says why sharded); n == 1 is the unsplit head, qd_cpu_mtp_forward. */
+qd_status qd_cpu_mtp_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_step *st, const float *hidden,
+                                   const qd_logit_out *out);
 qd_status qd_cpu_mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out);
 
 /* The CPU backend's operations (cpu_backend.c), also used directly by the CPU split

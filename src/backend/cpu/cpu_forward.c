@@ -136,26 +136,69 @@ qd_status qd_cpu_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_step *s
 
 /* spec 7.2: h = fc([PreFcNormEmb(embed(token)) | PreFcNormHid(hidden)]), one decoder
  * layer over the MTP layer's own KV (attention layer n_attn of the blocks), then the
- * MTP norm and the shared LM head. */
-qd_status qd_cpu_mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out) {
-    qd_cpu_ctx *ctx = bc;
+ * MTP norm and the shared LM head.
+ *
+ * Over the ranks of a split model the head's decoder layer is sharded like the main
+ * attention layers (by the same plan: the rank's KV heads and query heads, its slice of
+ * the FFN or of every expert), its partial block outputs summed as the main layers'
+ * are. Sharded rather than replicated because a rank's KV blocks hold only its own KV
+ * heads (the block layout of every attention layer, the MTP's included): a replicated
+ * layer would need every head's keys on every rank. The norms, fc ([H][2H], whole on
+ * every rank) and the embedding run on every rank alike, as the embedding of a main
+ * forward does, so that every rank enters the layer with the whole h and no broadcast
+ * is needed; rank 0 writes the logit rows. */
+static qd_status mtp_check(qd_cpu_ctx *ctx) {
+    const qd_config *c = ctx->m->cfg;
+    if (!ctx->m->w->mtp) return qd_seterr(ctx->err, QD_ERR_UNSUPPORTED, "the model has no MTP head bound");
+    const size_t need = (size_t)(ctx->m->w->n_attn + 1) * ctx->d.params.kv_block_size * c->attn_nkv * c->attn_head_dim;
+    if (ctx->d.kv_block_elems < need)
+        return qd_seterr(ctx->err, QD_ERR_UNSUPPORTED, "the context was created without the MTP layer's KV (params.mtp)");
+    return QD_OK;
+}
+
+/* fc's input and output on one rank: h = fc([normed embedding | normed hidden]). */
+static void mtp_begin(qd_cpu_ctx *ctx, const qd_step *st, const float *hidden) {
     const qd_config *c = ctx->m->cfg;
     const qd_mtp_weights *w = ctx->m->w->mtp;
     qd_cpu_scratch *s = &ctx->s;
     const int H = c->hidden_size, n = st->n_rows;
-    if (!w) return qd_seterr(ctx->err, QD_ERR_UNSUPPORTED, "the model has no MTP head bound");
-    const size_t need = (size_t)(ctx->m->w->n_attn + 1) * ctx->d.params.kv_block_size * c->attn_nkv * c->attn_head_dim;
-    if (ctx->d.kv_block_elems < need)
-        return qd_seterr(ctx->err, QD_ERR_UNSUPPORTED, "the context was created without the MTP layer's KV (params.mtp)");
     begin_rows(ctx, st); /* positions; the embeddings land in s.h */
     qd_cpu_rmsnorm(s->h, n, H, H, w->pre_fc_norm_embedding, 1.0f, c->rms_norm_eps, s->mtp_cat, 2 * H);
     qd_cpu_rmsnorm(hidden, n, H, H, w->pre_fc_norm_hidden, 1.0f, c->rms_norm_eps, s->mtp_cat + H, 2 * H);
     qd_cpu_ctx_matmul(ctx, &w->fc, s->mtp_cat, n, s->h);
-    const size_t len = (size_t)n * H;
-    for (int ffn = 0; ffn < 2; ffn++) {
-        qd_status r = run_block(ctx, &w->layer, ffn, st);
-        if (r != QD_OK) return qd_err_prefix(ctx->err, "MTP layer: ");
-        for (size_t i = 0; i < len; i++) s->h[i] += s->y[i];
+}
+
+qd_status qd_cpu_mtp_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_step *st, const float *hidden,
+                                   const qd_logit_out *out) {
+    for (int r = 0; r < n; r++) {
+        qd_status s = mtp_check(ranks[r]);
+        if (s != QD_OK) {
+            if (n > 1) qd_err_prefix(ranks[r]->err, "rank %d: ", r);
+            return s;
+        }
     }
-    return logits_out(ctx, st, w->norm, out);
+    for (int r = 0; r < n; r++) mtp_begin(ranks[r], st, hidden);
+    const size_t len = (size_t)st->n_rows * (size_t)ranks[0]->m->cfg->hidden_size;
+    for (int ffn = 0; ffn < 2; ffn++) {
+        for (int r = 0; r < n; r++) {
+            qd_status s = run_block(ranks[r], &ranks[r]->m->w->mtp->layer, ffn, st);
+            if (s != QD_OK) {
+                if (n > 1) qd_err_prefix(ranks[r]->err, "rank %d, MTP layer: ", r);
+                else qd_err_prefix(ranks[r]->err, "MTP layer: ");
+                return s;
+            }
+        }
+        if (n > 1) sum_ranks(ranks, n, len);
+        for (int r = 0; r < n; r++) {
+            float *h = ranks[r]->s.h;
+            const float *y = ranks[r]->s.y;
+            for (size_t i = 0; i < len; i++) h[i] += y[i];
+        }
+    }
+    return logits_out(ranks[0], st, ranks[0]->m->w->mtp->norm, out);
+}
+
+qd_status qd_cpu_mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out) {
+    qd_cpu_ctx *ctx = bc;
+    return qd_cpu_mtp_forward_ranks(&ctx, 1, st, hidden, out);
 }
