@@ -23,6 +23,7 @@ void qd_state_dfa_free(qd_state_dfa *d) {
     free(d->dist);
     free(d->loop);
     free(d->chr);
+    free(d->alnum);
     free(d->table);
     qd_mstate_free(&d->scratch);
     memset(d, 0, sizeof *d);
@@ -53,7 +54,9 @@ static int grow(qd_state_dfa *d) {
     if (lp) d->loop = lp;
     int32_t *ch = realloc(d->chr, sizeof *ch * (size_t)nc);
     if (ch) d->chr = ch;
-    if (!h || !nx || !ds || !lp || !ch) {
+    int32_t *an = realloc(d->alnum, sizeof *an * (size_t)nc);
+    if (an) d->alnum = an;
+    if (!h || !nx || !ds || !lp || !ch || !an) {
         /* the arrays that moved are kept; cap stays where every array has room */
         return -1;
     }
@@ -94,6 +97,7 @@ int qd_state_dfa_intern(qd_state_dfa *d, const qd_mstate *s) {
     d->dist[id] = -1;
     d->loop[id] = -1;
     d->chr[id] = NOT_YET;
+    d->alnum[id] = NOT_YET;
     for (size_t k = (size_t)(h & (uint64_t)(d->table_cap - 1));; k = (k + 1) & (size_t)(d->table_cap - 1))
         if (!d->table[k]) {
             d->table[k] = id + 1;
@@ -146,6 +150,21 @@ static int range_step(qd_state_dfa *d, int from, unsigned lo, unsigned hi) {
         else if (x != to) return QD_DFA_MIXED;
     }
     return to;
+}
+
+/* t merged with the next range's state x */
+static int merge(int t, int x) {
+    if (t == QD_DFA_FULL || x == QD_DFA_FULL) return QD_DFA_FULL;
+    return t == x ? t : QD_DFA_MIXED;
+}
+
+int qd_state_dfa_alnum_step(qd_state_dfa *d, int id) {
+    if (d->alnum[id] != NOT_YET) return d->alnum[id];
+    int t = range_step(d, id, '0', '9');
+    if (t != QD_DFA_MIXED && t != QD_DFA_FULL) t = merge(t, range_step(d, id, 'A', 'Z'));
+    if (t != QD_DFA_MIXED && t != QD_DFA_FULL) t = merge(t, range_step(d, id, 'a', 'z'));
+    if (t != QD_DFA_FULL) d->alnum[id] = t;
+    return t;
 }
 
 /* Strict UTF-8 (the schema compiler's, json_schema.c): a lead byte range, then the

@@ -30,6 +30,7 @@ typedef struct qd_state_dfa {
     int *dist;              /* [cap] qd_match_dist, -1: not computed yet */
     int8_t *loop;           /* [cap] 1: every plain JSON string byte leads back to the state; -1: not computed */
     int32_t *chr;           /* [cap] qd_state_dfa_char_step, -2: not computed */
+    int32_t *alnum;         /* [cap] qd_state_dfa_alnum_step, -2: not computed */
     int *table;             /* [table_cap] open addressing on hash: state id + 1, 0: empty */
     int table_cap;
     qd_mstate scratch;
@@ -58,6 +59,9 @@ int qd_state_dfa_loops_plain(qd_state_dfa *d, int id);
  * such characters, n of them, leads n such steps on, whatever its bytes
  * (token_class.h). Computed once per state (about 1,100 table lookups). */
 int qd_state_dfa_char_step(qd_state_dfa *d, int id);
+/* The same for the ASCII letters and digits alone (inside an e-mail address, a
+ * pattern of words): the state that every one of [0-9A-Za-z] leads to from id. */
+int qd_state_dfa_alnum_step(qd_state_dfa *d, int id);
 
 static inline int qd_state_dfa_step(qd_state_dfa *d, int id, unsigned char b) {
     int32_t t = d->next[(size_t)id * 256 + b];

@@ -14,6 +14,12 @@
  * state (outside strings, patterns, formats) take the whole trie's walk, where the
  * grammar kills most subtrees at their first byte.
  *
+ * A second level does the same for the tokens made of ASCII letters and digits
+ * alone (n bytes: n characters), from states where every one of those leads to one
+ * state: e-mail addresses and patterns over words, where a string character in
+ * general does not. Its trie of the other tokens is larger (the walk there is over
+ * punctuation and spaces, which such states mostly refuse at once).
+ *
  * Built with the trie (token_trie.h), read-only afterwards, shared like it. */
 #ifndef QD_RUNTIME_GRAMMAR_TOKEN_CLASS_H
 #define QD_RUNTIME_GRAMMAR_TOKEN_CLASS_H
@@ -29,11 +35,17 @@ typedef struct qd_token_trie qd_token_trie;
 typedef struct qd_state_dfa qd_state_dfa;
 typedef struct qd_trie_walk qd_trie_walk;
 
+enum { QD_TC_STRING, QD_TC_ALNUM, QD_TC_LEVELS };
+
+typedef struct qd_token_level {
+    uint32_t *upto;          /* [(QD_TC_MAX_CHARS + 1) * n_words] bitmap n: the level's tokens of 1..n characters */
+    int count[QD_TC_MAX_CHARS + 1]; /* the level's tokens of exactly n characters */
+    qd_token_trie *rest;     /* every other token of the trie, same ids */
+} qd_token_level;
+
 typedef struct qd_token_classes {
     size_t n_words;          /* words of one bitmap (vocab_size bits) */
-    uint32_t *upto;          /* [(QD_TC_MAX_CHARS + 1) * n_words] bitmap n: string tokens of 1..n characters */
-    int count[QD_TC_MAX_CHARS + 1]; /* string tokens of exactly n characters */
-    qd_token_trie *rest;     /* every other token of the trie, same ids */
+    qd_token_level level[QD_TC_LEVELS];
 } qd_token_classes;
 
 /* The table of trie t (its tokens' bytes). */
@@ -42,10 +54,12 @@ void qd_token_classes_free(qd_token_classes *c);
 
 /* The characters of a string token of bytes b[0..n), or -1 when it is not one. */
 int qd_token_string_chars(const unsigned char *b, int n);
+/* n when b[0..n) is ASCII letters and digits alone, else -1. */
+int qd_token_alnum_chars(const unsigned char *b, int n);
 
 /* The mask of qd_token_trie_mask_dfa (bit for bit, the same *max_dist_out), through
- * the class table of t when start's characters lead to one state, the whole trie's
- * walk otherwise. 0; 1 when the automaton filled up; -1 when memory ran out. */
+ * the first level of the class table of t whose characters all lead from start to
+ * one state, the whole trie's walk when none does. 0; 1 when the automaton filled up; -1 when memory ran out. */
 int qd_token_trie_mask_fast(const qd_token_trie *t, qd_state_dfa *d, int start, qd_trie_walk *w, int budget,
                             uint32_t *mask, int *max_dist_out);
 
