@@ -27,7 +27,7 @@ static int on_event(void *user, const qd_engine_event *ev) {
     }
     if (ev->finish != QD_FINISH_NONE) {
         pthread_mutex_lock(r->mu);
-        r->failed = ev->finish != QD_FINISH_LENGTH;
+        r->failed = ev->finish != QD_FINISH_LENGTH && ev->finish != QD_FINISH_EOS;
         ++*r->n_done;
         pthread_cond_signal(r->cv);
         pthread_mutex_unlock(r->mu);
@@ -35,9 +35,8 @@ static int on_event(void *user, const qd_engine_event *ev) {
     return 0;
 }
 
-/* One run: tok/s of the tokens after each request's first (decode only), the stats. */
-static int run(qd_model *m, const cli_bench_spec *b, int k, const int32_t *prompts, int32_t *outs, double *tok_s,
-               qd_engine_stats *st) {
+int cli_bench_engine_run(qd_model *m, const cli_bench_spec *b, int k, const int32_t *prompts, int32_t *outs,
+                         qd_constraint **cons, int *n_out, double *tok_s, qd_engine_stats *st) {
     qd_engine_params ep = qd_engine_default_params();
     ep.max_num_seqs = b->batch;
     ep.max_model_len = b->context + b->n_decode + 1;
@@ -64,7 +63,10 @@ static int run(qd_model *m, const cli_bench_spec *b, int k, const int32_t *promp
         rq.sampling = qd_sampling_default_params();
         rq.sampling.temperature = 0.0f;
         rq.max_tokens = b->n_decode;
-        rq.ignore_eos = true;
+        /* unconstrained: every token counts; constrained: it ends as served, at EOS once
+         * the output is complete (the constraint closes it before max_tokens) */
+        rq.ignore_eos = !cons;
+        rq.constraint = cons ? cons[i] : NULL;
         uint64_t id;
         if (qd_engine_submit(e, prompts + (size_t)i * b->context, b->context, &rq, on_event, &rs[i], &id, &err) != QD_OK) {
             fprintf(stderr, "qdelta bench: %s\n", err.msg);
@@ -72,7 +74,7 @@ static int run(qd_model *m, const cli_bench_spec *b, int k, const int32_t *promp
             n_done++;
             rs[i].failed = 1;
             pthread_mutex_unlock(&mu);
-        }
+        } else if (cons) cons[i] = NULL; /* the engine owns it now */
     }
     pthread_mutex_lock(&mu);
     while (n_done < b->batch) pthread_cond_wait(&cv, &mu);
@@ -84,14 +86,25 @@ static int run(qd_model *m, const cli_bench_spec *b, int k, const int32_t *promp
         if (rs[i].failed) rc = -1;
         if (rs[i].t_first > t_first) t_first = rs[i].t_first;
         tokens += rs[i].n - 1;
+        if (n_out) n_out[i] = rs[i].n;
     }
     /* from the moment every request decodes (the last first token) to the end */
     *tok_s = t_end > t_first ? (double)tokens / (t_end - t_first) : 0;
     qd_engine_get_stats(e, st);
     qd_engine_free(e);
     free(rs);
-    if (rc) fprintf(stderr, "qdelta bench: a speculative bench request failed\n");
+    if (rc) fprintf(stderr, "qdelta bench: an engine bench request failed\n");
     return rc;
+}
+
+void cli_bench_prompts(const cli_bench_spec *b, int vocab, int32_t *prompts) {
+    for (int i = 0; i < b->batch; i++) { /* a prompt of its own per request, as the decode bench */
+        uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
+        for (int t = 0; t < b->context; t++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            prompts[(size_t)i * b->context + t] = (int32_t)((s >> 33) % (uint64_t)vocab);
+        }
+    }
 }
 
 int cli_bench_spec_run(qd_model *m, const cli_bench_spec *b) {
@@ -101,16 +114,12 @@ int cli_bench_spec_run(qd_model *m, const cli_bench_spec *b) {
     int32_t *spec = malloc(sizeof(int32_t) * (size_t)b->batch * (size_t)b->n_decode);
     int rc = -1;
     if (!prompts || !plain || !spec) goto done;
-    for (int i = 0; i < b->batch; i++) { /* a prompt of its own per request, as the decode bench */
-        uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
-        for (int t = 0; t < b->context; t++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            prompts[(size_t)i * b->context + t] = (int32_t)((s >> 33) % (uint64_t)V);
-        }
-    }
+    cli_bench_prompts(b, V, prompts);
     double t_plain, t_spec;
     qd_engine_stats s0, s1;
-    if (run(m, b, 0, prompts, plain, &t_plain, &s0) || run(m, b, b->k, prompts, spec, &t_spec, &s1)) goto done;
+    if (cli_bench_engine_run(m, b, 0, prompts, plain, NULL, NULL, &t_plain, &s0) ||
+        cli_bench_engine_run(m, b, b->k, prompts, spec, NULL, NULL, &t_spec, &s1))
+        goto done;
     const int same = !memcmp(plain, spec, sizeof(int32_t) * (size_t)b->batch * (size_t)b->n_decode);
     const double rate = s1.spec_draft_tokens ? 100.0 * (double)s1.spec_accepted_tokens / (double)s1.spec_draft_tokens : 0;
     const double mean =

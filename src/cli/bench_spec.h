@@ -3,6 +3,7 @@
 #define QD_CLI_BENCH_SPEC_H
 
 #include "qdelta.h"
+#include "runtime/engine.h"
 
 typedef struct cli_bench_spec {
     int k;         /* drafts per step, 1..4 */
@@ -14,5 +15,23 @@ typedef struct cli_bench_spec {
 /* Prints engine decode tok/s without and with speculation and the acceptance; 0 or -1
  * (message printed: no MTP head, or the outputs differ). */
 int cli_bench_spec_run(qd_model *m, const cli_bench_spec *b);
+
+/* Random prompts, one of its own per request: prompts[batch * context]. */
+void cli_bench_prompts(const cli_bench_spec *b, int vocab, int32_t *prompts);
+
+/* One engine run of b->batch greedy requests of b->n_decode tokens (k drafts per step):
+ * outs[i * n_decode ..] gets request i's tokens, n_out[i] (may be NULL) how many;
+ * *tok_s the tokens after each request's first over the time from the last first
+ * token to the end. cons (NULL: unconstrained, EOS ignored) gives request i the
+ * constraint cons[i] (ending at EOS as served); the engine takes those it accepts
+ * (set to NULL), the caller frees the others. 0 or -1 (message printed). */
+int cli_bench_engine_run(qd_model *m, const cli_bench_spec *b, int k, const int32_t *prompts, int32_t *outs,
+                         qd_constraint **cons, int *n_out, double *tok_s, qd_engine_stats *st);
+
+/* qdelta bench --json-schema FILE (bench_schema.c): engine decode tok/s of b->batch
+ * requests without and with the schema on each; the constrained outputs must parse as
+ * JSON. Tokenizer from tok_dir (NULL: the model's directory). 0 or -1. */
+int cli_bench_schema_run(qd_model *m, const char *model_dir, const char *tok_dir, const char *schema_path,
+                         const cli_bench_spec *b);
 
 #endif

@@ -15,13 +15,18 @@ static void usage(FILE *f) {
     fprintf(f, "usage: qdelta bench [-m DIR] [--backend cpu|cuda] [--load-format auto|dummy|dummy-f32] [-t N]\n"
                "                    [--tensor-parallel-size N] [--expert-parallel]\n"
                "                    [--prefill 512,4096] [--decode N] [--batch B] [--context T]\n"
-               "                    [--batch-invariant] [--speculative-tokens K]\n"
+               "                    [--batch-invariant] [--speculative-tokens K] [--json-schema FILE [--tokenizer DIR]]\n"
                "  Measures prefill tok/s for each prompt length (one sequence), then decode tok/s for\n"
                "  B sequences (default 1) after a T-token prompt each (default 512), against the decode\n"
                "  roofline: weights + GDN state + KV bytes per step over the measured copy bandwidth.\n"
                "  With --tensor-parallel-size N on CUDA it also reports the device time of the last\n"
                "  step's all-reduces (rank 0, waiting for the other ranks included).\n"
                "  --batch-invariant measures the batch-invariant mode (docs/batch-invariance.md).\n"
+               "  --json-schema FILE also measures decode through the serving engine for the B requests\n"
+               "  without and with the schema's grammar on each (the mask put on every logits row, as served;\n"
+               "  the constrained outputs must parse as JSON). The grammar needs the model's tokenizer\n"
+               "  (--tokenizer DIR, default the model's directory: e.g. tests/data/qwen35-tokenizer for\n"
+               "  the bench/configs shapes).\n"
                "  --speculative-tokens K (1..4) also measures decode through the serving engine for the B\n"
                "  requests without and with speculative decoding (K MTP drafts per step; the model needs\n"
                "  an MTP head), with the acceptance by draft position; the greedy outputs must agree.\n"
@@ -82,6 +87,7 @@ int qd_cmd_bench(int argc, char **argv) {
     int prefill[8] = {512, 4096}, n_prefill = 2;
     long n_decode = 32, batch = 1, context = 512;
     int batch_invariant = 0;
+    const char *schema_path = NULL, *tok_dir = NULL;
     long spec_k = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_model_opt(&mo, argc, argv, &i);
@@ -103,6 +109,10 @@ int qd_cmd_bench(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--speculative-tokens")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_int("--speculative-tokens", v, 0, 4, &spec_k)) return 2;
+        } else if (!strcmp(argv[i], "--json-schema")) {
+            if (!(schema_path = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(argv[i], "--tokenizer")) {
+            if (!(tok_dir = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(argv[i], "--batch-invariant")) {
             batch_invariant = 1;
         } else { fprintf(stderr, "qdelta bench: unknown option '%s'\n", argv[i]); usage(stderr); return 2; }
@@ -205,6 +215,12 @@ int qd_cmd_bench(int argc, char **argv) {
            backend, batch, context, steps * batch, 1e3 / steps, bytes / 1e9, bw,
            roof_steps > 0 ? 100.0 * steps / roof_steps : 0.0, allreduce_field(ctx, split, ar, sizeof ar));
     fflush(stdout);
+    if (schema_path) {
+        qd_context_free(ctx); /* the engines plan their own */
+        ctx = NULL;
+        const cli_bench_spec bs = {.batch = (int)batch, .context = (int)context, .n_decode = (int)n_decode};
+        if (cli_bench_schema_run(m, mo.model_dir, tok_dir, schema_path, &bs)) goto done;
+    }
     if (spec_k > 0) {
         qd_context_free(ctx); /* the engines plan their own */
         ctx = NULL;

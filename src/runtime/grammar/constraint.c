@@ -7,6 +7,7 @@
 
 #include "runtime/grammar/matcher.h"
 #include "runtime/grammar/state_dfa.h"
+#include "runtime/grammar/token_class.h"
 
 #define CACHE_ENTRIES 8
 /* States of a constraint's automaton (state_dfa.h, 1 KiB of transitions each, grown
@@ -137,7 +138,7 @@ static int walk_mask(qd_constraint *c, int budget, uint32_t *mask, int *max_dist
         start = qd_state_dfa_intern(&c->dfa, &c->cur);
     }
     if (start >= 0) {
-        int r = qd_token_trie_mask_dfa(c->trie, &c->dfa, start, &c->walk, budget, mask, max_dist);
+        int r = qd_token_trie_mask_fast(c->trie, &c->dfa, start, &c->walk, budget, mask, max_dist);
         if (r <= 0) return r;
         qd_state_dfa_reset(&c->dfa);
     }

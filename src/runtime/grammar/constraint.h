@@ -10,6 +10,9 @@
  * instead of walking the trie. A walk goes over the constraint's state automaton
  * (state_dfa.h), kept for the request's life: a trie node costs a table lookup, and a
  * subtree of plain string bytes is allowed whole from any state that loops on them.
+ * Inside a string the mask comes from the trie's class table (token_class.h): the
+ * tokens of plain characters allowed by character count a bitmap at a time, and only
+ * the few thousand others walked.
  *
  * Closing before max_tokens: each cached mask remembers the longest completion any of
  * its tokens leaves. When the tokens still allowed would not fit that completion plus

@@ -133,6 +133,37 @@ int qd_grammar_literal(qd_grammar *g, const char *s, size_t n) {
     return r;
 }
 
+/* byte_rep (grammar.h): the partition of the bytes refined by every class a symbol
+ * uses, one class at a time. 0, or -1 when memory ran out. */
+static int byte_groups(qd_grammar *g) {
+    uint8_t *used = calloc((size_t)g->n_classes, 1);
+    if (!used) return -1;
+    for (int i = 0; i < g->n_syms; i++)
+        if (g->syms[i] < 0) used[-g->syms[i] - 1] = 1;
+    int part[256] = {0}, n_part = 1;
+    for (int c = 0; c < g->n_classes && n_part < 256; c++) {
+        if (!used[c]) continue;
+        /* (group, in c) -> new group */
+        int remap[512];
+        for (int k = 0; k < 2 * n_part; k++) remap[k] = -1;
+        int n_new = 0;
+        for (int b = 0; b < 256; b++) {
+            int key = 2 * part[b] + qd_class_has(g, c, (unsigned char)b);
+            if (remap[key] < 0) remap[key] = n_new++;
+            part[b] = remap[key];
+        }
+        n_part = n_new;
+    }
+    free(used);
+    int rep[256];
+    for (int k = 0; k < 256; k++) rep[k] = -1;
+    for (int b = 0; b < 256; b++) {
+        if (rep[part[b]] < 0) rep[part[b]] = b;
+        g->byte_rep[b] = (uint8_t)rep[part[b]];
+    }
+    return 0;
+}
+
 qd_status qd_grammar_finish(qd_grammar *g, int root, qd_err *err) {
     if (g->too_large)
         return qd_seterr(err, QD_ERR_CAPACITY, "the grammar is too large (more than %d symbols or %d rules)",
@@ -171,6 +202,7 @@ qd_status qd_grammar_finish(qd_grammar *g, int root, qd_err *err) {
             }
         }
     }
+    if (byte_groups(g)) return qd_seterr(err, QD_ERR_OOM, "out of memory indexing a grammar");
     if (g->minlen[root] >= MINLEN_INF)
         return qd_seterr(err, QD_ERR_INVALID_ARG, "grammar: the schema admits no finite value");
     g->root = root;

@@ -41,6 +41,11 @@ typedef struct qd_grammar {
     int n_classes, cap_classes;
     uint8_t (*classes)[32];       /* [n_classes] byte sets, bit b of byte b/8 */
     int *minlen;                  /* [n_rules] bytes of the shortest expansion (finish) */
+    /* Bytes that every class the alternatives use either holds both or neither of are
+     * the same to the matcher (it tests nothing but class membership): byte_rep[b] is
+     * the smallest byte equivalent to b (finish). The state automaton (state_dfa.h)
+     * advances the matcher once per such group, not once per byte. */
+    uint8_t byte_rep[256];
     int root;
     int too_large;                /* a limit was hit (or memory ran out) while building */
     int finished;

@@ -22,6 +22,8 @@ void qd_state_dfa_free(qd_state_dfa *d) {
     free(d->next);
     free(d->dist);
     free(d->loop);
+    free(d->chr);
+    free(d->alnum);
     free(d->table);
     qd_mstate_free(&d->scratch);
     memset(d, 0, sizeof *d);
@@ -50,7 +52,11 @@ static int grow(qd_state_dfa *d) {
     if (ds) d->dist = ds;
     int8_t *lp = realloc(d->loop, sizeof *lp * (size_t)nc);
     if (lp) d->loop = lp;
-    if (!h || !nx || !ds || !lp) {
+    int32_t *ch = realloc(d->chr, sizeof *ch * (size_t)nc);
+    if (ch) d->chr = ch;
+    int32_t *an = realloc(d->alnum, sizeof *an * (size_t)nc);
+    if (an) d->alnum = an;
+    if (!h || !nx || !ds || !lp || !ch || !an) {
         /* the arrays that moved are kept; cap stays where every array has room */
         return -1;
     }
@@ -90,6 +96,8 @@ int qd_state_dfa_intern(qd_state_dfa *d, const qd_mstate *s) {
     for (int b = 0; b < 256; b++) d->next[(size_t)id * 256 + b] = NOT_YET;
     d->dist[id] = -1;
     d->loop[id] = -1;
+    d->chr[id] = NOT_YET;
+    d->alnum[id] = NOT_YET;
     for (size_t k = (size_t)(h & (uint64_t)(d->table_cap - 1));; k = (k + 1) & (size_t)(d->table_cap - 1))
         if (!d->table[k]) {
             d->table[k] = id + 1;
@@ -100,10 +108,18 @@ int qd_state_dfa_intern(qd_state_dfa *d, const qd_mstate *s) {
 }
 
 int qd_state_dfa_step_slow(qd_state_dfa *d, int id, unsigned char b) {
-    int to;
-    if (!qd_match_byte(d->g, &d->states[id], b, &d->scratch)) to = QD_DFA_DEAD;
-    else if ((to = qd_state_dfa_intern(d, &d->scratch)) == QD_DFA_FULL) return QD_DFA_FULL; /* not remembered */
-    d->next[(size_t)id * 256 + b] = to;
+    /* one matcher advance for every byte of b's group (grammar.h: byte_rep) */
+    const unsigned char r = d->g->byte_rep[b];
+    int32_t *row = d->next + (size_t)id * 256;
+    int to = row[r];
+    if (to == NOT_YET) {
+        if (!qd_match_byte(d->g, &d->states[id], r, &d->scratch)) to = QD_DFA_DEAD;
+        else if ((to = qd_state_dfa_intern(d, &d->scratch)) == QD_DFA_FULL) return QD_DFA_FULL; /* not remembered */
+        row = d->next + (size_t)id * 256; /* interning may have moved the table */
+        for (int x = r; x < 256; x++)
+            if (d->g->byte_rep[x] == r) row[x] = to;
+    }
+    row[b] = to;
     return to;
 }
 
@@ -120,4 +136,65 @@ int qd_state_dfa_loops_plain(qd_state_dfa *d, int id) {
         d->loop[id] = (int8_t)loops; /* a full automaton answers "no": the walk then steps byte by byte */
     }
     return d->loop[id];
+}
+
+/* The state every byte of lo..hi leads to from `from` (QD_DFA_DEAD passes through),
+ * or QD_DFA_MIXED / QD_DFA_FULL. */
+static int range_step(qd_state_dfa *d, int from, unsigned lo, unsigned hi) {
+    if (from == QD_DFA_DEAD) return QD_DFA_DEAD;
+    int to = NOT_YET;
+    for (unsigned b = lo; b <= hi; b++) {
+        const int x = qd_state_dfa_step(d, from, (unsigned char)b);
+        if (x == QD_DFA_FULL) return QD_DFA_FULL;
+        if (to == NOT_YET) to = x;
+        else if (x != to) return QD_DFA_MIXED;
+    }
+    return to;
+}
+
+/* t merged with the next range's state x */
+static int merge(int t, int x) {
+    if (t == QD_DFA_FULL || x == QD_DFA_FULL) return QD_DFA_FULL;
+    return t == x ? t : QD_DFA_MIXED;
+}
+
+int qd_state_dfa_alnum_step(qd_state_dfa *d, int id) {
+    if (d->alnum[id] != NOT_YET) return d->alnum[id];
+    int t = range_step(d, id, '0', '9');
+    if (t != QD_DFA_MIXED && t != QD_DFA_FULL) t = merge(t, range_step(d, id, 'A', 'Z'));
+    if (t != QD_DFA_MIXED && t != QD_DFA_FULL) t = merge(t, range_step(d, id, 'a', 'z'));
+    if (t != QD_DFA_FULL) d->alnum[id] = t;
+    return t;
+}
+
+/* Strict UTF-8 (the schema compiler's, json_schema.c): a lead byte range, then the
+ * ranges of its continuation bytes. */
+static const uint8_t UTF8_SEQS[][4][2] = {
+    {{0xc2, 0xdf}, {0x80, 0xbf}, {0, 0}, {0, 0}},
+    {{0xe0, 0xe0}, {0xa0, 0xbf}, {0x80, 0xbf}, {0, 0}},
+    {{0xe1, 0xec}, {0x80, 0xbf}, {0x80, 0xbf}, {0, 0}},
+    {{0xed, 0xed}, {0x80, 0x9f}, {0x80, 0xbf}, {0, 0}},
+    {{0xee, 0xef}, {0x80, 0xbf}, {0x80, 0xbf}, {0, 0}},
+    {{0xf0, 0xf0}, {0x90, 0xbf}, {0x80, 0xbf}, {0x80, 0xbf}},
+    {{0xf1, 0xf3}, {0x80, 0xbf}, {0x80, 0xbf}, {0x80, 0xbf}},
+    {{0xf4, 0xf4}, {0x80, 0x8f}, {0x80, 0xbf}, {0x80, 0xbf}},
+};
+
+int qd_state_dfa_char_step(qd_state_dfa *d, int id) {
+    if (d->chr[id] != NOT_YET) return d->chr[id];
+    /* plain bytes: 0x20..0x7e but '"' (0x22) and '\\' (0x5c) */
+    int t = range_step(d, id, 0x20, 0x21);
+    const int parts[2][2] = {{0x23, 0x5b}, {0x5d, 0x7e}};
+    for (int k = 0; k < 2 && t != QD_DFA_MIXED && t != QD_DFA_FULL; k++) {
+        const int x = range_step(d, id, (unsigned)parts[k][0], (unsigned)parts[k][1]);
+        t = x == QD_DFA_FULL || x != t ? (x == QD_DFA_FULL ? QD_DFA_FULL : QD_DFA_MIXED) : t;
+    }
+    for (size_t q = 0; q < sizeof UTF8_SEQS / sizeof UTF8_SEQS[0] && t != QD_DFA_MIXED && t != QD_DFA_FULL; q++) {
+        int s = id;
+        for (int k = 0; k < 4 && UTF8_SEQS[q][k][0] && s != QD_DFA_MIXED && s != QD_DFA_FULL; k++)
+            s = range_step(d, s, UTF8_SEQS[q][k][0], UTF8_SEQS[q][k][1]);
+        t = s == QD_DFA_FULL || s != t ? (s == QD_DFA_FULL ? QD_DFA_FULL : QD_DFA_MIXED) : t;
+    }
+    if (t != QD_DFA_FULL) d->chr[id] = t; /* a full automaton is asked again later */
+    return t;
 }

@@ -19,6 +19,7 @@
 
 #define QD_DFA_DEAD (-1)    /* the byte kills every stack */
 #define QD_DFA_FULL (-3)    /* the state reached could not be interned (max_states, or memory) */
+#define QD_DFA_MIXED (-4)   /* qd_state_dfa_char_step: characters lead to different states */
 
 typedef struct qd_state_dfa {
     const qd_grammar *g;
@@ -28,6 +29,8 @@ typedef struct qd_state_dfa {
     int32_t *next;          /* [cap * 256] the state after byte b, QD_DFA_DEAD, or -2: not computed yet */
     int *dist;              /* [cap] qd_match_dist, -1: not computed yet */
     int8_t *loop;           /* [cap] 1: every plain JSON string byte leads back to the state; -1: not computed */
+    int32_t *chr;           /* [cap] qd_state_dfa_char_step, -2: not computed */
+    int32_t *alnum;         /* [cap] qd_state_dfa_alnum_step, -2: not computed */
     int *table;             /* [table_cap] open addressing on hash: state id + 1, 0: empty */
     int table_cap;
     qd_mstate scratch;
@@ -46,6 +49,19 @@ int qd_state_dfa_step_slow(qd_state_dfa *d, int id, unsigned char b);
 int qd_state_dfa_dist(qd_state_dfa *d, int id);
 /* 1 when every plain JSON string byte (qd_json_plain_byte) leads from id back to id. */
 int qd_state_dfa_loops_plain(qd_state_dfa *d, int id);
+
+/* The state that every string character leads to from id: a plain JSON string byte
+ * (qd_json_plain_byte) or the bytes of one strict UTF-8 character (no overlongs, no
+ * surrogates, <= U+10FFFF). An id, QD_DFA_DEAD when every one of them kills every
+ * stack, QD_DFA_MIXED when they do not all lead to one state (the bytes of a
+ * character that dies part way count as leading to QD_DFA_DEAD), or QD_DFA_FULL.
+ * Inside a JSON string it is the state one character later: a token made only of
+ * such characters, n of them, leads n such steps on, whatever its bytes
+ * (token_class.h). Computed once per state (about 1,100 table lookups). */
+int qd_state_dfa_char_step(qd_state_dfa *d, int id);
+/* The same for the ASCII letters and digits alone (inside an e-mail address, a
+ * pattern of words): the state that every one of [0-9A-Za-z] leads to from id. */
+int qd_state_dfa_alnum_step(qd_state_dfa *d, int id);
 
 static inline int qd_state_dfa_step(qd_state_dfa *d, int id, unsigned char b) {
     int32_t t = d->next[(size_t)id * 256 + b];

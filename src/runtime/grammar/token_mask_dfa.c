@@ -11,6 +11,11 @@ static void allow(uint32_t *mask, int id) { mask[id >> 5] |= 1u << (id & 31); }
 int qd_token_trie_mask_dfa(const qd_token_trie *t, qd_state_dfa *d, int start, qd_trie_walk *w, int budget,
                            uint32_t *mask, int *max_dist_out) {
     memset(mask, 0, sizeof(uint32_t) * (((size_t)t->vocab_size + 31) / 32));
+    return qd_token_trie_mask_dfa_add(t, d, start, w, budget, mask, max_dist_out);
+}
+
+int qd_token_trie_mask_dfa_add(const qd_token_trie *t, qd_state_dfa *d, int start, qd_trie_walk *w, int budget,
+                               uint32_t *mask, int *max_dist_out) {
     if (w->n_at_id < t->max_depth + 1) {
         int *a = realloc(w->at_id, sizeof(int) * (size_t)(t->max_depth + 1));
         if (!a) return -1;

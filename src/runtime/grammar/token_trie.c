@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/grammar/token_class.h"
+
 typedef struct tok_ref {
     const unsigned char *b;
     int len, id;
@@ -31,11 +33,23 @@ void qd_token_trie_free(qd_token_trie *t) {
     free(t->sub_plain);
     free(t->rank_begin);
     free(t->sorted_ids);
+    qd_token_classes_free(t->classes);
     free(t);
 }
 
 qd_status qd_token_trie_build_bytes(const unsigned char *const *tokens, const int *lens, int vocab_size,
                                     qd_token_trie **out, qd_err *err) {
+    QD_TRY(qd_token_trie_build_bare(tokens, lens, vocab_size, out, err));
+    qd_status st = qd_token_classes_build(*out, &(*out)->classes, err);
+    if (st != QD_OK) {
+        qd_token_trie_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+qd_status qd_token_trie_build_bare(const unsigned char *const *tokens, const int *lens, int vocab_size,
+                                   qd_token_trie **out, qd_err *err) {
     *out = NULL;
     if (vocab_size <= 0) return qd_seterr(err, QD_ERR_INVALID_ARG, "token trie: vocab_size %d", vocab_size);
     tok_ref *refs = malloc(sizeof *refs * (size_t)vocab_size);

@@ -36,6 +36,7 @@ typedef struct qd_token_trie {
     int *rank_begin;         /* [n_nodes + 1] tokens at nodes before i in preorder: the subtree of i holds
                               * the tokens sorted_ids[rank_begin[i] .. rank_begin[end[i]]) */
     int *sorted_ids;         /* [tokens in the trie] ids in preorder */
+    struct qd_token_classes *classes; /* string tokens by character count (token_class.h); NULL in a bare trie */
 } qd_token_trie;
 
 qd_status qd_token_trie_build(const qd_tokenizer *tok, qd_token_trie **out, qd_err *err);
@@ -43,6 +44,9 @@ qd_status qd_token_trie_build(const qd_tokenizer *tok, qd_token_trie **out, qd_e
  * lens[i] < 0 leaves id i out. */
 qd_status qd_token_trie_build_bytes(const unsigned char *const *tokens, const int *lens, int vocab_size,
                                     qd_token_trie **out, qd_err *err);
+/* The same without the class table (the table's own trie of the other tokens). */
+qd_status qd_token_trie_build_bare(const unsigned char *const *tokens, const int *lens, int vocab_size,
+                                   qd_token_trie **out, qd_err *err);
 void qd_token_trie_free(qd_token_trie *t);
 
 /* Scratch of a walk: one matcher state per trie depth. */
@@ -80,5 +84,9 @@ int qd_token_trie_mask(const qd_token_trie *t, const qd_grammar *g, const qd_mst
 typedef struct qd_state_dfa qd_state_dfa;
 int qd_token_trie_mask_dfa(const qd_token_trie *t, qd_state_dfa *d, int start, qd_trie_walk *w, int budget,
                            uint32_t *mask, int *max_dist_out);
+/* The same, adding the trie's allowed tokens to mask instead of clearing it first
+ * (*max_dist_out: over this trie's tokens). */
+int qd_token_trie_mask_dfa_add(const qd_token_trie *t, qd_state_dfa *d, int start, qd_trie_walk *w, int budget,
+                               uint32_t *mask, int *max_dist_out);
 
 #endif
