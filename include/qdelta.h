@@ -124,6 +124,14 @@ int64_t qd_model_n_params(const qd_model *model);
 int64_t qd_model_weight_bytes(const qd_model *model); /* bytes of weights as stored */
 /* Bytes of weights read per decoded token (MoE: only the active experts). */
 int64_t qd_model_active_weight_bytes(const qd_model *model);
+/* Bytes of one routed expert of one layer (gate, up and down in their format, with
+ * scales); 0 for a dense model. active_weight_bytes counts n_experts_per_tok of them per
+ * MoE layer: a batch whose routing touches P distinct (layer, expert) pairs reads
+ * active - n_moe_layers * k * expert_bytes + P * expert_bytes of weights. */
+int64_t qd_model_expert_bytes(const qd_model *model);
+int qd_model_moe_layers(const qd_model *model);
+int qd_model_experts(const qd_model *model);            /* routed experts per MoE layer (0: dense) */
+int qd_model_experts_per_token(const qd_model *model);  /* k (0: dense) */
 /* Bytes of one sequence's GDN state (conv + recurrent, fp32, every GDN layer): read
  * and written once per decoded token. */
 int64_t qd_model_state_bytes(const qd_model *model);
@@ -216,6 +224,14 @@ int qd_seq_length(const qd_context *ctx, int seq);
 /* The device time the context's last forward spent in all-reduces (rank 0, waiting for
  * the other ranks included) and how many there were; see qd_model_set_comm_timing. */
 qd_status qd_context_comm_time(qd_context *ctx, double *ms, int *count);
+/* Routing statistics of a MoE model, for rooflines that count the experts a step really
+ * reads: with on, each later forward records which (layer, expert) pairs its routing
+ * selected for some row, and qd_context_routed_experts gives the number of distinct pairs
+ * of the last such forward. QD_ERR_UNSUPPORTED on a dense model or a backend that cannot
+ * count (split models). Counting costs a little speed (on CUDA the steps run without
+ * graphs), so a benchmark counts on steps it does not time. */
+qd_status qd_context_count_experts(qd_context *ctx, int on);
+qd_status qd_context_routed_experts(const qd_context *ctx, int64_t *pairs);
 
 typedef enum qd_logits_mode {
     QD_LOGITS_NONE = 0,

@@ -139,6 +139,10 @@ typedef struct qd_step {
     const qd_seq_blocks *seqs;   /* [max_seqs] lengths before the step, block tables */
     const uint8_t *verify;       /* [n_spans] 1 = a verify span (keeps per-token states), or NULL */
     bool no_graph;               /* run this step eagerly (a split rank follows rank 0's choice) */
+    /* [n_layers][n_experts] host bytes, or NULL: the backend sets [L][e] = 1 for every
+     * expert e that MoE layer L's routing selected for some row of the step (a backend
+     * with counts_experts; the model layer clears it before the step) */
+    uint8_t *experts_touched;
 } qd_step;
 
 /* What a forward hands back for its logit rows (in the spans' order: every row of a
@@ -209,6 +213,7 @@ struct qd_backend_ops {
                                   * dummy_seed / dummy_scale: bind them without data */
     bool quantized_weights;      /* model_create takes F8_E4M3 / NVFP4 / INT4 weights (weight.h);
                                   * a model holding one is refused by a backend without it */
+    bool counts_experts;         /* forward fills qd_step.experts_touched */
 
     /* Copy bandwidth of the memory weights stream from (GB/s, read + write), best of
      * several copies of `bytes`. */

@@ -198,22 +198,51 @@ int qd_cmd_bench(int argc, char **argv) {
     }
     double dt = cli_now() - a;
     double steps = n_decode / dt;
-    /* bytes per step: weights once (MoE: the experts of one token, a lower bound for larger
-     * batches), each sequence's state read + written, its KV read at the mean context */
+    char ar[96] = "";
+    if (split) allreduce_note(ctx, split, ar, sizeof ar); /* of the last timed step */
+    /* the distinct (layer, expert) pairs the steps' routing touches, counted on a few more
+     * steps that are not timed (counting costs speed: no CUDA graphs) */
+    double pairs = -1;
+    const int moe_layers = qd_model_moe_layers(m), k_tok = moe_layers > 0 ? qd_model_experts_per_token(m) : 0;
+    if (moe_layers > 0 && qd_context_count_experts(ctx, 1) == QD_OK) {
+        const int counted = 4;
+        double sum = 0;
+        for (int t = 0; t < counted && sum >= 0; t++) {
+            int64_t p = 0;
+            for (int b = 0; b < batch; b++) spans[b] = (qd_span){b, &next[b], 1, QD_LOGITS_LAST};
+            if (qd_forward_greedy(ctx, spans, (int)batch, next) != QD_OK || qd_context_routed_experts(ctx, &p) != QD_OK)
+                sum = -1;
+            else
+                sum += (double)p;
+        }
+        qd_context_count_experts(ctx, 0);
+        if (sum >= 0) pairs = sum / counted;
+    }
+    /* bytes per step: weights once, each sequence's state read + written, its KV read at
+     * the mean context; a MoE layer's experts as the routing touched them (without the
+     * count: one token's k, a lower bound for larger batches) */
     const double mean_ctx = (double)context + warm + n_decode / 2.0;
-    const double bytes = (double)qd_model_active_weight_bytes(m) +
-                         (double)batch * (2.0 * (double)qd_model_state_bytes(m) + mean_ctx * (double)qd_model_kv_bytes_per_token(m));
+    const double per_seq = (double)batch * (2.0 * (double)qd_model_state_bytes(m) + mean_ctx * (double)qd_model_kv_bytes_per_token(m));
+    const double eb = (double)qd_model_expert_bytes(m), one_tok = (double)qd_model_active_weight_bytes(m) + per_seq;
+    const double bytes = pairs >= 0 ? one_tok + (pairs - (double)moe_layers * k_tok) * eb : one_tok;
     double bw = measure_bandwidth(&mo);
-    double roof_steps = bw > 0 ? bw * 1e9 / bytes : 0;
+    double roof_steps = bw > 0 ? bw * 1e9 / bytes : 0, roof_one = bw > 0 ? bw * 1e9 / one_tok : 0;
     printf("decode batch %ld, %ld steps after %ld-token prompts: %8.4f s  %9.2f steps/s  %9.1f tok/s\n", batch, n_decode,
            context, dt, steps, steps * batch);
-    printf("  roofline: %.3f GB per step over copy bandwidth %.0f GB/s = %.1f steps/s; reached %.1f%%\n", bytes / 1e9,
-           bw, roof_steps, roof_steps > 0 ? 100.0 * steps / roof_steps : 0.0);
-    char ar[96] = "";
-    if (split && allreduce_note(ctx, split, ar, sizeof ar)) printf("  all-reduce:%s\n", ar);
-    printf("RESULT decode backend=%s B=%ld ctx=%ld tok_s=%.2f step_ms=%.4f GB_per_step=%.4f copy_GBps=%.0f pct_roofline=%.1f%s\n",
+    if (pairs >= 0)
+        printf("  routing: %.1f distinct experts per MoE layer per step (of %d; one token takes %d)\n",
+               pairs / moe_layers, qd_model_experts(m), k_tok);
+    printf("  roofline: %.3f GB per step over copy bandwidth %.0f GB/s = %.1f steps/s; reached %.1f%%%s\n", bytes / 1e9,
+           bw, roof_steps, roof_steps > 0 ? 100.0 * steps / roof_steps : 0.0,
+           pairs >= 0 ? " (the experts the routing touched)" : moe_layers > 0 ? " (one token's experts: a lower bound)" : "");
+    if (split && ar[0]) printf("  all-reduce:%s\n", ar);
+    char routed[96] = "";
+    if (pairs >= 0)
+        snprintf(routed, sizeof routed, " experts_per_layer=%.2f pct_roofline_1tok=%.1f", pairs / moe_layers,
+                 roof_one > 0 ? 100.0 * steps / roof_one : 0.0);
+    printf("RESULT decode backend=%s B=%ld ctx=%ld tok_s=%.2f step_ms=%.4f GB_per_step=%.4f copy_GBps=%.0f pct_roofline=%.1f%s%s\n",
            backend, batch, context, steps * batch, 1e3 / steps, bytes / 1e9, bw,
-           roof_steps > 0 ? 100.0 * steps / roof_steps : 0.0, allreduce_field(ctx, split, ar, sizeof ar));
+           roof_steps > 0 ? 100.0 * steps / roof_steps : 0.0, routed, split ? allreduce_field(ctx, split, ar, sizeof ar) : "");
     fflush(stdout);
     if (schema_path) {
         qd_context_free(ctx); /* the engines plan their own */

@@ -69,6 +69,7 @@ void qd_context_free(qd_context *ctx) {
     qd_kv_pool_free(ctx);
     free(ctx->seqs);
     free(ctx->spans_rt);
+    free(ctx->experts_touched);
     free(ctx);
 }
 

@@ -70,6 +70,11 @@ static qd_status forward_v(qd_context *ctx, const qd_span *spans, int n_spans, c
     QD_TRY(validate(ctx, spans, n_spans, verify, ctx->spans_rt, &st.n_rows, &st.n_logit_rows));
     if (st.n_logit_rows > 0 && !out->logits && !out->ids && !out->hidden)
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
+    const size_t touched = (size_t)ctx->model->cfg.n_layers * (size_t)ctx->model->cfg.n_experts;
+    if (ctx->experts_touched) {
+        memset(ctx->experts_touched, 0, touched);
+        st.experts_touched = ctx->experts_touched;
+    }
     /* the state has advanced in the backend unless the failure came first; a failed
      * device step leaves the context unusable for those sequences, as its message says */
     QD_TRY(ctx->model->ops->forward(ctx->bc, &st, out));
@@ -78,6 +83,11 @@ static qd_status forward_v(qd_context *ctx, const qd_span *spans, int n_spans, c
         q->verify_pos0 = q->length;
         q->verify_T = verify && verify[i] ? st.rt[i].T : 0;
         q->length += st.rt[i].T;
+    }
+    if (ctx->experts_touched) {
+        int64_t pairs = 0;
+        for (size_t i = 0; i < touched; i++) pairs += ctx->experts_touched[i];
+        ctx->routed_pairs = pairs;
     }
     return QD_OK;
 }

@@ -45,6 +45,8 @@ static int64_t mlp_bytes(const qd_mlp_weights *w) {
 void qd_model_account(qd_model *m) {
     const qd_config *c = &m->cfg;
     int64_t total = 0, active = 0, params = 0;
+    m->expert_bytes = 0;
+    m->n_moe_layers = 0;
     const int64_t H = c->hidden_size;
 #define ADD_W(w, is_active)                                                   \
     do {                                                                      \
@@ -77,7 +79,11 @@ void qd_model_account(qd_model *m) {
             for (int e = 0; e < c->n_experts; e++) {
                 ADD_W(&w->experts[e].gate, 0); ADD_W(&w->experts[e].up, 0); ADD_W(&w->experts[e].down, 0);
             }
-            if (m->w.n_local_experts > 0) active += mlp_bytes(&w->experts[m->w.expert0]) * c->n_experts_per_tok;
+            if (m->w.n_local_experts > 0) {
+                m->expert_bytes = mlp_bytes(&w->experts[m->w.expert0]);
+                active += m->expert_bytes * c->n_experts_per_tok;
+            }
+            m->n_moe_layers++;
             if (w->has_shared) {
                 ADD_W(&w->shared.gate, 1); ADD_W(&w->shared.up, 1); ADD_W(&w->shared.down, 1);
                 ADD_W(&w->shared_gate, 1);
@@ -217,6 +223,10 @@ const char *qd_model_type(const qd_model *m) {
 int64_t qd_model_n_params(const qd_model *m) { return m->n_params; }
 int64_t qd_model_weight_bytes(const qd_model *m) { return m->weight_bytes; }
 int64_t qd_model_active_weight_bytes(const qd_model *m) { return m->active_weight_bytes; }
+int64_t qd_model_expert_bytes(const qd_model *m) { return m->expert_bytes; }
+int qd_model_moe_layers(const qd_model *m) { return m->n_moe_layers; }
+int qd_model_experts(const qd_model *m) { return m->cfg.n_experts; }
+int qd_model_experts_per_token(const qd_model *m) { return m->cfg.n_experts > 0 ? m->cfg.n_experts_per_tok : 0; }
 int64_t qd_model_state_bytes(const qd_model *m) {
     const qd_config *c = &m->cfg;
     return (int64_t)m->w.n_gdn * 4 *

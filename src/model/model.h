@@ -43,6 +43,8 @@ struct qd_model {
     int64_t n_params;
     int64_t weight_bytes;
     int64_t active_weight_bytes;
+    int64_t expert_bytes;       /* one routed expert of one layer; 0 dense */
+    int n_moe_layers;
     char describe[512];
 };
 
@@ -106,6 +108,8 @@ struct qd_context {
     qd_kv_pool kv;
     qd_span_rt *spans_rt;   /* [max_seqs] validated spans of the current forward */
     void *bc;               /* the backend's context: GDN state, KV contents, snapshot slots */
+    uint8_t *experts_touched; /* [n_layers][n_experts] while counting (qd_context_count_experts), else NULL */
+    int64_t routed_pairs;     /* distinct pairs of the last counted forward, -1 before one */
 };
 
 /* ------------------------------------------------------ KV blocks (kv_cache.c) */

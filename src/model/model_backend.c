@@ -77,6 +77,11 @@ static void account_split(qd_model *m, const char *backend_name) {
         m->weight_bytes += t->ranks[r]->weight_bytes;
         m->active_weight_bytes += t->ranks[r]->active_weight_bytes;
     }
+    /* a rank's experts are slices of every expert (tensor parallel) or whole experts of
+     * its own (expert parallel) */
+    m->expert_bytes = 0;
+    for (int r = 0; r < (t->expert_parallel ? 1 : t->size); r++) m->expert_bytes += t->ranks[r]->expert_bytes;
+    m->n_moe_layers = t->ranks[0]->n_moe_layers;
     const qd_config *c = &m->cfg;
     snprintf(m->describe, sizeof m->describe,
              "%s: %d layers (%d GDN, %d attention), hidden %d, GDN heads %d/%d, attention heads %d/%d, %s, vocab "
@@ -152,6 +157,34 @@ qd_status qd_model_set_comm_timing(qd_model *m, int on) {
         return qd_seterr(&m->err, QD_ERR_UNSUPPORTED, "all-reduce timing: the %s backend has no all-reduces",
                          m->ops->name);
     m->ops->set_comm_timing(m->bm, on != 0);
+    return QD_OK;
+}
+
+qd_status qd_context_count_experts(qd_context *ctx, int on) {
+    if (!ctx) return QD_ERR_INVALID_ARG;
+    const qd_config *c = &ctx->model->cfg;
+    if (!on) {
+        free(ctx->experts_touched);
+        ctx->experts_touched = NULL;
+        return QD_OK;
+    }
+    if (c->n_experts == 0)
+        return qd_seterr(&ctx->err, QD_ERR_UNSUPPORTED, "expert counts: the model has no MoE layers");
+    if (!ctx->model->ops->counts_experts)
+        return qd_seterr(&ctx->err, QD_ERR_UNSUPPORTED, "expert counts: the %s backend%s does not count its routing",
+                         ctx->model->ops->name, ctx->model->split ? " split over ranks" : "");
+    if (!ctx->experts_touched) {
+        ctx->experts_touched = calloc((size_t)c->n_layers * (size_t)c->n_experts, 1);
+        if (!ctx->experts_touched) return qd_seterr(&ctx->err, QD_ERR_OOM, "out of memory for the expert counts");
+        ctx->routed_pairs = -1;
+    }
+    return QD_OK;
+}
+
+qd_status qd_context_routed_experts(const qd_context *ctx, int64_t *pairs) {
+    *pairs = 0;
+    if (!ctx || !ctx->experts_touched || ctx->routed_pairs < 0) return QD_ERR_INVALID_ARG;
+    *pairs = ctx->routed_pairs;
     return QD_OK;
 }
 

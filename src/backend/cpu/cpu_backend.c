@@ -235,6 +235,7 @@ static qd_status cpu_device_info(qd_device_info *out, qd_err *err) {
 const qd_backend_ops qd_cpu_ops = {
     .name = "CPU",
     .quantized_weights = true, /* matmul_quant.c */
+    .counts_experts = true,
     .kv_elem_bytes = 4,
     .copy_gbps = cpu_copy_gbps,
     .device_info = cpu_device_info,

@@ -95,7 +95,9 @@ qd_status qd_cpu_layer_mlp(qd_cpu_ctx *c, const qd_mlp_weights *w, int n_rows, c
 /* The MoE block restricted to the bound experts [w->expert0, +n_local_experts) (the
  * shared expert included): all of them unsplit, an expert-parallel rank's share of the
  * block's output otherwise. */
-qd_status qd_cpu_layer_moe(qd_cpu_ctx *c, const qd_moe_weights *w, int n_rows, const float *x, float *y);
+/* touched: the layer's row of qd_step.experts_touched, or NULL */
+qd_status qd_cpu_layer_moe(qd_cpu_ctx *c, const qd_moe_weights *w, int n_rows, const float *x, float *y,
+                           uint8_t *touched);
 /* Top-k of one token's router logits [E] (fp32 softmax over all experts): sel [k] highest
  * first, ties to the lower index; wsel [k] their probabilities, renormalised to sum 1 when
  * renorm; prob [E] scratch. The reference the GPU routers are tested against. */

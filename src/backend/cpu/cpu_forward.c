@@ -96,7 +96,13 @@ static qd_status run_block(qd_cpu_ctx *ctx, const qd_layer *ly, int ffn, const q
         if (ly->kind == QD_LAYER_GDN) return qd_cpu_layer_gdn(ctx, ly, st, s->x, s->y);
         return qd_cpu_layer_attn(ctx, ly, st, s->x, s->y);
     }
-    if (ly->ffn_kind == QD_FFN_MOE) return qd_cpu_layer_moe(ctx, &ly->moe, st->n_rows, s->x, s->y);
+    if (ly->ffn_kind == QD_FFN_MOE) {
+        const qd_weights *w = ctx->m->w;
+        uint8_t *touched = NULL; /* this layer's row of the step's expert counts */
+        if (st->experts_touched && ly >= w->layers && ly < w->layers + c->n_layers)
+            touched = st->experts_touched + (size_t)(ly - w->layers) * (size_t)c->n_experts;
+        return qd_cpu_layer_moe(ctx, &ly->moe, st->n_rows, s->x, s->y, touched);
+    }
     return qd_cpu_layer_mlp(ctx, &ly->mlp, st->n_rows, s->x, s->y);
 }
 

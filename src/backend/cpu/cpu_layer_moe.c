@@ -35,7 +35,8 @@ void qd_moe_route_token(const float *logits, int E, int k, int renorm, int32_t *
 
 /* Only the pairs routed to the bound experts [e0, e1) are gathered, computed and added,
  * so an expert-parallel rank runs its own experts and the others contribute 0. */
-qd_status qd_cpu_layer_moe(qd_cpu_ctx *ctx, const qd_moe_weights *w, int n_rows, const float *x, float *y) {
+qd_status qd_cpu_layer_moe(qd_cpu_ctx *ctx, const qd_moe_weights *w, int n_rows, const float *x, float *y,
+                          uint8_t *touched) {
     const qd_config *c = ctx->m->cfg;
     qd_threadpool *pool = ctx->m->pool;
     const int e0 = ctx->m->w->expert0, e1 = e0 + ctx->m->w->n_local_experts;
@@ -60,6 +61,8 @@ qd_status qd_cpu_layer_moe(qd_cpu_ctx *ctx, const qd_moe_weights *w, int n_rows,
     for (int r = 0; r < n_rows; r++)
         qd_moe_route_token(s->router + (size_t)r * E, E, k, c->norm_topk_prob, s->moe_sel + (size_t)r * k,
                     s->moe_w + (size_t)r * k, s->moe_prob);
+    if (touched)
+        for (int i = 0; i < n_rows * k; i++) touched[s->moe_sel[i]] = 1;
 
     /* group (token, slot) pairs by expert with a counting sort */
     int32_t *count = (int32_t *)s->router; /* router logits are consumed: reuse the space */

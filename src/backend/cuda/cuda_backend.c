@@ -27,6 +27,7 @@ const qd_backend_ops qd_cuda_ops = {
     .copies_weights = true,
     .draws_dummy_weights = true,
     .quantized_weights = true, /* cuda_quant.h: weights kept in their format on the device */
+    .counts_experts = true,    /* qd_cuda_moe_mark */
     .copy_gbps = cuda_copy_gbps,
     .device_info = cuda_device_info,
     .model_create = qd_cuda_model_create,

@@ -74,6 +74,7 @@ static void plan_device(qd_cuda_ctx *g, qd_cuda_carve *cv) {
     if (E > 0)
         g->moe_work = qd_cuda_take(cv, qd_cuda_moe_work_bytes((int)B, (int)H, c->moe_intermediate_size, (int)E, (int)k));
     g->meta_dev = qd_cuda_take(cv, g->meta_bytes);
+    g->experts_touched = E > 0 ? qd_cuda_take(cv, (size_t)c->n_layers * E) : NULL;
     /* quantized weights: bf16 copies for the products the quantized GEMV and MoE decode
      * kernels do not cover (prefill sizes; every product in batch-invariant mode) */
     const int inv = g->d.params.batch_invariant;

@@ -102,7 +102,7 @@ static qd_status run_layers(qd_cuda_ctx *g, int max_span_rows, int n_logit_first
         else TRYC(qd_cuda_layer_attn(g, d, ly->state_index, max_span_rows));
         TRYC(block_reduce(g));
         if (ly->ffn_kind == QD_FFN_MOE) {
-            TRYC(qd_cuda_layer_moe(g, d));
+            TRYC(qd_cuda_layer_moe(g, d, L));
         } else {
             const qd_cuda_lin_in in = qd_cuda_norm_in(g, d->post_norm, NULL);
             TRYC(qd_cuda_layer_mlp(g, &in, &d->gate_up, &d->down, d->I, qd_cuda_block_out(g), !g->reduce));
@@ -171,7 +171,12 @@ qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out) 
     const int first = n_logit_rows < LC ? n_logit_rows : LC;
     /* graph: decode-only steps whose every span wants its last logits, within the MoE
      * decode path's bound (no host sync inside) */
-    const int graphable = !g->d.params.eager && !st->no_graph && h->n_pre_spans == 0 && (n_logit_rows == n_spans || g->never_logits) &&
+    /* a step that counts its routing marks runs eagerly (the graphs do not mark) */
+    g->count_experts = st->experts_touched && g->experts_touched;
+    if (g->count_experts &&
+        (s = qd_cuda_memset_async(g->experts_touched, 0, (size_t)c->n_layers * c->n_experts, g->stream)))
+        return backend_error(g, s);
+    const int graphable = !g->count_experts && !g->d.params.eager && !st->no_graph && h->n_pre_spans == 0 && (n_logit_rows == n_spans || g->never_logits) &&
                           n_spans <= LC &&
                           (c->n_experts == 0 || n_spans <= qd_cuda_moe_graph_max_tokens());
     if (graphable) {
@@ -199,7 +204,12 @@ qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out) 
         if ((s = take_rows(g, out, r0, nr))) return backend_error(g, s);
         if (r0 + nr < n_logit_rows && (s = qd_cuda_stream_sync(g->stream))) return backend_error(g, s);
     }
+    if (g->count_experts &&
+        (s = qd_cuda_memcpy_d2h_async(st->experts_touched, g->experts_touched, (size_t)c->n_layers * c->n_experts,
+                                      g->stream)))
+        return backend_error(g, s);
     if ((s = qd_cuda_stream_sync(g->stream))) return backend_error(g, s);
+    g->count_experts = 0;
     if (out->ids) memcpy(out->ids, g->ids_host, (size_t)n_logit_rows * 4);
     if (out->ids && out->logprobs) memcpy(out->logprobs, g->lp_host, (size_t)n_logit_rows * 4);
     return QD_OK;

@@ -25,7 +25,14 @@ static int block_formats(const qd_cuda_layer *d) {
     return d->sh_q_gate_up.n_mats == 2 && d->sh_q_gate_up.dtype == d->q_experts_gate_up.dtype;
 }
 
-qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d) {
+/* The routing marks of layer L, after the routing wrote g->sel. */
+static qd_status mark_experts(qd_cuda_ctx *g, int L, int n) {
+    if (!g->count_experts) return QD_OK;
+    const int E = g->cfg->n_experts;
+    return qd_cuda_moe_mark(g->sel, n * g->cfg->n_experts_per_tok, E, g->experts_touched + (size_t)L * E, g->stream);
+}
+
+qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d, int L) {
     const qd_config *c = g->cfg;
     const int n = g->host.n_rows, H = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok;
     const int Ie = c->moe_intermediate_size;
@@ -47,7 +54,8 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d) {
             .d_x = g->x, .d_logits = g->router, .d_sel = g->sel, .d_w = g->selw, .d_route_cnt = g->route_cnt,
             .d_sh_act = g->ffn, .d_sh_out = g->ys, .d_work = g->moe_work,
         };
-        return qd_cuda_moe_block(&a, g->stream);
+        TRYC(qd_cuda_moe_block(&a, g->stream));
+        return mark_experts(g, L, n);
     }
     float *dst = qd_cuda_block_out(g); /* the shared expert and the experts add into it */
     if (g->reduce) TRYC(qd_cuda_memset_async(dst, 0, (size_t)n * H * 4, g->stream));
@@ -65,6 +73,7 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d) {
         TRYC(qd_cuda_sigmoid_scale(dst, g->ys, g->router + E, E + 1, n, H, g->stream));
     }
     TRYC(qd_cuda_moe_route(g->router, E + 1, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
+    TRYC(mark_experts(g, L, n));
     const qd_cuda_model *cm = g->cm;
     if (cm->n_experts_local < E) /* expert parallel: this rank's pairs only */
         TRYC(qd_cuda_moe_localize(g->sel, n * k, cm->expert0, cm->n_experts_local, g->stream));

@@ -62,6 +62,7 @@ qd_status qd_cuda_layer_attn(qd_cuda_ctx *g, const qd_cuda_layer *d, int ai, int
 qd_status qd_cuda_layer_mlp(qd_cuda_ctx *g, const qd_cuda_lin_in *in, const qd_cuda_stack *gate_up,
                             const qd_cuda_mat *down, int I, float *y, int accumulate);
 /* The MoE block with its shared expert, from the residual h. */
-qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d);
+/* L: the model layer (its row of the routing marks when the step counts them) */
+qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d, int L);
 
 #endif

@@ -151,6 +151,9 @@ typedef struct qd_cuda_ctx {
     int32_t *ids;                    /* [B] argmax */
     float *lp;                       /* [B] its log-softmax */
     void *attn_work, *moe_work;
+    uint8_t *experts_touched;        /* [n_layers][E] the step's routing marks when it counts them
+                                      * (qd_step.experts_touched), else unused; NULL for dense models */
+    int count_experts;               /* this step marks them */
     /* metadata: one pinned host block mirrored by one device block */
     void *meta_host, *meta_dev;
     size_t meta_bytes;

@@ -31,6 +31,9 @@ qd_status qd_cuda_moe_route(const float *d_logits, int64_t ld, int n, int E, int
 /* Expert parallel: the P = n * k selected ids in [e0, e0 + E_local) become ids of the
  * rank's own experts (minus e0), every other id -1 (a pair that contributes zero). */
 qd_status qd_cuda_moe_localize(int32_t *d_sel, int P, int e0, int E_local, void *stream);
+/* d_touched[e] = 1 for every expert e in [0, E) among the P routed pairs d_sel (routing
+ * statistics, qd_step.experts_touched). */
+qd_status qd_cuda_moe_mark(const int32_t *d_sel, int P, int E, uint8_t *d_touched, void *stream);
 
 typedef struct qd_cuda_moe_args {
     int n;                    /* tokens */

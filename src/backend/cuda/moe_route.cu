@@ -45,6 +45,22 @@ __global__ void moe_localize_kernel(int32_t *__restrict__ sel, int P, int e0, in
     sel[p] = e >= 0 && e < E_local ? e : -1;
 }
 
+/* Routing statistics: touched[e] = 1 for each expert e chosen by one of the P pairs. */
+__global__ void moe_mark_kernel(const int32_t *__restrict__ sel, int P, int E, uint8_t *__restrict__ touched) {
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= P) return;
+    const int e = sel[p];
+    if (e >= 0 && e < E) touched[e] = 1;
+}
+
+extern "C" qd_status qd_cuda_moe_mark(const int32_t *d_sel, int P, int E, uint8_t *d_touched, void *stream) {
+    if (P < 0 || E < 1) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_mark: bad range");
+    if (P == 0) return QD_OK;
+    moe_mark_kernel<<<(unsigned)((P + 255) / 256), 256, 0, (cudaStream_t)stream>>>(d_sel, P, E, d_touched);
+    QD_CUDA_CHECK_LAUNCH("moe_mark");
+    return QD_OK;
+}
+
 extern "C" qd_status qd_cuda_moe_localize(int32_t *d_sel, int P, int e0, int E_local, void *stream) {
     if (P < 0 || e0 < 0 || E_local < 1) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_localize: bad range");
     if (P == 0) return QD_OK;
