@@ -4,7 +4,7 @@
 # kernel benchmarks and the end-to-end `qdelta bench` runs, writes logs under
 # $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
 #
-#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant] [quant]   default: tests kernels e2e
+#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant] [quant] [quant-e2e] [schema] [busyhost]   default: tests kernels e2e
 #     quant: quantized weights: test_cuda_quant (the quantized GEMV and dequantization against the CPU),
 #            test_cuda_quant_moe (quantized experts, decode kernels and prefill path, the fused block),
 #            test_cuda_quant_model (every quantized fixture checkpoint, fp8 at load, dummy weights in
@@ -31,6 +31,8 @@
 #     invariant: batch-invariant mode: test_cuda_batch_invariant, bench/invariance.py against
 #            --batch-invariant servers (gpu fixture, 35B-A3B dummy), qdelta bench of the 35B-A3B with
 #            and without the mode
+#     schema: qdelta bench --json-schema on the 35B-A3B dummy at batch 1 and 32 (decode tok/s without and
+#            with a schema on every request, bench/schemas/record.json)
 #     busyhost: qdelta bench on the 35B-A3B at batch 1, idle and with every host core busy with
 #            other work (one spinning process per core), the ratio of the two
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
@@ -136,6 +138,7 @@ if has e2e; then
     }
     run_bench qwen3_5_35b_a3b --prefill 1024,8192 --decode 64 --batch 1
     run_bench qwen3_5_35b_a3b --prefill 1024 --decode 32 --batch 32
+    run_bench qwen3_5_35b_a3b --prefill 1024 --decode 32 --batch 64
     run_bench qwen3_5_27b --prefill 1024,8192 --decode 64 --batch 1
     run_bench qwen3_5_9b_shape --prefill 512,4096 --decode 128 --batch 1
 fi
@@ -294,6 +297,19 @@ if has quant; then
     done
 fi
 
+SCHEMA_LOG="$LOGDIR/schema.log"
+if has schema; then
+    : >"$SCHEMA_LOG"
+    # structured outputs: engine decode tok/s of B requests without and with a JSON schema on each
+    # (bench/schemas/record.json; the dummy model's constrained outputs must parse)
+    for B in 1 32; do
+        echo "=== schema B=$B" >>"$SCHEMA_LOG"
+        timeout 300 "$BUILD/qdelta" bench -q -m bench/configs/qwen3_5_35b_a3b --backend cuda --load-format dummy \
+            --prefill 512 --decode 160 --batch $B --context 512 --json-schema bench/schemas/record.json \
+            --tokenizer tests/data/qwen35-tokenizer >>"$SCHEMA_LOG" 2>&1 || { status=1; echo "FAILED: schema B=$B" >>"$SCHEMA_LOG"; }
+    done
+fi
+
 QE2E_LOG="$LOGDIR/quant-e2e.log"
 if has quant-e2e; then
     : >"$QE2E_LOG"
@@ -316,6 +332,7 @@ for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
 [ -s "$THR_LOG" ] && grep -E "^\|" "$THR_LOG"
+[ -s "$SCHEMA_LOG" ] && grep -hE "^RESULT schema_decode|^FAILED" "$SCHEMA_LOG"
 [ -s "$QE2E_LOG" ] && awk '/^=== qbench/ { cfg = $3; q = $4 } /CUDA: .* GiB of weights/ && cfg { sub(/.*CUDA: /, ""); w[cfg, q] = $0 }
     /^RESULT (decode|prefill)/ && cfg { kind = $2; for (i = 1; i <= NF; i++) if ($i ~ /^tok_s=/) { split($i, p, "="); v = p[2] }
         if (!((cfg, kind) in seen)) { seen[cfg, kind] = 1; ord[++n] = cfg SUBSEP kind }
