@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/engine_internal.h"
 #include "runtime/grammar/constraint.h"
@@ -156,6 +157,8 @@ static void engine_destroy(qd_engine *e) {
     free(e->span_req);
     free(e->logits);
     free(e->full);
+    free(e->prep);
+    qd_threadpool_free(e->row_pool);
     free(e->greedy_ids);
     free(e->greedy_lps);
     qd_spec_engine_free(e);
@@ -244,8 +247,13 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
     e->full = calloc(rows, 1);
     e->greedy_ids = calloc(rows, sizeof *e->greedy_ids);
     e->greedy_lps = calloc(rows, sizeof *e->greedy_lps);
+    e->prep = calloc(n, sizeof *e->prep);
+    /* up to 8 threads for the rows' host work: a batch of constrained or sampled requests
+     * costs a mask and a vocabulary-wide pass each per token; NULL (one core) runs inline */
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores > 1) e->row_pool = qd_threadpool_create(cores < 8 ? (int)cores : 8);
     if (!e->running || !e->free_slots || !e->spans || !e->span_req || !e->logits || !e->full || !e->greedy_ids ||
-        !e->greedy_lps) {
+        !e->greedy_lps || !e->prep) {
         engine_destroy(e);
         return qd_seterr(err, QD_ERR_OOM, "out of memory for the engine's step buffers (%d sequences)", p.max_num_seqs);
     }

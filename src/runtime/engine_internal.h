@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 
+#include "base/threadpool.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
@@ -67,6 +68,14 @@ typedef struct qd_req_list {
     int count;
 } qd_req_list;
 
+/* One sampled row prepared before the step's tokens are reported (scheduler.c). */
+typedef struct qd_row_prep {
+    int span, row;
+    qd_status st;
+    qd_sample_result res;
+    qd_err err;
+} qd_row_prep;
+
 struct qd_engine {
     qd_model *model;
     qd_context *ctx;
@@ -106,6 +115,13 @@ struct qd_engine {
     uint8_t *full;            /* [max_num_seqs] a row's request needs its logits (sampler), not just the argmax */
     int32_t *greedy_ids;      /* [max_num_seqs] each row's argmax over the vocabulary bound */
     float *greedy_lps;        /* [max_num_seqs] its log-softmax */
+    /* The host's work on the step's sampled rows (the request's edits, its grammar's mask,
+     * its sampler: what a constrained or sampled request costs per token) runs for all of
+     * them at once on row_pool, before they are reported in order: each row is one
+     * request's, with its own constraint and sampler. */
+    qd_threadpool *row_pool;
+    qd_row_prep *prep;        /* [max_num_seqs] the step's rows prepared that way */
+    int n_prep;
     /* Speculative decoding (spec_step.c; all NULL when off). Logit rows: a verify span
      * has one per token, so logits, full, greedy_ids and greedy_lps above hold
      * max_num_seqs * (K + 1) rows. */

@@ -527,11 +527,56 @@ static int fork_waiting(qd_engine *e, qd_request *r, qd_request **forked) {
     return n;
 }
 
-/* The next token of r from logit row `row` (the sampler on its logits, or the
- * forward's argmax), appended and reported; the same for the sequences forked from r
- * at its first token, from the same row (their parameters are r's but the seed, so the
- * row's edits are the same). */
-static void sample_and_report(qd_engine *e, qd_request *r, int row) {
+/* The host's work on r's logits row before its token is kept: its edits (logit_bias,
+ * min_tokens), a constrained request's mask (it always has its row: greedy_only), then
+ * the sampler on what is left. Touches only r's constraint, r's sampler and the row. */
+static qd_status sample_row(qd_engine *e, qd_request *r, int row, qd_sample_result *res, qd_err *err) {
+    float *lr = e->logits + (size_t)row * e->vocab;
+    qd_constraint *con = r->params.constraint;
+    qd_engine_edit_row(e, r, lr);
+    qd_status st = con ? qd_constraint_mask_logits(con, lr, e->vocab,
+                                                   r->params.max_tokens - (r->n_tokens - r->n_prompt), err)
+                       : QD_OK;
+    if (st == QD_OK) st = qd_sampler_sample(r->sampler, lr, res, err);
+    return st;
+}
+
+static void prepare_rows_fn(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    qd_engine *e = user;
+    for (int64_t i = begin; i < end; i++) {
+        qd_row_prep *p = &e->prep[i];
+        qd_err_clear(&p->err);
+        p->res = (qd_sample_result){0};
+        p->st = sample_row(e, e->span_req[p->span], p->row, &p->res, &p->err);
+    }
+}
+
+/* Every row of the step that goes through sample_row (a single logits row wanted in
+ * full; verify spans decide on their own), prepared at once on the row pool. */
+static void prepare_rows(qd_engine *e, int n_spans) {
+    e->n_prep = 0;
+    int row = 0;
+    for (int i = 0; i < n_spans; i++) {
+        const qd_request *r = e->span_req[i];
+        if (r->n_draft > 0) {
+            row += e->spans[i].n_tokens;
+            continue;
+        }
+        if (e->spans[i].logits == QD_LOGITS_NONE) continue;
+        if (e->full[row]) e->prep[e->n_prep++] = (qd_row_prep){.span = i, .row = row};
+        row++;
+    }
+    /* one row costs 0.05-1 ms (a 248k-entry row's mask and sampler pass): worth a thread each */
+    if (e->n_prep > 1) qd_parallel_for(e->row_pool, e->n_prep, 1, prepare_rows_fn, e);
+    else if (e->n_prep == 1) prepare_rows_fn(e, 0, 1, 0);
+}
+
+/* The next token of r from logit row `row` (prepared by prepare_rows when it goes
+ * through the sampler, else the forward's argmax), appended and reported; the same for
+ * the sequences forked from r at its first token, from the same row (their parameters
+ * are r's but the seed, so the row's edits are the same). */
+static void sample_and_report(qd_engine *e, qd_request *r, int row, const qd_row_prep *prep) {
     /* a speculating request's pending MTP pair: this row's hidden state and the token */
     const float *spec_h = r->spec ? e->hidden + (size_t)row * e->hidden_size : NULL;
     qd_err err = {0};
@@ -541,13 +586,12 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row) {
     qd_status st;
     float *lr = e->logits + (size_t)row * e->vocab;
     qd_constraint *con = r->params.constraint;
-    if (e->full[row]) {
-        qd_engine_edit_row(e, r, lr);
-        /* a constrained request always has its logits row (greedy_only): the mask goes on
-         * it, the sampler picks from what is left, the kept token advances the grammar */
-        st = con ? qd_constraint_mask_logits(con, lr, e->vocab, r->params.max_tokens - (r->n_tokens - r->n_prompt), &err)
-                 : QD_OK;
-        if (st == QD_OK) st = qd_sampler_sample(r->sampler, lr, &res, &err);
+    if (e->full[row] && prep) {
+        st = prep->st;
+        res = prep->res;
+        if (st != QD_OK) err = prep->err;
+    } else if (e->full[row]) {
+        st = sample_row(e, r, row, &res, &err);
     }
     /* NaN, +inf or all -inf in the row: the sampler refuses those, so does this path */
     else if (isnan(res.logprob))
@@ -611,9 +655,10 @@ int qd_engine_step(qd_engine *e) {
         for (int i = 0; i < n_spans; i++) qd_engine_finish(e, e->span_req[i], QD_FINISH_ERROR, NULL, e->errbuf);
         return 1;
     }
+    prepare_rows(e, n_spans);
     /* advance first, then report: a callback may cancel any request, but cancellation
      * only takes effect at the next boundary, so the span list stays valid here */
-    int row = 0;
+    int row = 0, prep = 0;
     for (int i = 0; i < n_spans; i++) {
         qd_request *r = e->span_req[i];
         if (r->n_draft > 0) { /* advances r itself, by the tokens it keeps */
@@ -626,7 +671,8 @@ int qd_engine_step(qd_engine *e) {
         if (e->pc && r->phase == QD_SEQ_PREFILLING && r->n_computed < r->n_prompt && at_snapshot_target(e, r))
             take_snapshot(e, r);
         if (e->spans[i].logits == QD_LOGITS_NONE) continue;
-        sample_and_report(e, r, row++);
+        const qd_row_prep *pp = prep < e->n_prep && e->prep[prep].span == i ? &e->prep[prep++] : NULL;
+        sample_and_report(e, r, row++, pp);
     }
     return 1;
 }
