@@ -10,11 +10,10 @@
  * (reference/greedy_*.ids). Then the acceptance at K = 2, printed with the acceptance per
  * K and per draft position (the model card, models/qdelta-tiny/README.md, quotes them).
  *
- * Issue 16 asks for at least 50% of drafts kept at K = 2. The shipped head keeps 38.6%
- * (165 of 428) here, so that requirement is NOT met yet; this test asserts the floor the
- * head does reach, ACCEPT_FLOOR_K2 (a third of the drafts), which still fails a head that
- * is untrained or wired wrong (a head after 10 training steps keeps 5%), and prints
- * whether the 50% target is met. Raise the floor to 0.5 once a better head ships. */
+ * Issue 16 asks for at least 50% of drafts kept at K = 2, and this test asserts it: the
+ * shipped head (trained on the main model's own greedy continuations, the text a greedy
+ * draft is checked against) keeps 55.2% (202 of 366) here; a head that is untrained or
+ * wired wrong keeps a few percent (one after 10 training steps kept 5%). */
 #include <string.h>
 
 #include "qd_fixtures.h"
@@ -28,8 +27,7 @@
 #define N_PROMPTS 8
 #define SNIPPET 24        /* ids of a held-out snippet */
 #define MAX_PROMPT 64
-#define ACCEPT_FLOOR_K2 (1.0 / 3.0) /* issue 16's target is 0.5: not reached, see above */
-#define ACCEPT_TARGET_K2 0.5
+#define ACCEPT_FLOOR_K2 0.5 /* issue 16's target */
 
 static int argmax(const float *x, int n) {
     int b = 0;
@@ -158,10 +156,9 @@ int main(void) {
         printf("\n");
     }
     const double rate2 = (double)total[2].accepted / (double)(total[2].drafted ? total[2].drafted : 1);
-    CHECKF(total[2].drafted > 0 && rate2 >= ACCEPT_FLOOR_K2, "K=2: %.1f%% of drafts kept, below the floor of %.1f%%",
+    CHECKF(total[2].drafted > 0 && rate2 >= ACCEPT_FLOOR_K2, "K=2: %.1f%% of drafts kept, below issue 16's %.0f%%",
            100.0 * rate2, 100.0 * ACCEPT_FLOOR_K2);
-    printf("K=2 acceptance %.1f%%: issue 16's target of %.0f%% is %s\n", 100.0 * rate2, 100.0 * ACCEPT_TARGET_K2,
-           rate2 >= ACCEPT_TARGET_K2 ? "met" : "NOT met");
+    printf("K=2 acceptance %.1f%% (issue 16's target: %.0f%%)\n", 100.0 * rate2, 100.0 * ACCEPT_FLOOR_K2);
     free(row);
     qd_context_free(ctx);
     qd_model_free(m);
