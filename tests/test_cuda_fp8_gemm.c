@@ -77,6 +77,7 @@ static act_ref quant_ref(const float *x, int64_t ldx, int n, int64_t C, int mode
 typedef struct gcase {
     int64_t R, C;
     int n, mode, acc;
+    int yoff; /* y starts this many floats into its buffer, rows at an odd stride (a stacked part's columns) */
 } gcase;
 
 static void make_weight(const gcase *g, qd_weight *w, uint8_t **q, float **sc, int64_t *ns) {
@@ -97,7 +98,7 @@ static void make_weight(const gcase *g, qd_weight *w, uint8_t **q, float **sc, i
 }
 
 static void run_case(qd_cuda_blas *blas, const gcase *g) {
-    const int64_t R = g->R, C = g->C, L = cdiv(C, 128), ldx = C + 24, ldy = R + 4;
+    const int64_t R = g->R, C = g->C, L = cdiv(C, 128), ldx = C + 24, ldy = R + (g->yoff ? 5 : 4);
     const int n = g->n, n4 = n & ~3;
     const int block = g->mode == QD_FP8_GEMM_BLOCK;
     qd_weight w;
@@ -118,7 +119,8 @@ static void run_case(qd_cuda_blas *blas, const gcase *g) {
     CHECKF(qd_cuda_fp8_gemm_mode(&dw) == g->mode, "%lld x %lld: mode %d, want %d", (long long)R, (long long)C,
            qd_cuda_fp8_gemm_mode(&dw), g->mode);
     uint16_t *dx = qd_test_dev(xb, (size_t)(n * ldx) * 2);
-    float *dy = qd_test_dev(y0, sizeof(float) * (size_t)(n * ldy));
+    float *dbuf = qd_test_dev(NULL, sizeof(float) * (size_t)(n * ldy + g->yoff)), *dy = dbuf + g->yoff;
+    CHECK(qd_cuda_memcpy_h2d(dy, y0, sizeof(float) * (size_t)(n * ldy)) == QD_OK);
     const size_t sbytes = qd_cuda_fp8_act_bytes(n, R, C);
     void *scratch = qd_test_dev(NULL, sbytes);
     ST_OK(qd_cuda_fp8_gemm(blas, &dw, dx, ldx, n, dy, ldy, g->acc, scratch, sbytes, NULL));
@@ -192,7 +194,7 @@ static void run_case(qd_cuda_blas *blas, const gcase *g) {
         free(y2);
         qd_cuda_free(dy2);
     }
-    void *dev[] = {(void *)dw.data, (void *)dw.scales.data, dx, dy, scratch};
+    void *dev[] = {(void *)dw.data, (void *)dw.scales.data, dx, dbuf, scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) qd_cuda_free(dev[i]);
     free(q); free(sc); free(wf); free(xf); free(xb); free(y0); free(y); free(ar.q); free(ar.s); free(hq); free(hs);
 }
@@ -234,13 +236,13 @@ int main(void) {
     qd_cuda_blas *blas = NULL;
     CHECK(qd_cuda_blas_create(&blas, NULL) == QD_OK);
     static const gcase cases[] = {
-        {256, 2048, 64, QD_FP8_GEMM_BLOCK, 0},  /* L = 16 */
-        {300, 400, 37, QD_FP8_GEMM_BLOCK, 1},   /* partial row and column blocks, n % 4 = 1 */
-        {132, 272, 22, QD_FP8_GEMM_BLOCK, 0},   /* L = 3: scales repacked; n % 4 = 2 */
-        {516, 1040, 131, QD_FP8_GEMM_BLOCK, 1}, /* L = 9 */
-        {4, 128, 4, QD_FP8_GEMM_BLOCK, 0},      /* the smallest shape */
-        {260, 1008, 50, QD_FP8_GEMM_CHANNEL, 0},
-        {64, 4096, 19, QD_FP8_GEMM_CHANNEL, 1},
+        {256, 2048, 64, QD_FP8_GEMM_BLOCK, 0, 0},   /* L = 16 */
+        {300, 400, 37, QD_FP8_GEMM_BLOCK, 1, 1}, /* partial row and column blocks, n % 4 = 1, y unaligned */
+        {132, 272, 22, QD_FP8_GEMM_BLOCK, 0, 0},   /* L = 3: scales repacked; n % 4 = 2 */
+        {516, 1040, 131, QD_FP8_GEMM_BLOCK, 1, 0}, /* L = 9 */
+        {4, 128, 4, QD_FP8_GEMM_BLOCK, 0, 0},       /* the smallest shape */
+        {260, 1008, 50, QD_FP8_GEMM_CHANNEL, 0, 0},
+        {64, 4096, 19, QD_FP8_GEMM_CHANNEL, 1, 3},
     };
     for (size_t i = 0; blas && i < sizeof cases / sizeof cases[0]; i++) run_case(blas, &cases[i]);
     if (blas) test_refusals(blas);

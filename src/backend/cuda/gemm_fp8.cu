@@ -141,8 +141,18 @@ extern "C" qd_status qd_cuda_fp8_quant_act(const uint16_t *d_x, int64_t ldx, int
 typedef struct fp8_plan {
     int64_t m, n, k, ldy;
     int mode, acc;
+    uint32_t d_align;  /* the output's alignment the algorithm was chosen for */
     cublasLtMatmulAlgo_t algo;
 } fp8_plan;
+
+/* The largest power of two (<= 256) dividing the address and the row stride's bytes: the
+ * heuristic assumes 256-byte aligned operands unless told, and a stacked projection writes
+ * its part at a column offset of y. */
+static uint32_t align_of(const void *p, int64_t ld_bytes) {
+    uint32_t a = 256;
+    while (a > 4 && (((uintptr_t)p | (uintptr_t)ld_bytes) & (a - 1))) a >>= 1;
+    return a;
+}
 
 #define FP8_PLANS 64
 struct qd_cuda_fp8_plans {
@@ -187,6 +197,7 @@ static qd_status lt_matmul(qd_cuda_blas *b, int mode, int64_t M, int64_t N, int6
                                                                      : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     const float one = 1.f, beta = acc ? 1.f : 0.f;
     const fp8_plan *plan = NULL;
+    const uint32_t d_align = align_of(D, ldd * 4);
     LT_TRY(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
     LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT), "transa");
     LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN), "transb");
@@ -199,7 +210,8 @@ static qd_status lt_matmul(qd_cuda_blas *b, int mode, int64_t M, int64_t N, int6
     LT_TRY(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, (uint64_t)M, (uint64_t)N, ldd), "D layout");
     for (int i = 0; i < plans->count; i++) {
         const fp8_plan *p = &plans->p[i];
-        if (p->m == M && p->n == N && p->k == K && p->ldy == ldd && p->mode == mode && p->acc == acc) {
+        if (p->m == M && p->n == N && p->k == K && p->ldy == ldd && p->mode == mode && p->acc == acc &&
+            p->d_align == d_align) {
             plan = p;
             break;
         }
@@ -211,6 +223,12 @@ static qd_status lt_matmul(qd_cuda_blas *b, int mode, int64_t M, int64_t N, int6
         LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
                                                     sizeof ws_bytes),
                "workspace preference");
+        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &d_align,
+                                                    sizeof d_align),
+               "C alignment preference");
+        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d_align,
+                                                    sizeof d_align),
+               "D alignment preference");
         LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &h, &found), "heuristic");
         if (found < 1) {
             char msg[160];
@@ -220,7 +238,8 @@ static qd_status lt_matmul(qd_cuda_blas *b, int mode, int64_t M, int64_t N, int6
             goto done;
         }
         fp8_plan *p = &plans->p[plans->count < FP8_PLANS ? plans->count++ : plans->next++ % FP8_PLANS];
-        *p = (fp8_plan){.m = M, .n = N, .k = K, .ldy = ldd, .mode = mode, .acc = acc, .algo = h.algo};
+        *p = (fp8_plan){.m = M, .n = N, .k = K, .ldy = ldd, .mode = mode, .acc = acc, .d_align = d_align,
+                        .algo = h.algo};
         plan = p;
     }
     LT_TRY(cublasLtMatmul(lt, desc, &one, A, la, B, lb, &beta, D, ld, D, ld, &plan->algo, ws, ws_bytes, st), "matmul");
