@@ -175,7 +175,76 @@ static qd_status lt_status(cublasStatus_t s, const char *what) {
         if (s_ != QD_OK) goto done;                    \
     } while (0)
 
-/* One cuBLASLt call: D = scale_a scale_b (A^T B) (+ C when acc), fp32 out. A, B e4m3. */
+/* The descriptors of one product D [M][N] (ld ldd, fp32) = s_A s_B A^T B over K, A and B
+ * e4m3 (A column-major K x M, B K x N), with the scale modes and pointers given. */
+typedef struct lt_op {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, d;
+} lt_op;
+
+static void lt_op_destroy(lt_op *o) {
+    if (o->d) cublasLtMatrixLayoutDestroy(o->d);
+    if (o->b) cublasLtMatrixLayoutDestroy(o->b);
+    if (o->a) cublasLtMatrixLayoutDestroy(o->a);
+    if (o->desc) cublasLtMatmulDescDestroy(o->desc);
+}
+
+static qd_status lt_op_create(lt_op *o, int64_t M, int64_t N, int64_t K, int64_t ldd, cublasLtMatmulMatrixScale_t ma,
+                              cublasLtMatmulMatrixScale_t mb, const float *sa, const float *sb) {
+    *o = (lt_op){};
+    qd_status s = QD_ERR_BACKEND;
+    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+    LT_TRY(cublasLtMatmulDescCreate(&o->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
+    LT_TRY(cublasLtMatmulDescSetAttribute(o->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT), "transa");
+    LT_TRY(cublasLtMatmulDescSetAttribute(o->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN), "transb");
+    LT_TRY(cublasLtMatmulDescSetAttribute(o->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma), "A scale mode");
+    LT_TRY(cublasLtMatmulDescSetAttribute(o->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb), "B scale mode");
+    LT_TRY(cublasLtMatmulDescSetAttribute(o->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa), "A scales");
+    LT_TRY(cublasLtMatmulDescSetAttribute(o->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb), "B scales");
+    LT_TRY(cublasLtMatrixLayoutCreate(&o->a, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)M, K), "A layout");
+    LT_TRY(cublasLtMatrixLayoutCreate(&o->b, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)N, K), "B layout");
+    LT_TRY(cublasLtMatrixLayoutCreate(&o->d, CUDA_R_32F, (uint64_t)M, (uint64_t)N, ldd), "D layout");
+    s = QD_OK;
+done:
+    if (s != QD_OK) lt_op_destroy(o);
+    return s;
+}
+
+/* The heuristic's first algorithm for op with the handle's workspace, for C and D aligned
+ * to d_align bytes. */
+static qd_status lt_algo(cublasLtHandle_t lt, const lt_op *o, size_t ws_bytes, uint32_t d_align, int64_t M, int64_t N,
+                         int64_t K, cublasLtMatmulAlgo_t *algo) {
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    qd_status s = QD_ERR_BACKEND;
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                sizeof ws_bytes),
+           "workspace preference");
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &d_align,
+                                                sizeof d_align),
+           "C alignment preference");
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d_align,
+                                                sizeof d_align),
+           "D alignment preference");
+    LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt, o->desc, o->a, o->b, o->d, o->d, pref, 1, &h, &found), "heuristic");
+    if (found < 1) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "fp8 GEMM: cuBLASLt has no algorithm for %lld x %lld x %lld", (long long)M,
+                 (long long)N, (long long)K);
+        s = qd_cuda_fail(QD_ERR_UNSUPPORTED, msg);
+        goto done;
+    }
+    *algo = h.algo;
+    s = QD_OK;
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    return s;
+}
+
+/* One block-scaled (or per-channel) product, D = s_a s_b (A^T B) (+ D when acc), with the
+ * heuristic's pick cached per shape. */
 static qd_status lt_matmul(qd_cuda_blas *b, int mode, int64_t M, int64_t N, int64_t K, const void *A,
                            const float *sa, const void *B, const float *sb, float *D, int64_t ldd, int acc,
                            cudaStream_t st) {
@@ -186,70 +255,37 @@ static qd_status lt_matmul(qd_cuda_blas *b, int mode, int64_t M, int64_t N, int6
     if (!*slot && !(*slot = (struct qd_cuda_fp8_plans *)calloc(1, sizeof **slot)))
         return qd_cuda_fail(QD_ERR_OOM, "fp8 GEMM: host allocation");
     struct qd_cuda_fp8_plans *plans = *slot;
-    cublasLtMatmulDesc_t desc = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    qd_status s = QD_ERR_BACKEND;
-    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
     const cublasLtMatmulMatrixScale_t ma = mode == QD_FP8_GEMM_BLOCK ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
                                                                      : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     const cublasLtMatmulMatrixScale_t mb = mode == QD_FP8_GEMM_BLOCK ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
                                                                      : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     const float one = 1.f, beta = acc ? 1.f : 0.f;
-    const fp8_plan *plan = NULL;
     const uint32_t d_align = align_of(D, ldd * 4);
-    LT_TRY(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
-    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT), "transa");
-    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN), "transb");
-    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma), "A scale mode");
-    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb), "B scale mode");
-    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa), "A scales");
-    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb), "B scales");
-    LT_TRY(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)M, K), "A layout");
-    LT_TRY(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)N, K), "B layout");
-    LT_TRY(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, (uint64_t)M, (uint64_t)N, ldd), "D layout");
-    for (int i = 0; i < plans->count; i++) {
+    lt_op o;
+    QD_TRY(lt_op_create(&o, M, N, K, ldd, ma, mb, sa, sb));
+    const fp8_plan *plan = NULL;
+    for (int i = 0; i < plans->count && !plan; i++) {
         const fp8_plan *p = &plans->p[i];
         if (p->m == M && p->n == N && p->k == K && p->ldy == ldd && p->mode == mode && p->acc == acc &&
-            p->d_align == d_align) {
+            p->d_align == d_align)
             plan = p;
-            break;
-        }
     }
+    qd_status s = QD_OK;
     if (!plan) {
-        cublasLtMatmulHeuristicResult_t h;
-        int found = 0;
-        LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference");
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                    sizeof ws_bytes),
-               "workspace preference");
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &d_align,
-                                                    sizeof d_align),
-               "C alignment preference");
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d_align,
-                                                    sizeof d_align),
-               "D alignment preference");
-        LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &h, &found), "heuristic");
-        if (found < 1) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "fp8 GEMM: cuBLASLt has no algorithm for %lld x %lld x %lld", (long long)M,
-                     (long long)N, (long long)K);
-            s = qd_cuda_fail(QD_ERR_UNSUPPORTED, msg);
-            goto done;
+        cublasLtMatmulAlgo_t algo;
+        s = lt_algo(lt, &o, ws_bytes, d_align, M, N, K, &algo);
+        if (s == QD_OK) {
+            fp8_plan *p = &plans->p[plans->count < FP8_PLANS ? plans->count++ : plans->next++ % FP8_PLANS];
+            *p = (fp8_plan){.m = M, .n = N, .k = K, .ldy = ldd, .mode = mode, .acc = acc, .d_align = d_align,
+                            .algo = algo};
+            plan = p;
         }
-        fp8_plan *p = &plans->p[plans->count < FP8_PLANS ? plans->count++ : plans->next++ % FP8_PLANS];
-        *p = (fp8_plan){.m = M, .n = N, .k = K, .ldy = ldd, .mode = mode, .acc = acc, .d_align = d_align,
-                        .algo = h.algo};
-        plan = p;
     }
-    LT_TRY(cublasLtMatmul(lt, desc, &one, A, la, B, lb, &beta, D, ld, D, ld, &plan->algo, ws, ws_bytes, st), "matmul");
-    s = QD_OK;
-done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (ld) cublasLtMatrixLayoutDestroy(ld);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (s == QD_OK)
+        s = lt_status(cublasLtMatmul(lt, o.desc, &one, A, o.a, B, o.b, &beta, D, o.d, D, o.d, &plan->algo, ws,
+                                     ws_bytes, st),
+                      "matmul");
+    lt_op_destroy(&o);
     return s;
 }
 
@@ -294,40 +330,16 @@ extern "C" qd_status qd_cuda_fp8_gemm_tensor(qd_cuda_blas *b, const uint8_t *d_w
     cublasLtHandle_t lt = (cublasLtHandle_t)qd_cuda_blas_handle(b);
     size_t ws_bytes = 0;
     void *ws = qd_cuda_blas_workspace(b, &ws_bytes);
-    cublasLtMatmulDesc_t desc = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    qd_status s = QD_ERR_BACKEND;
-    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
     const float one = 1.f, zero = 0.f;
-    cublasLtMatmulHeuristicResult_t h;
-    int found = 0;
-    LT_TRY(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
-    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT), "transa");
-    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN), "transb");
-    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &d_sw, sizeof d_sw), "A scale");
-    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &d_sx, sizeof d_sx), "B scale");
-    LT_TRY(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, (uint64_t)cols, (uint64_t)rows, cols), "A layout");
-    LT_TRY(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, (uint64_t)cols, (uint64_t)n, cols), "B layout");
-    LT_TRY(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, (uint64_t)rows, (uint64_t)n, ldy), "D layout");
-    LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference");
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                sizeof ws_bytes),
-           "workspace preference");
-    LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &h, &found), "heuristic");
-    if (found < 1) {
-        s = qd_cuda_fail(QD_ERR_UNSUPPORTED, "fp8 GEMM (per tensor): no algorithm");
-        goto done;
-    }
-    LT_TRY(cublasLtMatmul(lt, desc, &one, d_w, la, d_xq, lb, &zero, d_y, ld, d_y, ld, &h.algo, ws, ws_bytes,
-                          (cudaStream_t)stream),
-           "matmul");
-    s = QD_OK;
-done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (ld) cublasLtMatrixLayoutDestroy(ld);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    lt_op o;
+    QD_TRY(lt_op_create(&o, rows, n, cols, ldy, CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F,
+                        CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, d_sw, d_sx));
+    cublasLtMatmulAlgo_t algo;
+    qd_status s = lt_algo(lt, &o, ws_bytes, align_of(d_y, ldy * 4), rows, n, cols, &algo);
+    if (s == QD_OK)
+        s = lt_status(cublasLtMatmul(lt, o.desc, &one, d_w, o.a, d_xq, o.b, &zero, d_y, o.d, d_y, o.d, &algo, ws,
+                                     ws_bytes, (cudaStream_t)stream),
+                      "matmul");
+    lt_op_destroy(&o);
     return s;
 }
