@@ -116,27 +116,35 @@ static void sum_ranks(qd_cpu_ctx *const *ranks, int n, size_t len) {
     for (int r = 1; r < n; r++) memcpy(ranks[r]->s.y, acc, len * sizeof(float));
 }
 
-qd_status qd_cpu_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_step *st, const qd_logit_out *out) {
-    const qd_config *c = ranks[0]->m->cfg;
-    const size_t len = (size_t)st->n_rows * (size_t)c->hidden_size;
-    for (int r = 0; r < n; r++) begin_rows(ranks[r], st);
-    for (int L = 0; L < c->n_layers; L++) {
-        for (int ffn = 0; ffn < 2; ffn++) {
-            for (int r = 0; r < n; r++) {
-                qd_status s = run_block(ranks[r], &ranks[r]->m->w->layers[L], ffn, st);
-                if (s != QD_OK) {
-                    if (n > 1) qd_err_prefix(ranks[r]->err, "rank %d, layer %d: ", r, L);
-                    return s;
-                }
-            }
-            if (n > 1) sum_ranks(ranks, n, len);
-            for (int r = 0; r < n; r++) {
-                float *h = ranks[r]->s.h;
-                const float *y = ranks[r]->s.y;
-                for (size_t i = 0; i < len; i++) h[i] += y[i];
-            }
+/* One block of a layer on every rank: each rank's partial output, summed over the ranks,
+ * joins each rank's residual. L is a main layer, or -1 for the MTP head's layer (each
+ * rank runs its own slice of it). */
+static qd_status run_block_ranks(qd_cpu_ctx *const *ranks, int n, int L, int ffn, const qd_step *st) {
+    const size_t len = (size_t)st->n_rows * (size_t)ranks[0]->m->cfg->hidden_size;
+    for (int r = 0; r < n; r++) {
+        const qd_weights *w = ranks[r]->m->w;
+        qd_status s = run_block(ranks[r], L >= 0 ? &w->layers[L] : &w->mtp->layer, ffn, st);
+        if (s != QD_OK) {
+            if (L >= 0 && n > 1) qd_err_prefix(ranks[r]->err, "rank %d, layer %d: ", r, L);
+            else if (L < 0 && n > 1) qd_err_prefix(ranks[r]->err, "rank %d, MTP layer: ", r);
+            else if (L < 0) qd_err_prefix(ranks[r]->err, "MTP layer: ");
+            return s;
         }
     }
+    if (n > 1) sum_ranks(ranks, n, len);
+    for (int r = 0; r < n; r++) {
+        float *h = ranks[r]->s.h;
+        const float *y = ranks[r]->s.y;
+        for (size_t i = 0; i < len; i++) h[i] += y[i];
+    }
+    return QD_OK;
+}
+
+qd_status qd_cpu_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_step *st, const qd_logit_out *out) {
+    const qd_config *c = ranks[0]->m->cfg;
+    for (int r = 0; r < n; r++) begin_rows(ranks[r], st);
+    for (int L = 0; L < c->n_layers; L++)
+        for (int ffn = 0; ffn < 2; ffn++) QD_TRY(run_block_ranks(ranks, n, L, ffn, st));
     return logits_out(ranks[0], st, ranks[0]->m->w->final_norm, out);
 }
 
@@ -184,23 +192,7 @@ qd_status qd_cpu_mtp_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_ste
         }
     }
     for (int r = 0; r < n; r++) mtp_begin(ranks[r], st, hidden);
-    const size_t len = (size_t)st->n_rows * (size_t)ranks[0]->m->cfg->hidden_size;
-    for (int ffn = 0; ffn < 2; ffn++) {
-        for (int r = 0; r < n; r++) {
-            qd_status s = run_block(ranks[r], &ranks[r]->m->w->mtp->layer, ffn, st);
-            if (s != QD_OK) {
-                if (n > 1) qd_err_prefix(ranks[r]->err, "rank %d, MTP layer: ", r);
-                else qd_err_prefix(ranks[r]->err, "MTP layer: ");
-                return s;
-            }
-        }
-        if (n > 1) sum_ranks(ranks, n, len);
-        for (int r = 0; r < n; r++) {
-            float *h = ranks[r]->s.h;
-            const float *y = ranks[r]->s.y;
-            for (size_t i = 0; i < len; i++) h[i] += y[i];
-        }
-    }
+    for (int ffn = 0; ffn < 2; ffn++) QD_TRY(run_block_ranks(ranks, n, -1, ffn, st));
     return logits_out(ranks[0], st, ranks[0]->m->w->mtp->norm, out);
 }
 
