@@ -102,7 +102,7 @@ static json_t *random_schema(int depth) {
 }
 
 typedef struct counts {
-    long compared, filled, string_level, word_level;
+    long compared, filled, string_level, word_level, grouped, chr_checked;
 } counts;
 
 /* Compares the fast mask with the reference at st; 0 or 1 (the automaton filled up). */
@@ -118,6 +118,7 @@ static void compare(const qd_token_trie *t, const qd_grammar *g, const qd_mstate
     }
     CHECKF(start >= 0, "%s step %d: the state is interned", what, step);
     if (start < 0) return;
+    const long g0 = d->char_grouped;
     const int r = qd_token_trie_mask_fast(t, d, start, w, budget, fast, &dist_fast);
     CHECKF(r == 0 || (r == 1 && d->n == d->max_states), "%s step %d: walk %d (%d of %d states)", what, step, r, d->n,
            d->max_states);
@@ -127,7 +128,14 @@ static void compare(const qd_token_trie *t, const qd_grammar *g, const qd_mstate
         return;
     }
     n->compared++;
+    /* the character step by a representative (grouped states) = by every byte group */
     const int cs = qd_state_dfa_char_step(d, start);
+    if (cs != QD_DFA_FULL) {
+        const int full = qd_state_dfa_char_step_full(d, start);
+        CHECKF(full == QD_DFA_FULL || full == cs, "%s step %d: character step %d, by every byte %d", what, step, cs,
+               full);
+    }
+    n->grouped += d->char_grouped - g0;
     if (cs != QD_DFA_MIXED && cs != QD_DFA_FULL) n->string_level++;
     else if (qd_state_dfa_alnum_step(d, start) >= QD_DFA_DEAD) n->word_level++;
     int bad = 0;
@@ -205,6 +213,16 @@ static void walk_schema(const qd_token_trie *t, json_t *schema, const char *what
         CHECKF(alive, "%s step %d: an allowed token keeps the state alive", what, step);
         if (!alive || (st.complete && st.n == 0)) break;
     }
+    /* every character step the kept automaton answered (most by a representative
+     * inside the masks' walks) = the step by every byte group */
+    const int n_kept = kept.n;
+    for (int id = 0; id < n_kept; id++) {
+        const int cs = kept.chr[id];
+        if (cs == -2 || cs == QD_DFA_FULL) continue;
+        const int full = qd_state_dfa_char_step_full(&kept, id);
+        CHECKF(full == QD_DFA_FULL || full == cs, "%s: state %d: character step %d, by every byte %d", what, id, cs, full);
+        n->chr_checked++;
+    }
     qd_trie_walk_free(&w);
     qd_state_dfa_free(&kept);
     qd_state_dfa_free(&tiny);
@@ -272,11 +290,14 @@ int main(void) {
         free(text);
         json_decref(s);
     }
-    printf("masks compared: %ld (string level %ld, word level %ld; %ld walks filled the tiny automaton)\n",
-           n.compared, n.string_level, n.word_level, n.filled);
+    printf("masks compared: %ld (string level %ld, word level %ld; %ld walks filled the tiny automaton); "
+           "%ld character steps by a representative, %ld checked by every byte group\n",
+           n.compared, n.string_level, n.word_level, n.filled, n.grouped, n.chr_checked);
     CHECK(n.compared > 100);
     CHECK(n.string_level > 10);
     CHECK(n.word_level > 3);
+    CHECK(n.grouped > 10);
+    CHECK(n.chr_checked > n.grouped / 2);
     free(ref);
     free(fast);
     free(allowed);

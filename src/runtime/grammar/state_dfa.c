@@ -12,6 +12,7 @@ void qd_state_dfa_init(qd_state_dfa *d, const qd_grammar *g, int max_states) {
     memset(d, 0, sizeof *d);
     d->g = g;
     d->max_states = max_states > 0 ? max_states : 1;
+    d->char_rule = qd_match_char_rule_ok(g, g->char_rule) ? g->char_rule : -1;
     qd_mstate_init(&d->scratch);
 }
 
@@ -180,8 +181,27 @@ static const uint8_t UTF8_SEQS[][4][2] = {
     {{0xf4, 0xf4}, {0x80, 0x8f}, {0x80, 0xbf}, {0x80, 0xbf}},
 };
 
+/* qd_state_dfa_char_step by the step of 'a' (every character leads where it does):
+ * NOT_YET when the state is not in character groups, or when the advance hit a
+ * limit of the matcher (a stack cap or the work bound: the state after another
+ * character could then hold other stacks). */
+static int grouped_char_step(qd_state_dfa *d, int id) {
+    if (d->char_rule < 0 || !qd_match_char_group(d->g, &d->states[id], d->char_rule)) return NOT_YET;
+    const int alive = qd_match_byte(d->g, &d->states[id], 'a', &d->scratch);
+    if (d->scratch.n >= QD_MATCH_MAX_STACKS || d->scratch.work >= QD_MATCH_MAX_WORK) return NOT_YET;
+    d->char_grouped++;
+    return alive ? qd_state_dfa_intern(d, &d->scratch) : QD_DFA_DEAD;
+}
+
 int qd_state_dfa_char_step(qd_state_dfa *d, int id) {
     if (d->chr[id] != NOT_YET) return d->chr[id];
+    const int t = grouped_char_step(d, id);
+    if (t == NOT_YET) return qd_state_dfa_char_step_full(d, id);
+    if (t != QD_DFA_FULL) d->chr[id] = t;
+    return t;
+}
+
+int qd_state_dfa_char_step_full(qd_state_dfa *d, int id) {
     /* plain bytes: 0x20..0x7e but '"' (0x22) and '\\' (0x5c) */
     int t = range_step(d, id, 0x20, 0x21);
     const int parts[2][2] = {{0x23, 0x5b}, {0x5d, 0x7e}};

@@ -33,6 +33,8 @@ typedef struct qd_state_dfa {
     int32_t *alnum;         /* [cap] qd_state_dfa_alnum_step, -2: not computed */
     int *table;             /* [table_cap] open addressing on hash: state id + 1, 0: empty */
     int table_cap;
+    int char_rule;          /* the grammar's char_rule once checked (qd_match_char_rule_ok), else -1 */
+    long char_grouped;      /* qd_state_dfa_char_step answers by one representative advance (tests) */
     qd_mstate scratch;
 } qd_state_dfa;
 
@@ -57,8 +59,16 @@ int qd_state_dfa_loops_plain(qd_state_dfa *d, int id);
  * character that dies part way count as leading to QD_DFA_DEAD), or QD_DFA_FULL.
  * Inside a JSON string it is the state one character later: a token made only of
  * such characters, n of them, leads n such steps on, whatever its bytes
- * (token_class.h). Computed once per state (about 1,100 table lookups). */
+ * (token_class.h). Computed once per state: when the state's stacks stand in groups
+ * at the start of the grammar's character rule (matcher.h qd_match_char_group), by
+ * one advance over a representative character; otherwise by stepping every byte
+ * group of every character form (about 90 advances for a new state, the cost that
+ * made the first mask of a length-bounded string, whose every position is a new
+ * state, take hundreds of microseconds). */
 int qd_state_dfa_char_step(qd_state_dfa *d, int id);
+/* The same by stepping every byte group of every form, never by a representative
+ * (the reference the tests compare the grouped answer with). */
+int qd_state_dfa_char_step_full(qd_state_dfa *d, int id);
 /* The same for the ASCII letters and digits alone (inside an e-mail address, a
  * pattern of words): the state that every one of [0-9A-Za-z] leads to from id. */
 int qd_state_dfa_alnum_step(qd_state_dfa *d, int id);
