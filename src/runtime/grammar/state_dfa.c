@@ -23,6 +23,8 @@ void qd_state_dfa_free(qd_state_dfa *d) {
     free(d->next);
     free(d->dist);
     free(d->loop);
+    free(d->cat_known);
+    free(d->cat_loop);
     free(d->chr);
     free(d->alnum);
     free(d->table);
@@ -57,7 +59,11 @@ static int grow(qd_state_dfa *d) {
     if (ch) d->chr = ch;
     int32_t *an = realloc(d->alnum, sizeof *an * (size_t)nc);
     if (an) d->alnum = an;
-    if (!h || !nx || !ds || !lp || !ch || !an) {
+    uint16_t *ck = realloc(d->cat_known, sizeof *ck * (size_t)nc);
+    if (ck) d->cat_known = ck;
+    uint16_t *cl = realloc(d->cat_loop, sizeof *cl * (size_t)nc);
+    if (cl) d->cat_loop = cl;
+    if (!h || !nx || !ds || !lp || !ch || !an || !ck || !cl) {
         /* the arrays that moved are kept; cap stays where every array has room */
         return -1;
     }
@@ -99,6 +105,8 @@ int qd_state_dfa_intern(qd_state_dfa *d, const qd_mstate *s) {
     d->loop[id] = -1;
     d->chr[id] = NOT_YET;
     d->alnum[id] = NOT_YET;
+    d->cat_known[id] = 0;
+    d->cat_loop[id] = 0;
     for (size_t k = (size_t)(h & (uint64_t)(d->table_cap - 1));; k = (k + 1) & (size_t)(d->table_cap - 1))
         if (!d->table[k]) {
             d->table[k] = id + 1;
@@ -137,6 +145,25 @@ int qd_state_dfa_loops_plain(qd_state_dfa *d, int id) {
         d->loop[id] = (int8_t)loops; /* a full automaton answers "no": the walk then steps byte by byte */
     }
     return d->loop[id];
+}
+
+int qd_state_dfa_loops_cats(qd_state_dfa *d, int id, uint16_t cats) {
+    if (cats & ~QD_CAT_PRINTABLE) return 0;
+    const uint16_t todo = cats & (uint16_t)~d->cat_known[id];
+    for (int c = 0; c < QD_CAT_CONTROL; c++) {
+        if (!((todo >> c) & 1)) continue;
+        int loops = 1;
+        for (int b = 0x20; b <= 0x7e && loops; b++) {
+            if (qd_byte_cat((unsigned char)b) != c) continue;
+            const int to = qd_state_dfa_step(d, id, (unsigned char)b);
+            if (to == QD_DFA_FULL) return 0; /* not remembered: asked again later */
+            loops = to == id;
+        }
+        d->cat_known[id] |= (uint16_t)(1u << c);
+        if (loops) d->cat_loop[id] |= (uint16_t)(1u << c);
+        else return 0;
+    }
+    return (cats & (uint16_t)~d->cat_loop[id]) == 0;
 }
 
 /* The state every byte of lo..hi leads to from `from` (QD_DFA_DEAD passes through),

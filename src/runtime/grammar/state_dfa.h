@@ -29,6 +29,8 @@ typedef struct qd_state_dfa {
     int32_t *next;          /* [cap * 256] the state after byte b, QD_DFA_DEAD, or -2: not computed yet */
     int *dist;              /* [cap] qd_match_dist, -1: not computed yet */
     int8_t *loop;           /* [cap] 1: every plain JSON string byte leads back to the state; -1: not computed */
+    uint16_t *cat_known;    /* [cap] byte categories (token_trie.h qd_byte_cat) checked for a loop */
+    uint16_t *cat_loop;     /* [cap] those of them whose every byte leads back to the state */
     int32_t *chr;           /* [cap] qd_state_dfa_char_step, -2: not computed */
     int32_t *alnum;         /* [cap] qd_state_dfa_alnum_step, -2: not computed */
     int *table;             /* [table_cap] open addressing on hash: state id + 1, 0: empty */
@@ -51,6 +53,9 @@ int qd_state_dfa_step_slow(qd_state_dfa *d, int id, unsigned char b);
 int qd_state_dfa_dist(qd_state_dfa *d, int id);
 /* 1 when every plain JSON string byte (qd_json_plain_byte) leads from id back to id. */
 int qd_state_dfa_loops_plain(qd_state_dfa *d, int id);
+/* 1 when every byte of each category in `cats` (bits of qd_byte_cat, printable ones
+ * only) leads from id back to id; each category checked once per state, on demand. */
+int qd_state_dfa_loops_cats(qd_state_dfa *d, int id, uint16_t cats);
 
 /* The state that every string character leads to from id: a plain JSON string byte
  * (qd_json_plain_byte) or the bytes of one strict UTF-8 character (no overlongs, no

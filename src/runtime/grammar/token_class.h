@@ -20,6 +20,14 @@
  * general does not. Its trie of the other tokens is larger (the walk there is over
  * punctuation and spaces, which such states mostly refuse at once).
  *
+ * The other tokens of a level are kept by the characters of the level they start
+ * with: a token that begins with k of them (k <= QD_TC_MAX_CHARS) then a byte that
+ * does not continue one ("abc.", "name\"", "x\xe6") sits in the level's trie as
+ * the byte k followed by its remaining bytes, and its walk starts from the state k
+ * characters on. The prefixes cost nothing to walk: before, every word a token
+ * such as "abc." began with was walked byte by byte (the e-mail states walked tens
+ * of thousands of such nodes, up to 1.5 ms a mask).
+ *
  * Built with the trie (token_trie.h), read-only afterwards, shared like it. */
 #ifndef QD_RUNTIME_GRAMMAR_TOKEN_CLASS_H
 #define QD_RUNTIME_GRAMMAR_TOKEN_CLASS_H
@@ -40,7 +48,8 @@ enum { QD_TC_STRING, QD_TC_ALNUM, QD_TC_LEVELS };
 typedef struct qd_token_level {
     uint32_t *upto;          /* [(QD_TC_MAX_CHARS + 1) * n_words] bitmap n: the level's tokens of 1..n characters */
     int count[QD_TC_MAX_CHARS + 1]; /* the level's tokens of exactly n characters */
-    qd_token_trie *rest;     /* every other token of the trie, same ids */
+    qd_token_trie *rest;     /* every other token of the trie, same ids, as (k, the bytes after its
+                              * first k of the level's characters): see below */
 } qd_token_level;
 
 typedef struct qd_token_classes {

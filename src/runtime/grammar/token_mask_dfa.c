@@ -14,8 +14,11 @@ int qd_token_trie_mask_dfa(const qd_token_trie *t, qd_state_dfa *d, int start, q
     return qd_token_trie_mask_dfa_add(t, d, start, w, budget, mask, max_dist_out);
 }
 
-int qd_token_trie_mask_dfa_add(const qd_token_trie *t, qd_state_dfa *d, int start, qd_trie_walk *w, int budget,
-                               uint32_t *mask, int *max_dist_out) {
+/* The walk of qd_token_trie_mask_dfa_add; with root_at, a node of depth 1 is not a
+ * byte but a start: its subtree is walked from state root_at[byte] (QD_DFA_DEAD, or
+ * past n_root: skipped), and no token ends there. */
+static int walk(const qd_token_trie *t, qd_state_dfa *d, int start, const int *root_at, int n_root, qd_trie_walk *w,
+                int budget, uint32_t *mask, int *max_dist_out) {
     if (w->n_at_id < t->max_depth + 1) {
         int *a = realloc(w->at_id, sizeof(int) * (size_t)(t->max_depth + 1));
         if (!a) return -1;
@@ -29,7 +32,17 @@ int qd_token_trie_mask_dfa_add(const qd_token_trie *t, qd_state_dfa *d, int star
     int i = 1;
     while (i < t->n_nodes) {
         const int dep = t->depth[i], from = at[dep - 1];
-        if (t->sub_plain[i] && qd_state_dfa_loops_plain(d, from)) {
+        if (root_at && dep == 1) {
+            const int s = t->byte[i] < n_root ? root_at[t->byte[i]] : QD_DFA_DEAD;
+            if (s < 0) {
+                i = t->end[i];
+                continue;
+            }
+            at[1] = s;
+            i++;
+            continue;
+        }
+        if (qd_state_dfa_loops_cats(d, from, t->sub_cats[i])) {
             /* every token below ends in `from` again: all allowed, or none by budget */
             const int dist = want_dist ? qd_state_dfa_dist(d, from) : 0;
             if (budget < 0 || dist <= budget) {
@@ -60,4 +73,14 @@ int qd_token_trie_mask_dfa_add(const qd_token_trie *t, qd_state_dfa *d, int star
     }
     if (max_dist_out) *max_dist_out = max_dist;
     return 0;
+}
+
+int qd_token_trie_mask_dfa_add(const qd_token_trie *t, qd_state_dfa *d, int start, qd_trie_walk *w, int budget,
+                               uint32_t *mask, int *max_dist_out) {
+    return walk(t, d, start, NULL, 0, w, budget, mask, max_dist_out);
+}
+
+int qd_token_trie_mask_dfa_rooted(const qd_token_trie *t, qd_state_dfa *d, const int *root_at, int n_root,
+                                  qd_trie_walk *w, int budget, uint32_t *mask, int *max_dist_out) {
+    return walk(t, d, root_at[0], root_at, n_root, w, budget, mask, max_dist_out);
 }

@@ -31,6 +31,7 @@ void qd_token_trie_free(qd_token_trie *t) {
     free(t->tok_off);
     free(t->tok_len);
     free(t->sub_plain);
+    free(t->sub_cats);
     free(t->rank_begin);
     free(t->sorted_ids);
     qd_token_classes_free(t->classes);
@@ -124,9 +125,10 @@ qd_status qd_token_trie_build_bare(const unsigned char *const *tokens, const int
     t->n_nodes = nn;
     free(path);
     t->sub_plain = malloc((size_t)nn);
+    t->sub_cats = malloc(sizeof(uint16_t) * (size_t)nn);
     t->rank_begin = malloc(sizeof(int) * ((size_t)nn + 1));
     t->sorted_ids = malloc(sizeof(int) * ((size_t)n + 1));
-    if (!t->sub_plain || !t->rank_begin || !t->sorted_ids) goto oom;
+    if (!t->sub_plain || !t->sub_cats || !t->rank_begin || !t->sorted_ids) goto oom;
     int rank = 0;
     for (int i = 0; i < nn; i++) {
         t->rank_begin[i] = rank;
@@ -138,6 +140,9 @@ qd_status qd_token_trie_build_bare(const unsigned char *const *tokens, const int
         int plain = i == 0 || qd_json_plain_byte(t->byte[i]);
         for (int c = i + 1; c < t->end[i] && plain; c = t->end[c]) plain = t->sub_plain[c];
         t->sub_plain[i] = (uint8_t)plain;
+        uint16_t cats = i == 0 ? 0 : (uint16_t)(1u << qd_byte_cat(t->byte[i]));
+        for (int c = i + 1; c < t->end[i]; c = t->end[c]) cats |= t->sub_cats[c];
+        t->sub_cats[i] = cats;
     }
     free(refs);
     *out = t;
