@@ -102,7 +102,7 @@ static json_t *random_schema(int depth) {
 }
 
 typedef struct counts {
-    long compared, filled, string_level, word_level, grouped, chr_checked;
+    long compared, filled, string_level, word_level, grouped, chr_checked, word_skips, rest_prefixed;
 } counts;
 
 /* Compares the fast mask with the reference at st; 0 or 1 (the automaton filled up). */
@@ -118,7 +118,7 @@ static void compare(const qd_token_trie *t, const qd_grammar *g, const qd_mstate
     }
     CHECKF(start >= 0, "%s step %d: the state is interned", what, step);
     if (start < 0) return;
-    const long g0 = d->char_grouped;
+    const long g0 = d->char_grouped, k0 = d->subtree_skips;
     const int r = qd_token_trie_mask_fast(t, d, start, w, budget, fast, &dist_fast);
     CHECKF(r == 0 || (r == 1 && d->n == d->max_states), "%s step %d: walk %d (%d of %d states)", what, step, r, d->n,
            d->max_states);
@@ -136,8 +136,21 @@ static void compare(const qd_token_trie *t, const qd_grammar *g, const qd_mstate
                full);
     }
     n->grouped += d->char_grouped - g0;
-    if (cs != QD_DFA_MIXED && cs != QD_DFA_FULL) n->string_level++;
-    else if (qd_state_dfa_alnum_step(d, start) >= QD_DFA_DEAD) n->word_level++;
+    if (cs != QD_DFA_MIXED && cs != QD_DFA_FULL) {
+        n->string_level++;
+        /* allowed tokens of the level's other trie that begin with string characters
+         * ('abc"', 'x\\n', 'ab\xe6'): walked from the state those characters on */
+        for (int i = 0; i < t->vocab_size; i++) {
+            if (!bit(fast, i) || t->tok_len[i] < 2) continue;
+            const unsigned char *b = t->blob + t->tok_off[i];
+            const int whole = qd_token_string_chars(b, t->tok_len[i]);
+            if ((whole < 0 || whole > QD_TC_MAX_CHARS) && qd_token_string_chars(b, 1) == 1) n->rest_prefixed++;
+        }
+    } else if (qd_state_dfa_alnum_step(d, start) >= QD_DFA_DEAD) {
+        n->word_level++;
+        /* subtrees allowed whole from a state that does not loop on every plain byte */
+        n->word_skips += d->subtree_skips - k0;
+    }
     int bad = 0;
     for (int i = 0; i < t->vocab_size; i++)
         if (bit(ref, i) != bit(fast, i) && bad++ < 3)
@@ -291,13 +304,16 @@ int main(void) {
         json_decref(s);
     }
     printf("masks compared: %ld (string level %ld, word level %ld; %ld walks filled the tiny automaton); "
-           "%ld character steps by a representative, %ld checked by every byte group\n",
-           n.compared, n.string_level, n.word_level, n.filled, n.grouped, n.chr_checked);
+           "%ld character steps by a representative, %ld checked by every byte group; %ld subtrees allowed whole in "
+           "word states; %ld allowed tokens after a prefix of string characters\n",
+           n.compared, n.string_level, n.word_level, n.filled, n.grouped, n.chr_checked, n.word_skips, n.rest_prefixed);
     CHECK(n.compared > 100);
     CHECK(n.string_level > 10);
     CHECK(n.word_level > 3);
     CHECK(n.grouped > 10);
     CHECK(n.chr_checked > n.grouped / 2);
+    CHECK(n.word_skips > 10);
+    CHECK(n.rest_prefixed > 10);
     free(ref);
     free(fast);
     free(allowed);

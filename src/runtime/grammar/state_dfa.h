@@ -37,6 +37,7 @@ typedef struct qd_state_dfa {
     int table_cap;
     int char_rule;          /* the grammar's char_rule once checked (qd_match_char_rule_ok), else -1 */
     long char_grouped;      /* qd_state_dfa_char_step answers by one representative advance (tests) */
+    long subtree_skips;     /* trie subtrees the walks allowed whole (token_mask_dfa.c; tests) */
     qd_mstate scratch;
 } qd_state_dfa;
 

@@ -46,6 +46,7 @@ static int walk(const qd_token_trie *t, qd_state_dfa *d, int start, const int *r
             /* every token below ends in `from` again: all allowed, or none by budget */
             const int dist = want_dist ? qd_state_dfa_dist(d, from) : 0;
             if (budget < 0 || dist <= budget) {
+                d->subtree_skips++;
                 for (int r = t->rank_begin[i]; r < t->rank_begin[t->end[i]]; r++) allow(mask, t->sorted_ids[r]);
                 if (dist > max_dist) max_dist = dist;
             }
