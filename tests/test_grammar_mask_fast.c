@@ -8,7 +8,11 @@
  * that fills up (it must say so). Also: the pieces it rests on — byte groups
  * (grammar.h byte_rep) advance the matcher alike, and string tokens are counted in
  * characters of strict UTF-8. The test checks that the class table was actually used
- * (string states and word states both reached), so that it does not pass vacuously. */
+ * (string states and word states both reached), so that it does not pass vacuously,
+ * and likewise for the paths under it: the character step by one representative
+ * advance (state_dfa.h; each such step is also compared with the step by every byte
+ * group), the other tokens walked from the state their leading characters lead to
+ * (token_class.h), and subtrees allowed whole by byte category from word states. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>

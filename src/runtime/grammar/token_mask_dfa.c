@@ -29,38 +29,40 @@ static int walk(const qd_token_trie *t, qd_state_dfa *d, int start, const int *r
     at[0] = start;
     const int want_dist = budget >= 0 || max_dist_out != NULL;
     int max_dist = 0;
+    const qd_trie_node *nd = t->nodes;
     int i = 1;
     while (i < t->n_nodes) {
-        const int dep = t->depth[i], from = at[dep - 1];
+        const qd_trie_node *n = &nd[i];
+        const int dep = n->depth, from = at[dep - 1];
         if (root_at && dep == 1) {
-            const int s = t->byte[i] < n_root ? root_at[t->byte[i]] : QD_DFA_DEAD;
+            const int s = n->byte < n_root ? root_at[n->byte] : QD_DFA_DEAD;
             if (s < 0) {
-                i = t->end[i];
+                i = n->end;
                 continue;
             }
             at[1] = s;
             i++;
             continue;
         }
-        if (qd_state_dfa_loops_cats(d, from, t->sub_cats[i])) {
+        if (qd_state_dfa_loops_cats(d, from, n->sub_cats)) {
             /* every token below ends in `from` again: all allowed, or none by budget */
             const int dist = want_dist ? qd_state_dfa_dist(d, from) : 0;
             if (budget < 0 || dist <= budget) {
                 d->subtree_skips++;
-                for (int r = t->rank_begin[i]; r < t->rank_begin[t->end[i]]; r++) allow(mask, t->sorted_ids[r]);
+                for (int r = n->rank; r < nd[n->end].rank; r++) allow(mask, t->sorted_ids[r]);
                 if (dist > max_dist) max_dist = dist;
             }
-            i = t->end[i];
+            i = n->end;
             continue;
         }
-        const int to = qd_state_dfa_step(d, from, t->byte[i]);
+        const int to = qd_state_dfa_step(d, from, n->byte);
         if (to == QD_DFA_DEAD) {
-            i = t->end[i];
+            i = n->end;
             continue;
         }
         if (to == QD_DFA_FULL) return 1;
         at[dep] = to;
-        if (t->tok_first[i] >= 0) {
+        if (nd[i + 1].rank > n->rank) {
             int ok = 1;
             if (want_dist) {
                 const int dist = qd_state_dfa_dist(d, to);
@@ -68,7 +70,7 @@ static int walk(const qd_token_trie *t, qd_state_dfa *d, int start, const int *r
                 else if (dist > max_dist) max_dist = dist;
             }
             if (ok)
-                for (int id = t->tok_first[i]; id >= 0; id = t->tok_next[id]) allow(mask, id);
+                for (int r = n->rank; r < nd[i + 1].rank; r++) allow(mask, t->sorted_ids[r]);
         }
         i++;
     }

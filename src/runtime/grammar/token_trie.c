@@ -32,6 +32,7 @@ void qd_token_trie_free(qd_token_trie *t) {
     free(t->tok_len);
     free(t->sub_plain);
     free(t->sub_cats);
+    free(t->nodes);
     free(t->rank_begin);
     free(t->sorted_ids);
     qd_token_classes_free(t->classes);
@@ -144,6 +145,17 @@ qd_status qd_token_trie_build_bare(const unsigned char *const *tokens, const int
         for (int c = i + 1; c < t->end[i]; c = t->end[c]) cats |= t->sub_cats[c];
         t->sub_cats[i] = cats;
     }
+    if (t->max_depth > UINT16_MAX) {
+        free(refs);
+        qd_token_trie_free(t);
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "token trie: a token of %d bytes (at most %d)", t->max_depth, UINT16_MAX);
+    }
+    t->nodes = calloc((size_t)nn + 1, sizeof *t->nodes);
+    if (!t->nodes) goto oom;
+    for (int i = 0; i < nn; i++)
+        t->nodes[i] = (qd_trie_node){.end = t->end[i], .rank = t->rank_begin[i], .sub_cats = t->sub_cats[i],
+                                     .depth = (uint16_t)t->depth[i], .byte = t->byte[i]};
+    t->nodes[nn].rank = t->rank_begin[nn];
     free(refs);
     *out = t;
     return QD_OK;

@@ -19,6 +19,18 @@
 #include "io/tokenizer.h"
 #include "runtime/grammar/matcher.h"
 
+/* One node as the automaton's walk reads it (token_mask_dfa.c): what it needs of a
+ * node in one 16-byte record instead of five arrays, so that a walk whose trie was
+ * evicted between two masks (the logits row alone is 1 MB) misses about once per
+ * few nodes, not once per array per node. */
+typedef struct qd_trie_node {
+    int32_t end;             /* one past the last node of its subtree */
+    int32_t rank;            /* rank_begin: its tokens are sorted_ids[rank .. next node's rank) */
+    uint16_t sub_cats;       /* sub_cats */
+    uint16_t depth;          /* depth (tokens are at most 65,535 bytes: build checks) */
+    uint8_t byte;
+} qd_trie_node;
+
 typedef struct qd_token_trie {
     int vocab_size;          /* ids [0, vocab_size) */
     int n_nodes;             /* node 0 is the root (the empty prefix) */
@@ -39,6 +51,7 @@ typedef struct qd_token_trie {
     int *rank_begin;         /* [n_nodes + 1] tokens at nodes before i in preorder: the subtree of i holds
                               * the tokens sorted_ids[rank_begin[i] .. rank_begin[end[i]]) */
     int *sorted_ids;         /* [tokens in the trie] ids in preorder */
+    qd_trie_node *nodes;     /* [n_nodes + 1] the same, packed (the last one: rank only) */
     struct qd_token_classes *classes; /* string tokens by character count (token_class.h); NULL in a bare trie */
 } qd_token_trie;
 
