@@ -172,12 +172,13 @@ static const mask_entry *cached_mask(qd_constraint *c, qd_err *err) {
     c->cache_next = (c->cache_next + 1) % CACHE_ENTRIES;
     e->valid = 0;
     if (!e->mask && !(e->mask = malloc(sizeof(uint32_t) * c->n_words))) goto oom;
-    if (qd_mask_share_get(c->share, &c->cur, h, e->mask, &e->max_dist)) c->shared_hits++;
+    const int shared = qd_mask_share_shared(c->share);
+    if (shared && qd_mask_share_get(c->share, &c->cur, h, e->mask, &e->max_dist)) c->shared_hits++;
     else {
         if (walk_mask(c, -1, e->mask, &e->max_dist)) goto oom;
         c->walks++;
         /* memory running out here costs the other constraints a walk, nothing else */
-        (void)qd_mask_share_put(c->share, &c->cur, h, e->mask, e->max_dist);
+        if (shared) (void)qd_mask_share_put(c->share, &c->cur, h, e->mask, e->max_dist);
     }
     if (qd_mstate_copy(&e->state, &c->cur)) goto oom;
     e->hash = h;

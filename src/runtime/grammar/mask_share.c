@@ -42,6 +42,8 @@ qd_mask_share *qd_mask_share_ref(qd_mask_share *s) {
     return s;
 }
 
+int qd_mask_share_shared(const qd_mask_share *s) { return __atomic_load_n(&s->refs, __ATOMIC_RELAXED) > 1; }
+
 void qd_mask_share_free(qd_mask_share *s) {
     if (!s || __atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     for (int i = 0; i < s->cap; i++) {

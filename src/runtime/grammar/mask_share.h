@@ -31,6 +31,10 @@ qd_mask_share *qd_mask_share_ref(qd_mask_share *s);
 /* Drops one owner; the last frees it. */
 void qd_mask_share_free(qd_mask_share *s);
 
+/* 1 when more than one constraint holds s (a lone constraint neither looks in its
+ * share nor adds to it: copying each new mask there would cost it a few
+ * microseconds a mask for nothing). */
+int qd_mask_share_shared(const qd_mask_share *s);
 /* Copies the mask of state st (hash: qd_mstate_hash) and its largest completion into
  * mask / *max_dist: 1, or 0 when the share does not hold it. */
 int qd_mask_share_get(qd_mask_share *s, const qd_mstate *st, uint64_t hash, uint32_t *mask, int *max_dist);

@@ -105,7 +105,7 @@ int qd_state_dfa_intern(qd_state_dfa *d, const qd_mstate *s) {
     d->loop[id] = -1;
     d->chr[id] = NOT_YET;
     d->alnum[id] = NOT_YET;
-    d->cat_known[id] = 0;
+    d->cat_known[id] = (uint16_t)~QD_CAT_PRINTABLE; /* never loops (token_trie.h) */
     d->cat_loop[id] = 0;
     for (size_t k = (size_t)(h & (uint64_t)(d->table_cap - 1));; k = (k + 1) & (size_t)(d->table_cap - 1))
         if (!d->table[k]) {
@@ -147,7 +147,7 @@ int qd_state_dfa_loops_plain(qd_state_dfa *d, int id) {
     return d->loop[id];
 }
 
-int qd_state_dfa_loops_cats(qd_state_dfa *d, int id, uint16_t cats) {
+int qd_state_dfa_loops_cats_slow(qd_state_dfa *d, int id, uint16_t cats) {
     if (cats & ~QD_CAT_PRINTABLE) return 0;
     const uint16_t todo = cats & (uint16_t)~d->cat_known[id];
     for (int c = 0; c < QD_CAT_CONTROL; c++) {

@@ -29,7 +29,8 @@ typedef struct qd_state_dfa {
     int32_t *next;          /* [cap * 256] the state after byte b, QD_DFA_DEAD, or -2: not computed yet */
     int *dist;              /* [cap] qd_match_dist, -1: not computed yet */
     int8_t *loop;           /* [cap] 1: every plain JSON string byte leads back to the state; -1: not computed */
-    uint16_t *cat_known;    /* [cap] byte categories (token_trie.h qd_byte_cat) checked for a loop */
+    uint16_t *cat_known;    /* [cap] byte categories (token_trie.h qd_byte_cat) checked for a loop (the
+                             * unprintable ones from the start: never a loop) */
     uint16_t *cat_loop;     /* [cap] those of them whose every byte leads back to the state */
     int32_t *chr;           /* [cap] qd_state_dfa_char_step, -2: not computed */
     int32_t *alnum;         /* [cap] qd_state_dfa_alnum_step, -2: not computed */
@@ -56,7 +57,13 @@ int qd_state_dfa_dist(qd_state_dfa *d, int id);
 int qd_state_dfa_loops_plain(qd_state_dfa *d, int id);
 /* 1 when every byte of each category in `cats` (bits of qd_byte_cat, printable ones
  * only) leads from id back to id; each category checked once per state, on demand. */
-int qd_state_dfa_loops_cats(qd_state_dfa *d, int id, uint16_t cats);
+int qd_state_dfa_loops_cats_slow(qd_state_dfa *d, int id, uint16_t cats);
+static inline int qd_state_dfa_loops_cats(qd_state_dfa *d, int id, uint16_t cats) {
+    /* per trie node in every walk: answered from the state's known categories when it can be */
+    if (cats & d->cat_known[id] & (uint16_t)~d->cat_loop[id]) return 0; /* a category known not to loop */
+    if (!(cats & (uint16_t)~d->cat_loop[id])) return 1;
+    return qd_state_dfa_loops_cats_slow(d, id, cats);
+}
 
 /* The state that every string character leads to from id: a plain JSON string byte
  * (qd_json_plain_byte) or the bytes of one strict UTF-8 character (no overlongs, no
