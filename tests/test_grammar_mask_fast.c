@@ -106,7 +106,7 @@ static json_t *random_schema(int depth) {
 }
 
 typedef struct counts {
-    long compared, filled, string_level, word_level, grouped, chr_checked, word_skips, rest_prefixed;
+    long compared, filled, string_level, word_level, grouped, chr_checked, word_skips, rest_prefixed, atom_level;
 } counts;
 
 /* Compares the fast mask with the reference at st; 0 or 1 (the automaton filled up). */
@@ -150,6 +150,9 @@ static void compare(const qd_token_trie *t, const qd_grammar *g, const qd_mstate
             const int whole = qd_token_string_chars(b, t->tok_len[i]);
             if ((whole < 0 || whole > QD_TC_MAX_CHARS) && qd_token_string_chars(b, 1) == 1) n->rest_prefixed++;
         }
+    } else if (qd_state_dfa_atom_step(d, start) >= QD_DFA_DEAD) {
+        n->atom_level++;
+        n->word_skips += d->subtree_skips - k0;
     } else if (qd_state_dfa_alnum_step(d, start) >= QD_DFA_DEAD) {
         n->word_level++;
         /* subtrees allowed whole from a state that does not loop on every plain byte */
@@ -265,6 +268,8 @@ static void check_string_chars(void) {
     }
     CHECK(qd_token_alnum_chars((const unsigned char *)"aZ09", 4) == 4);
     CHECK(qd_token_alnum_chars((const unsigned char *)"a_b", 3) == -1);
+    CHECK(qd_token_atom_chars((const unsigned char *)"a_b-c+d%9", 9) == 9);
+    CHECK(qd_token_atom_chars((const unsigned char *)"a.b", 3) == -1);
 }
 
 int main(void) {
@@ -307,13 +312,14 @@ int main(void) {
         free(text);
         json_decref(s);
     }
-    printf("masks compared: %ld (string level %ld, word level %ld; %ld walks filled the tiny automaton); "
+    printf("masks compared: %ld (string level %ld, e-mail atom level %ld, word level %ld; %ld walks filled the tiny automaton); "
            "%ld character steps by a representative, %ld checked by every byte group; %ld subtrees allowed whole in "
-           "word states; %ld allowed tokens after a prefix of string characters\n",
-           n.compared, n.string_level, n.word_level, n.filled, n.grouped, n.chr_checked, n.word_skips, n.rest_prefixed);
+           "e-mail and word states; %ld allowed tokens after a prefix of string characters\n",
+           n.compared, n.string_level, n.atom_level, n.word_level, n.filled, n.grouped, n.chr_checked, n.word_skips, n.rest_prefixed);
     CHECK(n.compared > 100);
     CHECK(n.string_level > 10);
     CHECK(n.word_level > 3);
+    CHECK(n.atom_level > 3);
     CHECK(n.grouped > 10);
     CHECK(n.chr_checked > n.grouped / 2);
     CHECK(n.word_skips > 10);

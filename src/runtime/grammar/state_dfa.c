@@ -27,6 +27,7 @@ void qd_state_dfa_free(qd_state_dfa *d) {
     free(d->cat_loop);
     free(d->chr);
     free(d->alnum);
+    free(d->atom);
     free(d->table);
     qd_mstate_free(&d->scratch);
     memset(d, 0, sizeof *d);
@@ -59,11 +60,13 @@ static int grow(qd_state_dfa *d) {
     if (ch) d->chr = ch;
     int32_t *an = realloc(d->alnum, sizeof *an * (size_t)nc);
     if (an) d->alnum = an;
+    int32_t *am = realloc(d->atom, sizeof *am * (size_t)nc);
+    if (am) d->atom = am;
     uint16_t *ck = realloc(d->cat_known, sizeof *ck * (size_t)nc);
     if (ck) d->cat_known = ck;
     uint16_t *cl = realloc(d->cat_loop, sizeof *cl * (size_t)nc);
     if (cl) d->cat_loop = cl;
-    if (!h || !nx || !ds || !lp || !ch || !an || !ck || !cl) {
+    if (!h || !nx || !ds || !lp || !ch || !an || !am || !ck || !cl) {
         /* the arrays that moved are kept; cap stays where every array has room */
         return -1;
     }
@@ -105,6 +108,7 @@ int qd_state_dfa_intern(qd_state_dfa *d, const qd_mstate *s) {
     d->loop[id] = -1;
     d->chr[id] = NOT_YET;
     d->alnum[id] = NOT_YET;
+    d->atom[id] = NOT_YET;
     d->cat_known[id] = (uint16_t)~QD_CAT_PRINTABLE; /* never loops (token_trie.h) */
     d->cat_loop[id] = 0;
     for (size_t k = (size_t)(h & (uint64_t)(d->table_cap - 1));; k = (k + 1) & (size_t)(d->table_cap - 1))
@@ -192,6 +196,15 @@ int qd_state_dfa_alnum_step(qd_state_dfa *d, int id) {
     if (t != QD_DFA_MIXED && t != QD_DFA_FULL) t = merge(t, range_step(d, id, 'A', 'Z'));
     if (t != QD_DFA_MIXED && t != QD_DFA_FULL) t = merge(t, range_step(d, id, 'a', 'z'));
     if (t != QD_DFA_FULL) d->alnum[id] = t;
+    return t;
+}
+
+int qd_state_dfa_atom_step(qd_state_dfa *d, int id) {
+    if (d->atom[id] != NOT_YET) return d->atom[id];
+    int t = qd_state_dfa_alnum_step(d, id);
+    for (const char *p = "_%+-"; *p && t != QD_DFA_MIXED && t != QD_DFA_FULL; p++)
+        t = merge(t, range_step(d, id, (unsigned char)*p, (unsigned char)*p));
+    if (t != QD_DFA_FULL) d->atom[id] = t;
     return t;
 }
 

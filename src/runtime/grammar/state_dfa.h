@@ -34,6 +34,7 @@ typedef struct qd_state_dfa {
     uint16_t *cat_loop;     /* [cap] those of them whose every byte leads back to the state */
     int32_t *chr;           /* [cap] qd_state_dfa_char_step, -2: not computed */
     int32_t *alnum;         /* [cap] qd_state_dfa_alnum_step, -2: not computed */
+    int32_t *atom;          /* [cap] qd_state_dfa_atom_step, -2: not computed */
     int *table;             /* [table_cap] open addressing on hash: state id + 1, 0: empty */
     int table_cap;
     int char_rule;          /* the grammar's char_rule once checked (qd_match_char_rule_ok), else -1 */
@@ -85,6 +86,8 @@ int qd_state_dfa_char_step_full(qd_state_dfa *d, int id);
 /* The same for the ASCII letters and digits alone (inside an e-mail address, a
  * pattern of words): the state that every one of [0-9A-Za-z] leads to from id. */
 int qd_state_dfa_alnum_step(qd_state_dfa *d, int id);
+/* The same for the bytes of an e-mail address's local part: [0-9A-Za-z_%+-]. */
+int qd_state_dfa_atom_step(qd_state_dfa *d, int id);
 
 static inline int qd_state_dfa_step(qd_state_dfa *d, int id, unsigned char b) {
     int32_t t = d->next[(size_t)id * 256 + b];

@@ -29,6 +29,7 @@ static int string_char_len(const unsigned char *b, int i, int n) {
 }
 
 static int is_alnum(unsigned char x) { return (x >= '0' && x <= '9') || (x >= 'A' && x <= 'Z') || (x >= 'a' && x <= 'z'); }
+static int is_atom(unsigned char x) { return is_alnum(x) || x == '_' || x == '%' || x == '+' || x == '-'; }
 
 int qd_token_string_chars(const unsigned char *b, int n) {
     int i = 0, chars = 0;
@@ -46,7 +47,7 @@ int qd_token_string_chars(const unsigned char *b, int n) {
 static int class_prefix(int l, const unsigned char *b, int n, int *chars) {
     int i = 0, c = 0;
     while (i < n && c < QD_TC_MAX_CHARS) {
-        const int len = l == QD_TC_STRING ? string_char_len(b, i, n) : is_alnum(b[i]);
+        const int len = l == QD_TC_STRING ? string_char_len(b, i, n) : l == QD_TC_ATOM ? is_atom(b[i]) : is_alnum(b[i]);
         if (!len) break;
         i += len;
         c++;
@@ -58,6 +59,12 @@ static int class_prefix(int l, const unsigned char *b, int n, int *chars) {
 int qd_token_alnum_chars(const unsigned char *b, int n) {
     for (int i = 0; i < n; i++)
         if (!is_alnum(b[i])) return -1;
+    return n;
+}
+
+int qd_token_atom_chars(const unsigned char *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (!is_atom(b[i])) return -1;
     return n;
 }
 
@@ -93,6 +100,7 @@ static qd_status build_level(const qd_token_trie *t, qd_token_classes *c, int l,
         rest[i] = blob;
         if (t->tok_len[i] <= 0) continue; /* an empty token is never allowed (token_trie.h) */
         const int n = l == QD_TC_STRING ? qd_token_string_chars(bytes[i], t->tok_len[i])
+                      : l == QD_TC_ATOM ? qd_token_atom_chars(bytes[i], t->tok_len[i])
                                         : qd_token_alnum_chars(bytes[i], t->tok_len[i]);
         if (n >= 1 && n <= QD_TC_MAX_CHARS) {
             lv->count[n]++;
@@ -159,7 +167,9 @@ static int level_mask(const qd_token_classes *c, int l, qd_state_dfa *d, int sta
             at[n] = QD_DFA_DEAD;
             continue;
         }
-        const int x = l == QD_TC_STRING ? qd_state_dfa_char_step(d, at[n - 1]) : qd_state_dfa_alnum_step(d, at[n - 1]);
+        const int x = l == QD_TC_STRING ? qd_state_dfa_char_step(d, at[n - 1])
+                      : l == QD_TC_ATOM ? qd_state_dfa_atom_step(d, at[n - 1])
+                                        : qd_state_dfa_alnum_step(d, at[n - 1]);
         if (x == QD_DFA_FULL) return 1;
         if (x == QD_DFA_MIXED) return 2;
         at[n] = x;
