@@ -8,7 +8,11 @@
  * that fills up (it must say so). Also: the pieces it rests on — byte groups
  * (grammar.h byte_rep) advance the matcher alike, and string tokens are counted in
  * characters of strict UTF-8. The test checks that the class table was actually used
- * (string states and word states both reached), so that it does not pass vacuously. */
+ * (string states and word states both reached), so that it does not pass vacuously,
+ * and likewise for the paths under it: the character step by one representative
+ * advance (state_dfa.h; each such step is also compared with the step by every byte
+ * group), the other tokens walked from the state their leading characters lead to
+ * (token_class.h), and subtrees allowed whole by byte category from word states. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,7 +106,7 @@ static json_t *random_schema(int depth) {
 }
 
 typedef struct counts {
-    long compared, filled, string_level, word_level;
+    long compared, filled, string_level, word_level, grouped, chr_checked, word_skips, rest_prefixed, atom_level;
 } counts;
 
 /* Compares the fast mask with the reference at st; 0 or 1 (the automaton filled up). */
@@ -118,6 +122,7 @@ static void compare(const qd_token_trie *t, const qd_grammar *g, const qd_mstate
     }
     CHECKF(start >= 0, "%s step %d: the state is interned", what, step);
     if (start < 0) return;
+    const long g0 = d->char_grouped, k0 = d->subtree_skips;
     const int r = qd_token_trie_mask_fast(t, d, start, w, budget, fast, &dist_fast);
     CHECKF(r == 0 || (r == 1 && d->n == d->max_states), "%s step %d: walk %d (%d of %d states)", what, step, r, d->n,
            d->max_states);
@@ -127,9 +132,32 @@ static void compare(const qd_token_trie *t, const qd_grammar *g, const qd_mstate
         return;
     }
     n->compared++;
+    /* the character step by a representative (grouped states) = by every byte group */
     const int cs = qd_state_dfa_char_step(d, start);
-    if (cs != QD_DFA_MIXED && cs != QD_DFA_FULL) n->string_level++;
-    else if (qd_state_dfa_alnum_step(d, start) >= QD_DFA_DEAD) n->word_level++;
+    if (cs != QD_DFA_FULL) {
+        const int full = qd_state_dfa_char_step_full(d, start);
+        CHECKF(full == QD_DFA_FULL || full == cs, "%s step %d: character step %d, by every byte %d", what, step, cs,
+               full);
+    }
+    n->grouped += d->char_grouped - g0;
+    if (cs != QD_DFA_MIXED && cs != QD_DFA_FULL) {
+        n->string_level++;
+        /* allowed tokens of the level's other trie that begin with string characters
+         * ('abc"', 'x\\n', 'ab\xe6'): walked from the state those characters on */
+        for (int i = 0; i < t->vocab_size; i++) {
+            if (!bit(fast, i) || t->tok_len[i] < 2) continue;
+            const unsigned char *b = t->blob + t->tok_off[i];
+            const int whole = qd_token_string_chars(b, t->tok_len[i]);
+            if ((whole < 0 || whole > QD_TC_MAX_CHARS) && qd_token_string_chars(b, 1) == 1) n->rest_prefixed++;
+        }
+    } else if (qd_state_dfa_atom_step(d, start) >= QD_DFA_DEAD) {
+        n->atom_level++;
+        n->word_skips += d->subtree_skips - k0;
+    } else if (qd_state_dfa_alnum_step(d, start) >= QD_DFA_DEAD) {
+        n->word_level++;
+        /* subtrees allowed whole from a state that does not loop on every plain byte */
+        n->word_skips += d->subtree_skips - k0;
+    }
     int bad = 0;
     for (int i = 0; i < t->vocab_size; i++)
         if (bit(ref, i) != bit(fast, i) && bad++ < 3)
@@ -205,6 +233,16 @@ static void walk_schema(const qd_token_trie *t, json_t *schema, const char *what
         CHECKF(alive, "%s step %d: an allowed token keeps the state alive", what, step);
         if (!alive || (st.complete && st.n == 0)) break;
     }
+    /* every character step the kept automaton answered (most by a representative
+     * inside the masks' walks) = the step by every byte group */
+    const int n_kept = kept.n;
+    for (int id = 0; id < n_kept; id++) {
+        const int cs = kept.chr[id];
+        if (cs == -2 || cs == QD_DFA_FULL) continue;
+        const int full = qd_state_dfa_char_step_full(&kept, id);
+        CHECKF(full == QD_DFA_FULL || full == cs, "%s: state %d: character step %d, by every byte %d", what, id, cs, full);
+        n->chr_checked++;
+    }
     qd_trie_walk_free(&w);
     qd_state_dfa_free(&kept);
     qd_state_dfa_free(&tiny);
@@ -230,6 +268,8 @@ static void check_string_chars(void) {
     }
     CHECK(qd_token_alnum_chars((const unsigned char *)"aZ09", 4) == 4);
     CHECK(qd_token_alnum_chars((const unsigned char *)"a_b", 3) == -1);
+    CHECK(qd_token_atom_chars((const unsigned char *)"a_b-c+d%9", 9) == 9);
+    CHECK(qd_token_atom_chars((const unsigned char *)"a.b", 3) == -1);
 }
 
 int main(void) {
@@ -272,11 +312,18 @@ int main(void) {
         free(text);
         json_decref(s);
     }
-    printf("masks compared: %ld (string level %ld, word level %ld; %ld walks filled the tiny automaton)\n",
-           n.compared, n.string_level, n.word_level, n.filled);
+    printf("masks compared: %ld (string level %ld, e-mail atom level %ld, word level %ld; %ld walks filled the tiny automaton); "
+           "%ld character steps by a representative, %ld checked by every byte group; %ld subtrees allowed whole in "
+           "e-mail and word states; %ld allowed tokens after a prefix of string characters\n",
+           n.compared, n.string_level, n.atom_level, n.word_level, n.filled, n.grouped, n.chr_checked, n.word_skips, n.rest_prefixed);
     CHECK(n.compared > 100);
     CHECK(n.string_level > 10);
     CHECK(n.word_level > 3);
+    CHECK(n.atom_level > 3);
+    CHECK(n.grouped > 10);
+    CHECK(n.chr_checked > n.grouped / 2);
+    CHECK(n.word_skips > 10);
+    CHECK(n.rest_prefixed > 10);
     free(ref);
     free(fast);
     free(allowed);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/grammar/mask_share.h"
 #include "runtime/grammar/matcher.h"
 #include "runtime/grammar/state_dfa.h"
 #include "runtime/grammar/token_class.h"
@@ -14,6 +15,9 @@
  * as needed): far more than the states one JSON value's masks visit; when a grammar
  * reaches more (long bounded strings), the automaton starts over. */
 #define DFA_MAX_STATES 4096
+/* Masks shared by a constraint and its clones (mask_share.h): a few times the states
+ * one value's masks revisit, 31 KiB each on a 248k vocabulary. */
+#define SHARE_ENTRIES 64
 
 typedef struct mask_entry {
     int valid;
@@ -38,7 +42,8 @@ struct qd_constraint {
     uint32_t *scratch;  /* [n_words] */
     mask_entry cache[CACHE_ENTRIES];
     int cache_next;
-    long walks, hits;
+    qd_mask_share *share;  /* with the clones of this constraint (or of the one it is a clone of) */
+    long walks, hits, shared_hits;
 };
 
 qd_status qd_constraint_create(const qd_constraint_params *p, qd_constraint **out, qd_err *err) {
@@ -54,13 +59,14 @@ qd_status qd_constraint_create(const qd_constraint_params *p, qd_constraint **ou
     }
     c->trie = p->trie;
     c->g = p->grammar;
+    c->n_words = ((size_t)p->trie->vocab_size + 31) / 32;
+    c->share = qd_mask_share_new(c->n_words, SHARE_ENTRIES);
     qd_state_dfa_init(&c->dfa, c->g, DFA_MAX_STATES);
     c->start_after = p->start_after;
     c->active = p->start_after < 0;
-    c->n_words = ((size_t)p->trie->vocab_size + 31) / 32;
     c->scratch = malloc(sizeof(uint32_t) * c->n_words);
     c->eos = malloc(sizeof(int32_t) * (size_t)(p->n_eos > 0 ? p->n_eos : 1));
-    if (!c->scratch || !c->eos) {
+    if (!c->scratch || !c->eos || !c->share) {
         qd_constraint_free(c);
         return qd_seterr(err, QD_ERR_OOM, "out of memory for a constraint");
     }
@@ -89,6 +95,9 @@ qd_status qd_constraint_clone(const qd_constraint *src, qd_constraint **out, qd_
     qd_constraint *c;
     QD_TRY(qd_constraint_create(&p, &c, err));
     c->active = src->active;
+    /* the clone's masks are its source's (same grammar, same trie): one share */
+    qd_mask_share_free(c->share);
+    c->share = qd_mask_share_ref(src->share);
     if (qd_mstate_copy(&c->cur, &src->cur)) {
         qd_constraint_free(c);
         return qd_seterr(err, QD_ERR_OOM, "out of memory cloning a constraint");
@@ -108,6 +117,7 @@ void qd_constraint_free(qd_constraint *c) {
     qd_mstate_free(&c->cur);
     qd_mstate_free(&c->next);
     qd_grammar_free(c->g);
+    qd_mask_share_free(c->share);
     free(c->scratch);
     free(c->eos);
     free(c);
@@ -122,6 +132,8 @@ void qd_constraint_counts(const qd_constraint *c, long *walks, long *hits) {
 }
 
 long qd_constraint_dfa_fallbacks(const qd_constraint *c) { return c->dfa_fallbacks; }
+
+long qd_constraint_shared_hits(const qd_constraint *c) { return c->shared_hits; }
 
 static void allow_eos(const qd_constraint *c, uint32_t *mask) {
     if (!c->cur.complete) return;
@@ -160,11 +172,17 @@ static const mask_entry *cached_mask(qd_constraint *c, qd_err *err) {
     c->cache_next = (c->cache_next + 1) % CACHE_ENTRIES;
     e->valid = 0;
     if (!e->mask && !(e->mask = malloc(sizeof(uint32_t) * c->n_words))) goto oom;
-    if (walk_mask(c, -1, e->mask, &e->max_dist)) goto oom;
+    const int shared = qd_mask_share_shared(c->share);
+    if (shared && qd_mask_share_get(c->share, &c->cur, h, e->mask, &e->max_dist)) c->shared_hits++;
+    else {
+        if (walk_mask(c, -1, e->mask, &e->max_dist)) goto oom;
+        c->walks++;
+        /* memory running out here costs the other constraints a walk, nothing else */
+        if (shared) (void)qd_mask_share_put(c->share, &c->cur, h, e->mask, e->max_dist);
+    }
     if (qd_mstate_copy(&e->state, &c->cur)) goto oom;
     e->hash = h;
     e->valid = 1;
-    c->walks++;
     return e;
 oom:
     qd_seterr(err, QD_ERR_OOM, "out of memory computing a token mask");
@@ -213,15 +231,23 @@ qd_status qd_constraint_fill_mask(qd_constraint *c, int remaining, uint32_t *mas
 qd_status qd_constraint_mask_logits(qd_constraint *c, float *logits, int n_logits, int remaining, qd_err *err) {
     QD_TRY(qd_constraint_fill_mask(c, remaining, c->scratch, err));
     const int v = c->trie->vocab_size < n_logits ? c->trie->vocab_size : n_logits;
-    /* a word at a time: inside a string most words are all allowed, elsewhere most are
-     * all refused */
-    for (int w = 0; 32 * w < v; w++) {
+    /* a word at a time: inside a string most words are all allowed (skipped), elsewhere
+     * most are all refused (32 stores the compiler turns into a few vector stores);
+     * a mixed word is a select per lane (vectorised too: a loop over the refused bits
+     * cost more when about half of a word is refused, as in e-mail states) */
+    const int full = v / 32;
+    for (int w = 0; w < full; w++) {
         const uint32_t m = c->scratch[w];
-        if (m == 0xffffffffu && 32 * w + 32 <= v) continue;
-        const int hi = 32 * w + 32 < v ? 32 * w + 32 : v;
-        for (int i = 32 * w; i < hi; i++)
-            if (!((m >> (i & 31)) & 1)) logits[i] = -INFINITY;
+        if (m == 0xffffffffu) continue;
+        float *row = logits + 32 * (size_t)w;
+        if (m == 0) {
+            for (int k = 0; k < 32; k++) row[k] = -INFINITY;
+            continue;
+        }
+        for (int k = 0; k < 32; k++) row[k] = (m >> k) & 1 ? row[k] : -INFINITY;
     }
+    for (int i = 32 * full; i < v; i++)
+        if (!((c->scratch[i >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
     if (c->active)
         for (int i = v; i < n_logits; i++) logits[i] = -INFINITY;
     return QD_OK;

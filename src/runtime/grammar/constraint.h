@@ -5,7 +5,8 @@
  * once the output is complete) and applies it to the logits before sampling, then
  * advances the state by the token it keeps.
  *
- * Masks are cached by state (a few entries per request): inside a string or between
+ * Masks are cached by state (a few entries per sequence, and a share of 64 with the
+ * other sequences of an n > 1 request: mask_share.h): inside a string or between
  * values the state repeats from token to token, so most steps copy a cached mask
  * instead of walking the trie. A walk goes over the constraint's state automaton
  * (state_dfa.h), kept for the request's life: a trie node costs a table lookup, and a
@@ -66,6 +67,8 @@ qd_status qd_constraint_accept(qd_constraint *c, int32_t token, qd_err *err);
 
 /* Mask computations since create: trie walks and cache hits (benchmarks, tests). */
 void qd_constraint_counts(const qd_constraint *c, long *walks, long *hits);
+/* Masks copied from the share with the constraint's clones instead of walked (tests). */
+long qd_constraint_shared_hits(const qd_constraint *c);
 /* Walks done by the matcher because the state automaton filled up (tests). */
 long qd_constraint_dfa_fallbacks(const qd_constraint *c);
 

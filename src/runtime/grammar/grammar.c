@@ -29,6 +29,7 @@ qd_grammar *qd_grammar_new(void) {
     for (int b = 0; b < 256; b++) g->classes[b][b >> 3] = (uint8_t)(1u << (b & 7));
     g->n_classes = 256;
     g->root = -1;
+    g->char_rule = -1;
     g->refs = 1;
     return g;
 }

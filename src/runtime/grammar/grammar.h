@@ -46,6 +46,11 @@ typedef struct qd_grammar {
      * the smallest byte equivalent to b (finish). The state automaton (state_dfa.h)
      * advances the matcher once per such group, not once per byte. */
     uint8_t byte_rep[256];
+    /* A rule whose alternatives are sequences of byte classes that together match one
+     * JSON string character (the schema compiler's sc_char), or -1. A hint: the state
+     * automaton checks it (qd_match_char_rule_ok) before relying on it to step a whole
+     * character with one matcher advance (state_dfa.h). */
+    int char_rule;
     int root;
     int too_large;                /* a limit was hit (or memory ran out) while building */
     int finished;

@@ -100,6 +100,7 @@ int sc_char(sc_ctx *c) {
     qd_grammar_alt(g, r, m4a, 4);
     qd_grammar_alt(g, r, m4b, 4);
     qd_grammar_alt(g, r, m4c, 4);
+    g->char_rule = r;
     return c->r_char = r;
 }
 

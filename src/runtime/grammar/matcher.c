@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* qd_json_plain_byte of token_trie.h (not included: the matcher stands below it) */
+static int qd_json_plain_byte_(int b) { return b >= 0x20 && b <= 0x7e && b != '"' && b != '\\'; }
+
 /* Bounds the rule expansions of one closure: a grammar with a cycle of rules that
  * consume nothing would otherwise expand for ever. */
 #define MAX_EXPAND_RECURSION 200
@@ -261,4 +264,96 @@ void qd_match_next_bytes(const qd_grammar *g, const qd_mstate *st, uint8_t bits[
         int cls = -g->syms[g->alt_sym0[sf[2 * (d - 1)]] + sf[2 * (d - 1) + 1]] - 1;
         for (int k = 0; k < 32; k++) bits[k] |= g->classes[cls][k];
     }
+}
+
+/* A state with more stacks is not checked for groups (the check is quadratic). */
+#define CHAR_GROUP_MAX_STACKS 64
+
+/* Strict UTF-8 (the schema compiler's): a lead byte range, then the ranges of its
+ * continuation bytes. */
+static const uint8_t UTF8_SEQS[][4][2] = {
+    {{0xc2, 0xdf}, {0x80, 0xbf}, {0, 0}, {0, 0}},
+    {{0xe0, 0xe0}, {0xa0, 0xbf}, {0x80, 0xbf}, {0, 0}},
+    {{0xe1, 0xec}, {0x80, 0xbf}, {0x80, 0xbf}, {0, 0}},
+    {{0xed, 0xed}, {0x80, 0x9f}, {0x80, 0xbf}, {0, 0}},
+    {{0xee, 0xef}, {0x80, 0xbf}, {0x80, 0xbf}, {0, 0}},
+    {{0xf0, 0xf0}, {0x90, 0xbf}, {0x80, 0xbf}, {0x80, 0xbf}},
+    {{0xf1, 0xf3}, {0x80, 0xbf}, {0x80, 0xbf}, {0x80, 0xbf}},
+    {{0xf4, 0xf4}, {0x80, 0x8f}, {0x80, 0xbf}, {0x80, 0xbf}},
+};
+
+/* Every byte sequence of seq q from position k on, one byte per byte group, leads
+ * from st to the complete flag alone, and no proper prefix completes. */
+static int utf8_exact(const qd_grammar *g, const qd_mstate *st, int q, int k, qd_mstate *tmp, int n_tmp) {
+    const int len = UTF8_SEQS[q][1][0] ? (UTF8_SEQS[q][2][0] ? (UTF8_SEQS[q][3][0] ? 4 : 3) : 2) : 1;
+    if (k >= n_tmp) return 0;
+    uint8_t seen[256] = {0};
+    for (unsigned b = UTF8_SEQS[q][k][0]; b <= UTF8_SEQS[q][k][1]; b++) {
+        const unsigned char r = g->byte_rep[b];
+        if (seen[r]) continue;
+        seen[r] = 1;
+        qd_match_byte(g, st, r, &tmp[k]);
+        if (tmp[k].oom) return 0;
+        if (k + 1 == len) {
+            if (!tmp[k].complete || tmp[k].n != 0) return 0;
+        } else if (tmp[k].complete || !utf8_exact(g, &tmp[k], q, k + 1, tmp, n_tmp)) return 0;
+    }
+    return 1;
+}
+
+int qd_match_char_rule_ok(const qd_grammar *g, int rule) {
+    if (rule < 0 || rule >= g->n_rules || g->rule_nalt[rule] < 1) return 0;
+    const int a0 = g->rule_alt0[rule], na = g->rule_nalt[rule];
+    for (int k = 0; k < na; k++) {
+        const int a = g->alt_order[a0 + k];
+        if (g->alt_len[a] < 1) return 0;
+        for (int p = 0; p < g->alt_len[a]; p++)
+            if (g->syms[g->alt_sym0[a] + p] >= 0) return 0;
+    }
+    qd_mstate st, tmp[4];
+    qd_mstate_init(&st);
+    for (int i = 0; i < 4; i++) qd_mstate_init(&tmp[i]);
+    for (int k = 0; k < na; k++) {
+        int32_t f[2] = {g->alt_order[a0 + k], 0};
+        add_stack(&st, f, 1);
+    }
+    int ok = !st.oom && st.n == na;
+    uint8_t seen[256] = {0};
+    for (int b = 0x20; b <= 0x7e && ok; b++) {
+        const unsigned char r = g->byte_rep[b];
+        if (!qd_json_plain_byte_(b) || seen[r]) continue;
+        seen[r] = 1;
+        qd_match_byte(g, &st, r, &tmp[0]);
+        ok = !tmp[0].oom && tmp[0].complete && tmp[0].n == 0;
+    }
+    for (size_t q = 0; q < sizeof UTF8_SEQS / sizeof UTF8_SEQS[0] && ok; q++) ok = utf8_exact(g, &st, (int)q, 0, tmp, 4);
+    qd_mstate_free(&st);
+    for (int i = 0; i < 4; i++) qd_mstate_free(&tmp[i]);
+    return ok;
+}
+
+int qd_match_char_group(const qd_grammar *g, const qd_mstate *st, int rule) {
+    if (st->n > CHAR_GROUP_MAX_STACKS || st->oom) return 0;
+    const int a0 = g->rule_alt0[rule], na = g->rule_nalt[rule], first = g->alt_order[a0];
+    int32_t f[2 * QD_MATCH_MAX_DEPTH];
+    for (int i = 0; i < st->n; i++) {
+        const int32_t *sf = st->frames + 2 * (size_t)st->off[i];
+        const int d = st->depth[i];
+        const int a = sf[2 * (d - 1)], p = sf[2 * (d - 1) + 1];
+        if (g->alt_rule[a] != rule) {
+            const int cls = -g->syms[g->alt_sym0[a] + p] - 1;
+            for (int b = 0x20; b <= 0xf4; b++)
+                if (qd_string_char_first((unsigned char)b) && qd_class_has(g, cls, (unsigned char)b)) return 0;
+            continue;
+        }
+        if (p != 0) return 0; /* inside a character */
+        /* the group of these frames below: the first alternative stands for it, and
+         * the first alternative's stack checks that every other one is there */
+        memcpy(f, sf, sizeof(int32_t) * 2 * (size_t)d);
+        for (int k = a == first ? 1 : 0; k < (a == first ? na : 1); k++) {
+            f[2 * (d - 1)] = g->alt_order[a0 + k];
+            if (find_stack(st, f, d, hash_frames(f, d)) < 0) return 0;
+        }
+    }
+    return 1;
 }

@@ -59,6 +59,29 @@ int qd_match_byte(const qd_grammar *g, const qd_mstate *from, unsigned char b, q
 /* The fewest bytes that complete the input (0 when complete); a large value when
  * the state is dead. */
 int qd_match_dist(const qd_grammar *g, const qd_mstate *st);
+/* Whole JSON string characters (the string tokens of token_class.h: a plain byte,
+ * qd_json_plain_byte, or one strict UTF-8 character) stepped with one advance.
+ *
+ * qd_match_char_rule_ok: 1 when `rule` is a rule of class sequences that matches every
+ * string character exactly: from the state holding each of its alternatives at
+ * position 0 alone, each character leaves nothing but the complete flag, and none of
+ * its proper prefixes completes (checked byte group by byte group, a few hundred
+ * advances of a one-frame state).
+ *
+ * qd_match_char_group: 1 when every stack of st either stands at the start of such a
+ * rule, with every alternative of the rule present on the same frames below, or
+ * stands at a class holding no byte that begins a string character. Then every string
+ * character leads from st to one state, the state after any one of them (each group
+ * consumes the character through the rule and resumes below it; the other stacks die
+ * at its first byte): the step of a representative character stands for all of them.
+ * 0 when in doubt (too many stacks). */
+int qd_match_char_rule_ok(const qd_grammar *g, int rule);
+int qd_match_char_group(const qd_grammar *g, const qd_mstate *st, int rule);
+/* The first bytes of string characters: the plain bytes and the strict UTF-8 leads. */
+static inline int qd_string_char_first(unsigned char b) {
+    return (b >= 0x20 && b <= 0x7e && b != '"' && b != '\\') || (b >= 0xc2 && b <= 0xf4);
+}
+
 /* The union of the bytes any stack accepts next. */
 void qd_match_next_bytes(const qd_grammar *g, const qd_mstate *st, uint8_t bits[32]);
 

@@ -12,6 +12,7 @@ void qd_state_dfa_init(qd_state_dfa *d, const qd_grammar *g, int max_states) {
     memset(d, 0, sizeof *d);
     d->g = g;
     d->max_states = max_states > 0 ? max_states : 1;
+    d->char_rule = qd_match_char_rule_ok(g, g->char_rule) ? g->char_rule : -1;
     qd_mstate_init(&d->scratch);
 }
 
@@ -22,8 +23,11 @@ void qd_state_dfa_free(qd_state_dfa *d) {
     free(d->next);
     free(d->dist);
     free(d->loop);
+    free(d->cat_known);
+    free(d->cat_loop);
     free(d->chr);
     free(d->alnum);
+    free(d->atom);
     free(d->table);
     qd_mstate_free(&d->scratch);
     memset(d, 0, sizeof *d);
@@ -56,7 +60,13 @@ static int grow(qd_state_dfa *d) {
     if (ch) d->chr = ch;
     int32_t *an = realloc(d->alnum, sizeof *an * (size_t)nc);
     if (an) d->alnum = an;
-    if (!h || !nx || !ds || !lp || !ch || !an) {
+    int32_t *am = realloc(d->atom, sizeof *am * (size_t)nc);
+    if (am) d->atom = am;
+    uint16_t *ck = realloc(d->cat_known, sizeof *ck * (size_t)nc);
+    if (ck) d->cat_known = ck;
+    uint16_t *cl = realloc(d->cat_loop, sizeof *cl * (size_t)nc);
+    if (cl) d->cat_loop = cl;
+    if (!h || !nx || !ds || !lp || !ch || !an || !am || !ck || !cl) {
         /* the arrays that moved are kept; cap stays where every array has room */
         return -1;
     }
@@ -98,6 +108,9 @@ int qd_state_dfa_intern(qd_state_dfa *d, const qd_mstate *s) {
     d->loop[id] = -1;
     d->chr[id] = NOT_YET;
     d->alnum[id] = NOT_YET;
+    d->atom[id] = NOT_YET;
+    d->cat_known[id] = (uint16_t)~QD_CAT_PRINTABLE; /* never loops (token_trie.h) */
+    d->cat_loop[id] = 0;
     for (size_t k = (size_t)(h & (uint64_t)(d->table_cap - 1));; k = (k + 1) & (size_t)(d->table_cap - 1))
         if (!d->table[k]) {
             d->table[k] = id + 1;
@@ -138,6 +151,25 @@ int qd_state_dfa_loops_plain(qd_state_dfa *d, int id) {
     return d->loop[id];
 }
 
+int qd_state_dfa_loops_cats_slow(qd_state_dfa *d, int id, uint16_t cats) {
+    if (cats & ~QD_CAT_PRINTABLE) return 0;
+    const uint16_t todo = cats & (uint16_t)~d->cat_known[id];
+    for (int c = 0; c < QD_CAT_CONTROL; c++) {
+        if (!((todo >> c) & 1)) continue;
+        int loops = 1;
+        for (int b = 0x20; b <= 0x7e && loops; b++) {
+            if (qd_byte_cat((unsigned char)b) != c) continue;
+            const int to = qd_state_dfa_step(d, id, (unsigned char)b);
+            if (to == QD_DFA_FULL) return 0; /* not remembered: asked again later */
+            loops = to == id;
+        }
+        d->cat_known[id] |= (uint16_t)(1u << c);
+        if (loops) d->cat_loop[id] |= (uint16_t)(1u << c);
+        else return 0;
+    }
+    return (cats & (uint16_t)~d->cat_loop[id]) == 0;
+}
+
 /* The state every byte of lo..hi leads to from `from` (QD_DFA_DEAD passes through),
  * or QD_DFA_MIXED / QD_DFA_FULL. */
 static int range_step(qd_state_dfa *d, int from, unsigned lo, unsigned hi) {
@@ -167,6 +199,15 @@ int qd_state_dfa_alnum_step(qd_state_dfa *d, int id) {
     return t;
 }
 
+int qd_state_dfa_atom_step(qd_state_dfa *d, int id) {
+    if (d->atom[id] != NOT_YET) return d->atom[id];
+    int t = qd_state_dfa_alnum_step(d, id);
+    for (const char *p = "_%+-"; *p && t != QD_DFA_MIXED && t != QD_DFA_FULL; p++)
+        t = merge(t, range_step(d, id, (unsigned char)*p, (unsigned char)*p));
+    if (t != QD_DFA_FULL) d->atom[id] = t;
+    return t;
+}
+
 /* Strict UTF-8 (the schema compiler's, json_schema.c): a lead byte range, then the
  * ranges of its continuation bytes. */
 static const uint8_t UTF8_SEQS[][4][2] = {
@@ -180,8 +221,27 @@ static const uint8_t UTF8_SEQS[][4][2] = {
     {{0xf4, 0xf4}, {0x80, 0x8f}, {0x80, 0xbf}, {0x80, 0xbf}},
 };
 
+/* qd_state_dfa_char_step by the step of 'a' (every character leads where it does):
+ * NOT_YET when the state is not in character groups, or when the advance hit a
+ * limit of the matcher (a stack cap or the work bound: the state after another
+ * character could then hold other stacks). */
+static int grouped_char_step(qd_state_dfa *d, int id) {
+    if (d->char_rule < 0 || !qd_match_char_group(d->g, &d->states[id], d->char_rule)) return NOT_YET;
+    const int alive = qd_match_byte(d->g, &d->states[id], 'a', &d->scratch);
+    if (d->scratch.n >= QD_MATCH_MAX_STACKS || d->scratch.work >= QD_MATCH_MAX_WORK) return NOT_YET;
+    d->char_grouped++;
+    return alive ? qd_state_dfa_intern(d, &d->scratch) : QD_DFA_DEAD;
+}
+
 int qd_state_dfa_char_step(qd_state_dfa *d, int id) {
     if (d->chr[id] != NOT_YET) return d->chr[id];
+    const int t = grouped_char_step(d, id);
+    if (t == NOT_YET) return qd_state_dfa_char_step_full(d, id);
+    if (t != QD_DFA_FULL) d->chr[id] = t;
+    return t;
+}
+
+int qd_state_dfa_char_step_full(qd_state_dfa *d, int id) {
     /* plain bytes: 0x20..0x7e but '"' (0x22) and '\\' (0x5c) */
     int t = range_step(d, id, 0x20, 0x21);
     const int parts[2][2] = {{0x23, 0x5b}, {0x5d, 0x7e}};

@@ -31,6 +31,8 @@ void qd_token_trie_free(qd_token_trie *t) {
     free(t->tok_off);
     free(t->tok_len);
     free(t->sub_plain);
+    free(t->sub_cats);
+    free(t->nodes);
     free(t->rank_begin);
     free(t->sorted_ids);
     qd_token_classes_free(t->classes);
@@ -124,9 +126,10 @@ qd_status qd_token_trie_build_bare(const unsigned char *const *tokens, const int
     t->n_nodes = nn;
     free(path);
     t->sub_plain = malloc((size_t)nn);
+    t->sub_cats = malloc(sizeof(uint16_t) * (size_t)nn);
     t->rank_begin = malloc(sizeof(int) * ((size_t)nn + 1));
     t->sorted_ids = malloc(sizeof(int) * ((size_t)n + 1));
-    if (!t->sub_plain || !t->rank_begin || !t->sorted_ids) goto oom;
+    if (!t->sub_plain || !t->sub_cats || !t->rank_begin || !t->sorted_ids) goto oom;
     int rank = 0;
     for (int i = 0; i < nn; i++) {
         t->rank_begin[i] = rank;
@@ -138,7 +141,21 @@ qd_status qd_token_trie_build_bare(const unsigned char *const *tokens, const int
         int plain = i == 0 || qd_json_plain_byte(t->byte[i]);
         for (int c = i + 1; c < t->end[i] && plain; c = t->end[c]) plain = t->sub_plain[c];
         t->sub_plain[i] = (uint8_t)plain;
+        uint16_t cats = i == 0 ? 0 : (uint16_t)(1u << qd_byte_cat(t->byte[i]));
+        for (int c = i + 1; c < t->end[i]; c = t->end[c]) cats |= t->sub_cats[c];
+        t->sub_cats[i] = cats;
     }
+    if (t->max_depth > UINT16_MAX) {
+        free(refs);
+        qd_token_trie_free(t);
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "token trie: a token of %d bytes (at most %d)", t->max_depth, UINT16_MAX);
+    }
+    t->nodes = calloc((size_t)nn + 1, sizeof *t->nodes);
+    if (!t->nodes) goto oom;
+    for (int i = 0; i < nn; i++)
+        t->nodes[i] = (qd_trie_node){.end = t->end[i], .rank = t->rank_begin[i], .sub_cats = t->sub_cats[i],
+                                     .depth = (uint16_t)t->depth[i], .byte = t->byte[i]};
+    t->nodes[nn].rank = t->rank_begin[nn];
     free(refs);
     *out = t;
     return QD_OK;
