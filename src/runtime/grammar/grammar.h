@@ -85,4 +85,9 @@ static inline int qd_class_has(const qd_grammar *g, int cls, unsigned char b) {
     return (g->classes[cls][b >> 3] >> (b & 7)) & 1;
 }
 
+/* Strict UTF-8 as the schema compiler writes it (json_schema.c): per form, the lead byte
+ * range, then the ranges of its continuation bytes ({0, 0} past the last). */
+#define QD_UTF8_SEQS 8
+extern const uint8_t qd_utf8_seqs[QD_UTF8_SEQS][4][2];
+
 #endif

@@ -269,26 +269,13 @@ void qd_match_next_bytes(const qd_grammar *g, const qd_mstate *st, uint8_t bits[
 /* A state with more stacks is not checked for groups (the check is quadratic). */
 #define CHAR_GROUP_MAX_STACKS 64
 
-/* Strict UTF-8 (the schema compiler's): a lead byte range, then the ranges of its
- * continuation bytes. */
-static const uint8_t UTF8_SEQS[][4][2] = {
-    {{0xc2, 0xdf}, {0x80, 0xbf}, {0, 0}, {0, 0}},
-    {{0xe0, 0xe0}, {0xa0, 0xbf}, {0x80, 0xbf}, {0, 0}},
-    {{0xe1, 0xec}, {0x80, 0xbf}, {0x80, 0xbf}, {0, 0}},
-    {{0xed, 0xed}, {0x80, 0x9f}, {0x80, 0xbf}, {0, 0}},
-    {{0xee, 0xef}, {0x80, 0xbf}, {0x80, 0xbf}, {0, 0}},
-    {{0xf0, 0xf0}, {0x90, 0xbf}, {0x80, 0xbf}, {0x80, 0xbf}},
-    {{0xf1, 0xf3}, {0x80, 0xbf}, {0x80, 0xbf}, {0x80, 0xbf}},
-    {{0xf4, 0xf4}, {0x80, 0x8f}, {0x80, 0xbf}, {0x80, 0xbf}},
-};
-
 /* Every byte sequence of seq q from position k on, one byte per byte group, leads
  * from st to the complete flag alone, and no proper prefix completes. */
 static int utf8_exact(const qd_grammar *g, const qd_mstate *st, int q, int k, qd_mstate *tmp, int n_tmp) {
-    const int len = UTF8_SEQS[q][1][0] ? (UTF8_SEQS[q][2][0] ? (UTF8_SEQS[q][3][0] ? 4 : 3) : 2) : 1;
+    const int len = qd_utf8_seqs[q][1][0] ? (qd_utf8_seqs[q][2][0] ? (qd_utf8_seqs[q][3][0] ? 4 : 3) : 2) : 1;
     if (k >= n_tmp) return 0;
     uint8_t seen[256] = {0};
-    for (unsigned b = UTF8_SEQS[q][k][0]; b <= UTF8_SEQS[q][k][1]; b++) {
+    for (unsigned b = qd_utf8_seqs[q][k][0]; b <= qd_utf8_seqs[q][k][1]; b++) {
         const unsigned char r = g->byte_rep[b];
         if (seen[r]) continue;
         seen[r] = 1;
@@ -326,7 +313,7 @@ int qd_match_char_rule_ok(const qd_grammar *g, int rule) {
         qd_match_byte(g, &st, r, &tmp[0]);
         ok = !tmp[0].oom && tmp[0].complete && tmp[0].n == 0;
     }
-    for (size_t q = 0; q < sizeof UTF8_SEQS / sizeof UTF8_SEQS[0] && ok; q++) ok = utf8_exact(g, &st, (int)q, 0, tmp, 4);
+    for (size_t q = 0; q < QD_UTF8_SEQS && ok; q++) ok = utf8_exact(g, &st, (int)q, 0, tmp, 4);
     qd_mstate_free(&st);
     for (int i = 0; i < 4; i++) qd_mstate_free(&tmp[i]);
     return ok;

@@ -153,9 +153,9 @@ int qd_state_dfa_loops_plain(qd_state_dfa *d, int id) {
 
 int qd_state_dfa_loops_cats_slow(qd_state_dfa *d, int id, uint16_t cats) {
     if (cats & ~QD_CAT_PRINTABLE) return 0;
-    const uint16_t todo = cats & (uint16_t)~d->cat_known[id];
+    const uint16_t unknown = cats & (uint16_t)~d->cat_known[id];
     for (int c = 0; c < QD_CAT_CONTROL; c++) {
-        if (!((todo >> c) & 1)) continue;
+        if (!((unknown >> c) & 1)) continue;
         int loops = 1;
         for (int b = 0x20; b <= 0x7e && loops; b++) {
             if (qd_byte_cat((unsigned char)b) != c) continue;
@@ -208,19 +208,6 @@ int qd_state_dfa_atom_step(qd_state_dfa *d, int id) {
     return t;
 }
 
-/* Strict UTF-8 (the schema compiler's, json_schema.c): a lead byte range, then the
- * ranges of its continuation bytes. */
-static const uint8_t UTF8_SEQS[][4][2] = {
-    {{0xc2, 0xdf}, {0x80, 0xbf}, {0, 0}, {0, 0}},
-    {{0xe0, 0xe0}, {0xa0, 0xbf}, {0x80, 0xbf}, {0, 0}},
-    {{0xe1, 0xec}, {0x80, 0xbf}, {0x80, 0xbf}, {0, 0}},
-    {{0xed, 0xed}, {0x80, 0x9f}, {0x80, 0xbf}, {0, 0}},
-    {{0xee, 0xef}, {0x80, 0xbf}, {0x80, 0xbf}, {0, 0}},
-    {{0xf0, 0xf0}, {0x90, 0xbf}, {0x80, 0xbf}, {0x80, 0xbf}},
-    {{0xf1, 0xf3}, {0x80, 0xbf}, {0x80, 0xbf}, {0x80, 0xbf}},
-    {{0xf4, 0xf4}, {0x80, 0x8f}, {0x80, 0xbf}, {0x80, 0xbf}},
-};
-
 /* qd_state_dfa_char_step by the step of 'a' (every character leads where it does):
  * NOT_YET when the state is not in character groups, or when the advance hit a
  * limit of the matcher (a stack cap or the work bound: the state after another
@@ -249,10 +236,10 @@ int qd_state_dfa_char_step_full(qd_state_dfa *d, int id) {
         const int x = range_step(d, id, (unsigned)parts[k][0], (unsigned)parts[k][1]);
         t = x == QD_DFA_FULL || x != t ? (x == QD_DFA_FULL ? QD_DFA_FULL : QD_DFA_MIXED) : t;
     }
-    for (size_t q = 0; q < sizeof UTF8_SEQS / sizeof UTF8_SEQS[0] && t != QD_DFA_MIXED && t != QD_DFA_FULL; q++) {
+    for (size_t q = 0; q < QD_UTF8_SEQS && t != QD_DFA_MIXED && t != QD_DFA_FULL; q++) {
         int s = id;
-        for (int k = 0; k < 4 && UTF8_SEQS[q][k][0] && s != QD_DFA_MIXED && s != QD_DFA_FULL; k++)
-            s = range_step(d, s, UTF8_SEQS[q][k][0], UTF8_SEQS[q][k][1]);
+        for (int k = 0; k < 4 && qd_utf8_seqs[q][k][0] && s != QD_DFA_MIXED && s != QD_DFA_FULL; k++)
+            s = range_step(d, s, qd_utf8_seqs[q][k][0], qd_utf8_seqs[q][k][1]);
         t = s == QD_DFA_FULL || s != t ? (s == QD_DFA_FULL ? QD_DFA_FULL : QD_DFA_MIXED) : t;
     }
     if (t != QD_DFA_FULL) d->chr[id] = t; /* a full automaton is asked again later */
