@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "qd_test.h"
+#include "qd_test_grammar.h"
 #include "runtime/grammar/constraint.h"
 #include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/matcher.h"
@@ -245,12 +246,7 @@ static void test_errors(void) {
 /* ---------------------------------------------------------------- masks */
 
 static uint64_t rng = 88172645463325252ull;
-static unsigned rnd(unsigned n) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (unsigned)(rng % n);
-}
+static unsigned rnd(unsigned n) { return qd_test_xorshift(&rng, n); }
 
 static void test_masks(void) {
     /* a vocabulary: every single byte, then random pieces over JSON-ish characters */

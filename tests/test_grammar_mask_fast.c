@@ -19,6 +19,7 @@
 
 #include "io/tokenizer.h"
 #include "qd_test.h"
+#include "qd_test_grammar.h"
 #include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/matcher.h"
 #include "runtime/grammar/state_dfa.h"
@@ -26,14 +27,9 @@
 #include "runtime/grammar/token_trie.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static unsigned rnd(unsigned n) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (unsigned)(rng % n);
-}
+static unsigned rnd(unsigned n) { return qd_test_xorshift(&rng, n); }
 
-static int bit(const uint32_t *m, int i) { return (m[i >> 5] >> (i & 31)) & 1; }
+static int bit(const uint32_t *m, int i) { return qd_test_mask_bit(m, i); }
 
 /* A random schema value of nesting depth at most `depth`. */
 static json_t *random_schema(int depth) {

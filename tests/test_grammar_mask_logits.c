@@ -13,19 +13,15 @@
 
 #include "io/tokenizer.h"
 #include "qd_test.h"
+#include "qd_test_grammar.h"
 #include "runtime/grammar/constraint.h"
 #include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/token_trie.h"
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static unsigned rnd(unsigned n) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (unsigned)(rng % n);
-}
+static unsigned rnd(unsigned n) { return qd_test_xorshift(&rng, n); }
 
-static int bit(const uint32_t *m, int i) { return (m[i >> 5] >> (i & 31)) & 1; }
+static int bit(const uint32_t *m, int i) { return qd_test_mask_bit(m, i); }
 
 typedef struct kinds {
     long ones, zeros, mixed, rows;

@@ -16,6 +16,7 @@
 
 #include "io/tokenizer.h"
 #include "qd_test.h"
+#include "qd_test_grammar.h"
 #include "runtime/grammar/constraint.h"
 #include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/matcher.h"
@@ -31,14 +32,9 @@ static const char *const SCHEMA =
     "\"required\":[\"name\",\"email\",\"age\",\"tags\"],\"additionalProperties\":false}";
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static unsigned rnd(unsigned n) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (unsigned)(rng % n);
-}
+static unsigned rnd(unsigned n) { return qd_test_xorshift(&rng, n); }
 
-static int bit(const uint32_t *m, int i) { return (m[i >> 5] >> (i & 31)) & 1; }
+static int bit(const uint32_t *m, int i) { return qd_test_mask_bit(m, i); }
 
 typedef struct walk_plan {
     const qd_token_trie *t;
