@@ -69,13 +69,19 @@ static qd_model *load(const char *dir, int tp, int ep, char *msg, size_t n) {
     return m;
 }
 
-static qd_context *make_ctx(qd_model *m, int n_prompt) {
+/* The contexts of every check: three sequences, the MTP head's KV, verify spans of up to 4 drafts. */
+static qd_context_params spec_params(int n_prompt) {
     qd_context_params cp = qd_context_default_params();
     cp.max_seqs = 3;
     cp.max_ctx = n_prompt + N_NEW + 16;
     cp.max_batch = 2 * cp.max_ctx;
     cp.mtp = 1;
     cp.speculative_tokens = 4;
+    return cp;
+}
+
+static qd_context *make_ctx(qd_model *m, int n_prompt) {
+    qd_context_params cp = spec_params(n_prompt);
     qd_context *ctx = NULL;
     qd_status s = qd_context_create(m, &cp, &ctx);
     CHECKF(s == QD_OK, "context: %s", qd_model_errmsg(m));
@@ -216,12 +222,7 @@ static void check_spec(qd_context *ctx, const qd_model *m, const int32_t *prompt
 
 /* The slicing path: a group cut from the loaded unsplit model runs the head alike. */
 static void check_group(qd_model *full, const int32_t *prompt, int n, const mtp_out *ref, const char *name) {
-    qd_context_params cp = qd_context_default_params();
-    cp.max_seqs = 3;
-    cp.max_ctx = n + N_NEW + 16;
-    cp.max_batch = 2 * cp.max_ctx;
-    cp.mtp = 1;
-    cp.speculative_tokens = 4;
+    qd_context_params cp = spec_params(n);
     qd_tp_cpu *g = NULL;
     qd_err err;
     qd_err_clear(&err);
@@ -305,12 +306,7 @@ static void check_quantized(const char *dir, int with_main) {
     }
     CHECKF(ok, "%s fp8: unsplit references", dir);
     qd_context_free(rc);
-    qd_context_params cp = qd_context_default_params();
-    cp.max_seqs = 3;
-    cp.max_ctx = n + N_NEW + 16;
-    cp.max_batch = 2 * cp.max_ctx;
-    cp.mtp = 1;
-    cp.speculative_tokens = 4;
+    qd_context_params cp = spec_params(n);
     qd_tp_cpu *g = NULL;
     CHECKF(!ok || qd_tp_cpu_create(m, 2, false, &cp, &g, &err) == QD_OK, "%s fp8: group: %s", dir, err.msg);
     if (g) {
