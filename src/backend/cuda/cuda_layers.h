@@ -24,7 +24,8 @@ static inline qd_status qd_cuda_lin(qd_cuda_ctx *g, const qd_cuda_lin_in *in, in
 /* The product of one device matrix into y (its rows at stride ldy). */
 static inline qd_cuda_lin_out qd_cuda_mat_out(const qd_cuda_ctx *g, const qd_cuda_mat *m, float *y, int64_t ldy) {
     qd_cuda_lin_out o = {.W = m->bf16, .rows = m->rows, .y = y, .ldy = ldy,
-                         .qw = qd_cuda_mat_quantized(m) ? &m->q : NULL, .dequant = g->wdq};
+                         .qw = qd_cuda_mat_quantized(m) ? &m->q : NULL, .dequant = g->wdq,
+                         .fp8_act = g->fp8_act, .fp8_act_bytes = g->fp8_act_bytes};
     return o;
 }
 

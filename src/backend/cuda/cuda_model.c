@@ -484,3 +484,30 @@ void qd_cuda_model_free(void *bm) {
     free(cm->layers);
     free(cm);
 }
+
+/* The prefill products' scratch needs: the largest quantized dense matrix that does not
+ * take the FP8 GEMM (it is dequantized to bf16 for cuBLAS) and the extents of those that do
+ * (their activations are quantized to e4m3 instead). */
+void qd_cuda_model_prefill_extents(const qd_cuda_model *cm, int64_t *dequant_elems, int64_t *fp8_rows,
+                                   int64_t *fp8_cols) {
+    *dequant_elems = *fp8_rows = *fp8_cols = 0;
+    for (int L = 0; L < cm->cfg->n_layers; L++) {
+        const qd_cuda_layer *d = &cm->layers[L];
+        const qd_cuda_mat *mats[6 + 2 * QD_CUDA_MAX_PARTS];
+        int n = 0;
+        const qd_cuda_mat *ones[6] = {&d->gdn_out, &d->q, &d->k, &d->v, &d->o, &d->down};
+        for (int i = 0; i < 6; i++) mats[n++] = ones[i];
+        for (int j = 0; j < d->gdn_in.n; j++) mats[n++] = &d->gdn_in.part[j];
+        for (int j = 0; j < d->gate_up.n; j++) mats[n++] = &d->gate_up.part[j];
+        for (int i = 0; i < n; i++) {
+            const qd_cuda_mat *m = mats[i];
+            if (!qd_cuda_mat_quantized(m)) continue;
+            if (qd_cuda_fp8_gemm_mode(&m->q)) {
+                if (m->rows > *fp8_rows) *fp8_rows = m->rows;
+                if (m->cols > *fp8_cols) *fp8_cols = m->cols;
+            } else if (m->rows * m->cols > *dequant_elems) {
+                *dequant_elems = m->rows * m->cols;
+            }
+        }
+    }
+}

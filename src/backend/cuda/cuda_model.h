@@ -99,6 +99,11 @@ typedef struct qd_cuda_model {
  * the calling thread's current device. */
 qd_status qd_cuda_model_create(const qd_backend_model_desc *d, void **out, qd_err *err);
 void qd_cuda_model_free(void *bm);
+/* The prefill scratch a context needs for the model's quantized dense matrices (a step of
+ * more rows than the quantized GEMV takes): the largest (rows x cols) that is dequantized to
+ * bf16, and the largest rows and cols of those the FP8 GEMM takes (cuda_quant.h). */
+void qd_cuda_model_prefill_extents(const qd_cuda_model *cm, int64_t *dequant_elems, int64_t *fp8_rows,
+                                   int64_t *fp8_cols);
 
 /* Step metadata built on the host and copied to the device in one transfer. */
 typedef struct qd_cuda_step {
@@ -139,8 +144,11 @@ typedef struct qd_cuda_ctx {
     float *g, *beta;                 /* [B][hv] */
     uint16_t *o, *u;                 /* [B][max(value_dim, nq*hd)] */
     float *ffn;                      /* [B][2 max(I, I_s)] gate|up */
-    uint16_t *wdq;                   /* [max_dequant_elems] bf16: a quantized matrix for a prefill product,
-                                      * or NULL when every product is a decode GEMV */
+    uint16_t *wdq;                   /* bf16: a quantized matrix for a prefill product (every one in
+                                      * batch-invariant mode, else those the FP8 GEMM does not take),
+                                      * or NULL when none needs it */
+    void *fp8_act;                   /* the FP8 GEMM's quantized activations (qd_cuda_fp8_act_bytes), or NULL */
+    size_t fp8_act_bytes;
     uint16_t *moe_dq;                /* a layer's quantized experts as bf16 (qd_cuda_moe_dequant_bytes), or NULL */
     uint16_t *act;                   /* [B][max(I, I_s)] */
     float *router;                   /* [B][E + 1] router logits | shared-expert gate logit */
