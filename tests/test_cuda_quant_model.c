@@ -18,7 +18,18 @@
  *  - dummy weights drawn in each format (--load-format dummy --quantization fp8 | nvfp4 |
  *    int4) on a gpu_* config: the same against the CPU backend, which draws the same weights,
  *    at test_cuda_model's criteria for unconditioned dummy weights (at most 25% of positions
- *    over, top-1 >= 95% of the decidable ones). */
+ *    over, top-1 >= 95% of the decidable ones);
+ *  - the trained default model quantized at load, on held-out text: CUDA prefill against the
+ *    CPU backend on the same FP8 weights, top-1 agreement >= 98% of all positions (issue 15's
+ *    criterion for the W8A8 prefill).
+ * FP8 weights of a GEMM shape take the W8A8 GEMM in prefill (activations rounded to e4m3 per
+ * 1 x 128 block: a unit roundoff of 2^-4, 16 times bf16's), so its logits are held to 16 times
+ * the bf16 tolerance (3.2e-1 x max|ref|) and to top-1 >= 98% of the decidable positions of
+ * the dense fixture (95% on a MoE one, where a near-tie expert also flips, 90% on dummy
+ * weights). The tiny checkpoints of tests/fixtures/quant are too ill-conditioned for the
+ * W8A8 noise (bf16 alone moves their logits by up to 0.67 of max|ref|): their FP8 prefill is
+ * only held to top-1 >= 45% there (chance is 1/V), the W8A8 product itself being checked
+ * exactly by test_cuda_fp8_gemm. */
 #include <math.h>
 #include <string.h>
 
@@ -90,7 +101,7 @@ typedef struct cmp {
     int agree, decidable, agree_dec, over;
 } cmp;
 
-static cmp compare(const float *a, const float *b, int L, int V) {
+static cmp compare_tol(const float *a, const float *b, int L, int V, double tol) {
     cmp c = {0};
     double mx = 0;
     for (size_t i = 0; i < (size_t)L * V; i++) mx = fmax(mx, fabs(b[i]));
@@ -105,7 +116,7 @@ static cmp compare(const float *a, const float *b, int L, int V) {
             else if (v != r1 && (r2 < 0 || r[v] > r[r2])) r2 = v;
         }
         c.err = fmax(c.err, e / mx);
-        c.over += !(e <= 2e-2 * mx);
+        c.over += !(e <= tol * mx);
         const int same = argmax(x, V) == r1;
         c.agree += same;
         if (r2 >= 0 && r[r1] - r[r2] > 4e-2 * mx) {
@@ -115,6 +126,8 @@ static cmp compare(const float *a, const float *b, int L, int V) {
     }
     return c;
 }
+
+static cmp compare(const float *a, const float *b, int L, int V) { return compare_tol(a, b, L, V, 2e-2); }
 
 static int32_t *read_ids(const char *path, int *n) {
     char *txt = qd_test_read_file(path, NULL);
@@ -126,7 +139,7 @@ static int32_t *read_ids(const char *path, int *n) {
 }
 
 /* A checkpoint of tests/fixtures/quant. */
-static void quant_fixture(const char *dir) {
+static void quant_fixture(const char *dir, int w8a8) {
     char path[1024];
     snprintf(path, sizeof path, "%s/prompt_33.ids", dir);
     int L = 0;
@@ -147,7 +160,9 @@ static void quant_fixture(const char *dir) {
                    "(top-1 %d/%d)\n",
                    strrchr(dir, '/') + 1, g.err, g.agree, L, d.err, d.agree, L, c.err, c.agree, L);
             CHECKF(d.agree * 100 >= L * 85, "%s: CUDA decode top-1 agreement %d/%d below 85%%", dir, d.agree, L);
-            CHECKF(g.agree * 100 >= L * 80, "%s: CUDA prefill top-1 agreement %d/%d below 80%%", dir, g.agree, L);
+            const int pct = w8a8 ? 45 : 80;
+            CHECKF(g.agree * 100 >= L * pct, "%s: CUDA prefill top-1 agreement %d/%d below %d%%", dir, g.agree, L,
+                   pct);
         }
         free(pre); free(dec); free(cpu);
     }
@@ -176,10 +191,22 @@ static void both_backends(const char *what, const char *dir, qd_load_format fmt,
             printf("  %-36s CUDA vs CPU: prefill %.2e (over %d, top-1 %d/%d decidable); decode %.2e (over %d, "
                    "top-1 %d/%d)\n",
                    what, p.err, p.over, p.agree_dec, p.decidable, d.err, d.over, d.agree_dec, d.decidable);
-            const int over_pct = dummy ? 25 : moe ? 10 : 0, agree_pct = dummy ? 95 : 99;
-            const cmp *cs[2] = {&p, &d};
+            const int w8a8 = q == QD_QUANTIZATION_FP8, over_pct = dummy ? 25 : moe ? 10 : 0;
+            const int agree_pct = dummy ? 95 : 99, w8a8_pct = dummy ? 90 : moe ? 95 : 98;
+            const cmp p16 = compare_tol(pre, cpu, L, V, 16 * 2e-2);
+            printf("  %-36s W8A8 prefill: over 16 x 2e-2: %d, top-1 %d/%d (all positions %d/%d)\n", what, p16.over,
+                   p16.agree_dec, p16.decidable, p16.agree, L);
+            const cmp *cs[2] = {w8a8 ? &p16 : &p, &d};
             for (int i = 0; i < 2; i++) {
                 const cmp *c = cs[i];
+                if (w8a8 && i == 0) {
+                    CHECKF(c->over * 100 <= L * over_pct, "%s W8A8 prefill: %d of %d positions over 3.2e-1 x max|ref|",
+                           what, c->over, L);
+                    CHECKF((c->agree_dec + (dummy ? c->over : 0)) * 100 >= c->decidable * w8a8_pct,
+                           "%s W8A8 prefill: top-1 %d/%d decidable, below %d%%", what, c->agree_dec, c->decidable,
+                           w8a8_pct);
+                    continue;
+                }
                 CHECKF(c->over * 100 <= L * over_pct, "%s %s: %d of %d positions over 2e-2 x max|ref|", what,
                        i ? "decode" : "prefill", c->over, L);
                 CHECKF((c->agree_dec + (moe || dummy ? c->over : 0)) * 100 >= c->decidable * agree_pct,
@@ -192,6 +219,32 @@ static void both_backends(const char *what, const char *dir, qd_load_format fmt,
     qd_model_free(cm);
 }
 
+/* The trained default model with --quantization fp8, 512 held-out ids: CUDA prefill (W8A8)
+ * and decode (W8A16) against the CPU backend on the same FP8 weights. */
+static void default_model_fp8(void) {
+    int n = 0;
+    int32_t *held = read_ids("models/qdelta-tiny/reference/heldout.ids", &n);
+    const int L = 512;
+    CHECKF(held && n >= L, "models/qdelta-tiny/reference/heldout.ids: %d ids, want %d", n, L);
+    qd_model *gm = load("models/qdelta-tiny", QD_BACKEND_CUDA, QD_LOAD_AUTO, QD_QUANTIZATION_FP8);
+    qd_model *cm = load("models/qdelta-tiny", QD_BACKEND_CPU, QD_LOAD_AUTO, QD_QUANTIZATION_FP8);
+    if (held && n >= L && gm && cm) {
+        const int V = qd_model_vocab_size(gm);
+        float *cpu = run_logits(cm, held, L, 0), *pre = run_logits(gm, held, L, 0);
+        if (cpu && pre) {
+            const cmp p = compare(pre, cpu, L, V);
+            printf("  qdelta-tiny fp8 (held-out text)       CUDA vs CPU: prefill %.2e, top-1 %d/%d (%.1f%%), "
+                   "decidable %d/%d\n",
+                   p.err, p.agree, L, 100.0 * p.agree / L, p.agree_dec, p.decidable);
+            CHECKF(p.agree * 100 >= L * 98, "qdelta-tiny fp8 W8A8 prefill: top-1 %d/%d below 98%%", p.agree, L);
+        }
+        free(cpu); free(pre);
+    }
+    qd_model_free(gm);
+    qd_model_free(cm);
+    free(held);
+}
+
 int main(void) {
     if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_quant_model", "no CUDA device");
     static const char *quant[] = {"fp8_35_dense_f32s", "fp8_35_dense_bf16s", "fp8_35_moe_f16s", "fp8_next_moe",
@@ -201,7 +254,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof quant / sizeof quant[0]; i++) {
         char dir[512];
         snprintf(dir, sizeof dir, "%s/quant/%s", QD_FIXTURES, quant[i]);
-        quant_fixture(dir);
+        quant_fixture(dir, !strncmp(quant[i], "fp8", 3) || !strncmp(quant[i], "ctfp8", 5));
     }
     printf("gpu_* fixtures quantized at load, and dummy weights in each format, CUDA vs CPU\n");
     static const char *gpu[] = {"gpu_qwen3_5_dense_bf16", "gpu_qwen3_5_moe_bf16", "gpu_qwen3_next_moe_bf16"};
@@ -218,6 +271,8 @@ int main(void) {
             both_backends(what, dir, QD_LOAD_DUMMY, qs[j], moe);
         }
     }
+    printf("the trained default model quantized at load\n");
+    default_model_fp8();
     return qd_test_finish("test_cuda_quant_model");
 }
 

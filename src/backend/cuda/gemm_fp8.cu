@@ -14,7 +14,8 @@
  *   B, VEC128_32F: N-major [L][N]: scale of token t, column block kb at kb * N + t;
  *   OUTER_VEC_32F: a vector of M (A: the weight's per-channel scales) or N (B) floats.
  * M and N must be multiples of 4: the GEMM takes the first n & ~3 tokens and the last
- * n % 4 go through the W8A16 GEMV (qd_cuda_qgemv) on the same weight. */
+ * n % 4 go through the W8A16 GEMV (qd_cuda_qgemv) on the same weight. D must be 16-byte
+ * aligned: a y that is not is written through a staging buffer in the scratch. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -48,12 +49,27 @@ static int mode_of(const qd_weight *w) {
 
 extern "C" int qd_cuda_fp8_gemm_mode(const qd_weight *dw) { return mode_of(dw); }
 
+/* cuBLASLt's block-scaled FP8 GEMM needs D 16-byte aligned (address and row stride); a
+ * stacked projection's part can start at any column of y (odd head sizes), so such a y is
+ * written through a staging buffer of at most this many bytes, some tokens at a time. */
+#define STAGE_BYTES ((int64_t)8 << 20)
+
+/* Tokens per staged pass for an output of `rows` (a multiple of 4). */
+static int64_t stage_tokens(int64_t n4, int64_t rows) {
+    int64_t c = (STAGE_BYTES / (rows * 4)) & ~(int64_t)3;
+    if (c < 4) c = 4;
+    return c < n4 ? c : n4;
+}
+
 /* Scratch layout: q [n4][cols] e4m3 | x scales (block: [L][n4], channel: [n4]) | the
- * weight's block scales repacked to [ceil(rows / 128)][L4]. */
+ * weight's block scales repacked to [ceil(rows / 128)][L4] | the staged output
+ * [stage_tokens][rows] fp32. */
 extern "C" size_t qd_cuda_fp8_act_bytes(int64_t n, int64_t rows, int64_t cols) {
     if (n <= 0 || rows <= 0 || cols <= 0) return 0;
     const int64_t n4 = (n + 3) & ~(int64_t)3, L = cdiv(cols, BLK), L4 = (L + 3) & ~(int64_t)3;
-    return up256((size_t)(n4 * cols)) + up256((size_t)(L * n4) * 4) + up256((size_t)(cdiv(rows, BLK) * L4) * 4);
+    const int64_t r4 = (rows + 3) & ~(int64_t)3;
+    return up256((size_t)(n4 * cols)) + up256((size_t)(L * n4) * 4) + up256((size_t)(cdiv(rows, BLK) * L4) * 4) +
+           up256((size_t)(stage_tokens(n4, r4) * r4) * 4);
 }
 
 /* ------------------------------------------------------------ kernels */
@@ -108,6 +124,16 @@ __global__ void quant_rows_kernel(const uint16_t *__restrict__ x, int64_t ldx, i
         qr[c] = (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(__uint_as_float((uint32_t)xr[c] << 16), s), __NV_SATFINITE,
                                                __NV_E4M3);
     if (threadIdx.x == 0) sc[t] = s;
+}
+
+/* y[t][r] = (acc ? y[t][r] : 0) + stage[t][r] for t < n, r < rows. */
+__global__ void unstage_kernel(const float *__restrict__ stage, int64_t rows, int n, float *__restrict__ y,
+                               int64_t ldy, int acc) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * n) return;
+    const int64_t t = i / rows, r = i % rows;
+    float *d = y + t * ldy + r;
+    *d = acc ? *d + stage[i] : stage[i];
 }
 
 /* [rb][L] -> [rb][L4], the padding zero. */
@@ -307,7 +333,7 @@ extern "C" qd_status qd_cuda_fp8_gemm(qd_cuda_blas *b, const qd_weight *dw, cons
         uint8_t *q = (uint8_t *)d_scratch;
         float *sx = (float *)(q + up256((size_t)(((n + 3) & ~3) * K)));
         float *sw_pack = (float *)((uint8_t *)sx + up256((size_t)(L * ((n + 3) & ~3)) * 4));
-        QD_TRY(qd_cuda_fp8_quant_act(d_x, ldx, (int)n4, K, mode, (int)n4, q, sx, stream));
+        float *stage = (float *)((uint8_t *)sw_pack + up256((size_t)(cdiv(M, BLK) * L4) * 4));
         const float *sw = (const float *)dw->scales.data;
         if (mode == QD_FP8_GEMM_BLOCK && (L % 4 || ((uintptr_t)sw & 15))) {
             const int64_t cnt = cdiv(M, BLK) * L4;
@@ -315,7 +341,20 @@ extern "C" qd_status qd_cuda_fp8_gemm(qd_cuda_blas *b, const qd_weight *dw, cons
             QD_CUDA_CHECK_LAUNCH("fp8 scale repack");
             sw = sw_pack;
         }
-        QD_TRY(lt_matmul(b, mode, M, n4, K, dw->data, sw, q, sx, d_y, ldy, accumulate, st));
+        if (align_of(d_y, ldy * 4) >= 16) {
+            QD_TRY(qd_cuda_fp8_quant_act(d_x, ldx, (int)n4, K, mode, (int)n4, q, sx, stream));
+            QD_TRY(lt_matmul(b, mode, M, n4, K, dw->data, sw, q, sx, d_y, ldy, accumulate, st));
+        } else { /* staged: each pass quantizes its tokens, multiplies into the stage, adds to y */
+            const int64_t c = stage_tokens(n4, M);
+            for (int64_t t0 = 0; t0 < n4; t0 += c) {
+                const int64_t cn = n4 - t0 < c ? n4 - t0 : c;
+                QD_TRY(qd_cuda_fp8_quant_act(d_x + t0 * ldx, ldx, (int)cn, K, mode, (int)cn, q, sx, stream));
+                QD_TRY(lt_matmul(b, mode, M, cn, K, dw->data, sw, q, sx, stage, M, 0, st));
+                unstage_kernel<<<(unsigned)cdiv(M * cn, 256), 256, 0, st>>>(stage, M, (int)cn, d_y + t0 * ldy, ldy,
+                                                                            accumulate);
+                QD_CUDA_CHECK_LAUNCH("fp8 unstage");
+            }
+        }
     }
     if (n4 < n) /* the last n % 4 tokens: the W8A16 GEMV on the same weight */
         return qd_cuda_qgemv(dw, d_x + n4 * ldx, ldx, (int)(n - n4), d_y + n4 * ldy, ldy, accumulate, stream);
