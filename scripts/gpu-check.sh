@@ -4,7 +4,7 @@
 # kernel benchmarks and the end-to-end `qdelta bench` runs, writes logs under
 # $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
 #
-#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant] [quant] [quant-e2e] [schema] [busyhost]   default: tests kernels e2e
+#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant] [quant] [quant-e2e] [schema] [spec] [busyhost]   default: tests kernels e2e
 #     quant: quantized weights: test_cuda_quant (the quantized GEMV and dequantization against the CPU),
 #            test_cuda_quant_moe (quantized experts, decode kernels and prefill path, the fused block),
 #            test_cuda_quant_model (every quantized fixture checkpoint, fp8 at load, dummy weights in
@@ -31,6 +31,9 @@
 #     invariant: batch-invariant mode: test_cuda_batch_invariant, bench/invariance.py against
 #            --batch-invariant servers (gpu fixture, 35B-A3B dummy), qdelta bench of the 35B-A3B with
 #            and without the mode
+#     spec:  speculative decoding: test_cuda_spec (verify + rollback vs plain decode, the MTP head vs the
+#            CPU, greedy speculative == plain greedy), then qdelta bench --speculative-tokens K on dummy
+#            weights (35B-A3B B=1 K=1,3, B=32 K=3; 27B B=1 K=3)
 #     schema: qdelta bench --json-schema on the 35B-A3B dummy at batch 1 and 32 (decode tok/s without and
 #            with a schema on every request, bench/schemas/record.json)
 #     busyhost: qdelta bench on the 35B-A3B at batch 1, idle and with every host core busy with
@@ -71,7 +74,7 @@ if [ -z "${QD_SKIP_BUILD:-}" ]; then
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
 targets="qdelta test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_model test_snap_tier test_cuda_batch_invariant gdn_cuda_bench"
-for t in test_cuda_attn test_cuda_moe test_cuda_tp test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model attn_cuda_bench moe_cuda_bench linear_cuda_bench quant_cuda_bench fp8_gemm_cuda_bench; do
+for t in test_cuda_attn test_cuda_moe test_cuda_tp test_cuda_spec test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model attn_cuda_bench moe_cuda_bench linear_cuda_bench quant_cuda_bench fp8_gemm_cuda_bench; do
     grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
 done
 # the quant part alone builds only its own targets
@@ -310,6 +313,22 @@ if has schema; then
     done
 fi
 
+SPEC_LOG="$LOGDIR/spec.log"
+if has spec; then
+    : >"$SPEC_LOG"
+    run_test test_cuda_spec "$SPEC_LOG"
+    # speculative decoding through the engine on dummy weights (a dummy MTP head: its drafts are
+    # almost never kept, so tok_s_spec / tok_s_plain is the cost of a verify step and its K
+    # drafts against a one-token decode step): SPEC_BENCH="cfg|B|K ..." runs a subset
+    for spec in ${SPEC_BENCH:-qwen3_5_35b_a3b\|1\|1 qwen3_5_35b_a3b\|1\|3 qwen3_5_35b_a3b\|32\|3 qwen3_5_27b\|1\|3}; do
+        IFS='|' read -r cfg B K <<<"$spec"
+        echo "=== spec-bench $cfg B=$B K=$K" >>"$SPEC_LOG"
+        timeout 300 "$BUILD/qdelta" bench -q -m "bench/configs/$cfg" --backend cuda --load-format dummy --prefill 512 \
+            --decode 64 --batch "$B" --context 512 --speculative-tokens "$K" >>"$SPEC_LOG" 2>&1 ||
+            echo "spec-bench $cfg B=$B K=$K: nonzero exit (outputs may differ outside batch-invariant mode)" >>"$SPEC_LOG"
+    done
+fi
+
 QE2E_LOG="$LOGDIR/quant-e2e.log"
 if has quant-e2e; then
     : >"$QE2E_LOG"
@@ -328,11 +347,12 @@ fi
 
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
 for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier \
-    test_cuda_batch_invariant test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model; do
+    test_cuda_batch_invariant test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model test_cuda_spec; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
 [ -s "$THR_LOG" ] && grep -E "^\|" "$THR_LOG"
 [ -s "$SCHEMA_LOG" ] && grep -hE "^RESULT schema_decode|^FAILED" "$SCHEMA_LOG"
+[ -s "$SPEC_LOG" ] && grep -hE "^=== spec-bench|^RESULT (decode|spec_decode)" "$SPEC_LOG"
 [ -s "$QE2E_LOG" ] && awk '/^=== qbench/ { cfg = $3; q = $4 } /CUDA: .* GiB of weights/ && cfg { sub(/.*CUDA: /, ""); w[cfg, q] = $0 }
     /^RESULT (decode|prefill)/ && cfg { kind = $2; for (i = 1; i <= NF; i++) if ($i ~ /^tok_s=/) { split($i, p, "="); v = p[2] }
         if (!((cfg, kind) in seen)) { seen[cfg, kind] = 1; ord[++n] = cfg SUBSEP kind }

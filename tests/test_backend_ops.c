@@ -718,7 +718,7 @@ static int gi_cuda(const op_data *d, float *out) {
     if (a.ok) {
         /* decode_only (every span one row) is the decode path's single launch */
         const qd_cuda_gdn_in_args ga = {g.n, g.hk, g.hv, g.dk, g.dv, g.K, c->n_spans, dx, g.W, dx + g.C + g.hv, dx + g.C,
-                                        g.W, dw, dA, ddt, dst, dsp, drs, dq, dk, dv, dg, db, decode_only};
+                                        g.W, dw, dA, ddt, dst, dsp, drs, dq, dk, dv, dg, db, decode_only, 0, NULL};
         DA_ST(&a, qd_cuda_gdn_inputs(&ga, NULL));
     }
     float *o = out;
@@ -941,7 +941,8 @@ static int gd_cuda_kind(const op_data *d, float *out, int kind) {
             for (int t = span_first(c, s); t < span_first(c, s) + c->lens[s] && a.ok; t++) {
                 qd_cuda_gdn_decode_args da = {g.hk, g.hv, g.dk, g.dv, 1, dq + t * g.qs, dk + t * g.ks, dv + t * g.vs,
                                               dg + (int64_t)t * g.hv, db + (int64_t)t * g.hv,
-                                              dP + (size_t)d->i[0][s] * g.per, NULL, NULL, dO + (int64_t)t * g.hv * g.dv};
+                                              dP + (size_t)d->i[0][s] * g.per, NULL, NULL, dO + (int64_t)t * g.hv * g.dv,
+                                              NULL};
                 DA_ST(&a, qd_cuda_gdn_decode(&da, NULL));
             }
     } else if (a.ok && kind == 1) {
@@ -959,7 +960,7 @@ static int gd_cuda_kind(const op_data *d, float *out, int kind) {
         uint16_t *cv = da_bf16(&a, pv, (size_t)n * g.hv * g.dv);
         free(pq); free(pk); free(pv);
         if (a.ok) {
-            qd_cuda_gdn_decode_args da = {g.hk, g.hv, g.dk, g.dv, n, cq, ck, cv, dg, db, dP, dslot, NULL, dO};
+            qd_cuda_gdn_decode_args da = {g.hk, g.hv, g.dk, g.dv, n, cq, ck, cv, dg, db, dP, dslot, NULL, dO, NULL};
             DA_ST(&a, qd_cuda_gdn_decode(&da, NULL));
         }
     } else if (a.ok && kind == 2) {

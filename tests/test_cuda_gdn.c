@@ -164,7 +164,7 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
                         qd_cuda_gdn_decode_args da = {hk, hv, dk, dv, 1, dq + t * qs, dk_ + t * ks, dvv + t * vs,
                                                       dg + (int64_t)t * hv, dbeta + (int64_t)t * hv,
                                                       dS1 + (size_t)s * hv * dk * dv, NULL, NULL,
-                                                      dOr + (int64_t)t * hv * dv};
+                                                      dOr + (int64_t)t * hv * dv, NULL};
                         ST_OK(qd_cuda_gdn_decode(&da, NULL));
                     }
                 ST_OK(qd_cuda_sync());
@@ -270,6 +270,44 @@ out:
     free(q); free(k); free(v); free(g); free(beta); free(P0); free(Pref); free(hP); free(o); free(slot); free(ho);
 }
 
+/* The same decode writing each new state to its own slot (d_slot_out: n_slots + b of a pool
+ * twice as large, as a verify span's per-token states): the outputs and new states equal
+ * the in-place run's bit for bit (ho, hS), and every slot read stays as it was (S0). */
+static void decode_slot_out(const qd_cuda_gdn_decode_args *in_place, const float *S0, const float *hS,
+                            const uint16_t *ho, const int32_t *slot, int n_slots, size_t per, size_t nv) {
+    const int n_seq = in_place->n_seq;
+    const size_t nst = (size_t)n_slots * per;
+    float *dS2 = qd_test_dev_upload(NULL, 2 * nst * 4), *hS2 = malloc(2 * nst * 4);
+    int32_t *outs = malloc((size_t)n_seq * 4);
+    uint16_t *dO2 = qd_test_dev_upload(NULL, nv * 2), *ho2 = malloc(nv * 2);
+    CHECK(dS2 && hS2 && outs && dO2 && ho2);
+    if (dS2 && hS2 && outs && dO2 && ho2) {
+        for (int b = 0; b < n_seq; b++) outs[b] = n_slots + b;
+        int32_t *douts = qd_test_dev_upload(outs, (size_t)n_seq * 4);
+        ST_OK(qd_cuda_memcpy_h2d(dS2, S0, nst * 4));
+        qd_cuda_gdn_decode_args a = *in_place;
+        a.d_state = dS2;
+        a.d_slot_out = douts;
+        a.d_o = dO2;
+        ST_OK(qd_cuda_gdn_decode(&a, NULL));
+        ST_OK(qd_cuda_sync());
+        ST_OK(qd_cuda_memcpy_d2h(hS2, dS2, 2 * nst * 4));
+        ST_OK(qd_cuda_memcpy_d2h(ho2, dO2, nv * 2));
+        int bad_new = 0, bad_old = 0;
+        for (int b = 0; b < n_seq; b++) {
+            bad_new += memcmp(hS2 + (size_t)(n_slots + b) * per, hS + (size_t)slot[b] * per, per * 4) != 0;
+            bad_old += memcmp(hS2 + (size_t)slot[b] * per, S0 + (size_t)slot[b] * per, per * 4) != 0;
+        }
+        CHECKF(bad_new == 0 && bad_old == 0 && !memcmp(ho2, ho, nv * 2),
+               "decode with d_slot_out: %d new states and %d read slots off, outputs %s", bad_new, bad_old,
+               memcmp(ho2, ho, nv * 2) ? "differ" : "equal");
+        qd_cuda_free(douts);
+    }
+    qd_cuda_free(dS2);
+    qd_cuda_free(dO2);
+    free(hS2); free(outs); free(ho2);
+}
+
 /* Decode: n_seq sequences, one token each, states in a pool of n_slots with a
  * permuted slot map; slots not in the map must stay untouched. */
 static void decode_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, int dk, int dv, int n_seq,
@@ -310,11 +348,12 @@ static void decode_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, in
     CHECK(dq && dk_ && dvv && dg && dbeta && dS && dslot && dO);
     if (dq && dk_ && dvv && dg && dbeta && dS && dslot && dO) {
         ST_OK(qd_cuda_memset(dO, 0xff, nv * 2));
-        qd_cuda_gdn_decode_args a = {hk, hv, dk, dv, n_seq, dq, dk_, dvv, dg, dbeta, dS, dslot, NULL, dO};
+        qd_cuda_gdn_decode_args a = {hk, hv, dk, dv, n_seq, dq, dk_, dvv, dg, dbeta, dS, dslot, NULL, dO, NULL};
         ST_OK(qd_cuda_gdn_decode(&a, NULL));
         ST_OK(qd_cuda_sync());
         ST_OK(qd_cuda_memcpy_d2h(ho, dO, nv * 2));
         ST_OK(qd_cuda_memcpy_d2h(hS, dS, nst * 4));
+        decode_slot_out(&a, S, hS, ho, slot, n_slots, per, nv);
         qd_gdn_dims d = {hk, hv, dk, dv};
         for (int b = 0; b < n_seq; b++) {
             qd_gdn_span sp = {q + (size_t)b * hk * dk, hk * dk, k + (size_t)b * hk * dk, hk * dk,

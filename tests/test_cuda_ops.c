@@ -166,7 +166,7 @@ static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_on
     void *dq = qd_test_dev(NULL, (size_t)n * key_dim * 2), *dk_ = qd_test_dev(NULL, (size_t)n * key_dim * 2),
          *dvv = qd_test_dev(NULL, (size_t)n * value_dim * 2), *dg = qd_test_dev(NULL, (size_t)n * hv * 4), *db = qd_test_dev(NULL, (size_t)n * hv * 4);
     const qd_cuda_gdn_in_args a = {n, hk, hv, dk, dv, K, NS, dx, W, (float *)dx + C + hv, (float *)dx + C, W, dw, dA, dd,
-                                   dst, dsp, drs, dq, dk_, dvv, dg, db, decode_only};
+                                   dst, dsp, drs, dq, dk_, dvv, dg, db, decode_only, 0, NULL};
     ST_OK(qd_cuda_gdn_inputs(&a, NULL));
     uint16_t *q = qd_test_host(dq, (size_t)n * key_dim * 2), *k = qd_test_host(dk_, (size_t)n * key_dim * 2),
              *v = qd_test_host(dvv, (size_t)n * value_dim * 2);

@@ -4,6 +4,7 @@
  * (prefill chunk, single draft steps), after a rollback of its KV, and with two sequences
  * in one ragged MTP batch; draft steps past the sequence's length; and the errors: no
  * head, an incomplete head, a context without params.mtp, bad spans. */
+#include <math.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -356,6 +357,40 @@ static void check_cli(const char *dir) {
     CHECKF(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "--mtp on a model without a head: status %d", rc);
 }
 
+/* Dummy weights of a config with mtp_num_hidden_layers draw a head too (benchmarks of the
+ * draft steps at real shapes): it runs and gives finite draft logits; a config without the
+ * field has none, and says so. */
+static void check_dummy(const char *dir, int has_mtp) {
+    qd_model_params mp = qd_model_default_params();
+    mp.path = dir;
+    mp.load_format = QD_LOAD_DUMMY;
+    mp.n_threads = 2;
+    qd_model *m = NULL;
+    char err[512], why[256] = "";
+    CHECKF(qd_model_load(&mp, &m, err, sizeof err) == QD_OK, "%s dummy: %s", dir, err);
+    if (!m) return;
+    CHECKF(qd_model_has_mtp(m, why, sizeof why) == has_mtp, "%s dummy: MTP head %d, want %d (%s)", dir, !has_mtp,
+           has_mtp, why);
+    if (!has_mtp) CHECKF(strstr(why, "mtp_num_hidden_layers") != NULL, "%s dummy: why no head: %s", dir, why);
+    qd_context *ctx = has_mtp ? mtp_context(m, 1, 32, 0) : NULL;
+    if (ctx) {
+        const int V = qd_model_vocab_size(m), H = qd_model_hidden_size(m);
+        int32_t ids[9] = {1, 5, 9, 2, 7, 3, 8, 4, 6};
+        float *lg = malloc(sizeof(float) * 9 * (size_t)V), *hid = malloc(sizeof(float) * 9 * (size_t)H);
+        qd_span sp = {.seq = 0, .tokens = ids, .n_tokens = 9, .logits = QD_LOGITS_ALL};
+        CHECK(qd_forward_hidden(ctx, &sp, 1, lg, hid) == QD_OK);
+        qd_span ms = {.seq = 0, .tokens = ids + 1, .n_tokens = 8, .logits = QD_LOGITS_ALL};
+        CHECKF(qd_mtp_forward(ctx, &ms, 1, hid, lg, NULL) == QD_OK, "%s dummy MTP: %s", dir, qd_context_errmsg(ctx));
+        int finite = 1;
+        for (size_t i = 0; i < 8 * (size_t)V; i++) finite &= isfinite(lg[i]) != 0;
+        CHECKF(finite, "%s dummy MTP: non-finite draft logits", dir);
+        free(lg);
+        free(hid);
+        qd_context_free(ctx);
+    }
+    qd_model_free(m);
+}
+
 int main(void) {
     char *dirs[16];
     const int n = mtp_fixture_dirs(dirs, 16);
@@ -368,5 +403,7 @@ int main(void) {
     check_refused(QD_FIXTURES "/qwen3_next_moe_f32", "mtp.pre_fc_norm_embedding.weight");
     check_refused(QD_FIXTURES "/qwen3_5_dense_f32", "no MTP head");
     check_cli(MTP_FIXTURES "/qwen3_next_moe_mtp");
+    check_dummy(QD_FIXTURES "/gpu_qwen3_5_moe_bf16", 1);
+    check_dummy(QD_FIXTURES "/gpu_qwen3_next_moe_bf16", 0);
     return qd_test_finish("test_mtp");
 }

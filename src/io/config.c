@@ -297,6 +297,10 @@ static qd_status read_ffn(const cfg *c, qd_config *o) {
     } else {
         o->n_experts = 0;
     }
+    QD_TRY(get_int(c, "mtp_num_hidden_layers", false, 0, &o->mtp_layers));
+    if (o->mtp_layers < 0 || o->mtp_layers > 64)
+        return qd_seterr(c->err, QD_ERR_FORMAT, "%s: mtp_num_hidden_layers = %d is out of range", c->what,
+                         o->mtp_layers);
     /* Qwen3.5-MoE has no such field and always renormalises (model-spec 1.2). */
     if (o->arch == QD_ARCH_QWEN3_5_MOE) o->norm_topk_prob = true;
     else QD_TRY(get_bool(c, "norm_topk_prob", true, &o->norm_topk_prob));

@@ -101,6 +101,8 @@ typedef struct qd_config {
     bool norm_topk_prob;        /* renormalise top-k weights */
 
     int max_position_embeddings;
+    int mtp_layers;             /* mtp_num_hidden_layers (0 when absent): what a dummy model draws;
+                                 * a checkpoint's head is bound from its mtp.* tensors */
     qd_quant_config quant;      /* QD_QUANT_NONE for plain checkpoints */
 
     int bos_token_id;           /* -1 if absent */

@@ -184,7 +184,8 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
         return QD_OK;
     }
     if (dummy) {
-        s = qd_model_bind_dummy(m, params->seed, params->load_format == QD_LOAD_DUMMY ? QD_DTYPE_BF16 : QD_DTYPE_F32, &err);
+        s = qd_model_bind_dummy(m, params->seed, params->load_format == QD_LOAD_DUMMY ? QD_DTYPE_BF16 : QD_DTYPE_F32, 1,
+                                &err);
     } else {
         if ((s = qd_st_open_dir(params->path, &m->st, &err)) != QD_OK) goto fail;
         s = qd_model_bind_checkpoint(m, &err);

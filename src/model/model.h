@@ -79,7 +79,9 @@ const char *qd_mtp_plan_lacks(const qd_config *c, const struct qd_shard_plan *p)
 int qd_model_mtp_bound(const qd_model *m);
 /* Layer kinds and state indices from m->cfg (model.c). */
 qd_status qd_model_init_layers(qd_model *m, qd_err *err);
-qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err *err);
+/* Dummy weights from m->cfg alone (model_dummy.c); with_mtp: also an MTP head when the
+ * config has mtp_num_hidden_layers (an unsplit model; a split rank's head is not drawn). */
+qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, int with_mtp, qd_err *err);
 /* Parameter and byte counts from the bound weights. */
 void qd_model_account(qd_model *m);
 

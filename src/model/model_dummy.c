@@ -4,6 +4,7 @@
  * as soon as the layer is drawn (model_quant_online.c), so every benchmark runs in a format
  * without a download and a large model never holds more than one layer in bf16. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "model/model.h"
@@ -71,63 +72,96 @@ static qd_status rand_mlp(qd_model *m, qd_mlp_weights *w, int I, uint64_t *seed,
     return QD_OK;
 }
 
-qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, qd_err *err) {
-    m->dummy_dtype = dtype; /* values are bf16-representable either way: F32 and BF16 dummies compute alike */
+/* One decoder layer's weights drawn from the seed (its kind and FFN kind are set). */
+static qd_status rand_layer(qd_model *m, qd_layer *ly, uint64_t *seed, qd_err *err) {
     const qd_config *c = &m->cfg;
     const int H = c->hidden_size, hv = c->gdn_hv, hd = c->attn_head_dim;
+    QD_TRY(const_vector(m, &ly->input_norm, H, 0.0f, err));
+    QD_TRY(const_vector(m, &ly->post_norm, H, 0.0f, err));
+    if (ly->kind == QD_LAYER_GDN) {
+        qd_gdn_weights *g = &ly->gdn;
+        const int conv_dim = qd_config_conv_dim(c);
+        QD_TRY(rand_matrix(m, &g->in_qkv, conv_dim, H, seed, err));
+        QD_TRY(rand_matrix(m, &g->in_z, qd_config_value_dim(c), H, seed, err));
+        QD_TRY(rand_matrix(m, &g->in_b, hv, H, seed, err));
+        QD_TRY(rand_matrix(m, &g->in_a, hv, H, seed, err));
+        QD_TRY(rand_matrix(m, &g->out, H, qd_config_value_dim(c), seed, err));
+        QD_TRY(const_vector(m, &g->conv_w, (int64_t)conv_dim * c->gdn_conv_kernel, 0.25f, err));
+        QD_TRY(const_vector(m, &g->A_log, hv, 0.0f, err));
+        for (int h = 0; h < hv; h++) g->A_log[h] = logf(1.0f + 15.0f * (float)h / (float)(hv > 1 ? hv - 1 : 1));
+        QD_TRY(const_vector(m, &g->dt_bias, hv, 0.0f, err));
+        QD_TRY(const_vector(m, &g->norm_w, c->gdn_dv, 1.0f, err));
+    } else {
+        qd_attn_weights *a = &ly->attn;
+        QD_TRY(rand_matrix(m, &a->q, (int64_t)c->attn_nq * hd * (c->attn_output_gate ? 2 : 1), H, seed, err));
+        QD_TRY(rand_matrix(m, &a->k, (int64_t)c->attn_nkv * hd, H, seed, err));
+        QD_TRY(rand_matrix(m, &a->v, (int64_t)c->attn_nkv * hd, H, seed, err));
+        QD_TRY(rand_matrix(m, &a->o, H, (int64_t)c->attn_nq * hd, seed, err));
+        QD_TRY(const_vector(m, &a->q_norm, hd, 0.0f, err));
+        QD_TRY(const_vector(m, &a->k_norm, hd, 0.0f, err));
+    }
+    if (ly->ffn_kind == QD_FFN_DENSE) {
+        QD_TRY(rand_mlp(m, &ly->mlp, c->intermediate_size, seed, err));
+    } else {
+        qd_moe_weights *w = &ly->moe;
+        QD_TRY(rand_matrix(m, &w->router, c->n_experts, H, seed, err));
+        w->experts = qd_model_alloc(m, sizeof(qd_mlp_weights) * (size_t)c->n_experts);
+        if (!w->experts) return qd_seterr(err, QD_ERR_OOM, "out of memory for experts");
+        memset(w->experts, 0, sizeof(qd_mlp_weights) * (size_t)c->n_experts);
+        /* an expert-parallel rank draws only its experts; the others' seeds are skipped so
+         * that every expert is drawn the same whichever rank holds it */
+        for (int e = 0; e < c->n_experts; e++) {
+            if (e >= m->w.expert0 && e < m->w.expert0 + m->w.n_local_experts)
+                QD_TRY(rand_mlp(m, &w->experts[e], c->moe_intermediate_size, seed, err));
+            else for (int i = 0; i < 3; i++) (void)splitmix(seed);
+        }
+        w->has_shared = c->shared_expert_intermediate_size > 0;
+        if (w->has_shared) {
+            QD_TRY(rand_mlp(m, &w->shared, c->shared_expert_intermediate_size, seed, err));
+            QD_TRY(rand_matrix(m, &w->shared_gate, 1, H, seed, err));
+        }
+    }
+    return QD_OK;
+}
+
+/* A dummy MTP head (config mtp_num_hidden_layers > 0, an unsplit model), drawn after the
+ * main layers so that their weights do not depend on it; kept in bf16 (the checkpoints'
+ * heads are mostly unquantized). */
+static qd_status rand_mtp(qd_model *m, uint64_t *seed, qd_err *err) {
+    const qd_config *c = &m->cfg;
+    const int H = c->hidden_size;
+    qd_mtp_weights *w = qd_model_alloc(m, sizeof *w);
+    if (!w) return qd_seterr(err, QD_ERR_OOM, "out of memory for the MTP head");
+    memset(w, 0, sizeof *w);
+    w->layer.kind = QD_LAYER_ATTN;
+    w->layer.ffn_kind = c->n_experts > 0 ? QD_FFN_MOE : QD_FFN_DENSE;
+    w->layer.state_index = m->w.n_attn; /* the extra attention layer of the KV blocks */
+    QD_TRY(const_vector(m, &w->pre_fc_norm_embedding, H, 0.0f, err));
+    QD_TRY(const_vector(m, &w->pre_fc_norm_hidden, H, 0.0f, err));
+    QD_TRY(rand_matrix(m, &w->fc, H, 2 * (int64_t)H, seed, err));
+    QD_TRY(rand_layer(m, &w->layer, seed, err));
+    QD_TRY(const_vector(m, &w->norm, H, 0.0f, err));
+    m->w.mtp = w;
+    m->mtp_missing[0] = 0;
+    return QD_OK;
+}
+
+qd_status qd_model_bind_dummy(qd_model *m, uint64_t seed, qd_dtype dtype, int with_mtp, qd_err *err) {
+    m->dummy_dtype = dtype; /* values are bf16-representable either way: F32 and BF16 dummies compute alike */
+    const qd_config *c = &m->cfg;
+    const int H = c->hidden_size;
     uint64_t s = seed;
     QD_TRY(rand_matrix(m, &m->w.embed, c->vocab_size, H, &s, err));
     if (c->tie_word_embeddings) m->w.lm_head = m->w.embed;
     else QD_TRY(rand_matrix(m, &m->w.lm_head, c->vocab_size, H, &s, err));
     QD_TRY(const_vector(m, &m->w.final_norm, H, 0.0f, err));
     for (int L = 0; L < c->n_layers; L++) {
-        qd_layer *ly = &m->w.layers[L];
-        QD_TRY(const_vector(m, &ly->input_norm, H, 0.0f, err));
-        QD_TRY(const_vector(m, &ly->post_norm, H, 0.0f, err));
-        if (ly->kind == QD_LAYER_GDN) {
-            qd_gdn_weights *g = &ly->gdn;
-            const int conv_dim = qd_config_conv_dim(c);
-            QD_TRY(rand_matrix(m, &g->in_qkv, conv_dim, H, &s, err));
-            QD_TRY(rand_matrix(m, &g->in_z, qd_config_value_dim(c), H, &s, err));
-            QD_TRY(rand_matrix(m, &g->in_b, hv, H, &s, err));
-            QD_TRY(rand_matrix(m, &g->in_a, hv, H, &s, err));
-            QD_TRY(rand_matrix(m, &g->out, H, qd_config_value_dim(c), &s, err));
-            QD_TRY(const_vector(m, &g->conv_w, (int64_t)conv_dim * c->gdn_conv_kernel, 0.25f, err));
-            QD_TRY(const_vector(m, &g->A_log, hv, 0.0f, err));
-            for (int h = 0; h < hv; h++) g->A_log[h] = logf(1.0f + 15.0f * (float)h / (float)(hv > 1 ? hv - 1 : 1));
-            QD_TRY(const_vector(m, &g->dt_bias, hv, 0.0f, err));
-            QD_TRY(const_vector(m, &g->norm_w, c->gdn_dv, 1.0f, err));
-        } else {
-            qd_attn_weights *a = &ly->attn;
-            QD_TRY(rand_matrix(m, &a->q, (int64_t)c->attn_nq * hd * (c->attn_output_gate ? 2 : 1), H, &s, err));
-            QD_TRY(rand_matrix(m, &a->k, (int64_t)c->attn_nkv * hd, H, &s, err));
-            QD_TRY(rand_matrix(m, &a->v, (int64_t)c->attn_nkv * hd, H, &s, err));
-            QD_TRY(rand_matrix(m, &a->o, H, (int64_t)c->attn_nq * hd, &s, err));
-            QD_TRY(const_vector(m, &a->q_norm, hd, 0.0f, err));
-            QD_TRY(const_vector(m, &a->k_norm, hd, 0.0f, err));
-        }
-        if (ly->ffn_kind == QD_FFN_DENSE) {
-            QD_TRY(rand_mlp(m, &ly->mlp, c->intermediate_size, &s, err));
-        } else {
-            qd_moe_weights *w = &ly->moe;
-            QD_TRY(rand_matrix(m, &w->router, c->n_experts, H, &s, err));
-            w->experts = qd_model_alloc(m, sizeof(qd_mlp_weights) * (size_t)c->n_experts);
-            if (!w->experts) return qd_seterr(err, QD_ERR_OOM, "out of memory for experts");
-            memset(w->experts, 0, sizeof(qd_mlp_weights) * (size_t)c->n_experts);
-            /* an expert-parallel rank draws only its experts; the others' seeds are skipped so
-             * that every expert is drawn the same whichever rank holds it */
-            for (int e = 0; e < c->n_experts; e++) {
-                if (e >= m->w.expert0 && e < m->w.expert0 + m->w.n_local_experts)
-                    QD_TRY(rand_mlp(m, &w->experts[e], c->moe_intermediate_size, &s, err));
-                else for (int i = 0; i < 3; i++) (void)splitmix(&s);
-            }
-            w->has_shared = c->shared_expert_intermediate_size > 0;
-            if (w->has_shared) {
-                QD_TRY(rand_mlp(m, &w->shared, c->shared_expert_intermediate_size, &s, err));
-                QD_TRY(rand_matrix(m, &w->shared_gate, 1, H, &s, err));
-            }
-        }
+        QD_TRY(rand_layer(m, &m->w.layers[L], &s, err));
         if (m->quantization != QD_QUANTIZATION_NONE) QD_TRY(qd_model_quantize_layer(m, m->quantization, L, err));
     }
+    if (c->mtp_layers > 0 && with_mtp) return rand_mtp(m, &s, err);
+    snprintf(m->mtp_missing, sizeof m->mtp_missing, "%s",
+             c->mtp_layers > 0 ? "the dummy weights of a split model have no MTP head"
+                               : "the config has no MTP layer (mtp_num_hidden_layers)");
     return QD_OK;
 }

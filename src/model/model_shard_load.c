@@ -46,7 +46,7 @@ qd_status qd_shard_model_load(qd_model *top, const qd_shard_plan *p, uint64_t se
              * the reason in m->mtp_missing, as on an unsplit model */
             if (s == QD_OK) s = qd_model_bind_mtp(m, &top->cfg, p, err);
         } else {
-            s = qd_model_bind_dummy(m, seed, dummy_dtype, err);
+            s = qd_model_bind_dummy(m, seed, dummy_dtype, 0, err);
         }
         if (s == QD_OK) qd_model_account(m);
     }

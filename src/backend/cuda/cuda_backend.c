@@ -1,6 +1,6 @@
-/* The CUDA backend's table (backend.h): weights uploaded as bf16 at model creation
- * (cuda_model.c), contexts planned in one device block (cuda_context.c), the forward
- * (cuda_forward.c). */
+/* The CUDA backend's table (backend.h): weights uploaded at model creation
+ * (cuda_model.c), contexts planned in one device block (cuda_context.c), the forward and
+ * the MTP head's (cuda_forward.c). */
 #include <string.h>
 
 #include "backend/cuda/cuda_model.h"
@@ -43,6 +43,8 @@ const qd_backend_ops qd_cuda_ops = {
     .snap_save = qd_cuda_snap_save,
     .snap_load = qd_cuda_snap_load,
     .snap_read = qd_cuda_snap_read,
+    .verify_keep = qd_cuda_verify_keep,  /* per-token GDN states of verify spans in the state pool */
+    .mtp_forward = qd_cuda_mtp_forward,
 };
 
 const qd_backend_ops *qd_backend_cuda(qd_err *err) {

@@ -38,8 +38,11 @@ static void plan_device(qd_cuda_ctx *g, qd_cuda_carve *cv) {
 
     g->conv_slot = conv_dim * (size_t)(c->gdn_conv_kernel - 1);
     g->ssm_slot = hv * (size_t)c->gdn_dk * c->gdn_dv;
-    g->conv = qd_cuda_take(cv, (size_t)n_gdn * S * g->conv_slot * 4);
-    g->ssm = qd_cuda_take(cv, (size_t)n_gdn * S * g->ssm_slot * 4);
+    g->verify_states = g->d.params.speculative_tokens > 0 ? g->d.params.speculative_tokens + 1 : 0;
+    g->pool_slots = (int)S * (1 + g->verify_states);
+    const size_t P = (size_t)g->pool_slots;
+    g->conv = qd_cuda_take(cv, (size_t)n_gdn * P * g->conv_slot * 4);
+    g->ssm = qd_cuda_take(cv, (size_t)n_gdn * P * g->ssm_slot * 4);
     g->snap = qd_cuda_take(cv, (size_t)g->d.params.n_snap_slots * qd_cuda_state_bytes(g));
     const size_t kv_bytes = (size_t)g->d.n_kv_blocks * g->d.kv_block_elems * 2;
     g->kv_k = qd_cuda_take(cv, kv_bytes);
@@ -74,6 +77,7 @@ static void plan_device(qd_cuda_ctx *g, qd_cuda_carve *cv) {
     if (E > 0)
         g->moe_work = qd_cuda_take(cv, qd_cuda_moe_work_bytes((int)B, (int)H, c->moe_intermediate_size, (int)E, (int)k));
     g->meta_dev = qd_cuda_take(cv, g->meta_bytes);
+    g->mtp_cat = g->d.params.mtp ? qd_cuda_take(cv, B * 2 * H * 2) : NULL;
     g->experts_touched = E > 0 ? qd_cuda_take(cv, (size_t)c->n_layers * E) : NULL;
     /* quantized weights: bf16 copies for the products the quantized GEMV and MoE decode
      * kernels do not cover (prefill sizes; every product in batch-invariant mode) */
@@ -116,6 +120,12 @@ static size_t plan_meta(const qd_cuda_ctx *g, unsigned char *base, qd_cuda_step 
     META(logit_rows, B);
     META(pre_slots, S);
     META(cu_seqlens, S + 1);
+    META(ver, 4 * S);
+    META(ver_rows, QD_CUDA_MAX_VERIFY * S);
+    META(ver_in, QD_CUDA_MAX_VERIFY * S);
+    META(ver_out, QD_CUDA_MAX_VERIFY * S);
+    META(caller_row, B);
+    META(all_rows, B);
     META(tables, S * (size_t)(g->d.max_blocks_per_seq > 0 ? g->d.max_blocks_per_seq : 1)); /* last: copied in part */
 #undef META
     return off;
@@ -156,17 +166,18 @@ static qd_status create(qd_cuda_ctx *g, qd_err *err) {
     size_t free_b = 0, total_b = 0;
     if ((s = qd_cuda_mem_info(&free_b, &total_b))) return fail(err, s, "querying device memory");
     const qd_cuda_ctx probe = *g;
-    const size_t state_b = (size_t)g->n_gdn * g->d.params.max_seqs * (probe.conv_slot + probe.ssm_slot) * 4;
+    const size_t state_b = (size_t)g->n_gdn * probe.pool_slots * (probe.conv_slot + probe.ssm_slot) * 4;
     const size_t kv_b = 2 * (size_t)g->d.n_kv_blocks * g->d.kv_block_elems * 2;
     const size_t snap_b = (size_t)g->d.params.n_snap_slots * qd_cuda_state_bytes(g);
     if (cv.off + (64u << 20) > free_b)
         return qd_seterr(err, QD_ERR_OOM,
-                         "the context needs %.2f GiB of device memory (GDN state %.2f GiB for %d sequences, KV cache "
+                         "the context needs %.2f GiB of device memory (GDN state %.2f GiB for %d sequences and "
+                         "%d verify states each, KV cache "
                          "%.2f GiB in %d blocks of %d tokens, prefix-cache snapshots %.2f GiB in %d slots, scratch "
                          "%.2f GiB for %d tokens per step) but %.2f GiB are free: lower max_seqs, n_kv_blocks, "
                          "max_ctx, max_batch or the prefix cache's device memory",
                          (double)cv.off / (1 << 30), (double)state_b / (1 << 30), g->d.params.max_seqs,
-                         (double)kv_b / (1 << 30), g->d.n_kv_blocks, g->d.params.kv_block_size, (double)snap_b / (1 << 30),
+                         probe.verify_states, (double)kv_b / (1 << 30), g->d.n_kv_blocks, g->d.params.kv_block_size, (double)snap_b / (1 << 30),
                          g->d.params.n_snap_slots, (double)(cv.off - state_b - kv_b - snap_b) / (1 << 30),
                          g->d.params.max_batch, (double)free_b / (1 << 30));
     void *block = NULL;
@@ -188,7 +199,11 @@ static qd_status create(qd_cuda_ctx *g, qd_err *err) {
         return fail(err, s, "pinned output buffers, the CUDA stream and cuBLAS");
     g->invariant = g->d.params.batch_invariant != 0;
     g->graphs = calloc((size_t)g->d.params.max_seqs + 1, sizeof(void *));
-    if (!g->graphs) return qd_seterr(err, QD_ERR_OOM, "out of memory");
+    g->ver_T = calloc((size_t)g->d.params.max_seqs, sizeof(int32_t));
+    if (!g->graphs || !g->ver_T) return qd_seterr(err, QD_ERR_OOM, "out of memory");
+    if (g->verify_states > QD_CUDA_MAX_VERIFY)
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "the CUDA backend verifies at most %d speculative tokens, not %d",
+                         QD_CUDA_MAX_VERIFY - 1, g->d.params.speculative_tokens);
     /* the chunked GDN prefill's scratch for any step, so that a forward never allocates */
     const qd_config *c = g->cfg;
     if (g->n_gdn > 0 && qd_cuda_gdn_chunked_supported(c) &&
@@ -213,6 +228,7 @@ void qd_cuda_ctx_free(void *bc) {
     if (g->graphs)
         for (int i = 0; i <= g->d.params.max_seqs; i++) qd_cuda_graph_destroy(g->graphs[i]);
     free(g->graphs);
+    free(g->ver_T);
     qd_cuda_gdn_plan_destroy(&g->plan);
     qd_cuda_blas_destroy(g->blas);
     qd_cuda_stream_destroy(g->stream);
@@ -235,7 +251,7 @@ size_t qd_cuda_state_bytes(void *bc) {
 qd_status qd_cuda_state_read(void *bc, int seq, void *dst) {
     qd_cuda_ctx *g = bc;
     float *conv = dst, *ssm = conv + (size_t)g->n_gdn * g->conv_slot;
-    const size_t S = (size_t)g->d.params.max_seqs, n = (size_t)g->n_gdn;
+    const size_t S = (size_t)g->pool_slots, n = (size_t)g->n_gdn; /* the pool's layer pitch in slots */
     qd_status s;
     if (n == 0) return QD_OK;
     if ((s = qd_cuda_memcpy2d(conv, g->conv_slot * 4, g->conv + (size_t)seq * g->conv_slot, S * g->conv_slot * 4,
@@ -250,7 +266,7 @@ qd_status qd_cuda_state_read(void *bc, int seq, void *dst) {
 qd_status qd_cuda_state_write(void *bc, int seq, const void *src) {
     qd_cuda_ctx *g = bc;
     const float *conv = src, *ssm = conv ? conv + (size_t)g->n_gdn * g->conv_slot : NULL;
-    const size_t S = (size_t)g->d.params.max_seqs, n = (size_t)g->n_gdn;
+    const size_t S = (size_t)g->pool_slots, n = (size_t)g->n_gdn; /* the pool's layer pitch in slots */
     qd_status s = QD_OK;
     if (n == 0) return QD_OK;
     for (size_t l = 0; l < n && !s; l++)
@@ -272,7 +288,7 @@ qd_status qd_cuda_state_write(void *bc, int seq, const void *src) {
 
 qd_status qd_cuda_state_copy(void *bc, int src, int dst) {
     qd_cuda_ctx *g = bc;
-    const size_t S = (size_t)g->d.params.max_seqs, n = (size_t)g->n_gdn;
+    const size_t S = (size_t)g->pool_slots, n = (size_t)g->n_gdn; /* the pool's layer pitch in slots */
     qd_status s = QD_OK;
     if (n == 0) return QD_OK;
     if ((s = qd_cuda_memcpy2d(g->conv + (size_t)dst * g->conv_slot, S * g->conv_slot * 4,
@@ -295,6 +311,27 @@ qd_status qd_cuda_kv_copy_block(void *bc, int32_t dst, int32_t src) {
     return QD_OK;
 }
 
+/* The state after token `index` of seq's last verify span becomes its state: copied from
+ * the verify slots (the last token's is the sequence's own slot already). Queued, like
+ * the forwards around it. */
+qd_status qd_cuda_verify_keep(void *bc, int seq, int index) {
+    qd_cuda_ctx *g = bc;
+    const int T = seq >= 0 && seq < g->d.params.max_seqs ? g->ver_T[seq] : 0;
+    if (T == 0) return qd_seterr(g->err, QD_ERR_INVALID_ARG, "sequence %d has no verify span to keep from", seq);
+    if (index < 0 || index >= T)
+        return qd_seterr(g->err, QD_ERR_INVALID_ARG, "verify state %d outside [0, %d)", index, T);
+    const size_t P = (size_t)g->pool_slots, n = (size_t)g->n_gdn;
+    if (index == T - 1 || n == 0) return QD_OK;
+    const size_t from = (size_t)g->d.params.max_seqs + (size_t)seq * g->verify_states + (size_t)index;
+    qd_status s;
+    if ((s = qd_cuda_memcpy2d(g->conv + (size_t)seq * g->conv_slot, P * g->conv_slot * 4, g->conv + from * g->conv_slot,
+                              P * g->conv_slot * 4, g->conv_slot * 4, n, g->stream)) ||
+        (s = qd_cuda_memcpy2d(g->ssm + (size_t)seq * g->ssm_slot, P * g->ssm_slot * 4, g->ssm + from * g->ssm_slot,
+                              P * g->ssm_slot * 4, g->ssm_slot * 4, n, g->stream)))
+        return qd_seterr(g->err, s, "keeping verify state %d of sequence %d: %s", index, seq, qd_cuda_last_error());
+    return QD_OK;
+}
+
 /* ------------------------------------------------------ snapshot slots */
 
 /* A slot is contiguous (all layers' conv, then all layers' ssm, the host snapshot
@@ -302,7 +339,7 @@ qd_status qd_cuda_kv_copy_block(void *bc, int32_t dst, int32_t src) {
  * pitch: one 2-D copy each way. No synchronisation: the stream orders these copies
  * with the forwards around them. */
 static qd_status snap_copy(qd_cuda_ctx *g, int seq, int slot, int to_slot) {
-    const size_t S = (size_t)g->d.params.max_seqs, n = (size_t)g->n_gdn;
+    const size_t S = (size_t)g->pool_slots, n = (size_t)g->n_gdn; /* the pool's layer pitch in slots */
     if (n == 0) return QD_OK;
     float *sc = g->snap + (size_t)slot * n * (g->conv_slot + g->ssm_slot), *ss = sc + n * g->conv_slot;
     float *pc = g->conv + (size_t)seq * g->conv_slot, *ps = g->ssm + (size_t)seq * g->ssm_slot;

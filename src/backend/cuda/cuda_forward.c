@@ -1,5 +1,5 @@
-/* The forward pass on the GPU: the same ragged batch as the CPU backend, one
- * path for every batch shape. Rows are reordered internally so that prefill spans
+/* The forward pass on the GPU (and the MTP head's): the same ragged batch as the CPU
+ * backend, one path for every batch shape. Rows are reordered internally so that prefill spans
  * (more than one token) come first and decode spans (one token) last: the chunked
  * GDN kernel then sees its tokens packed, the decode kernel its sequences packed,
  * and a sequence's result never depends on which kernel its neighbours took.
@@ -10,25 +10,64 @@
 #include "backend/cuda/cuda_layers.h"
 #include "backend/cuda/cuda_moe.h"
 
-/* Builds the step's metadata on the host (internal row order) and returns the
- * number of bytes of the metadata block to copy. */
-static size_t build_step(qd_cuda_ctx *g, const qd_step *st) {
+/* The row groups of a step, in internal row order. */
+enum { GROUP_PREFILL, GROUP_VERIFY, GROUP_DECODE };
+
+static int span_group(const qd_step *st, int i) {
+    if (st->rt[i].T == 1) return GROUP_DECODE;
+    return st->verify && st->verify[i] ? GROUP_VERIFY : GROUP_PREFILL;
+}
+
+/* A verify span's GDN bookkeeping (qd_cuda_step ver*): its conv entry and, for each of its
+ * tokens, the row and the state slots the decode kernel reads and writes. */
+static void add_verify(qd_cuda_ctx *g, int q, int row0, int T, int seq, int main_forward) {
+    qd_cuda_step *h = &g->host;
+    const int S = g->d.params.max_seqs, vslot = S + seq * g->verify_states;
+    int32_t *v = h->ver + 4 * q;
+    v[0] = row0;
+    v[1] = T;
+    v[2] = seq;
+    v[3] = vslot;
+    for (int t = 0; t < T; t++) {
+        const size_t at = (size_t)t * S + (size_t)q; /* the spans are longest first: q < ver_count[t] */
+        h->ver_rows[at] = row0 + t;
+        h->ver_in[at] = t == 0 ? seq : vslot + t - 1;
+        h->ver_out[at] = t == T - 1 ? seq : vslot + t;
+        h->ver_count[t]++;
+    }
+    if (main_forward) g->ver_T[seq] = T;
+}
+
+/* Builds the step's metadata on the host (internal row order: prefill spans, verify spans
+ * longest first, decode spans) and returns the number of bytes of the metadata block to
+ * copy. hidden_all: the spans whose every row's hidden state is handed back, or NULL.
+ * main_forward: a forward of the main model (its spans' sequences get new states, so their
+ * last verify span is forgotten unless this is one), not of the MTP head. */
+static size_t build_step(qd_cuda_ctx *g, const qd_step *st, const uint8_t *hidden_all, int main_forward) {
     const qd_span *spans = st->spans;
     const qd_span_rt *rt = st->rt;
     const int n_spans = st->n_spans;
     qd_cuda_step *h = &g->host;
     const int mb = g->d.max_blocks_per_seq > 0 ? g->d.max_blocks_per_seq : 1;
-    int order[2][n_spans > 0 ? n_spans : 1], n_pre = 0, n_dec = 0;
+    int order[3][n_spans > 0 ? n_spans : 1], count[3] = {0, 0, 0};
     for (int i = 0; i < n_spans; i++) {
-        if (rt[i].T > 1) order[0][n_pre++] = i;
-        else order[1][n_dec++] = i;
+        const int grp = span_group(st, i);
+        order[grp][count[grp]++] = i;
     }
-    int row = 0, j = 0;
+    /* verify spans longest first (insertion sort: a handful) */
+    for (int a = 1; a < count[GROUP_VERIFY]; a++)
+        for (int b = a; b > 0 && rt[order[GROUP_VERIFY][b]].T > rt[order[GROUP_VERIFY][b - 1]].T; b--) {
+            const int t = order[GROUP_VERIFY][b];
+            order[GROUP_VERIFY][b] = order[GROUP_VERIFY][b - 1];
+            order[GROUP_VERIFY][b - 1] = t;
+        }
+    memset(h->ver_count, 0, sizeof h->ver_count);
+    int row = 0, j = 0, n_ver_rows = 0;
     int first_row[n_spans > 0 ? n_spans : 1];
     h->cu_seqlens[0] = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        for (int q = 0; q < (pass ? n_dec : n_pre); q++, j++) {
-            const int i = order[pass][q];
+    for (int grp = 0; grp < 3; grp++) {
+        for (int q = 0; q < count[grp]; q++, j++) {
+            const int i = order[grp][q];
             const int T = rt[i].T, seq = rt[i].seq;
             first_row[i] = row;
             int32_t *sp = h->spans + 4 * j, *ap = h->attn_spans + 4 * j;
@@ -41,10 +80,15 @@ static size_t build_step(qd_cuda_ctx *g, const qd_step *st) {
                 h->tokens[row + t] = spans[i].tokens[t];
                 h->row_span[row + t] = j;
                 h->row_pos[row + t] = rt[i].pos0 + t;
+                h->caller_row[row + t] = rt[i].row0 + t;
             }
-            if (pass == 0) {
+            if (main_forward && seq >= 0 && seq < g->d.params.max_seqs) g->ver_T[seq] = 0;
+            if (grp == GROUP_PREFILL) {
                 h->pre_slots[q] = seq;
                 h->cu_seqlens[q + 1] = row + T;
+            } else if (grp == GROUP_VERIFY) {
+                add_verify(g, q, row, T, seq, main_forward);
+                n_ver_rows += T;
             } else {
                 h->dec_slots[q] = seq;
             }
@@ -59,11 +103,18 @@ static size_t build_step(qd_cuda_ctx *g, const qd_step *st) {
         const int first = spans[i].logits == QD_LOGITS_ALL ? 0 : rt[i].T - 1;
         for (int t = first; t < rt[i].T; t++) h->logit_rows[lr++] = first_row[i] + t;
     }
+    int na = 0;
+    for (int i = 0; hidden_all && i < n_spans; i++)
+        if (hidden_all[i])
+            for (int t = 0; t < rt[i].T; t++) h->all_rows[na++] = first_row[i] + t;
+    h->n_hidden_all = na;
     h->n_rows = row;
     h->n_spans = n_spans;
-    h->n_pre_spans = n_pre;
-    h->n_pre_rows = h->cu_seqlens[n_pre];
-    h->n_dec = n_dec;
+    h->n_pre_spans = count[GROUP_PREFILL];
+    h->n_pre_rows = h->cu_seqlens[count[GROUP_PREFILL]];
+    h->n_ver = count[GROUP_VERIFY];
+    h->n_ver_rows = n_ver_rows;
+    h->n_dec = count[GROUP_DECODE];
     h->n_logit = lr;
     return (size_t)((unsigned char *)(h->tables + (size_t)n_spans * mb) - (unsigned char *)g->meta_host);
 }
@@ -78,10 +129,11 @@ static qd_status block_reduce(qd_cuda_ctx *g) {
     return qd_cuda_add_f32(g->h, H, g->y, H, H, n, g->stream);
 }
 
-/* Logits of logit rows [r0, r0 + nr) (the final norm of just those rows) into g->logits. */
-static qd_status logit_rows(qd_cuda_ctx *g, int r0, int nr) {
+/* Logits of logit rows [r0, r0 + nr) (the norm, final or the MTP's, of just those rows)
+ * into g->logits. */
+static qd_status logit_rows(qd_cuda_ctx *g, const float *norm, int r0, int nr) {
     const int V = g->cfg->vocab_size, H = g->cfg->hidden_size;
-    const qd_cuda_lin_in in = qd_cuda_norm_in(g, g->cm->final_norm, g->dev.logit_rows + r0);
+    const qd_cuda_lin_in in = qd_cuda_norm_in(g, norm, g->dev.logit_rows + r0);
     const qd_cuda_lin_out out = {.W = g->cm->lm_head, .rows = V, .y = g->logits, .ldy = V};
     return qd_cuda_lin(g, &in, H, nr, &out, 1, 0, g->x);
 }
@@ -109,7 +161,7 @@ static qd_status run_layers(qd_cuda_ctx *g, int max_span_rows, int n_logit_first
         }
         TRYC(block_reduce(g));
     }
-    if (n_logit_first > 0) TRYC(logit_rows(g, 0, n_logit_first));
+    if (n_logit_first > 0) TRYC(logit_rows(g, cm->final_norm, 0, n_logit_first));
     return QD_OK;
 }
 
@@ -154,13 +206,50 @@ static qd_status take_rows(qd_cuda_ctx *g, const qd_logit_out *out, int r0, int 
     return QD_OK;
 }
 
+/* The hidden states handed back (qd_logit_out.hidden, .hidden_all): rows of h after `norm`
+ * (the final norm, or the MTP's), computed in fp32 into g->ys and copied to the caller. */
+static qd_status hidden_out(qd_cuda_ctx *g, const float *norm, const qd_logit_out *out) {
+    const qd_cuda_step *h = &g->host, *dv = &g->dev;
+    const int H = g->cfg->hidden_size;
+    const float eps = g->cfg->rms_norm_eps;
+    if (out->hidden && h->n_logit > 0) {
+        TRYC(qd_cuda_add_rmsnorm(g->h, NULL, norm, eps, h->n_logit, H, dv->logit_rows, g->x, g->ys, g->stream));
+        TRYC(qd_cuda_memcpy_d2h_async(out->hidden, g->ys, (size_t)h->n_logit * H * 4, g->stream));
+    }
+    if (out->hidden_all && h->n_hidden_all > 0) {
+        TRYC(qd_cuda_add_rmsnorm(g->h, NULL, norm, eps, h->n_hidden_all, H, dv->all_rows, g->x, g->ys, g->stream));
+        TRYC(qd_cuda_memcpy_d2h_async(out->all_hidden, g->ys, (size_t)h->n_hidden_all * H * 4, g->stream));
+    }
+    return QD_OK;
+}
+
+/* After the layers: the hidden states and the outputs of each chunk of logit rows (the
+ * first chunk's logits computed already), then the wait for them. */
+static qd_status finish_outputs(qd_cuda_ctx *g, const float *norm, const qd_step *st, const qd_logit_out *out) {
+    const int n_logit_rows = st->n_logit_rows, LC = qd_cuda_logit_chunk(g);
+    TRYC(hidden_out(g, norm, out));
+    for (int r0 = 0; r0 < n_logit_rows; r0 += LC) {
+        const int nr = n_logit_rows - r0 < LC ? n_logit_rows - r0 : LC;
+        if (r0 > 0) TRYC(logit_rows(g, norm, r0, nr));
+        TRYC(take_rows(g, out, r0, nr));
+        if (r0 + nr < n_logit_rows) TRYC(qd_cuda_stream_sync(g->stream));
+    }
+    return QD_OK;
+}
+
 qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out) {
     qd_cuda_ctx *g = bc;
     const qd_config *c = g->cfg;
     const int n_spans = st->n_spans, n_logit_rows = st->n_logit_rows;
     qd_status s;
+    for (int i = 0; st->verify && i < n_spans; i++)
+        if (st->verify[i] && st->rt[i].T > 1 && st->rt[i].T > g->verify_states)
+            return qd_seterr(g->err, QD_ERR_INVALID_ARG,
+                             "verify span %d of %d tokens: the context keeps the states of at most %d (params."
+                             "speculative_tokens + 1)",
+                             i, st->rt[i].T, g->verify_states);
     /* KV copy-on-write copies (kv_copy_block) were queued on the stream already */
-    const size_t meta = build_step(g, st);
+    const size_t meta = build_step(g, st, out->hidden_all, 1);
     const qd_cuda_step *h = &g->host;
     int max_span_rows = 1;
     for (int i = 0; i < n_spans; i++) max_span_rows = st->rt[i].T > max_span_rows ? st->rt[i].T : max_span_rows;
@@ -176,7 +265,8 @@ qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out) 
     if (g->count_experts &&
         (s = qd_cuda_memset_async(g->experts_touched, 0, (size_t)c->n_layers * c->n_experts, g->stream)))
         return backend_error(g, s);
-    const int graphable = !g->count_experts && !g->d.params.eager && !st->no_graph && h->n_pre_spans == 0 && (n_logit_rows == n_spans || g->never_logits) &&
+    const int graphable = !g->count_experts && !g->d.params.eager && !st->no_graph && h->n_pre_spans == 0 &&
+                          h->n_ver == 0 && (n_logit_rows == n_spans || g->never_logits) &&
                           n_spans <= LC &&
                           (c->n_experts == 0 || n_spans <= qd_cuda_moe_graph_max_tokens());
     if (graphable) {
@@ -197,19 +287,68 @@ qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out) 
     } else if ((s = run_layers(g, max_span_rows, first))) {
         return backend_error(g, s);
     }
-    /* the outputs of each chunk of logit rows, the first one computed above */
-    for (int r0 = 0; r0 < n_logit_rows; r0 += LC) {
-        const int nr = n_logit_rows - r0 < LC ? n_logit_rows - r0 : LC;
-        if (r0 > 0 && (s = logit_rows(g, r0, nr))) return backend_error(g, s);
-        if ((s = take_rows(g, out, r0, nr))) return backend_error(g, s);
-        if (r0 + nr < n_logit_rows && (s = qd_cuda_stream_sync(g->stream))) return backend_error(g, s);
-    }
+    if ((s = finish_outputs(g, g->cm->final_norm, st, out))) return backend_error(g, s);
     if (g->count_experts &&
         (s = qd_cuda_memcpy_d2h_async(st->experts_touched, g->experts_touched, (size_t)c->n_layers * c->n_experts,
                                       g->stream)))
         return backend_error(g, s);
     if ((s = qd_cuda_stream_sync(g->stream))) return backend_error(g, s);
     g->count_experts = 0;
+    if (out->ids) memcpy(out->ids, g->ids_host, (size_t)n_logit_rows * 4);
+    if (out->ids && out->logprobs) memcpy(out->logprobs, g->lp_host, (size_t)n_logit_rows * 4);
+    return QD_OK;
+}
+
+/* ---------------------------------------------------------------- the MTP head */
+
+/* spec 7.2, as the CPU backend's: h = fc([PreFcNormEmb(embed(token)) | PreFcNormHid(hidden)]),
+ * the head's decoder layer over its own KV (attention layer n_attn of the blocks), then the
+ * MTP norm and the shared LM head. hidden is the caller's [n_rows][H] in span order: it is
+ * uploaded as it is and normed through the internal row -> caller row map. Run eagerly. */
+static qd_status mtp_layers(qd_cuda_ctx *g, const qd_cuda_mtp *m, const float *hidden, int max_span_rows) {
+    const qd_config *c = g->cfg;
+    const qd_cuda_step *h = &g->host, *dv = &g->dev;
+    const int n = h->n_rows, H = c->hidden_size;
+    const float eps = c->rms_norm_eps;
+    TRYC(qd_cuda_embed(g->cm->embed, dv->tokens, n, H, g->h, g->stream));
+    TRYC(qd_cuda_add_rmsnorm(g->h, NULL, m->pre_fc_norm_embedding, eps, n, H, NULL, g->x, NULL, g->stream));
+    TRYC(qd_cuda_memcpy2d(g->mtp_cat, (size_t)4 * H, g->x, (size_t)2 * H, (size_t)2 * H, (size_t)n, g->stream));
+    TRYC(qd_cuda_memcpy_h2d_async(g->ys, hidden, (size_t)n * H * 4, g->stream));
+    TRYC(qd_cuda_add_rmsnorm(g->ys, NULL, m->pre_fc_norm_hidden, eps, n, H, dv->caller_row, g->x, NULL, g->stream));
+    TRYC(qd_cuda_memcpy2d(g->mtp_cat + H, (size_t)4 * H, g->x, (size_t)2 * H, (size_t)2 * H, (size_t)n, g->stream));
+    qd_cuda_lin_in in = {0};
+    in.kind = QD_LIN_BF16;
+    in.x = g->mtp_cat;
+    in.ldx = 2 * H;
+    const qd_cuda_lin_out fc = qd_cuda_mat_out(g, &m->fc, g->h, H);
+    TRYC(qd_cuda_lin(g, &in, 2 * H, n, &fc, 1, 0, NULL));
+    TRYC(qd_cuda_layer_attn(g, &m->layer, g->cm->w->n_attn, max_span_rows));
+    if (g->cm->w->mtp->layer.ffn_kind == QD_FFN_MOE) return qd_cuda_layer_moe(g, &m->layer, 0);
+    const qd_cuda_lin_in fin = qd_cuda_norm_in(g, m->layer.post_norm, NULL);
+    return qd_cuda_layer_mlp(g, &fin, &m->layer.gate_up, &m->layer.down, m->layer.I, g->h, 1);
+}
+
+qd_status qd_cuda_mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out) {
+    qd_cuda_ctx *g = bc;
+    const qd_config *c = g->cfg;
+    const qd_cuda_mtp *m = g->cm->mtp;
+    if (!m) return qd_seterr(g->err, QD_ERR_UNSUPPORTED, "the model has no MTP head on the device");
+    const size_t need = (size_t)(g->cm->w->n_attn + 1) * g->d.params.kv_block_size * c->attn_nkv * c->attn_head_dim;
+    if (!g->mtp_cat || g->d.kv_block_elems < need)
+        return qd_seterr(g->err, QD_ERR_UNSUPPORTED, "the context was created without the MTP layer's KV (params.mtp)");
+    if (g->reduce) return qd_seterr(g->err, QD_ERR_UNSUPPORTED, "the MTP head does not run on a split CUDA model yet");
+    if (st->n_rows > 0 && !hidden) return qd_seterr(g->err, QD_ERR_INVALID_ARG, "MTP forward: no hidden states");
+    int max_span_rows = 1;
+    for (int i = 0; i < st->n_spans; i++) max_span_rows = st->rt[i].T > max_span_rows ? st->rt[i].T : max_span_rows;
+    const size_t meta = build_step(g, st, out->hidden_all, 0);
+    const int n_logit_rows = st->n_logit_rows, LC = qd_cuda_logit_chunk(g);
+    qd_status s;
+    g->count_experts = 0;
+    if ((s = qd_cuda_memcpy_h2d_async(g->meta_dev, g->meta_host, meta, g->stream)) ||
+        (s = mtp_layers(g, m, hidden, max_span_rows)) ||
+        (n_logit_rows > 0 && (s = logit_rows(g, m->norm, 0, n_logit_rows < LC ? n_logit_rows : LC))) ||
+        (s = finish_outputs(g, m->norm, st, out)) || (s = qd_cuda_stream_sync(g->stream)))
+        return backend_error(g, s);
     if (out->ids) memcpy(out->ids, g->ids_host, (size_t)n_logit_rows * 4);
     if (out->ids && out->logprobs) memcpy(out->logprobs, g->lp_host, (size_t)n_logit_rows * 4);
     return QD_OK;

@@ -26,7 +26,9 @@ extern "C" {
  *   d_v      [n_seq][hv][dv] bf16
  *   d_g, d_beta [n_seq][hv] fp32
  *   d_state  pool of states [slots][hv][dk][dv] fp32; sequence b uses slot
- *            d_slot[b] (d_slot NULL: slot b). Read once and overwritten with the new state.
+ *            d_slot[b] (d_slot NULL: slot b). Read once; the new state is written to slot
+ *            d_slot_out[b] of the same pool (d_slot_out NULL: over the old one), a verify
+ *            span's per-token states.
  *   d_o      [n_seq][hv][dv] bf16
  * Any dk, dv >= 1 work; dk in {64, 128, 256} with dv a multiple of 32 take the
  * fast path (state tile held in registers, 16-byte accesses). */
@@ -40,6 +42,7 @@ typedef struct qd_cuda_gdn_decode_args {
     const int32_t *d_row; /* [n_seq] row of sequence b in q/k/v/g/beta/o (NULL: row b), for
                            * decode tokens scattered through a mixed batch */
     uint16_t *d_o;
+    const int32_t *d_slot_out; /* last: the tests' positional initialisers leave it NULL */
 } qd_cuda_gdn_decode_args;
 
 qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *stream);

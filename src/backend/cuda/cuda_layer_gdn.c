@@ -1,6 +1,8 @@
 /* The Gated DeltaNet layer on the GPU: one projection of in_qkv | in_z | in_b | in_a,
  * conv + L2 norms + gates in one kernel, the delta rule (chunked tensor-core kernel for
- * prefill spans, the decode kernel for one-token spans), gated norm + out_proj. */
+ * prefill spans, the decode kernel for one-token spans and, token by token, for verify
+ * spans, whose per-token states the rollback of a rejected draft needs), gated norm +
+ * out_proj. */
 #include "backend/cuda/cuda_layers.h"
 
 qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
@@ -10,7 +12,7 @@ qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
     const int hk = c->gdn_hk, hv = c->gdn_hv, dk = c->gdn_dk, dvh = c->gdn_dv, K = c->gdn_conv_kernel;
     const int conv_dim = qd_config_conv_dim(c), value_dim = qd_config_value_dim(c), key_dim = hk * dk;
     const int W = conv_dim + value_dim + 2 * hv;
-    const size_t S = (size_t)g->d.params.max_seqs;
+    const size_t S = (size_t)g->pool_slots;
     float *conv_state = g->conv + (size_t)gi * S * g->conv_slot;
     float *ssm = g->ssm + (size_t)gi * S * g->ssm_slot;
 
@@ -26,7 +28,8 @@ qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
         .d_w = d->conv_w, .d_A_log = d->A_log, .d_dt_bias = d->dt_bias, .d_state = conv_state,
         .d_spans = dv->spans, .d_row_span = dv->row_span,
         .d_q = g->q, .d_k = g->k, .d_v = g->v, .d_g = g->g, .d_beta = g->beta,
-        .decode_only = h->n_pre_spans == 0,
+        .decode_only = h->n_pre_spans == 0 && h->n_ver == 0,
+        .n_ver = h->n_ver, .d_ver = dv->ver,
     };
     TRYC(qd_cuda_gdn_inputs(&ia, g->stream));
     if (h->n_pre_spans > 0 && qd_cuda_gdn_chunked_supported(c)) {
@@ -47,8 +50,19 @@ qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
                 TRYC(qd_cuda_gdn_decode(&a, g->stream));
             }
     }
+    /* verify spans: one token of each at a time, from the state after the previous token
+     * (the sequence's own slot for the first) into the verify slots, the last into its own */
+    for (int t = 0; t < QD_CUDA_MAX_VERIFY && h->ver_count[t] > 0; t++) {
+        const size_t ms = (size_t)g->d.params.max_seqs * (size_t)t;
+        const qd_cuda_gdn_decode_args a = {
+            .hk = hk, .hv = hv, .dk = dk, .dv = dvh, .n_seq = h->ver_count[t],
+            .d_q = g->q, .d_k = g->k, .d_v = g->v, .d_g = g->g, .d_beta = g->beta, .d_state = ssm,
+            .d_slot = dv->ver_in + ms, .d_row = dv->ver_rows + ms, .d_o = g->o, .d_slot_out = dv->ver_out + ms,
+        };
+        TRYC(qd_cuda_gdn_decode(&a, g->stream));
+    }
     if (h->n_dec > 0) {
-        const size_t r0 = (size_t)h->n_pre_rows;
+        const size_t r0 = (size_t)(h->n_pre_rows + h->n_ver_rows);
         const qd_cuda_gdn_decode_args a = {
             .hk = hk, .hv = hv, .dk = dk, .dv = dvh, .n_seq = h->n_dec,
             .d_q = g->q + r0 * key_dim, .d_k = g->k + r0 * key_dim, .d_v = g->v + r0 * value_dim,

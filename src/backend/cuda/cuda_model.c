@@ -339,9 +339,82 @@ static qd_status experts_q(planner *p, qd_cuda_layer *d, const qd_moe_weights *w
     return s;
 }
 
+/* One decoder layer's weights (a main layer or the MTP head's). */
+static qd_status place_layer(const qd_config *c, const qd_weights *m, const qd_layer *ly, qd_cuda_layer *d,
+                             qd_cuda_model *cm, planner *p) {
+    const int H = c->hidden_size, hv = c->gdn_hv, hd = c->attn_head_dim;
+    QD_TRY(vec(p, &d->input_norm, ly->input_norm, H));
+    QD_TRY(vec(p, &d->post_norm, ly->post_norm, H));
+    if (ly->kind == QD_LAYER_GDN) {
+        const qd_gdn_weights *g = &ly->gdn;
+        const qd_weight *in[4] = {&g->in_qkv, &g->in_z, &g->in_b, &g->in_a};
+        QD_TRY(stack(p, &d->gdn_in, in, 4));
+        QD_TRY(vec(p, &d->conv_w, g->conv_w, (int64_t)qd_config_conv_dim(c) * c->gdn_conv_kernel));
+        QD_TRY(vec(p, &d->A_log, g->A_log, hv));
+        QD_TRY(vec(p, &d->dt_bias, g->dt_bias, hv));
+        QD_TRY(vec(p, &d->gdn_norm, g->norm_w, c->gdn_dv));
+        QD_TRY(one(p, &d->gdn_out, &g->out));
+    } else {
+        const qd_attn_weights *a = &ly->attn;
+        QD_TRY(one(p, &d->q, &a->q));
+        QD_TRY(one(p, &d->k, &a->k));
+        QD_TRY(one(p, &d->v, &a->v));
+        QD_TRY(one(p, &d->o, &a->o));
+        QD_TRY(vec(p, &d->q_norm, a->q_norm, hd));
+        QD_TRY(vec(p, &d->k_norm, a->k_norm, hd));
+    }
+    if (ly->ffn_kind == QD_FFN_DENSE) {
+        d->I = c->intermediate_size;
+        QD_TRY(mlp(p, &ly->mlp, d));
+    } else {
+        const qd_moe_weights *w = &ly->moe;
+        const qd_weight *rg[2] = {&w->router, &w->shared_gate};
+        d->has_shared_gate = w->has_shared;
+        QD_TRY(bf16_only(p, &d->router, rg, w->has_shared ? 2 : 1));
+        const int E = m->n_local_experts, e0 = m->expert0, Ie = c->moe_intermediate_size;
+        d->experts_gate_up = d->experts_down = NULL;
+        memset(&d->q_experts_gate_up, 0, sizeof d->q_experts_gate_up);
+        memset(&d->q_experts_down, 0, sizeof d->q_experts_down);
+        if (E > 0 && experts_quantizable(w, e0, E, H, Ie)) {
+            QD_TRY(experts_q(p, d, w, e0, E));
+            cm->quantized_experts = 1;
+        } else {
+            /* experts stacked [E][2 Ie][H] and [E][H][Ie]: all, or an expert-parallel rank's */
+            d->experts_gate_up = take(p, (size_t)E * 2 * Ie * H * 2);
+            d->experts_down = take(p, (size_t)E * H * Ie * 2);
+            p->fmt_bytes[QD_DTYPE_BF16] += (size_t)E * 3 * Ie * H * 2;
+            if (E > 0 && qd_weight_quantized(&w->experts[e0].gate)) p->n_widened += !p->cv.base;
+            if (p->cv.base)
+                for (int e = 0; e < E; e++) {
+                    const qd_mlp_weights *x = &w->experts[e0 + e];
+                    QD_TRY(put_bf16(p, d->experts_gate_up + (size_t)e * 2 * Ie * H, &x->gate));
+                    QD_TRY(put_bf16(p, d->experts_gate_up + (size_t)e * 2 * Ie * H + (size_t)Ie * H, &x->up));
+                    QD_TRY(put_bf16(p, d->experts_down + (size_t)e * H * Ie, &x->down));
+                }
+        }
+        if (w->has_shared) {
+            d->I = c->shared_expert_intermediate_size;
+            QD_TRY(mlp(p, &w->shared, d));
+        }
+    }
+    /* the prefill products' dequantization scratch: the largest quantized dense matrix */
+    const qd_cuda_mat *mats[6] = {&d->gdn_out, &d->q, &d->k, &d->v, &d->o, &d->down};
+    for (int i = 0; i < 6; i++)
+        if (qd_cuda_mat_quantized(mats[i]) && mats[i]->rows * mats[i]->cols > cm->max_dequant_elems)
+            cm->max_dequant_elems = mats[i]->rows * mats[i]->cols;
+    const qd_cuda_stack *sts[2] = {&d->gdn_in, &d->gate_up};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < sts[i]->n; j++) {
+            const qd_cuda_mat *x = &sts[i]->part[j];
+            if (qd_cuda_mat_quantized(x) && x->rows * x->cols > cm->max_dequant_elems)
+                cm->max_dequant_elems = x->rows * x->cols;
+        }
+    return QD_OK;
+}
+
 /* Both passes: with p->cv.base NULL only the offsets advance. */
 static qd_status place(const qd_config *c, const qd_weights *m, qd_cuda_model *cm, planner *p) {
-    const int H = c->hidden_size, hv = c->gdn_hv, hd = c->attn_head_dim;
+    const int H = c->hidden_size;
     const qd_weight *emb = &m->embed, *lmh = &m->lm_head;
     QD_TRY(bf16_only(p, &cm->embed, &emb, 1));
     if (c->tie_word_embeddings) cm->lm_head = cm->embed;
@@ -349,78 +422,21 @@ static qd_status place(const qd_config *c, const qd_weights *m, qd_cuda_model *c
     QD_TRY(vec(p, &cm->final_norm, m->final_norm, H));
     cm->max_dequant_elems = 0;
     cm->quantized_experts = 0;
-    for (int L = 0; L < c->n_layers; L++) {
-        const qd_layer *ly = &m->layers[L];
-        qd_cuda_layer *d = &cm->layers[L];
-        QD_TRY(vec(p, &d->input_norm, ly->input_norm, H));
-        QD_TRY(vec(p, &d->post_norm, ly->post_norm, H));
-        if (ly->kind == QD_LAYER_GDN) {
-            const qd_gdn_weights *g = &ly->gdn;
-            const qd_weight *in[4] = {&g->in_qkv, &g->in_z, &g->in_b, &g->in_a};
-            QD_TRY(stack(p, &d->gdn_in, in, 4));
-            QD_TRY(vec(p, &d->conv_w, g->conv_w, (int64_t)qd_config_conv_dim(c) * c->gdn_conv_kernel));
-            QD_TRY(vec(p, &d->A_log, g->A_log, hv));
-            QD_TRY(vec(p, &d->dt_bias, g->dt_bias, hv));
-            QD_TRY(vec(p, &d->gdn_norm, g->norm_w, c->gdn_dv));
-            QD_TRY(one(p, &d->gdn_out, &g->out));
-        } else {
-            const qd_attn_weights *a = &ly->attn;
-            QD_TRY(one(p, &d->q, &a->q));
-            QD_TRY(one(p, &d->k, &a->k));
-            QD_TRY(one(p, &d->v, &a->v));
-            QD_TRY(one(p, &d->o, &a->o));
-            QD_TRY(vec(p, &d->q_norm, a->q_norm, hd));
-            QD_TRY(vec(p, &d->k_norm, a->k_norm, hd));
-        }
-        if (ly->ffn_kind == QD_FFN_DENSE) {
-            d->I = c->intermediate_size;
-            QD_TRY(mlp(p, &ly->mlp, d));
-        } else {
-            const qd_moe_weights *w = &ly->moe;
-            const qd_weight *rg[2] = {&w->router, &w->shared_gate};
-            d->has_shared_gate = w->has_shared;
-            QD_TRY(bf16_only(p, &d->router, rg, w->has_shared ? 2 : 1));
-            const int E = m->n_local_experts, e0 = m->expert0, Ie = c->moe_intermediate_size;
-            d->experts_gate_up = d->experts_down = NULL;
-            memset(&d->q_experts_gate_up, 0, sizeof d->q_experts_gate_up);
-            memset(&d->q_experts_down, 0, sizeof d->q_experts_down);
-            if (E > 0 && experts_quantizable(w, e0, E, H, Ie)) {
-                QD_TRY(experts_q(p, d, w, e0, E));
-                cm->quantized_experts = 1;
-            } else {
-                /* experts stacked [E][2 Ie][H] and [E][H][Ie]: all, or an expert-parallel rank's */
-                d->experts_gate_up = take(p, (size_t)E * 2 * Ie * H * 2);
-                d->experts_down = take(p, (size_t)E * H * Ie * 2);
-                p->fmt_bytes[QD_DTYPE_BF16] += (size_t)E * 3 * Ie * H * 2;
-                if (E > 0 && qd_weight_quantized(&w->experts[e0].gate)) p->n_widened += !p->cv.base;
-                if (p->cv.base)
-                    for (int e = 0; e < E; e++) {
-                        const qd_mlp_weights *x = &w->experts[e0 + e];
-                        QD_TRY(put_bf16(p, d->experts_gate_up + (size_t)e * 2 * Ie * H, &x->gate));
-                        QD_TRY(put_bf16(p, d->experts_gate_up + (size_t)e * 2 * Ie * H + (size_t)Ie * H, &x->up));
-                        QD_TRY(put_bf16(p, d->experts_down + (size_t)e * H * Ie, &x->down));
-                    }
-            }
-            if (w->has_shared) {
-                d->I = c->shared_expert_intermediate_size;
-                QD_TRY(mlp(p, &w->shared, d));
-            }
-        }
-        /* the prefill products' dequantization scratch: the largest quantized dense matrix */
-        const qd_cuda_mat *mats[6] = {&d->gdn_out, &d->q, &d->k, &d->v, &d->o, &d->down};
-        for (int i = 0; i < 6; i++)
-            if (qd_cuda_mat_quantized(mats[i]) && mats[i]->rows * mats[i]->cols > cm->max_dequant_elems)
-                cm->max_dequant_elems = mats[i]->rows * mats[i]->cols;
-        const qd_cuda_stack *sts[2] = {&d->gdn_in, &d->gate_up};
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < sts[i]->n; j++) {
-                const qd_cuda_mat *x = &sts[i]->part[j];
-                if (qd_cuda_mat_quantized(x) && x->rows * x->cols > cm->max_dequant_elems)
-                    cm->max_dequant_elems = x->rows * x->cols;
-            }
+    for (int L = 0; L < c->n_layers; L++) QD_TRY(place_layer(c, m, &m->layers[L], &cm->layers[L], cm, p));
+    if (m->mtp && cm->mtp) {
+        const qd_mtp_weights *w = m->mtp;
+        qd_cuda_mtp *d = cm->mtp;
+        QD_TRY(vec(p, &d->pre_fc_norm_embedding, w->pre_fc_norm_embedding, H));
+        QD_TRY(vec(p, &d->pre_fc_norm_hidden, w->pre_fc_norm_hidden, H));
+        QD_TRY(one(p, &d->fc, &w->fc));
+        QD_TRY(place_layer(c, m, &w->layer, &d->layer, cm, p));
+        QD_TRY(vec(p, &d->norm, w->norm, H));
+        if (qd_cuda_mat_quantized(&d->fc) && d->fc.rows * d->fc.cols > cm->max_dequant_elems)
+            cm->max_dequant_elems = d->fc.rows * d->fc.cols;
     }
     return QD_OK;
 }
+
 
 static qd_status upload(const qd_backend_model_desc *d, qd_cuda_model *cm, qd_err *err) {
     const qd_weights *w = d->w;
@@ -429,7 +445,8 @@ static qd_status upload(const qd_backend_model_desc *d, qd_cuda_model *cm, qd_er
     cm->expert0 = w->expert0;
     cm->n_experts_local = w->n_local_experts;
     cm->layers = calloc((size_t)d->cfg->n_layers, sizeof(qd_cuda_layer));
-    if (!cm->layers) return qd_seterr(err, QD_ERR_OOM, "out of memory");
+    cm->mtp = w->mtp ? calloc(1, sizeof *cm->mtp) : NULL;
+    if (!cm->layers || (w->mtp && !cm->mtp)) return qd_seterr(err, QD_ERR_OOM, "out of memory");
     int sms = 0;
     qd_status s = qd_cuda_device_info(cm->device_name, sizeof cm->device_name, &sms);
     if (s) return cuda_err(err, s, "querying the CUDA device");
@@ -482,6 +499,7 @@ void qd_cuda_model_free(void *bm) {
     if (!cm) return;
     qd_cuda_free(cm->arena);
     free(cm->layers);
+    free(cm->mtp);
     free(cm);
 }
 
@@ -491,10 +509,12 @@ void qd_cuda_model_free(void *bm) {
 void qd_cuda_model_prefill_extents(const qd_cuda_model *cm, int64_t *dequant_elems, int64_t *fp8_rows,
                                    int64_t *fp8_cols) {
     *dequant_elems = *fp8_rows = *fp8_cols = 0;
-    for (int L = 0; L < cm->cfg->n_layers; L++) {
-        const qd_cuda_layer *d = &cm->layers[L];
-        const qd_cuda_mat *mats[6 + 2 * QD_CUDA_MAX_PARTS];
+    for (int L = 0; L <= cm->cfg->n_layers; L++) {
+        if (L == cm->cfg->n_layers && !cm->mtp) break;
+        const qd_cuda_layer *d = L < cm->cfg->n_layers ? &cm->layers[L] : &cm->mtp->layer;
+        const qd_cuda_mat *mats[7 + 2 * QD_CUDA_MAX_PARTS];
         int n = 0;
+        if (L == cm->cfg->n_layers) mats[n++] = &cm->mtp->fc;
         const qd_cuda_mat *ones[6] = {&d->gdn_out, &d->q, &d->k, &d->v, &d->o, &d->down};
         for (int i = 0; i < 6; i++) mats[n++] = ones[i];
         for (int j = 0; j < d->gdn_in.n; j++) mats[n++] = &d->gdn_in.part[j];

@@ -75,6 +75,15 @@ typedef struct qd_cuda_layer {
     qd_cuda_qmats q_experts_gate_up, q_experts_down;
 } qd_cuda_layer;
 
+/* The MTP head's device weights (backend.h qd_mtp_weights). */
+typedef struct qd_cuda_mtp {
+    float *pre_fc_norm_embedding;    /* [H] zero-centred */
+    float *pre_fc_norm_hidden;       /* [H] zero-centred */
+    qd_cuda_mat fc;                  /* [H][2H]: columns [0, H) the normed embedding, [H, 2H) the normed hidden */
+    qd_cuda_layer layer;             /* full attention (KV layer n_attn) + the family's FFN */
+    float *norm;                     /* [H] zero-centred, before the shared LM head */
+} qd_cuda_mtp;
+
 typedef struct qd_cuda_model {
     const qd_config *cfg;
     const qd_weights *w;             /* the host weights it was made from: the forward reads the
@@ -84,6 +93,7 @@ typedef struct qd_cuda_model {
     uint16_t *lm_head;               /* [V][H] (the embedding when tied) */
     float *final_norm;               /* [H] */
     qd_cuda_layer *layers;           /* [n_layers] host array of device pointers */
+    qd_cuda_mtp *mtp;                /* the MTP head, or NULL when the weights have none */
     int expert0, n_experts_local;    /* the experts on the device: all, or an expert-parallel
                                       * rank's [expert0, expert0 + n_experts_local) */
     void *arena;                     /* one device allocation holding every weight */
@@ -105,10 +115,16 @@ void qd_cuda_model_free(void *bm);
 void qd_cuda_model_prefill_extents(const qd_cuda_model *cm, int64_t *dequant_elems, int64_t *fp8_rows,
                                    int64_t *fp8_cols);
 
+/* Tokens of a verify span at most (params.speculative_tokens + 1 <= 5). */
+#define QD_CUDA_MAX_VERIFY 8
+
 /* Step metadata built on the host and copied to the device in one transfer. */
 typedef struct qd_cuda_step {
     int n_rows, n_spans, n_pre_spans, n_pre_rows, n_dec, n_logit;
-    int32_t *tokens;      /* [max_batch] in internal row order (prefill spans first, then decodes) */
+    int n_ver, n_ver_rows;           /* verify spans (after the prefill spans, before the decodes) and their rows */
+    int ver_count[QD_CUDA_MAX_VERIFY]; /* host only: verify spans with more than t rows (they come first) */
+    int n_hidden_all;                /* rows of all_rows (host only) */
+    int32_t *tokens;      /* [max_batch] in internal row order (prefill spans, verify spans, then decodes) */
     int32_t *row_span;    /* [max_batch] span index of each row */
     int32_t *row_pos;     /* [max_batch] position of each row */
     int32_t *spans;       /* [max_seqs][4] first row, rows, first position, state slot */
@@ -117,6 +133,13 @@ typedef struct qd_cuda_step {
     int32_t *logit_rows;  /* [max_batch] internal row of each logit row, in the caller's order */
     int32_t *cu_seqlens;  /* [max_seqs + 1] prefill spans' token offsets (host only) */
     int32_t *pre_slots;   /* [max_seqs] state slots of the prefill spans */
+    int32_t *ver;         /* [max_seqs][4] verify spans, longest first: first row, rows, main slot, first verify slot */
+    int32_t *ver_rows;    /* [QD_CUDA_MAX_VERIFY][max_seqs] row of token t of each verify span with more than t rows */
+    int32_t *ver_in;      /* [QD_CUDA_MAX_VERIFY][max_seqs] the state slot token t reads */
+    int32_t *ver_out;     /* [QD_CUDA_MAX_VERIFY][max_seqs] the state slot it writes (the main one for the last token) */
+    int32_t *caller_row;  /* [max_batch] the caller's row (span order) of each internal row */
+    int32_t *all_rows;    /* [max_batch] internal rows whose final-normed hidden state a step hands back whole
+                           * (qd_logit_out.hidden_all), in the caller's span order */
     int32_t *tables;      /* [max_seqs][max_blocks_per_seq] block tables of the spans, by span index */
 } qd_cuda_step;
 
@@ -128,10 +151,16 @@ typedef struct qd_cuda_ctx {
     int n_gdn;
     void *stream;
     qd_cuda_blas *blas;
-    /* state pool: layer-major so that one layer's states form a slot-indexed pool */
-    float *conv;                     /* [n_gdn][max_seqs][conv_dim][K-1] */
-    float *ssm;                      /* [n_gdn][max_seqs][hv][dk][dv] */
+    /* state pool: layer-major so that one layer's states form a slot-indexed pool of
+     * pool_slots slots: the sequences' own (slot = sequence), then with speculation
+     * verify_states per sequence (slot max_seqs + seq * verify_states + t: the state after
+     * token t of its last verify span, kept until verify_keep picks one) */
+    float *conv;                     /* [n_gdn][pool_slots][conv_dim][K-1] */
+    float *ssm;                      /* [n_gdn][pool_slots][hv][dk][dv] */
     size_t conv_slot, ssm_slot;      /* floats per slot of one layer */
+    int pool_slots, verify_states;
+    int32_t *ver_T;                  /* [max_seqs] host: rows of each sequence's last verify span (0: none) */
+    uint16_t *mtp_cat;               /* [B][2H] the MTP fc's input (params.mtp), or NULL */
     float *snap;                     /* [n_snap_slots][n_gdn conv_slot | n_gdn ssm_slot] prefix-cache snapshots */
     uint16_t *kv_k, *kv_v;           /* [n_blocks][n_attn][block_size][nkv][hd] bf16 */
     /* scratch of one forward (max_batch rows) */
@@ -213,6 +242,11 @@ qd_status qd_cuda_kv_copy_block(void *bc, int32_t dst, int32_t src);
 qd_status qd_cuda_snap_save(void *bc, int seq, int slot);
 qd_status qd_cuda_snap_load(void *bc, int seq, int slot);
 qd_status qd_cuda_snap_read(void *bc, int slot, void *dst);
+/* backend.h verify_keep: the verify slots' state after token `index` of the sequence's last
+ * verify span becomes its own (queued on the stream). */
+qd_status qd_cuda_verify_keep(void *bc, int seq, int index);
+/* backend.h mtp_forward (cuda_forward.c). */
+qd_status qd_cuda_mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out);
 
 /* The CUDA backend's table (cuda_backend.c), which the CUDA split backend's ranks use. */
 extern const qd_backend_ops qd_cuda_ops;

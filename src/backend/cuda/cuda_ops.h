@@ -59,6 +59,11 @@ typedef struct qd_cuda_gdn_in_args {
     float *d_g, *d_beta;
     int decode_only;    /* every span has one row: the kernel shifts the state itself
                          * (one launch instead of two on the decode path) */
+    /* verify spans of speculative decoding, [n_ver][4]: first row, rows T, main slot, first
+     * verify slot: the conv state after each token t < T-1 also goes to slot (verify slot + t)
+     * of the pool (the rollback of a rejected draft); NULL / 0: none */
+    int n_ver;
+    const int32_t *d_ver;
 } qd_cuda_gdn_in_args;
 qd_status qd_cuda_gdn_inputs(const qd_cuda_gdn_in_args *a, void *stream);
 

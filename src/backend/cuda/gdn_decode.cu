@@ -23,9 +23,9 @@
 template <int DK>
 __global__ void __launch_bounds__(DEC_NT)
 gdn_decode_fast(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, const uint16_t *__restrict__ v,
-                const float *__restrict__ g, const float *__restrict__ beta, float *__restrict__ state,
-                const int32_t *__restrict__ slot, const int32_t *__restrict__ rowmap, uint16_t *__restrict__ o, int hk, int hv,
-                int dv) {
+                const float *__restrict__ g, const float *__restrict__ beta, float *state,
+                const int32_t *__restrict__ slot, const int32_t *__restrict__ slot_out, const int32_t *__restrict__ rowmap,
+                uint16_t *__restrict__ o, int hk, int hv, int dv) {
     constexpr int RPT = DK / DEC_RPP; /* rows per thread */
     const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int64_t r = rowmap ? (int64_t)rowmap[b] : (int64_t)b; /* batch row of sequence b */
@@ -35,8 +35,9 @@ gdn_decode_fast(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, 
     __shared__ float ks[DK], qs[DK];
     __shared__ float4 red_m[DEC_NT / 32][DEC_LPR], red_o[DEC_NT / 32][DEC_LPR];
 
-    const int64_t sl = slot ? (int64_t)slot[b] : (int64_t)b;
-    float *S = state + ((size_t)sl * hv + h) * DK * dv + tile * DEC_BV + cg * 4;
+    const int64_t sl = slot ? (int64_t)slot[b] : (int64_t)b, so = slot_out ? (int64_t)slot_out[b] : sl;
+    const float *S = state + ((size_t)sl * hv + h) * DK * dv + tile * DEC_BV + cg * 4;
+    float *Sout = state + ((size_t)so * hv + h) * DK * dv + tile * DEC_BV + cg * 4;
     /* The state loads go first: they are the long-latency traffic, and none
      * depends on anything else. Streaming (evict-first) since each line is
      * touched once per step. */
@@ -92,7 +93,7 @@ gdn_decode_fast(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, 
         float4 n;
         n.x = fmaf(kk, d.x, a * s[p].x); n.y = fmaf(kk, d.y, a * s[p].y);
         n.z = fmaf(kk, d.z, a * s[p].z); n.w = fmaf(kk, d.w, a * s[p].w);
-        __stcs((float4 *)(S + (size_t)r * dv), n);
+        __stcs((float4 *)(Sout + (size_t)r * dv), n);
         oa.x = fmaf(n.x, qq, oa.x); oa.y = fmaf(n.y, qq, oa.y);
         oa.z = fmaf(n.z, qq, oa.z); oa.w = fmaf(n.w, qq, oa.w);
     }
@@ -122,9 +123,9 @@ gdn_decode_fast(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, 
  * fast path. */
 __global__ void __launch_bounds__(128)
 gdn_decode_generic(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, const uint16_t *__restrict__ v,
-                   const float *__restrict__ g, const float *__restrict__ beta, float *__restrict__ state,
-                   const int32_t *__restrict__ slot, const int32_t *__restrict__ rowmap, uint16_t *__restrict__ o, int hk,
-                   int hv, int dk, int dv) {
+                   const float *__restrict__ g, const float *__restrict__ beta, float *state,
+                   const int32_t *__restrict__ slot, const int32_t *__restrict__ slot_out,
+                   const int32_t *__restrict__ rowmap, uint16_t *__restrict__ o, int hk, int hv, int dk, int dv) {
     extern __shared__ float sm[]; /* k then q, dk floats each */
     const int h = blockIdx.y, b = blockIdx.z;
     const int64_t r = rowmap ? (int64_t)rowmap[b] : (int64_t)b;
@@ -137,8 +138,9 @@ gdn_decode_generic(const uint16_t *__restrict__ q, const uint16_t *__restrict__ 
     }
     __syncthreads();
     if (e >= dv) return;
-    const int64_t sl = slot ? (int64_t)slot[b] : (int64_t)b;
-    float *S = state + ((size_t)sl * hv + h) * dk * dv + e;
+    const int64_t sl = slot ? (int64_t)slot[b] : (int64_t)b, so = slot_out ? (int64_t)slot_out[b] : sl;
+    const float *S = state + ((size_t)sl * hv + h) * dk * dv + e;
+    float *Sout = state + ((size_t)so * hv + h) * dk * dv + e;
     const size_t row = (size_t)r * hv + h;
     const float a = expf(g[row]);
     float m = 0.f;
@@ -147,7 +149,7 @@ gdn_decode_generic(const uint16_t *__restrict__ q, const uint16_t *__restrict__ 
     float oa = 0.f;
     for (int i = 0; i < dk; i++) {
         const float n = fmaf(ks[i], d, a * S[(size_t)i * dv]);
-        S[(size_t)i * dv] = n;
+        Sout[(size_t)i * dv] = n;
         oa = fmaf(n, qs[i], oa);
     }
     o[row * dv + e] = qd_f2bf(oa);
@@ -170,7 +172,7 @@ extern "C" qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *
         const dim3 grid(a->dv / DEC_BV, a->hv, a->n_seq);
 #define QD_DEC_LAUNCH(DK)                                                                                  \
     gdn_decode_fast<DK><<<grid, DEC_NT, 0, st>>>(a->d_q, a->d_k, a->d_v, a->d_g, a->d_beta, a->d_state,  \
-                                                 a->d_slot, a->d_row, a->d_o, a->hk, a->hv, a->dv)
+                                                 a->d_slot, a->d_slot_out, a->d_row, a->d_o, a->hk, a->hv, a->dv)
         if (a->dk == 64) QD_DEC_LAUNCH(64);
         else if (a->dk == 128) QD_DEC_LAUNCH(128);
         else QD_DEC_LAUNCH(256);
@@ -180,7 +182,8 @@ extern "C" qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *
         const size_t smem = 2 * (size_t)a->dk * sizeof(float);
         if (smem > 48 * 1024) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "gdn_decode: dk too large");
         gdn_decode_generic<<<grid, 128, smem, st>>>(a->d_q, a->d_k, a->d_v, a->d_g, a->d_beta, a->d_state,
-                                                    a->d_slot, a->d_row, a->d_o, a->hk, a->hv, a->dk, a->dv);
+                                                    a->d_slot, a->d_slot_out, a->d_row, a->d_o, a->hk, a->hv, a->dk,
+                                                    a->dv);
     }
     QD_CUDA_CHECK_LAUNCH("gdn_decode");
     return QD_OK;

@@ -110,6 +110,25 @@ __global__ void gdn_conv_state_kernel(int n_spans, int C, int K, const float *__
     for (int j = 0; j < K - 1; j++) st[j] = keep[j];
 }
 
+/* Verify spans (ver[4 s] = first row, rows T, main slot, first verify slot): the conv state
+ * after each token t < T - 1, the last K-1 inputs of [state | x[0..t]], into verify slot
+ * ver[4 s + 3] + t (the state after the last token is the main slot's, written next). */
+__global__ void gdn_conv_verify_kernel(int n_ver, int C, int K, const float *__restrict__ x, int64_t xs,
+                                       float *__restrict__ state, const int32_t *__restrict__ ver) {
+    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)n_ver * C) return;
+    const int s = (int)(idx / C), c = (int)(idx % C);
+    const int row0 = ver[4 * s], T = ver[4 * s + 1], slot = ver[4 * s + 2], vslot = ver[4 * s + 3];
+    const float *st = state + ((size_t)slot * C + c) * (K - 1);
+    for (int t = 0; t + 1 < T; t++) {
+        float *out = state + ((size_t)(vslot + t) * C + c) * (K - 1);
+        for (int j = 0; j < K - 1; j++) {
+            const int src = t + 1 - (K - 1) + j;
+            out[j] = src >= 0 ? x[(size_t)(row0 + src) * xs + c] : st[(K - 1) + src];
+        }
+    }
+}
+
 extern "C" qd_status qd_cuda_gdn_inputs(const qd_cuda_gdn_in_args *a, void *stream) {
     if (a->K < 1 || a->K > 17) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "gdn_inputs: conv kernel size must be 1..17");
     if (a->dk < 1 || a->dk > GI_MAX_DK || a->hk < 1 || a->hv < 1 || a->dv < 1)
@@ -121,6 +140,13 @@ extern "C" qd_status qd_cuda_gdn_inputs(const qd_cuda_gdn_in_args *a, void *stre
                                 a->d_A_log, a->d_dt_bias, a->d_state, a->d_spans, a->d_row_span, a->d_q, a->d_k,
                                 a->d_v, a->d_g, a->d_beta, a->decode_only ? 1 : 0);
     if (s) return s;
+    if (a->K > 1 && a->n_ver > 0) {
+        const int C = 2 * a->hk * a->dk + a->hv * a->dv;
+        const int64_t n3 = (int64_t)a->n_ver * C;
+        gdn_conv_verify_kernel<<<(unsigned)((n3 + 255) / 256), 256, 0, st>>>(a->n_ver, C, a->K, a->d_x, a->x_stride,
+                                                                            a->d_state, a->d_ver);
+        QD_CUDA_CHECK_LAUNCH("gdn_conv_verify");
+    }
     if (a->K > 1 && !a->decode_only) {
         const int C = 2 * a->hk * a->dk + a->hv * a->dv;
         const int64_t n2 = (int64_t)a->n_spans * C;

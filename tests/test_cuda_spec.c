@@ -1,0 +1,313 @@
+/* Speculative decoding on the CUDA backend (skipped without a GPU):
+ *  - K-token verify with rollback: a verify span inside one ragged forward beside a prefill
+ *    chunk and a plain decode, then qd_seq_accept keeping a prefix, against feeding the kept
+ *    tokens one at a time, on the gpu_* fixtures and the default model: in batch-invariant
+ *    mode bit for bit (the logit rows, the next decode, the whole GDN / conv state); otherwise
+ *    within the bf16 tolerance of test_cuda_model (2e-2 x max|logit|);
+ *  - the MTP head of the default model: its draft logits over held-out text, CUDA against
+ *    the CPU backend (same weights), top-1 agreement on the decidable rows;
+ *  - greedy speculative generation (qd_spec_generate_greedy, K = 1..3) on the default model:
+ *    in batch-invariant mode exactly the plain greedy ids, with the acceptance printed beside
+ *    the CPU's (tests/test_default_mtp). */
+#include <math.h>
+#include <string.h>
+
+#include "model/model.h" /* qd_seq_state_save: the state compared byte for byte */
+#include "qd_fixtures.h"
+#include "qd_test.h"
+#include "qdelta.h"
+#include "runtime/spec_decode.h"
+#ifdef QD_HAVE_CUDA
+#include "backend/cuda/cuda_device.h"
+#endif
+
+#ifdef QD_HAVE_CUDA
+
+#define MODEL "models/qdelta-tiny"
+#define N_PROMPT 64
+#define N_DEC 6
+
+static double max_abs(const float *x, size_t n) {
+    double m = 1e-30;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    return m;
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    double e = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        if (!(d <= e)) e = d;
+    }
+    return e;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Rows equal bit for bit (exact), or within 2e-2 x max|ref| of each other. */
+static int rows_match(const float *got, const float *ref, int n_rows, int V, int exact) {
+    const size_t n = (size_t)n_rows * V;
+    if (exact) return max_diff(got, ref, n) == 0;
+    return max_diff(got, ref, n) <= 2e-2 * max_abs(ref, n);
+}
+
+static qd_model *load(const char *dir, qd_backend_kind be) {
+    qd_model_params mp = qd_model_default_params();
+    mp.path = dir;
+    mp.backend = be;
+    mp.n_threads = 2;
+    qd_model *m = NULL;
+    char err[1024];
+    CHECKF(qd_model_load(&mp, &m, err, sizeof err) == QD_OK, "%s (%s): %s", dir, be == QD_BACKEND_CUDA ? "CUDA" : "CPU",
+           err);
+    return m;
+}
+
+static qd_status fwd_all(qd_context *ctx, const qd_span *sp, int n, const uint8_t *verify, float *logits) {
+    const qd_forward_args a = {.spans = sp, .n_spans = n, .verify = verify, .logits = logits};
+    return qd_forward_ex(ctx, &a);
+}
+
+static void check_verify(const char *dir, qd_model *m, const int32_t *prompt, const int32_t *dec, int invariant) {
+    const int V = qd_model_vocab_size(m);
+    qd_context_params cp = qd_context_default_params();
+    cp.max_seqs = 4;
+    cp.max_ctx = 160;
+    cp.max_batch = 4 * 160;
+    cp.speculative_tokens = 4;
+    cp.batch_invariant = invariant;
+    qd_context *ctx = NULL;
+    CHECKF(qd_context_create(m, &cp, &ctx) == QD_OK, "%s: %s", dir, qd_model_errmsg(m));
+    if (!ctx) return;
+    float *plain = malloc(sizeof(float) * N_DEC * V), *got = malloc(sizeof(float) * 8 * V);
+    float *scratch = malloc(sizeof(float) * 8 * V);
+    const size_t ssz = qd_seq_state_size(ctx);
+    unsigned char *s0 = malloc(ssz), *s1 = malloc(ssz);
+
+    qd_span p0 = {.seq = 0, .tokens = prompt, .n_tokens = N_PROMPT, .logits = QD_LOGITS_LAST};
+    CHECK(fwd_all(ctx, &p0, 1, NULL, scratch) == QD_OK);
+    for (int k = 0; k < N_DEC; k++) {
+        qd_span d = {.seq = 0, .tokens = &dec[k], .n_tokens = 1, .logits = QD_LOGITS_LAST};
+        CHECK(fwd_all(ctx, &d, 1, NULL, plain + (size_t)k * V) == QD_OK);
+    }
+    qd_span pp[2] = {{.seq = 1, .tokens = prompt, .n_tokens = N_PROMPT, .logits = QD_LOGITS_LAST},
+                     {.seq = 2, .tokens = prompt, .n_tokens = N_PROMPT, .logits = QD_LOGITS_LAST}};
+    CHECK(fwd_all(ctx, pp, 2, NULL, scratch) == QD_OK);
+    /* one ragged step: sequence 1 verifies [dec0, dec1, dec2, wrong, wrong], sequence 2
+     * decodes dec0, sequence 3 prefills a chunk */
+    int32_t span1[5] = {dec[0], dec[1], dec[2], (dec[3] + 1) % V, (dec[4] + 7) % V};
+    qd_span mix[3] = {{.seq = 3, .tokens = prompt, .n_tokens = N_PROMPT, .logits = QD_LOGITS_NONE},
+                      {.seq = 1, .tokens = span1, .n_tokens = 5, .logits = QD_LOGITS_ALL},
+                      {.seq = 2, .tokens = &dec[0], .n_tokens = 1, .logits = QD_LOGITS_LAST}};
+    const uint8_t verify[3] = {0, 1, 0};
+    CHECKF(fwd_all(ctx, mix, 3, verify, got) == QD_OK, "%s: %s", dir, qd_context_errmsg(ctx));
+    CHECKF(rows_match(got, plain, 3, V, invariant), "%s (invariant %d): verify rows differ from plain decode by %g of %g",
+           dir, invariant, max_diff(got, plain, 3 * (size_t)V), max_abs(plain, 3 * (size_t)V));
+    CHECKF(rows_match(got + (size_t)5 * V, plain, 1, V, invariant), "%s (invariant %d): the decode beside the verify "
+           "differs", dir, invariant);
+    CHECK(qd_seq_accept(ctx, 1, 3) == QD_OK && qd_seq_length(ctx, 1) == N_PROMPT + 3);
+
+    /* the next verify [dec3, dec4] kept whole; then a plain decode of dec5 */
+    qd_span v2 = {.seq = 1, .tokens = &dec[3], .n_tokens = 2, .logits = QD_LOGITS_ALL};
+    const uint8_t one = 1;
+    CHECK(fwd_all(ctx, &v2, 1, &one, got) == QD_OK);
+    CHECKF(rows_match(got, plain + (size_t)3 * V, 2, V, invariant), "%s (invariant %d): second verify differs by %g",
+           dir, invariant, max_diff(got, plain + (size_t)3 * V, 2 * (size_t)V));
+    CHECK(qd_seq_accept(ctx, 1, 2) == QD_OK);
+    qd_span d5 = {.seq = 1, .tokens = &dec[5], .n_tokens = 1, .logits = QD_LOGITS_LAST};
+    CHECK(fwd_all(ctx, &d5, 1, NULL, got) == QD_OK);
+    const double e5 = max_diff(got, plain + (size_t)5 * V, V);
+    CHECKF(rows_match(got, plain + (size_t)5 * V, 1, V, invariant), "%s (invariant %d): decode after the rollback "
+           "differs by %g of %g", dir, invariant, e5, max_abs(plain + (size_t)5 * V, V));
+    CHECK(qd_seq_length(ctx, 0) == qd_seq_length(ctx, 1));
+    CHECK(qd_seq_state_save(ctx, 0, s0, ssz) == QD_OK && qd_seq_state_save(ctx, 1, s1, ssz) == QD_OK);
+    if (invariant) CHECKF(memcmp(s0, s1, ssz) == 0, "%s: GDN state after verify + rollback differs from plain", dir);
+    printf("  %-44s invariant %d: verify + rollback vs plain decode, next logits off by %.3g of max %.3g\n", dir,
+           invariant, e5, max_abs(plain + (size_t)5 * V, V));
+
+    /* a reject of all but the first token; too long a span is refused */
+    qd_span v3 = {.seq = 1, .tokens = span1, .n_tokens = 4, .logits = QD_LOGITS_ALL};
+    CHECK(fwd_all(ctx, &v3, 1, &one, got) == QD_OK);
+    CHECK(qd_seq_accept(ctx, 1, 1) == QD_OK && qd_seq_length(ctx, 0) + 1 == qd_seq_length(ctx, 1));
+    int32_t six[6] = {1, 2, 3, 4, 5, 6};
+    qd_span too_long = {.seq = 2, .tokens = six, .n_tokens = 6, .logits = QD_LOGITS_LAST};
+    CHECK(fwd_all(ctx, &too_long, 1, &one, got) == QD_ERR_INVALID_ARG);
+    qd_context_free(ctx);
+    free(plain); free(got); free(scratch); free(s0); free(s1);
+}
+
+static int read_ids(const char *path, int32_t *out, int max) {
+    char *t = qd_test_read_file(path, NULL);
+    const int n = t ? qd_fixture_parse_ids(t, out, max) : -1;
+    free(t);
+    return n;
+}
+
+static void verify_fixture(const char *dir) {
+    char path[1024];
+    int32_t prompt[N_PROMPT], dec[16];
+    snprintf(path, sizeof path, "%s/prompt_64.ids", dir);
+    const int np = read_ids(path, prompt, N_PROMPT);
+    snprintf(path, sizeof path, "%s/greedy_64.ids", dir);
+    const int nd = read_ids(path, dec, 16);
+    CHECKF(np == N_PROMPT && nd >= N_DEC, "%s: prompt %d ids, greedy %d", dir, np, nd);
+    qd_model *m = np == N_PROMPT && nd >= N_DEC ? load(dir, QD_BACKEND_CUDA) : NULL;
+    if (m) {
+        check_verify(dir, m, prompt, dec, 1);
+        check_verify(dir, m, prompt, dec, 0);
+    }
+    qd_model_free(m);
+}
+
+/* The MTP head's draft logits over n held-out ids on a backend: the main forward's hidden
+ * states of every row, then one MTP pass over rows 0..n-2 (token p+1 with hidden p). */
+static float *mtp_logits(qd_model *m, const int32_t *ids, int n) {
+    const int V = qd_model_vocab_size(m), H = qd_model_hidden_size(m);
+    qd_context_params cp = qd_context_default_params();
+    cp.max_seqs = 1;
+    cp.max_ctx = n + 8;
+    cp.max_batch = n;
+    cp.mtp = 1;
+    cp.speculative_tokens = 2;
+    qd_context *ctx = NULL;
+    CHECKF(qd_context_create(m, &cp, &ctx) == QD_OK, "MTP context: %s", qd_model_errmsg(m));
+    if (!ctx) return NULL;
+    float *hidden = malloc(sizeof(float) * (size_t)n * H), *lg = malloc(sizeof(float) * (size_t)n * V);
+    qd_span sp = {.seq = 0, .tokens = ids, .n_tokens = n, .logits = QD_LOGITS_ALL};
+    int ok = hidden && lg && qd_forward_hidden(ctx, &sp, 1, lg, hidden) == QD_OK;
+    CHECKF(ok, "forward with hidden states: %s", qd_context_errmsg(ctx));
+    qd_span ms = {.seq = 0, .tokens = ids + 1, .n_tokens = n - 1, .logits = QD_LOGITS_ALL};
+    ok = ok && qd_mtp_forward(ctx, &ms, 1, hidden, lg, NULL) == QD_OK;
+    CHECKF(ok, "MTP forward: %s", qd_context_errmsg(ctx));
+    qd_context_free(ctx);
+    free(hidden);
+    if (!ok) {
+        free(lg);
+        return NULL;
+    }
+    return lg;
+}
+
+static void check_mtp_logits(void) {
+    static int32_t held[20000];
+    const int nh = read_ids(MODEL "/reference/heldout.ids", held, 20000), n = 200;
+    CHECKF(nh >= 4000 + n, MODEL "/reference/heldout.ids: %d ids", nh);
+    if (nh < 4000 + n) return;
+    qd_model *gm = load(MODEL, QD_BACKEND_CUDA), *cm = load(MODEL, QD_BACKEND_CPU);
+    if (gm && cm) {
+        const int V = qd_model_vocab_size(gm);
+        float *g = mtp_logits(gm, held + 4000, n), *c = mtp_logits(cm, held + 4000, n);
+        if (g && c) {
+            const int L = n - 1;
+            const double mx = max_abs(c, (size_t)L * V);
+            int agree = 0, dec = 0, agree_dec = 0;
+            for (int r = 0; r < L; r++) {
+                const float *cr = c + (size_t)r * V;
+                const int a = argmax(cr, V);
+                float second = -INFINITY;
+                for (int v = 0; v < V; v++)
+                    if (v != a && cr[v] > second) second = cr[v];
+                const int same = argmax(g + (size_t)r * V, V) == a;
+                agree += same;
+                if (cr[a] - second > 4e-2 * mx) {
+                    dec++;
+                    agree_dec += same;
+                }
+            }
+            const double err = max_diff(g, c, (size_t)L * V) / mx;
+            printf("  %s MTP draft logits, CUDA vs CPU: max err %.3g of max|ref|, top-1 %d/%d (decidable %d/%d)\n",
+                   MODEL, err, agree, L, agree_dec, dec);
+            CHECKF(agree_dec * 100 >= dec * 98, "MTP draft top-1 on decidable rows %d/%d below 98%%", agree_dec, dec);
+            CHECKF(err < 0.1, "MTP draft logits off by %.3g of max|ref|", err);
+        }
+        free(g);
+        free(c);
+    }
+    qd_model_free(gm);
+    qd_model_free(cm);
+}
+
+static void check_spec_greedy(int invariant) {
+    qd_model *m = load(MODEL, QD_BACKEND_CUDA);
+    if (!m) return;
+    const int V = qd_model_vocab_size(m), N_NEW = 48;
+    qd_context_params cp = qd_context_default_params();
+    cp.max_seqs = 2;
+    cp.max_ctx = 128;
+    cp.max_batch = 128;
+    cp.mtp = 1;
+    cp.speculative_tokens = 4;
+    cp.batch_invariant = invariant;
+    qd_context *ctx = NULL;
+    CHECKF(qd_context_create(m, &cp, &ctx) == QD_OK, "context: %s", qd_model_errmsg(m));
+    float *row = malloc(sizeof(float) * (size_t)V);
+    long drafted[4] = {0}, accepted[4] = {0};
+    int same_all = 1;
+    for (int pi = 0; ctx && pi < 5; pi++) {
+        char path[256];
+        int32_t ids[64], plain[48], spec[48];
+        snprintf(path, sizeof path, MODEL "/reference/prompt_%d.ids", pi);
+        const int n = read_ids(path, ids, 64);
+        CHECKF(n > 0, "%s", path);
+        if (n <= 0) break;
+        CHECK(qd_seq_reset(ctx, 0) == QD_OK);
+        qd_span pre = {.seq = 0, .tokens = ids, .n_tokens = n, .logits = QD_LOGITS_LAST};
+        CHECK(qd_forward(ctx, &pre, 1, row) == QD_OK);
+        plain[0] = argmax(row, V);
+        for (int i = 1; i < N_NEW; i++) {
+            qd_span d = {.seq = 0, .tokens = &plain[i - 1], .n_tokens = 1, .logits = QD_LOGITS_LAST};
+            CHECK(qd_forward(ctx, &d, 1, row) == QD_OK);
+            plain[i] = argmax(row, V);
+        }
+        for (int k = 1; k <= 3; k++) {
+            qd_spec_stats s;
+            CHECK(qd_seq_reset(ctx, 1) == QD_OK);
+            const qd_spec_greedy_args a = {.model = m, .ctx = ctx, .seq = 1, .prompt = ids, .n_prompt = n,
+                                           .n_new = N_NEW, .k = k};
+            CHECKF(qd_spec_generate_greedy(&a, spec, &s) == QD_OK, "prompt %d k=%d: %s", pi, k,
+                   qd_context_errmsg(ctx));
+            const int same = !memcmp(spec, plain, sizeof plain);
+            same_all &= same;
+            if (invariant)
+                CHECKF(same, "prompt %d k=%d: speculative greedy differs from plain greedy (batch-invariant)", pi, k);
+            drafted[k] += s.drafted;
+            accepted[k] += s.accepted;
+        }
+    }
+    printf("  %s greedy speculative on CUDA (invariant %d): output %s plain greedy; drafts kept K=1 %ld/%ld, K=2 "
+           "%ld/%ld (%.1f%%), K=3 %ld/%ld\n",
+           MODEL, invariant, same_all ? "==" : "!=", accepted[1], drafted[1], accepted[2], drafted[2],
+           100.0 * (double)accepted[2] / (double)(drafted[2] ? drafted[2] : 1), accepted[3], drafted[3]);
+    CHECKF(drafted[2] > 0 && accepted[2] * 100 >= drafted[2] * 40, "K=2: %ld of %ld drafts kept", accepted[2],
+           drafted[2]);
+    free(row);
+    qd_context_free(ctx);
+    qd_model_free(m);
+}
+
+int main(void) {
+    if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_spec", "no CUDA device");
+    printf("verify + rollback on the GPU\n");
+    static const char *gpu[] = {"gpu_qwen3_5_dense_bf16", "gpu_qwen3_5_moe_bf16", "gpu_qwen3_next_moe_bf16"};
+    for (size_t i = 0; i < sizeof gpu / sizeof gpu[0]; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", QD_FIXTURES, gpu[i]);
+        verify_fixture(dir);
+    }
+    printf("the MTP head on the GPU\n");
+    check_mtp_logits();
+    check_spec_greedy(1);
+    check_spec_greedy(0);
+    return qd_test_finish("test_cuda_spec");
+}
+
+#else
+
+int main(void) { return qd_test_skip("test_cuda_spec", "built without CUDA"); }
+
+#endif
