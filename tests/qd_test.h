@@ -56,6 +56,24 @@ static inline char *qd_test_read_file(const char *path, size_t *len) {
     return buf;
 }
 
+/* max |a[i] - b[i]| (NaN counts as infinitely far). */
+static inline double qd_test_max_diff(const float *a, const float *b, size_t n) {
+    double e = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        if (!(d <= e)) e = d;
+    }
+    return e;
+}
+
+/* Index of the largest of x[0..n), the lowest among equals. */
+static inline int qd_test_argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
 static inline int qd_test_skip(const char *name, const char *why) {
     printf("%s: skipped: %s\n", name, why);
     return 77;

@@ -33,27 +33,12 @@ static double max_abs(const float *x, size_t n) {
     return m;
 }
 
-static double max_diff(const float *a, const float *b, size_t n) {
-    double e = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = fabs((double)a[i] - b[i]);
-        if (!(d <= e)) e = d;
-    }
-    return e;
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* Rows equal bit for bit (exact), or within 2e-2 x max|ref| of each other. */
 static int rows_match(const float *got, const float *ref, int n_rows, int V, int exact) {
     const size_t n = (size_t)n_rows * V;
-    if (exact) return max_diff(got, ref, n) == 0;
-    return max_diff(got, ref, n) <= 2e-2 * max_abs(ref, n);
+    if (exact) return qd_test_max_diff(got, ref, n) == 0;
+    return qd_test_max_diff(got, ref, n) <= 2e-2 * max_abs(ref, n);
 }
 
 static qd_model *load(const char *dir, qd_backend_kind be) {
@@ -107,7 +92,7 @@ static void check_verify(const char *dir, qd_model *m, const int32_t *prompt, co
     const uint8_t verify[3] = {0, 1, 0};
     CHECKF(fwd_all(ctx, mix, 3, verify, got) == QD_OK, "%s: %s", dir, qd_context_errmsg(ctx));
     CHECKF(rows_match(got, plain, 3, V, invariant), "%s (invariant %d): verify rows differ from plain decode by %g of %g",
-           dir, invariant, max_diff(got, plain, 3 * (size_t)V), max_abs(plain, 3 * (size_t)V));
+           dir, invariant, qd_test_max_diff(got, plain, 3 * (size_t)V), max_abs(plain, 3 * (size_t)V));
     CHECKF(rows_match(got + (size_t)5 * V, plain, 1, V, invariant), "%s (invariant %d): the decode beside the verify "
            "differs", dir, invariant);
     CHECK(qd_seq_accept(ctx, 1, 3) == QD_OK && qd_seq_length(ctx, 1) == N_PROMPT + 3);
@@ -117,11 +102,11 @@ static void check_verify(const char *dir, qd_model *m, const int32_t *prompt, co
     const uint8_t one = 1;
     CHECK(fwd_all(ctx, &v2, 1, &one, got) == QD_OK);
     CHECKF(rows_match(got, plain + (size_t)3 * V, 2, V, invariant), "%s (invariant %d): second verify differs by %g",
-           dir, invariant, max_diff(got, plain + (size_t)3 * V, 2 * (size_t)V));
+           dir, invariant, qd_test_max_diff(got, plain + (size_t)3 * V, 2 * (size_t)V));
     CHECK(qd_seq_accept(ctx, 1, 2) == QD_OK);
     qd_span d5 = {.seq = 1, .tokens = &dec[5], .n_tokens = 1, .logits = QD_LOGITS_LAST};
     CHECK(fwd_all(ctx, &d5, 1, NULL, got) == QD_OK);
-    const double e5 = max_diff(got, plain + (size_t)5 * V, V);
+    const double e5 = qd_test_max_diff(got, plain + (size_t)5 * V, V);
     CHECKF(rows_match(got, plain + (size_t)5 * V, 1, V, invariant), "%s (invariant %d): decode after the rollback "
            "differs by %g of %g", dir, invariant, e5, max_abs(plain + (size_t)5 * V, V));
     CHECK(qd_seq_length(ctx, 0) == qd_seq_length(ctx, 1));
@@ -208,18 +193,18 @@ static void check_mtp_logits(void) {
             int agree = 0, dec = 0, agree_dec = 0;
             for (int r = 0; r < L; r++) {
                 const float *cr = c + (size_t)r * V;
-                const int a = argmax(cr, V);
+                const int a = qd_test_argmax(cr, V);
                 float second = -INFINITY;
                 for (int v = 0; v < V; v++)
                     if (v != a && cr[v] > second) second = cr[v];
-                const int same = argmax(g + (size_t)r * V, V) == a;
+                const int same = qd_test_argmax(g + (size_t)r * V, V) == a;
                 agree += same;
                 if (cr[a] - second > 4e-2 * mx) {
                     dec++;
                     agree_dec += same;
                 }
             }
-            const double err = max_diff(g, c, (size_t)L * V) / mx;
+            const double err = qd_test_max_diff(g, c, (size_t)L * V) / mx;
             printf("  %s MTP draft logits, CUDA vs CPU: max err %.3g of max|ref|, top-1 %d/%d (decidable %d/%d)\n",
                    MODEL, err, agree, L, agree_dec, dec);
             CHECKF(agree_dec * 100 >= dec * 98, "MTP draft top-1 on decidable rows %d/%d below 98%%", agree_dec, dec);
@@ -258,11 +243,11 @@ static void check_spec_greedy(int invariant) {
         CHECK(qd_seq_reset(ctx, 0) == QD_OK);
         qd_span pre = {.seq = 0, .tokens = ids, .n_tokens = n, .logits = QD_LOGITS_LAST};
         CHECK(qd_forward(ctx, &pre, 1, row) == QD_OK);
-        plain[0] = argmax(row, V);
+        plain[0] = qd_test_argmax(row, V);
         for (int i = 1; i < N_NEW; i++) {
             qd_span d = {.seq = 0, .tokens = &plain[i - 1], .n_tokens = 1, .logits = QD_LOGITS_LAST};
             CHECK(qd_forward(ctx, &d, 1, row) == QD_OK);
-            plain[i] = argmax(row, V);
+            plain[i] = qd_test_argmax(row, V);
         }
         for (int k = 1; k <= 3; k++) {
             qd_spec_stats s;

@@ -39,21 +39,6 @@ static qd_context *mtp_context(qd_model *m, int max_seqs, int max_ctx, int invar
     return s == QD_OK ? ctx : NULL;
 }
 
-static double max_diff(const float *a, const float *b, size_t n) {
-    double e = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = fabs((double)a[i] - b[i]);
-        if (!(d <= e)) e = d;
-    }
-    return e;
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* Main prefill of ids into seq (hidden [n][H]) and the MTP over pieces of the pairs
  * (hidden_p, id_{p+1}): cuts[] are the pieces' lengths, summing to n - 1; logits [n-1][V]. */
@@ -109,9 +94,9 @@ static void check_fixture(const char *dir) {
     CHECK(mtp_in_pieces(ctx, 0, ids, n, all, 1, hidden, one, V, H) == 0);
     double mx = 0;
     for (size_t i = 0; i < rows * V; i++) mx = fmax(mx, fabs(ref[i]));
-    const double e = max_diff(one, ref, rows * V);
+    const double e = qd_test_max_diff(one, ref, rows * V);
     int same_argmax = 0;
-    for (size_t r = 0; r < rows; r++) same_argmax += argmax(one + r * V, V) == argmax(ref + r * V, V);
+    for (size_t r = 0; r < rows; r++) same_argmax += qd_test_argmax(one + r * V, V) == qd_test_argmax(ref + r * V, V);
     printf("  %-28s n=%d  MTP logits max|diff|/max|ref| = %.2e, argmax equal %d/%zu\n", dir + strlen(MTP_FIXTURES) + 1,
            n, e / mx, same_argmax, rows);
     CHECKF(e <= 5e-5 * mx, "%s: MTP logits differ: max |diff| %g vs 5e-5 x max|ref| = %g", dir, e, 5e-5 * mx);
@@ -123,7 +108,7 @@ static void check_fixture(const char *dir) {
      * mode makes every row's sums the same whatever the piece, so the bits agree */
     const int cuts[5] = {17, 1, 1, 1, n - 1 - 20};
     CHECK(mtp_in_pieces(ctx, 1, ids, n, cuts, 5, hidden, piece, V, H) == 0);
-    CHECKF(max_diff(piece, one, rows * V) == 0, "%s: MTP in pieces differs by %g", dir, max_diff(piece, one, rows * V));
+    CHECKF(qd_test_max_diff(piece, one, rows * V) == 0, "%s: MTP in pieces differs by %g", dir, qd_test_max_diff(piece, one, rows * V));
 
     /* 3. rollback: drop the MTP KV past 11, run those rows again: the same bits; and
      * h' (hidden_out) is the MTP norm's output, finite */
@@ -131,8 +116,8 @@ static void check_fixture(const char *dir) {
     {
         qd_span ms = {.seq = 1, .tokens = ids + 12, .n_tokens = n - 12, .logits = QD_LOGITS_ALL};
         CHECK(qd_mtp_forward(ctx, &ms, 1, hidden + (size_t)11 * H, piece + (size_t)11 * V, hout) == QD_OK);
-        CHECKF(max_diff(piece, one, rows * V) == 0, "%s: MTP after rollback differs by %g", dir,
-               max_diff(piece, one, rows * V));
+        CHECKF(qd_test_max_diff(piece, one, rows * V) == 0, "%s: MTP after rollback differs by %g", dir,
+               qd_test_max_diff(piece, one, rows * V));
         int finite = 1;
         for (size_t i = 0; i < (size_t)(n - 12) * H; i++) finite &= isfinite(hout[i]);
         CHECK(finite);
@@ -157,11 +142,11 @@ static void check_fixture(const char *dir) {
         float *h2 = malloc(sizeof(float) * (size_t)n * H), *again = malloc(sizeof(float) * rows * V);
         memcpy(h2, hidden, sizeof(float) * 10 * (size_t)H);
         CHECK(qd_forward_hidden(ctx, &rest, 1, NULL, h2 + (size_t)10 * H) == QD_OK);
-        CHECKF(max_diff(h2, hidden, (size_t)n * H) == 0, "%s: main hidden after a rollback differs", dir);
+        CHECKF(qd_test_max_diff(h2, hidden, (size_t)n * H) == 0, "%s: main hidden after a rollback differs", dir);
         qd_span tail = {.seq = 1, .tokens = ids + 11, .n_tokens = n - 11, .logits = QD_LOGITS_ALL};
         CHECK(qd_mtp_forward(ctx, &tail, 1, h2 + (size_t)10 * H, again, NULL) == QD_OK);
-        CHECKF(max_diff(again, piece + (size_t)10 * V, (rows - 10) * V) == 0,
-               "%s: MTP after a sequence rollback differs by %g", dir, max_diff(again, piece + (size_t)10 * V, (rows - 10) * V));
+        CHECKF(qd_test_max_diff(again, piece + (size_t)10 * V, (rows - 10) * V) == 0,
+               "%s: MTP after a sequence rollback differs by %g", dir, qd_test_max_diff(again, piece + (size_t)10 * V, (rows - 10) * V));
         free(h2);
         free(again);
         free(snap);
@@ -176,7 +161,7 @@ static void check_fixture(const char *dir) {
                          {.seq = 1, .tokens = ids, .n_tokens = n, .logits = QD_LOGITS_ALL}};
         float *h2 = malloc(sizeof(float) * 2 * (size_t)n * H);
         CHECK(qd_forward_hidden(ctx, sp, 2, NULL, h2) == QD_OK);
-        CHECKF(max_diff(h2, h2 + (size_t)n * H, (size_t)n * H) == 0, "%s: two equal prompts, different hidden", dir);
+        CHECKF(qd_test_max_diff(h2, h2 + (size_t)n * H, (size_t)n * H) == 0, "%s: two equal prompts, different hidden", dir);
         qd_span a = {.seq = 0, .tokens = ids + 1, .n_tokens = n - 6, .logits = QD_LOGITS_NONE};
         CHECK(qd_mtp_forward(ctx, &a, 1, h2, NULL, NULL) == QD_OK);
         qd_span mix[2] = {{.seq = 0, .tokens = ids + n - 5, .n_tokens = 5, .logits = QD_LOGITS_ALL},
@@ -185,8 +170,8 @@ static void check_fixture(const char *dir) {
         memcpy(hin, h2 + (size_t)(n - 6) * H, sizeof(float) * 5 * H);
         memcpy(hin + (size_t)5 * H, h2 + (size_t)n * H, sizeof(float) * 9 * H);
         CHECK(qd_mtp_forward(ctx, mix, 2, hin, lg, NULL) == QD_OK);
-        CHECKF(max_diff(lg, one + (size_t)(n - 6) * V, 5 * (size_t)V) == 0, "%s: ragged MTP batch, sequence 0", dir);
-        CHECKF(max_diff(lg + (size_t)5 * V, one, 9 * (size_t)V) == 0, "%s: ragged MTP batch, sequence 1", dir);
+        CHECKF(qd_test_max_diff(lg, one + (size_t)(n - 6) * V, 5 * (size_t)V) == 0, "%s: ragged MTP batch, sequence 0", dir);
+        CHECKF(qd_test_max_diff(lg + (size_t)5 * V, one, 9 * (size_t)V) == 0, "%s: ragged MTP batch, sequence 1", dir);
         free(hin);
         free(lg);
         free(h2);
@@ -201,11 +186,11 @@ static void check_fixture(const char *dir) {
         qd_span ms = {.seq = 1, .tokens = ids + 1, .n_tokens = 5, .logits = QD_LOGITS_LAST};
         float hp[1024];
         CHECK(H <= 1024 && qd_mtp_forward(ctx, &ms, 1, hidden, piece, hp) == QD_OK);
-        int32_t tok = argmax(piece, V);
+        int32_t tok = qd_test_argmax(piece, V);
         for (int k = 0; k < 4; k++) {
             qd_span d = {.seq = 1, .tokens = &tok, .n_tokens = 1, .logits = QD_LOGITS_LAST};
             CHECK(qd_mtp_forward(ctx, &d, 1, hp, piece, hp) == QD_OK);
-            tok = argmax(piece, V);
+            tok = qd_test_argmax(piece, V);
         }
         CHECK(qd_mtp_length(ctx, 1) == 9 && qd_seq_length(ctx, 1) == 5);
         CHECK(qd_mtp_truncate(ctx, 1, 5) == QD_OK && qd_mtp_length(ctx, 1) == 5);
@@ -240,8 +225,8 @@ static void check_fixture(const char *dir) {
             qd_span mc = {.seq = 0, .tokens = ids + 21, .n_tokens = n - 21, .logits = QD_LOGITS_ALL};
             CHECK(qd_mtp_forward(ctx, &mc, 1, h + (size_t)20 * H, pass ? rows2 : ref_rows, NULL) == QD_OK);
         }
-        CHECKF(max_diff(rows2, ref_rows, (size_t)(n - 21) * V) == 0, "%s: a fork's MTP write reached the parent (%g)",
-               dir, max_diff(rows2, ref_rows, (size_t)(n - 21) * V));
+        CHECKF(qd_test_max_diff(rows2, ref_rows, (size_t)(n - 21) * V) == 0, "%s: a fork's MTP write reached the parent (%g)",
+               dir, qd_test_max_diff(rows2, ref_rows, (size_t)(n - 21) * V));
         free(h);
         free(ref_rows);
         free(rows2);
@@ -347,7 +332,7 @@ static void check_cli(const char *dir) {
     if (got && ref && len == rlen) {
         double mx = 0;
         for (size_t i = 0; i < len / 4; i++) mx = fmax(mx, fabs(ref[i]));
-        CHECKF(max_diff(got, ref, len / 4) <= 5e-5 * mx, "CLI MTP logits differ by %g", max_diff(got, ref, len / 4));
+        CHECKF(qd_test_max_diff(got, ref, len / 4) <= 5e-5 * mx, "CLI MTP logits differ by %g", qd_test_max_diff(got, ref, len / 4));
     }
     free(got);
     free(ref);

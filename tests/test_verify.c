@@ -14,30 +14,15 @@
 #define N_PROMPT 64
 #define N_DEC 6
 
-static double max_diff(const float *a, const float *b, size_t n) {
-    double e = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = fabs((double)a[i] - b[i]);
-        if (!(d <= e)) e = d;
-    }
-    return e;
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* Rows equal: bit for bit when exact, else within tol x max|ref| and the same argmax. */
 static int rows_match(const float *got, const float *ref, int n_rows, int V, int exact) {
-    if (exact) return max_diff(got, ref, (size_t)n_rows * V) == 0;
+    if (exact) return qd_test_max_diff(got, ref, (size_t)n_rows * V) == 0;
     double mx = 1e-30;
     for (size_t i = 0; i < (size_t)n_rows * V; i++) mx = fmax(mx, fabs(ref[i]));
-    if (max_diff(got, ref, (size_t)n_rows * V) > 1e-5 * mx) return 0;
+    if (qd_test_max_diff(got, ref, (size_t)n_rows * V) > 1e-5 * mx) return 0;
     for (int r = 0; r < n_rows; r++)
-        if (argmax(got + (size_t)r * V, V) != argmax(ref + (size_t)r * V, V)) return 0;
+        if (qd_test_argmax(got + (size_t)r * V, V) != qd_test_argmax(ref + (size_t)r * V, V)) return 0;
     return 1;
 }
 
@@ -83,7 +68,7 @@ static void check_model(const char *dir, qd_model *m, const int32_t *prompt, con
     const uint8_t verify[3] = {0, 1, 0};
     CHECK(fwd_all(ctx, mix, 3, verify, got) == QD_OK);
     CHECKF(rows_match(got, plain, 3, V, invariant), "%s (invariant %d): verify rows differ from plain decode by %g",
-           dir, invariant, max_diff(got, plain, 3 * (size_t)V));
+           dir, invariant, qd_test_max_diff(got, plain, 3 * (size_t)V));
     CHECKF(rows_match(got + (size_t)5 * V, plain, 1, V, invariant), "%s: the plain decode beside the verify differs",
            dir);
     CHECK(qd_seq_length(ctx, 1) == N_PROMPT + 5);
@@ -99,7 +84,7 @@ static void check_model(const char *dir, qd_model *m, const int32_t *prompt, con
     qd_span d5 = {.seq = 1, .tokens = &dec[5], .n_tokens = 1, .logits = QD_LOGITS_LAST};
     CHECK(fwd_all(ctx, &d5, 1, NULL, got) == QD_OK);
     CHECKF(rows_match(got, plain + (size_t)5 * V, 1, V, invariant), "%s: decode after the rollback differs by %g", dir,
-           max_diff(got, plain + (size_t)5 * V, V));
+           qd_test_max_diff(got, plain + (size_t)5 * V, V));
     CHECK(qd_seq_length(ctx, 0) == qd_seq_length(ctx, 1));
     CHECK(qd_seq_state_save(ctx, 0, s0, ssz) == QD_OK && qd_seq_state_save(ctx, 1, s1, ssz) == QD_OK);
     if (invariant) CHECKF(memcmp(s0, s1, ssz) == 0, "%s: GDN state after verify + rollback differs from plain", dir);

@@ -70,6 +70,9 @@ qd_status qd_model_bind_norm(qd_model *m, const char *name, int64_t n, float **o
  * m->w.mtp stays NULL and m->mtp_missing says why. Only running out of memory fails the
  * load. */
 qd_status qd_model_bind_mtp(qd_model *m, const qd_config *c, const struct qd_shard_plan *p, qd_err *err);
+/* An empty MTP head owned by m: its layer's kind, FFN kind (c's family) and KV layer index
+ * (n_attn) set, every weight still to bind or draw; NULL when out of memory. */
+qd_mtp_weights *qd_model_new_mtp(qd_model *m, const qd_config *c);
 /* A rank's plan slices the kinds of block the main layers have (shard.h), and the head's
  * layer (full attention and the family's FFN) is sliced by the same plan: it needs a
  * main layer of each of its kinds. The reason it cannot be sliced, or NULL. */

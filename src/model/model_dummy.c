@@ -130,12 +130,8 @@ static qd_status rand_layer(qd_model *m, qd_layer *ly, uint64_t *seed, qd_err *e
 static qd_status rand_mtp(qd_model *m, uint64_t *seed, qd_err *err) {
     const qd_config *c = &m->cfg;
     const int H = c->hidden_size;
-    qd_mtp_weights *w = qd_model_alloc(m, sizeof *w);
+    qd_mtp_weights *w = qd_model_new_mtp(m, c);
     if (!w) return qd_seterr(err, QD_ERR_OOM, "out of memory for the MTP head");
-    memset(w, 0, sizeof *w);
-    w->layer.kind = QD_LAYER_ATTN;
-    w->layer.ffn_kind = c->n_experts > 0 ? QD_FFN_MOE : QD_FFN_DENSE;
-    w->layer.state_index = m->w.n_attn; /* the extra attention layer of the KV blocks */
     QD_TRY(const_vector(m, &w->pre_fc_norm_embedding, H, 0.0f, err));
     QD_TRY(const_vector(m, &w->pre_fc_norm_hidden, H, 0.0f, err));
     QD_TRY(rand_matrix(m, &w->fc, H, 2 * (int64_t)H, seed, err));

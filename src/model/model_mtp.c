@@ -39,6 +39,16 @@ const char *qd_mtp_plan_lacks(const qd_config *c, const qd_shard_plan *p) {
     return NULL;
 }
 
+qd_mtp_weights *qd_model_new_mtp(qd_model *m, const qd_config *c) {
+    qd_mtp_weights *w = qd_model_alloc(m, sizeof *w);
+    if (!w) return NULL;
+    memset(w, 0, sizeof *w);
+    w->layer.kind = QD_LAYER_ATTN;
+    w->layer.ffn_kind = c->n_experts > 0 ? QD_FFN_MOE : QD_FFN_DENSE;
+    w->layer.state_index = m->w.n_attn; /* the extra attention layer of the KV blocks */
+    return w;
+}
+
 qd_status qd_model_bind_mtp(qd_model *m, const qd_config *c, const struct qd_shard_plan *p, qd_err *err) {
     const int H = c->hidden_size;
     m->w.mtp = NULL;
@@ -50,12 +60,8 @@ qd_status qd_model_bind_mtp(qd_model *m, const qd_config *c, const struct qd_sha
         return missing(m, err, "it has more than one layer (mtp.layers.1.*); one is supported");
     const char *lacks = qd_mtp_plan_lacks(c, p);
     if (lacks) return missing(m, err, lacks);
-    qd_mtp_weights *w = qd_model_alloc(m, sizeof *w);
+    qd_mtp_weights *w = qd_model_new_mtp(m, c);
     if (!w) return qd_seterr(err, QD_ERR_OOM, "out of memory for the MTP head");
-    memset(w, 0, sizeof *w);
-    w->layer.kind = QD_LAYER_ATTN;
-    w->layer.ffn_kind = c->n_experts > 0 ? QD_FFN_MOE : QD_FFN_DENSE;
-    w->layer.state_index = m->w.n_attn; /* the extra attention layer of the KV blocks */
     qd_status s = qd_model_bind_norm(m, "mtp.pre_fc_norm_embedding.weight", H, &w->pre_fc_norm_embedding, err);
     if (s == QD_OK) s = qd_model_bind_norm(m, "mtp.pre_fc_norm_hidden.weight", H, &w->pre_fc_norm_hidden, err);
     if (s == QD_OK) s = qd_model_bind_matrix(m, "mtp.fc.weight", H, 2 * (int64_t)H, &w->fc, err);
