@@ -8,8 +8,8 @@
  * must give the same ids. The steps: a prefill span whose 260 rows all want logits (more
  * than a CUDA context's logit chunk of 256, so the masks travel chunk by chunk) beside a
  * short one, then decodes, under vocab_limit = V and V - 100 (allowed padding ids must
- * never win). On the CPU and the CPU model split over 2 ranks (rank 0 computes the
- * logits). Bad masks are refused with a message and
+ * never win). On the CPU, the CPU model split over 2 ranks (rank 0 computes the logits)
+ * and the CUDA backend when a GPU is present. Bad masks are refused with a message and
  * change nothing. Default model (models/qdelta-tiny). */
 #include <math.h>
 #include <stdlib.h>
@@ -226,5 +226,12 @@ int main(void) {
     m = qd_fixture_load(dir, QD_BACKEND_CPU, 2);
     if (m) check_model(m, "cpu tp=2");
     qd_model_free(m);
+    qd_device_info info;
+    char err[256];
+    if (qd_backend_device_info(QD_BACKEND_CUDA, &info, err, sizeof err) == QD_OK) {
+        m = qd_fixture_load(dir, QD_BACKEND_CUDA, 1);
+        if (m) check_model(m, "cuda");
+        qd_model_free(m);
+    }
     return qd_test_finish("test_forward_allow");
 }
