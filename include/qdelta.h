@@ -294,6 +294,18 @@ typedef struct qd_forward_args {
      * backend with the MTP forward. */
     const uint8_t *hidden_all;
     float *all_hidden;
+    /* Allow masks for the argmax (constrained greedy decoding decided where the logits
+     * are, with no row copied off a GPU): allow [n_allow][(vocab_size + 31) / 32] words,
+     * bit i % 32 of word i / 32 set when id i is allowed, and allow_row [n_logit_rows]
+     * each logit row's mask (an index into allow) or -1 for an unmasked row. A masked
+     * row's id is the argmax over the ids of [0, vocab_limit) its mask allows (the lowest
+     * among equals) and its logprob the log-softmax over those ids alone: what an
+     * unmasked row gives after its refused logits are set to -inf. A masked row with no
+     * allowed id whose logit is above -inf gets id -1 and logprob -INFINITY. Needs ids;
+     * allow_row NULL: no row is masked. */
+    const uint32_t *allow;
+    int n_allow;
+    const int32_t *allow_row;
 } qd_forward_args;
 qd_status qd_forward_ex(qd_context *ctx, const qd_forward_args *args);
 

@@ -261,13 +261,106 @@ static void test_argmax(int n, int V, int limit) {
         wlp[r] = (float)-log(se);
     }
     void *dx = qd_test_dev(x, (size_t)n * V * 4), *di = qd_test_dev(NULL, (size_t)n * 4), *dl = qd_test_dev(NULL, (size_t)n * 4);
-    CHECK(qd_cuda_argmax(dx, n, V, limit, di, dl, NULL) == QD_OK);
+    CHECK(qd_cuda_argmax(dx, n, V, limit, NULL, NULL, di, dl, NULL) == QD_OK);
     int32_t *got = qd_test_host(di, (size_t)n * 4);
     float *lp = qd_test_host(dl, (size_t)n * 4);
     CHECKF(!memcmp(got, want, sizeof(int32_t) * n), "argmax V=%d limit=%d differs", V, limit);
     compare("argmax logprob", lp, wlp, (size_t)n, 1e-5, 1e-6);
     free(x); free(got); free(lp);
     qd_cuda_free(dx); qd_cuda_free(di); qd_cuda_free(dl);
+}
+
+static int mask_has(const uint32_t *m, int i) { return (m[i >> 5] >> (i & 31)) & 1; }
+static void mask_set(uint32_t *m, int i, int on) {
+    if (on) m[i >> 5] |= 1u << (i & 31);
+    else m[i >> 5] &= ~(1u << (i & 31));
+}
+
+/* The masked argmax (qd_forward_args.allow) against a naive reference: the lowest
+ * allowed id of the largest allowed logit below limit, its log-softmax over the
+ * allowed ids; -1 and -inf when none is allowed. Row kinds by r % 6: a random half
+ * with a tie between allowed ids and a refused id far above; all but one refused; none
+ * allowed; unmasked (allow_row -1) with a tie; only padding ids (>= limit) allowed;
+ * everything allowed and a padding id far above. The masks are shared and out of row
+ * order, and their bits past V are set, which nothing may read. */
+static void test_argmax_masked(int n, int V, int limit) {
+    const size_t W = ((size_t)V + 31) / 32;
+    float *x = qd_test_rnd(&rng, (size_t)n * V, 1.0f);
+    uint32_t *masks = calloc((size_t)n * W, 4);
+    int32_t rows[16], want[16];
+    float wlp[16];
+    int n_masks = 0;
+    for (int r = 0; r < n; r++) {
+        float *row = x + (size_t)r * V;
+        const int kind = r % 6;
+        if (kind == 3) {
+            rows[r] = -1;
+        } else {
+            rows[r] = n - 1 - n_masks; /* out of order: the last mask for the first masked row */
+            n_masks++;
+        }
+        uint32_t *m = rows[r] >= 0 ? masks + (size_t)rows[r] * W : NULL;
+        const int a = (int)(qd_test_next(&rng) % (uint64_t)limit), b = (int)(qd_test_next(&rng) % (uint64_t)limit);
+        if (kind == 0) {
+            for (int i = 0; i < V; i++) mask_set(m, i, qd_test_next(&rng) & 1);
+            mask_set(m, a, 1);
+            mask_set(m, b, 1);
+            row[a] = row[b] = 100.0f; /* a tie of allowed ids: the lower wins */
+            int c = (a + 1) % limit;
+            if (c != b) {
+                mask_set(m, c, 0);
+                row[c] = 1000.0f; /* refused: never wins */
+            }
+        } else if (kind == 1) {
+            mask_set(m, a, 1);
+            row[(a + 1) % limit] = 1000.0f;
+        } else if (kind == 3) {
+            row[a] = row[b] = 100.0f;
+        } else if (kind == 4) {
+            for (int i = limit; i < V; i++) mask_set(m, i, 1);
+            if (limit < V) row[limit] = 1000.0f;
+        } else if (kind == 5) {
+            for (int i = 0; i < V; i++) mask_set(m, i, 1);
+            if (limit < V) row[V - 1] = 1000.0f;
+        } /* kind 2: nothing allowed */
+        if (m)
+            for (size_t i = (size_t)V; i < W * 32; i++) m[i >> 5] |= 1u << (i & 31);
+        int best = -1;
+        for (int i = 0; i < limit; i++)
+            if ((!m || mask_has(m, i)) && (best < 0 || row[i] > row[best])) best = i;
+        want[r] = best;
+        double se = 0;
+        for (int i = 0; i < limit && best >= 0; i++)
+            if (!m || mask_has(m, i)) se += exp((double)row[i] - row[best]);
+        wlp[r] = best >= 0 ? (float)-log(se) : -INFINITY;
+    }
+    /* a mask shared by two rows: the second masked row reads the first one's */
+    if (n > 6) rows[6] = rows[0];
+    if (n > 6) {
+        want[6] = want[0];
+        wlp[6] = wlp[0];
+        memcpy(x + (size_t)6 * V, x, (size_t)V * 4);
+    }
+    void *dx = qd_test_dev(x, (size_t)n * V * 4), *dm = qd_test_dev(masks, (size_t)n * W * 4);
+    void *dr = qd_test_dev(rows, (size_t)n * 4), *di = qd_test_dev(NULL, (size_t)n * 4), *dl = qd_test_dev(NULL, (size_t)n * 4);
+    CHECK(qd_cuda_argmax(dx, n, V, limit, dm, dr, di, dl, NULL) == QD_OK);
+    int32_t *got = qd_test_host(di, (size_t)n * 4);
+    float *lp = qd_test_host(dl, (size_t)n * 4);
+    for (int r = 0; r < n; r++) {
+        CHECKF(got[r] == want[r], "masked argmax V=%d limit=%d row %d (kind %d): got %d want %d", V, limit, r, r % 6,
+               got[r], want[r]);
+        if (want[r] < 0)
+            CHECKF(isinf(lp[r]) && lp[r] < 0, "masked argmax V=%d row %d: no id allowed, logprob %g", V, r, lp[r]);
+        else
+            CHECKF(fabs((double)lp[r] - wlp[r]) <= 1e-6 + 1e-5 * fabs(wlp[r]),
+                   "masked argmax V=%d limit=%d row %d: logprob %.9g want %.9g", V, limit, r, lp[r], wlp[r]);
+    }
+    /* without logprobs: the same ids */
+    CHECK(qd_cuda_argmax(dx, n, V, limit, dm, dr, di, NULL, NULL) == QD_OK);
+    int32_t *got2 = qd_test_host(di, (size_t)n * 4);
+    CHECKF(!memcmp(got2, want, sizeof(int32_t) * (size_t)n), "masked argmax V=%d without logprobs differs", V);
+    free(x); free(masks); free(got); free(got2); free(lp);
+    qd_cuda_free(dx); qd_cuda_free(dm); qd_cuda_free(dr); qd_cuda_free(di); qd_cuda_free(dl);
 }
 
 /* the device's dummy weights are the CPU's (model_dummy.c): same splitmix streams */
@@ -326,6 +419,9 @@ int main(void) {
     test_argmax(5, 1000, 1000);
     test_argmax(3, 151936, 151936);
     test_argmax(4, 248320, 248077); /* padding ids past the tokenizer's vocabulary */
+    test_argmax_masked(12, 1000, 1000); /* V not a multiple of 32 */
+    test_argmax_masked(7, 77, 50);      /* vocab_limit < V inside the last words */
+    test_argmax_masked(13, 248320, 248077);
     test_dummy();
     qd_cuda_blas_destroy(blas);
     return qd_test_finish("test_cuda_ops");

@@ -5,7 +5,9 @@
  * are refused once the grammar applies, untouched before), along random walks through
  * schemas whose masks hold the three kinds of words the loop treats apart: all
  * allowed (inside a string), all refused (between values), mixed (e-mail states, where
- * about half of the tokens are allowed). The test checks that each kind was met. */
+ * about half of the tokens are allowed). The test checks that each kind was met.
+ * qd_constraint_fill_allow must give the very set mask_logits leaves, as bits, for that
+ * row and for one shorter than the vocabulary. */
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -27,6 +29,30 @@ typedef struct kinds {
     long ones, zeros, mixed, rows;
 } kinds;
 
+/* qd_constraint_fill_allow for a row of n ids: exactly the ids mask_logits left as they
+ * were (row against orig), or for a row shorter than the vocabulary (the trie's mask
+ * through the constraint's scratch) the mask's first n bits; clear bits past n, and not
+ * a word written past the row's. */
+static void check_allow(qd_constraint *c, int remaining, int n, const float *row, const float *orig,
+                        const uint32_t *mask, const char *what, int step) {
+    const size_t words = ((size_t)n + 31) / 32;
+    uint32_t *allow = malloc(sizeof(uint32_t) * (words + 1));
+    if (!allow) return;
+    memset(allow, 0xa5, sizeof(uint32_t) * (words + 1));
+    qd_err err = {0};
+    CHECKF(qd_constraint_fill_allow(c, remaining, n, allow, &err) == QD_OK, "%s step %d: allow: %s", what, step,
+           err.msg);
+    int bad = 0;
+    for (int i = 0; i < (int)(32 * words); i++) {
+        const int want = i < n && (mask ? bit(mask, i) : row[i] == orig[i]);
+        if (bit(allow, i) != want && bad++ < 3)
+            fprintf(stderr, "%s step %d: allow of %d ids: id %d is %d, want %d\n", what, step, n, i, bit(allow, i), want);
+    }
+    CHECKF(bad == 0, "%s step %d: %d ids of the allow mask of a %d-id row disagree", what, step, bad, n);
+    CHECKF(allow[words] == 0xa5a5a5a5u, "%s step %d: the allow mask of %d ids wrote past its words", what, step, n);
+    free(allow);
+}
+
 /* One row: the masked logits against the mask, id by id. */
 static void check_row(qd_constraint *c, int V, int remaining, uint32_t *mask, float *row, float *orig, kinds *k,
                       const char *what, int step) {
@@ -47,6 +73,8 @@ static void check_row(qd_constraint *c, int V, int remaining, uint32_t *mask, fl
     for (int i = V; i < n; i++)
         CHECKF(active ? isinf(row[i]) && row[i] < 0 : row[i] == orig[i], "%s step %d: id %d past the vocabulary", what,
                step, i);
+    check_allow(c, remaining, n, row, orig, NULL, what, step);
+    check_allow(c, remaining, V - 7, NULL, NULL, mask, what, step);
     for (int w = 0; w < V / 32; w++) {
         if (mask[w] == 0xffffffffu) k->ones++;
         else if (mask[w] == 0) k->zeros++;

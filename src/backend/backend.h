@@ -161,7 +161,22 @@ typedef struct qd_logit_out {
      * without mtp_forward never gets it (the model layer refuses). */
     const uint8_t *hidden_all;
     float *all_hidden;
+    /* Validated allow masks (qd_forward_args): allow_row [n_logit_rows] an index into
+     * allow [n_allow][qd_allow_words(vocab_size)] or -1, or allow_row NULL for none. A
+     * masked row's ids and logprobs are taken over the ids below vocab_limit its mask
+     * allows; with none above -inf its id is -1 and its logprob -inf. Only with ids. */
+    const uint32_t *allow;
+    int n_allow;
+    const int32_t *allow_row;
 } qd_logit_out;
+
+/* Words of one allow mask over a vocabulary of V ids. */
+static inline size_t qd_allow_words(int V) { return ((size_t)V + 31) / 32; }
+/* Logit row r's allow mask, or NULL when it has none. */
+static inline const uint32_t *qd_logit_allow(const qd_logit_out *out, int r, int V) {
+    if (!out->allow_row || out->allow_row[r] < 0) return NULL;
+    return out->allow + (size_t)out->allow_row[r] * qd_allow_words(V);
+}
 
 /* --------------------------------------------------------- descriptions */
 

@@ -5,8 +5,23 @@
 
 #include "model/model.h"
 
-static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, const uint8_t *verify, qd_span_rt *rt,
-                          int *n_rows, int *n_logit_rows) {
+/* The allow masks of a batch of n_logit_rows logit rows (qd_forward_args.allow). */
+static qd_status check_allow(qd_context *ctx, const qd_logit_out *out, int n_logit_rows) {
+    if (!out->allow_row) return QD_OK;
+    if (!out->ids) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "allow masks given without an ids buffer");
+    if (out->n_allow < 0) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "n_allow %d is negative", out->n_allow);
+    if (out->n_allow > 0 && !out->allow)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "n_allow %d but no allow masks (allow is NULL)", out->n_allow);
+    for (int r = 0; r < n_logit_rows; r++)
+        if (out->allow_row[r] < -1 || out->allow_row[r] >= out->n_allow)
+            return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG,
+                             "allow_row[%d] = %d is neither -1 (unmasked) nor a mask index in [0, %d)", r,
+                             out->allow_row[r], out->n_allow);
+    return QD_OK;
+}
+
+static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, const uint8_t *verify,
+                          const qd_logit_out *out, qd_span_rt *rt, int *n_rows, int *n_logit_rows) {
     const qd_model *m = ctx->model;
     const qd_context_params *p = &ctx->params;
     if (n_spans < 1) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "empty batch");
@@ -52,6 +67,7 @@ static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, co
         else if (s->logits != QD_LOGITS_NONE)
             return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "span %d: unknown logits mode %d", i, (int)s->logits);
     }
+    QD_TRY(check_allow(ctx, out, logit_rows));
     if (blocks > qd_kv_free_blocks(ctx))
         return qd_seterr(&ctx->err, QD_ERR_CAPACITY,
                          "KV cache pool exhausted: the batch needs %d more blocks of %d tokens, %d of %d are free "
@@ -67,7 +83,7 @@ static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, co
 static qd_status forward_v(qd_context *ctx, const qd_span *spans, int n_spans, const uint8_t *verify,
                            const qd_logit_out *out) {
     qd_step st = {.spans = spans, .rt = ctx->spans_rt, .n_spans = n_spans, .seqs = ctx->seqs, .verify = verify};
-    QD_TRY(validate(ctx, spans, n_spans, verify, ctx->spans_rt, &st.n_rows, &st.n_logit_rows));
+    QD_TRY(validate(ctx, spans, n_spans, verify, out, ctx->spans_rt, &st.n_rows, &st.n_logit_rows));
     if (st.n_logit_rows > 0 && !out->logits && !out->ids && !out->hidden)
         return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "logits requested but no output buffer");
     const size_t touched = (size_t)ctx->model->cfg.n_layers * (size_t)ctx->model->cfg.n_experts;
@@ -113,7 +129,8 @@ qd_status qd_forward_ex(qd_context *ctx, const qd_forward_args *a) {
                          ctx->model->ops->name);
     const qd_logit_out out = {.logits = a->logits, .full = a->full, .ids = a->ids, .logprobs = a->logprobs,
                               .vocab_limit = a->vocab_limit ? a->vocab_limit : V, .hidden = a->hidden,
-                              .hidden_all = a->hidden_all, .all_hidden = a->all_hidden};
+                              .hidden_all = a->hidden_all, .all_hidden = a->all_hidden, .allow = a->allow,
+                              .n_allow = a->n_allow, .allow_row = a->allow_row};
     return forward_v(ctx, a->spans, a->n_spans, a->verify, &out);
 }
 

@@ -75,6 +75,7 @@ void qd_engine_publish_stats(qd_engine *e) {
     s->preemptions = e->preemptions;
     s->steps = e->steps;
     s->prefill_tokens_total = e->prefill_total;
+    s->masked_rows_total = e->masked_rows;
     s->spec_verify_steps = e->spec_steps;
     s->spec_draft_tokens = e->spec_drafted;
     s->spec_accepted_tokens = e->spec_accepted;
@@ -158,6 +159,9 @@ static void engine_destroy(qd_engine *e) {
     free(e->logits);
     free(e->full);
     free(e->prep);
+    free(e->allow);
+    free(e->allow_row);
+    free(e->masks);
     qd_threadpool_free(e->row_pool);
     free(e->greedy_ids);
     free(e->greedy_lps);
@@ -248,12 +252,16 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
     e->greedy_ids = calloc(rows, sizeof *e->greedy_ids);
     e->greedy_lps = calloc(rows, sizeof *e->greedy_lps);
     e->prep = calloc(n, sizeof *e->prep);
+    e->allow_words = ((size_t)e->vocab + 31) / 32;
+    e->allow = malloc(n * e->allow_words * sizeof *e->allow);
+    e->allow_row = malloc(rows * sizeof *e->allow_row);
+    e->masks = calloc(n, sizeof *e->masks);
     /* up to 8 threads for the rows' host work: a batch of constrained or sampled requests
      * costs a mask and a vocabulary-wide pass each per token; NULL (one core) runs inline */
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores > 1) e->row_pool = qd_threadpool_create(cores < 8 ? (int)cores : 8);
     if (!e->running || !e->free_slots || !e->spans || !e->span_req || !e->logits || !e->full || !e->greedy_ids ||
-        !e->greedy_lps || !e->prep) {
+        !e->greedy_lps || !e->prep || !e->allow || !e->allow_row || !e->masks) {
         engine_destroy(e);
         return qd_seterr(err, QD_ERR_OOM, "out of memory for the engine's step buffers (%d sequences)", p.max_num_seqs);
     }

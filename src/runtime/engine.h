@@ -175,6 +175,10 @@ typedef struct qd_engine_stats {
      * with an error, so their remaining prompt tokens are never scheduled: with
      * failures this is less than the prompt tokens (see bench/RESULTS.md). */
     uint64_t prefill_tokens_total;
+    /* Tokens of constrained greedy requests decided by the forward's argmax under their
+     * grammar's mask (no logits row copied, no host pass over it); the other constrained
+     * tokens went through the host's mask and sampler. */
+    uint64_t masked_rows_total;
     /* prefix cache (all 0 when off); query tokens: each admission's known tokens;
      * snapshots and bytes: both tiers (device: snapshots in the backend's memory and
      * the KV blocks the cache holds; host: the second tier); evictions: snapshots

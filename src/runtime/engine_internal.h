@@ -76,6 +76,11 @@ typedef struct qd_row_prep {
     qd_err err;
 } qd_row_prep;
 
+/* A constrained greedy row whose grammar mask goes to the forward (scheduler.c). */
+typedef struct qd_row_mask {
+    int span, row;
+} qd_row_mask;
+
 struct qd_engine {
     qd_model *model;
     qd_context *ctx;
@@ -122,6 +127,15 @@ struct qd_engine {
     qd_threadpool *row_pool;
     qd_row_prep *prep;        /* [max_num_seqs] the step's rows prepared that way */
     int n_prep;
+    /* Constrained greedy rows decided by the forward's argmax under their grammar's mask
+     * (qd_forward_args.allow), filled on row_pool before the forward: no logits row
+     * leaves the device and no vocabulary-wide host pass runs for them. */
+    size_t allow_words;       /* words of one mask: (vocab + 31) / 32 */
+    uint32_t *allow;          /* [max_num_seqs][allow_words] the step's masks */
+    int32_t *allow_row;       /* [rows like full] each logit row's mask, or -1 */
+    qd_row_mask *masks;       /* [max_num_seqs] the step's masked rows, mask k for masks[k] */
+    int n_masks;
+    uint64_t masked_rows;     /* tokens decided that way since creation (stats) */
     /* Speculative decoding (spec_step.c; all NULL when off). Logit rows: a verify span
      * has one per token, so logits, full, greedy_ids and greedy_lps above hold
      * max_num_seqs * (K + 1) rows. */

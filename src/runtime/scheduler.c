@@ -402,25 +402,68 @@ void qd_engine_edit_row(const qd_engine *e, const qd_request *r, float *row) {
     for (int i = 0; i < r->params.n_stop_token_ids; i++) row[r->params.stop_token_ids[i]] = -INFINITY;
 }
 
-/* A request whose next token is the argmax of its raw logits over its vocabulary
- * bound: greedy, no penalty, no alternatives to report (the sampler would pick that
- * token and report its raw log-softmax, both of which the forward computes). */
-static int greedy_only(const qd_engine *e, const qd_request *r) {
-    const qd_sampling_params *p = qd_sampler_params(r->sampler);
-    if (r->params.constraint || r->params.n_logit_bias > 0 || needs_eos_mask(e, r)) return 0; /* the row is edited or masked first */
+/* Greedy with no penalty and no alternatives to report: the sampler would pick the
+ * row's argmax and report its raw log-softmax, both of which the forward computes. */
+static int greedy_params(const qd_sampling_params *p) {
     return p->temperature < QD_SAMPLER_GREEDY_EPS && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
            p->frequency_penalty == 0.0f && p->n_logprobs == 0;
 }
 
+/* A request whose next token is the argmax of its raw logits over its vocabulary
+ * bound: greedy_params, and no edit or mask of the row first. */
+static int greedy_only(const qd_engine *e, const qd_request *r) {
+    if (r->params.constraint || r->params.n_logit_bias > 0 || needs_eos_mask(e, r)) return 0; /* the row is edited or masked first */
+    return greedy_params(qd_sampler_params(r->sampler));
+}
+
+/* A constrained request whose next token is the argmax of its logits under its
+ * grammar's mask, which the forward takes where the logits are (the mask depends only
+ * on the tokens kept so far, so it is filled before the forward): greedy_params, no
+ * other edit of the row, one logit row (never a verify span), and no sequences waiting
+ * to fork from it (they sample that row with their own samplers). */
+static int greedy_masked(const qd_engine *e, const qd_request *r, const qd_span *s) {
+    if (!r->params.constraint || r->params.n_logit_bias > 0 || needs_eos_mask(e, r)) return 0;
+    if (r->n_draft > 0 || s->logits != QD_LOGITS_LAST || r->fork_head) return 0;
+    return greedy_params(qd_sampler_params(r->sampler));
+}
+
+/* Tokens r may still generate, this one included: the budget its grammar plans with. */
+static int remaining_tokens(const qd_request *r) { return r->params.max_tokens - (r->n_tokens - r->n_prompt); }
+
+static void fill_masks_fn(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    qd_engine *e = user;
+    for (int64_t k = begin; k < end; k++) {
+        const qd_row_mask *m = &e->masks[k];
+        const qd_request *r = e->span_req[m->span];
+        qd_err err = {0};
+        /* a mask that cannot be made here (out of memory) sends the row the host path,
+         * whose mask fails the same way and ends the request with the reason */
+        if (qd_constraint_fill_allow(r->params.constraint, remaining_tokens(r), e->vocab,
+                                     e->allow + (size_t)k * e->allow_words, &err) == QD_OK)
+            e->allow_row[m->row] = (int32_t)k;
+        else e->full[m->row] = 1;
+    }
+}
+
+/* The masks of the step's greedy_masked rows, at once on the row pool (a mask is a
+ * cached copy or a walk of the token trie: 0.01-1 ms). */
+static void fill_masks(qd_engine *e) {
+    if (e->n_masks > 1) qd_parallel_for(e->row_pool, e->n_masks, 1, fill_masks_fn, e);
+    else if (e->n_masks == 1) fill_masks_fn(e, 0, 1, 0);
+    for (int k = 0; k < e->n_masks; k++) e->masked_rows += e->allow_row[e->masks[k].row] >= 0;
+}
+
 /* The step's forward, one call for every mix of requests: each logit row comes back
- * as its argmax and log-softmax, and the rows of requests that need the sampler
- * (e->full) also as whole logits rows. On a GPU only those rows leave the device, so
- * greedy traffic costs no vocabulary-wide copy or CPU pass per token. The argmax bound
- * is the first greedy row's vocab_limit; a greedy request with another bound (the
- * server gives all of them the tokenizer's) is sampled from its row instead, with the
- * same result. */
+ * as its argmax and log-softmax (under its grammar's mask for a greedy_masked row), and
+ * the rows of requests that need the sampler (e->full) also as whole logits rows. On a
+ * GPU only those rows leave the device, so greedy traffic, constrained or not, costs no
+ * vocabulary-wide copy or CPU pass per token. The argmax bound is the first greedy
+ * row's vocab_limit; a greedy request with another bound (the server gives all of them
+ * the tokenizer's) is sampled from its row instead, with the same result. */
 static qd_status step_forward(qd_engine *e, int n_spans) {
     int limit = 0, row = 0, any_hid = 0, any_spec = 0;
+    e->n_masks = 0;
     for (int i = 0; i < n_spans; i++) {
         const qd_request *r = e->span_req[i];
         if (e->spec_k) {
@@ -430,15 +473,20 @@ static qd_status step_forward(qd_engine *e, int n_spans) {
         if (e->spans[i].logits == QD_LOGITS_NONE) continue;
         const int l = qd_sampler_params(r->sampler)->vocab_limit;
         const int bound = l > 0 ? l : e->vocab;
-        int full = !greedy_only(e, r);
+        const int masked = greedy_masked(e, r, &e->spans[i]);
+        int full = !masked && !greedy_only(e, r);
         if (!full && limit == 0) limit = bound;
         else if (!full && bound != limit) full = 1;
         /* a verify span has a logit row per token; greedy_only holds for all of them
          * (min_tokens can only stop masking later in the span, never start) */
         const int rows = e->spans[i].logits == QD_LOGITS_ALL ? e->spans[i].n_tokens : 1;
-        for (int t = 0; t < rows; t++) e->full[row++] = (uint8_t)full;
+        for (int t = 0; t < rows; t++) {
+            e->allow_row[row] = -1;
+            e->full[row++] = (uint8_t)full;
+        }
+        if (masked && !full) e->masks[e->n_masks++] = (qd_row_mask){.span = i, .row = row - 1};
     }
-    if (!e->spec_k) return qd_forward_mixed(e->ctx, e->spans, n_spans, limit, e->full, e->logits, e->greedy_ids, e->greedy_lps);
+    fill_masks(e);
     const qd_forward_args a = {
         .spans = e->spans,
         .n_spans = n_spans,
@@ -451,6 +499,9 @@ static qd_status step_forward(qd_engine *e, int n_spans) {
         .hidden = any_spec ? e->hidden : NULL,
         .hidden_all = any_hid ? e->hid_all : NULL,
         .all_hidden = any_hid ? e->all_hidden : NULL,
+        .allow = e->allow,
+        .n_allow = e->n_masks,
+        .allow_row = e->n_masks > 0 ? e->allow_row : NULL,
     };
     return qd_forward_ex(e->ctx, &a);
 }
@@ -528,15 +579,13 @@ static int fork_waiting(qd_engine *e, qd_request *r, qd_request **forked) {
 }
 
 /* The host's work on r's logits row before its token is kept: its edits (logit_bias,
- * min_tokens), a constrained request's mask (it always has its row: greedy_only), then
- * the sampler on what is left. Touches only r's constraint, r's sampler and the row. */
+ * min_tokens), a constrained request's mask (when it has its row: not greedy_masked),
+ * then the sampler on what is left. Touches only r's constraint, r's sampler and the row. */
 static qd_status sample_row(qd_engine *e, qd_request *r, int row, qd_sample_result *res, qd_err *err) {
     float *lr = e->logits + (size_t)row * e->vocab;
     qd_constraint *con = r->params.constraint;
     qd_engine_edit_row(e, r, lr);
-    qd_status st = con ? qd_constraint_mask_logits(con, lr, e->vocab,
-                                                   r->params.max_tokens - (r->n_tokens - r->n_prompt), err)
-                       : QD_OK;
+    qd_status st = con ? qd_constraint_mask_logits(con, lr, e->vocab, remaining_tokens(r), err) : QD_OK;
     if (st == QD_OK) st = qd_sampler_sample(r->sampler, lr, res, err);
     return st;
 }
@@ -596,6 +645,9 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row, const qd_row
     /* NaN, +inf or all -inf in the row: the sampler refuses those, so does this path */
     else if (isnan(res.logprob))
         st = qd_seterr(&err, QD_ERR_INVALID_ARG, "the logits row is not finite (argmax %d)", res.token);
+    /* a greedy_masked row whose grammar allows no id with a logit above -inf */
+    else if (res.token < 0)
+        st = qd_seterr(&err, QD_ERR_INVALID_ARG, "the grammar allows no token with a finite logit");
     else st = QD_OK;
     if (st == QD_OK && con) st = qd_constraint_accept(con, res.token, &err);
     for (int i = 0; i < n_forked && st == QD_OK; i++) {

@@ -40,6 +40,35 @@ static int32_t argmax_row(const float *x, int n, float *lp) {
     return best;
 }
 
+static int allowed(const uint32_t *allow, int i) { return (allow[i >> 5] >> (i & 31)) & 1; }
+
+/* argmax_row over the ids its allow mask keeps: the row with its refused logits at
+ * -inf, except that a row with no allowed logit above -inf gives -1 (logprob -inf)
+ * rather than an arbitrary id. */
+static int32_t argmax_row_allowed(const float *x, int n, const uint32_t *allow, float *lp) {
+    int32_t best = -1;
+    for (int i = 0; i < n; i++)
+        if (allowed(allow, i) && x[i] > (best < 0 ? -INFINITY : x[best])) best = i;
+    if (best < 0) {
+        if (lp) *lp = -INFINITY;
+        return -1;
+    }
+    if (lp) {
+        double se = 0;
+        for (int i = 0; i < n; i++)
+            if (allowed(allow, i)) se += expf(x[i] - x[best]);
+        *lp = (float)-log(se);
+    }
+    return best;
+}
+
+/* Logit row r's id and logprob (qd_logit_out) from its logits x. */
+static void take_id(const qd_logit_out *out, int r, int V, const float *x) {
+    const uint32_t *allow = qd_logit_allow(out, r, V);
+    float *lp = out->logprobs ? out->logprobs + r : NULL;
+    out->ids[r] = allow ? argmax_row_allowed(x, out->vocab_limit, allow, lp) : argmax_row(x, out->vocab_limit, lp);
+}
+
 /* After the layer stack: what the rows that want logits hand back (see qd_logit_out).
  * Into a caller's logits buffer every row is computed in one matmul (the LM head is read
  * once); ids alone go one row at a time through the context's row buffer. */
@@ -73,14 +102,12 @@ static qd_status logits_out(qd_cpu_ctx *ctx, const qd_step *st, const float *fin
     if (out->logits) {
         qd_cpu_ctx_matmul(ctx, &w->lm_head, s->x, n_logit_rows, out->logits);
         if (out->ids)
-            for (int r = 0; r < n_logit_rows; r++)
-                out->ids[r] = argmax_row(out->logits + (size_t)r * c->vocab_size, out->vocab_limit,
-                                         out->logprobs ? out->logprobs + r : NULL);
+            for (int r = 0; r < n_logit_rows; r++) take_id(out, r, c->vocab_size, out->logits + (size_t)r * c->vocab_size);
         return QD_OK;
     }
     for (int r = 0; r < n_logit_rows; r++) {
         qd_cpu_ctx_matmul(ctx, &w->lm_head, s->x + (size_t)r * H, 1, ctx->row_logits);
-        out->ids[r] = argmax_row(ctx->row_logits, out->vocab_limit, out->logprobs ? out->logprobs + r : NULL);
+        take_id(out, r, c->vocab_size, ctx->row_logits);
     }
     return QD_OK;
 }

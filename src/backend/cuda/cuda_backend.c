@@ -21,6 +21,23 @@ static qd_status cuda_device_info(qd_device_info *out, qd_err *err) {
     return QD_OK;
 }
 
+/* A context with its argmax's allow masks (cuda_allow.c), which are kept apart from the
+ * context's planned block (cuda_context.c) for now. */
+static qd_status cuda_ctx_create(void *bm, const qd_backend_ctx_desc *d, void **out, qd_err *err) {
+    QD_TRY(qd_cuda_ctx_create(bm, d, out, err));
+    qd_status s = qd_cuda_allow_create(*out, err);
+    if (s != QD_OK) {
+        qd_cuda_ctx_free(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+static void cuda_ctx_free(void *bc) {
+    if (bc) qd_cuda_allow_free(bc);
+    qd_cuda_ctx_free(bc);
+}
+
 const qd_backend_ops qd_cuda_ops = {
     .name = "CUDA",
     .kv_elem_bytes = 2,
@@ -32,8 +49,8 @@ const qd_backend_ops qd_cuda_ops = {
     .device_info = cuda_device_info,
     .model_create = qd_cuda_model_create,
     .model_free = qd_cuda_model_free,
-    .ctx_create = qd_cuda_ctx_create,
-    .ctx_free = qd_cuda_ctx_free,
+    .ctx_create = cuda_ctx_create,
+    .ctx_free = cuda_ctx_free,
     .forward = qd_cuda_forward,
     .state_bytes = qd_cuda_state_bytes,
     .state_read = qd_cuda_state_read,

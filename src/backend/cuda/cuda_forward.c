@@ -178,13 +178,19 @@ static qd_status update_plan(qd_cuda_ctx *g) {
 }
 
 /* Queues the outputs of logit rows [r0, r0 + nr), whose logits are in g->logits: the
- * argmax (and log-softmax) into the pinned buffers, and the logits rows asked for to
- * the caller, as few copies as there are runs of consecutive wanted rows. */
+ * argmax (and log-softmax; under their allow masks for the masked rows, which are
+ * uploaded here, after the layers and outside any graph) into the pinned buffers, and
+ * the logits rows asked for to the caller, as few copies as there are runs of
+ * consecutive wanted rows. */
 static qd_status take_rows(qd_cuda_ctx *g, const qd_logit_out *out, int r0, int nr) {
     const int V = g->cfg->vocab_size;
     qd_status s;
     if (out->ids) {
-        if ((s = qd_cuda_argmax(g->logits, nr, V, out->vocab_limit, g->ids, out->logprobs ? g->lp : NULL, g->stream)) ||
+        const uint32_t *d_allow;
+        const int32_t *d_allow_row;
+        if ((s = qd_cuda_allow_upload(g, out, r0, nr, &d_allow, &d_allow_row)) ||
+            (s = qd_cuda_argmax(g->logits, nr, V, out->vocab_limit, d_allow, d_allow_row, g->ids,
+                                out->logprobs ? g->lp : NULL, g->stream)) ||
             (s = qd_cuda_memcpy_d2h_async(g->ids_host + r0, g->ids, (size_t)nr * 4, g->stream)))
             return s;
         if (out->logprobs && (s = qd_cuda_memcpy_d2h_async(g->lp_host + r0, g->lp, (size_t)nr * 4, g->stream)))

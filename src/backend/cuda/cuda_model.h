@@ -197,6 +197,8 @@ typedef struct qd_cuda_ctx {
     qd_cuda_step host, dev;          /* views into meta_host and meta_dev */
     int32_t *ids_host;               /* [B] pinned */
     float *lp_host;                  /* [B] pinned */
+    struct qd_cuda_allow *allow;     /* the argmax's allow masks, one chunk of logit rows at a
+                                      * time (cuda_allow.c) */
     /* a split model's rank (d.reduce, backend.h): the hook sums a block's partial output
      * over the ranks; a rank other than the first never computes logits, so its decode
      * steps are captured in graphs keyed by batch size alone, like rank 0's */
@@ -224,6 +226,18 @@ qd_status qd_cuda_ctx_create(void *bm, const qd_backend_ctx_desc *d, void **out,
 void qd_cuda_ctx_free(void *bc);
 /* Rows of logits computed per lm_head pass (bounds the [rows][V] fp32 scratch). */
 int qd_cuda_logit_chunk(const qd_cuda_ctx *g);
+
+/* The allow masks of the argmax (qd_logit_out.allow): device and pinned staging room for
+ * one chunk of logit rows (qd_cuda_logit_chunk) with a mask each, made with the context
+ * (8 MiB each for 256 rows of a 248k vocabulary: 1/32 of the logits chunk). */
+qd_status qd_cuda_allow_create(qd_cuda_ctx *g, qd_err *err);
+void qd_cuda_allow_free(qd_cuda_ctx *g);
+/* Queues the upload of the masks of logit rows [r0, r0 + nr) (one chunk) on the stream
+ * and points *d_masks / *d_rows at them for qd_cuda_argmax; both NULL when none of those
+ * rows is masked (nothing travels). The staging block is reused by the next chunk, which
+ * the forward uploads only after a stream sync. */
+qd_status qd_cuda_allow_upload(qd_cuda_ctx *g, const qd_logit_out *out, int r0, int nr, const uint32_t **d_masks,
+                               const int32_t **d_rows);
 
 /* The forward of a validated batch (backend.h). Fills `out`: the argmax and its
  * log-softmax of every logit row on the device, and copies off it only the logits rows

@@ -215,19 +215,34 @@ extern "C" qd_status qd_cuda_sigmoid_scale(float *d_y, const float *d_ys, const 
 /* ----------------------------------------------------------------- argmax */
 
 #define ARGMAX_NT 1024
-/* Block per row over ids [0, limit): the first maximum, then (if asked) its log-softmax,
- * -log(sum exp(x - max)), from a second pass over the row (in L2 by then). */
+#define ARGMAX_NONE 0x7fffffff
+
+__device__ __forceinline__ bool argmax_allowed(const uint32_t *allow, int i) {
+    return !allow || (allow[i >> 5] >> (i & 31)) & 1u;
+}
+
+/* Block per row over ids [0, limit) (those its allow mask keeps, when the row has one:
+ * allow_row[row] >= 0): the first maximum, then (if asked) its log-softmax,
+ * -log(sum exp(x - max)), from a second pass over the row (in L2 by then). A masked row
+ * with no allowed logit above -inf gets id -1 and logprob -inf; an unmasked row keeps
+ * id 0 there (its logprob is NaN, as the host sampler's all -inf error). */
 __global__ void __launch_bounds__(ARGMAX_NT)
-argmax_kernel(const float *__restrict__ logits, int V, int limit, int32_t *ids, float *logprob) {
+argmax_kernel(const float *__restrict__ logits, int V, int limit, const uint32_t *__restrict__ allow_masks,
+              const int32_t *__restrict__ allow_row, int32_t *ids, float *logprob) {
     __shared__ float bv[ARGMAX_NT / 32];
     __shared__ int bi[ARGMAX_NT / 32];
     __shared__ float red[ARGMAX_NT / 32];
     const float *row = logits + (size_t)blockIdx.x * V;
+    /* NULL for an unmasked row: the block takes the same branch for every id */
+    const uint32_t *allow = allow_row && allow_row[blockIdx.x] >= 0
+                                ? allow_masks + (size_t)allow_row[blockIdx.x] * (((size_t)V + 31) / 32)
+                                : NULL;
     float best = -INFINITY;
-    int besti = 0x7fffffff;
+    int besti = ARGMAX_NONE;
     for (int i = threadIdx.x; i < limit; i += ARGMAX_NT) {
         const float x = row[i];
-        if (x > best) { best = x; besti = i; } /* i increases: the first maximum stays */
+        /* i increases: the first maximum stays */
+        if (x > best && argmax_allowed(allow, i)) { best = x; besti = i; }
     }
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, best, o);
@@ -241,19 +256,28 @@ argmax_kernel(const float *__restrict__ logits, int V, int limit, int32_t *ids, 
     besti = bi[0];
     for (int w = 1; w < ARGMAX_NT / 32; w++)
         if (bv[w] > best || (bv[w] == best && bi[w] < besti)) { best = bv[w]; besti = bi[w]; }
-    if (threadIdx.x == 0) ids[blockIdx.x] = besti == 0x7fffffff ? 0 : besti;
+    if (allow && besti == ARGMAX_NONE) { /* every thread sees the same besti: a uniform exit */
+        if (threadIdx.x == 0) {
+            ids[blockIdx.x] = -1;
+            if (logprob) logprob[blockIdx.x] = -INFINITY;
+        }
+        return;
+    }
+    if (threadIdx.x == 0) ids[blockIdx.x] = besti == ARGMAX_NONE ? 0 : besti;
     if (!logprob) return;
     float sum = 0.f;
-    for (int i = threadIdx.x; i < limit; i += ARGMAX_NT) sum += expf(row[i] - best);
+    for (int i = threadIdx.x; i < limit; i += ARGMAX_NT)
+        if (argmax_allowed(allow, i)) sum += expf(row[i] - best);
     sum = block_sum<ARGMAX_NT>(sum, red);
     if (threadIdx.x == 0) logprob[blockIdx.x] = -logf(sum);
 }
 
-extern "C" qd_status qd_cuda_argmax(const float *d_logits, int n, int V, int limit, int32_t *d_ids, float *d_logprob,
-                                    void *stream) {
+extern "C" qd_status qd_cuda_argmax(const float *d_logits, int n, int V, int limit, const uint32_t *d_allow,
+                                    const int32_t *d_allow_row, int32_t *d_ids, float *d_logprob, void *stream) {
     if (n <= 0) return QD_OK;
     if (limit <= 0 || limit > V) limit = V;
-    argmax_kernel<<<n, ARGMAX_NT, 0, (cudaStream_t)stream>>>(d_logits, V, limit, d_ids, d_logprob);
+    argmax_kernel<<<n, ARGMAX_NT, 0, (cudaStream_t)stream>>>(d_logits, V, limit, d_allow, d_allow_row, d_ids,
+                                                            d_logprob);
     QD_CUDA_CHECK_LAUNCH("argmax");
     return QD_OK;
 }

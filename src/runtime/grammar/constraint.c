@@ -253,6 +253,30 @@ qd_status qd_constraint_mask_logits(qd_constraint *c, float *logits, int n_logit
     return QD_OK;
 }
 
+/* Bits [a, b) of a mask set to on. */
+static void set_bits(uint32_t *m, int a, int b, int on) {
+    for (int i = a; i < b;) {
+        const int w = i >> 5, lo = i & 31, hi = b - 32 * w < 32 ? b - 32 * w : 32;
+        const uint32_t bits = (hi == 32 ? 0xffffffffu : (1u << hi) - 1) & ~((1u << lo) - 1);
+        m[w] = on ? m[w] | bits : m[w] & ~bits;
+        i = 32 * w + hi;
+    }
+}
+
+qd_status qd_constraint_fill_allow(qd_constraint *c, int remaining, int n_logits, uint32_t *allow, qd_err *err) {
+    const size_t words = ((size_t)n_logits + 31) / 32;
+    /* the trie's mask in place when it fits, else through the scratch (a trie wider than
+     * the row: its ids past the row are not tokens of this model) */
+    uint32_t *m = c->n_words <= words ? allow : c->scratch;
+    QD_TRY(qd_constraint_fill_mask(c, remaining, m, err));
+    if (m != allow) memcpy(allow, m, sizeof(uint32_t) * words);
+    const int v = c->trie->vocab_size < n_logits ? c->trie->vocab_size : n_logits;
+    /* as mask_logits: ids past the trie are refused once active and kept before */
+    set_bits(allow, v, (int)(32 * words), 0);
+    if (!c->active) set_bits(allow, v, n_logits, 1);
+    return QD_OK;
+}
+
 qd_status qd_constraint_accept(qd_constraint *c, int32_t token, qd_err *err) {
     if (!c->active) {
         if (token == c->start_after) c->active = 1;

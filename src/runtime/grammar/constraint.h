@@ -62,6 +62,12 @@ qd_status qd_constraint_fill_mask(qd_constraint *c, int remaining, uint32_t *mas
 /* Sets every disallowed logit of a row of n_logits to -inf (ids past the
  * vocabulary too, once active). */
 qd_status qd_constraint_mask_logits(qd_constraint *c, float *logits, int n_logits, int remaining, qd_err *err);
+/* The ids of a row of n_logits that qd_constraint_mask_logits would leave as they are,
+ * as (n_logits + 31) / 32 words (bit i % 32 of word i / 32: id i allowed, bits past
+ * n_logits clear): the mask's bits below the trie's vocabulary, and the ids past it
+ * while the constraint is not active. The mask for an argmax taken where the logits are
+ * (qd_forward_args.allow), the same set without touching the row. */
+qd_status qd_constraint_fill_allow(qd_constraint *c, int remaining, int n_logits, uint32_t *allow, qd_err *err);
 /* Advances by a kept token; QD_ERR_INVALID_ARG when the token is not allowed. */
 qd_status qd_constraint_accept(qd_constraint *c, int32_t token, qd_err *err);
 
