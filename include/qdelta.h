@@ -334,6 +334,12 @@ qd_status qd_forward_hidden(qd_context *ctx, const qd_span *spans, int n_spans, 
  * two places on); hidden_out [n_logit_rows][hidden_size] h' after the MTP norm, or NULL. */
 qd_status qd_mtp_forward(qd_context *ctx, const qd_span *spans, int n_spans, const float *hidden, float *logits,
                          float *hidden_out);
+/* qd_mtp_forward handing back each logit row's argmax instead of its logits: ids
+ * [n_logit_rows] over ids [0, vocab_limit) (0: the whole vocabulary; the lowest among
+ * equal maxima), taken where the logits are, so a GPU copies 4 bytes per draft, not a
+ * vocabulary row. hidden_out as in qd_mtp_forward. */
+qd_status qd_mtp_forward_ids(qd_context *ctx, const qd_span *spans, int n_spans, const float *hidden, int vocab_limit,
+                             int32_t *ids, float *hidden_out);
 /* Positions of a sequence's MTP KV cache, or -1 for a bad sequence; qd_mtp_truncate drops
  * those past n (draft positions, whose hidden inputs were the MTP's own). A rollback of
  * the sequence (qd_seq_state_restore, qd_seq_reset) truncates it to the new length. */

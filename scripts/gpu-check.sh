@@ -73,7 +73,7 @@ t0=$(date +%s)
 if [ -z "${QD_SKIP_BUILD:-}" ]; then
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
-targets="qdelta test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_model test_snap_tier test_cuda_batch_invariant gdn_cuda_bench"
+targets="qdelta test_backend_ops test_forward_allow test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_model test_snap_tier test_cuda_batch_invariant gdn_cuda_bench"
 for t in test_cuda_attn test_cuda_moe test_cuda_tp test_cuda_spec test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model attn_cuda_bench moe_cuda_bench linear_cuda_bench quant_cuda_bench fp8_gemm_cuda_bench; do
     grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
 done
@@ -107,7 +107,7 @@ run_test() {
 }
 if has tests; then
     : >"$TESTS_LOG"
-    for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_snap_tier; do
+    for t in test_backend_ops test_forward_allow test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_snap_tier; do
         run_test "$t" "$TESTS_LOG"
     done
 fi

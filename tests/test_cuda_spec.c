@@ -6,6 +6,7 @@
  *    within the bf16 tolerance of test_cuda_model (2e-2 x max|logit|);
  *  - the MTP head of the default model: its draft logits over held-out text, CUDA against
  *    the CPU backend (same weights), top-1 agreement on the decidable rows;
+ *  - the CUDA graphs of verify steps and MTP one-token steps, replayed, against eager runs;
  *  - greedy speculative generation (qd_spec_generate_greedy, K = 1..3) on the default model:
  *    in batch-invariant mode exactly the plain greedy ids, with the acceptance printed beside
  *    the CPU's (tests/test_default_mtp). */
@@ -275,6 +276,85 @@ static void check_spec_greedy(int invariant) {
     qd_model_free(m);
 }
 
+/* One run of verify steps and MTP one-token steps over two sequences of the default
+ * model, every output appended to out (4 rounds: a uniform verify step of 3 tokens a
+ * sequence, a rollback that keeps a different prefix of each, two MTP steps of one
+ * token a sequence, the first handing back its argmax, the second its logits). Returns
+ * the floats written, 0 on a failure. */
+#define GRAPH_ROUNDS 4
+static size_t graph_run(qd_model *m, int eager, const int32_t *ids, int n, float *out) {
+    const int V = qd_model_vocab_size(m), H = qd_model_hidden_size(m);
+    qd_context_params cp = qd_context_default_params();
+    cp.max_seqs = 2;
+    cp.max_ctx = 128;
+    cp.max_batch = 128;
+    cp.mtp = 1;
+    cp.speculative_tokens = 2;
+    cp.batch_invariant = 1;
+    cp.eager = eager;
+    qd_context *ctx = NULL;
+    CHECKF(qd_context_create(m, &cp, &ctx) == QD_OK, "context (eager %d): %s", eager, qd_model_errmsg(m));
+    if (!ctx) return 0;
+    size_t w = 0;
+    int ok = 1;
+    qd_span pre[2] = {{.seq = 0, .tokens = ids, .n_tokens = n, .logits = QD_LOGITS_LAST},
+                      {.seq = 1, .tokens = ids + 3, .n_tokens = n - 3, .logits = QD_LOGITS_LAST}};
+    ok &= qd_forward(ctx, pre, 2, out) == QD_OK;
+    w += 2 * (size_t)V;
+    float hid[2 * 1024];
+    for (int r = 0; ok && r < GRAPH_ROUNDS; r++) {
+        const int32_t *t0 = ids + 5 * r, *t1 = ids + 40 + 3 * r;
+        qd_span ver[2] = {{.seq = 0, .tokens = t0, .n_tokens = 3, .logits = QD_LOGITS_ALL},
+                          {.seq = 1, .tokens = t1, .n_tokens = 3, .logits = QD_LOGITS_ALL}};
+        const uint8_t verify[2] = {1, 1};
+        ok &= fwd_all(ctx, ver, 2, verify, out + w) == QD_OK;
+        w += 6 * (size_t)V;
+        ok &= qd_seq_accept(ctx, 0, 1 + r % 3) == QD_OK && qd_seq_accept(ctx, 1, 3 - r % 3) == QD_OK;
+        for (int i = 0; i < 2 * H; i++) hid[i] = sinf(0.37f * (float)(i + 101 * r)) * 3.0f;
+        qd_span md[2] = {{.seq = 0, .tokens = t0 + 1, .n_tokens = 1, .logits = QD_LOGITS_LAST},
+                         {.seq = 1, .tokens = t1 + 2, .n_tokens = 1, .logits = QD_LOGITS_LAST}};
+        int32_t dids[2];
+        float hout[2 * 1024];
+        ok &= qd_mtp_forward_ids(ctx, md, 2, hid, 0, dids, hout) == QD_OK;
+        out[w++] = (float)dids[0];
+        out[w++] = (float)dids[1];
+        memcpy(out + w, hout, sizeof(float) * 2 * (size_t)H);
+        w += 2 * (size_t)H;
+        ok &= qd_mtp_forward(ctx, md, 2, hout, out + w, NULL) == QD_OK;
+        w += 2 * (size_t)V;
+    }
+    CHECKF(ok, "graph run (eager %d): %s", eager, qd_context_errmsg(ctx));
+    qd_context_free(ctx);
+    return ok ? w : 0;
+}
+
+/* The CUDA graphs of uniform verify steps and of the MTP head's one-token steps, captured
+ * once and replayed with each step's new positions, tokens and slots, against the same
+ * steps run eagerly: bit for bit in batch-invariant mode. */
+static void check_graphs(void) {
+    int32_t ids[64];
+    const int n = read_ids(MODEL "/reference/prompt_0.ids", ids, 64);
+    CHECKF(n >= 52, MODEL "/reference/prompt_0.ids: %d ids", n);
+    qd_model *m = n >= 52 ? load(MODEL, QD_BACKEND_CUDA) : NULL;
+    if (!m) return;
+    const int V = qd_model_vocab_size(m), H = qd_model_hidden_size(m);
+    CHECKF(H <= 1024, "hidden size %d", H);
+    const size_t cap = 2 * (size_t)V + GRAPH_ROUNDS * (10 * (size_t)V + 2 + 2 * (size_t)H);
+    float *a = malloc(sizeof(float) * cap), *b = malloc(sizeof(float) * cap);
+    if (H <= 1024 && a && b) {
+        const size_t na = graph_run(m, 1, ids, n, a), nb = graph_run(m, 0, ids, n, b);
+        CHECKF(na == cap && nb == cap, "graph runs wrote %zu and %zu of %zu floats", na, nb, cap);
+        const int same = na == cap && nb == cap && !memcmp(a, b, sizeof(float) * cap);
+        CHECKF(same, "verify / MTP steps from graphs differ from eager ones by %g",
+               na == nb ? qd_test_max_diff(a, b, na) : -1.0);
+        printf("  %s %d rounds of verify (2 x 3 tokens) and MTP steps (2 x 1): graphs %s eager\n", MODEL,
+               GRAPH_ROUNDS, same ? "==" : "!=");
+    }
+    free(a);
+    free(b);
+    qd_model_free(m);
+}
+
 int main(void) {
     if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_spec", "no CUDA device");
     printf("verify + rollback on the GPU\n");
@@ -286,6 +366,7 @@ int main(void) {
     }
     printf("the MTP head on the GPU\n");
     check_mtp_logits();
+    check_graphs();
     check_spec_greedy(1);
     check_spec_greedy(0);
     return qd_test_finish("test_cuda_spec");

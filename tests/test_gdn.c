@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "backend/cpu/cpu_ops.h"
+#include "base/clock.h"
 #include "base/threadpool.h"
 #include "qd_test.h"
 
@@ -209,12 +210,6 @@ done:
     free_case(&c);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Prefill-sized throughput, Qwen3-Next geometry (hk=16, hv=32, dk=dv=128). */
 static void bench(qd_test_rng *rng, qd_threadpool *pool2) {
     const char *e = getenv("QD_GDN_BENCH_T");
@@ -231,11 +226,11 @@ static void bench(qd_test_rng *rng, qd_threadpool *pool2) {
             for (int th = 1; th <= 2; th++) {
                 memcpy(S, c.S0, ns * 4);
                 qd_gdn_span s = span_of(&c, 0, T, S, o);
-                const double t0 = now_s();
+                const double t0 = qd_clock_seconds();
                 const clock_t c0 = clock();
                 if (kind) qd_cpu_gdn_chunked(th == 2 ? pool2 : NULL, d, &s);
                 else qd_cpu_gdn_recurrent(th == 2 ? pool2 : NULL, d, &s);
-                const double dt = now_s() - t0, cpu = (double)(clock() - c0) / CLOCKS_PER_SEC;
+                const double dt = qd_clock_seconds() - t0, cpu = (double)(clock() - c0) / CLOCKS_PER_SEC;
                 /* CPU time is printed too: on a shared machine wall time varies with load */
                 printf("bench gdn %-9s T=%d threads=%d: %.3f s wall (%.3f s cpu), %.0f tokens/s\n",
                        kind ? "chunked" : "recurrent", T, th, dt, cpu, T / dt);

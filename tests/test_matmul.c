@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "base/dtype.h"
 #include "base/membw.h"
+#include "base/clock.h"
 #include "base/threadpool.h"
 #include "qd_test.h"
 
@@ -233,21 +234,15 @@ static void test_fixed_order(qd_threadpool *pool) {
     }
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Best time of `reps` calls (after one warm-up). */
 static double time_matmul(qd_threadpool *pool, const qd_weight *w, const float *x, int64_t n, float *y,
                           int reps) {
     qd_cpu_matmul(pool, w, x, n, y);
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = qd_clock_seconds();
         qd_cpu_matmul(pool, w, x, n, y);
-        double dt = now_s() - t0;
+        double dt = qd_clock_seconds() - t0;
         if (dt < best) best = dt;
     }
     return best;

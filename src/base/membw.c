@@ -1,4 +1,5 @@
 #include "base/membw.h"
+#include "base/clock.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -8,12 +9,6 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct bw_job {
     const unsigned char *src;
@@ -113,9 +108,9 @@ static double measure(qd_threadpool *pool, size_t bytes, int copy) {
     qd_parallel_for(pool, parts, 1, fill_part, &job);
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
-        double t0 = now_s();
+        double t0 = qd_clock_seconds();
         qd_parallel_for(pool, parts, 1, copy ? copy_part : read_part, &job);
-        double dt = now_s() - t0;
+        double dt = qd_clock_seconds() - t0;
         if (dt > 0 && (double)bytes / dt > best) best = (double)bytes / dt;
     }
     free(src);

@@ -22,7 +22,7 @@ typedef struct bench_req {
 static int on_event(void *user, const qd_engine_event *ev) {
     bench_req *r = user;
     if (ev->has_token) {
-        if (r->n == 0) r->t_first = cli_now();
+        if (r->n == 0) r->t_first = qd_clock_seconds();
         r->out[r->n++] = ev->sample.token;
     }
     if (ev->finish != QD_FINISH_NONE) {
@@ -79,7 +79,7 @@ int cli_bench_engine_run(qd_model *m, const cli_bench_spec *b, int k, const int3
     pthread_mutex_lock(&mu);
     while (n_done < b->batch) pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
-    const double t_end = cli_now();
+    const double t_end = qd_clock_seconds();
     double t_first = 0;
     long tokens = 0;
     for (int i = 0; i < b->batch; i++) {
@@ -132,8 +132,14 @@ int cli_bench_spec_run(qd_model *m, const cli_bench_spec *b) {
            "drafts + 1 bonus), accepted at position",
            rate, (unsigned long long)s1.spec_draft_tokens, mean);
     for (int i = 0; i < b->k; i++) printf(" %d:%llu", i, (unsigned long long)s1.spec_accepted_at[i]);
-    printf("\nRESULT spec_decode B=%d ctx=%d K=%d tok_s_plain=%.2f tok_s_spec=%.2f accept_pct=%.2f mean_len=%.3f same=%d\n",
-           b->batch, b->context, b->k, t_plain, t_spec, rate, mean, same);
+    /* per step, prefill steps included (a few of many): where a speculative step's time goes */
+    const double ms0 = 1e3 / (double)(s0.steps ? s0.steps : 1), ms1 = 1e3 / (double)(s1.steps ? s1.steps : 1);
+    printf("\n  per engine step: plain forward %.3f ms; speculative forward (verify) %.3f ms, MTP drafts %.3f ms",
+           s0.forward_seconds * ms0, s1.forward_seconds * ms1, s1.mtp_seconds * ms1);
+    printf("\nRESULT spec_decode B=%d ctx=%d K=%d tok_s_plain=%.2f tok_s_spec=%.2f accept_pct=%.2f mean_len=%.3f same=%d "
+           "fwd_ms_plain=%.3f fwd_ms_spec=%.3f mtp_ms_spec=%.3f\n",
+           b->batch, b->context, b->k, t_plain, t_spec, rate, mean, same, s0.forward_seconds * ms0,
+           s1.forward_seconds * ms1, s1.mtp_seconds * ms1);
     rc = same ? 0 : -1;
     if (!same) fprintf(stderr, "qdelta bench: speculative greedy output differs from plain greedy\n");
 done:

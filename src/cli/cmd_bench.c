@@ -118,10 +118,10 @@ int qd_cmd_bench(int argc, char **argv) {
         } else { fprintf(stderr, "qdelta bench: unknown option '%s'\n", argv[i]); usage(stderr); return 2; }
     }
     if (!cli_default_model(&mo)) return 2;
-    double t0 = cli_now();
+    double t0 = qd_clock_seconds();
     qd_model *m = cli_load_model(&mo);
     if (!m) return 1;
-    double t_load = cli_now() - t0;
+    double t_load = qd_clock_seconds() - t0;
     /* before the context: its graphs record the timing events (split models on GPUs) */
     const bool split = mo.tensor_parallel_size > 1 && qd_model_set_comm_timing(m, 1) == QD_OK;
     int max_prefill = (int)context;
@@ -163,9 +163,9 @@ int qd_cmd_bench(int argc, char **argv) {
             qd_seq_reset(ctx, 0);
             qd_span span = {0, ids, prefill[i], QD_LOGITS_LAST};
             int32_t tok;
-            double a = cli_now();
+            double a = qd_clock_seconds();
             if (qd_forward_greedy(ctx, &span, 1, &tok) != QD_OK) { rc = fail(ctx); goto done; }
-            double dt = cli_now() - a;
+            double dt = qd_clock_seconds() - a;
             best = dt < best ? dt : best;
         }
         char ar[96] = "";
@@ -192,11 +192,11 @@ int qd_cmd_bench(int argc, char **argv) {
     const int warm = 4;
     double a = 0;
     for (long t = 0; t < n_decode + warm; t++) {
-        if (t == warm) a = cli_now();
+        if (t == warm) a = qd_clock_seconds();
         for (int b = 0; b < batch; b++) spans[b] = (qd_span){b, &next[b], 1, QD_LOGITS_LAST};
         if (qd_forward_greedy(ctx, spans, (int)batch, next) != QD_OK) { rc = fail(ctx); goto done; }
     }
-    double dt = cli_now() - a;
+    double dt = qd_clock_seconds() - a;
     double steps = n_decode / dt;
     char ar[96] = "";
     if (split) allreduce_note(ctx, split, ar, sizeof ar); /* of the last timed step */

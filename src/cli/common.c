@@ -12,12 +12,6 @@
 #include <time.h>
 #include <unistd.h>
 
-double cli_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 const char *cli_value(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
         fprintf(stderr, "qdelta: option %s needs a value\n", argv[*i]);
@@ -146,7 +140,7 @@ typedef struct read_progress {
  * line per shard (logs of a service or CI). Rate and ETA from the bytes read so far. */
 static void read_progress_cb(const qd_st_progress *p, void *user) {
     read_progress *r = user;
-    const double now = cli_now(), dt = now - r->t0;
+    const double now = qd_clock_seconds(), dt = now - r->t0;
     const bool end = p->shard_finished && p->shard == p->n_shards;
     if (r->tty && !end && now - r->last < 0.1) return;
     if (!r->tty && !p->shard_finished) return;
@@ -201,11 +195,11 @@ static void read_shards(const cli_model_opts *o) {
             fmt_bytes((double)total, t, sizeof t);
             fprintf(stderr, "loading: %d shards, %s (more than the memory available: read as the weights are used)\n", n, t);
         } else {
-            read_progress r = {.t0 = cli_now(), .tty = isatty(STDERR_FILENO)};
+            read_progress r = {.t0 = qd_clock_seconds(), .tty = isatty(STDERR_FILENO)};
             if (qd_st_prefetch(st, 0, read_progress_cb, &r, &err) == QD_OK && !r.tty) {
                 char t[32];
                 fmt_bytes((double)total, t, sizeof t);
-                fprintf(stderr, "loading: %d shard%s, %s read in %.1f s\n", n, n == 1 ? "" : "s", t, cli_now() - r.t0);
+                fprintf(stderr, "loading: %d shard%s, %s read in %.1f s\n", n, n == 1 ? "" : "s", t, qd_clock_seconds() - r.t0);
             }
         }
     }

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/clock.h"
 #include "qdelta.h"
 
 /* Options every model-running command accepts. */
@@ -56,7 +57,6 @@ int cli_parse_ids(const char *text, const char *what, int32_t **ids, int *n);
 /* Reads a whole file into a NUL-terminated malloc'd buffer. NULL on error (message printed). */
 char *cli_read_file(const char *path, size_t *len);
 
-double cli_now(void);
 
 /* Resolves -m: without it, the embedded default model (installed beside the executable,
  * in the build's source tree, or where it was compiled); a path that exists is used as

@@ -163,10 +163,10 @@ int cli_generate(cli_session *s, const int32_t *prompt, int n_prompt, const cli_
         s->n_fed = 0;
         common = 0;
     }
-    double t0 = cli_now();
+    double t0 = qd_clock_seconds();
     if (feed(s, prompt + common, n_prompt - common)) goto done;
     r->n_prompt_fed = n_prompt - common;
-    r->t_prefill = cli_now() - t0;
+    r->t_prefill = qd_clock_seconds() - t0;
     if (qd_sampler_accept_prompt(smp, prompt, n_prompt, &err) != QD_OK) {
         fprintf(stderr, "qdelta: %s\n", err.msg);
         goto done;
@@ -174,7 +174,7 @@ int cli_generate(cli_session *s, const int32_t *prompt, int n_prompt, const cli_
     const int32_t *eos;
     int n_eos = o->ignore_eos ? 0 : qd_model_eos_ids(s->model, &eos);
     r->finish = "length";
-    double t_dec0 = cli_now();
+    double t_dec0 = qd_clock_seconds();
     for (int t = 0; t < o->max_tokens; t++) {
         if (interrupted && *interrupted) { r->finish = "interrupted"; break; }
         qd_sample_result res;
@@ -182,7 +182,7 @@ int cli_generate(cli_session *s, const int32_t *prompt, int n_prompt, const cli_
             fprintf(stderr, "qdelta: %s\n", err.msg);
             goto done;
         }
-        if (t == 0) { r->t_first = cli_now() - t0; t_dec0 = cli_now(); }
+        if (t == 0) { r->t_first = qd_clock_seconds() - t0; t_dec0 = qd_clock_seconds(); }
         r->ids[r->n_ids++] = res.token;
         if (o->print_logprobs) {
             fprintf(stderr, "[%d logprob %.4f |", res.token, res.logprob);
@@ -217,7 +217,7 @@ int cli_generate(cli_session *s, const int32_t *prompt, int n_prompt, const cli_
             append_text(r, &text_cap, sr.text, sr.len, out);
         }
     }
-    r->t_decode = cli_now() - t_dec0;
+    r->t_decode = qd_clock_seconds() - t_dec0;
     rc = 0;
 done:
     if (have_dt) qd_detok_free(&dt);

@@ -51,7 +51,7 @@ static int append(gen_state *g, const char *t, size_t n) {
 /* One token: record, print, detokenize, match stops. Returns 1 to end the request. */
 static int on_token(gen_state *g, const qd_sample_result *res) {
     cli_gen_result *r = g->r;
-    if (r->n_ids == 0) r->t_first = cli_now() - g->t0;
+    if (r->n_ids == 0) r->t_first = qd_clock_seconds() - g->t0;
     r->ids[r->n_ids++] = res->token;
     if (g->o->print_logprobs) {
         fprintf(stderr, "[%d logprob %.4f |", res->token, res->logprob);
@@ -151,7 +151,7 @@ int cli_generate_engine(cli_session *s, const int32_t *prompt, int n_prompt, con
     }
     qd_engine_stats before, after;
     qd_engine_get_stats(s->engine, &before);
-    g.t0 = cli_now();
+    g.t0 = qd_clock_seconds();
     uint64_t id;
     if (qd_engine_submit(s->engine, prompt, n_prompt, &rq, on_event, &g, &id, &err) != QD_OK) {
         fprintf(stderr, "qdelta: %s\n", err.msg);
@@ -160,7 +160,7 @@ int cli_generate_engine(cli_session *s, const int32_t *prompt, int n_prompt, con
     pthread_mutex_lock(&g.mu);
     while (!g.done) pthread_cond_wait(&g.cv, &g.mu);
     pthread_mutex_unlock(&g.mu);
-    const double t_end = cli_now();
+    const double t_end = qd_clock_seconds();
     qd_engine_get_stats(s->engine, &after);
     if (g.failed) {
         fprintf(stderr, "qdelta: %s\n", g.error);

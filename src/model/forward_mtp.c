@@ -104,16 +104,34 @@ static qd_status validate(qd_context *ctx, const qd_span *spans, int n_spans, qd
     return QD_OK;
 }
 
+/* Validates, runs the backend's MTP forward with the outputs `out` asks for, advances the
+ * spans' MTP lengths. */
+static qd_status mtp_run(qd_context *ctx, const qd_span *spans, int n_spans, const float *hidden, int wants_rows,
+                         const qd_logit_out *out) {
+    if (!ctx) return QD_ERR_INVALID_ARG;
+    if (!hidden) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "MTP forward without hidden states");
+    qd_step st = {.spans = spans, .rt = ctx->spans_rt, .n_spans = n_spans, .seqs = ctx->seqs};
+    QD_TRY(validate(ctx, spans, n_spans, ctx->spans_rt, &st.n_rows, &st.n_logit_rows));
+    if (st.n_logit_rows > 0 && !wants_rows)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "MTP logits requested but no output buffer");
+    QD_TRY(ctx->model->ops->mtp_forward(ctx->bc, &st, hidden, out));
+    for (int i = 0; i < n_spans; i++) ctx->seqs[st.rt[i].seq].mtp_length += st.rt[i].T;
+    return QD_OK;
+}
+
 qd_status qd_mtp_forward(qd_context *ctx, const qd_span *spans, int n_spans, const float *hidden, float *logits,
                          float *hidden_out) {
     if (!ctx) return QD_ERR_INVALID_ARG;
-    if (!hidden) return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "MTP forward without hidden states");
-    qd_step st = {.spans = spans, .rt = ctx->spans_rt, .n_spans = n_spans, .seqs = ctx->seqs, .no_graph = true};
-    QD_TRY(validate(ctx, spans, n_spans, ctx->spans_rt, &st.n_rows, &st.n_logit_rows));
-    if (st.n_logit_rows > 0 && !logits && !hidden_out)
-        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "MTP logits requested but no output buffer");
     const qd_logit_out out = {.logits = logits, .vocab_limit = ctx->model->cfg.vocab_size, .hidden = hidden_out};
-    QD_TRY(ctx->model->ops->mtp_forward(ctx->bc, &st, hidden, &out));
-    for (int i = 0; i < n_spans; i++) ctx->seqs[st.rt[i].seq].mtp_length += st.rt[i].T;
-    return QD_OK;
+    return mtp_run(ctx, spans, n_spans, hidden, logits || hidden_out, &out);
+}
+
+qd_status qd_mtp_forward_ids(qd_context *ctx, const qd_span *spans, int n_spans, const float *hidden, int vocab_limit,
+                             int32_t *ids, float *hidden_out) {
+    if (!ctx) return QD_ERR_INVALID_ARG;
+    const int V = ctx->model->cfg.vocab_size;
+    if (vocab_limit < 0 || vocab_limit > V)
+        return qd_seterr(&ctx->err, QD_ERR_INVALID_ARG, "MTP forward: vocab_limit %d outside [0, %d]", vocab_limit, V);
+    const qd_logit_out out = {.ids = ids, .vocab_limit = vocab_limit > 0 ? vocab_limit : V, .hidden = hidden_out};
+    return mtp_run(ctx, spans, n_spans, hidden, ids || hidden_out, &out);
 }

@@ -192,6 +192,9 @@ typedef struct qd_engine_stats {
      * when 0..i-1 were kept) */
     uint64_t spec_verify_steps, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_at[4];
+    /* wall seconds the engine thread spent in the steps' main forwards and in the MTP
+     * head's forwards (drafts, prompt catch-up), each with the host work around it */
+    double forward_seconds, mtp_seconds;
 } qd_engine_stats;
 void qd_engine_get_stats(qd_engine *e, qd_engine_stats *out);
 

@@ -149,9 +149,10 @@ struct qd_engine {
     qd_request **mtp_req;     /* [max_num_seqs] */
     float *mtp_in;            /* [max_num_seqs * (K + 1)][hidden] MTP hidden inputs */
     float *mtp_hout;          /* [max_num_seqs][hidden] h' of the last draft step */
-    float *mtp_logits;        /* [max_num_seqs][vocab] draft logits */
+    int32_t *mtp_ids;         /* [max_num_seqs] the drafts' argmax (qd_mtp_forward_ids) */
     float *probs;             /* [vocab] the target's distribution of one verify row */
     double *resid;            /* [vocab] the rejection sampler's residual */
+    double forward_s, mtp_s;  /* seconds in the steps' main forwards and MTP forwards (stats) */
     uint64_t spec_steps, spec_drafted, spec_accepted, spec_accepted_at[QD_SPEC_MAX];
     /* Another drafter in place of the MTP's argmax (tests: perfect or wrong drafts; set
      * before the first submit). Returns the draft for output position n_generated + j

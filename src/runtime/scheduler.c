@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "runtime/engine_internal.h"
 #include "runtime/grammar/constraint.h"
 
@@ -697,10 +698,15 @@ int qd_engine_step(qd_engine *e) {
         return 0;
     }
     e->steps++;
+    const double t0 = qd_clock_seconds();
     qd_status st = e->spec_k ? qd_spec_draft(e, n_spans) : QD_OK;
+    const double t1 = qd_clock_seconds();
     if (st == QD_OK) st = step_forward(e, n_spans);
+    const double t2 = qd_clock_seconds();
     /* the MTP over the prompt rows, before any snapshot of them is taken below */
     if (st == QD_OK && e->spec_k) st = qd_spec_catch_up(e, n_spans);
+    e->forward_s += t2 - t1;
+    e->mtp_s += (t1 - t0) + (qd_clock_seconds() - t2);
     if (st != QD_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "forward pass failed (%s): %s", qd_status_name(st),
                  qd_context_errmsg(e->ctx));

@@ -52,11 +52,11 @@ qd_status qd_spec_engine_init(qd_engine *e, qd_err *err) {
     e->mtp_req = calloc(n, sizeof *e->mtp_req);
     e->mtp_in = malloc(sizeof(float) * rows * H);
     e->mtp_hout = malloc(sizeof(float) * rows * H);
-    e->mtp_logits = malloc(sizeof(float) * n * V);
+    e->mtp_ids = malloc(sizeof(int32_t) * n);
     e->probs = malloc(sizeof(float) * V);
     e->resid = malloc(sizeof(double) * V);
     if (!e->verify || !e->hid_all || !e->hidden || !e->all_hidden || !e->mtp_spans || !e->mtp_req || !e->mtp_in ||
-        !e->mtp_hout || !e->mtp_logits || !e->probs || !e->resid)
+        !e->mtp_hout || !e->mtp_ids || !e->probs || !e->resid)
         return qd_seterr(err, QD_ERR_OOM, "out of memory for the speculative decoding buffers (%d sequences, %d drafts)",
                          e->params.max_num_seqs, K);
     return QD_OK;
@@ -71,7 +71,7 @@ void qd_spec_engine_free(qd_engine *e) {
     free(e->mtp_req);
     free(e->mtp_in);
     free(e->mtp_hout);
-    free(e->mtp_logits);
+    free(e->mtp_ids);
     free(e->probs);
     free(e->resid);
 }
@@ -116,32 +116,36 @@ int qd_spec_extra_blocks(const qd_engine *e, const qd_request *r) {
     return qd_kv_shared_in(e->ctx, r->slot, r->n_computed - r->n_pend, r->n_computed);
 }
 
-static int argmax_bound(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 static int vocab_bound(const qd_engine *e, const qd_request *r) {
     const int l = qd_sampler_params(r->sampler)->vocab_limit;
     return l > 0 ? l : e->vocab;
 }
 
-/* Draft j of r this step: the MTP's argmax in logits row x, or the override's. */
-static int32_t pick_draft(const qd_engine *e, const qd_request *r, const float *x, int j) {
+/* Draft j of r this step: the MTP's argmax `id`, or the override's. */
+static int32_t pick_draft(const qd_engine *e, const qd_request *r, int32_t id, int j) {
     if (e->draft_override) {
         const int32_t d = e->draft_override(e->draft_user, r->id, r->n_tokens - r->n_prompt, j);
         if (d >= 0 && d < e->vocab) return d;
     }
-    return argmax_bound(x, vocab_bound(e, r));
+    return id;
+}
+
+/* The argmax bound of the drafts of e->mtp_req[0, n): their requests' vocabulary bound
+ * when they share one, else the whole vocabulary (a draft only decides what is tried,
+ * never what is output: one past a request's bound is rejected like any other). */
+static int draft_bound(const qd_engine *e, int n) {
+    const int b = n > 0 ? vocab_bound(e, e->mtp_req[0]) : 0;
+    for (int j = 1; j < n; j++)
+        if (vocab_bound(e, e->mtp_req[j]) != b) return 0;
+    return b;
 }
 
 /* One MTP forward over spans [0, n) with hidden inputs `in` (rows packed in span order),
- * cut into calls of at most max_batch_tokens rows. Logit rows go to e->mtp_logits, their
- * h' to e->mtp_hout, in span order. */
+ * cut into calls of at most max_batch_tokens rows. The logit rows' argmax goes to
+ * e->mtp_ids (no vocabulary row leaves the device), their h' to e->mtp_hout, in span
+ * order. */
 static qd_status run_mtp(qd_engine *e, int n, const float *in) {
-    const int H = e->hidden_size, cap = e->params.max_batch_tokens;
+    const int H = e->hidden_size, cap = e->params.max_batch_tokens, limit = draft_bound(e, n);
     int s0 = 0, row0 = 0, lrow0 = 0;
     while (s0 < n) {
         int s1 = s0, rows = 0, lrows = 0;
@@ -150,9 +154,8 @@ static qd_status run_mtp(qd_engine *e, int n, const float *in) {
             lrows += e->mtp_spans[s1].logits != QD_LOGITS_NONE;
             s1++;
         }
-        QD_TRY(qd_mtp_forward(e->ctx, e->mtp_spans + s0, s1 - s0, in + (size_t)row0 * H,
-                              lrows ? e->mtp_logits + (size_t)lrow0 * e->vocab : NULL,
-                              lrows ? e->mtp_hout + (size_t)lrow0 * H : NULL));
+        QD_TRY(qd_mtp_forward_ids(e->ctx, e->mtp_spans + s0, s1 - s0, in + (size_t)row0 * H, limit,
+                                  lrows ? e->mtp_ids + lrow0 : NULL, lrows ? e->mtp_hout + (size_t)lrow0 * H : NULL));
         s0 = s1;
         row0 += rows;
         lrow0 += lrows;
@@ -190,7 +193,7 @@ qd_status qd_spec_draft(qd_engine *e, int n_spans) {
         qd_request *r = e->mtp_req[j];
         if (!r->n_draft) continue;
         r->vtok[0] = r->tokens[r->n_computed];
-        r->vtok[1] = pick_draft(e, r, e->mtp_logits + (size_t)lr * e->vocab, 0);
+        r->vtok[1] = pick_draft(e, r, e->mtp_ids[lr], 0);
         r->mtp_row = lr++;
         if (r->n_draft > max_draft) max_draft = r->n_draft;
     }
@@ -208,7 +211,7 @@ qd_status qd_spec_draft(qd_engine *e, int n_spans) {
         QD_TRY(run_mtp(e, n, e->mtp_in));
         for (int j = 0; j < n; j++) {
             qd_request *r = e->mtp_req[j];
-            r->vtok[d + 1] = pick_draft(e, r, e->mtp_logits + (size_t)j * e->vocab, d);
+            r->vtok[d + 1] = pick_draft(e, r, e->mtp_ids[j], d);
             r->mtp_row = j;
         }
     }

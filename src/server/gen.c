@@ -448,7 +448,7 @@ static int client_closed(srv_gen *lead, int n_events) {
 static int on_event(void *user, const qd_engine_event *ev) {
     srv_gen *g = user, *lead = gen_lead(g);
     srv_server *s = g->srv;
-    const double now = srv_now();
+    const double now = qd_clock_seconds();
     const int last = ev->finish != QD_FINISH_NONE;
     struct MHD_Connection *resume = NULL;
     pthread_mutex_lock(&lead->mu);
@@ -536,7 +536,7 @@ static int pipeline_init(srv_gen *g, int n_prompt, srv_error *e) {
     if (qd_stop_matcher_create((const char *const *)g->o.stops, g->o.n_stops, &g->stop, &err) != QD_OK)
         return srv_fail(e, 400, "invalid_request_error", "stop", "%s", err.msg);
     g->prompt_tokens = n_prompt;
-    g->t_submit = srv_now();
+    g->t_submit = qd_clock_seconds();
     return 0;
 }
 

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/clock.h"
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "qdelta.h"
@@ -218,7 +219,6 @@ void srv_route_metrics(srv_server *s, srv_reply *r);
 int srv_auth_ok(const srv_server *s, const char *authorization_header);
 /* The same key from Anthropic's "x-api-key: KEY" header. */
 int srv_auth_key_ok(const srv_server *s, const char *x_api_key);
-double srv_now(void);
 /* JSON value of one token's text (lossy UTF-8) and its bytes. */
 json_t *srv_token_json(const srv_server *s, int32_t id, json_t **bytes);
 

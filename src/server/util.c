@@ -5,12 +5,6 @@
 
 #include "server/server.h"
 
-double srv_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int srv_buf_append(srv_buf *b, const char *s, size_t n) {
     if (b->n + n + 1 > b->cap) {
         size_t nc = (b->cap ? b->cap * 2 : 256) + n;

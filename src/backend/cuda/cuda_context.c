@@ -198,7 +198,8 @@ static qd_status create(qd_cuda_ctx *g, qd_err *err) {
         (s = qd_cuda_stream_create(&g->stream)) || (s = qd_cuda_blas_create(&g->blas, g->stream)))
         return fail(err, s, "pinned output buffers, the CUDA stream and cuBLAS");
     g->invariant = g->d.params.batch_invariant != 0;
-    g->graphs = calloc((size_t)g->d.params.max_seqs + 1, sizeof(void *));
+    g->n_graph_kinds = g->verify_states > 1 ? g->verify_states + 1 : 2;
+    g->graphs = calloc((size_t)g->n_graph_kinds * ((size_t)g->d.params.max_seqs + 1), sizeof(void *));
     g->ver_T = calloc((size_t)g->d.params.max_seqs, sizeof(int32_t));
     if (!g->graphs || !g->ver_T) return qd_seterr(err, QD_ERR_OOM, "out of memory");
     if (g->verify_states > QD_CUDA_MAX_VERIFY)
@@ -226,7 +227,8 @@ void qd_cuda_ctx_free(void *bc) {
     qd_cuda_ctx *g = bc;
     if (!g) return;
     if (g->graphs)
-        for (int i = 0; i <= g->d.params.max_seqs; i++) qd_cuda_graph_destroy(g->graphs[i]);
+        for (size_t i = 0; i < (size_t)g->n_graph_kinds * ((size_t)g->d.params.max_seqs + 1); i++)
+            qd_cuda_graph_destroy(g->graphs[i]);
     free(g->graphs);
     free(g->ver_T);
     qd_cuda_gdn_plan_destroy(&g->plan);

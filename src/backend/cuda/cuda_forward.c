@@ -3,8 +3,9 @@
  * (more than one token) come first and decode spans (one token) last: the chunked
  * GDN kernel then sees its tokens packed, the decode kernel its sequences packed,
  * and a sequence's result never depends on which kernel its neighbours took.
- * A step made only of decode spans, each wanting its last logits, is replayed from
- * a CUDA graph captured the first time that batch size is seen. */
+ * A step whose launches follow from its shape alone (step_graph: decode steps, uniform
+ * verify steps, the MTP head's one-token steps) is replayed from a CUDA graph captured the
+ * first time that shape is seen. */
 #include <string.h>
 
 #include "backend/cuda/cuda_layers.h"
@@ -243,6 +244,64 @@ static qd_status finish_outputs(qd_cuda_ctx *g, const float *norm, const qd_step
     return QD_OK;
 }
 
+enum { GRAPH_DECODE, GRAPH_MTP }; /* graph kinds; a uniform verify step of T tokens is kind T */
+
+/* Where the graph of this step's shape is kept, or NULL when the step runs eagerly. The
+ * host decides nothing inside a graph, so a shape qualifies when every launch of the step
+ * follows from (kind, n_spans): no prefill span (its chunk plan), every row wanting its
+ * logits (a split rank other than the first wants none) within the first logits chunk,
+ * within the MoE decode path's token bound (no host sync inside), and spans that are all
+ * one token (decode, and the MTP head's draft steps) or all verify spans of one length T
+ * (their per-token GDN launches). A step that counts its routing marks runs eagerly (the
+ * graphs do not mark). */
+static void **step_graph(qd_cuda_ctx *g, const qd_step *st, int mtp) {
+    const qd_cuda_step *h = &g->host;
+    const int n = h->n_rows, n_spans = st->n_spans;
+    if (g->count_experts || g->d.params.eager || st->no_graph || h->n_pre_spans > 0 || n_spans < 1) return NULL;
+    if (!(st->n_logit_rows == n || g->never_logits) || n > qd_cuda_logit_chunk(g)) return NULL;
+    if (g->cfg->n_experts > 0 && n > qd_cuda_moe_graph_max_tokens()) return NULL;
+    int kind;
+    if (h->n_ver == 0 && n == n_spans) {
+        kind = mtp ? GRAPH_MTP : GRAPH_DECODE;
+    } else {
+        const int T = n / n_spans;
+        if (mtp || g->reduce || h->n_ver != n_spans || T * n_spans != n || T > g->verify_states) return NULL;
+        for (int t = 0; t < T; t++)
+            if (h->ver_count[t] != n_spans) return NULL; /* spans of different lengths */
+        kind = T;
+    }
+    return &g->graphs[(size_t)kind * ((size_t)g->d.params.max_seqs + 1) + (size_t)n_spans];
+}
+
+/* Runs body(g, arg) on the stream: replayed from *exec when there is one, else captured
+ * into it first; exec NULL: eagerly. */
+static qd_status run_graphed(qd_cuda_ctx *g, void **exec, qd_status (*body)(qd_cuda_ctx *, const void *),
+                             const void *arg) {
+    if (!exec) return body(g, arg);
+    if (!*exec) {
+        TRYC(qd_cuda_graph_begin(g->stream));
+        const qd_status rs = body(g, arg);
+        void *e = NULL;
+        const qd_status s = qd_cuda_graph_end(g->stream, &e);
+        if (rs) {
+            qd_cuda_graph_destroy(e);
+            return rs;
+        }
+        TRYC(s);
+        *exec = e;
+    }
+    return qd_cuda_graph_launch(*exec, g->stream);
+}
+
+typedef struct layers_arg {
+    int max_span_rows, n_logit_first;
+} layers_arg;
+
+static qd_status main_body(qd_cuda_ctx *g, const void *arg) {
+    const layers_arg *a = arg;
+    return run_layers(g, a->max_span_rows, a->n_logit_first);
+}
+
 qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out) {
     qd_cuda_ctx *g = bc;
     const qd_config *c = g->cfg;
@@ -256,43 +315,18 @@ qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out) 
                              i, st->rt[i].T, g->verify_states);
     /* KV copy-on-write copies (kv_copy_block) were queued on the stream already */
     const size_t meta = build_step(g, st, out->hidden_all, 1);
-    const qd_cuda_step *h = &g->host;
     int max_span_rows = 1;
     for (int i = 0; i < n_spans; i++) max_span_rows = st->rt[i].T > max_span_rows ? st->rt[i].T : max_span_rows;
     if ((s = qd_cuda_memcpy_h2d_async(g->meta_dev, g->meta_host, meta, g->stream))) return backend_error(g, s);
     if ((s = update_plan(g))) return backend_error(g, s);
 
     const int LC = qd_cuda_logit_chunk(g);
-    const int first = n_logit_rows < LC ? n_logit_rows : LC;
-    /* graph: decode-only steps whose every span wants its last logits, within the MoE
-     * decode path's bound (no host sync inside) */
-    /* a step that counts its routing marks runs eagerly (the graphs do not mark) */
+    const layers_arg la = {max_span_rows, n_logit_rows < LC ? n_logit_rows : LC};
     g->count_experts = st->experts_touched && g->experts_touched;
     if (g->count_experts &&
         (s = qd_cuda_memset_async(g->experts_touched, 0, (size_t)c->n_layers * c->n_experts, g->stream)))
         return backend_error(g, s);
-    const int graphable = !g->count_experts && !g->d.params.eager && !st->no_graph && h->n_pre_spans == 0 &&
-                          h->n_ver == 0 && (n_logit_rows == n_spans || g->never_logits) &&
-                          n_spans <= LC &&
-                          (c->n_experts == 0 || n_spans <= qd_cuda_moe_graph_max_tokens());
-    if (graphable) {
-        void **exec = &g->graphs[n_spans];
-        if (!*exec) {
-            if ((s = qd_cuda_graph_begin(g->stream))) return backend_error(g, s);
-            qd_status rs = run_layers(g, max_span_rows, first);
-            void *e = NULL;
-            s = qd_cuda_graph_end(g->stream, &e);
-            if (rs) {
-                qd_cuda_graph_destroy(e);
-                return backend_error(g, rs);
-            }
-            if (s) return backend_error(g, s);
-            *exec = e;
-        }
-        if ((s = qd_cuda_graph_launch(*exec, g->stream))) return backend_error(g, s);
-    } else if ((s = run_layers(g, max_span_rows, first))) {
-        return backend_error(g, s);
-    }
+    if ((s = run_graphed(g, step_graph(g, st, 0), main_body, &la))) return backend_error(g, s);
     if ((s = finish_outputs(g, g->cm->final_norm, st, out))) return backend_error(g, s);
     if (g->count_experts &&
         (s = qd_cuda_memcpy_d2h_async(st->experts_touched, g->experts_touched, (size_t)c->n_layers * c->n_experts,
@@ -309,9 +343,17 @@ qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out) 
 
 /* spec 7.2, as the CPU backend's: h = fc([PreFcNormEmb(embed(token)) | PreFcNormHid(hidden)]),
  * the head's decoder layer over its own KV (attention layer n_attn of the blocks), then the
- * MTP norm and the shared LM head. hidden is the caller's [n_rows][H] in span order: it is
- * uploaded as it is and normed through the internal row -> caller row map. Run eagerly. */
-static qd_status mtp_layers(qd_cuda_ctx *g, const qd_cuda_mtp *m, const float *hidden, int max_span_rows) {
+ * MTP norm and the shared LM head over the first n_logit_first logit rows. The hidden
+ * inputs are in g->ys as the caller's [n_rows][H] in span order (uploaded before, outside
+ * any graph), normed through the internal row -> caller row map. */
+typedef struct mtp_arg {
+    const qd_cuda_mtp *m;
+    int max_span_rows, n_logit_first;
+} mtp_arg;
+
+static qd_status mtp_layers(qd_cuda_ctx *g, const void *arg) {
+    const mtp_arg *a = arg;
+    const qd_cuda_mtp *m = a->m;
     const qd_config *c = g->cfg;
     const qd_cuda_step *h = &g->host, *dv = &g->dev;
     const int n = h->n_rows, H = c->hidden_size;
@@ -319,7 +361,6 @@ static qd_status mtp_layers(qd_cuda_ctx *g, const qd_cuda_mtp *m, const float *h
     TRYC(qd_cuda_embed(g->cm->embed, dv->tokens, n, H, g->h, g->stream));
     TRYC(qd_cuda_add_rmsnorm(g->h, NULL, m->pre_fc_norm_embedding, eps, n, H, NULL, g->x, NULL, g->stream));
     TRYC(qd_cuda_memcpy2d(g->mtp_cat, (size_t)4 * H, g->x, (size_t)2 * H, (size_t)2 * H, (size_t)n, g->stream));
-    TRYC(qd_cuda_memcpy_h2d_async(g->ys, hidden, (size_t)n * H * 4, g->stream));
     TRYC(qd_cuda_add_rmsnorm(g->ys, NULL, m->pre_fc_norm_hidden, eps, n, H, dv->caller_row, g->x, NULL, g->stream));
     TRYC(qd_cuda_memcpy2d(g->mtp_cat + H, (size_t)4 * H, g->x, (size_t)2 * H, (size_t)2 * H, (size_t)n, g->stream));
     qd_cuda_lin_in in = {0};
@@ -328,10 +369,14 @@ static qd_status mtp_layers(qd_cuda_ctx *g, const qd_cuda_mtp *m, const float *h
     in.ldx = 2 * H;
     const qd_cuda_lin_out fc = qd_cuda_mat_out(g, &m->fc, g->h, H);
     TRYC(qd_cuda_lin(g, &in, 2 * H, n, &fc, 1, 0, NULL));
-    TRYC(qd_cuda_layer_attn(g, &m->layer, g->cm->w->n_attn, max_span_rows));
-    if (g->cm->w->mtp->layer.ffn_kind == QD_FFN_MOE) return qd_cuda_layer_moe(g, &m->layer, 0);
-    const qd_cuda_lin_in fin = qd_cuda_norm_in(g, m->layer.post_norm, NULL);
-    return qd_cuda_layer_mlp(g, &fin, &m->layer.gate_up, &m->layer.down, m->layer.I, g->h, 1);
+    TRYC(qd_cuda_layer_attn(g, &m->layer, g->cm->w->n_attn, a->max_span_rows));
+    if (g->cm->w->mtp->layer.ffn_kind == QD_FFN_MOE) {
+        TRYC(qd_cuda_layer_moe(g, &m->layer, 0));
+    } else {
+        const qd_cuda_lin_in fin = qd_cuda_norm_in(g, m->layer.post_norm, NULL);
+        TRYC(qd_cuda_layer_mlp(g, &fin, &m->layer.gate_up, &m->layer.down, m->layer.I, g->h, 1));
+    }
+    return a->n_logit_first > 0 ? logit_rows(g, m->norm, 0, a->n_logit_first) : QD_OK;
 }
 
 qd_status qd_cuda_mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out) {
@@ -350,10 +395,11 @@ qd_status qd_cuda_mtp_forward(void *bc, const qd_step *st, const float *hidden, 
     const int n_logit_rows = st->n_logit_rows, LC = qd_cuda_logit_chunk(g);
     qd_status s;
     g->count_experts = 0;
+    const mtp_arg ma = {m, max_span_rows, n_logit_rows < LC ? n_logit_rows : LC};
     if ((s = qd_cuda_memcpy_h2d_async(g->meta_dev, g->meta_host, meta, g->stream)) ||
-        (s = mtp_layers(g, m, hidden, max_span_rows)) ||
-        (n_logit_rows > 0 && (s = logit_rows(g, m->norm, 0, n_logit_rows < LC ? n_logit_rows : LC))) ||
-        (s = finish_outputs(g, m->norm, st, out)) || (s = qd_cuda_stream_sync(g->stream)))
+        (s = qd_cuda_memcpy_h2d_async(g->ys, hidden, (size_t)st->n_rows * c->hidden_size * 4, g->stream)) ||
+        (s = run_graphed(g, step_graph(g, st, 1), mtp_layers, &ma)) || (s = finish_outputs(g, m->norm, st, out)) ||
+        (s = qd_cuda_stream_sync(g->stream)))
         return backend_error(g, s);
     if (out->ids) memcpy(out->ids, g->ids_host, (size_t)n_logit_rows * 4);
     if (out->ids && out->logprobs) memcpy(out->logprobs, g->lp_host, (size_t)n_logit_rows * 4);

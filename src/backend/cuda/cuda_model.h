@@ -208,9 +208,11 @@ typedef struct qd_cuda_ctx {
     int invariant;                   /* batch-invariant mode (qd_context_params.batch_invariant) */
     /* GDN chunk plan: scratch reserved at creation for max_batch tokens, set per prefill step */
     qd_cuda_gdn_plan plan;
-    /* CUDA graphs of pure decode steps, by batch size (index n_seqs) */
-    void **graphs;                   /* [max_seqs + 1] */
-    int graph_logits_mode[2];
+    /* CUDA graphs of the steps whose launches depend on their shape alone (cuda_forward.c
+     * step_graph), [kind][n_spans]: kind 0 decode steps of the main model, 1 the MTP head's
+     * one-token steps, T (2 .. verify_states) uniform verify steps of T tokens a span */
+    void **graphs;                   /* [n_graph_kinds][max_seqs + 1] */
+    int n_graph_kinds;               /* verify_states + 1, at least 2 */
     size_t bytes;                    /* device bytes held by the context */
 } qd_cuda_ctx;
 
