@@ -8,11 +8,16 @@ CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQD_SANITIZ
 cmake --build build-asan -j"$(nproc)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# Left out under the sanitizers: the long kernel tests (test_matmul, test_gdn: clean under ASan
-# when run alone) and the statistical test of speculative sampling (test_spec_accept: thousands
-# of seeded draws, six minutes under ASan; test_spec_sampling and test_spec_engine run the same
-# code here); all three run in the Release stage.
-ctest --test-dir build-asan --output-on-failure -j"$(nproc)" -E "test_matmul|test_gdn|test_spec_accept"
+# Left out under the sanitizers (each runs in the Release stage): the long kernel tests
+# (test_matmul, test_gdn: clean under ASan when run alone), the statistical test of
+# speculative sampling (test_spec_accept: thousands of seeded draws, six minutes under ASan;
+# test_spec_sampling and test_spec_engine run the same code here), and the numeric checks of
+# whole models against their references (test_batch_invariant, test_default_model,
+# test_default_mtp: two to four minutes each under ASan; the same forward, loader and MTP
+# code runs here in test_golden, test_equivalence, test_mtp and the engine tests). The
+# randomized differential tests run a quarter of their rounds here (QD_TEST_ROUNDS).
+ctest --test-dir build-asan --output-on-failure -j"$(nproc)" \
+    -E "test_matmul|test_gdn|test_spec_accept|test_batch_invariant|test_default_model|test_default_mtp"
 # A harness finds its data in the repository from any working directory, and one that
 # cannot load it fails rather than fuzzing nothing.
 # (Loading nothing, fuzz_tokenizer used to cover 3 edges; with the tokenizer, 20 runs

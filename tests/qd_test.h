@@ -13,6 +13,16 @@
 static int qd_test_passed = 0;
 static int qd_test_failed = 0;
 
+/* Rounds of a randomized differential test's outer loop: all of them in a normal build, a
+ * quarter (at least one) in a sanitizer build (QD_SANITIZE), where each costs ten times as
+ * much and what is sought is a memory error, not a rare mismatch; the Release stage of CI
+ * runs every round. */
+#ifdef QD_SANITIZED
+#define QD_TEST_ROUNDS(n) ((n) / 4 > 0 ? (n) / 4 : 1)
+#else
+#define QD_TEST_ROUNDS(n) (n)
+#endif
+
 #define CHECK(cond)                                                                \
     do {                                                                           \
         if (cond) qd_test_passed++;                                                \

@@ -16,6 +16,7 @@
 
 #include "io/tokenizer.h"
 #include "qd_fixtures.h"
+#include "qd_engine_run.h"
 #include "qd_test.h"
 #include "runtime/engine.h"
 #include "runtime/grammar/constraint.h"
@@ -24,41 +25,6 @@
 
 #define MAX_OUT 48
 #define N 4
-
-typedef struct run {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t toks[MAX_OUT];
-    int n, done;
-    qd_finish_reason finish;
-} run;
-
-static int on_event(void *user, const qd_engine_event *ev) {
-    run *r = user;
-    pthread_mutex_lock(&r->mu);
-    if (ev->has_token && r->n < MAX_OUT) r->toks[r->n++] = ev->sample.token;
-    if (ev->finish != QD_FINISH_NONE) {
-        r->finish = ev->finish;
-        r->done = 1;
-        pthread_cond_signal(&r->cv);
-    }
-    pthread_mutex_unlock(&r->mu);
-    return 0;
-}
-
-static void run_init(run *r) {
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-}
-
-static void run_wait(run *r) {
-    pthread_mutex_lock(&r->mu);
-    while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
-    pthread_mutex_unlock(&r->mu);
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
-}
 
 static const char *const SCHEMAS[] = {
     "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99},"
@@ -88,7 +54,7 @@ static int is_eos(const int32_t *eos, int n_eos, int32_t t) {
 }
 
 /* The tokens pass a fresh constraint one by one; a run that ended by EOS is complete. */
-static void check_valid(const qd_token_trie *trie, const char *schema, const int32_t *eos, int n_eos, const run *r,
+static void check_valid(const qd_token_trie *trie, const char *schema, const int32_t *eos, int n_eos, const qd_run *r,
                         int seq) {
     qd_constraint *c = make(trie, schema, eos, n_eos);
     if (!c) return;
@@ -129,27 +95,27 @@ static void check_schema(qd_model *m, const qd_token_trie *trie, const char *sch
     p.sampling.temperature = 1.5f; /* a flat distribution: the sequences take different paths */
     p.sampling.seed = qd_test_next(rng);
     p.max_tokens = MAX_OUT;
-    run alone[N], group[N];
+    qd_run alone[N], group[N];
     for (int i = 0; i < N; i++) {
         qd_request_params pi = p;
         pi.sampling.seed = p.sampling.seed + (uint64_t)i;
         pi.constraint = make(trie, schema, eos, n_eos);
-        run_init(&alone[i]);
+        qd_run_init(&alone[i]);
         uint64_t id;
-        CHECKF(qd_engine_submit(e, prompt, n, &pi, on_event, &alone[i], &id, &err) == QD_OK, "submit: %s", err.msg);
-        run_wait(&alone[i]);
+        CHECKF(qd_engine_submit(e, prompt, n, &pi, qd_run_on_event, &alone[i], &id, &err) == QD_OK, "submit: %s", err.msg);
+        qd_run_wait(&alone[i]);
     }
     qd_engine_stats before, after;
     qd_engine_get_stats(e, &before);
     void *users[N];
     uint64_t ids[N];
     for (int i = 0; i < N; i++) {
-        run_init(&group[i]);
+        qd_run_init(&group[i]);
         users[i] = &group[i];
     }
     p.constraint = make(trie, schema, eos, n_eos);
-    CHECKF(qd_engine_submit_n(e, prompt, n, &p, N, on_event, users, ids, &err) == QD_OK, "submit_n: %s", err.msg);
-    for (int i = 0; i < N; i++) run_wait(&group[i]);
+    CHECKF(qd_engine_submit_n(e, prompt, n, &p, N, qd_run_on_event, users, ids, &err) == QD_OK, "submit_n: %s", err.msg);
+    for (int i = 0; i < N; i++) qd_run_wait(&group[i]);
     qd_engine_get_stats(e, &after);
     int differ = 0;
     for (int i = 0; i < N; i++) {

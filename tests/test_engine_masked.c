@@ -24,6 +24,7 @@
 
 #include "io/tokenizer.h"
 #include "qd_fixtures.h"
+#include "qd_engine_run.h"
 #include "qd_test.h"
 #include "runtime/engine.h"
 #include "runtime/grammar/constraint.h"
@@ -32,47 +33,6 @@
 
 #define MAX_OUT 64
 #define MAX_REQ 8
-
-typedef struct run {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t toks[MAX_OUT];
-    float lps[MAX_OUT];
-    int n, done;
-    qd_finish_reason finish;
-    char error[512];
-} run;
-
-static int on_event(void *user, const qd_engine_event *ev) {
-    run *r = user;
-    pthread_mutex_lock(&r->mu);
-    if (ev->has_token && r->n < MAX_OUT) {
-        r->toks[r->n] = ev->sample.token;
-        r->lps[r->n++] = ev->sample.logprob;
-    }
-    if (ev->finish != QD_FINISH_NONE) {
-        r->finish = ev->finish;
-        if (ev->error) snprintf(r->error, sizeof r->error, "%s", ev->error);
-        r->done = 1;
-        pthread_cond_signal(&r->cv);
-    }
-    pthread_mutex_unlock(&r->mu);
-    return 0;
-}
-
-static void run_init(run *r) {
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-}
-
-static void run_wait(run *r) {
-    pthread_mutex_lock(&r->mu);
-    while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
-    pthread_mutex_unlock(&r->mu);
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
-}
 
 typedef struct env {
     qd_model *m;
@@ -127,7 +87,7 @@ static uint64_t masked_rows(qd_engine *e) {
 }
 
 /* The two runs of one request agree token for token. */
-static void compare(const run *dev, const run *host, const char *what) {
+static void compare(const qd_run *dev, const qd_run *host, const char *what) {
     CHECKF(dev->finish == host->finish, "%s: finish %d on the device path, %d on the host's", what, dev->finish,
            host->finish);
     CHECKF(dev->n == host->n, "%s: %d tokens on the device path, %d on the host's", what, dev->n, host->n);
@@ -149,7 +109,7 @@ static void check_batch(env *v, const req *qs, int n, int mix, const char *what)
         lens[i] = 2 + (int)(qd_test_next(&v->rng) % 22);
         for (int t = 0; t < lens[i]; t++) prompts[i][t] = (int32_t)(qd_test_next(&v->rng) % (uint64_t)v->V);
     }
-    run out[2][MAX_REQ], extra[2][2];
+    qd_run out[2][MAX_REQ], extra[2][2];
     uint64_t rows[2];
     for (int host = 0; host < 2; host++) {
         const uint64_t before = masked_rows(v->e);
@@ -157,8 +117,8 @@ static void check_batch(env *v, const req *qs, int n, int mix, const char *what)
         uint64_t id;
         for (int i = 0; i < n; i++) {
             qd_request_params p = params_of(v, &qs[i], host);
-            run_init(&out[host][i]);
-            CHECKF(qd_engine_submit(v->e, prompts[i], lens[i], &p, on_event, &out[host][i], &id, &err) == QD_OK,
+            qd_run_init(&out[host][i]);
+            CHECKF(qd_engine_submit(v->e, prompts[i], lens[i], &p, qd_run_on_event, &out[host][i], &id, &err) == QD_OK,
                    "%s: submit: %s", what, err.msg);
         }
         if (mix) {
@@ -170,13 +130,13 @@ static void check_batch(env *v, const req *qs, int n, int mix, const char *what)
             for (int k = 0; k < 2; k++) {
                 p.sampling.temperature = k ? 0.8f : 0.0f; /* a plain greedy row, a sampled one */
                 p.sampling.seed = 7;
-                run_init(&extra[host][k]);
-                CHECKF(qd_engine_submit(v->e, prompts[0], lens[0], &p, on_event, &extra[host][k], &id, &err) == QD_OK,
+                qd_run_init(&extra[host][k]);
+                CHECKF(qd_engine_submit(v->e, prompts[0], lens[0], &p, qd_run_on_event, &extra[host][k], &id, &err) == QD_OK,
                        "%s: submit: %s", what, err.msg);
             }
         }
-        for (int i = 0; i < n; i++) run_wait(&out[host][i]);
-        for (int k = 0; mix && k < 2; k++) run_wait(&extra[host][k]);
+        for (int i = 0; i < n; i++) qd_run_wait(&out[host][i]);
+        for (int k = 0; mix && k < 2; k++) qd_run_wait(&extra[host][k]);
         rows[host] = masked_rows(v->e) - before;
     }
     uint64_t generated = 0, min_tok = 0;
@@ -216,24 +176,24 @@ static void check_forks(env *v) {
     const req q = {.schema = SCHEMAS[0], .max_tokens = 40, .with_eos = 1, .start_after = -1};
     int32_t prompt[9];
     for (int t = 0; t < 9; t++) prompt[t] = (int32_t)(qd_test_next(&v->rng) % (uint64_t)v->V);
-    run host, seqs[3];
+    qd_run host, seqs[3];
     qd_err err = {0};
     uint64_t id, ids[3];
     qd_request_params p = params_of(v, &q, 1);
-    run_init(&host);
-    CHECKF(qd_engine_submit(v->e, prompt, 9, &p, on_event, &host, &id, &err) == QD_OK, "submit: %s", err.msg);
-    run_wait(&host);
+    qd_run_init(&host);
+    CHECKF(qd_engine_submit(v->e, prompt, 9, &p, qd_run_on_event, &host, &id, &err) == QD_OK, "submit: %s", err.msg);
+    qd_run_wait(&host);
     const uint64_t before = masked_rows(v->e);
     p = params_of(v, &q, 0);
     void *users[3];
     for (int i = 0; i < 3; i++) {
-        run_init(&seqs[i]);
+        qd_run_init(&seqs[i]);
         users[i] = &seqs[i];
     }
-    CHECKF(qd_engine_submit_n(v->e, prompt, 9, &p, 3, on_event, users, ids, &err) == QD_OK, "submit_n: %s", err.msg);
+    CHECKF(qd_engine_submit_n(v->e, prompt, 9, &p, 3, qd_run_on_event, users, ids, &err) == QD_OK, "submit_n: %s", err.msg);
     uint64_t generated = 0;
     for (int i = 0; i < 3; i++) {
-        run_wait(&seqs[i]);
+        qd_run_wait(&seqs[i]);
         char label[64];
         snprintf(label, sizeof label, "n = 3, sequence %d", i);
         compare(&seqs[i], &host, label);
@@ -249,14 +209,14 @@ static void check_forks(env *v) {
 static void check_nothing_allowed(env *v) {
     const req q = {.schema = "{\"enum\":[\"ab\"]}", .max_tokens = 20, .with_eos = 0, .start_after = -1};
     const int32_t prompt[3] = {5, 6, 7};
-    run r[2];
+    qd_run r[2];
     for (int host = 0; host < 2; host++) {
         qd_err err = {0};
         uint64_t id;
         qd_request_params p = params_of(v, &q, host);
-        run_init(&r[host]);
-        CHECKF(qd_engine_submit(v->e, prompt, 3, &p, on_event, &r[host], &id, &err) == QD_OK, "submit: %s", err.msg);
-        run_wait(&r[host]);
+        qd_run_init(&r[host]);
+        CHECKF(qd_engine_submit(v->e, prompt, 3, &p, qd_run_on_event, &r[host], &id, &err) == QD_OK, "submit: %s", err.msg);
+        qd_run_wait(&r[host]);
         CHECKF(r[host].finish == QD_FINISH_ERROR && r[host].n >= 1 && r[host].n < 20,
                "nothing allowed (%s path): finish %d after %d tokens", host ? "host" : "device", r[host].finish,
                r[host].n);

@@ -272,7 +272,7 @@ static void test_masks(void) {
     uint32_t mask[(V + 31) / 32];
     int checked = 0, walks_done = 0;
     for (size_t ci = 0; ci < sizeof CASES / sizeof CASES[0]; ci++) {
-        for (int w = 0; w < 4; w++) {
+        for (int w = 0; w < QD_TEST_ROUNDS(4); w++) {
             qd_grammar *g = compile_text(CASES[ci].schema, &err);
             if (!g) continue;
             const qd_grammar *gv = g;
@@ -325,8 +325,8 @@ static void test_masks(void) {
         }
     }
     printf("masks checked against the reference: %d steps, %d completed walks\n", checked, walks_done);
-    CHECK(checked > 200);
-    CHECK(walks_done > 5);
+    CHECK(checked > QD_TEST_ROUNDS(200));
+    CHECK(walks_done > QD_TEST_ROUNDS(5));
     /* an accepted token outside the mask is refused */
     qd_grammar *g = compile_text("{\"type\":\"boolean\"}", &err);
     int32_t eos = EOS;

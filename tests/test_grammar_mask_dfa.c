@@ -110,7 +110,7 @@ int main(void) {
         qd_state_dfa_init(&kept, g, 4096);
         qd_state_dfa_init(&tiny, g, 6);
         qd_trie_walk w = {0};
-        for (int step = 0; step < 24; step++) {
+        for (int step = 0; step < QD_TEST_ROUNDS(24); step++) {
             compare(t, g, &st, &kept, &w, -1, ref, fast, what, step);
             const int budget = (int)rnd(12);
             compare(t, g, &st, &kept, &w, budget, ref, fast, what, step);
@@ -144,7 +144,7 @@ int main(void) {
         qd_grammar_free(g);
     }
     printf("masks compared: %ld (%ld walks of the 6-state automaton filled it and said so)\n", compared, filled);
-    CHECK(compared > 100);
+    CHECK(compared > QD_TEST_ROUNDS(100));
     free(ref);
     free(fast);
     free(allowed);
