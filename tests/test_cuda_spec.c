@@ -13,9 +13,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "model/model.h" /* qd_seq_state_save: the state compared byte for byte */
 #include "qd_fixtures.h"
 #include "qd_test.h"
+#include "qd_verify_check.h"
 #include "qdelta.h"
 #include "runtime/spec_decode.h"
 #ifdef QD_HAVE_CUDA
@@ -25,22 +25,8 @@
 #ifdef QD_HAVE_CUDA
 
 #define MODEL "models/qdelta-tiny"
-#define N_PROMPT 64
-#define N_DEC 6
-
-static double max_abs(const float *x, size_t n) {
-    double m = 1e-30;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
-    return m;
-}
-
-
-/* Rows equal bit for bit (exact), or within 2e-2 x max|ref| of each other. */
-static int rows_match(const float *got, const float *ref, int n_rows, int V, int exact) {
-    const size_t n = (size_t)n_rows * V;
-    if (exact) return qd_test_max_diff(got, ref, n) == 0;
-    return qd_test_max_diff(got, ref, n) <= 2e-2 * max_abs(ref, n);
-}
+#define N_PROMPT QD_VERIFY_PROMPT
+#define N_DEC QD_VERIFY_DEC
 
 static qd_model *load(const char *dir, qd_backend_kind be) {
     qd_model_params mp = qd_model_default_params();
@@ -54,77 +40,21 @@ static qd_model *load(const char *dir, qd_backend_kind be) {
     return m;
 }
 
-static qd_status fwd_all(qd_context *ctx, const qd_span *sp, int n, const uint8_t *verify, float *logits) {
-    const qd_forward_args a = {.spans = sp, .n_spans = n, .verify = verify, .logits = logits};
-    return qd_forward_ex(ctx, &a);
-}
-
+/* The shared verify + rollback check (outside invariant mode within the bf16 tolerance of
+ * test_cuda_model, 2e-2 x max|logit|), then a span longer than the context keeps. */
 static void check_verify(const char *dir, qd_model *m, const int32_t *prompt, const int32_t *dec, int invariant) {
-    const int V = qd_model_vocab_size(m);
-    qd_context_params cp = qd_context_default_params();
-    cp.max_seqs = 4;
-    cp.max_ctx = 160;
-    cp.max_batch = 4 * 160;
-    cp.speculative_tokens = 4;
-    cp.batch_invariant = invariant;
-    qd_context *ctx = NULL;
-    CHECKF(qd_context_create(m, &cp, &ctx) == QD_OK, "%s: %s", dir, qd_model_errmsg(m));
+    double e5, mx;
+    qd_context *ctx = qd_verify_rollback(dir, m, prompt, dec, invariant, (qd_verify_tol){2e-2, 0}, &e5, &mx);
     if (!ctx) return;
-    float *plain = malloc(sizeof(float) * N_DEC * V), *got = malloc(sizeof(float) * 8 * V);
-    float *scratch = malloc(sizeof(float) * 8 * V);
-    const size_t ssz = qd_seq_state_size(ctx);
-    unsigned char *s0 = malloc(ssz), *s1 = malloc(ssz);
-
-    qd_span p0 = {.seq = 0, .tokens = prompt, .n_tokens = N_PROMPT, .logits = QD_LOGITS_LAST};
-    CHECK(fwd_all(ctx, &p0, 1, NULL, scratch) == QD_OK);
-    for (int k = 0; k < N_DEC; k++) {
-        qd_span d = {.seq = 0, .tokens = &dec[k], .n_tokens = 1, .logits = QD_LOGITS_LAST};
-        CHECK(fwd_all(ctx, &d, 1, NULL, plain + (size_t)k * V) == QD_OK);
-    }
-    qd_span pp[2] = {{.seq = 1, .tokens = prompt, .n_tokens = N_PROMPT, .logits = QD_LOGITS_LAST},
-                     {.seq = 2, .tokens = prompt, .n_tokens = N_PROMPT, .logits = QD_LOGITS_LAST}};
-    CHECK(fwd_all(ctx, pp, 2, NULL, scratch) == QD_OK);
-    /* one ragged step: sequence 1 verifies [dec0, dec1, dec2, wrong, wrong], sequence 2
-     * decodes dec0, sequence 3 prefills a chunk */
-    int32_t span1[5] = {dec[0], dec[1], dec[2], (dec[3] + 1) % V, (dec[4] + 7) % V};
-    qd_span mix[3] = {{.seq = 3, .tokens = prompt, .n_tokens = N_PROMPT, .logits = QD_LOGITS_NONE},
-                      {.seq = 1, .tokens = span1, .n_tokens = 5, .logits = QD_LOGITS_ALL},
-                      {.seq = 2, .tokens = &dec[0], .n_tokens = 1, .logits = QD_LOGITS_LAST}};
-    const uint8_t verify[3] = {0, 1, 0};
-    CHECKF(fwd_all(ctx, mix, 3, verify, got) == QD_OK, "%s: %s", dir, qd_context_errmsg(ctx));
-    CHECKF(rows_match(got, plain, 3, V, invariant), "%s (invariant %d): verify rows differ from plain decode by %g of %g",
-           dir, invariant, qd_test_max_diff(got, plain, 3 * (size_t)V), max_abs(plain, 3 * (size_t)V));
-    CHECKF(rows_match(got + (size_t)5 * V, plain, 1, V, invariant), "%s (invariant %d): the decode beside the verify "
-           "differs", dir, invariant);
-    CHECK(qd_seq_accept(ctx, 1, 3) == QD_OK && qd_seq_length(ctx, 1) == N_PROMPT + 3);
-
-    /* the next verify [dec3, dec4] kept whole; then a plain decode of dec5 */
-    qd_span v2 = {.seq = 1, .tokens = &dec[3], .n_tokens = 2, .logits = QD_LOGITS_ALL};
-    const uint8_t one = 1;
-    CHECK(fwd_all(ctx, &v2, 1, &one, got) == QD_OK);
-    CHECKF(rows_match(got, plain + (size_t)3 * V, 2, V, invariant), "%s (invariant %d): second verify differs by %g",
-           dir, invariant, qd_test_max_diff(got, plain + (size_t)3 * V, 2 * (size_t)V));
-    CHECK(qd_seq_accept(ctx, 1, 2) == QD_OK);
-    qd_span d5 = {.seq = 1, .tokens = &dec[5], .n_tokens = 1, .logits = QD_LOGITS_LAST};
-    CHECK(fwd_all(ctx, &d5, 1, NULL, got) == QD_OK);
-    const double e5 = qd_test_max_diff(got, plain + (size_t)5 * V, V);
-    CHECKF(rows_match(got, plain + (size_t)5 * V, 1, V, invariant), "%s (invariant %d): decode after the rollback "
-           "differs by %g of %g", dir, invariant, e5, max_abs(plain + (size_t)5 * V, V));
-    CHECK(qd_seq_length(ctx, 0) == qd_seq_length(ctx, 1));
-    CHECK(qd_seq_state_save(ctx, 0, s0, ssz) == QD_OK && qd_seq_state_save(ctx, 1, s1, ssz) == QD_OK);
-    if (invariant) CHECKF(memcmp(s0, s1, ssz) == 0, "%s: GDN state after verify + rollback differs from plain", dir);
     printf("  %-44s invariant %d: verify + rollback vs plain decode, next logits off by %.3g of max %.3g\n", dir,
-           invariant, e5, max_abs(plain + (size_t)5 * V, V));
-
-    /* a reject of all but the first token; too long a span is refused */
-    qd_span v3 = {.seq = 1, .tokens = span1, .n_tokens = 4, .logits = QD_LOGITS_ALL};
-    CHECK(fwd_all(ctx, &v3, 1, &one, got) == QD_OK);
-    CHECK(qd_seq_accept(ctx, 1, 1) == QD_OK && qd_seq_length(ctx, 0) + 1 == qd_seq_length(ctx, 1));
+           invariant, e5, mx);
+    float *got = malloc(sizeof(float) * 8 * (size_t)qd_model_vocab_size(m));
     int32_t six[6] = {1, 2, 3, 4, 5, 6};
+    const uint8_t one = 1;
     qd_span too_long = {.seq = 2, .tokens = six, .n_tokens = 6, .logits = QD_LOGITS_LAST};
-    CHECK(fwd_all(ctx, &too_long, 1, &one, got) == QD_ERR_INVALID_ARG);
+    CHECK(qd_verify_forward(ctx, &too_long, 1, &one, got) == QD_ERR_INVALID_ARG);
     qd_context_free(ctx);
-    free(plain); free(got); free(scratch); free(s0); free(s1);
+    free(got);
 }
 
 static int read_ids(const char *path, int32_t *out, int max) {
@@ -190,7 +120,7 @@ static void check_mtp_logits(void) {
         float *g = mtp_logits(gm, held + 4000, n), *c = mtp_logits(cm, held + 4000, n);
         if (g && c) {
             const int L = n - 1;
-            const double mx = max_abs(c, (size_t)L * V);
+            const double mx = qd_verify_max_abs(c, (size_t)L * V);
             int agree = 0, dec = 0, agree_dec = 0;
             for (int r = 0; r < L; r++) {
                 const float *cr = c + (size_t)r * V;
@@ -307,7 +237,7 @@ static size_t graph_run(qd_model *m, int eager, const int32_t *ids, int n, float
         qd_span ver[2] = {{.seq = 0, .tokens = t0, .n_tokens = 3, .logits = QD_LOGITS_ALL},
                           {.seq = 1, .tokens = t1, .n_tokens = 3, .logits = QD_LOGITS_ALL}};
         const uint8_t verify[2] = {1, 1};
-        ok &= fwd_all(ctx, ver, 2, verify, out + w) == QD_OK;
+        ok &= qd_verify_forward(ctx, ver, 2, verify, out + w) == QD_OK;
         w += 6 * (size_t)V;
         ok &= qd_seq_accept(ctx, 0, 1 + r % 3) == QD_OK && qd_seq_accept(ctx, 1, 3 - r % 3) == QD_OK;
         for (int i = 0; i < 2 * H; i++) hid[i] = sinf(0.37f * (float)(i + 101 * r)) * 3.0f;
