@@ -38,6 +38,7 @@
 #            with a schema on every request, bench/schemas/record.json)
 #     busyhost: qdelta bench on the 35B-A3B at batch 1, idle and with every host core busy with
 #            other work (one spinning process per core), the ratio of the two
+#   KERNEL_BENCH="linear_cuda_bench ..."   the kernels part runs only these benchmarks
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
 #                                  .peer (or .peer.tar.xz, unpacked) on PYTHONPATH: a peer's code is
 #                                  carried there, never committed
@@ -115,7 +116,7 @@ fi
 BENCH_LOG="$LOGDIR/kernels.log"
 if has kernels; then
     : >"$BENCH_LOG"
-    for b in gdn_cuda_bench attn_cuda_bench moe_cuda_bench linear_cuda_bench; do
+    for b in ${KERNEL_BENCH:-gdn_cuda_bench attn_cuda_bench moe_cuda_bench linear_cuda_bench}; do
         bin=$(find "$BUILD" -name "$b" -type f -perm -u+x | head -1)
         [ -n "$bin" ] || continue
         echo "=== $b" >>"$BENCH_LOG"

@@ -23,10 +23,10 @@ for B in 1 4; do
   rc=$?
   check "[ $rc = 0 ]" "batch $B: exit $rc: $(cat $T/err)"
   R=$(grep '^RESULT schema_decode' "$T/out")
-  check "echo '$R' | grep -Eq 'B=$B ctx=16 tok_s_plain=[0-9]+\.[0-9]+ tok_s_schema=[0-9]+\.[0-9]+ tokens_schema=[0-9]+ parsed=$B\$'" \
+  check "echo '$R' | grep -Eq 'B=$B ctx=16 tok_s_plain=[0-9]+\.[0-9]+ tok_s_schema=[0-9]+\.[0-9]+ tokens_schema=[0-9]+ parsed=$B tok_s_plain_all=[0-9]+\.[0-9]+ tok_s_schema_all=[0-9]+\.[0-9]+\$'" \
     "batch $B: the RESULT line: '$R'"
   # both figures are real rates and the constrained run generated tokens
-  check "echo '$R' | awk '{split(\$5,a,\"=\"); split(\$6,b,\"=\"); split(\$7,c,\"=\"); exit !(a[2] > 0 && b[2] > 0 && c[2] >= $B * 10)}'" \
+  check "echo '$R' | awk '{split(\$5,a,\"=\"); split(\$6,b,\"=\"); split(\$7,c,\"=\"); split(\$9,d,\"=\"); split(\$10,e,\"=\"); exit !(a[2] > 0 && b[2] > 0 && c[2] >= $B * 10 && d[2] > 0 && e[2] > 0)}'" \
     "batch $B: positive tok/s and tokens: '$R'"
   check "grep -Eq 'tok/s without a schema, [0-9.]+ tok/s with .*schema.json .*$B of $B parse as JSON' $T/out" \
     "batch $B: the summary line: $(grep 'engine decode' $T/out)"

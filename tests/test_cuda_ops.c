@@ -46,12 +46,17 @@ static float *widen(const uint16_t *b, size_t n) {
     return f;
 }
 
-static void test_matmul(qd_cuda_blas *blas, int64_t rows, int64_t cols, int n, int64_t ldx, int64_t ldy, int y_bf16) {
+/* y = W x (y_bf16: into bf16), or with acc y += W x (qd_cuda_matmul_acc, fp32 y holding
+ * random values first) */
+static void test_matmul_mode(qd_cuda_blas *blas, int64_t rows, int64_t cols, int n, int64_t ldx, int64_t ldy, int y_bf16,
+                             int acc) {
     float *w = qd_test_rnd(&rng, (size_t)(rows * cols), 0.5f), *x = qd_test_rnd(&rng, (size_t)(n * ldx), 1.0f);
     uint16_t *wb = qd_test_round_bf16(w, (size_t)(rows * cols)), *xb = qd_test_round_bf16(x, (size_t)(n * ldx));
     const size_t ysz = (size_t)n * ldy * (y_bf16 ? 2 : 4);
-    void *dW = qd_test_dev(wb, (size_t)(rows * cols) * 2), *dx = qd_test_dev(xb, (size_t)(n * ldx) * 2), *dy = qd_test_dev(NULL, ysz);
-    CHECK(qd_cuda_matmul(blas, dW, rows, cols, dx, ldx, n, dy, ldy, y_bf16) == QD_OK);
+    float *y0 = acc ? qd_test_rnd(&rng, (size_t)n * ldy, 4.0f) : NULL;
+    void *dW = qd_test_dev(wb, (size_t)(rows * cols) * 2), *dx = qd_test_dev(xb, (size_t)(n * ldx) * 2), *dy = qd_test_dev(y0, ysz);
+    if (acc) CHECK(qd_cuda_matmul_acc(blas, dW, rows, cols, dx, ldx, n, dy, ldy) == QD_OK);
+    else CHECK(qd_cuda_matmul(blas, dW, rows, cols, dx, ldx, n, dy, ldy, y_bf16) == QD_OK);
     void *yh = qd_test_host(dy, ysz);
     float *got = malloc(sizeof(float) * (size_t)(n * rows)), *ref = malloc(sizeof(float) * (size_t)(n * rows));
     double worst_bound = 0;
@@ -62,18 +67,21 @@ static void test_matmul(qd_cuda_blas *blas, int64_t rows, int64_t cols, int n, i
                 acc += (double)w[r * cols + c] * x[t * ldx + c];
                 mag += fabs((double)w[r * cols + c] * x[t * ldx + c]);
             }
-            ref[t * rows + r] = (float)acc;
+            ref[t * rows + r] = (float)(acc + (y0 ? y0[t * ldy + r] : 0.0));
             got[t * rows + r] = y_bf16 ? qd_bf16_to_f32(((uint16_t *)yh)[t * ldy + r]) : ((float *)yh)[t * ldy + r];
-            worst_bound = fmax(worst_bound, mag);
+            worst_bound = fmax(worst_bound, mag + (y0 ? fabs(y0[t * ldy + r]) : 0.0));
         }
     char what[96];
     snprintf(what, sizeof what, "matmul %lldx%lld n=%d ldx=%lld %s", (long long)rows, (long long)cols, n, (long long)ldx,
-             y_bf16 ? "bf16" : "fp32");
+             acc ? "fp32 +=" : y_bf16 ? "bf16" : "fp32");
     /* fp32 accumulation: error far below 1e-5 of the sum of |terms|; bf16 output: its rounding */
     const double w_ = compare(what, got, ref, (size_t)(n * rows), y_bf16 ? 8e-3 : 0, 1e-5 * worst_bound + 1e-6);
     printf("  %-44s worst/limit %.2f\n", what, w_);
-    free(w); free(x); free(wb); free(xb); free(yh); free(got); free(ref);
+    free(w); free(x); free(wb); free(xb); free(yh); free(got); free(ref); free(y0);
     qd_cuda_free(dW); qd_cuda_free(dx); qd_cuda_free(dy);
+}
+static void test_matmul(qd_cuda_blas *blas, int64_t rows, int64_t cols, int n, int64_t ldx, int64_t ldy, int y_bf16) {
+    test_matmul_mode(blas, rows, cols, n, ldx, ldy, y_bf16, 0);
 }
 
 static void test_matmul_xf32(int64_t rows, int64_t cols, int n, int64_t ldx, int64_t ldy) {
@@ -405,6 +413,20 @@ int main(void) {
     test_matmul(blas, 77, 130, 17, 136, 77, 0);
     test_matmul(blas, 77, 130, 2, 130, 80, 0); /* cols % 8 != 0: cuBLAS even at small n */
     test_matmul(blas, 300, 512, 65, 512, 300, 1);
+    /* the tensor-core GEMV of 2..8 rows: output rows past a multiple of 16, columns a
+     * multiple of 8 but not of 32, padded x and y rows, and long rows (many units a warp) */
+    test_matmul(blas, 45, 1352, 2, 1360, 48, 0);
+    test_matmul(blas, 17, 72, 5, 72, 17, 0);
+    test_matmul(blas, 16, 256, 6, 256, 16, 0);
+    test_matmul(blas, 130, 4104, 4, 4104, 131, 0);
+    test_matmul(blas, 257, 3000, 7, 3008, 260, 0);
+    test_matmul(blas, 1, 40, 8, 48, 1, 0);
+    test_matmul(blas, 2051, 9000, 3, 9000, 2051, 0);
+    /* y += W x: GEMV at n = 1, tensor-core GEMV at 2..8, cuBLAS (beta = 1) above */
+    test_matmul_mode(blas, 37, 200, 1, 200, 37, 0, 1);
+    test_matmul_mode(blas, 333, 1032, 4, 1032, 340, 0, 1);
+    test_matmul_mode(blas, 95, 2048, 8, 2056, 95, 0, 1);
+    test_matmul_mode(blas, 77, 136, 17, 136, 77, 0, 1);
     test_matmul_xf32(257, 2048, 1, 2048, 257);
     test_matmul_xf32(9, 100, 70, 104, 10);
     test_embed_norm();

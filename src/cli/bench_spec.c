@@ -14,6 +14,7 @@ typedef struct bench_req {
     pthread_cond_t *cv;
     int *n_done;
     int32_t *out;     /* [max_tokens] */
+    double *t_tok;    /* [max_tokens] when each token arrived */
     int n;
     double t_first;
     int failed;
@@ -22,7 +23,9 @@ typedef struct bench_req {
 static int on_event(void *user, const qd_engine_event *ev) {
     bench_req *r = user;
     if (ev->has_token) {
-        if (r->n == 0) r->t_first = qd_clock_seconds();
+        const double now = qd_clock_seconds();
+        if (r->n == 0) r->t_first = now;
+        r->t_tok[r->n] = now;
         r->out[r->n++] = ev->sample.token;
     }
     if (ev->finish != QD_FINISH_NONE) {
@@ -36,7 +39,7 @@ static int on_event(void *user, const qd_engine_event *ev) {
 }
 
 int cli_bench_engine_run(qd_model *m, const cli_bench_spec *b, int k, const int32_t *prompts, int32_t *outs,
-                         qd_constraint **cons, int *n_out, double *tok_s, qd_engine_stats *st) {
+                         qd_constraint **cons, int *n_out, double *tok_s, double *tok_s_full, qd_engine_stats *st) {
     qd_engine_params ep = qd_engine_default_params();
     ep.max_num_seqs = b->batch;
     ep.max_model_len = b->context + b->n_decode + 1;
@@ -53,12 +56,17 @@ int cli_bench_engine_run(qd_model *m, const cli_bench_spec *b, int k, const int3
     pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
     int n_done = 0, rc = 0;
     bench_req *rs = calloc((size_t)b->batch, sizeof *rs);
-    if (!rs) {
+    double *times = malloc(sizeof(double) * (size_t)b->batch * (size_t)b->n_decode);
+    if (!rs || !times) {
+        fprintf(stderr, "qdelta bench: out of memory\n");
+        free(rs);
+        free(times);
         qd_engine_free(e);
         return -1;
     }
     for (int i = 0; i < b->batch; i++) {
-        rs[i] = (bench_req){.mu = &mu, .cv = &cv, .n_done = &n_done, .out = outs + (size_t)i * b->n_decode};
+        rs[i] = (bench_req){.mu = &mu, .cv = &cv, .n_done = &n_done, .out = outs + (size_t)i * b->n_decode,
+                            .t_tok = times + (size_t)i * b->n_decode};
         qd_request_params rq = {0};
         rq.sampling = qd_sampling_default_params();
         rq.sampling.temperature = 0.0f;
@@ -90,9 +98,22 @@ int cli_bench_engine_run(qd_model *m, const cli_bench_spec *b, int k, const int3
     }
     /* from the moment every request decodes (the last first token) to the end */
     *tok_s = t_end > t_first ? (double)tokens / (t_end - t_first) : 0;
+    /* only while every request decodes (to the first request's last token): requests that
+     * end early (a constrained output complete before max_tokens) leave the later steps
+     * fewer rows, which the whole-run rate counts against them */
+    if (tok_s_full) {
+        double t_last = t_end;
+        for (int i = 0; i < b->batch; i++)
+            if (rs[i].n > 0 && rs[i].t_tok[rs[i].n - 1] < t_last) t_last = rs[i].t_tok[rs[i].n - 1];
+        long in_window = 0;
+        for (int i = 0; i < b->batch; i++)
+            for (int j = 1; j < rs[i].n; j++) in_window += rs[i].t_tok[j] > t_first && rs[i].t_tok[j] <= t_last;
+        *tok_s_full = t_last > t_first ? (double)in_window / (t_last - t_first) : 0;
+    }
     qd_engine_get_stats(e, st);
     qd_engine_free(e);
     free(rs);
+    free(times);
     if (rc) fprintf(stderr, "qdelta bench: an engine bench request failed\n");
     return rc;
 }
@@ -117,8 +138,8 @@ int cli_bench_spec_run(qd_model *m, const cli_bench_spec *b) {
     cli_bench_prompts(b, V, prompts);
     double t_plain, t_spec;
     qd_engine_stats s0, s1;
-    if (cli_bench_engine_run(m, b, 0, prompts, plain, NULL, NULL, &t_plain, &s0) ||
-        cli_bench_engine_run(m, b, b->k, prompts, spec, NULL, NULL, &t_spec, &s1))
+    if (cli_bench_engine_run(m, b, 0, prompts, plain, NULL, NULL, &t_plain, NULL, &s0) ||
+        cli_bench_engine_run(m, b, b->k, prompts, spec, NULL, NULL, &t_spec, NULL, &s1))
         goto done;
     const int same = !memcmp(plain, spec, sizeof(int32_t) * (size_t)b->batch * (size_t)b->n_decode);
     const double rate = s1.spec_draft_tokens ? 100.0 * (double)s1.spec_accepted_tokens / (double)s1.spec_draft_tokens : 0;

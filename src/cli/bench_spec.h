@@ -22,11 +22,13 @@ void cli_bench_prompts(const cli_bench_spec *b, int vocab, int32_t *prompts);
 /* One engine run of b->batch greedy requests of b->n_decode tokens (k drafts per step):
  * outs[i * n_decode ..] gets request i's tokens, n_out[i] (may be NULL) how many;
  * *tok_s the tokens after each request's first over the time from the last first
- * token to the end. cons (NULL: unconstrained, EOS ignored) gives request i the
+ * token to the end; *tok_s_full (may be NULL) the same over the time while every
+ * request decodes (from the last first token to the first request's last token).
+ * cons (NULL: unconstrained, EOS ignored) gives request i the
  * constraint cons[i] (ending at EOS as served); the engine takes those it accepts
  * (set to NULL), the caller frees the others. 0 or -1 (message printed). */
 int cli_bench_engine_run(qd_model *m, const cli_bench_spec *b, int k, const int32_t *prompts, int32_t *outs,
-                         qd_constraint **cons, int *n_out, double *tok_s, qd_engine_stats *st);
+                         qd_constraint **cons, int *n_out, double *tok_s, double *tok_s_full, qd_engine_stats *st);
 
 /* qdelta bench --json-schema FILE (bench_schema.c): engine decode tok/s of b->batch
  * requests without and with the schema on each; the constrained outputs must parse as

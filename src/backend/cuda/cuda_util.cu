@@ -27,6 +27,18 @@ qd_status qd_cuda_fail(qd_status s, const char *msg) {
     return s;
 }
 
+int qd_cuda_sm_count(void) {
+    static int sms = 0; /* a benign race: every thread asks the same device */
+    if (!sms) {
+        int dev = 0, v = 0;
+        sms = cudaGetDevice(&dev) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0
+                  ? v
+                  : 132;
+    }
+    return sms;
+}
+
 extern "C" const char *qd_cuda_last_error(void) { return g_err; }
 
 extern "C" int qd_cuda_device_count(void) {

@@ -20,6 +20,10 @@ qd_status qd_cuda_fail(qd_status s, const char *msg);
         if (qd_e_ != cudaSuccess) return qd_cuda_status(qd_e_, #call);      \
     } while (0)
 
+/* Multiprocessors of the current device (asked once; 132, the H200's, if the question
+ * fails): for the kernels that size their grids to fill the GPU. */
+int qd_cuda_sm_count(void);
+
 /* After a launch: a launch-configuration error shows up in cudaGetLastError. */
 #define QD_CUDA_CHECK_LAUNCH(name) QD_CUDA_TRY(cudaGetLastError())
 

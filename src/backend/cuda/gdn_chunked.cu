@@ -186,8 +186,7 @@ static qd_status launch_walk(const qd_cuda_gdn_plan *p, const qd_cuda_gdn_chunke
  * HV=32 d=128, walk ms by warps 2 / 4 / 8: 1x32768 0.913 / 0.958 / 1.485,
  * 8x4096 0.951 / 0.510 / 0.403. */
 static int walk_warps(const qd_cuda_gdn_plan *p) {
-    static int sms = 0;
-    if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) sms = 132;
+    const int sms = qd_cuda_sm_count();
     const long tiles = (long)p->n_seq * p->hv * (p->dv / 16);
     if (tiles <= 2L * sms) return 2;
     if (tiles <= 4L * sms) return 4;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_util.h"
 
@@ -57,9 +58,9 @@ extern "C" void *qd_cuda_blas_workspace(qd_cuda_blas *b, size_t *bytes) {
 
 extern "C" struct qd_cuda_fp8_plans **qd_cuda_blas_fp8_plans(qd_cuda_blas *b) { return &b->fp8; }
 
-/* Decode-sized products (a few rows of x) are bound by reading W once: a warp per
- * output row streams the row in 16-byte pieces (4 in flight per lane) and keeps one
- * sum per row of x; x is small and stays in L1/L2. cuBLAS picks GEMM tiles made for
+/* Decode-sized products (a few rows of x) are bound by reading W once. One row of x:
+ * a warp per output row streams the row in 16-byte pieces (4 in flight per lane); x is
+ * small and stays in L1/L2. cuBLAS picks GEMM tiles made for
  * larger n, so below this bound the GEMV kernel reads W faster. This plain kernel
  * (36 registers at n = 1, many blocks resident per SM) streams large matrices
  * faster than the fused one of gemv_fused.cu, which builds x in every block and
@@ -125,15 +126,121 @@ gemv_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, const ui
     }
 }
 
+/* Two to eight rows of x: the kernel above runs out of instruction issue, not of
+ * bandwidth (per 16 bytes of W, n 16-byte loads of x, their conversion and 8n FMAs;
+ * H200, RESULTS session 11: 1.36-1.46x the n = 1 time at n = 4 on the 27B), so here the
+ * tensor cores take the products. A block owns 16 output rows; its WARPS warps split
+ * the columns in units of 32. In a unit, lane (g, t) = (lane / 4, lane % 4) loads 16
+ * bytes of W rows g and g + 8 and of x row g at column 8t, and two mma.m16n8k16 consume
+ * them: a dot product does not care in which order its columns are summed, so the
+ * fragments' column order (2t, 2t+1, 2t+8, 2t+9 for a thread) may stand for the
+ * columns 8t..8t+3 and 8t+4..8t+7 of the unit, as long as A and B agree. No shuffles
+ * and no shared memory on the way in; the warps' 16x8 sums meet in shared memory at
+ * the end, in a fixed order. Rows of W past `rows`, columns past `cols` (a multiple
+ * of 8) and rows of x past n read as zeros.
+ *
+ * Bandwidth needs bytes in flight, and a grid that does not fit the GPU at once waits
+ * for a tail wave: gemv_mma_warps gives a block the most warps (8, 16 or 32) at which
+ * the whole grid is resident together, so that a matrix of few rows (5120 on the 27B:
+ * 320 blocks) is streamed by as many warps as one of many. */
+#define GEMV_MMA_UNROLL 4
+
+__device__ __forceinline__ uint4 gemv_ld_w(const uint16_t *__restrict__ W, int64_t row, int64_t rows, int64_t cols,
+                                           int64_t col) {
+    if (row >= rows || col >= cols) return make_uint4(0, 0, 0, 0);
+    return __ldcs((const uint4 *)(W + row * cols + col));
+}
+
+template <int N, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
+gemv_mma_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, const uint16_t *__restrict__ x,
+                int64_t ldx, float *__restrict__ y, int64_t ldy, int accumulate) {
+    __shared__ float part[WARPS][32][4];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    const int64_t r0 = (int64_t)blockIdx.x * 16 + g, r1 = r0 + 8;
+    const int64_t units = (cols + 31) / 32;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int64_t u0 = warp; u0 < units; u0 += WARPS * GEMV_MMA_UNROLL) {
+        uint4 wa[GEMV_MMA_UNROLL], wb[GEMV_MMA_UNROLL], xv[GEMV_MMA_UNROLL];
+#pragma unroll
+        for (int j = 0; j < GEMV_MMA_UNROLL; j++) {
+            const int64_t col = (u0 + (int64_t)j * WARPS) * 32 + 8 * t;
+            const int live = u0 + (int64_t)j * WARPS < units;
+            wa[j] = live ? gemv_ld_w(W, r0, rows, cols, col) : make_uint4(0, 0, 0, 0);
+            wb[j] = live ? gemv_ld_w(W, r1, rows, cols, col) : make_uint4(0, 0, 0, 0);
+            xv[j] = live && g < N && col < cols ? __ldg((const uint4 *)(x + g * ldx + col)) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < GEMV_MMA_UNROLL; j++) {
+            const uint32_t a0[4] = {wa[j].x, wb[j].x, wa[j].y, wb[j].y};
+            const uint32_t a1[4] = {wa[j].z, wb[j].z, wa[j].w, wb[j].w};
+            qd_mma16816(c, a0, xv[j].x, xv[j].y);
+            qd_mma16816(c, a1, xv[j].z, xv[j].w);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) part[warp][lane][i] = c[i];
+    __syncthreads();
+    if (threadIdx.x >= 128) return;
+    /* output i: the accumulator i % 4 of lane i / 4 (C fragment: rows g, g + 8; tokens 2t, 2t+1) */
+    const int ol = (int)threadIdx.x / 4, oi = (int)threadIdx.x % 4;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) v += part[w][ol][oi];
+    const int64_t row = (int64_t)blockIdx.x * 16 + ol / 4 + (oi >= 2 ? 8 : 0);
+    const int tok = 2 * (ol % 4) + (oi & 1);
+    if (tok >= N || row >= rows) return;
+    float *o = y + tok * ldy + row;
+    *o = accumulate ? *o + v : v;
+}
+
+/* Blocks of gemv_mma_kernel<N, WARPS> resident at once on the GPU (the occupancy
+ * calculator's answer, asked once per instance). */
+template <int N, int WARPS>
+static int64_t gemv_mma_wave(void) {
+    static int per_sm = 0;
+    if (!per_sm && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mma_kernel<N, WARPS>, WARPS * 32, 0) !=
+                        cudaSuccess ||
+                    per_sm < 1))
+        per_sm = 1;
+    return (int64_t)per_sm * qd_cuda_sm_count();
+}
+
+/* Warps a block: the most of 32, 16, 8 at which the grid of `blocks` is one wave, and
+ * 8 for larger grids. H200, bench/linear_cuda_bench.c (RESULTS session 18): 32 warps
+ * on a 5120-row matrix (320 blocks, 1 resident a multiprocessor) took 1.1x the time of
+ * 8; 4 warps on the 27B gate_up (2176 blocks, just past one wave) 1.07x. */
+template <int N>
+static int gemv_mma_warps(int64_t blocks) {
+    if (blocks <= gemv_mma_wave<N, 32>()) return 32;
+    if (blocks <= gemv_mma_wave<N, 16>()) return 16;
+    return 8;
+}
+
+template <int N>
+static void gemv_mma(const uint16_t *W, int64_t rows, int64_t cols, const uint16_t *x, int64_t ldx, float *y,
+                     int64_t ldy, int accumulate, cudaStream_t st) {
+    const dim3 grid((unsigned)((rows + 15) / 16));
+    switch (gemv_mma_warps<N>((int64_t)grid.x)) {
+    case 8: gemv_mma_kernel<N, 8><<<grid, 8 * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
+    case 16: gemv_mma_kernel<N, 16><<<grid, 16 * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
+    default: gemv_mma_kernel<N, 32><<<grid, 32 * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
+    }
+}
+
 static qd_status gemv(const uint16_t *W, int64_t rows, int64_t cols, const uint16_t *x, int64_t ldx, int n, float *y,
                       int64_t ldy, int accumulate, cudaStream_t st) {
     const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS));
     switch (n) {
 #define QD_GEMV_CASE(N) \
     case N: gemv_kernel<N><<<grid, GEMV_WARPS * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
-        QD_GEMV_CASE(1) QD_GEMV_CASE(2) QD_GEMV_CASE(3) QD_GEMV_CASE(4)
-        QD_GEMV_CASE(5) QD_GEMV_CASE(6) QD_GEMV_CASE(7) QD_GEMV_CASE(8)
+        QD_GEMV_CASE(1)
 #undef QD_GEMV_CASE
+#define QD_GEMV_MMA_CASE(N) \
+    case N: gemv_mma<N>(W, rows, cols, x, ldx, y, ldy, accumulate, st); break;
+        QD_GEMV_MMA_CASE(2) QD_GEMV_MMA_CASE(3) QD_GEMV_MMA_CASE(4)
+        QD_GEMV_MMA_CASE(5) QD_GEMV_MMA_CASE(6) QD_GEMV_MMA_CASE(7) QD_GEMV_MMA_CASE(8)
+#undef QD_GEMV_MMA_CASE
     default: return qd_cuda_fail(QD_ERR_INTERNAL, "gemv: n out of range");
     }
     QD_CUDA_CHECK_LAUNCH("gemv");

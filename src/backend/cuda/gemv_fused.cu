@@ -281,19 +281,6 @@ __global__ void __launch_bounds__(FG_NT, 2) gemv_fused_kernel(const __grid_const
     }
 }
 
-static int fg_sm_count(void) {
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
-            sms = v;
-        else
-            sms = 132;
-    }
-    return sms;
-}
-
 /* Warps per row for a matrix of `rows` rows of C8 16-byte pieces, on a wave of two
  * blocks per SM (what the launch bounds give; a fixed assumption, so that G, and
  * with it the summation order, does not depend on n): the G whose row groups take
@@ -301,7 +288,7 @@ static int fg_sm_count(void) {
  * larger one is clearly better. A warp keeps at least one run of 32 * FG_U pieces
  * per row. */
 static int fg_pick_group(int64_t rows, int64_t C8) {
-    const double wave = 2.0 * fg_sm_count();
+    const double wave = 2.0 * qd_cuda_sm_count();
     int best = 1;
     double best_e = -1.0;
     for (int G = 1; G <= FG_WARPS; G *= 2) {
@@ -332,7 +319,7 @@ static qd_status fg_launch(fg_params p, size_t smem, int max_per_sm, cudaStream_
     occ = occ < 1 ? 1 : occ > max_per_sm ? max_per_sm : occ;
     const int64_t total = p.end[p.n_out - 1];
     p.G = fg_pick_group(total, p.cols / 8);
-    const int64_t gpb = FG_WARPS / p.G, tiles = (total + gpb - 1) / gpb, wave = (int64_t)occ * fg_sm_count();
+    const int64_t gpb = FG_WARPS / p.G, tiles = (total + gpb - 1) / gpb, wave = (int64_t)occ * qd_cuda_sm_count();
     const unsigned blocks = (unsigned)(tiles < wave ? tiles : wave);
     /* a programmatic dependent only when every activation goes through L2 (not x_global) */
     return qd_launch_pdl(!p.x_global, gemv_fused_kernel<N>, dim3(blocks), dim3(FG_NT), smem, st, p);
@@ -396,40 +383,43 @@ static int fg_fusable(const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cu
 
 /* The table's preference among shapes the fused kernel takes: fused up to a weight
  * size that depends on the input kind, n and the number of products. Measured on
- * the H200 with bench/linear_cuda_bench.c (bench/RESULTS.md, session 11; CUDA-graph
- * replays over weights rotated beyond L2, fused time / plain time):
- *   - the fused kernel streams W more slowly than the plain GEMV, the more so the
- *     more rows of x (on bf16 x of 16-60 MiB, where neither builds x: 0.99-1.28
- *     at n = 1, 1.0-1.66 at n = 4, 1.46-2.13 at n = 8); what it saves is the
- *     norm / activation kernel, and for q, k, v two GEMV launches, ~2-4 us each;
- *   - RMSNORM saves the norm kernel: fused 0.54 (8 MiB) to 0.96 (161 MiB) at
- *     n = 1, 0.62-0.95 at n = 2, lost at 340 MiB (27B gate_up, 1.18: its rows of
- *     640 pieces split unevenly over fg_pick_group's G = 4 warps), no better on
- *     the lm_heads (600+ MiB) at n = 1 (0.98-1.02); at n = 4 lost from 8 MiB (1.02)
- *     with one product, won with three (q, k, v: 0.88 at 36 MiB, 0.96 at
- *     80 MiB, 1.06 at 140 MiB), whose plain path is three GEMV launches;
- *   - GATED (the gated norm of o and z, built again by every block): n = 1 0.70
- *     at 8 MiB, 0.89-1.0 at 16-32 MiB, 1.06-1.25 at 48-60 MiB; n = 2 0.83 at
- *     8 MiB, 1.06 at 16 MiB; n = 4 1.48 at 8 MiB;
- *   - BF16 saves no kernel: n <= 2 0.56-0.64 at 4 MiB, 0.91-0.99 at 16 MiB,
- *     1.0-1.28 at 24-60 MiB; n = 4 and 8 0.85-0.93 at 4 MiB, 1.43+ at 16 MiB;
- *   - SILU: 0.60-0.99 at 2 MiB for n = 1..8, 1.09+ at 96 MiB.
- * n = 3 takes the rules of n = 4, n = 5..7 those of n = 8 (the fused rate only
- * falls with n). */
+ * the H200 with bench/linear_cuda_bench.c (CUDA-graph replays over weights rotated
+ * beyond L2, fused time / plain time; bench/RESULTS.md):
+ *   n = 1 (session 11), against the one-row GEMV of gemm.cu:
+ *   - the fused kernel streams W more slowly than the plain GEMV; what it saves is
+ *     the norm / activation kernel, and for q, k, v two GEMV launches, ~2-4 us each;
+ *   - RMSNORM: fused 0.54 (8 MiB) to 0.96 (161 MiB), lost at 340 MiB (27B gate_up,
+ *     1.18), even on the lm_heads (600+ MiB, 0.98-1.02);
+ *   - GATED 0.70 at 8 MiB, 0.89-1.0 at 16-32 MiB, 1.06-1.25 at 48-60 MiB;
+ *   - BF16 0.56-0.64 at 4 MiB, 0.91-0.99 at 16 MiB, 1.0-1.28 at 24-60 MiB;
+ *   - SILU 0.60-0.99 at 2 MiB, 1.09+ at 96 MiB.
+ *   n = 2..8 (session 18), against the tensor-core GEMV of gemm.cu, whose time
+ *   hardly grows with n (the fused kernel's grows about linearly):
+ *   - n = 2: RMSNORM fused 0.49-0.94 up to 161 MiB (q, k, v 0.66), 1.19 at 340 MiB,
+ *     0.94-0.98 on the lm_heads; GATED lost from 8 MiB (1.14); BF16 0.67 at 4 MiB,
+ *     1.16 at 16 MiB; SILU 0.53 at 2 MiB, 1.1 at 96 MiB;
+ *   - n = 4: lost from 8 MiB for every kind (1.28-1.6; q, k, v 1.01 at 36 MiB);
+ *     won at 2-4 MiB (0.65-0.9);
+ *   - n = 8: lost everywhere but the 2 MiB SILU product (0.93).
+ * n = 3 takes the rules of n = 4, n = 5..7 those of n = 8. */
 static int fg_prefer_fused(const qd_cuda_lin_in *in, int n, int n_out, int64_t wbytes) {
+    (void)n_out;
     const int64_t MiB = (int64_t)1 << 20;
     int64_t limit;
     if (n <= 2) {
         switch (in->kind) {
-        case QD_LIN_RMSNORM: limit = 256 * MiB; break;
-        case QD_LIN_GATED: limit = (n == 1 ? 32 : 8) * MiB; break;
+        case QD_LIN_RMSNORM:
+            if (n == 2 && wbytes >= 512 * MiB) return 1; /* the lm_heads */
+            limit = 256 * MiB;
+            break;
+        case QD_LIN_GATED: limit = n == 1 ? 32 * MiB : 0; break;
         case QD_LIN_SILU: limit = (n == 1 ? 16 : 8) * MiB; break;
-        default: limit = 16 * MiB; break;
+        default: limit = (n == 1 ? 16 : 4) * MiB; break;
         }
-    } else if (n <= 4 && in->kind == QD_LIN_RMSNORM && n_out > 1) {
-        limit = 128 * MiB;
-    } else {
+    } else if (n <= 4) {
         limit = in->kind == QD_LIN_GATED ? 0 : 4 * MiB;
+    } else {
+        limit = in->kind == QD_LIN_SILU ? 4 * MiB : 0;
     }
     return wbytes <= limit;
 }

@@ -227,18 +227,6 @@ __global__ void dequant_vec(const __grid_constant__ qd_cuda_qmats m, uint16_t *_
 
 /* ---- host side ---- */
 
-static int qg_sms(void) {
-    static int sms = 0; /* asked once */
-    if (!sms) {
-        int dev = 0, v = 0;
-        sms = cudaGetDevice(&dev) == cudaSuccess &&
-                      cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0
-                  ? v
-                  : 132;
-    }
-    return sms;
-}
-
 extern "C" int qd_cuda_qlayout_vectorised(const qd_weight *w) {
     const qd_weight_scales *s = &w->scales;
     switch (w->dtype) {
@@ -342,7 +330,7 @@ extern "C" qd_status qd_cuda_qgemv(const qd_weight *w, const uint16_t *d_x, int6
     qg_params p;
     qd_status s = qg_fill(w, &p);
     if (s) return s;
-    const int64_t tiles = qg_ceil(w->rows, QG_WARPS), wave = (int64_t)qg_sms() * 8;
+    const int64_t tiles = qg_ceil(w->rows, QG_WARPS), wave = (int64_t)qd_cuda_sm_count() * 8;
     const unsigned blocks = (unsigned)(tiles < wave ? tiles : wave);
     cudaStream_t st = (cudaStream_t)stream;
     qd_cuda_qmats m;
@@ -368,7 +356,7 @@ extern "C" qd_status qd_cuda_qgemv(const qd_weight *w, const uint16_t *d_x, int6
 }
 
 static unsigned dq_blocks(int64_t items) {
-    const int64_t b = qg_ceil(items, 256), cap = (int64_t)qg_sms() * 16;
+    const int64_t b = qg_ceil(items, 256), cap = (int64_t)qd_cuda_sm_count() * 16;
     return (unsigned)(b < 1 ? 1 : b < cap ? b : cap);
 }
 
