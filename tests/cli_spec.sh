@@ -77,9 +77,23 @@ done
 check "[ $rc = 0 ] && [ -s $T/dt0 ] && cmp -s $T/dt0 $T/dt2 && grep -q '^speculative: K=2, ' $T/dt2.err" \
   "default model -tp 2 --speculative-tokens 2: $(cat $T/dt2.err)"
 
+# a draft vocabulary: drafts among the first N ids only, the output unchanged; with N = 1
+# every draft is id 0, so (almost) none is kept
+"$Q" run -p "Hello, my name is" -n 24 --temperature 0 --speculative-tokens 2 > "$T/dv0" 2> "$T/dv0.err"
+"$Q" run -p "Hello, my name is" -n 24 --temperature 0 --speculative-tokens 2 --speculative-draft-vocab 1 \
+  > "$T/dv1" 2> "$T/dv1.err"; rc=$?
+check "[ $rc = 0 ] && cmp -s $T/dt0 $T/dv1 && grep -q '^speculative: K=2, ' $T/dv1.err" \
+  "--speculative-draft-vocab 1: output differs from plain greedy ($(cat $T/dv1.err))"
+pct() { sed -n 's/^speculative: .* accepted (\([0-9.]*\)%).*/\1/p' "$1"; }
+check "awk -v a=\"$(pct $T/dv0.err)\" -v b=\"$(pct $T/dv1.err)\" 'BEGIN { exit !(a != \"\" && b != \"\" && b + 0 < a + 0) }'" \
+  "draft vocabulary of 1 id keeps fewer drafts: $(cat $T/dv0.err) / $(cat $T/dv1.err)"
+"$Q" run -p "Hello" -n 4 --speculative-tokens 2 --speculative-draft-vocab 999999 > /dev/null 2> "$T/dvbad.err"; rc=$?
+check "[ $rc != 0 ] && grep -q 'speculative_draft_vocab 999999 is not in 0..' $T/dvbad.err" \
+  "a draft vocabulary past the model's is refused: $(cat $T/dvbad.err)"
+
 # ------------------------------------------------------------------ bench
 "$Q" bench -m "$F" --prefill 32 --context 16 --decode 24 --batch 3 --speculative-tokens 3 -q > "$T/bench" 2>&1; rc=$?
-check "[ $rc = 0 ] && grep -Eq '^RESULT spec_decode B=3 ctx=16 K=3 tok_s_plain=[0-9.]+ tok_s_spec=[0-9.]+ .* same=1 fwd_ms_plain=[0-9.]+ fwd_ms_spec=[0-9.]+ mtp_ms_spec=[0-9.]+$' $T/bench" \
+check "[ $rc = 0 ] && grep -Eq '^RESULT spec_decode B=3 ctx=16 K=3 tok_s_plain=[0-9.]+ tok_s_spec=[0-9.]+ .* same=1 fwd_ms_plain=[0-9.]+ fwd_ms_spec=[0-9.]+ mtp_ms_spec=[0-9.]+ draft_vocab=0$' $T/bench" \
   "bench --speculative-tokens: $(tail -3 $T/bench)"
 check "grep -q 'tok/s without speculation, .* tok/s with K=3' $T/bench" "bench prints both rates"
 

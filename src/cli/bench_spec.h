@@ -10,6 +10,7 @@ typedef struct cli_bench_spec {
     int batch;     /* concurrent requests */
     int context;   /* prompt tokens of each */
     int n_decode;  /* tokens each generates */
+    int draft_vocab; /* drafts among ids [0, draft_vocab) (0: all) */
 } cli_bench_spec;
 
 /* Prints engine decode tok/s without and with speculation and the acceptance; 0 or -1

@@ -15,7 +15,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: qdelta bench [-m DIR] [--backend cpu|cuda] [--load-format auto|dummy|dummy-f32] [-t N]\n"
                "                    [--tensor-parallel-size N] [--expert-parallel]\n"
                "                    [--prefill 512,4096] [--decode N] [--batch B] [--context T]\n"
-               "                    [--batch-invariant] [--speculative-tokens K] [--json-schema FILE [--tokenizer DIR]]\n"
+               "                    [--batch-invariant] [--speculative-tokens K [--speculative-draft-vocab N]]\n"
+               "                    [--json-schema FILE [--tokenizer DIR]]\n"
                "  Measures prefill tok/s for each prompt length (one sequence), then decode tok/s for\n"
                "  B sequences (default 1) after a T-token prompt each (default 512), against the decode\n"
                "  roofline: weights + GDN state + KV bytes per step over the measured copy bandwidth.\n"
@@ -30,6 +31,7 @@ static void usage(FILE *f) {
                "  --speculative-tokens K (1..4) also measures decode through the serving engine for the B\n"
                "  requests without and with speculative decoding (K MTP drafts per step; the model needs\n"
                "  an MTP head), with the acceptance by draft position; the greedy outputs must agree.\n"
+               "  --speculative-draft-vocab N drafts among ids [0, N) only (engine param of that name).\n"
                "  Without -m it measures the embedded default model.\n"
                CLI_MODEL_OPTS_HELP);
 }
@@ -88,7 +90,7 @@ int qd_cmd_bench(int argc, char **argv) {
     long n_decode = 32, batch = 1, context = 512;
     int batch_invariant = 0;
     const char *schema_path = NULL, *tok_dir = NULL;
-    long spec_k = 0;
+    long spec_k = 0, draft_vocab = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_model_opt(&mo, argc, argv, &i);
         if (r < 0) return 2;
@@ -109,6 +111,9 @@ int qd_cmd_bench(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--speculative-tokens")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_int("--speculative-tokens", v, 0, 4, &spec_k)) return 2;
+        } else if (!strcmp(argv[i], "--speculative-draft-vocab")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_int("--speculative-draft-vocab", v, 0, 1 << 30, &draft_vocab)) return 2;
         } else if (!strcmp(argv[i], "--json-schema")) {
             if (!(schema_path = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(argv[i], "--tokenizer")) {
@@ -253,7 +258,11 @@ int qd_cmd_bench(int argc, char **argv) {
     if (spec_k > 0) {
         qd_context_free(ctx); /* the engines plan their own */
         ctx = NULL;
-        const cli_bench_spec bs = {.k = (int)spec_k, .batch = (int)batch, .context = (int)context, .n_decode = (int)n_decode};
+        const cli_bench_spec bs = {.k = (int)spec_k,
+                                   .batch = (int)batch,
+                                   .context = (int)context,
+                                   .n_decode = (int)n_decode,
+                                   .draft_vocab = (int)draft_vocab};
         if (cli_bench_spec_run(m, &bs)) goto done;
     }
     rc = 0;

@@ -49,6 +49,8 @@ static void usage(FILE *f) {
                "                            drafts verified per decode step (0 = off, the default); the\n"
                "                            output is plain decoding's; /metrics counts the drafts kept.\n"
                "                            Requests with response_format / tool_choice do not speculate\n"
+               "  --speculative-draft-vocab N  draft among token ids [0, N) only (0 = all, the default):\n"
+               "                            cheaper drafts (N rows of the LM head), output unchanged\n"
                "  --http-threads N          HTTP polling threads (default 1)\n"
                "  --max-body-bytes N        request body limit (default 4 MiB)\n"
                CLI_MODEL_OPTS_HELP);
@@ -223,6 +225,8 @@ int qd_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--batch-invariant")) c->engine.batch_invariant = 1;
         else if (!strcmp(a, "--speculative-tokens"))
             bad = parse_int_opt(argc, argv, &i, 0, 4, &c->engine.speculative_tokens);
+        else if (!strcmp(a, "--speculative-draft-vocab"))
+            bad = parse_int_opt(argc, argv, &i, 0, 1 << 30, &c->engine.speculative_draft_vocab);
         else if (!strcmp(a, "--prefix-snapshot-interval"))
             bad = parse_int_opt(argc, argv, &i, 0, 1 << 24, &c->engine.prefix_snapshot_interval);
         else if (!strcmp(a, "--http-threads")) bad = parse_int_opt(argc, argv, &i, 1, 256, &c->http_threads);

@@ -26,10 +26,11 @@ void cli_apply_generation_defaults(cli_gen_opts *o, const qd_model *m) {
 }
 
 int cli_session_open(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch) {
-    return cli_session_open_spec(s, m, tok, max_ctx, max_batch, 0);
+    return cli_session_open_spec(s, m, tok, max_ctx, max_batch, 0, 0);
 }
 
-int cli_session_open_spec(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch, int k) {
+int cli_session_open_spec(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch, int k,
+                          int draft_vocab) {
     memset(s, 0, sizeof *s);
     s->model = m;
     s->tok = tok;
@@ -45,6 +46,7 @@ int cli_session_open_spec(cli_session *s, qd_model *m, qd_tokenizer *tok, int ma
         ep.max_model_len = max_ctx;
         ep.max_batch_tokens = max_batch > k + 1 ? max_batch : k + 1;
         ep.speculative_tokens = k;
+        ep.speculative_draft_vocab = draft_vocab;
         /* a few snapshots and the blocks of one context: the next turn of a chat hits */
         ep.prefix_cache_bytes = (size_t)qd_model_state_bytes(m) * 4 + (size_t)qd_model_kv_bytes_per_token(m) * (size_t)max_ctx * 2;
         ep.prefix_snapshot_interval = 0;
@@ -271,6 +273,9 @@ int cli_parse_gen_opt(cli_gen_opts *o, int argc, char **argv, int *i) {
     } else if (!strcmp(a, "--speculative-tokens")) {
         if (!(v = cli_value(argc, argv, i)) || cli_int(a, v, 0, 4, &n)) return -1;
         o->speculative_tokens = (int)n;
+    } else if (!strcmp(a, "--speculative-draft-vocab")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_int(a, v, 0, 1 << 30, &n)) return -1;
+        o->speculative_draft_vocab = (int)n;
     } else if (!strcmp(a, "--logprobs")) {
         if (!(v = cli_value(argc, argv, i)) || cli_int(a, v, 0, QD_MAX_LOGPROBS, &n)) return -1;
         o->print_logprobs = (int)n;
@@ -293,5 +298,8 @@ void cli_print_gen_opts_help(FILE *f) {
                "  --speculative-tokens K    speculative decoding with the checkpoint's MTP head: K = 1..4\n"
                "                            drafts verified per step (0 = off, the default); the output is\n"
                "                            plain decoding's (greedy: the same tokens); prints a\n"
-               "                            'speculative:' line with the acceptance on stderr\n");
+               "                            'speculative:' line with the acceptance on stderr\n"
+               "  --speculative-draft-vocab N  draft among token ids [0, N) only (0 = all, the default):\n"
+               "                            the MTP head reads N rows of the LM head instead of all;\n"
+               "                            the output is unchanged\n");
 }

@@ -201,6 +201,10 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
     if (p.speculative_tokens < 0 || p.speculative_tokens > QD_SPEC_MAX)
         return qd_seterr(err, QD_ERR_INVALID_ARG, "speculative_tokens %d is not in 0..%d (0: off)", p.speculative_tokens,
                          QD_SPEC_MAX);
+    if (p.speculative_draft_vocab < 0 || p.speculative_draft_vocab > qd_model_vocab_size(model))
+        return qd_seterr(err, QD_ERR_INVALID_ARG,
+                         "speculative_draft_vocab %d is not in 0..%d (the model's vocabulary; 0: all of it)",
+                         p.speculative_draft_vocab, qd_model_vocab_size(model));
     if (p.batch_invariant && p.max_batch_tokens < 2 * QD_INVARIANT_ALIGN)
         return qd_seterr(err, QD_ERR_INVALID_ARG,
                          "batch-invariant mode needs max_batch_tokens >= %d (prompts are cut at multiples of %d), "

@@ -59,6 +59,12 @@ typedef struct qd_engine_params {
      * or a backend without the MTP forward fails qd_engine_create, saying which.
      * Constrained requests (a grammar) do not speculate. */
     int speculative_tokens;
+    /* Drafts are the MTP head's argmax over token ids [0, N) only (0: the whole
+     * vocabulary). The head's LM head then reads N of its rows (the 27B's is 2.4 GB over
+     * 248k ids: the larger part of a draft step), at the price of never proposing a
+     * rarer id; BPE vocabularies put their most frequent tokens first. The output is
+     * unchanged: a draft only decides what the verify step tries. */
+    int speculative_draft_vocab;
 } qd_engine_params;
 
 qd_engine_params qd_engine_default_params(void);

@@ -132,12 +132,14 @@ static int32_t pick_draft(const qd_engine *e, const qd_request *r, int32_t id, i
 
 /* The argmax bound of the drafts of e->mtp_req[0, n): their requests' vocabulary bound
  * when they share one, else the whole vocabulary (a draft only decides what is tried,
- * never what is output: one past a request's bound is rejected like any other). */
+ * never what is output: one past a request's bound is rejected like any other), and
+ * never past the engine's draft vocabulary (params.speculative_draft_vocab). */
 static int draft_bound(const qd_engine *e, int n) {
-    const int b = n > 0 ? vocab_bound(e, e->mtp_req[0]) : 0;
+    int b = n > 0 ? vocab_bound(e, e->mtp_req[0]) : e->vocab;
     for (int j = 1; j < n; j++)
-        if (vocab_bound(e, e->mtp_req[j]) != b) return 0;
-    return b;
+        if (vocab_bound(e, e->mtp_req[j]) != b) b = e->vocab;
+    const int d = e->params.speculative_draft_vocab;
+    return d > 0 && d < b ? d : b;
 }
 
 /* One MTP forward over spans [0, n) with hidden inputs `in` (rows packed in span order),

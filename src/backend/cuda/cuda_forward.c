@@ -132,10 +132,10 @@ static qd_status block_reduce(qd_cuda_ctx *g) {
 
 /* Logits of logit rows [r0, r0 + nr) (the norm, final or the MTP's, of just those rows)
  * into g->logits. */
-static qd_status logit_rows(qd_cuda_ctx *g, const float *norm, int r0, int nr) {
+static qd_status logit_rows(qd_cuda_ctx *g, const float *norm, int r0, int nr, int vocab_rows) {
     const int V = g->cfg->vocab_size, H = g->cfg->hidden_size;
     const qd_cuda_lin_in in = qd_cuda_norm_in(g, norm, g->dev.logit_rows + r0);
-    const qd_cuda_lin_out out = {.W = g->cm->lm_head, .rows = V, .y = g->logits, .ldy = V};
+    const qd_cuda_lin_out out = {.W = g->cm->lm_head, .rows = vocab_rows, .y = g->logits, .ldy = V};
     return qd_cuda_lin(g, &in, H, nr, &out, 1, 0, g->x);
 }
 
@@ -162,7 +162,7 @@ static qd_status run_layers(qd_cuda_ctx *g, int max_span_rows, int n_logit_first
         }
         TRYC(block_reduce(g));
     }
-    if (n_logit_first > 0) TRYC(logit_rows(g, cm->final_norm, 0, n_logit_first));
+    if (n_logit_first > 0) TRYC(logit_rows(g, cm->final_norm, 0, n_logit_first, c->vocab_size));
     return QD_OK;
 }
 
@@ -231,13 +231,15 @@ static qd_status hidden_out(qd_cuda_ctx *g, const float *norm, const qd_logit_ou
 }
 
 /* After the layers: the hidden states and the outputs of each chunk of logit rows (the
- * first chunk's logits computed already), then the wait for them. */
-static qd_status finish_outputs(qd_cuda_ctx *g, const float *norm, const qd_step *st, const qd_logit_out *out) {
+ * first chunk's logits computed already; each chunk's logits over the LM head's first
+ * vocab_rows rows), then the wait for them. */
+static qd_status finish_outputs(qd_cuda_ctx *g, const float *norm, const qd_step *st, const qd_logit_out *out,
+                                int vocab_rows) {
     const int n_logit_rows = st->n_logit_rows, LC = qd_cuda_logit_chunk(g);
     TRYC(hidden_out(g, norm, out));
     for (int r0 = 0; r0 < n_logit_rows; r0 += LC) {
         const int nr = n_logit_rows - r0 < LC ? n_logit_rows - r0 : LC;
-        if (r0 > 0) TRYC(logit_rows(g, norm, r0, nr));
+        if (r0 > 0) TRYC(logit_rows(g, norm, r0, nr, vocab_rows));
         TRYC(take_rows(g, out, r0, nr));
         if (r0 + nr < n_logit_rows) TRYC(qd_cuda_stream_sync(g->stream));
     }
@@ -327,7 +329,7 @@ qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out) 
         (s = qd_cuda_memset_async(g->experts_touched, 0, (size_t)c->n_layers * c->n_experts, g->stream)))
         return backend_error(g, s);
     if ((s = run_graphed(g, step_graph(g, st, 0), main_body, &la))) return backend_error(g, s);
-    if ((s = finish_outputs(g, g->cm->final_norm, st, out))) return backend_error(g, s);
+    if ((s = finish_outputs(g, g->cm->final_norm, st, out, c->vocab_size))) return backend_error(g, s);
     if (g->count_experts &&
         (s = qd_cuda_memcpy_d2h_async(st->experts_touched, g->experts_touched, (size_t)c->n_layers * c->n_experts,
                                       g->stream)))
@@ -349,6 +351,7 @@ qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out) 
 typedef struct mtp_arg {
     const qd_cuda_mtp *m;
     int max_span_rows, n_logit_first;
+    int vocab_rows; /* LM head rows computed: the argmax bound when no logits row is asked for */
 } mtp_arg;
 
 static qd_status mtp_layers(qd_cuda_ctx *g, const void *arg) {
@@ -376,7 +379,7 @@ static qd_status mtp_layers(qd_cuda_ctx *g, const void *arg) {
         const qd_cuda_lin_in fin = qd_cuda_norm_in(g, m->layer.post_norm, NULL);
         TRYC(qd_cuda_layer_mlp(g, &fin, &m->layer.gate_up, &m->layer.down, m->layer.I, g->h, 1));
     }
-    return a->n_logit_first > 0 ? logit_rows(g, m->norm, 0, a->n_logit_first) : QD_OK;
+    return a->n_logit_first > 0 ? logit_rows(g, m->norm, 0, a->n_logit_first, a->vocab_rows) : QD_OK;
 }
 
 qd_status qd_cuda_mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out) {
@@ -395,11 +398,25 @@ qd_status qd_cuda_mtp_forward(void *bc, const qd_step *st, const float *hidden, 
     const int n_logit_rows = st->n_logit_rows, LC = qd_cuda_logit_chunk(g);
     qd_status s;
     g->count_experts = 0;
-    const mtp_arg ma = {m, max_span_rows, n_logit_rows < LC ? n_logit_rows : LC};
+    /* drafts (ids, no logits row) bounded below the vocabulary need only the LM head's
+     * first vocab_limit rows: the MTP graphs are captured for one such bound, recaptured
+     * when it changes (an engine keeps one) */
+    const int vocab_rows = !out->logits && out->vocab_limit > 0 && out->vocab_limit < c->vocab_size
+                               ? out->vocab_limit
+                               : c->vocab_size;
+    if (vocab_rows != g->mtp_graph_rows) {
+        for (int i = 0; i <= g->d.params.max_seqs; i++) {
+            void **e = &g->graphs[(size_t)GRAPH_MTP * ((size_t)g->d.params.max_seqs + 1) + (size_t)i];
+            qd_cuda_graph_destroy(*e);
+            *e = NULL;
+        }
+        g->mtp_graph_rows = vocab_rows;
+    }
+    const mtp_arg ma = {m, max_span_rows, n_logit_rows < LC ? n_logit_rows : LC, vocab_rows};
     if ((s = qd_cuda_memcpy_h2d_async(g->meta_dev, g->meta_host, meta, g->stream)) ||
         (s = qd_cuda_memcpy_h2d_async(g->ys, hidden, (size_t)st->n_rows * c->hidden_size * 4, g->stream)) ||
-        (s = run_graphed(g, step_graph(g, st, 1), mtp_layers, &ma)) || (s = finish_outputs(g, m->norm, st, out)) ||
-        (s = qd_cuda_stream_sync(g->stream)))
+        (s = run_graphed(g, step_graph(g, st, 1), mtp_layers, &ma)) ||
+        (s = finish_outputs(g, m->norm, st, out, vocab_rows)) || (s = qd_cuda_stream_sync(g->stream)))
         return backend_error(g, s);
     if (out->ids) memcpy(out->ids, g->ids_host, (size_t)n_logit_rows * 4);
     if (out->ids && out->logprobs) memcpy(out->logprobs, g->lp_host, (size_t)n_logit_rows * 4);

@@ -212,6 +212,7 @@ typedef struct qd_cuda_ctx {
      * step_graph), [kind][n_spans]: kind 0 decode steps of the main model, 1 the MTP head's
      * one-token steps, T (2 .. verify_states) uniform verify steps of T tokens a span */
     void **graphs;                   /* [n_graph_kinds][max_seqs + 1] */
+    int mtp_graph_rows;              /* the LM head rows the MTP graphs compute (0: none captured) */
     int n_graph_kinds;               /* verify_states + 1, at least 2 */
     size_t bytes;                    /* device bytes held by the context */
 } qd_cuda_ctx;

@@ -140,7 +140,7 @@ gemv_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, const ui
  * of 8) and rows of x past n read as zeros.
  *
  * Bandwidth needs bytes in flight, and a grid that does not fit the GPU at once waits
- * for a tail wave: gemv_mma_warps gives a block the most warps (8, 16 or 32) at which
+ * for a tail wave: gemv_mma_warps gives a block the most warps (4 to 32) at which
  * the whole grid is resident together, so that a matrix of few rows (5120 on the 27B:
  * 320 blocks) is streamed by as many warps as one of many. */
 #define GEMV_MMA_UNROLL 4
@@ -206,14 +206,16 @@ static int64_t gemv_mma_wave(void) {
     return (int64_t)per_sm * qd_cuda_sm_count();
 }
 
-/* Warps a block: the most of 32, 16, 8 at which the grid of `blocks` is one wave, and
- * 8 for larger grids. H200, bench/linear_cuda_bench.c (RESULTS session 18): 32 warps
+/* Warps a block: the most of 32, 16, 8, 4 at which the grid of `blocks` is one wave,
+ * and 8 for larger grids. H200, bench/linear_cuda_bench.c (RESULTS session 18): 32 warps
  * on a 5120-row matrix (320 blocks, 1 resident a multiprocessor) took 1.1x the time of
- * 8; 4 warps on the 27B gate_up (2176 blocks, just past one wave) 1.07x. */
+ * 8; 4 warps on the 27B gate_up (2176 blocks, just past one wave of them) 1.07x. */
 template <int N>
 static int gemv_mma_warps(int64_t blocks) {
     if (blocks <= gemv_mma_wave<N, 32>()) return 32;
     if (blocks <= gemv_mma_wave<N, 16>()) return 16;
+    if (blocks <= gemv_mma_wave<N, 8>()) return 8;
+    if (blocks <= gemv_mma_wave<N, 4>()) return 4;
     return 8;
 }
 
@@ -222,6 +224,7 @@ static void gemv_mma(const uint16_t *W, int64_t rows, int64_t cols, const uint16
                      int64_t ldy, int accumulate, cudaStream_t st) {
     const dim3 grid((unsigned)((rows + 15) / 16));
     switch (gemv_mma_warps<N>((int64_t)grid.x)) {
+    case 4: gemv_mma_kernel<N, 4><<<grid, 4 * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
     case 8: gemv_mma_kernel<N, 8><<<grid, 8 * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
     case 16: gemv_mma_kernel<N, 16><<<grid, 16 * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
     default: gemv_mma_kernel<N, 32><<<grid, 32 * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
