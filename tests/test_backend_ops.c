@@ -942,7 +942,7 @@ static int gd_cuda_kind(const op_data *d, float *out, int kind) {
                 qd_cuda_gdn_decode_args da = {g.hk, g.hv, g.dk, g.dv, 1, dq + t * g.qs, dk + t * g.ks, dv + t * g.vs,
                                               dg + (int64_t)t * g.hv, db + (int64_t)t * g.hv,
                                               dP + (size_t)d->i[0][s] * g.per, NULL, NULL, dO + (int64_t)t * g.hv * g.dv,
-                                              NULL};
+                                              NULL, 0, 0, NULL};
                 DA_ST(&a, qd_cuda_gdn_decode(&da, NULL));
             }
     } else if (a.ok && kind == 1) {
@@ -960,7 +960,8 @@ static int gd_cuda_kind(const op_data *d, float *out, int kind) {
         uint16_t *cv = da_bf16(&a, pv, (size_t)n * g.hv * g.dv);
         free(pq); free(pk); free(pv);
         if (a.ok) {
-            qd_cuda_gdn_decode_args da = {g.hk, g.hv, g.dk, g.dv, n, cq, ck, cv, dg, db, dP, dslot, NULL, dO, NULL};
+            qd_cuda_gdn_decode_args da = {g.hk, g.hv, g.dk, g.dv, n, cq, ck, cv, dg, db,
+                                          dP, dslot, NULL, dO, NULL, 0, 0, NULL};
             DA_ST(&a, qd_cuda_gdn_decode(&da, NULL));
         }
     } else if (a.ok && kind == 2) {

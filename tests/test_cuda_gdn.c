@@ -164,7 +164,7 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
                         qd_cuda_gdn_decode_args da = {hk, hv, dk, dv, 1, dq + t * qs, dk_ + t * ks, dvv + t * vs,
                                                       dg + (int64_t)t * hv, dbeta + (int64_t)t * hv,
                                                       dS1 + (size_t)s * hv * dk * dv, NULL, NULL,
-                                                      dOr + (int64_t)t * hv * dv, NULL};
+                                                      dOr + (int64_t)t * hv * dv, NULL, 0, 0, NULL};
                         ST_OK(qd_cuda_gdn_decode(&da, NULL));
                     }
                 ST_OK(qd_cuda_sync());
@@ -348,7 +348,7 @@ static void decode_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, in
     CHECK(dq && dk_ && dvv && dg && dbeta && dS && dslot && dO);
     if (dq && dk_ && dvv && dg && dbeta && dS && dslot && dO) {
         ST_OK(qd_cuda_memset(dO, 0xff, nv * 2));
-        qd_cuda_gdn_decode_args a = {hk, hv, dk, dv, n_seq, dq, dk_, dvv, dg, dbeta, dS, dslot, NULL, dO, NULL};
+        qd_cuda_gdn_decode_args a = {hk, hv, dk, dv, n_seq, dq, dk_, dvv, dg, dbeta, dS, dslot, NULL, dO, NULL, 0, 0, NULL};
         ST_OK(qd_cuda_gdn_decode(&a, NULL));
         ST_OK(qd_cuda_sync());
         ST_OK(qd_cuda_memcpy_d2h(ho, dO, nv * 2));
@@ -371,6 +371,108 @@ out:
     free(q); free(k); free(v); free(g); free(beta); free(S); free(o); free(hS); free(slot); free(ho);
 }
 
+/* Verify spans: n_seq sequences of lens[b] tokens (non-increasing, the longest first),
+ * token t of sequence b at a scattered row, reading the state of slot in[b] first and
+ * writing the state after each token to its own slot (at a stride of more than n_seq),
+ * in one launch (n_tok > 1) against a one-token launch per position (each reading the
+ * slot the previous one wrote): every state slot and every output bit for bit. */
+static void decode_spans_case(qd_test_rng *rng, int hk, int r, int dk, int dv, const int *lens, int n_seq) {
+    const int hv = hk * r, T = lens[0], stride = n_seq + 3;
+    int count[QD_GDN_MAX_TOKENS] = {0}, n_rows = 0;
+    for (int b = 0; b < n_seq; b++) {
+        n_rows += lens[b];
+        for (int t = 0; t < lens[b]; t++) count[t]++;
+    }
+    const int rows_cap = n_rows + 5; /* rows the tokens do not use stay as they were */
+    const size_t nq = (size_t)rows_cap * hk * dk, nv = (size_t)rows_cap * hv * dv, ng = (size_t)rows_cap * hv;
+    const size_t per = (size_t)hv * dk * dv;
+    const int n_slots = n_seq + T * stride;
+    const size_t nst = (size_t)n_slots * per;
+    printf("decode spans hk=%d hv=%d dk=%d dv=%d seqs=%d longest=%d\n", hk, hv, dk, dv, n_seq, T);
+    float *q = malloc(nq * 4), *k = malloc(nq * 4), *v = malloc(nv * 4), *g = malloc(ng * 4), *beta = malloc(ng * 4);
+    float *S = malloc(nst * 4), *hA = malloc(nst * 4), *hB = malloc(nst * 4);
+    uint16_t *oA = malloc(nv * 2), *oB = malloc(nv * 2);
+    int32_t in[QD_GDN_MAX_TOKENS * 8], rows[QD_GDN_MAX_TOKENS * 16], outs[QD_GDN_MAX_TOKENS * 16];
+    CHECK(q && k && v && g && beta && S && hA && hB && oA && oB && n_seq <= 8);
+    if (!q || !k || !v || !g || !beta || !S || !hA || !hB || !oA || !oB || n_seq > 8) goto out;
+    for (int i = 0; i < rows_cap * hk; i++) {
+        fill_unit(rng, q + (size_t)i * dk, dk, 1.0f / sqrtf((float)dk));
+        fill_unit(rng, k + (size_t)i * dk, dk, 1.0f);
+    }
+    for (size_t i = 0; i < nv; i++) v[i] = qd_test_normal(rng);
+    for (size_t i = 0; i < ng; i++) {
+        g[i] = rand_g(rng);
+        beta[i] = 0.5f * (qd_test_uniform(rng) + 1.0f) * 0.998f + 0.001f;
+    }
+    for (size_t i = 0; i < nst; i++) S[i] = 0.5f * qd_test_normal(rng);
+    /* rows: the spans' tokens at descending rows from the batch's end (rows 0..4 unused) */
+    int next = rows_cap - 1;
+    for (int b = 0; b < n_seq; b++) {
+        in[b] = n_seq - 1 - b;
+        for (int t = 0; t < lens[b]; t++) {
+            rows[t * stride + b] = next--;
+            outs[t * stride + b] = n_seq + t * stride + b;
+        }
+    }
+    uint16_t *qb = qd_test_round_bf16(q, nq), *kb = qd_test_round_bf16(k, nq), *vb = qd_test_round_bf16(v, nv);
+    uint16_t *dq = qd_test_dev_upload(qb, nq * 2), *dk_ = qd_test_dev_upload(kb, nq * 2), *dvv = qd_test_dev_upload(vb, nv * 2);
+    float *dg = qd_test_dev_upload(g, ng * 4), *dbeta = qd_test_dev_upload(beta, ng * 4);
+    float *dSA = qd_test_dev_upload(S, nst * 4), *dSB = qd_test_dev_upload(S, nst * 4);
+    int32_t *din = qd_test_dev_upload(in, sizeof in), *drows = qd_test_dev_upload(rows, sizeof rows);
+    int32_t *douts = qd_test_dev_upload(outs, sizeof outs);
+    uint16_t *dOA = qd_test_dev_upload(NULL, nv * 2), *dOB = qd_test_dev_upload(NULL, nv * 2);
+    CHECK(dq && dk_ && dvv && dg && dbeta && dSA && dSB && din && drows && douts && dOA && dOB);
+    if (dq && dk_ && dvv && dg && dbeta && dSA && dSB && din && drows && douts && dOA && dOB) {
+        ST_OK(qd_cuda_memset(dOA, 0x5a, nv * 2));
+        ST_OK(qd_cuda_memset(dOB, 0x5a, nv * 2));
+        const qd_cuda_gdn_decode_args span = {
+            .hk = hk, .hv = hv, .dk = dk, .dv = dv, .n_seq = n_seq, .d_q = dq, .d_k = dk_, .d_v = dvv, .d_g = dg,
+            .d_beta = dbeta, .d_state = dSA, .d_slot = din, .d_row = drows, .d_o = dOA, .d_slot_out = douts,
+            .n_tok = T, .tok_stride = stride, .tok_count = count,
+        };
+        ST_OK(qd_cuda_gdn_decode(&span, NULL));
+        for (int t = 0; t < T; t++) {
+            const qd_cuda_gdn_decode_args one = {
+                .hk = hk, .hv = hv, .dk = dk, .dv = dv, .n_seq = count[t], .d_q = dq, .d_k = dk_, .d_v = dvv,
+                .d_g = dg, .d_beta = dbeta, .d_state = dSB, .d_slot = t == 0 ? din : douts + (t - 1) * stride,
+                .d_row = drows + t * stride, .d_o = dOB, .d_slot_out = douts + t * stride,
+            };
+            ST_OK(qd_cuda_gdn_decode(&one, NULL));
+        }
+        ST_OK(qd_cuda_sync());
+        ST_OK(qd_cuda_memcpy_d2h(hA, dSA, nst * 4));
+        ST_OK(qd_cuda_memcpy_d2h(hB, dSB, nst * 4));
+        ST_OK(qd_cuda_memcpy_d2h(oA, dOA, nv * 2));
+        ST_OK(qd_cuda_memcpy_d2h(oB, dOB, nv * 2));
+        int moved = 0;
+        for (int b = 0; b < n_seq; b++)
+            moved += memcmp(hA + (size_t)outs[(lens[b] - 1) * stride + b] * per,
+                            S + (size_t)outs[(lens[b] - 1) * stride + b] * per, per * 4) != 0;
+        CHECKF(!memcmp(hA, hB, nst * 4) && !memcmp(oA, oB, nv * 2) && moved == n_seq,
+               "spans in one launch: states %s, outputs %s vs a launch per token (%d of %d final states written)",
+               memcmp(hA, hB, nst * 4) ? "differ" : "equal", memcmp(oA, oB, nv * 2) ? "differ" : "equal", moved,
+               n_seq);
+    }
+    /* misuse: counts that rise, or a span without its output slots */
+    int bad[QD_GDN_MAX_TOKENS] = {1, 2};
+    qd_cuda_gdn_decode_args m = {.hk = hk, .hv = hv, .dk = dk, .dv = dv, .n_seq = 2, .d_q = dq, .d_k = dk_, .d_v = dvv,
+                                 .d_g = dg, .d_beta = dbeta, .d_state = dSA, .d_slot = din, .d_row = drows, .d_o = dOA,
+                                 .d_slot_out = douts, .n_tok = 2, .tok_stride = stride, .tok_count = bad};
+    CHECK(qd_cuda_gdn_decode(&m, NULL) == QD_ERR_INVALID_ARG);
+    m.tok_count = count;
+    m.d_slot_out = NULL;
+    CHECK(qd_cuda_gdn_decode(&m, NULL) == QD_ERR_INVALID_ARG);
+    m.d_slot_out = douts;
+    m.n_tok = QD_GDN_MAX_TOKENS + 1;
+    CHECK(qd_cuda_gdn_decode(&m, NULL) == QD_ERR_INVALID_ARG);
+    qd_cuda_free(dq); qd_cuda_free(dk_); qd_cuda_free(dvv); qd_cuda_free(dg); qd_cuda_free(dbeta);
+    qd_cuda_free(dSA); qd_cuda_free(dSB); qd_cuda_free(din); qd_cuda_free(drows); qd_cuda_free(douts);
+    qd_cuda_free(dOA); qd_cuda_free(dOB);
+    free(qb); free(kb); free(vb);
+out:
+    free(q); free(k); free(v); free(g); free(beta); free(S); free(hA); free(hB); free(oA); free(oB);
+}
+
 int main(void) {
     if (qd_cuda_device_count() <= 0) return qd_test_skip("test_cuda_gdn", "no CUDA device");
     char name[128];
@@ -385,6 +487,15 @@ int main(void) {
     decode_case(pool, &rng, 1, 2, 256, 32, 3, 3);
     decode_case(pool, &rng, 3, 1, 96, 80, 7, 8);
     decode_case(pool, &rng, 1, 1, 5, 3, 2, 2);
+    /* Verify spans in one launch: the fast path at each head size, the generic kernel */
+    const int s1[] = {4, 4, 2, 1};
+    decode_spans_case(&rng, 4, 2, 128, 128, s1, 4);
+    const int s2[] = {8, 3, 3};
+    decode_spans_case(&rng, 2, 3, 64, 96, s2, 3);
+    const int s3[] = {2, 2};
+    decode_spans_case(&rng, 1, 2, 256, 32, s3, 2);
+    const int s4[] = {3, 1};
+    decode_spans_case(&rng, 3, 1, 96, 80, s4, 2);
 
     /* Chunked: the spans named in the issue, GQA 2, with an initial state,
      * plus the recurrent decode kernel stepped over the same batch. */

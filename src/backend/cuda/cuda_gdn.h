@@ -32,6 +32,15 @@ extern "C" {
  *   d_o      [n_seq][hv][dv] bf16
  * Any dk, dv >= 1 work; dk in {64, 128, 256} with dv a multiple of 32 take the
  * fast path (state tile held in registers, 16-byte accesses). */
+/* Tokens a sequence one decode launch may carry (a verify span: speculative_tokens + 1). */
+#define QD_GDN_MAX_TOKENS 8
+
+/* One token of each of n_seq sequences, or with n_tok > 1 a span of up to n_tok tokens
+ * of each, fed in turn with the state kept on chip: token t of sequence b exists for
+ * b < tok_count[t] (host array, non-increasing: the spans longest first), its row is
+ * d_row[t * tok_stride + b] and it writes its state to d_slot_out[t * tok_stride + b];
+ * the first reads d_slot[b]. Bit for bit the states and outputs of n_tok one-token
+ * launches. */
 typedef struct qd_cuda_gdn_decode_args {
     int hk, hv, dk, dv; /* key heads, value heads (value head h reads key head h / (hv/hk)), head dims */
     int n_seq;
@@ -42,7 +51,10 @@ typedef struct qd_cuda_gdn_decode_args {
     const int32_t *d_row; /* [n_seq] row of sequence b in q/k/v/g/beta/o (NULL: row b), for
                            * decode tokens scattered through a mixed batch */
     uint16_t *d_o;
-    const int32_t *d_slot_out; /* last: the tests' positional initialisers leave it NULL */
+    const int32_t *d_slot_out; /* the tests' positional initialisers leave the rest NULL / 0 */
+    int n_tok;                 /* tokens a sequence (0: 1) */
+    int tok_stride;            /* of d_row and d_slot_out between token positions */
+    const int *tok_count;      /* [n_tok], host */
 } qd_cuda_gdn_decode_args;
 
 qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *stream);

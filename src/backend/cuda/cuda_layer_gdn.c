@@ -1,9 +1,12 @@
 /* The Gated DeltaNet layer on the GPU: one projection of in_qkv | in_z | in_b | in_a,
  * conv + L2 norms + gates in one kernel, the delta rule (chunked tensor-core kernel for
- * prefill spans, the decode kernel for one-token spans and, token by token, for verify
- * spans, whose per-token states the rollback of a rejected draft needs), gated norm +
+ * prefill spans, the decode kernel for one-token spans and, one launch for all their
+ * tokens, for verify spans, whose per-token states the rollback of a rejected draft
+ * needs), gated norm +
  * out_proj. */
 #include "backend/cuda/cuda_layers.h"
+
+_Static_assert(QD_CUDA_MAX_VERIFY <= QD_GDN_MAX_TOKENS, "a verify span fits one GDN decode launch");
 
 qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
     const qd_config *c = g->cfg;
@@ -50,14 +53,16 @@ qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
                 TRYC(qd_cuda_gdn_decode(&a, g->stream));
             }
     }
-    /* verify spans: one token of each at a time, from the state after the previous token
-     * (the sequence's own slot for the first) into the verify slots, the last into its own */
-    for (int t = 0; t < QD_CUDA_MAX_VERIFY && h->ver_count[t] > 0; t++) {
-        const size_t ms = (size_t)g->d.params.max_seqs * (size_t)t;
+    /* verify spans: one launch, each span's tokens in turn from the sequence's own slot,
+     * the state after each token into its verify slot, after the last into its own */
+    if (h->n_ver > 0) {
+        int n_tok = 0;
+        while (n_tok < QD_CUDA_MAX_VERIFY && h->ver_count[n_tok] > 0) n_tok++;
         const qd_cuda_gdn_decode_args a = {
-            .hk = hk, .hv = hv, .dk = dk, .dv = dvh, .n_seq = h->ver_count[t],
+            .hk = hk, .hv = hv, .dk = dk, .dv = dvh, .n_seq = h->ver_count[0],
             .d_q = g->q, .d_k = g->k, .d_v = g->v, .d_g = g->g, .d_beta = g->beta, .d_state = ssm,
-            .d_slot = dv->ver_in + ms, .d_row = dv->ver_rows + ms, .d_o = g->o, .d_slot_out = dv->ver_out + ms,
+            .d_slot = dv->ver_in, .d_row = dv->ver_rows, .d_o = g->o, .d_slot_out = dv->ver_out,
+            .n_tok = n_tok, .tok_stride = g->d.params.max_seqs, .tok_count = h->ver_count,
         };
         TRYC(qd_cuda_gdn_decode(&a, g->stream));
     }
