@@ -103,6 +103,47 @@ static void check_fixture(const char *dir) {
     CHECKF(same_argmax == (int)rows, "%s: argmax differs on %zu rows", dir, rows - same_argmax);
     CHECK(qd_mtp_length(ctx, 0) == n - 1);
 
+    /* 1b. the same pass again as drafts (qd_mtp_forward_ids): the whole vocabulary's and
+     * a bound's argmax (only those rows of the LM head multiplied) are the argmax of the
+     * logits above over the same ids on every row whose top two are apart; h' is the
+     * logits pass's; a bound past the vocabulary is refused and changes nothing */
+    {
+        int32_t *d = malloc(sizeof(int32_t) * rows);
+        float *h2 = malloc(sizeof(float) * rows * H), *h1 = malloc(sizeof(float) * rows * H);
+        qd_span ms = {.seq = 0, .tokens = ids + 1, .n_tokens = n - 1, .logits = QD_LOGITS_ALL};
+        const int limits[2] = {0, V / 2 + 5};
+        CHECK(d && h2 && h1 && qd_mtp_truncate(ctx, 0, 0) == QD_OK &&
+              qd_mtp_forward(ctx, &ms, 1, hidden, piece, h1) == QD_OK);
+        for (int li = 0; li < 2 && d && h2 && h1; li++) {
+            const int lim = limits[li] ? limits[li] : V;
+            CHECK(qd_mtp_truncate(ctx, 0, 0) == QD_OK);
+            CHECK(qd_mtp_forward_ids(ctx, &ms, 1, hidden, limits[li], d, h2) == QD_OK && qd_mtp_length(ctx, 0) == n - 1);
+            int dec = 0, agree = 0, below = 1;
+            for (size_t r = 0; r < rows; r++) {
+                const float *row = one + r * V;
+                const int a = qd_test_argmax(row, lim);
+                float second = -INFINITY;
+                for (int v = 0; v < lim; v++)
+                    if (v != a && row[v] > second) second = row[v];
+                below &= d[r] >= 0 && d[r] < lim;
+                if (row[a] - second > 1e-5 * mx) {
+                    dec++;
+                    agree += d[r] == a;
+                }
+            }
+            CHECKF(below && dec >= (int)rows / 2 && agree == dec, "%s: drafts below %d: %d of %d decidable rows agree",
+                   dir, lim, agree, dec);
+            CHECKF(qd_test_max_diff(h2, h1, rows * H) == 0, "%s: drafts' h' differs from the logits pass's by %g", dir,
+                   qd_test_max_diff(h2, h1, rows * H));
+        }
+        CHECK(d && qd_mtp_forward_ids(ctx, &ms, 1, hidden, V + 1, d, NULL) == QD_ERR_INVALID_ARG);
+        CHECK(d && qd_mtp_forward_ids(ctx, &ms, 1, hidden, -1, d, NULL) == QD_ERR_INVALID_ARG);
+        CHECK(qd_mtp_length(ctx, 0) == n - 1);
+        free(d);
+        free(h2);
+        free(h1);
+    }
+
     /* 2. the same pairs in pieces (a chunk, single rows as draft steps are, a chunk) on
      * sequence 1: the MTP KV cache carries the context across calls; batch-invariant
      * mode makes every row's sums the same whatever the piece, so the bits agree */

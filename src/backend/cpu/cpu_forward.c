@@ -71,8 +71,13 @@ static void take_id(const qd_logit_out *out, int r, int V, const float *x) {
 
 /* After the layer stack: what the rows that want logits hand back (see qd_logit_out).
  * Into a caller's logits buffer every row is computed in one matmul (the LM head is read
- * once); ids alone go one row at a time through the context's row buffer. */
-static qd_status logits_out(qd_cpu_ctx *ctx, const qd_step *st, const float *final_norm, const qd_logit_out *out) {
+ * once); ids alone go one row at a time through the context's row buffer, and for the
+ * MTP head's drafts (head_prefix) over the LM head's first vocab_limit rows only, all
+ * that their argmax reads (plain formats; a quantized head is multiplied whole). The
+ * main forward's greedy rows keep the whole product, so that their logits are those of
+ * a row asked for in full. */
+static qd_status logits_out(qd_cpu_ctx *ctx, const qd_step *st, const float *final_norm, const qd_logit_out *out,
+                            int head_prefix) {
     const qd_config *c = ctx->m->cfg;
     const qd_weights *w = ctx->m->w;
     const int H = c->hidden_size, n_logit_rows = st->n_logit_rows;
@@ -105,8 +110,11 @@ static qd_status logits_out(qd_cpu_ctx *ctx, const qd_step *st, const float *fin
             for (int r = 0; r < n_logit_rows; r++) take_id(out, r, c->vocab_size, out->logits + (size_t)r * c->vocab_size);
         return QD_OK;
     }
+    qd_weight head = w->lm_head;
+    if (head_prefix && out->vocab_limit > 0 && out->vocab_limit < head.rows && !qd_weight_quantized(&head) && head.data)
+        head.rows = out->vocab_limit;
     for (int r = 0; r < n_logit_rows; r++) {
-        qd_cpu_ctx_matmul(ctx, &w->lm_head, s->x + (size_t)r * H, 1, ctx->row_logits);
+        qd_cpu_ctx_matmul(ctx, &head, s->x + (size_t)r * H, 1, ctx->row_logits);
         take_id(out, r, c->vocab_size, ctx->row_logits);
     }
     return QD_OK;
@@ -172,7 +180,7 @@ qd_status qd_cpu_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_step *s
     for (int r = 0; r < n; r++) begin_rows(ranks[r], st);
     for (int L = 0; L < c->n_layers; L++)
         for (int ffn = 0; ffn < 2; ffn++) QD_TRY(run_block_ranks(ranks, n, L, ffn, st));
-    return logits_out(ranks[0], st, ranks[0]->m->w->final_norm, out);
+    return logits_out(ranks[0], st, ranks[0]->m->w->final_norm, out, 0);
 }
 
 /* spec 7.2: h = fc([PreFcNormEmb(embed(token)) | PreFcNormHid(hidden)]), one decoder
@@ -220,7 +228,7 @@ qd_status qd_cpu_mtp_forward_ranks(qd_cpu_ctx *const *ranks, int n, const qd_ste
     }
     for (int r = 0; r < n; r++) mtp_begin(ranks[r], st, hidden);
     for (int ffn = 0; ffn < 2; ffn++) QD_TRY(run_block_ranks(ranks, n, -1, ffn, st));
-    return logits_out(ranks[0], st, ranks[0]->m->w->mtp->norm, out);
+    return logits_out(ranks[0], st, ranks[0]->m->w->mtp->norm, out, 1);
 }
 
 qd_status qd_cpu_mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out) {
