@@ -144,8 +144,12 @@ static void print_banner(const srv_server *s, const cli_model_opts *mo, bool pre
         human(di.total_bytes, tot, sizeof tot);
         snprintf(device, sizeof device, "  device     %s, %s free of %s\n", di.name, fr, tot);
     }
-    char spec[64] = "";
-    if (p->speculative_tokens) snprintf(spec, sizeof spec, ", speculative decoding K=%d (MTP head)", p->speculative_tokens);
+    char spec[96] = "";
+    if (p->speculative_tokens && p->speculative_draft_vocab)
+        snprintf(spec, sizeof spec, ", speculative decoding K=%d (MTP head, drafts among the first %d ids)",
+                 p->speculative_tokens, p->speculative_draft_vocab);
+    else if (p->speculative_tokens)
+        snprintf(spec, sizeof spec, ", speculative decoding K=%d (MTP head)", p->speculative_tokens);
     char prefix[160];
     if (p->prefix_cache_bytes == 0) snprintf(prefix, sizeof prefix, "off");
     else snprintf(prefix, sizeof prefix, "on, %s%s%s", pc, prefix_auto ? " (from the memory left; --no-prefix-cache turns it off)" : "",
