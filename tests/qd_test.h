@@ -84,6 +84,16 @@ static inline int qd_test_argmax(const float *x, int n) {
     return b;
 }
 
+/* The gap between x's largest value and its second largest over [0, n) (n >= 2): a row
+ * whose argmax another rounding of the same logits cannot change when the gap is wide. */
+static inline float qd_test_top_gap(const float *x, int n) {
+    const int a = qd_test_argmax(x, n);
+    float second = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (i != a && x[i] > second) second = x[i];
+    return x[a] - second;
+}
+
 static inline int qd_test_skip(const char *name, const char *why) {
     printf("%s: skipped: %s\n", name, why);
     return 77;

@@ -48,13 +48,6 @@ typedef struct trace {
     int ar_n;
 } trace;
 
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 static int fwd(qd_context *ctx, trace *t, const qd_span *sp, int n, int rows) {
     if (t->n + rows > MAX_ROWS) return 0;
     qd_status s = qd_forward(ctx, sp, n, t->rows + (size_t)t->n * t->V);
@@ -82,7 +75,7 @@ static int script(qd_model *m, const int32_t *p0, int n0, const int32_t *p1, int
         CHECKF(s == QD_OK, "all-reduce timing: %s", qd_context_errmsg(ctx));
     }
     /* greedy continuation of both from their last prefill logits, on the device */
-    int32_t cur[2] = {argmax(t->rows + (size_t)(n0 - 1) * V, V), argmax(t->rows + (size_t)n0 * V, V)};
+    int32_t cur[2] = {qd_test_argmax(t->rows + (size_t)(n0 - 1) * V, V), qd_test_argmax(t->rows + (size_t)n0 * V, V)};
     for (int i = 0; ok && i < N_GREEDY; i++) {
         t->greedy[0][i] = cur[0];
         t->greedy[1][i] = cur[1];
@@ -171,14 +164,11 @@ static void compare(const char *what, const trace *got, const trace *ref, int mo
         const double rel = mx > 0 ? d / mx : d;
         worst = rel > worst || rel != rel ? rel : worst;
         over += !(rel <= 2e-2);
-        const int top = argmax(b, V);
-        float second = -INFINITY;
-        for (int v = 0; v < V; v++)
-            if (v != top && b[v] > second) second = b[v];
-        rows_agree += argmax(a, V) == top;
-        if (b[top] - second > 4e-2 * mx) {
+        const int top = qd_test_argmax(b, V);
+        rows_agree += qd_test_argmax(a, V) == top;
+        if (qd_test_top_gap(b, V) > 4e-2 * mx) {
             decidable++;
-            agree += argmax(a, V) == top;
+            agree += qd_test_argmax(a, V) == top;
         }
     }
     const int greedy_same = !memcmp(got->greedy, ref->greedy, sizeof got->greedy);
