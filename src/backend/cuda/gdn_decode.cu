@@ -224,7 +224,7 @@ extern "C" qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *
     /* other shapes: a launch per token position, the sequences that have it */
     for (int t = 0; t < n_tok && tc.count[t] > 0; t++) {
         const size_t at = (size_t)t * (size_t)a->tok_stride;
-        const int32_t *slot_in = n_tok == 1 ? a->d_slot : t == 0 ? a->d_slot : a->d_slot_out + at - a->tok_stride;
+        const int32_t *slot_in = t == 0 ? a->d_slot : a->d_slot_out + at - a->tok_stride; /* the state t - 1 wrote */
         const dim3 grid((a->dv + 127) / 128, a->hv, tc.count[t]);
         gdn_decode_generic<<<grid, 128, smem, st>>>(a->d_q, a->d_k, a->d_v, a->d_g, a->d_beta, a->d_state, slot_in,
                                                     a->d_slot_out ? a->d_slot_out + at : NULL,
