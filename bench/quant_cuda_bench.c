@@ -39,6 +39,10 @@ static void call_q(void *a, int i) {
     run *r = a;
     TRY(qd_cuda_qgemv(&r->w[i % r->copies], r->x, r->cols, r->n, r->y, r->rows, 0, NULL));
 }
+static void call_vec(void *a, int i) {
+    run *r = a;
+    TRY(qd_cuda_qgemv_path(QD_QGEMV_PATH_VEC, &r->w[i % r->copies], r->x, r->cols, r->n, r->y, r->rows, 0, NULL));
+}
 static void call_b(void *a, int i) {
     run *r = a;
     TRY(qd_cuda_matmul(r->blas, r->Wb[i % r->copies], r->rows, r->cols, r->x, r->cols, r->n, r->y, r->rows, 0));
@@ -58,11 +62,12 @@ int main(void) {
     static const shape shapes[] = {
         {"gdn_in_proj", 12288 + 64, 2048}, {"gdn_out", 2048, 4096}, {"attn_q", 8192, 2048},
         {"expert_gate_up", 1024, 2048},     {"expert_down", 2048, 512}, {"lm_head", 248320, 2048},
+        {"27b_up", 17408, 5120},            {"27b_down", 5120, 17408},
     };
     static const qd_dtype fmts[] = {QD_DTYPE_F8_E4M3, QD_DTYPE_NVFP4, QD_DTYPE_INT4};
-    static const int ns[] = {1, 4, 8};
-    r.x = upload(NULL, (size_t)16 * 8192 * 2);
-    TRY(qd_cuda_memset(r.x, 0x3c, (size_t)16 * 8192 * 2));
+    static const int ns[] = {1, 4, 8, 16};
+    r.x = upload(NULL, (size_t)16 * 17408 * 2);
+    TRY(qd_cuda_memset(r.x, 0x3c, (size_t)16 * 17408 * 2));
     r.y = upload(NULL, (size_t)16 * 248320 * 4);
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const shape *s = &shapes[si];
@@ -94,12 +99,16 @@ int main(void) {
             }
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
                 r.n = ns[ni];
+                const int path = qd_cuda_qgemv_choice(&r.w[0], r.x, r.cols);
                 const float qms = time_ms(&t, 20, call_q, &r), bms = time_ms(&t, 20, call_b, &r);
+                /* the one-warp-per-row kernel beside the table's pick when that is the tensor-core one */
+                const float vms = path == QD_QGEMV_PATH_MMA ? time_ms(&t, 20, call_vec, &r) : qms;
                 const double qgb = (double)(db + sb) / (qms * 1e6), bgb = (double)bf / (bms * 1e6);
-                printf("RESULT qgemv shape=%s rows=%lld cols=%lld fmt=%s n=%d us=%.1f GBps=%.0f pct_copy=%.0f "
-                       "bf16_us=%.1f bf16_GBps=%.0f speedup_vs_bf16=%.2f\n",
+                printf("RESULT qgemv shape=%s rows=%lld cols=%lld fmt=%s n=%d path=%s us=%.1f GBps=%.0f pct_copy=%.0f "
+                       "vec_us=%.1f vs_vec=%.2f bf16_us=%.1f bf16_GBps=%.0f speedup_vs_bf16=%.2f\n",
                        s->name, (long long)s->rows, (long long)s->cols, qd_dtype_name(fmts[fi]) ? qd_dtype_name(fmts[fi]) : "?",
-                       r.n, qms * 1e3, qgb, 100.0 * qgb / copy, bms * 1e3, bgb, bms / qms);
+                       r.n, path == QD_QGEMV_PATH_MMA ? "mma" : path == QD_QGEMV_PATH_VEC ? "vec" : "elem", qms * 1e3,
+                       qgb, 100.0 * qgb / copy, vms * 1e3, vms / qms, bms * 1e3, bgb, bms / qms);
             }
             for (int c = 0; c < r.copies; c++) {
                 qd_cuda_free((void *)r.w[c].data);

@@ -49,6 +49,7 @@ typedef struct qcase {
     int64_t rows, cols, br, bc; /* bc -1: one group over cols (INT4) */
     qd_dtype scale_dtype;
     int zeros, act_order, n, acc;
+    int odd_ldx; /* x rows at an odd stride: only the element loop takes them */
 } qcase;
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -117,7 +118,7 @@ static void run_case(const qcase *qc) {
     /* the reference */
     float *wf = malloc(sizeof(float) * (size_t)(R * C));
     qd_weight_dequant_rows(&w, 0, R, wf);
-    const int64_t ldx = C + 3, ldy = R + 5;
+    const int64_t ldx = qc->odd_ldx ? C + 3 : (C + 7) / 8 * 8 + 8, ldy = R + 5;
     float *xf = qd_test_rnd(&rng, (size_t)(n * ldx), 1.0f);
     uint16_t *xb = qd_test_round_bf16(xf, (size_t)(n * ldx));
     float *y0 = qd_test_rnd(&rng, (size_t)(n * ldy), 1.0f);
@@ -128,35 +129,70 @@ static void run_case(const qcase *qc) {
     dw.scales.zeros = zeros ? qd_test_dev(zeros, (size_t)ns) : NULL;
     dw.scales.g_idx = g_idx ? qd_test_dev(g_idx, sizeof(int32_t) * (size_t)C) : NULL;
     uint16_t *dx = qd_test_dev(xb, (size_t)(n * ldx) * 2);
-    float *dy = qd_test_dev(y0, sizeof(float) * (size_t)(n * ldy));
-    ST_OK(qd_cuda_qgemv(&dw, dx, ldx, n, dy, ldy, qc->acc, NULL));
-    float *y = qd_test_host(dy, sizeof(float) * (size_t)(n * ldy));
-    int bad = 0;
-    double worst = 0;
-    for (int t = 0; t < n && y; t++) {
-        for (int64_t r = 0; r < R; r++) {
-            double ref = 0, mag = 0;
-            for (int64_t c = 0; c < C; c++) {
-                const double p = (double)wf[r * C + c] * (double)xf[t * ldx + c];
-                ref += p;
-                mag += fabs(p);
+    float *dy = qd_test_dev(NULL, sizeof(float) * (size_t)(n * ldy));
+    /* every kernel that takes the call, and the table's pick: which kernels take it is
+     * asserted, so a kernel refusing a layout it should take fails here */
+    const int aligned = !qc->odd_ldx && ((uintptr_t)dw.data & 15) == 0;
+    const int takes[4] = {1, 1, aligned && qd_cuda_qlayout_vectorised(&dw),
+                          aligned && qd_cuda_qlayout_vectorised(&dw) && qd_cuda_qgemv_mma_takes(&dw)};
+    static const char *path_name[4] = {"table", "elem", "vec", "mma"};
+    const int choice = qd_cuda_qgemv_choice(&dw, dx, ldx);
+    CHECKF(choice == (takes[3] ? QD_QGEMV_PATH_MMA : takes[2] ? QD_QGEMV_PATH_VEC : QD_QGEMV_PATH_ELEM),
+           "%s: the table picks kernel %d", qc->name, choice);
+    float *y_by_path[4] = {0};
+    for (int path = 0; path < 4; path++) {
+        ST_OK(qd_cuda_memcpy_h2d(dy, y0, sizeof(float) * (size_t)(n * ldy)));
+        const qd_status st = qd_cuda_qgemv_path(path, &dw, dx, ldx, n, dy, ldy, qc->acc, NULL);
+        CHECKF(st == (takes[path] ? QD_OK : QD_ERR_UNSUPPORTED), "%s: kernel %s returned %d", qc->name,
+               path_name[path], (int)st);
+        if (st) continue;
+        float *y = qd_test_host(dy, sizeof(float) * (size_t)(n * ldy));
+        y_by_path[path] = y;
+        int bad = 0;
+        double worst = 0;
+        for (int t = 0; t < n && y; t++) {
+            for (int64_t r = 0; r < R; r++) {
+                double ref = 0, mag = 0;
+                for (int64_t c = 0; c < C; c++) {
+                    const double p = (double)wf[r * C + c] * (double)xf[t * ldx + c];
+                    ref += p;
+                    mag += fabs(p);
+                }
+                const double base = qc->acc ? (double)y0[t * ldy + r] : 0.0;
+                const double got = y[t * ldy + r], err = fabs(got - (ref + base));
+                const double tol = 2.0 * ((double)C / 32 + 40) * ldexp(1.0, -24) * (mag + fabs(base)) + 1e-30;
+                if (!(err <= tol)) {
+                    if (bad++ < 3)
+                        fprintf(stderr, "%s %s n=%d: y[%d][%lld] = %.9g, reference %.9g (tol %.3g)\n", qc->name,
+                                path_name[path], n, t, (long long)r, got, ref + base, tol);
+                }
+                if (tol > 0 && err / tol > worst) worst = err / tol;
             }
-            const double base = qc->acc ? (double)y0[t * ldy + r] : 0.0;
-            const double got = y[t * ldy + r], err = fabs(got - (ref + base));
-            const double tol = 2.0 * ((double)C / 32 + 40) * ldexp(1.0, -24) * (mag + fabs(base)) + 1e-30;
-            if (!(err <= tol)) {
-                if (bad++ < 3)
-                    fprintf(stderr, "%s n=%d: y[%d][%lld] = %.9g, reference %.9g (tol %.3g)\n", qc->name, n, t,
-                            (long long)r, got, ref + base, tol);
-            }
-            if (tol > 0 && err / tol > worst) worst = err / tol;
+            for (int64_t r = R; r < ldy; r++) /* padding keeps its bits */
+                if (memcmp(&y[t * ldy + r], &y0[t * ldy + r], 4)) bad++;
         }
-        for (int64_t r = R; r < ldy; r++) /* padding keeps its bits */
-            if (memcmp(&y[t * ldy + r], &y0[t * ldy + r], 4)) bad++;
+        CHECKF(y && bad == 0, "%s %s (%lld x %lld, n = %d): %d elements off", qc->name, path_name[path],
+               (long long)R, (long long)C, n, bad);
+        printf("%-28s %-5s %5lld x %-5lld n=%-2d %s worst err/tol %.3f\n", qc->name, path_name[path], (long long)R,
+               (long long)C, n, qc->acc ? "acc" : "set", worst);
     }
-    CHECKF(bad == 0, "%s (%lld x %lld, n = %d): %d elements off", qc->name, (long long)R, (long long)C, n, bad);
-    printf("%-28s %5lld x %-5lld n=%-2d %s worst err/tol %.3f\n", qc->name, (long long)R, (long long)C, n,
-           qc->acc ? "acc" : "set", worst);
+    /* the table runs its pick: the same bits */
+    CHECKF(y_by_path[0] && y_by_path[choice] &&
+               !memcmp(y_by_path[0], y_by_path[choice], sizeof(float) * (size_t)(n * ldy)),
+           "%s: the table's output differs from kernel %s", qc->name, path_name[choice]);
+    /* a row's sums do not depend on n: the first token alone gives the same bits */
+    if (n > 1) {
+        for (int path = 1; path < 4; path++) {
+            if (!takes[path]) continue;
+            ST_OK(qd_cuda_memcpy_h2d(dy, y0, sizeof(float) * (size_t)ldy));
+            ST_OK(qd_cuda_qgemv_path(path, &dw, dx, ldx, 1, dy, ldy, qc->acc, NULL));
+            float *y1 = qd_test_host(dy, sizeof(float) * (size_t)ldy);
+            CHECKF(y1 && y_by_path[path] && !memcmp(y1, y_by_path[path], sizeof(float) * (size_t)R),
+                   "%s %s: token 0 alone differs from token 0 of %d", qc->name, path_name[path], n);
+            free(y1);
+        }
+    }
+    for (int path = 0; path < 4; path++) free(y_by_path[path]);
     /* the dequantization the prefill products run on: bf16 of the reference, bit for bit */
     uint16_t *dq = qd_test_dev(NULL, (size_t)(R * C) * 2);
     ST_OK(qd_cuda_dequant_bf16(&dw, dq, NULL));
@@ -173,7 +209,7 @@ static void run_case(const qcase *qc) {
     qd_cuda_free((void *)dw.scales.g_idx);
     qd_cuda_free(dx);
     qd_cuda_free(dy);
-    free(q); free(sc); free(zeros); free(g_idx); free(wf); free(xf); free(xb); free(y0); free(y);
+    free(q); free(sc); free(zeros); free(g_idx); free(wf); free(xf); free(xb); free(y0);
 }
 
 static void test_refusals(void) {
@@ -306,29 +342,43 @@ int main(void) {
     if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_quant", "no CUDA device");
     rng = qd_test_rng_from_env();
     static const qcase cases[] = {
-        {"fp8 block128", QD_DTYPE_F8_E4M3, 300, 520, 128, 128, QD_DTYPE_F32, 0, 0, 1, 0},
-        {"fp8 block128", QD_DTYPE_F8_E4M3, 300, 520, 128, 128, QD_DTYPE_F32, 0, 0, 3, 1},
-        {"fp8 block128", QD_DTYPE_F8_E4M3, 129, 2048, 128, 128, QD_DTYPE_F32, 0, 0, 16, 0},
-        {"fp8 block128 bf16 scales", QD_DTYPE_F8_E4M3, 77, 333, 128, 128, QD_DTYPE_BF16, 0, 0, 5, 1},
-        {"fp8 per-channel", QD_DTYPE_F8_E4M3, 257, 1000, 1, 1000, QD_DTYPE_F32, 0, 0, 8, 0},
-        {"fp8 per-channel", QD_DTYPE_F8_E4M3, 1, 7, 1, 7, QD_DTYPE_F32, 0, 0, 2, 0},
-        {"nvfp4", QD_DTYPE_NVFP4, 129, 2064, 1, 16, QD_DTYPE_F8_E4M3, 0, 0, 1, 0},
-        {"nvfp4", QD_DTYPE_NVFP4, 70, 48, 1, 16, QD_DTYPE_F8_E4M3, 0, 0, 11, 1},
-        {"int4 g32 zeros", QD_DTYPE_INT4, 100, 200, 1, 32, QD_DTYPE_F32, 1, 0, 4, 0},
-        {"int4 g64 sym", QD_DTYPE_INT4, 65, 640, 1, 64, QD_DTYPE_F32, 0, 0, 7, 1},
-        {"int4 g128 zeros", QD_DTYPE_INT4, 513, 4096, 1, 128, QD_DTYPE_F32, 1, 0, 16, 0},
-        {"int4 one group", QD_DTYPE_INT4, 33, 1002, 1, -1, QD_DTYPE_F32, 1, 0, 1, 0},
-        {"int4 g64 act-order zeros", QD_DTYPE_INT4, 90, 384, 1, 64, QD_DTYPE_F32, 1, 1, 6, 0},
-        {"int4 g128 act-order sym", QD_DTYPE_INT4, 40, 300, 1, 128, QD_DTYPE_F16, 0, 1, 9, 1},
+        {"fp8 block128", QD_DTYPE_F8_E4M3, 300, 520, 128, 128, QD_DTYPE_F32, 0, 0, 1, 0, 0},
+        {"fp8 block128", QD_DTYPE_F8_E4M3, 300, 520, 128, 128, QD_DTYPE_F32, 0, 0, 3, 1, 0},
+        {"fp8 block128", QD_DTYPE_F8_E4M3, 129, 2048, 128, 128, QD_DTYPE_F32, 0, 0, 16, 0, 0},
+        {"fp8 block128 bf16 scales", QD_DTYPE_F8_E4M3, 77, 333, 128, 128, QD_DTYPE_BF16, 0, 0, 5, 1, 0},
+        {"fp8 per-channel", QD_DTYPE_F8_E4M3, 257, 1000, 1, 1000, QD_DTYPE_F32, 0, 0, 8, 0, 0},
+        {"fp8 per-channel", QD_DTYPE_F8_E4M3, 1, 7, 1, 7, QD_DTYPE_F32, 0, 0, 2, 0, 0},
+        {"nvfp4", QD_DTYPE_NVFP4, 129, 2064, 1, 16, QD_DTYPE_F8_E4M3, 0, 0, 1, 0, 0},
+        {"nvfp4", QD_DTYPE_NVFP4, 70, 48, 1, 16, QD_DTYPE_F8_E4M3, 0, 0, 11, 1, 0},
+        {"int4 g32 zeros", QD_DTYPE_INT4, 100, 200, 1, 32, QD_DTYPE_F32, 1, 0, 4, 0, 0},
+        {"int4 g64 sym", QD_DTYPE_INT4, 65, 640, 1, 64, QD_DTYPE_F32, 0, 0, 7, 1, 0},
+        {"int4 g128 zeros", QD_DTYPE_INT4, 513, 4096, 1, 128, QD_DTYPE_F32, 1, 0, 16, 0, 0},
+        {"int4 one group", QD_DTYPE_INT4, 33, 1002, 1, -1, QD_DTYPE_F32, 1, 0, 1, 0, 0},
+        {"int4 g64 act-order zeros", QD_DTYPE_INT4, 90, 384, 1, 64, QD_DTYPE_F32, 1, 1, 6, 0, 0},
+        {"int4 g128 act-order sym", QD_DTYPE_INT4, 40, 300, 1, 128, QD_DTYPE_F16, 0, 1, 9, 1, 0},
         /* the vectorised layouts */
-        {"fp8 block128 (vec)", QD_DTYPE_F8_E4M3, 300, 528, 128, 128, QD_DTYPE_F32, 0, 0, 2, 1},
-        {"fp8 per-channel (vec)", QD_DTYPE_F8_E4M3, 257, 1024, 1, 1024, QD_DTYPE_F32, 0, 0, 1, 0},
-        {"fp8 block128 (vec)", QD_DTYPE_F8_E4M3, 1000, 4096, 128, 128, QD_DTYPE_F32, 0, 0, 13, 0},
-        {"nvfp4 (vec)", QD_DTYPE_NVFP4, 129, 2048, 1, 16, QD_DTYPE_F8_E4M3, 0, 0, 1, 0},
-        {"nvfp4 (vec)", QD_DTYPE_NVFP4, 70, 96, 1, 16, QD_DTYPE_F8_E4M3, 0, 0, 11, 1},
-        {"int4 g32 zeros (vec)", QD_DTYPE_INT4, 100, 256, 1, 32, QD_DTYPE_F32, 1, 0, 4, 0},
-        {"int4 g128 sym (vec)", QD_DTYPE_INT4, 77, 2080, 1, 128, QD_DTYPE_F32, 0, 0, 16, 1},
-        {"int4 one group (vec)", QD_DTYPE_INT4, 33, 1024, 1, -1, QD_DTYPE_F32, 1, 0, 3, 0},
+        {"fp8 block128 (vec)", QD_DTYPE_F8_E4M3, 300, 528, 128, 128, QD_DTYPE_F32, 0, 0, 2, 1, 0},
+        {"fp8 per-channel (vec)", QD_DTYPE_F8_E4M3, 257, 1024, 1, 1024, QD_DTYPE_F32, 0, 0, 1, 0, 0},
+        {"fp8 block128 (vec)", QD_DTYPE_F8_E4M3, 1000, 4096, 128, 128, QD_DTYPE_F32, 0, 0, 13, 0, 0},
+        {"nvfp4 (vec)", QD_DTYPE_NVFP4, 129, 2048, 1, 16, QD_DTYPE_F8_E4M3, 0, 0, 1, 0, 0},
+        {"nvfp4 (vec)", QD_DTYPE_NVFP4, 70, 96, 1, 16, QD_DTYPE_F8_E4M3, 0, 0, 11, 1, 0},
+        {"int4 g32 zeros (vec)", QD_DTYPE_INT4, 100, 256, 1, 32, QD_DTYPE_F32, 1, 0, 4, 0, 0},
+        {"int4 g128 sym (vec)", QD_DTYPE_INT4, 77, 2080, 1, 128, QD_DTYPE_F32, 0, 0, 16, 1, 0},
+        {"int4 one group (vec)", QD_DTYPE_INT4, 33, 1024, 1, -1, QD_DTYPE_F32, 1, 0, 3, 0, 0},
+        /* the tensor-core layouts: FP8 scale blocks of 64k columns or one per row, INT4 groups of
+         * 128k or one; partial units and 16-row tiles at the edges, both token tiles */
+        {"fp8 block128 (mma)", QD_DTYPE_F8_E4M3, 1001, 2064, 128, 128, QD_DTYPE_F32, 0, 0, 1, 0, 0},
+        {"fp8 block128 (mma)", QD_DTYPE_F8_E4M3, 37, 4112, 128, 128, QD_DTYPE_F32, 0, 0, 7, 1, 0},
+        {"fp8 block128 (mma)", QD_DTYPE_F8_E4M3, 130, 17408, 128, 128, QD_DTYPE_F32, 0, 0, 16, 0, 0},
+        {"fp8 block 16x64 (mma)", QD_DTYPE_F8_E4M3, 95, 1216, 16, 64, QD_DTYPE_F32, 0, 0, 9, 1, 0},
+        {"fp8 block 128x192 (vec)", QD_DTYPE_F8_E4M3, 200, 1152, 128, 192, QD_DTYPE_F32, 0, 0, 6, 0, 0},
+        {"fp8 per-channel (mma)", QD_DTYPE_F8_E4M3, 259, 1040, 1, 1040, QD_DTYPE_F32, 0, 0, 4, 0, 0},
+        {"int4 g128 zeros (mma)", QD_DTYPE_INT4, 515, 2080, 1, 128, QD_DTYPE_F32, 1, 0, 1, 0, 0},
+        {"int4 g256 sym (mma)", QD_DTYPE_INT4, 17, 4096, 1, 256, QD_DTYPE_F32, 0, 0, 12, 1, 0},
+        {"int4 one group (mma)", QD_DTYPE_INT4, 64, 1056, 1, -1, QD_DTYPE_F32, 1, 0, 5, 0, 0},
+        /* x at an odd stride */
+        {"fp8 block128 odd ldx", QD_DTYPE_F8_E4M3, 300, 528, 128, 128, QD_DTYPE_F32, 0, 0, 2, 1, 1},
+        {"int4 g128 odd ldx", QD_DTYPE_INT4, 77, 2080, 1, 128, QD_DTYPE_F32, 0, 0, 3, 0, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
     test_refusals();

@@ -83,8 +83,9 @@ static void plan_device(qd_cuda_ctx *g, qd_cuda_carve *cv) {
      * kernels do not cover (prefill sizes; every product in batch-invariant mode) */
     const int inv = g->d.params.batch_invariant;
     const qd_cuda_model *cm = g->cm;
-    int64_t dq_elems, fp8_rows, fp8_cols;
-    qd_cuda_model_prefill_extents(cm, &dq_elems, &fp8_rows, &fp8_cols);
+    int64_t dq_elems;
+    size_t fp8_bytes;
+    qd_cuda_model_prefill_extents(cm, (int64_t)B, &dq_elems, &fp8_bytes);
     g->wdq = NULL;
     g->fp8_act = NULL;
     g->fp8_act_bytes = 0;
@@ -92,8 +93,8 @@ static void plan_device(qd_cuda_ctx *g, qd_cuda_carve *cv) {
         g->wdq = qd_cuda_take(cv, (size_t)cm->max_dequant_elems * 2);
     } else if (B > QD_CUDA_QGEMV_MAX_N) {
         if (dq_elems > 0) g->wdq = qd_cuda_take(cv, (size_t)dq_elems * 2);
-        if (fp8_rows > 0) {
-            g->fp8_act_bytes = qd_cuda_fp8_act_bytes((int64_t)B, fp8_rows, fp8_cols);
+        if (fp8_bytes > 0) {
+            g->fp8_act_bytes = fp8_bytes;
             g->fp8_act = qd_cuda_take(cv, g->fp8_act_bytes);
         }
     }

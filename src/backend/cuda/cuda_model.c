@@ -504,11 +504,12 @@ void qd_cuda_model_free(void *bm) {
 }
 
 /* The prefill products' scratch needs: the largest quantized dense matrix that does not
- * take the FP8 GEMM (it is dequantized to bf16 for cuBLAS) and the extents of those that do
- * (their activations are quantized to e4m3 instead). */
-void qd_cuda_model_prefill_extents(const qd_cuda_model *cm, int64_t *dequant_elems, int64_t *fp8_rows,
-                                   int64_t *fp8_cols) {
-    *dequant_elems = *fp8_rows = *fp8_cols = 0;
+ * take the FP8 GEMM (it is dequantized to bf16 for cuBLAS) and the scratch of the largest
+ * call of those that do (their activations are quantized to e4m3 instead). */
+void qd_cuda_model_prefill_extents(const qd_cuda_model *cm, int64_t B, int64_t *dequant_elems,
+                                   size_t *fp8_act_bytes) {
+    *dequant_elems = 0;
+    *fp8_act_bytes = 0;
     for (int L = 0; L <= cm->cfg->n_layers; L++) {
         if (L == cm->cfg->n_layers && !cm->mtp) break;
         const qd_cuda_layer *d = L < cm->cfg->n_layers ? &cm->layers[L] : &cm->mtp->layer;
@@ -523,8 +524,8 @@ void qd_cuda_model_prefill_extents(const qd_cuda_model *cm, int64_t *dequant_ele
             const qd_cuda_mat *m = mats[i];
             if (!qd_cuda_mat_quantized(m)) continue;
             if (qd_cuda_fp8_gemm_mode(&m->q)) {
-                if (m->rows > *fp8_rows) *fp8_rows = m->rows;
-                if (m->cols > *fp8_cols) *fp8_cols = m->cols;
+                const size_t bytes = qd_cuda_fp8_act_bytes(B, m->rows, m->cols);
+                if (bytes > *fp8_act_bytes) *fp8_act_bytes = bytes;
             } else if (m->rows * m->cols > *dequant_elems) {
                 *dequant_elems = m->rows * m->cols;
             }

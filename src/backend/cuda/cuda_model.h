@@ -109,11 +109,13 @@ typedef struct qd_cuda_model {
  * the calling thread's current device. */
 qd_status qd_cuda_model_create(const qd_backend_model_desc *d, void **out, qd_err *err);
 void qd_cuda_model_free(void *bm);
-/* The prefill scratch a context needs for the model's quantized dense matrices (a step of
- * more rows than the quantized GEMV takes): the largest (rows x cols) that is dequantized to
- * bf16, and the largest rows and cols of those the FP8 GEMM takes (cuda_quant.h). */
-void qd_cuda_model_prefill_extents(const qd_cuda_model *cm, int64_t *dequant_elems, int64_t *fp8_rows,
-                                   int64_t *fp8_cols);
+/* The prefill scratch a context of up to B rows a step needs for the model's quantized dense
+ * matrices (a step of more rows than the quantized GEMV takes): the largest (rows x cols)
+ * that is dequantized to bf16, and the most bytes a product of B rows on the FP8 GEMM takes
+ * (qd_cuda_fp8_act_bytes, the maximum over the matrices: the bytes do not grow with rows
+ * and cols alone, the staged output's share rounds with both). */
+void qd_cuda_model_prefill_extents(const qd_cuda_model *cm, int64_t B, int64_t *dequant_elems,
+                                   size_t *fp8_act_bytes);
 
 /* Tokens of a verify span at most (params.speculative_tokens + 1 <= 5). */
 #define QD_CUDA_MAX_VERIFY 8

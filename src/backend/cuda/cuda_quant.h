@@ -52,13 +52,40 @@ int qd_cuda_qmats_of(const qd_weight *dw, qd_cuda_qmats *m);
  * layout of base/weight.h: F8_E4M3 with F32 / BF16 / F16 scales of any block shape; NVFP4;
  * INT4 with group scales, U8 zeros or none, g_idx act-order groups or contiguous ones).
  * x bf16 rows at stride ldx, y fp32 rows at stride ldy; fp32 accumulation. Vectorised
- * layouts read the weight in 16-byte pieces, each dequantized in registers and its block
- * scale applied to the piece's partial sums; others (act order, odd shapes) take an element
+ * layouts read the weight in 16-byte pieces, each dequantized in registers (FP8 and INT4
+ * with 64- / 128-column scale units: to exact bf16 for the tensor cores) and its block
+ * scale applied to the partial sums; others (act order, odd shapes) take an element
  * loop that reads the group of each column from g_idx (exact, slower). A row's sums are
- * taken in the same order whatever n is. Errors (status and message): an unsupported
+ * taken in the same order whatever n is (the kernels below: qd_cuda_qgemv_path). Errors (status and message): an unsupported
  * format or scale dtype, n out of range, missing data. */
 qd_status qd_cuda_qgemv(const qd_weight *dw, const uint16_t *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
                         int accumulate, void *stream);
+
+/* The kernels behind qd_cuda_qgemv, named so that the benchmark can time each on one shape
+ * and the tests can check each (bench/quant_cuda_bench.c, test_cuda_quant):
+ *   ELEM: the element loop, every layout;
+ *   VEC:  one warp per row over 16-byte pieces (qd_cuda_qlayout_vectorised layouts, 16-byte
+ *         aligned weight and x, ldx % 8 == 0);
+ *   MMA:  the tensor-core GEMV (gemv_quant_mma.cu): FP8 and INT4 vectorised layouts whose
+ *         scales are uniform over units of 64 (FP8) / 128 (INT4) columns (block / group
+ *         columns a multiple of it, or one block per row), same alignment.
+ * qd_cuda_qgemv_choice is the table's pick for a call (QD_QGEMV_PATH_MMA where it takes the
+ * layout, else VEC, else ELEM); qd_cuda_qgemv_path runs the given path and fails with
+ * QD_ERR_UNSUPPORTED when that kernel does not take the call. */
+typedef enum qd_cuda_qgemv_path_id {
+    QD_QGEMV_PATH_TABLE = 0,
+    QD_QGEMV_PATH_ELEM = 1,
+    QD_QGEMV_PATH_VEC = 2,
+    QD_QGEMV_PATH_MMA = 3,
+} qd_cuda_qgemv_path_id;
+
+int qd_cuda_qgemv_choice(const qd_weight *dw, const uint16_t *d_x, int64_t ldx);
+qd_status qd_cuda_qgemv_path(int path, const qd_weight *dw, const uint16_t *d_x, int64_t ldx, int n, float *d_y,
+                             int64_t ldy, int accumulate, void *stream);
+/* The MMA kernel's layout test (format and scale blocks only) and its launcher. */
+int qd_cuda_qgemv_mma_takes(const qd_weight *dw);
+qd_status qd_cuda_qgemv_mma(const qd_weight *dw, const uint16_t *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
+                            int accumulate, void *stream);
 
 /* The exact dequantization into bf16 rows (rounded to nearest even from the fp32 value the
  * CPU reference computes): a dense weight into d_out [rows][cols], or every matrix of m into

@@ -1,7 +1,8 @@
 /* Quantized weights on the device (cuda_quant.h): the decode GEMV and the dequantization
  * into bf16 that the prefill products run on.
  *
- * GEMV, two kernels by layout:
+ * GEMV, two kernels by layout (and the tensor-core one of gemv_quant_mma.cu, which the
+ * table, qd_cuda_qgemv_choice, prefers where it takes the layout):
  *   vectorised (qd_cuda_qlayout_vectorised): one warp per weight row, each lane streaming
  *     16-byte pieces of the row (QV_U in flight), a piece decoded in registers
  *     (cuda_qformat.cuh), its partial sums with the n rows of x (read through L1: every
@@ -320,8 +321,18 @@ static void qv_launch(const qd_cuda_qmats &m, const uint16_t *x, int64_t ldx, in
     }
 }
 
-extern "C" qd_status qd_cuda_qgemv(const qd_weight *w, const uint16_t *d_x, int64_t ldx, int n, float *d_y,
-                                   int64_t ldy, int accumulate, void *stream) {
+static int qg_aligned(const qd_weight *w, const uint16_t *d_x, int64_t ldx) {
+    return ldx % 8 == 0 && ((uintptr_t)d_x & 15) == 0 && ((uintptr_t)w->data & 15) == 0;
+}
+
+extern "C" int qd_cuda_qgemv_choice(const qd_weight *w, const uint16_t *d_x, int64_t ldx) {
+    qd_cuda_qmats m;
+    if (!qd_cuda_qmats_of(w, &m) || !qg_aligned(w, d_x, ldx)) return QD_QGEMV_PATH_ELEM;
+    return qd_cuda_qgemv_mma_takes(w) ? QD_QGEMV_PATH_MMA : QD_QGEMV_PATH_VEC;
+}
+
+extern "C" qd_status qd_cuda_qgemv_path(int path, const qd_weight *w, const uint16_t *d_x, int64_t ldx, int n,
+                                        float *d_y, int64_t ldy, int accumulate, void *stream) {
     if (!w || n < 0 || n > QD_CUDA_QGEMV_MAX_N)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv: no weight or n outside 0..16");
     if (n == 0 || w->rows == 0) return QD_OK;
@@ -330,17 +341,25 @@ extern "C" qd_status qd_cuda_qgemv(const qd_weight *w, const uint16_t *d_x, int6
     qg_params p;
     qd_status s = qg_fill(w, &p);
     if (s) return s;
-    const int64_t tiles = qg_ceil(w->rows, QG_WARPS), wave = (int64_t)qd_cuda_sm_count() * 8;
-    const unsigned blocks = (unsigned)(tiles < wave ? tiles : wave);
+    if (path == QD_QGEMV_PATH_TABLE) path = qd_cuda_qgemv_choice(w, d_x, ldx);
     cudaStream_t st = (cudaStream_t)stream;
     qd_cuda_qmats m;
-    if (qd_cuda_qmats_of(w, &m) && ldx % 8 == 0 && ((uintptr_t)d_x & 15) == 0 && ((uintptr_t)w->data & 15) == 0) {
+    switch (path) {
+    case QD_QGEMV_PATH_MMA: return qd_cuda_qgemv_mma(w, d_x, ldx, n, d_y, ldy, accumulate, stream);
+    case QD_QGEMV_PATH_VEC:
+        if (!qd_cuda_qmats_of(w, &m) || !qg_aligned(w, d_x, ldx))
+            return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (pieces): the layout is not vectorised or a stride or "
+                                                    "address is not 16-byte aligned");
         if (w->dtype == QD_DTYPE_F8_E4M3) qv_launch<qf_f8>(m, d_x, ldx, n, d_y, ldy, accumulate, st);
         else if (w->dtype == QD_DTYPE_INT4) qv_launch<qf_int4>(m, d_x, ldx, n, d_y, ldy, accumulate, st);
         else qv_launch<qf_nvfp4>(m, d_x, ldx, n, d_y, ldy, accumulate, st);
         QD_CUDA_CHECK_LAUNCH("qgemv");
         return QD_OK;
+    case QD_QGEMV_PATH_ELEM: break;
+    default: return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv: unknown path");
     }
+    const int64_t tiles = qg_ceil(w->rows, QG_WARPS), wave = (int64_t)qd_cuda_sm_count() * 8;
+    const unsigned blocks = (unsigned)(tiles < wave ? tiles : wave);
     p.n = n;
     p.accumulate = accumulate;
     p.ldx = ldx;
@@ -353,6 +372,11 @@ extern "C" qd_status qd_cuda_qgemv(const qd_weight *w, const uint16_t *d_x, int6
     else qgemv_elem<16><<<blocks, QG_WARPS * 32, 0, st>>>(p);
     QD_CUDA_CHECK_LAUNCH("qgemv");
     return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_qgemv(const qd_weight *w, const uint16_t *d_x, int64_t ldx, int n, float *d_y,
+                                   int64_t ldy, int accumulate, void *stream) {
+    return qd_cuda_qgemv_path(QD_QGEMV_PATH_TABLE, w, d_x, ldx, n, d_y, ldy, accumulate, stream);
 }
 
 static unsigned dq_blocks(int64_t items) {
