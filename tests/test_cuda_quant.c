@@ -287,6 +287,102 @@ static void test_linear_table(qd_cuda_blas *blas) {
     free(q8); free(q4); free(s8); free(s4); free(hf); free(nw); free(xb);
 }
 
+/* A call of three products sharing an RMSNorm input (an FP8 block-128 and an INT4-free stack:
+ * FP8, bf16, FP8 as a GDN in_proj with its bf16 a / b parts) through the table: one launch of
+ * the tensor-core GEMV; each product against the double reference on the x the table
+ * materialised (read back from scratch), and token 0 of n = 1 and of n = 3 / 11 bit for bit. */
+static void test_linear_multi(qd_cuda_blas *blas) {
+    const int64_t C = 2048, R[3] = {300, 77, 40};
+    uint8_t *q[2];
+    float *s[2];
+    qd_weight w[2];
+    for (int i = 0; i < 2; i++) {
+        const int64_t rows = R[2 * i];
+        q[i] = malloc((size_t)(rows * C));
+        for (int64_t e = 0; e < rows * C; e++) q[i][e] = (uint8_t)(rnd_byte() & 0xf7); /* no NaN codes */
+        const int64_t ns = cdiv(rows, 128) * cdiv(C, 128);
+        s[i] = qd_test_rnd(&rng, (size_t)ns, 0.05f);
+        w[i] = (qd_weight){.dtype = QD_DTYPE_F8_E4M3, .rows = rows, .cols = C, .data = q[i]};
+        w[i].scales = (qd_weight_scales){.dtype = QD_DTYPE_F32, .data = s[i], .block_rows = 128, .block_cols = 128,
+                                         .global = 1.0f};
+    }
+    float *wf[3];
+    for (int i = 0; i < 2; i++) {
+        wf[2 * i] = malloc(sizeof(float) * (size_t)(R[2 * i] * C));
+        qd_weight_dequant_rows(&w[i], 0, R[2 * i], wf[2 * i]);
+    }
+    float *bf = qd_test_rnd(&rng, (size_t)(R[1] * C), 0.05f);
+    uint16_t *bb = qd_test_round_bf16(bf, (size_t)(R[1] * C));
+    wf[1] = malloc(sizeof(float) * (size_t)(R[1] * C));
+    for (int64_t e = 0; e < R[1] * C; e++) wf[1][e] = qd_bf16_to_f32(bb[e]);
+    qd_weight dw[2];
+    for (int i = 0; i < 2; i++) {
+        dw[i] = w[i];
+        dw[i].data = qd_test_dev(q[i], (size_t)(R[2 * i] * C));
+        dw[i].scales.data = qd_test_dev(s[i], sizeof(float) * (size_t)(cdiv(R[2 * i], 128) * cdiv(C, 128)));
+    }
+    uint16_t *dbw = qd_test_dev(bb, (size_t)(R[1] * C) * 2);
+    const int nmax = 11;
+    float *hf = qd_test_rnd(&rng, (size_t)(nmax * C), 1.0f), *nw = qd_test_rnd(&rng, (size_t)C, 0.1f);
+    float *dh = qd_test_dev(hf, sizeof(float) * (size_t)(nmax * C)), *dnw = qd_test_dev(nw, sizeof(float) * (size_t)C);
+    uint16_t *scratch = qd_test_dev(NULL, (size_t)(nmax * C) * 2);
+    float *dy[3];
+    for (int i = 0; i < 3; i++) dy[i] = qd_test_dev(NULL, sizeof(float) * (size_t)(nmax * R[i]));
+    const qd_cuda_lin_in in = {.kind = QD_LIN_RMSNORM, .h = dh, .w = dnw, .eps = 1e-6f};
+    const qd_cuda_lin_out out[3] = {{.rows = R[0], .y = dy[0], .ldy = R[0], .qw = &dw[0]},
+                                    {.W = dbw, .rows = R[1], .y = dy[1], .ldy = R[1]},
+                                    {.rows = R[2], .y = dy[2], .ldy = R[2], .qw = &dw[1]}};
+    const qd_cuda_qgemv_out qo[3] = {{.qw = &dw[0], .rows = R[0], .y = dy[0], .ldy = R[0]},
+                                     {.W = dbw, .rows = R[1], .y = dy[1], .ldy = R[1]},
+                                     {.qw = &dw[1], .rows = R[2], .y = dy[2], .ldy = R[2]}};
+    CHECK(qd_cuda_qgemv_multi_takes(qo, 3, C, scratch, C));
+    float *first[3] = {0};
+    static const int ns[3] = {1, 3, nmax};
+    for (int k = 0; k < 3; k++) {
+        const int n = ns[k];
+        ST_OK(qd_cuda_linear(blas, &in, C, n, out, 3, 0, scratch, NULL));
+        uint16_t *xb = qd_test_host(scratch, (size_t)(n * C) * 2);
+        for (int i = 0; i < 3 && xb; i++) {
+            float *y = qd_test_host(dy[i], sizeof(float) * (size_t)(n * R[i]));
+            int bad = 0;
+            for (int t = 0; t < n && y; t++)
+                for (int64_t r = 0; r < R[i]; r++) {
+                    double ref = 0, mag = 0;
+                    for (int64_t c = 0; c < C; c++) {
+                        const double p = (double)wf[i][r * C + c] * (double)qd_bf16_to_f32(xb[t * C + c]);
+                        ref += p;
+                        mag += fabs(p);
+                    }
+                    const double tol = 2.0 * ((double)C / 32 + 40) * ldexp(1.0, -24) * mag + 1e-30;
+                    if (!(fabs(y[t * R[i] + r] - ref) <= tol)) bad++;
+                }
+            CHECKF(y && bad == 0, "linear multi: product %d, n = %d: %d elements off", i, n, bad);
+            if (k == 0) first[i] = y;
+            else {
+                CHECKF(y && first[i] && !memcmp(y, first[i], sizeof(float) * (size_t)R[i]),
+                       "linear multi: product %d, token 0 of n = %d differs from n = 1", i, n);
+                free(y);
+            }
+        }
+        printf("linear multi fp8 + bf16 + fp8, n=%d: checked\n", n);
+        free(xb);
+    }
+    for (int i = 0; i < 3; i++) free(first[i]);
+    /* a call mixing two quantized formats is not one launch */
+    qd_cuda_qgemv_out mixed[2] = {qo[0], qo[2]};
+    qd_weight w4 = dw[1];
+    w4.dtype = QD_DTYPE_INT4;
+    mixed[1].qw = &w4;
+    CHECK(!qd_cuda_qgemv_multi_takes(mixed, 2, C, scratch, C));
+    CHECK(qd_cuda_qgemv_multi(mixed, 2, C, scratch, C, 1, 0, NULL) == QD_ERR_UNSUPPORTED);
+    void *dev[] = {(void *)dw[0].data, (void *)dw[0].scales.data, (void *)dw[1].data, (void *)dw[1].scales.data,
+                   dbw, dh, dnw, scratch, dy[0], dy[1], dy[2]};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) qd_cuda_free(dev[i]);
+    for (int i = 0; i < 2; i++) { free(q[i]); free(s[i]); }
+    for (int i = 0; i < 3; i++) free(wf[i]);
+    free(bf); free(bb); free(hf); free(nw);
+}
+
 /* Prefill sizes (n > 16) and the invariant path: the weight dequantized into the call's
  * scratch, then the bf16 product; against the double reference over the exact weights,
  * within the error of bf16 weights (2^-9 relative each) and fp32 sums. */
@@ -386,6 +482,7 @@ int main(void) {
     CHECK(qd_cuda_blas_create(&blas, NULL) == QD_OK);
     if (blas) test_linear_table(blas);
     if (blas) test_linear_prefill(blas);
+    if (blas) test_linear_multi(blas);
     qd_cuda_blas_destroy(blas);
     return qd_test_finish("test_cuda_quant");
 }

@@ -87,6 +87,26 @@ int qd_cuda_qgemv_mma_takes(const qd_weight *dw);
 qd_status qd_cuda_qgemv_mma(const qd_weight *dw, const uint16_t *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
                             int accumulate, void *stream);
 
+/* Up to QD_CUDA_QGEMV_MULTI_MAX products sharing x (rows of a stack: GDN in_proj parts,
+ * attention q / k / v) in one launch of the MMA kernel: the quantized ones of one format
+ * the kernel takes, the others bf16 (qw NULL: W bf16 [rows][cols], 16-byte aligned).
+ * qd_cuda_qgemv_multi_takes says whether a call qualifies (cols % 8 == 0, x aligned,
+ * ldx % 8 == 0, at least one quantized product); a call that does not is refused with
+ * QD_ERR_UNSUPPORTED. A product's results do not depend on n, and its warps on the
+ * call's shapes only. */
+#define QD_CUDA_QGEMV_MULTI_MAX 4
+typedef struct qd_cuda_qgemv_out {
+    const qd_weight *qw;  /* a quantized device weight, or NULL */
+    const uint16_t *W;    /* bf16 weight when qw is NULL */
+    int64_t rows;
+    float *y;             /* fp32 rows at stride ldy */
+    int64_t ldy;
+} qd_cuda_qgemv_out;
+int qd_cuda_qgemv_multi_takes(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
+                              int64_t ldx);
+qd_status qd_cuda_qgemv_multi(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
+                              int64_t ldx, int n, int accumulate, void *stream);
+
 /* The exact dequantization into bf16 rows (rounded to nearest even from the fp32 value the
  * CPU reference computes): a dense weight into d_out [rows][cols], or every matrix of m into
  * d_out [n_mats][rows][cols]. The prefill products run on these (cuBLAS, the grouped GEMMs). */

@@ -455,8 +455,10 @@ extern "C" int qd_cuda_linear_choice(const qd_cuda_lin_in *in, int64_t cols, int
  *   fused GEMV: shapes fg_fusable takes that fg_prefer_fused prefers
  *   otherwise (plain): x materialised into scratch by the elementwise kernels, then
  *       the plain GEMV (n <= 8) or cuBLAS (beta = 1 when accumulating)
- *   quantized weights (plain only): the quantized GEMV (n <= 16), else the FP8 GEMM
- *       (W8A8, FP8 weights of its layouts), else cuBLAS on the weight dequantized to bf16
+ *   quantized weights (plain only): the quantized GEMV (n <= 16; all the call's products in
+ *       one tensor-core launch where qd_cuda_qgemv_multi takes them, bf16 parts included),
+ *       else the FP8 GEMM (W8A8, FP8 weights of its layouts), else cuBLAS on the weight
+ *       dequantized to bf16
  * and by name only, INVARIANT: x materialised as for plain, then the batch-invariant
  *       product of gemm_invariant.cu */
 extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cuda_lin_in *in, int64_t cols, int n,
@@ -529,6 +531,16 @@ extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cud
         if (s) return s;
         x = scratch;
         ldx = cols;
+    }
+    if (quant && !dequant && path != QD_LIN_PATH_INVARIANT) {
+        /* the call's products in one launch of the tensor-core GEMV where it takes them all
+         * (the bf16 parts of a stack beside the quantized ones included) */
+        qd_cuda_qgemv_out qo[QD_LIN_MAX_OUT];
+        for (int j = 0; j < n_out; j++)
+            qo[j] = (qd_cuda_qgemv_out){.qw = out[j].qw, .W = out[j].qw ? NULL : out[j].W, .rows = out[j].rows,
+                                        .y = out[j].y, .ldy = out[j].ldy};
+        if (qd_cuda_qgemv_multi_takes(qo, n_out, cols, x, ldx))
+            return qd_cuda_qgemv_multi(qo, n_out, cols, x, ldx, n, accumulate, stream);
     }
     for (int j = 0; j < n_out; j++) {
         const uint16_t *W = out[j].W;

@@ -48,6 +48,7 @@
  * the CPU reference gives NaN; quantizers never emit them. */
 struct qm_f8 {
     static constexpr int COLS = 16, XU4 = 2; /* x: 16 bf16 = 2 uint4 */
+    static constexpr bool SCALED = true;
     __device__ static __forceinline__ uint32_t word(const uint4 &raw, int i, uint32_t zz) {
         (void)zz;
         const uint32_t u = qf_word(raw, i / 2), sgn = u & 0x80808080u, mag = 0x07f007f0u;
@@ -71,6 +72,7 @@ struct qm_f8 {
  * the pair (128 + z, 128 + z) leaves q - z exactly. */
 struct qm_int4 {
     static constexpr int COLS = 32, XU4 = 4; /* x: 32 bf16 = 4 uint4 */
+    static constexpr bool SCALED = true;
     __device__ static __forceinline__ uint32_t word(const uint4 &raw, int i, uint32_t zz) {
         const uint32_t v = ((qf_word(raw, i / 4) >> (4 * (i % 4))) & 0x000f000fu) | 0x43004300u;
         const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162 *>(&v),
@@ -89,6 +91,19 @@ struct qm_int4 {
         const float z = 128.0f + (r.z ? (float)__ldg(r.z + b) : 8.0f);
         return qd_bf2_pack(z, z);
     }
+};
+
+/* bf16 weights (the unquantized parts of a stack, GDN in_proj_a / b beside an FP8
+ * in_proj_qkvz): 8 columns a piece, word i is columns 2i, 2i + 1 as stored, no scale. */
+struct qm_bf16 {
+    static constexpr int COLS = 8, XU4 = 1;
+    static constexpr bool SCALED = false;
+    __device__ static __forceinline__ uint32_t word(const uint4 &raw, int i, uint32_t zz) {
+        (void)zz;
+        return qf_word(raw, i);
+    }
+    __device__ static __forceinline__ uint32_t xword(const uint4 (&xv)[XU4], int i) { return qf_word(xv[0], i); }
+    __device__ static __forceinline__ uint32_t zero_pair(const qf_row &r, int64_t b) { (void)r; (void)b; return 0; }
 };
 
 template <class M>
@@ -110,23 +125,28 @@ __device__ __forceinline__ void qm_load_units(const qf_row &row_a, const qf_row 
     }
 }
 
-/* Launched as a programmatic dependent (cuda_pdl.cuh): before its wait it reads only weights. */
+/* One call: up to QD_CUDA_QGEMV_MULTI_MAX products sharing x, their 16-row tiles
+ * concatenated over the grid (product j owns blocks tile_end[j - 1] .. tile_end[j] - 1). */
+struct qm_call {
+    int n_out;
+    qd_cuda_qmats m[QD_CUDA_QGEMV_MULTI_MAX]; /* dtype QD_DTYPE_BF16: a plain weight, no scales */
+    int shift[QD_CUDA_QGEMV_MULTI_MAX];      /* units per scale block as a shift (qm_block_shift) */
+    int64_t tile_end[QD_CUDA_QGEMV_MULTI_MAX];
+    float *y[QD_CUDA_QGEMV_MULTI_MAX];
+    int64_t ldy[QD_CUDA_QGEMV_MULTI_MAX];
+};
+
+/* The lane's sums c of 16-row tile `tile` of m: rows tile 16 + g and + 8, tokens of its
+ * C fragment (see the top). */
 template <class M, int NT, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32)
-qgemv_mma_kernel(const __grid_constant__ qd_cuda_qmats m, int block_shift, const uint16_t *__restrict__ x,
-                 int64_t ldx, int n, float *__restrict__ y, int64_t ldy, int accumulate) {
+__device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift, int64_t tile,
+                                        const uint16_t *__restrict__ x, int64_t ldx, int n, float (&c)[NT][4]) {
     constexpr int UNIT = 4 * M::COLS, KSTEPS = M::COLS / 4;
-    __shared__ float part[WARPS][32][4 * NT];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-    const int64_t ra = (int64_t)blockIdx.x * 16 + g, rb = ra + 8;
+    const int64_t ra = tile * 16 + g, rb = ra + 8;
     const int live_a = ra < m.rows, live_b = rb < m.rows;
     const qf_row row_a = qf_row_of(m, 0, live_a ? ra : m.rows - 1), row_b = qf_row_of(m, 0, live_b ? rb : m.rows - 1);
     const int64_t units = (m.cols + UNIT - 1) / UNIT;
-    float c[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) c[nt][i] = 0.f;
     uint4 wa[QM_UNROLL], wb[QM_UNROLL];
     /* the first units' weights are in flight before the wait for the previous kernel (x) */
     qm_load_units<M, WARPS>(row_a, row_b, live_a, live_b, m.cols, units, warp, t, wa, wb);
@@ -139,7 +159,8 @@ qgemv_mma_kernel(const __grid_constant__ qd_cuda_qmats m, int block_shift, const
             const int64_t u = u0 + (int64_t)j * WARPS;
             if (u >= units) break; /* warp-uniform */
             const int64_t col = u * UNIT + M::COLS * t, blk = u >> block_shift; /* the unit's scale block */
-            const float sa = __ldg((const float *)row_a.s + blk), sb = __ldg((const float *)row_b.s + blk);
+            const float sa = M::SCALED ? __ldg((const float *)row_a.s + blk) : 1.f;
+            const float sb = M::SCALED ? __ldg((const float *)row_b.s + blk) : 1.f;
             const uint32_t za = M::zero_pair(row_a, blk), zb = M::zero_pair(row_b, blk);
             float d[NT][4];
 #pragma unroll
@@ -167,6 +188,27 @@ qgemv_mma_kernel(const __grid_constant__ qd_cuda_qmats m, int block_shift, const
             }
         }
     }
+}
+
+/* Launched as a programmatic dependent (cuda_pdl.cuh): before its wait it reads only
+ * weights. Q: the quantized format of the call's quantized products (its others are bf16). */
+template <class Q, int NT, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
+qgemv_mma_kernel(const __grid_constant__ qm_call p, const uint16_t *__restrict__ x, int64_t ldx, int n,
+                 int accumulate) {
+    __shared__ float part[WARPS][32][4 * NT];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int j = 0;
+    while (j + 1 < p.n_out && (int64_t)blockIdx.x >= p.tile_end[j]) j++;
+    const int64_t tile = (int64_t)blockIdx.x - (j ? p.tile_end[j - 1] : 0);
+    const qd_cuda_qmats &m = p.m[j];
+    float c[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) c[nt][i] = 0.f;
+    if (m.dtype == QD_DTYPE_BF16) qm_tile<qm_bf16, NT, WARPS>(m, 31, tile, x, ldx, n, c); /* block-uniform */
+    else qm_tile<Q, NT, WARPS>(m, p.shift[j], tile, x, ldx, n, c);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -178,20 +220,20 @@ qgemv_mma_kernel(const __grid_constant__ qd_cuda_qmats m, int block_shift, const
         float v = 0.f;
 #pragma unroll
         for (int w = 0; w < WARPS; w++) v += part[w][ol][4 * nt + oi];
-        const int64_t row = (int64_t)blockIdx.x * 16 + ol / 4 + (oi >= 2 ? 8 : 0);
+        const int64_t row = tile * 16 + ol / 4 + (oi >= 2 ? 8 : 0);
         const int tok = nt * 8 + 2 * (ol % 4) + (oi & 1);
         if (tok >= n || row >= m.rows) continue;
-        float *out = y + tok * ldy + row;
+        float *out = p.y[j] + tok * p.ldy[j] + row;
         *out = accumulate ? *out + v : v;
     }
 }
 
 /* Blocks of an instance resident at once on the GPU (the occupancy calculator, asked
  * once per instance). */
-template <class M, int WARPS>
+template <class Q, int WARPS>
 static int64_t qm_wave(void) {
     static int per_sm = 0;
-    if (!per_sm && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_mma_kernel<M, 1, WARPS>, WARPS * 32,
+    if (!per_sm && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_mma_kernel<Q, 1, WARPS>, WARPS * 32,
                                                                   0) != cudaSuccess ||
                     per_sm < 1))
         per_sm = 1;
@@ -205,24 +247,24 @@ static int64_t qm_wave(void) {
  * keep the bandwidth busy (H200, bench/quant_cuda_bench, RESULTS session 19: the 27B up
  * projection in FP8, 1,088 blocks, 924 of 4 warps resident, 61% of copy bandwidth; in one
  * wave of 2-warp blocks 63%). */
-template <class M>
+template <class Q>
 static int qm_warps(int64_t blocks, int64_t units) {
-    if (units >= 16 * QM_UNROLL && blocks <= qm_wave<M, 16>()) return 16;
-    if (units >= 8 * QM_UNROLL && blocks <= qm_wave<M, 8>()) return 8;
-    if (blocks <= qm_wave<M, 4>()) return 4;
-    if (blocks <= qm_wave<M, 2>()) return 2;
+    if (units >= 16 * QM_UNROLL && blocks <= qm_wave<Q, 16>()) return 16;
+    if (units >= 8 * QM_UNROLL && blocks <= qm_wave<Q, 8>()) return 8;
+    if (blocks <= qm_wave<Q, 4>()) return 4;
+    if (blocks <= qm_wave<Q, 2>()) return 2;
     return 4;
 }
 
-template <class M, int NT>
-static qd_status qm_launch_tiles(const qd_cuda_qmats &m, int shift, int warps, const uint16_t *x, int64_t ldx, int n,
-                            float *y, int64_t ldy, int accumulate, cudaStream_t st) {
-    const dim3 grid((unsigned)((m.rows + 15) / 16));
+template <class Q, int NT>
+static qd_status qm_launch_tiles(const qm_call &c, int warps, const uint16_t *x, int64_t ldx, int n, int accumulate,
+                                 cudaStream_t st) {
+    const dim3 grid((unsigned)c.tile_end[c.n_out - 1]);
     switch (warps) {
-    case 16: return qd_launch_pdl(1, qgemv_mma_kernel<M, NT, 16>, grid, dim3(16 * 32), 0, st, m, shift, x, ldx, n, y, ldy, accumulate);
-    case 8: return qd_launch_pdl(1, qgemv_mma_kernel<M, NT, 8>, grid, dim3(8 * 32), 0, st, m, shift, x, ldx, n, y, ldy, accumulate);
-    case 2: return qd_launch_pdl(1, qgemv_mma_kernel<M, NT, 2>, grid, dim3(2 * 32), 0, st, m, shift, x, ldx, n, y, ldy, accumulate);
-    default: return qd_launch_pdl(1, qgemv_mma_kernel<M, NT, 4>, grid, dim3(4 * 32), 0, st, m, shift, x, ldx, n, y, ldy, accumulate);
+    case 16: return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 16>, grid, dim3(16 * 32), 0, st, c, x, ldx, n, accumulate);
+    case 8: return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 8>, grid, dim3(8 * 32), 0, st, c, x, ldx, n, accumulate);
+    case 2: return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 2>, grid, dim3(2 * 32), 0, st, c, x, ldx, n, accumulate);
+    default: return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 4>, grid, dim3(4 * 32), 0, st, c, x, ldx, n, accumulate);
     }
 }
 
@@ -238,13 +280,15 @@ static int qm_block_shift(const qd_cuda_qmats &m, int64_t unit) {
 
 static int64_t qm_unit(int dtype) { return dtype == QD_DTYPE_F8_E4M3 ? 64 : dtype == QD_DTYPE_INT4 ? 128 : 0; }
 
-template <class M>
-static qd_status qm_launch(const qd_cuda_qmats &m, const uint16_t *x, int64_t ldx, int n, float *y, int64_t ldy,
-                           int accumulate, cudaStream_t st) {
-    const int64_t units = (m.cols + 4 * M::COLS - 1) / (4 * M::COLS);
-    const int warps = qm_warps<M>((m.rows + 15) / 16, units), shift = qm_block_shift(m, 4 * M::COLS);
-    if (n <= 8) return qm_launch_tiles<M, 1>(m, shift, warps, x, ldx, n, y, ldy, accumulate, st);
-    return qm_launch_tiles<M, 2>(m, shift, warps, x, ldx, n, y, ldy, accumulate, st);
+/* The warp count follows the call's quantized products (their units), so that a call's
+ * choice depends on its shapes only. */
+template <class Q>
+static qd_status qm_launch(const qm_call &c, int64_t cols, const uint16_t *x, int64_t ldx, int n, int accumulate,
+                           cudaStream_t st) {
+    const int64_t units = (cols + 4 * Q::COLS - 1) / (4 * Q::COLS);
+    const int warps = qm_warps<Q>(c.tile_end[c.n_out - 1], units);
+    if (n <= 8) return qm_launch_tiles<Q, 1>(c, warps, x, ldx, n, accumulate, st);
+    return qm_launch_tiles<Q, 2>(c, warps, x, ldx, n, accumulate, st);
 }
 
 extern "C" int qd_cuda_qgemv_mma_takes(const qd_weight *w) {
@@ -254,15 +298,64 @@ extern "C" int qd_cuda_qgemv_mma_takes(const qd_weight *w) {
     return unit && qm_block_shift(m, unit) >= 0;
 }
 
+static int qm_aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+extern "C" int qd_cuda_qgemv_multi_takes(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
+                                         int64_t ldx) {
+    if (n_out < 1 || n_out > QD_CUDA_QGEMV_MULTI_MAX || cols % 8 || ldx % 8 || !qm_aligned(d_x)) return 0;
+    int fmt = 0;
+    for (int j = 0; j < n_out; j++) {
+        if (out[j].qw) {
+            if (out[j].qw->cols != cols || out[j].qw->rows != out[j].rows || !qd_cuda_qgemv_mma_takes(out[j].qw) ||
+                !qm_aligned(out[j].qw->data) || (fmt && fmt != out[j].qw->dtype))
+                return 0;
+            fmt = out[j].qw->dtype;
+        } else if (!out[j].W || !qm_aligned(out[j].W)) {
+            return 0;
+        }
+    }
+    return fmt != 0; /* at least one quantized product: the warps follow its format */
+}
+
+extern "C" qd_status qd_cuda_qgemv_multi(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
+                                         int64_t ldx, int n, int accumulate, void *stream) {
+    if (!qd_cuda_qgemv_multi_takes(out, n_out, cols, d_x, ldx))
+        return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (tensor cores): needs FP8 / INT4 scale blocks of 2^k x 64 / "
+                                                "128 columns or one per row (one format a call, bf16 beside it), "
+                                                "16-byte aligned weights and x, cols and ldx % 8 == 0");
+    if (n < 1 || n > QD_CUDA_QGEMV_MAX_N) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv (tensor cores): n outside 1..16");
+    qm_call c = {};
+    c.n_out = n_out;
+    int fmt = 0;
+    int64_t tiles = 0;
+    for (int j = 0; j < n_out; j++) {
+        if (out[j].qw) {
+            qd_cuda_qmats_of(out[j].qw, &c.m[j]);
+            c.shift[j] = qm_block_shift(c.m[j], qm_unit(c.m[j].dtype));
+            fmt = out[j].qw->dtype;
+        } else {
+            c.m[j] = (qd_cuda_qmats){.dtype = QD_DTYPE_BF16, .n_mats = 1, .rows = out[j].rows, .cols = cols,
+                                     .data = (const uint8_t *)out[j].W, .row_bytes = cols * 2, .scales = NULL,
+                                     .block_rows = 1, .block_cols = cols, .nbc = 1, .scale_rows = out[j].rows,
+                                     .zeros = NULL, .globals = NULL, .global = 1.0f};
+            c.shift[j] = 31;
+        }
+        if (!out[j].y || out[j].ldy < out[j].rows)
+            return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv (tensor cores): no y or a short stride");
+        tiles += (out[j].rows + 15) / 16;
+        c.tile_end[j] = tiles;
+        c.y[j] = out[j].y;
+        c.ldy[j] = out[j].ldy;
+    }
+    if (tiles == 0) return QD_OK;
+    if (tiles > INT32_MAX) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (tensor cores): too many rows");
+    cudaStream_t st = (cudaStream_t)stream;
+    if (fmt == QD_DTYPE_F8_E4M3) return qm_launch<qm_f8>(c, cols, d_x, ldx, n, accumulate, st);
+    return qm_launch<qm_int4>(c, cols, d_x, ldx, n, accumulate, st);
+}
+
 extern "C" qd_status qd_cuda_qgemv_mma(const qd_weight *w, const uint16_t *d_x, int64_t ldx, int n, float *d_y,
                                        int64_t ldy, int accumulate, void *stream) {
-    qd_cuda_qmats m;
-    if (!qd_cuda_qgemv_mma_takes(w) || !qd_cuda_qmats_of(w, &m) || ldx % 8 || ((uintptr_t)d_x & 15) ||
-        ((uintptr_t)w->data & 15))
-        return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (tensor cores): needs FP8 / INT4 scale blocks of 2^k x 64 / "
-                                                "128 columns or one per row, 16-byte aligned weight and x, ldx % 8 == 0");
-    if (n < 1 || n > QD_CUDA_QGEMV_MAX_N) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv (tensor cores): n outside 1..16");
-    cudaStream_t st = (cudaStream_t)stream;
-    if (m.dtype == QD_DTYPE_F8_E4M3) return qm_launch<qm_f8>(m, d_x, ldx, n, d_y, ldy, accumulate, st);
-    return qm_launch<qm_int4>(m, d_x, ldx, n, d_y, ldy, accumulate, st);
+    const qd_cuda_qgemv_out o = {.qw = w, .W = NULL, .rows = w->rows, .y = d_y, .ldy = ldy};
+    return qd_cuda_qgemv_multi(&o, 1, w->cols, d_x, ldx, n, accumulate, stream);
 }
