@@ -461,8 +461,8 @@ int main(void) {
         {"int4 g32 zeros (vec)", QD_DTYPE_INT4, 100, 256, 1, 32, QD_DTYPE_F32, 1, 0, 4, 0, 0},
         {"int4 g128 sym (vec)", QD_DTYPE_INT4, 77, 2080, 1, 128, QD_DTYPE_F32, 0, 0, 16, 1, 0},
         {"int4 one group (vec)", QD_DTYPE_INT4, 33, 1024, 1, -1, QD_DTYPE_F32, 1, 0, 3, 0, 0},
-        /* the tensor-core layouts: FP8 scale blocks of 64k columns or one per row, INT4 groups of
-         * 128k or one; partial units and 16-row tiles at the edges, both token tiles */
+        /* the tensor-core layouts: FP8 scale blocks of 2^k x 64 columns or one per row, INT4 groups
+         * of 2^k x 128 or one; partial units and 16-row tiles at the edges, both token tiles */
         {"fp8 block128 (mma)", QD_DTYPE_F8_E4M3, 1001, 2064, 128, 128, QD_DTYPE_F32, 0, 0, 1, 0, 0},
         {"fp8 block128 (mma)", QD_DTYPE_F8_E4M3, 37, 4112, 128, 128, QD_DTYPE_F32, 0, 0, 7, 1, 0},
         {"fp8 block128 (mma)", QD_DTYPE_F8_E4M3, 130, 17408, 128, 128, QD_DTYPE_F32, 0, 0, 16, 0, 0},
