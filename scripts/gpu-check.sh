@@ -4,7 +4,7 @@
 # kernel benchmarks and the end-to-end `qdelta bench` runs, writes logs under
 # $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
 #
-#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant] [quant] [quant-e2e] [schema] [spec] [busyhost]   default: tests kernels e2e
+#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant] [quant] [quant-e2e] [schema] [spec] [busyhost] [profile]   default: tests kernels e2e
 #     quant: quantized weights: test_cuda_quant (the quantized GEMV and dequantization against the CPU),
 #            test_cuda_quant_moe (quantized experts, decode kernels and prefill path, the fused block),
 #            test_cuda_quant_model (every quantized fixture checkpoint, fp8 at load, dummy weights in
@@ -38,6 +38,9 @@
 #            with a schema on every request, bench/schemas/record.json)
 #     busyhost: qdelta bench on the 35B-A3B at batch 1, idle and with every host core busy with
 #            other work (one spinning process per core), the ratio of the two
+#     profile: where a decode step's GPU time goes: Nsight Compute's per-kernel durations of
+#            qdelta bench (35B-A3B at batch 1 in bf16 and fp8; PROFILE="cfg|format|B ..."),
+#            summed per kernel by bench/kernel_profile.py (launches and us per step)
 #   KERNEL_BENCH="linear_cuda_bench ..."   the kernels part runs only these benchmarks
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
 #                                  .peer (or .peer.tar.xz, unpacked) on PYTHONPATH: a peer's code is
@@ -78,9 +81,10 @@ targets="qdelta test_backend_ops test_forward_allow test_cuda_ops test_cuda_fuse
 for t in test_cuda_attn test_cuda_moe test_cuda_tp test_cuda_spec test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model attn_cuda_bench moe_cuda_bench linear_cuda_bench quant_cuda_bench fp8_gemm_cuda_bench; do
     grep -q "$t" "$BUILD/Makefile" "$BUILD/CMakeFiles/Makefile2" 2>/dev/null && targets="$targets $t"
 done
-# the quant part alone builds only its own targets
+# the quant and profile parts alone build only their own targets
 case " $parts " in
-*" quant "* | *" quant-e2e "*) [ -z "$(echo " $parts " | sed -e 's/ quant-e2e / /' -e 's/ quant / /' | tr -d ' ')" ] &&
+*" quant "* | *" quant-e2e "* | *" profile "*)
+    [ -z "$(echo " $parts " | sed -e 's/ quant-e2e / /' -e 's/ quant / /' -e 's/ profile / /' | tr -d ' ')" ] &&
     targets="qdelta test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model test_cuda_moe quant_cuda_bench fp8_gemm_cuda_bench" ;;
 esac
 # shellcheck disable=SC2086
@@ -349,6 +353,33 @@ if has quant-e2e; then
     done
 fi
 
+PROF_LOG="$LOGDIR/profile.log"
+if has profile; then
+    : >"$PROF_LOG"
+    # per-kernel GPU time of a decode step under Nsight Compute (one metric, kernels serialised,
+    # clocks and caches left alone): two runs of qdelta bench that differ only in their decode
+    # steps (2 and 6), the first subtracted from the second kernel by kernel, so the prefill,
+    # the warm-up and the graph captures cancel; PROFILE="cfg|format|B ...": which runs
+    if command -v ncu >/dev/null 2>&1; then
+        for spec in ${PROFILE:-qwen3_5_35b_a3b\|none\|1 qwen3_5_35b_a3b\|fp8\|1}; do
+            IFS='|' read -r cfg q B <<<"$spec"
+            echo "=== profile $cfg $q B=$B" >>"$PROF_LOG"
+            for D in 2 6; do
+                rep="$BUILD/ncu-$cfg-$q-$B-$D"
+                timeout 420 ncu -f -o "$rep" --metrics gpu__time_duration.sum --clock-control none --cache-control none \
+                    "$BUILD/qdelta" bench -q -m "bench/configs/$cfg" --backend cuda --load-format dummy --quantization "$q" \
+                    --prefill 16 --decode "$D" --batch "$B" --context 512 >>"$PROF_LOG" 2>&1 &&
+                    ncu --import "$rep.ncu-rep" --csv --page raw >"$LOGDIR/ncu-$cfg-$q-$B-$D.csv" 2>>"$PROF_LOG" ||
+                    { status=1; echo "FAILED: profile $cfg $q B=$B D=$D" >>"$PROF_LOG"; }
+            done
+            python3 bench/kernel_profile.py "$LOGDIR/ncu-$cfg-$q-$B-6.csv" --steps 4 \
+                --minus "$LOGDIR/ncu-$cfg-$q-$B-2.csv" >>"$PROF_LOG" 2>&1 || status=1
+        done
+    else
+        status=1; echo "FAILED: profile: no ncu on this machine" >>"$PROF_LOG"
+    fi
+fi
+
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
 for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier \
     test_cuda_batch_invariant test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model test_cuda_spec; do
@@ -368,6 +399,7 @@ done
                 pr[k[1], k[2], qs[j]] != "" ? sprintf(" %s%% roofline", pr[k[1], k[2], qs[j]]) : "")
             print line }
           for (key in w) { split(key, k, SUBSEP); print "weights " k[1] " " k[2] ": " w[key] } }' "$QE2E_LOG"
+[ -s "$PROF_LOG" ] && grep -hE "^=== profile|^\| |^RESULT kernel_profile|^FAILED: profile" "$PROF_LOG" | head -80
 if [ -s "$INV_LOG" ]; then
     grep -E "^RESULT invariance" "$INV_LOG"
     awk '/^=== qwen/ { mode = ($3 == "" ? "normal" : "invariant") }
