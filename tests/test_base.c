@@ -94,6 +94,16 @@ static void test_dtype(void) {
     CHECK(qd_f8e4m3_to_f32(0xbe) == -1.75f); /* 1 0111 110: -(1 + 6/8) * 2^(7-7) */
     CHECK(isnan(qd_f8e4m3_to_f32(0x7f)));
     CHECK(qd_f8e4m3_to_f32(0x01) == ldexpf(1.0f, -9));
+    /* every code against the format's definition: (-1)^s 2^(e-7) (1 + m/8), subnormals m 2^-9 */
+    int f8_bad = 0;
+    for (int v = 0; v < 256; v++) {
+        const int e = (v >> 3) & 15, m = v & 7;
+        const float mag = e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m, -9);
+        const float want = (v & 0x80) ? -mag : mag, got = qd_f8e4m3_to_f32((uint8_t)v);
+        if (e == 15 && m == 7) f8_bad += !isnan(got);
+        else f8_bad += memcmp(&got, &want, 4) != 0; /* -0.0 included */
+    }
+    CHECKF(f8_bad == 0, "e4m3 decode: %d of 256 codes differ from the definition", f8_bad);
     CHECK(qd_dtype_parse("BF16") == QD_DTYPE_BF16 && qd_dtype_parse("F8_E4M3") == QD_DTYPE_F8_E4M3);
     CHECK(qd_dtype_parse("Q4_K") == -1);
     uint16_t src[3] = {0x3f80, 0x4000, 0xbf80};

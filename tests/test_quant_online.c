@@ -12,6 +12,7 @@
 
 #include "base/weight.h"
 #include "model/model.h"
+#include "model/model_quant.h"
 #include "qd_test.h"
 #include "qdelta.h"
 
@@ -177,6 +178,33 @@ static void dummy_formats(void) {
                 free(y);
             }
             printf("  dummy %-5s %s: worst |q - w| / row amax = %.3f (bound %.3f)\n", F[f].name, dirs[d], worst, F[f].tol);
+            /* the experts, converted whole by one worker each: the bytes of the by-rows conversion */
+            int experts = 0, differ = 0;
+            for (int L = 0; L < m->cfg.n_layers; L++) {
+                if (m->w.layers[L].ffn_kind == QD_FFN_DENSE) continue;
+                for (int e = 0; e < m->cfg.n_experts; e++) {
+                    const qd_mlp_weights *qe = &m->w.layers[L].moe.experts[e], *be = &ref->w.layers[L].moe.experts[e];
+                    const qd_weight *qs[3] = {&qe->gate, &qe->up, &qe->down}, *bs[3] = {&be->gate, &be->up, &be->down};
+                    for (int k = 0; k < 3; k++) {
+                        qd_weight want;
+                        qd_err qerr;
+                        if (qd_quant_to_format(ref, F[f].q, bs[k], &want, &qerr) != QD_OK) {
+                            differ++;
+                            continue;
+                        }
+                        experts++;
+                        differ += qs[k]->dtype != want.dtype || qs[k]->scales.global != want.scales.global ||
+                                  memcmp(qs[k]->data, want.data, qd_weight_data_bytes(&want)) ||
+                                  memcmp(qs[k]->scales.data, want.scales.data, qd_weight_scale_bytes(&want));
+                    }
+                }
+            }
+            if (d == 1) {
+                printf("  dummy %-5s %s: %d expert matrices, %d differ from the by-rows conversion\n", F[f].name,
+                       dirs[d], experts, differ);
+                CHECKF(experts > 0 && differ == 0, "dummy %s: %d of %d expert matrices differ from the by-rows "
+                       "conversion", F[f].name, differ, experts);
+            }
             CHECKF(worst > 0 && worst <= F[f].tol, "dummy %s: rounding error %g of the row amax (bound %g)", F[f].name,
                    worst, F[f].tol);
             qd_context *ctx;

@@ -52,18 +52,6 @@ uint16_t qd_f32_to_f16(float f) {
     return sign | (uint16_t)(exp << 10) | (uint16_t)mant;
 }
 
-float qd_f8e4m3_to_f32(uint8_t v) {
-    /* OCP FP8 E4M3 (fn): bias 7, no infinities, 0x7f/0xff are NaN. */
-    int sign = v >> 7;
-    int exp = (v >> 3) & 0xf;
-    int mant = v & 0x7;
-    float f;
-    if (exp == 0xf && mant == 0x7) return NAN;
-    if (exp == 0) f = ldexpf((float)mant, -9);
-    else f = ldexpf(1.0f + mant / 8.0f, exp - 7);
-    return sign ? -f : f;
-}
-
 void qd_convert_to_f32(qd_dtype t, const void *src, float *dst, size_t n) {
     switch (t) {
     case QD_DTYPE_F32: memcpy(dst, src, n * 4); break;

@@ -44,7 +44,25 @@ static inline uint16_t qd_f32_to_bf16(float f) {
 
 float qd_f16_to_f32(uint16_t h);
 uint16_t qd_f32_to_f16(float f);
-float qd_f8e4m3_to_f32(uint8_t v);
+/* OCP FP8 E4M3 (fn): bias 7, no infinities, 0x7f / 0xff are NaN. A normal code's exponent
+ * and mantissa become an fp32's directly (exponent rebiased by 120); subnormals are
+ * mant * 2^-9, exact in fp32. Inline: the CPU backend's FP8 products decode every weight
+ * through here. */
+static inline float qd_f8e4m3_to_f32(uint8_t v) {
+    const uint32_t exp = (v >> 3) & 0xfu, mant = v & 0x7u;
+    uint32_t bits;
+    if (exp == 0xf && mant == 0x7) bits = 0x7fc00000u; /* NaN */
+    else if (exp == 0) {
+        const float f = (float)mant * 0x1p-9f;
+        memcpy(&bits, &f, 4);
+    } else {
+        bits = ((exp + 120u) << 23) | (mant << 20);
+    }
+    bits |= (uint32_t)(v & 0x80) << 24;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 /* FP4 E2M1 (the low 4 bits of v): sign, 2 exponent bits (bias 1), 1 mantissa bit; the
  * values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. */
 float qd_e2m1_to_f32(uint8_t v);

@@ -38,6 +38,9 @@ const qd_weight *qd_weights_first_quantized(const qd_config *c, const qd_weights
  * block scales (amax / 448 per block), buffers owned by m; and every linear layer of m's
  * bound weights into `kind` (fp8 as above, nvfp4, int4 symmetric group 128). */
 qd_status qd_quant_to_fp8_block(qd_model *m, const qd_weight *w, qd_weight *out, qd_err *err);
+/* One weight converted to kind (fp8, nvfp4, int4) as --quantization converts a dense layer
+ * (by rows over the model's pool), its buffers allocated from m; w stays as it is. */
+qd_status qd_quant_to_format(qd_model *m, qd_quantization kind, const qd_weight *w, qd_weight *out, qd_err *err);
 qd_status qd_model_quantize(qd_model *m, qd_quantization kind, qd_err *err);
 /* The same for layer L alone: dummy weights are converted a layer at a time as they are
  * drawn, so a large model peaks at one layer in bf16 beside the quantized rest. */

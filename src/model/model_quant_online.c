@@ -71,11 +71,27 @@ static void fp8_task(void *user, int64_t begin, int64_t end, int worker) {
     if (!tmp) return;
     for (int64_t br = begin; br < end; br++) {
         const int64_t r0 = br * B, n = R - r0 < B ? R - r0 : B;
+        float *srow = s + br * sc; /* this block row's scales */
         qd_weight_dequant_rows(w, r0, n, tmp);
-        for (int64_t b = 0; b < sc; b++) s[br * sc + b] = 0;
-        for (int64_t i = 0; i < n * C; i++) s[br * sc + (i % C) / B] = fmaxf(s[br * sc + (i % C) / B], fabsf(tmp[i]));
-        for (int64_t b = 0; b < sc; b++) s[br * sc + b] = s[br * sc + b] > 0 ? s[br * sc + b] / 448.0f : 1.0f;
-        for (int64_t i = 0; i < n * C; i++) j->q[r0 * C + i] = f32_to_e4m3(tmp[i] / s[br * sc + (i % C) / B]);
+        for (int64_t b = 0; b < sc; b++) srow[b] = 0;
+        /* block by block within each row: no division per element (they cost most of the
+         * conversion of a large dummy model) */
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t b = 0, c0 = 0; b < sc; b++, c0 += B) {
+                const float *t = tmp + r * C;
+                const int64_t c1 = C - c0 < B ? C : c0 + B;
+                float a = srow[b];
+                for (int64_t c = c0; c < c1; c++) a = fmaxf(a, fabsf(t[c]));
+                srow[b] = a;
+            }
+        for (int64_t b = 0; b < sc; b++) srow[b] = srow[b] > 0 ? srow[b] / 448.0f : 1.0f;
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t b = 0, c0 = 0; b < sc; b++, c0 += B) {
+                const float *t = tmp + r * C, sv = srow[b];
+                uint8_t *q = j->q + (r0 + r) * C;
+                const int64_t c1 = C - c0 < B ? C : c0 + B;
+                for (int64_t c = c0; c < c1; c++) q[c] = f32_to_e4m3(t[c] / sv);
+            }
     }
     free(tmp);
 }
@@ -146,58 +162,109 @@ static void int4_task(void *user, int64_t begin, int64_t end, int worker) {
     free(tmp);
 }
 
-static qd_status run(qd_model *m, qjob *j, int64_t n, qd_parallel_fn fn, qd_err *err) {
-    if (m->pool) qd_parallel_for(m->pool, n, 1, fn, j);
-    else fn(j, 0, n, 0);
-    return j->failed ? qd_seterr(err, QD_ERR_OOM, "out of memory for quantization scratch") : QD_OK;
+/* One conversion: conv_prepare checks the weight and allocates its outputs from the model
+ * (on the loading thread: the model's allocator is not thread-safe); conv_fill computes them,
+ * over the pool by rows, or on the calling thread when pool is NULL (a worker converting a
+ * whole matrix). */
+typedef struct qconv {
+    qjob j;
+    qd_weight out;
+    int64_t tasks;           /* FP8: 128-row block rows; NVFP4, INT4: rows */
+    qd_parallel_fn task;     /* fp8_task, nvfp4_task or int4_task */
+} qconv;
+
+static qd_status conv_prepare(qd_model *m, qd_quantization kind, const qd_weight *w, qconv *c, qd_err *err) {
+    const int64_t R = w->rows, C = w->cols;
+    *c = (qconv){.j = {.w = w}};
+    switch (kind) {
+    case QD_QUANTIZATION_FP8: {
+        const int64_t B = 128, sr = (R + B - 1) / B, sc = (C + B - 1) / B;
+        c->j.q = qd_model_alloc(m, (size_t)(R * C));
+        c->j.s = qd_model_alloc(m, (size_t)(sr * sc) * sizeof(float));
+        if (!c->j.q || !c->j.s)
+            return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing a %lldx%lld weight to FP8", (long long)R,
+                             (long long)C);
+        c->out = (qd_weight){.dtype = QD_DTYPE_F8_E4M3, .rows = R, .cols = C, .data = c->j.q,
+                             .scales = {.dtype = QD_DTYPE_F32, .data = c->j.s, .block_rows = B, .block_cols = B,
+                                        .global = 1}};
+        c->tasks = sr;
+        c->task = fp8_task;
+        return QD_OK;
+    }
+    case QD_QUANTIZATION_NVFP4:
+        if (C % 16)
+            return qd_seterr(err, QD_ERR_UNSUPPORTED, "--quantization nvfp4: a weight of %lld in-features (not a "
+                             "multiple of 16)", (long long)C);
+        c->j.q = qd_model_alloc(m, (size_t)(R * C / 2));
+        c->j.s = qd_model_alloc(m, (size_t)(R * C / 16));
+        if (!c->j.q || !c->j.s) return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing to NVFP4");
+        c->out = (qd_weight){.dtype = QD_DTYPE_NVFP4, .rows = R, .cols = C, .data = c->j.q,
+                             .scales = {.dtype = QD_DTYPE_F8_E4M3, .data = c->j.s, .block_rows = 1, .block_cols = 16}};
+        c->tasks = R;
+        c->task = nvfp4_task;
+        return QD_OK;
+    case QD_QUANTIZATION_INT4: {
+        const int64_t g = C % 128 ? C : 128, G = C / g;
+        if (C % 2)
+            return qd_seterr(err, QD_ERR_UNSUPPORTED, "--quantization int4: a weight of %lld in-features (odd)",
+                             (long long)C);
+        c->j.q = qd_model_alloc(m, (size_t)(R * C / 2));
+        c->j.s = qd_model_alloc(m, (size_t)(R * G) * sizeof(float));
+        c->j.group = g;
+        if (!c->j.q || !c->j.s) return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing to INT4");
+        c->out = (qd_weight){.dtype = QD_DTYPE_INT4, .rows = R, .cols = C, .data = c->j.q,
+                             .scales = {.dtype = QD_DTYPE_F32, .data = c->j.s, .block_rows = 1, .block_cols = g,
+                                        .global = 1}};
+        c->tasks = R;
+        c->task = int4_task;
+        return QD_OK;
+    }
+    default: return qd_seterr(err, QD_ERR_INVALID_ARG, "quantization %d is not a format", (int)kind);
+    }
+}
+
+static void conv_run(qd_threadpool *pool, qconv *c, int64_t n, qd_parallel_fn fn) {
+    if (pool) qd_parallel_for(pool, n, 1, fn, &c->j);
+    else fn(&c->j, 0, n, 0);
+}
+
+/* NVFP4 first takes the matrix's amax (its global factor), then the blocks. Sets
+ * c->j.failed when a task could not allocate its scratch. */
+static void conv_fill(qd_threadpool *pool, qconv *c) {
+    if (c->task == nvfp4_task) {
+        const int64_t R = c->j.w->rows;
+        c->j.row_amax = malloc((size_t)R * sizeof(float));
+        if (!c->j.row_amax) {
+            c->j.failed = 1;
+            return;
+        }
+        conv_run(pool, c, R, amax_task);
+        float amax = 0;
+        for (int64_t r = 0; r < R; r++) amax = fmaxf(amax, c->j.row_amax[r]);
+        free(c->j.row_amax);
+        c->j.row_amax = NULL;
+        if (c->j.failed) return;
+        c->j.global = amax > 0 ? amax / (448.0f * 6.0f) : 1.0f;
+        c->out.scales.global = c->j.global;
+    }
+    conv_run(pool, c, c->tasks, c->task);
+}
+
+static qd_status conv_status(const qconv *c, qd_err *err) {
+    return c->j.failed ? qd_seterr(err, QD_ERR_OOM, "out of memory for quantization scratch") : QD_OK;
+}
+
+qd_status qd_quant_to_format(qd_model *m, qd_quantization kind, const qd_weight *w, qd_weight *out, qd_err *err) {
+    qconv c;
+    QD_TRY(conv_prepare(m, kind, w, &c, err));
+    conv_fill(m->pool, &c);
+    QD_TRY(conv_status(&c, err));
+    *out = c.out;
+    return QD_OK;
 }
 
 qd_status qd_quant_to_fp8_block(qd_model *m, const qd_weight *w, qd_weight *out, qd_err *err) {
-    const int64_t R = w->rows, C = w->cols, B = 128, sr = (R + B - 1) / B, sc = (C + B - 1) / B;
-    qjob j = {.w = w, .q = qd_model_alloc(m, (size_t)(R * C)), .s = qd_model_alloc(m, (size_t)(sr * sc) * sizeof(float))};
-    if (!j.q || !j.s)
-        return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing a %lldx%lld weight to FP8", (long long)R, (long long)C);
-    QD_TRY(run(m, &j, sr, fp8_task, err));
-    *out = (qd_weight){.dtype = QD_DTYPE_F8_E4M3, .rows = R, .cols = C, .data = j.q,
-                       .scales = {.dtype = QD_DTYPE_F32, .data = j.s, .block_rows = B, .block_cols = B, .global = 1}};
-    return QD_OK;
-}
-
-static qd_status to_nvfp4(qd_model *m, const qd_weight *w, qd_weight *out, qd_err *err) {
-    const int64_t R = w->rows, C = w->cols;
-    if (C % 16)
-        return qd_seterr(err, QD_ERR_UNSUPPORTED, "--quantization nvfp4: a weight of %lld in-features (not a multiple "
-                         "of 16)", (long long)C);
-    qjob j = {.w = w, .q = qd_model_alloc(m, (size_t)(R * C / 2)), .s = qd_model_alloc(m, (size_t)(R * C / 16)),
-              .row_amax = malloc((size_t)R * sizeof(float))};
-    if (!j.q || !j.s || !j.row_amax) {
-        free(j.row_amax);
-        return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing to NVFP4");
-    }
-    qd_status st = run(m, &j, R, amax_task, err);
-    float amax = 0;
-    for (int64_t r = 0; r < R; r++) amax = fmaxf(amax, j.row_amax[r]);
-    free(j.row_amax);
-    QD_TRY(st);
-    j.global = amax > 0 ? amax / (448.0f * 6.0f) : 1.0f;
-    QD_TRY(run(m, &j, R, nvfp4_task, err));
-    *out = (qd_weight){.dtype = QD_DTYPE_NVFP4, .rows = R, .cols = C, .data = j.q,
-                       .scales = {.dtype = QD_DTYPE_F8_E4M3, .data = j.s, .block_rows = 1, .block_cols = 16,
-                                  .global = j.global}};
-    return QD_OK;
-}
-
-static qd_status to_int4(qd_model *m, const qd_weight *w, qd_weight *out, qd_err *err) {
-    const int64_t R = w->rows, C = w->cols, g = C % 128 ? C : 128, G = C / g;
-    if (C % 2)
-        return qd_seterr(err, QD_ERR_UNSUPPORTED, "--quantization int4: a weight of %lld in-features (odd)", (long long)C);
-    qjob j = {.w = w, .q = qd_model_alloc(m, (size_t)(R * C / 2)), .s = qd_model_alloc(m, (size_t)(R * G) * sizeof(float)),
-              .group = g};
-    if (!j.q || !j.s) return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing to INT4");
-    QD_TRY(run(m, &j, R, int4_task, err));
-    *out = (qd_weight){.dtype = QD_DTYPE_INT4, .rows = R, .cols = C, .data = j.q,
-                       .scales = {.dtype = QD_DTYPE_F32, .data = j.s, .block_rows = 1, .block_cols = g, .global = 1}};
-    return QD_OK;
+    return qd_quant_to_format(m, QD_QUANTIZATION_FP8, w, out, err);
 }
 
 /* A dummy weight's BF16 buffer is the model's own: freed once converted, so a large dummy
@@ -212,23 +279,69 @@ static void drop_owned(qd_model *m, const void *p) {
         }
 }
 
-static qd_status convert(qd_model *m, qd_quantization kind, qd_weight *w, qd_err *err) {
-    if (w->rows == 0 || w->cols == 0) return QD_OK; /* another rank's expert */
+static qd_status convertible(const qd_weight *w, qd_err *err) {
     if (qd_weight_quantized(w))
         return qd_seterr(err, QD_ERR_INVALID_ARG, "--quantization: the checkpoint is already quantized (%s); it loads "
                          "as stored without the option", qd_dtype_name(w->dtype));
     if (!w->data)
         return qd_seterr(err, QD_ERR_UNSUPPORTED, "--quantization: a weight drawn by the backend has no host values");
+    return QD_OK;
+}
+
+/* The converted weight replaces the plain one, whose own buffer (a dummy's) is freed. */
+static void conv_finish(qd_model *m, qd_weight *w, const qconv *c) {
+    drop_owned(m, w->data);
+    *w = c->out;
+}
+
+static qd_status convert(qd_model *m, qd_quantization kind, qd_weight *w, qd_err *err) {
+    if (w->rows == 0 || w->cols == 0) return QD_OK; /* another rank's expert */
+    QD_TRY(convertible(w, err));
     qd_weight q;
-    switch (kind) {
-    case QD_QUANTIZATION_FP8: QD_TRY(qd_quant_to_fp8_block(m, w, &q, err)); break;
-    case QD_QUANTIZATION_NVFP4: QD_TRY(to_nvfp4(m, w, &q, err)); break;
-    case QD_QUANTIZATION_INT4: QD_TRY(to_int4(m, w, &q, err)); break;
-    default: return qd_seterr(err, QD_ERR_INVALID_ARG, "quantization %d is not a format", (int)kind);
-    }
+    QD_TRY(qd_quant_to_format(m, kind, w, &q, err));
     drop_owned(m, w->data);
     *w = q;
     return QD_OK;
+}
+
+/* A MoE layer's experts are many small matrices (the 35B-A3B: 768 of 512 x 2048 or 2048 x
+ * 512 a layer), each only 4-16 row tasks: converted by rows, the pool ran mostly idle (a
+ * dummy 35B-A3B took 92 s to quantize on 16 cores). Here the pool takes whole matrices,
+ * each converted by one worker, the same values as by rows. */
+typedef struct experts_job {
+    qconv *c;
+} experts_job;
+
+static void experts_worker(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    experts_job *e = user;
+    for (int64_t i = begin; i < end; i++) conv_fill(NULL, &e->c[i]);
+}
+
+static qd_status convert_experts(qd_model *m, qd_quantization kind, qd_moe_weights *moe, int n_experts, qd_err *err) {
+    qconv *c = calloc((size_t)n_experts * 3, sizeof *c);
+    qd_weight **w = calloc((size_t)n_experts * 3, sizeof *w);
+    qd_status st = c && w ? QD_OK : qd_seterr(err, QD_ERR_OOM, "out of memory quantizing the experts");
+    int64_t n = 0;
+    for (int e = 0; e < n_experts && !st; e++) {
+        qd_weight *mats[3] = {&moe->experts[e].gate, &moe->experts[e].up, &moe->experts[e].down};
+        for (int k = 0; k < 3 && !st; k++) {
+            if (mats[k]->rows == 0 || mats[k]->cols == 0) continue; /* another rank's expert */
+            st = convertible(mats[k], err);
+            if (!st) st = conv_prepare(m, kind, mats[k], &c[n], err);
+            if (!st) w[n++] = mats[k];
+        }
+    }
+    if (!st) {
+        experts_job job = {.c = c};
+        if (m->pool) qd_parallel_for(m->pool, n, 1, experts_worker, &job);
+        else experts_worker(&job, 0, n, 0);
+        for (int64_t i = 0; i < n && !st; i++) st = conv_status(&c[i], err);
+        for (int64_t i = 0; i < n && !st; i++) conv_finish(m, w[i], &c[i]);
+    }
+    free(c);
+    free(w);
+    return st;
 }
 
 static qd_status convert_mlp(qd_model *m, qd_quantization k, qd_mlp_weights *w, qd_err *err) {
@@ -251,7 +364,7 @@ qd_status qd_model_quantize_layer(qd_model *m, qd_quantization kind, int L, qd_e
         QD_TRY(convert(m, kind, &ly->attn.o, err));
     }
     if (ly->ffn_kind == QD_FFN_DENSE) return convert_mlp(m, kind, &ly->mlp, err);
-    for (int e = 0; e < c->n_experts; e++) QD_TRY(convert_mlp(m, kind, &ly->moe.experts[e], err));
+    QD_TRY(convert_experts(m, kind, &ly->moe, c->n_experts, err));
     if (ly->moe.has_shared) QD_TRY(convert_mlp(m, kind, &ly->moe.shared, err));
     return QD_OK;
 }
