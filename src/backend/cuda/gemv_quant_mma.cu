@@ -1,5 +1,6 @@
 /* The quantized GEMV on the tensor cores: FP8 (block or per-channel scales) and INT4
- * (groups of a multiple of 128 columns or one group) weights, 1-16 rows of x.
+ * (groups of 2^k x 128 columns or one group) weights, 1-16 rows of x, with the bf16 parts
+ * of a stack beside them in the same launch.
  *
  * Why: the one-warp-per-row kernel of gemv_quant.cu multiplies each decoded weight with
  * fp32 FMAs, and every lane reads the matching x (2 bytes of x per byte of FP8 weight)
@@ -11,8 +12,8 @@
  * token exists (lanes g < n), as the bf16 tensor-core GEMV of gemm.cu does.
  *
  * Layout of a step (g = lane / 4, t = lane % 4): lane (g, t) loads the 16-byte piece of
- * weight rows g and g + 8 at column F::COLS t of a unit of 4 F::COLS columns (FP8: 64,
- * INT4: 128), so the 4 lanes of a row read 64 contiguous bytes. Its COLS / 2 bf16 words
+ * weight rows g and g + 8 at column M::COLS t of a unit of 4 M::COLS columns (FP8: 64,
+ * INT4: 128, bf16: 32), so the 4 lanes of a row read 64 contiguous bytes. Its COLS / 2 bf16 words
  * of a row go to COLS / 4 products, two words each; a dot product does not care in which
  * order its columns are summed, so each format pairs columns where its decoding is
  * cheapest (FP8: bytes e and e + 2 of a word, INT4: nibbles e and e + 4) and x is paired
@@ -39,12 +40,13 @@
 #define QM_UNROLL 4 /* units per warp in flight */
 
 /* FP8: word i of a row's piece pairs columns 4q + p and 4q + 2 + p (q = i / 2, p = i % 2:
- * bytes p and p + 2 of stored word q), decoded with full-rate integer ops rather than the
- * hardware conversions (e4m3 -> f16 -> f32 -> bf16: F2FP runs at a quarter of the issue
- * rate, and at 2 per pair it bounded the kernel): the byte's exponent and mantissa bits
+ * bytes p and p + 2 of stored word q), decoded with integer ops and one bf16 multiply
+ * rather than the hardware conversions (e4m3 -> f16 -> f32 -> bf16, two F2FP a pair, a
+ * quarter-rate instruction: H200, RESULTS session 19, the 27B down projection at n = 1
+ * took 44.1 us with them, 34.6 with these ops): the byte's exponent and mantissa bits
  * shifted into a bf16's (bits 10..4) and its sign into bit 15 give the e4m3 value times
  * 2^-120 for every code, subnormals included (then bf16 subnormals), and one bf16 multiply
- * by 2^120 makes it the exact value. The NaN codes (0x7f, 0xff) read as +-480 here where
+ * by 2^120 makes it the exact value (test_cuda_quant draws every code but NaN). The NaN codes (0x7f, 0xff) read as +-480 here where
  * the CPU reference gives NaN; quantizers never emit them. */
 struct qm_f8 {
     static constexpr int COLS = 16, XU4 = 2; /* x: 16 bf16 = 2 uint4 */
