@@ -39,7 +39,7 @@
 #     busyhost: qdelta bench on the 35B-A3B at batch 1, idle and with every host core busy with
 #            other work (one spinning process per core), the ratio of the two
 #     profile: where a decode step's GPU time goes: Nsight Compute's per-kernel durations of
-#            qdelta bench (35B-A3B at batch 1 in bf16 and fp8; PROFILE="cfg|format|B ..."),
+#            qdelta bench (35B-A3B cut to 8 layers, batch 1, bf16 and fp8; PROFILE="cfg|format|B|layers ..."),
 #            summed per kernel by bench/kernel_profile.py (launches and us per step)
 #   KERNEL_BENCH="linear_cuda_bench ..."   the kernels part runs only these benchmarks
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
@@ -292,9 +292,11 @@ fi
 QUANT_LOG="$LOGDIR/quant.log"
 if has quant; then
     : >"$QUANT_LOG"
-    for t in test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model test_cuda_moe; do run_test "$t" "$QUANT_LOG"; done
-    # QUANT_BENCH="fp8_gemm_cuda_bench": a subset
-    for b in ${QUANT_BENCH:-quant_cuda_bench fp8_gemm_cuda_bench}; do
+    # QUANT_TESTS="test_cuda_quant_model", QUANT_BENCH="fp8_gemm_cuda_bench": subsets (empty: none)
+    for t in ${QUANT_TESTS-test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model test_cuda_moe}; do
+        run_test "$t" "$QUANT_LOG"
+    done
+    for b in ${QUANT_BENCH-quant_cuda_bench fp8_gemm_cuda_bench}; do
         bin=$(find "$BUILD" -name "$b" -type f -perm -u+x | head -1)
         if [ -n "$bin" ]; then
             echo "=== $b" >>"$QUANT_LOG"
@@ -340,7 +342,7 @@ fi
 QE2E_LOG="$LOGDIR/quant-e2e.log"
 if has quant-e2e; then
     : >"$QE2E_LOG"
-    # QBENCH="cfg|format ...": a subset (each quantized dummy is drawn and quantized on the host: 45-130 s)
+    # QBENCH="cfg|format ...": a subset (FP8 / INT4 dummies are drawn on the device, NVFP4 ones on the host)
     for spec in ${QBENCH:-qwen3_5_35b_a3b\|none qwen3_5_35b_a3b\|fp8 qwen3_5_35b_a3b\|nvfp4 qwen3_5_35b_a3b\|int4 \
         qwen3_5_27b\|none qwen3_5_27b\|fp8}; do
         cfg=${spec%%|*} q=${spec#*|}
@@ -359,15 +361,32 @@ if has profile; then
     # per-kernel GPU time of a decode step under Nsight Compute (one metric, kernels serialised,
     # clocks and caches left alone): two runs of qdelta bench that differ only in their decode
     # steps (2 and 6), the first subtracted from the second kernel by kernel, so the prefill,
-    # the warm-up and the graph captures cancel; PROFILE="cfg|format|B ...": which runs
+    # the warm-up and the graph captures cancel; PROFILE="cfg|format|B|layers ...": which runs
+    # (layers: the config cut to its first N layers, which keeps one layer of each kind and
+    # every per-step kernel while the profiler sees fewer launches)
     if command -v ncu >/dev/null 2>&1; then
-        for spec in ${PROFILE:-qwen3_5_35b_a3b\|none\|1 qwen3_5_35b_a3b\|fp8\|1}; do
-            IFS='|' read -r cfg q B <<<"$spec"
-            echo "=== profile $cfg $q B=$B" >>"$PROF_LOG"
+        for spec in ${PROFILE:-qwen3_5_35b_a3b\|none\|1\|8 qwen3_5_35b_a3b\|fp8\|1\|8}; do
+            IFS='|' read -r cfg q B layers <<<"$spec"
+            cdir="bench/configs/$cfg"
+            if [ -n "$layers" ]; then
+                cdir="$BUILD/cfg-$cfg-$layers"
+                mkdir -p "$cdir"
+                python3 - "bench/configs/$cfg/config.json" "$layers" "$cdir/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+t = c.get("text_config", c)
+n = int(sys.argv[2])
+t["num_hidden_layers"] = n
+if "layer_types" in t:
+    t["layer_types"] = t["layer_types"][:n]
+json.dump(c, open(sys.argv[3], "w"))
+PY
+            fi
+            echo "=== profile $cfg $q B=$B layers=${layers:-all}" >>"$PROF_LOG"
             for D in 2 6; do
                 rep="$BUILD/ncu-$cfg-$q-$B-$D"
-                timeout 420 ncu -f -o "$rep" --metrics gpu__time_duration.sum --clock-control none --cache-control none \
-                    "$BUILD/qdelta" bench -q -m "bench/configs/$cfg" --backend cuda --load-format dummy --quantization "$q" \
+                timeout 240 ncu -f -o "$rep" --metrics gpu__time_duration.sum --clock-control none --cache-control none \
+                    "$BUILD/qdelta" bench -q -m "$cdir" --backend cuda --load-format dummy --quantization "$q" \
                     --prefill 16 --decode "$D" --batch "$B" --context 512 >>"$PROF_LOG" 2>&1 &&
                     ncu --import "$rep.ncu-rep" --csv --page raw >"$LOGDIR/ncu-$cfg-$q-$B-$D.csv" 2>>"$PROF_LOG" ||
                     { status=1; echo "FAILED: profile $cfg $q B=$B D=$D" >>"$PROF_LOG"; }
@@ -399,6 +418,8 @@ done
                 pr[k[1], k[2], qs[j]] != "" ? sprintf(" %s%% roofline", pr[k[1], k[2], qs[j]]) : "")
             print line }
           for (key in w) { split(key, k, SUBSEP); print "weights " k[1] " " k[2] ": " w[key] } }' "$QE2E_LOG"
+[ -s "$QE2E_LOG" ] && awk '/^=== qbench/ { what = $3 " " $4 } /loaded in/ && what { sub(/.*loaded in/, "loaded in"); print what ": " $0 }
+    /^FAILED/ { print }' "$QE2E_LOG"
 [ -s "$PROF_LOG" ] && grep -hE "^=== profile|^\| |^RESULT kernel_profile|^FAILED: profile" "$PROF_LOG" | head -80
 if [ -s "$INV_LOG" ]; then
     grep -E "^RESULT invariance" "$INV_LOG"

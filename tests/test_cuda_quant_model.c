@@ -19,6 +19,9 @@
  *    int4) on a gpu_* config: the same against the CPU backend, which draws the same weights,
  *    at test_cuda_model's criteria for unconditioned dummy weights (at most 25% of positions
  *    over, top-1 >= 95% of the decidable ones);
+ *  - FP8 / INT4 dummies, which the CUDA backend draws in place (dummy_fill.cu): every
+ *    quantized matrix of every layer and every expert, values and scales, the bytes the CPU
+ *    backend holds (drawn in bf16 on the host, converted by model_quant_online.c);
  *  - the trained default model quantized at load, on held-out text: CUDA prefill against the
  *    CPU backend on the same FP8 weights, top-1 agreement >= 98% of the decidable positions and
  *    >= 95% of all (issue 15 asks 98% of all: not met yet, 96.1% measured).
@@ -38,6 +41,8 @@
 #include "qdelta.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_model.h"
+#include "model/model.h"
 #endif
 
 #ifdef QD_HAVE_CUDA
@@ -219,6 +224,97 @@ static void both_backends(const char *what, const char *dir, qd_load_format fmt,
     qd_model_free(cm);
 }
 
+/* Whether the device bytes at d_data and d_scales (F32) are host weight hw's values and
+ * scales. */
+static int same_drawn(const uint8_t *d_data, const float *d_scales, const qd_weight *hw) {
+    const size_t db = qd_weight_data_bytes(hw), sb = qd_weight_scale_bytes(hw);
+    uint8_t *buf = malloc(db + sb);
+    int same = buf && qd_cuda_memcpy_d2h(buf, d_data, db) == QD_OK &&
+               qd_cuda_memcpy_d2h(buf + db, d_scales, sb) == QD_OK && hw->scales.dtype == QD_DTYPE_F32 &&
+               !memcmp(buf, hw->data, db) && !memcmp(buf + db, hw->scales.data, sb);
+    free(buf);
+    return same;
+}
+
+static int64_t row_bytes(const qd_weight *w) { return w->dtype == QD_DTYPE_F8_E4M3 ? w->cols : w->cols / 2; }
+static int64_t scale_cols(const qd_weight *w) { return (w->cols + w->scales.block_cols - 1) / w->scales.block_cols; }
+
+/* Host weights hw[0..n) stacked by rows on the device as st: each quantized one against
+ * its rows of the part that holds it. */
+static void stack_drawn(const qd_cuda_stack *st, const qd_weight *const *hw, int n, int *mats, int *differ) {
+    int64_t row = 0;
+    for (int i = 0; i < n; row += hw[i]->rows, i++) {
+        if (!qd_weight_quantized(hw[i])) continue;
+        int j = 0;
+        while (j + 1 < st->n && st->row0[j + 1] <= row) j++;
+        const qd_cuda_mat *pm = &st->part[j];
+        const int64_t r = row - st->row0[j];
+        (*mats)++;
+        *differ += !qd_cuda_mat_quantized(pm) || r % hw[i]->scales.block_rows ||
+                   !same_drawn((const uint8_t *)pm->q.data + r * row_bytes(hw[i]),
+                               (const float *)pm->q.scales.data + r / hw[i]->scales.block_rows * scale_cols(hw[i]),
+                               hw[i]);
+    }
+}
+
+static void mat_drawn(const qd_cuda_mat *dm, const qd_weight *hw, int *mats, int *differ) {
+    qd_cuda_stack st = {.n = 1};
+    st.part[0] = *dm;
+    stack_drawn(&st, &hw, 1, mats, differ);
+}
+
+/* FP8 / INT4 dummies drawn on the device against the CPU backend's, byte for byte. */
+static void drawn_dummy(const char *what, const char *dir, qd_quantization q) {
+    qd_model *gm = load(dir, QD_BACKEND_CUDA, QD_LOAD_DUMMY, q), *cm = load(dir, QD_BACKEND_CPU, QD_LOAD_DUMMY, q);
+    CHECKF(gm && cm, "%s: cannot load", what);
+    if (gm && cm) {
+        const qd_cuda_model *g = gm->bm;
+        int mats = 0, differ = 0, experts = 0;
+        for (int L = 0; L < cm->cfg.n_layers; L++) {
+            const qd_layer *ly = &cm->w.layers[L];
+            const qd_cuda_layer *d = &g->layers[L];
+            if (ly->kind == QD_LAYER_GDN) {
+                const qd_weight *in[4] = {&ly->gdn.in_qkv, &ly->gdn.in_z, &ly->gdn.in_b, &ly->gdn.in_a};
+                stack_drawn(&d->gdn_in, in, 4, &mats, &differ);
+                mat_drawn(&d->gdn_out, &ly->gdn.out, &mats, &differ);
+            } else {
+                mat_drawn(&d->q, &ly->attn.q, &mats, &differ);
+                mat_drawn(&d->k, &ly->attn.k, &mats, &differ);
+                mat_drawn(&d->v, &ly->attn.v, &mats, &differ);
+                mat_drawn(&d->o, &ly->attn.o, &mats, &differ);
+            }
+            const qd_mlp_weights *dense = ly->ffn_kind == QD_FFN_DENSE ? &ly->mlp
+                                          : ly->moe.has_shared           ? &ly->moe.shared
+                                                                         : NULL;
+            if (dense) {
+                const qd_weight *gu[2] = {&dense->gate, &dense->up};
+                stack_drawn(&d->gate_up, gu, 2, &mats, &differ);
+                mat_drawn(&d->down, &dense->down, &mats, &differ);
+            }
+            if (ly->ffn_kind == QD_FFN_DENSE || !d->q_experts_gate_up.n_mats) continue;
+            const qd_cuda_qmats *gq = &d->q_experts_gate_up, *dq = &d->q_experts_down;
+            const int64_t gsn = gq->scale_rows * gq->nbc, dsn = dq->scale_rows * dq->nbc;
+            for (int e = 0; e < cm->cfg.n_experts; e++) {
+                const qd_mlp_weights *x = &ly->moe.experts[e];
+                const qd_weight *w3[3] = {&x->gate, &x->up, &x->down};
+                for (int k = 0; k < 3; k++) {
+                    const qd_cuda_qmats *qm = k < 2 ? gq : dq;
+                    const int64_t mat = k < 2 ? 2 * e + k : e, sn = k < 2 ? gsn : dsn;
+                    mats++;
+                    experts++;
+                    differ += !same_drawn(qm->data + mat * qm->rows * qm->row_bytes,
+                                          (const float *)qm->scales + mat * sn, w3[k]);
+                }
+            }
+        }
+        printf("  %-36s drawn on the device: %d quantized matrices (%d experts'), %d differ from the CPU's\n", what,
+               mats, experts, differ);
+        CHECKF(mats > 0 && differ == 0, "%s: %d of %d device-drawn matrices differ from the CPU's", what, differ, mats);
+    }
+    qd_model_free(gm);
+    qd_model_free(cm);
+}
+
 /* The trained default model with --quantization fp8, 512 held-out ids: CUDA prefill (W8A8)
  * and decode (W8A16) against the CPU backend on the same FP8 weights. */
 static void default_model_fp8(void) {
@@ -274,6 +370,7 @@ int main(void) {
         for (int j = 0; j < 3; j++) {
             snprintf(what, sizeof what, "%s dummy %s", gpu[i], qn[j]);
             both_backends(what, dir, QD_LOAD_DUMMY, qs[j], moe);
+            if (qs[j] != QD_QUANTIZATION_NVFP4) drawn_dummy(what, dir, qs[j]);
         }
     }
     printf("the trained default model quantized at load\n");

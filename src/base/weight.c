@@ -11,7 +11,7 @@ size_t qd_weight_data_bytes(const qd_weight *w) {
 
 size_t qd_weight_scale_bytes(const qd_weight *w) {
     const qd_weight_scales *s = &w->scales;
-    if (!s->data || s->block_rows < 1 || s->block_cols < 1) return 0;
+    if (s->block_rows < 1 || s->block_cols < 1) return 0;
     const size_t n = (size_t)(ceil_div(w->rows, s->block_rows) * ceil_div(w->cols, s->block_cols));
     size_t b = n * qd_dtype_size(s->dtype);
     if (s->zeros) b += n;

@@ -53,6 +53,10 @@ static inline int qd_weight_quantized(const qd_weight *w) {
     return w->dtype == QD_DTYPE_F8_E4M3 || w->dtype == QD_DTYPE_NVFP4 || w->dtype == QD_DTYPE_INT4;
 }
 
+/* Whether w is a dummy that its backend draws in place (no host values): bf16, or in its
+ * quantized layout from the same bf16 values (base/dummy_values.h). */
+static inline int qd_weight_backend_drawn(const qd_weight *w) { return !w->data && w->dummy_scale > 0; }
+
 /* Bytes of the stored elements (data) and of the scales (with zeros and g_idx). */
 size_t qd_weight_data_bytes(const qd_weight *w);
 size_t qd_weight_scale_bytes(const qd_weight *w);

@@ -174,7 +174,7 @@ qd_status qd_model_load(const qd_model_params *params, qd_model **out, char *err
                           "(quantized checkpoints split)");
             goto fail;
         }
-        m->quantization = params->quantization; /* dummy weights are then drawn on the host */
+        m->quantization = params->quantization;
     }
     if (params->tensor_parallel_size > 1) { /* the ranks read their slices: no weights here */
         if (!dummy && (s = qd_st_open_dir(params->path, &m->st, &err)) != QD_OK) goto fail;

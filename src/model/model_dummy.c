@@ -2,11 +2,15 @@
  * scales that keep activations in a sane range. For benchmarks at real shapes. With
  * --quantization fp8|nvfp4|int4 each layer's linear layers are converted into that format
  * as soon as the layer is drawn (model_quant_online.c), so every benchmark runs in a format
- * without a download and a large model never holds more than one layer in bf16. */
+ * without a download and a large model never holds more than one layer in bf16. A backend
+ * that draws dummies in place (CUDA) gets no host values at all, bf16 or FP8 / INT4 (it
+ * quantizes its draw as the host would); NVFP4, whose global factor needs the whole matrix,
+ * is drawn and converted here. The values: base/dummy_values.h. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "base/dummy_values.h"
 #include "model/model.h"
 #include "model/model_quant.h"
 
@@ -19,30 +23,23 @@ typedef struct {
 } fill_job;
 
 static inline uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return qd_dummy_mix(*s += 0x9e3779b97f4a7c15ull);
 }
 
 static void fill_worker(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
     const fill_job *j = user;
-    /* each block of 4096 elements has its own stream so the result does not depend on threads */
-    for (int64_t blk = begin; blk < end; blk++) {
-        uint64_t s = j->seed ^ ((uint64_t)blk * 0xd1b54a32d192ed03ull);
-        int64_t lo = blk * 4096, hi = lo + 4096 < j->n ? lo + 4096 : j->n;
-        for (int64_t i = lo; i < hi; i++) {
-            float u = (float)((splitmix(&s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-            if (j->dtype == QD_DTYPE_F32) ((float *)j->dst)[i] = qd_bf16_to_f32(qd_f32_to_bf16(u * j->scale));
-            else ((uint16_t *)j->dst)[i] = qd_f32_to_bf16(u * j->scale);
-        }
+    const int64_t lo = begin * QD_DUMMY_BLOCK, hi = end * QD_DUMMY_BLOCK < j->n ? end * QD_DUMMY_BLOCK : j->n;
+    for (int64_t i = lo; i < hi; i++) {
+        const float v = qd_dummy_value(j->seed, j->scale, i);
+        if (j->dtype == QD_DTYPE_F32) ((float *)j->dst)[i] = v;
+        else ((uint16_t *)j->dst)[i] = qd_f32_to_bf16(v);
     }
 }
 
 static qd_status rand_matrix(qd_model *m, qd_weight *w, int64_t rows, int64_t cols, uint64_t *seed, qd_err *err) {
-    if (m->ops->draws_dummy_weights && m->quantization == QD_QUANTIZATION_NONE) {
-        /* drawn by the backend: no host copy of a 70 GB model (quantized dummies are drawn
-         * here and converted on the host, model_quant_online.c) */
+    if (m->ops->draws_dummy_weights && m->quantization != QD_QUANTIZATION_NVFP4) {
+        /* drawn by the backend: no host copy of a 70 GB model */
         *w = (qd_weight){.dtype = QD_DTYPE_BF16, .rows = rows, .cols = cols, .dummy_seed = splitmix(seed),
                          .dummy_scale = sqrtf(3.0f / (float)cols)};
         return QD_OK;
@@ -50,7 +47,7 @@ static qd_status rand_matrix(qd_model *m, qd_weight *w, int64_t rows, int64_t co
     void *d = qd_model_alloc(m, (size_t)(rows * cols) * qd_dtype_size(m->dummy_dtype));
     if (!d) return qd_seterr(err, QD_ERR_OOM, "out of memory for a %lldx%lld dummy weight", (long long)rows, (long long)cols);
     fill_job j = {d, m->dummy_dtype, rows * cols, sqrtf(3.0f / (float)cols), splitmix(seed)};
-    qd_parallel_for(m->pool, (j.n + 4095) / 4096, 16, fill_worker, &j);
+    qd_parallel_for(m->pool, (j.n + QD_DUMMY_BLOCK - 1) / QD_DUMMY_BLOCK, 16, fill_worker, &j);
     *w = (qd_weight){.dtype = m->dummy_dtype, .rows = rows, .cols = cols, .data = d, .dummy_seed = j.seed,
                      .dummy_scale = j.scale};
     return QD_OK;

@@ -6,32 +6,18 @@
  *   int4   INT4 symmetric (z = 8), group 128 (the whole row when cols % 128), scale = amax / 7
  * Values are rounded to nearest (ties to the even code) and saturate at the format's range.
  * As in the official FP8 checkpoints, the embedding, lm_head, routers, shared-expert gates and
- * GDN in_proj_a / in_proj_b stay as they are. */
+ * GDN in_proj_a / in_proj_b stay as they are. A dummy weight that its backend draws (FP8 and
+ * INT4 on CUDA) only takes its layout here: the backend draws the bf16 values and quantizes
+ * them in place with the same roundings (base/dummy_values.h), the bytes this file's
+ * conversion gives on the host. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/arena.h"
+#include "base/dummy_values.h"
 
 #include "model/model_quant.h"
-
-/* Round to the nearest e4m3 (ties to the even code), saturating at 448: normals by
- * rounding the fp32 mantissa to 3 bits (a carry moves to the exponent, as the code order
- * wants), subnormals (below 2^-6) as multiples of 2^-9. Bit for bit the nearest value of
- * the e4m3 table (checked over every code's midpoints and 2e8 random floats). */
-static uint8_t f32_to_e4m3(float x) {
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    const uint8_t sign = (uint8_t)((b >> 24) & 0x80);
-    b &= 0x7fffffffu;
-    float a;
-    memcpy(&a, &b, 4);
-    if (!(a < 448.0f)) return sign | 126; /* saturate (NaN inputs never reach here: weights are finite) */
-    if (a < 0.015625f) return sign | (uint8_t)lrintf(a * 512.0f);
-    uint32_t code = ((b + 0x7ffffu + ((b >> 20) & 1u)) >> 20) - (120u << 3);
-    if (code > 126) code = 126;
-    return sign | (uint8_t)code;
-}
 
 static const float E2M1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
@@ -84,13 +70,13 @@ static void fp8_task(void *user, int64_t begin, int64_t end, int worker) {
                 for (int64_t c = c0; c < c1; c++) a = fmaxf(a, fabsf(t[c]));
                 srow[b] = a;
             }
-        for (int64_t b = 0; b < sc; b++) srow[b] = srow[b] > 0 ? srow[b] / 448.0f : 1.0f;
+        for (int64_t b = 0; b < sc; b++) srow[b] = qd_fp8_block_scale(srow[b]);
         for (int64_t r = 0; r < n; r++)
             for (int64_t b = 0, c0 = 0; b < sc; b++, c0 += B) {
                 const float *t = tmp + r * C, sv = srow[b];
                 uint8_t *q = j->q + (r0 + r) * C;
                 const int64_t c1 = C - c0 < B ? C : c0 + B;
-                for (int64_t c = c0; c < c1; c++) q[c] = f32_to_e4m3(t[c] / sv);
+                for (int64_t c = c0; c < c1; c++) q[c] = qd_round_e4m3(t[c] / sv);
             }
     }
     free(tmp);
@@ -123,7 +109,7 @@ static void nvfp4_task(void *user, int64_t begin, int64_t end, int worker) {
         for (int64_t b = 0; b < C / 16; b++) {
             float a = 0;
             for (int k = 0; k < 16; k++) a = fmaxf(a, fabsf(tmp[b * 16 + k]));
-            uint8_t sc = f32_to_e4m3(a / 6.0f / j->global);
+            uint8_t sc = qd_round_e4m3(a / 6.0f / j->global);
             if (sc == 0) sc = 1; /* the smallest e4m3 step: an all-zero block stays zero */
             s[r * (C / 16) + b] = sc;
             const float eff = qd_f8e4m3_to_f32(sc) * j->global;
@@ -149,12 +135,11 @@ static void int4_task(void *user, int64_t begin, int64_t end, int worker) {
         for (int64_t gr = 0; gr < G; gr++) {
             float a = 0;
             for (int64_t k = 0; k < g; k++) a = fmaxf(a, fabsf(tmp[gr * g + k]));
-            const float sc = a > 0 ? a / 7.0f : 1.0f;
+            const float sc = qd_int4_group_scale(a);
             s[r * G + gr] = sc;
             for (int64_t k = 0; k < g; k++) {
                 const int64_t c = gr * g + k;
-                long v = lrintf(tmp[c] / sc) + 8;
-                v = v < 0 ? 0 : v > 15 ? 15 : v;
+                const uint8_t v = qd_round_int4(tmp[c], sc);
                 j->q[(r * C + c) / 2] |= (uint8_t)(c % 2 ? v << 4 : v);
             }
         }
@@ -173,54 +158,55 @@ typedef struct qconv {
     qd_parallel_fn task;     /* fp8_task, nvfp4_task or int4_task */
 } qconv;
 
-static qd_status conv_prepare(qd_model *m, qd_quantization kind, const qd_weight *w, qconv *c, qd_err *err) {
+/* The layout w takes in a format (base/weight.h), without its values: FP8 in 128 x 128
+ * blocks, NVFP4 in blocks of 16 (its global factor comes with the values), INT4 in groups
+ * of 128 (the whole row when cols % 128). A dummy keeps its seed and scale. */
+static qd_status quant_layout(qd_quantization kind, const qd_weight *w, qd_weight *out, qd_err *err) {
     const int64_t R = w->rows, C = w->cols;
-    *c = (qconv){.j = {.w = w}};
+    *out = (qd_weight){.rows = R, .cols = C, .dummy_seed = w->dummy_seed, .dummy_scale = w->dummy_scale};
     switch (kind) {
-    case QD_QUANTIZATION_FP8: {
-        const int64_t B = 128, sr = (R + B - 1) / B, sc = (C + B - 1) / B;
-        c->j.q = qd_model_alloc(m, (size_t)(R * C));
-        c->j.s = qd_model_alloc(m, (size_t)(sr * sc) * sizeof(float));
-        if (!c->j.q || !c->j.s)
-            return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing a %lldx%lld weight to FP8", (long long)R,
-                             (long long)C);
-        c->out = (qd_weight){.dtype = QD_DTYPE_F8_E4M3, .rows = R, .cols = C, .data = c->j.q,
-                             .scales = {.dtype = QD_DTYPE_F32, .data = c->j.s, .block_rows = B, .block_cols = B,
-                                        .global = 1}};
-        c->tasks = sr;
-        c->task = fp8_task;
+    case QD_QUANTIZATION_FP8:
+        out->dtype = QD_DTYPE_F8_E4M3;
+        out->scales = (qd_weight_scales){.dtype = QD_DTYPE_F32, .block_rows = 128, .block_cols = 128, .global = 1};
         return QD_OK;
-    }
     case QD_QUANTIZATION_NVFP4:
         if (C % 16)
             return qd_seterr(err, QD_ERR_UNSUPPORTED, "--quantization nvfp4: a weight of %lld in-features (not a "
                              "multiple of 16)", (long long)C);
-        c->j.q = qd_model_alloc(m, (size_t)(R * C / 2));
-        c->j.s = qd_model_alloc(m, (size_t)(R * C / 16));
-        if (!c->j.q || !c->j.s) return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing to NVFP4");
-        c->out = (qd_weight){.dtype = QD_DTYPE_NVFP4, .rows = R, .cols = C, .data = c->j.q,
-                             .scales = {.dtype = QD_DTYPE_F8_E4M3, .data = c->j.s, .block_rows = 1, .block_cols = 16}};
-        c->tasks = R;
-        c->task = nvfp4_task;
+        out->dtype = QD_DTYPE_NVFP4;
+        out->scales = (qd_weight_scales){.dtype = QD_DTYPE_F8_E4M3, .block_rows = 1, .block_cols = 16};
         return QD_OK;
-    case QD_QUANTIZATION_INT4: {
-        const int64_t g = C % 128 ? C : 128, G = C / g;
+    case QD_QUANTIZATION_INT4:
         if (C % 2)
             return qd_seterr(err, QD_ERR_UNSUPPORTED, "--quantization int4: a weight of %lld in-features (odd)",
                              (long long)C);
-        c->j.q = qd_model_alloc(m, (size_t)(R * C / 2));
-        c->j.s = qd_model_alloc(m, (size_t)(R * G) * sizeof(float));
-        c->j.group = g;
-        if (!c->j.q || !c->j.s) return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing to INT4");
-        c->out = (qd_weight){.dtype = QD_DTYPE_INT4, .rows = R, .cols = C, .data = c->j.q,
-                             .scales = {.dtype = QD_DTYPE_F32, .data = c->j.s, .block_rows = 1, .block_cols = g,
-                                        .global = 1}};
-        c->tasks = R;
-        c->task = int4_task;
+        out->dtype = QD_DTYPE_INT4;
+        out->scales = (qd_weight_scales){.dtype = QD_DTYPE_F32, .block_rows = 1, .block_cols = C % 128 ? C : 128,
+                                         .global = 1};
         return QD_OK;
-    }
     default: return qd_seterr(err, QD_ERR_INVALID_ARG, "quantization %d is not a format", (int)kind);
     }
+}
+
+static qd_status conv_prepare(qd_model *m, qd_quantization kind, const qd_weight *w, qconv *c, qd_err *err) {
+    *c = (qconv){.j = {.w = w}};
+    QD_TRY(quant_layout(kind, w, &c->out, err));
+    c->out.dummy_seed = 0;
+    c->out.dummy_scale = 0;
+    const size_t data_b = qd_weight_data_bytes(&c->out), scale_b = qd_weight_scale_bytes(&c->out);
+    c->j.q = qd_model_alloc(m, data_b);
+    c->j.s = qd_model_alloc(m, scale_b);
+    if (!c->j.q || !c->j.s)
+        return qd_seterr(err, QD_ERR_OOM, "out of memory quantizing a %lldx%lld weight to %s", (long long)w->rows,
+                         (long long)w->cols, qd_dtype_name(c->out.dtype));
+    c->out.data = c->j.q;
+    c->out.scales.data = c->j.s;
+    switch (kind) {
+    case QD_QUANTIZATION_FP8: c->tasks = (w->rows + 127) / 128, c->task = fp8_task; break;
+    case QD_QUANTIZATION_NVFP4: c->tasks = w->rows, c->task = nvfp4_task; break;
+    default: c->tasks = w->rows, c->j.group = c->out.scales.block_cols, c->task = int4_task; break;
+    }
+    return QD_OK;
 }
 
 static void conv_run(qd_threadpool *pool, qconv *c, int64_t n, qd_parallel_fn fn) {
@@ -283,8 +269,21 @@ static qd_status convertible(const qd_weight *w, qd_err *err) {
     if (qd_weight_quantized(w))
         return qd_seterr(err, QD_ERR_INVALID_ARG, "--quantization: the checkpoint is already quantized (%s); it loads "
                          "as stored without the option", qd_dtype_name(w->dtype));
-    if (!w->data)
-        return qd_seterr(err, QD_ERR_UNSUPPORTED, "--quantization: a weight drawn by the backend has no host values");
+    if (!w->data && !qd_weight_backend_drawn(w))
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "--quantization: a weight without values");
+    return QD_OK;
+}
+
+/* A dummy its backend draws (model_dummy.c) only takes the format's layout: the backend
+ * draws the bf16 values and quantizes them in place, as conv_fill would (FP8 and INT4,
+ * whose scales need only their block's values). */
+static qd_status convert_drawn(qd_quantization kind, qd_weight *w, qd_err *err) {
+    if (kind == QD_QUANTIZATION_NVFP4)
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "--quantization nvfp4: a dummy drawn by the backend (its global "
+                         "factor needs the whole matrix on the host)");
+    qd_weight q;
+    QD_TRY(quant_layout(kind, w, &q, err));
+    *w = q;
     return QD_OK;
 }
 
@@ -297,6 +296,7 @@ static void conv_finish(qd_model *m, qd_weight *w, const qconv *c) {
 static qd_status convert(qd_model *m, qd_quantization kind, qd_weight *w, qd_err *err) {
     if (w->rows == 0 || w->cols == 0) return QD_OK; /* another rank's expert */
     QD_TRY(convertible(w, err));
+    if (!w->data) return convert_drawn(kind, w, err);
     qd_weight q;
     QD_TRY(qd_quant_to_format(m, kind, w, &q, err));
     drop_owned(m, w->data);
@@ -327,8 +327,12 @@ static qd_status convert_experts(qd_model *m, qd_quantization kind, qd_moe_weigh
         qd_weight *mats[3] = {&moe->experts[e].gate, &moe->experts[e].up, &moe->experts[e].down};
         for (int k = 0; k < 3 && !st; k++) {
             if (mats[k]->rows == 0 || mats[k]->cols == 0) continue; /* another rank's expert */
-            st = convertible(mats[k], err);
-            if (!st) st = conv_prepare(m, kind, mats[k], &c[n], err);
+            if ((st = convertible(mats[k], err))) break;
+            if (!mats[k]->data) {
+                st = convert_drawn(kind, mats[k], err);
+                continue;
+            }
+            st = conv_prepare(m, kind, mats[k], &c[n], err);
             if (!st) w[n++] = mats[k];
         }
     }

@@ -8,8 +8,8 @@
  * (qd_moe_decode_takes: one vectorised layout for every expert); otherwise, and for the
  * embedding, lm_head and routers (which the kernels read as bf16), a quantized tensor is
  * dequantized to bf16 on the host and the log names it. F32 / F16 tensors are rounded to
- * bf16 on the host; dummy bf16 weights are drawn on the device with the same values the
- * CPU backend draws. */
+ * bf16 on the host; dummy weights, bf16 or quantized to FP8 / INT4, are drawn on the device
+ * (dummy_fill.cu) with the bytes the CPU backend draws and converts. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,10 +37,29 @@ static qd_status h2d(planner *p, void *dst, const void *src, size_t bytes) {
     return s ? cuda_err(p->err, s, "uploading weights") : QD_OK;
 }
 
+/* A quantized dummy held as bf16 (a layout the kernels do not take): drawn in its format in
+ * scratch, then dequantized, so it has the values the CPU backend multiplies. */
+static qd_status put_drawn_widened(planner *p, uint16_t *dst, const qd_weight *w) {
+    qd_weight d = *w;
+    d.scales.block_rows = d.scales.block_rows > 0 ? d.scales.block_rows : 1;
+    const size_t db = qd_weight_data_bytes(&d), sb = qd_weight_scale_bytes(&d);
+    void *tmp = NULL;
+    qd_status s = qd_cuda_malloc(&tmp, db + sb);
+    if (s) return cuda_err(p->err, s, "scratch for a dummy weight");
+    d.data = tmp;
+    d.scales.data = (uint8_t *)tmp + db;
+    s = qd_cuda_fill_dummy_quant(&d, tmp, (float *)d.scales.data, NULL);
+    if (!s) s = qd_cuda_dequant_bf16(&d, dst, NULL);
+    if (!s) s = qd_cuda_sync();
+    qd_cuda_free(tmp);
+    return s ? cuda_err(p->err, s, "drawing a dummy quantized weight") : QD_OK;
+}
+
 /* Writes w (rows x cols, any stored format) as bf16 at dst. */
 static qd_status put_bf16(planner *p, uint16_t *dst, const qd_weight *w) {
     const int64_t n = w->rows * w->cols;
     qd_status s;
+    if (!w->data && qd_weight_quantized(w)) return put_drawn_widened(p, dst, w);
     if (!w->data) {
         if ((s = qd_cuda_fill_dummy_bf16(dst, n, w->dummy_scale, w->dummy_seed, NULL)))
             return cuda_err(p->err, s, "generating dummy weights");
@@ -119,7 +138,7 @@ static qd_status put_quant(planner *p, qd_cuda_mat *m, const qd_weight *const *s
     const qd_weight *w0 = srcs[0];
     int64_t rows = 0, data_b = 0, scale_n = 0;
     for (int i = 0; i < n; i++) {
-        if (!srcs[i]->data || !srcs[i]->scales.data)
+        if ((!srcs[i]->data || !srcs[i]->scales.data) && !qd_weight_backend_drawn(srcs[i]))
             return qd_seterr(p->err, QD_ERR_INVALID_ARG, "a quantized weight without its values or scales");
         rows += srcs[i]->rows;
         data_b += srcs[i]->rows * q_row_bytes(srcs[i]);
@@ -144,10 +163,15 @@ static qd_status put_quant(planner *p, qd_cuda_mat *m, const qd_weight *const *s
     for (int i = 0; i < n; i++) {
         const qd_weight *w = srcs[i];
         const int64_t db = w->rows * q_row_bytes(w), sn = q_scale_elems(w);
-        QD_TRY(h2d(p, data, w->data, (size_t)db));
-        if (esz == 4) QD_TRY(put_scales_f32(p, (float *)scales, w, sn));
-        else QD_TRY(h2d(p, scales, w->scales.data, (size_t)sn));
-        if (zeros) QD_TRY(h2d(p, zeros, w->scales.zeros, (size_t)sn));
+        if (qd_weight_backend_drawn(w)) { /* values and scales drawn in place (no zeros) */
+            qd_status s = qd_cuda_fill_dummy_quant(w, data, (float *)scales, NULL);
+            if (s) return cuda_err(p->err, s, "drawing dummy weights");
+        } else {
+            QD_TRY(h2d(p, data, w->data, (size_t)db));
+            if (esz == 4) QD_TRY(put_scales_f32(p, (float *)scales, w, sn));
+            else QD_TRY(h2d(p, scales, w->scales.data, (size_t)sn));
+            if (zeros) QD_TRY(h2d(p, zeros, w->scales.zeros, (size_t)sn));
+        }
         data += db;
         scales = (unsigned char *)scales + (size_t)sn * esz;
         if (zeros) zeros += sn;
@@ -273,7 +297,8 @@ static int experts_quantizable(const qd_moe_weights *w, int e0, int E, int H, in
         const qd_weight *m[3] = {&x->gate, &x->up, &x->down};
         for (int i = 0; i < 3; i++) {
             const qd_weight mw = widened(m[i]);
-            if (m[i]->dtype != g0->dtype || !m[i]->data || !qd_cuda_qlayout_vectorised(&mw) ||
+            if (m[i]->dtype != g0->dtype || (!m[i]->data && !qd_weight_backend_drawn(m[i])) ||
+                !qd_cuda_qlayout_vectorised(&mw) ||
                 !m[i]->scales.zeros != !g0->scales.zeros)
                 return 0;
             if (i < 2 && (m[i]->scales.block_cols != g0->scales.block_cols ||
@@ -327,6 +352,11 @@ static qd_status experts_q(planner *p, qd_cuda_layer *d, const qd_moe_weights *w
             const int gate_up = i < 2;
             const int64_t mat = gate_up ? 2 * e + i : e, db = gate_up ? gdb : ddb, sn = gate_up ? gsn : dsn;
             const qd_cuda_qmats *q = gate_up ? gu : dn;
+            if (qd_weight_backend_drawn(m[i])) { /* values and scales drawn in place */
+                s = qd_cuda_fill_dummy_quant(m[i], (uint8_t *)q->data + mat * db, (float *)q->scales + mat * sn, NULL);
+                if (s) s = cuda_err(p->err, s, "drawing dummy experts");
+                continue;
+            }
             s = h2d(p, (uint8_t *)q->data + mat * db, m[i]->data, (size_t)db);
             if (!s && esz == 4) s = put_scales_f32(p, (float *)q->scales + mat * sn, m[i], sn);
             else if (!s) s = h2d(p, (uint8_t *)q->scales + mat * sn, m[i]->scales.data, (size_t)sn);

@@ -22,9 +22,8 @@ extern "C" {
 
 /* y[i] = bf16(x[i]), round to nearest even. */
 qd_status qd_cuda_f32_to_bf16(const float *d_x, uint16_t *d_y, int64_t n, void *stream);
-/* Dummy weights on the device, the same values as the CPU's --load-format dummy
- * (model_dummy.c): blocks of 4096 elements, each with its own splitmix64 stream
- * seeded from seed ^ (block * 0xd1b54a32d192ed03), u in [-1, 1) times scale, to bf16. */
+/* Dummy weights on the device (dummy_fill.cu), the values of the CPU's --load-format dummy
+ * (base/dummy_values.h). */
 qd_status qd_cuda_fill_dummy_bf16(uint16_t *d, int64_t n, float scale, uint64_t seed, void *stream);
 
 /* h[r] = embed[tokens[r]] widened to fp32. embed: [V][H] bf16. */

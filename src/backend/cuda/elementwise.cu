@@ -48,34 +48,6 @@ extern "C" qd_status qd_cuda_f32_to_bf16(const float *d_x, uint16_t *d_y, int64_
     return QD_OK;
 }
 
-__device__ __forceinline__ uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* One thread per block of 4096 elements: the streams are sequential within a block. */
-__global__ void fill_dummy_kernel(uint16_t *__restrict__ d, int64_t n, float scale, uint64_t seed) {
-    const int64_t blk = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    const int64_t lo = blk * 4096;
-    if (lo >= n) return;
-    const int64_t hi = lo + 4096 < n ? lo + 4096 : n;
-    uint64_t s = seed ^ ((uint64_t)blk * 0xd1b54a32d192ed03ull);
-    for (int64_t i = lo; i < hi; i++) {
-        const float u = (float)((double)(splitmix64(&s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-        d[i] = qd_f2bf(u * scale);
-    }
-}
-
-extern "C" qd_status qd_cuda_fill_dummy_bf16(uint16_t *d, int64_t n, float scale, uint64_t seed, void *stream) {
-    if (n <= 0) return QD_OK;
-    const int64_t blocks = (n + 4095) / 4096;
-    fill_dummy_kernel<<<(unsigned)((blocks + 127) / 128), 128, 0, (cudaStream_t)stream>>>(d, n, scale, seed);
-    QD_CUDA_CHECK_LAUNCH("fill_dummy");
-    return QD_OK;
-}
-
 /* -------------------------------------------------------------- embedding */
 
 __global__ void embed_kernel(const uint16_t *__restrict__ table, const int32_t *__restrict__ tokens, int H,
