@@ -112,7 +112,8 @@ run_test() {
 }
 if has tests; then
     : >"$TESTS_LOG"
-    for t in test_backend_ops test_forward_allow test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_snap_tier; do
+    # TESTS="test_cuda_ops ...": a subset, or other test binaries of $BUILD
+    for t in ${TESTS-test_backend_ops test_forward_allow test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_snap_tier}; do
         run_test "$t" "$TESTS_LOG"
     done
 fi

@@ -5,7 +5,7 @@
  * and a prep kernel reading it back: at one token per sequence both are a few
  * microseconds of latency and almost no bytes.
  *
- * Blocks (row, part): the GI_PARTS parts of a row split its q and k heads (a
+ * Blocks (row, part): the parts of a row (GI_PARTS, more for a few rows) split its q and k heads (a
  * warp per head, whose lanes keep the head's conv outputs in registers for the
  * norm), its v channels and its gates, so that a decode step still spreads over
  * several SMs. Each conv output is summed over the window in tap order, as the
@@ -17,7 +17,9 @@
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/cuda_common.cuh"
 
-#define GI_PARTS 8
+#define GI_PARTS 8       /* blocks per row */
+#define GI_PARTS_FEW 32  /* ... at most GI_FEW_ROWS rows */
+#define GI_FEW_ROWS 16
 #define GI_NT 256
 #define GI_MAX_DK 256 /* a head's conv outputs: dk / 32 registers per lane */
 
@@ -26,23 +28,32 @@ __device__ __forceinline__ float gi_sigmoid(float x) { return 1.f / (1.f + expf(
 
 /* silu(conv) of channel c at position t of a span starting at row0: the window
  * reaches back K-1 inputs, into the state where the span has not supplied them.
- * shift: the span is this one row and this thread its channel's only reader, so
- * it moves the state on by one input itself. */
+ * KT: K at compile time (0: K at run time, at most 17), so that the window's loads
+ * are all in flight at once. shift: the span is this one row (t = 0) and this thread
+ * its channel's only reader, so it moves the state on by one input itself. */
+template <int KT>
 __device__ __forceinline__ float gi_conv(const float *x, int64_t xs, const float *__restrict__ w,
-                                         float *st, int K, int row0, int t, int c, bool shift) {
-    float acc = 0.f;
-    for (int j = 0; j < K; j++) {
+                                         float *st, int Kr, int row0, int t, int c, bool shift) {
+    constexpr int KMAX = KT > 0 ? KT : 17;
+    const int K = KT > 0 ? KT : Kr;
+    float in[KMAX];
+#pragma unroll
+    for (int j = 0; j < KMAX; j++) {
         const int src = t - (K - 1) + j; /* position within the span; < 0 reads the state */
-        const float v = src >= 0 ? __ldcg(x + (size_t)(row0 + src) * xs + c) : __ldcg(st + (K - 1) + src);
-        acc = fmaf(w[(size_t)c * K + j], v, acc);
+        in[j] = j >= K ? 0.f : src >= 0 ? __ldcg(x + (size_t)(row0 + src) * xs + c) : __ldcg(st + (K - 1) + src);
     }
-    if (shift && K > 1) {
-        for (int j = 0; j + 1 < K - 1; j++) st[j] = __ldcg(st + j + 1);
-        st[K - 2] = __ldcg(x + (size_t)(row0 + t) * xs + c);
-    }
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < KMAX; j++)
+        if (j < K) acc = fmaf(w[(size_t)c * K + j], in[j], acc);
+    if (shift)
+#pragma unroll
+        for (int j = 0; j + 1 < KMAX; j++)
+            if (j + 1 < K) st[j] = in[j + 1];
     return gi_silu(acc);
 }
 
+template <int KT>
 __global__ void __launch_bounds__(GI_NT)
 gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t xs, const float *a,
                   const float *b, int64_t abs_, const float *__restrict__ w,
@@ -59,8 +70,8 @@ gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t
     const int row0 = __ldcg(sp), t = r - row0;
     float *st = state + (size_t)__ldcg(sp + 3) * C * (K - 1);
     const float qscale = rsqrtf((float)dk);
-    const int tid = part * GI_NT + threadIdx.x, nthreads = GI_PARTS * GI_NT;
-    for (int hh = part * (GI_NT / 32) + warp; hh < 2 * hk; hh += GI_PARTS * (GI_NT / 32)) {
+    const int parts = gridDim.y, tid = part * GI_NT + threadIdx.x, nthreads = parts * GI_NT;
+    for (int hh = part * (GI_NT / 32) + warp; hh < 2 * hk; hh += parts * (GI_NT / 32)) {
         float val[GI_MAX_DK / 32];
         float ss = 0.f;
 #pragma unroll
@@ -69,7 +80,7 @@ gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t
             val[m] = 0.f;
             if (i < dk) {
                 const int c = hh * dk + i; /* q heads then k heads */
-                val[m] = gi_conv(x, xs, w, st + (size_t)c * (K - 1), K, row0, t, c, shift);
+                val[m] = gi_conv<KT>(x, xs, w, st + (size_t)c * (K - 1), K, row0, t, c, shift);
                 ss += val[m] * val[m];
             }
         }
@@ -83,7 +94,7 @@ gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t
     }
     for (int i = tid; i < value_dim; i += nthreads) {
         const int c = 2 * key_dim + i;
-        v[(size_t)r * value_dim + i] = qd_f2bf(gi_conv(x, xs, w, st + (size_t)c * (K - 1), K, row0, t, c, shift));
+        v[(size_t)r * value_dim + i] = qd_f2bf(gi_conv<KT>(x, xs, w, st + (size_t)c * (K - 1), K, row0, t, c, shift));
     }
     for (int h = tid; h < hv; h += nthreads) {
         const float xa = __ldcg(a + (size_t)r * abs_ + h) + dt_bias[h];
@@ -135,10 +146,13 @@ extern "C" qd_status qd_cuda_gdn_inputs(const qd_cuda_gdn_in_args *a, void *stre
         return qd_cuda_fail(QD_ERR_UNSUPPORTED, "gdn_inputs: key head dim must be 1..256");
     if (a->n <= 0) return QD_OK;
     cudaStream_t st = (cudaStream_t)stream;
-    qd_status s = qd_launch_pdl(1, gdn_inputs_kernel, dim3((unsigned)a->n, GI_PARTS), dim3(GI_NT), 0, st, a->hk,
-                                a->hv, a->dk, a->dv, a->K, a->d_x, a->x_stride, a->d_a, a->d_b, a->ab_stride, a->d_w,
-                                a->d_A_log, a->d_dt_bias, a->d_state, a->d_spans, a->d_row_span, a->d_q, a->d_k,
-                                a->d_v, a->d_g, a->d_beta, a->decode_only ? 1 : 0);
+    /* a decode-sized batch spreads each row over more blocks: there the kernel is a few
+     * memory latencies long, and more SMs issue them at once */
+    const dim3 grid((unsigned)a->n, a->n <= GI_FEW_ROWS ? GI_PARTS_FEW : GI_PARTS);
+    qd_status s = qd_launch_pdl(1, a->K == 4 ? gdn_inputs_kernel<4> : gdn_inputs_kernel<0>, grid, dim3(GI_NT), 0, st,
+                                a->hk, a->hv, a->dk, a->dv, a->K, a->d_x, a->x_stride, a->d_a, a->d_b, a->ab_stride,
+                                a->d_w, a->d_A_log, a->d_dt_bias, a->d_state, a->d_spans, a->d_row_span, a->d_q,
+                                a->d_k, a->d_v, a->d_g, a->d_beta, a->decode_only ? 1 : 0);
     if (s) return s;
     if (a->K > 1 && a->n_ver > 0) {
         const int C = 2 * a->hk * a->dk + a->hv * a->dv;

@@ -23,12 +23,24 @@
 #define RD_NT 256
 #define RD_WARPS (RD_NT / 32) /* logits per block: a warp each */
 #define RD_MAX_H 12288        /* x in shared memory as fp32: at most 48 KiB */
+#define RD_PRE 8              /* router pieces a lane loads before the wait: H <= 2048 whole */
 
 __device__ __forceinline__ void rd_bf16x8(const uint4 v, float f[8]) {
     f[0] = __uint_as_float(v.x << 16); f[1] = __uint_as_float(v.x & 0xffff0000u);
     f[2] = __uint_as_float(v.y << 16); f[3] = __uint_as_float(v.y & 0xffff0000u);
     f[4] = __uint_as_float(v.z << 16); f[5] = __uint_as_float(v.z & 0xffff0000u);
     f[6] = __uint_as_float(v.w << 16); f[7] = __uint_as_float(v.w & 0xffff0000u);
+}
+
+/* acc + the 8 bf16 weights of w times x[0..8), in column order */
+__device__ __forceinline__ float rd_dot8(const uint4 w, const float *x, float acc) {
+    float wf[8];
+    rd_bf16x8(w, wf);
+    const float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
+    acc = fmaf(wf[0], a.x, acc); acc = fmaf(wf[1], a.y, acc); acc = fmaf(wf[2], a.z, acc);
+    acc = fmaf(wf[3], a.w, acc); acc = fmaf(wf[4], b.x, acc); acc = fmaf(wf[5], b.y, acc);
+    acc = fmaf(wf[6], b.z, acc); acc = fmaf(wf[7], b.w, acc);
+    return acc;
 }
 
 template <int V>
@@ -42,13 +54,20 @@ moe_router_decode(const float *h, const float *__restrict__ nw, float eps, int H
     const int t = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int row = blockIdx.x * RD_WARPS + warp;
     const uint16_t *wr = Wr + (size_t)(row < Er ? row : 0) * H;
-    /* the first piece of this warp's router row: weights, so before the wait */
-    uint4 w0 = make_uint4(0, 0, 0, 0);
-    if (row < Er && lane * 8 < H) w0 = __ldg((const uint4 *)(wr + lane * 8));
+    /* this warp's router row, RD_PRE pieces a lane (all of it up to H = 2048): weights, so
+     * loaded before the wait, and all in flight at once (at one token this kernel is a few
+     * memory latencies long, not a stream of bytes) */
+    uint4 wp[RD_PRE];
+#pragma unroll
+    for (int i = 0; i < RD_PRE; i++) {
+        const int c = lane * 8 + 256 * i;
+        wp[i] = row < Er && c < H ? __ldg((const uint4 *)(wr + c)) : make_uint4(0, 0, 0, 0);
+    }
     qd_pdl_wait();
     qd_pdl_trigger();
     const float *hr = h + (size_t)t * H;
     float ss = 0.f;
+#pragma unroll 8
     for (int c = tid; c < H; c += RD_NT) {
         const float v = __ldcg(hr + c); /* L2: the previous kernel may have run beside this one */
         ss += v * v;
@@ -60,22 +79,19 @@ moe_router_decode(const float *h, const float *__restrict__ nw, float eps, int H
 #pragma unroll
     for (int w = 0; w < RD_WARPS; w++) tot += red[w];
     const float inv = rsqrtf(tot / (float)H + eps);
+#pragma unroll 8
     for (int c = tid; c < H; c += RD_NT) {
         const float v = __ldcg(hr + c) * inv * (1.f + nw[c]);
         xf[c] = v;
         if (blockIdx.x == 0) x[(size_t)t * H + c] = qd_f2bf(v);
     }
     __syncthreads();
-    if (row < Er) { /* as qd_cuda_matmul_xf32: lane l takes 8 columns every 256 */
+    if (row < Er) { /* as qd_cuda_matmul_xf32: lane l takes 8 columns every 256, in order */
         float acc = 0.f;
-        for (int c = lane * 8; c < H; c += 256) {
-            float wf[8];
-            rd_bf16x8(c == lane * 8 ? w0 : __ldg((const uint4 *)(wr + c)), wf);
-            const float4 a = *(const float4 *)(xf + c), b = *(const float4 *)(xf + c + 4);
-            acc = fmaf(wf[0], a.x, acc); acc = fmaf(wf[1], a.y, acc); acc = fmaf(wf[2], a.z, acc);
-            acc = fmaf(wf[3], a.w, acc); acc = fmaf(wf[4], b.x, acc); acc = fmaf(wf[5], b.y, acc);
-            acc = fmaf(wf[6], b.z, acc); acc = fmaf(wf[7], b.w, acc);
-        }
+#pragma unroll
+        for (int i = 0; i < RD_PRE; i++)
+            if (lane * 8 + 256 * i < H) acc = rd_dot8(wp[i], xf + lane * 8 + 256 * i, acc);
+        for (int c = lane * 8 + 256 * RD_PRE; c < H; c += 256) acc = rd_dot8(__ldg((const uint4 *)(wr + c)), xf + c, acc);
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (lane == 0) logits[(size_t)t * ldl + row] = acc;
     }
