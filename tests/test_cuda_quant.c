@@ -289,8 +289,10 @@ static void test_linear_table(qd_cuda_blas *blas) {
 
 /* A call of three products sharing an RMSNorm input (an FP8 block-128 and an INT4-free stack:
  * FP8, bf16, FP8 as a GDN in_proj with its bf16 a / b parts) through the table: one launch of
- * the tensor-core GEMV; each product against the double reference on the x the table
- * materialised (read back from scratch), and token 0 of n = 1 and of n = 3 / 11 bit for bit. */
+ * the tensor-core GEMV, its blocks building x (n = 1, 3; n = 11 is over their shared memory,
+ * x materialised); each product against the double reference on the x qd_cuda_add_rmsnorm
+ * materialises, bit for bit equal to the products on that x, and token 0 of n = 1 and of
+ * n = 3 / 11 bit for bit. */
 static void test_linear_multi(qd_cuda_blas *blas) {
     const int64_t C = 2048, R[3] = {300, 77, 40};
     uint8_t *q[2];
@@ -336,14 +338,28 @@ static void test_linear_multi(qd_cuda_blas *blas) {
                                      {.W = dbw, .rows = R[1], .y = dy[1], .ldy = R[1]},
                                      {.qw = &dw[1], .rows = R[2], .y = dy[2], .ldy = R[2]}};
     CHECK(qd_cuda_qgemv_multi_takes(qo, 3, C, scratch, C));
+    uint16_t *xm = qd_test_dev(NULL, (size_t)(nmax * C) * 2);
+    float *dz[3];
+    for (int i = 0; i < 3; i++) dz[i] = qd_test_dev(NULL, sizeof(float) * (size_t)(nmax * R[i]));
+    const qd_cuda_qgemv_out qz[3] = {{.qw = &dw[0], .rows = R[0], .y = dz[0], .ldy = R[0]},
+                                     {.W = dbw, .rows = R[1], .y = dz[1], .ldy = R[1]},
+                                     {.qw = &dw[1], .rows = R[2], .y = dz[2], .ldy = R[2]}};
     float *first[3] = {0};
     static const int ns[3] = {1, 3, nmax};
     for (int k = 0; k < 3; k++) {
         const int n = ns[k];
+        CHECKF(qd_cuda_qgemv_multi_in_takes(qo, 3, C, &in, n) == (n * C * 2 <= 48 * 1024),
+               "linear multi: x built in the GEMV at n = %d", n);
         ST_OK(qd_cuda_linear(blas, &in, C, n, out, 3, 0, scratch, NULL));
-        uint16_t *xb = qd_test_host(scratch, (size_t)(n * C) * 2);
+        ST_OK(qd_cuda_add_rmsnorm(dh, NULL, dnw, 1e-6f, n, (int)C, NULL, xm, NULL, NULL));
+        ST_OK(qd_cuda_qgemv_multi(qz, 3, C, xm, C, n, 0, NULL));
+        uint16_t *xb = qd_test_host(xm, (size_t)(n * C) * 2);
         for (int i = 0; i < 3 && xb; i++) {
             float *y = qd_test_host(dy[i], sizeof(float) * (size_t)(n * R[i]));
+            float *z = qd_test_host(dz[i], sizeof(float) * (size_t)(n * R[i]));
+            CHECKF(y && z && !memcmp(y, z, sizeof(float) * (size_t)(n * R[i])),
+                   "linear multi: product %d, n = %d: not the bits of the product on the materialised x", i, n);
+            free(z);
             int bad = 0;
             for (int t = 0; t < n && y; t++)
                 for (int64_t r = 0; r < R[i]; r++) {
@@ -376,7 +392,7 @@ static void test_linear_multi(qd_cuda_blas *blas) {
     CHECK(!qd_cuda_qgemv_multi_takes(mixed, 2, C, scratch, C));
     CHECK(qd_cuda_qgemv_multi(mixed, 2, C, scratch, C, 1, 0, NULL) == QD_ERR_UNSUPPORTED);
     void *dev[] = {(void *)dw[0].data, (void *)dw[0].scales.data, (void *)dw[1].data, (void *)dw[1].scales.data,
-                   dbw, dh, dnw, scratch, dy[0], dy[1], dy[2]};
+                   dbw, dh, dnw, scratch, dy[0], dy[1], dy[2], xm, dz[0], dz[1], dz[2]};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) qd_cuda_free(dev[i]);
     for (int i = 0; i < 2; i++) { free(q[i]); free(s[i]); }
     for (int i = 0; i < 3; i++) free(wf[i]);
@@ -386,6 +402,68 @@ static void test_linear_multi(qd_cuda_blas *blas) {
 /* Prefill sizes (n > 16) and the invariant path: the weight dequantized into the call's
  * scratch, then the bf16 product; against the double reference over the exact weights,
  * within the error of bf16 weights (2^-9 relative each) and fp32 sums. */
+/* x built by the tensor-core GEMV's blocks (qd_cuda_qgemv_multi_in) for each input kind
+ * (an RMSNorm of residual rows picked by `rows`, the GDN gated norm, SwiGLU) in FP8 and INT4:
+ * the bits of the same products on x materialised by the elementwise kernels. */
+static void test_built_inputs(void) {
+    const int64_t C = 2048, R = 200, ldz = C + 64;
+    const int dv = 128, nmax = 5;
+    const int32_t rows_host[5] = {2, 0, 4, 1, 3};
+    float *hf = qd_test_rnd(&rng, (size_t)(nmax * C), 1.0f), *nw = qd_test_rnd(&rng, (size_t)C, 0.1f);
+    float *gw = qd_test_rnd(&rng, (size_t)dv, 1.0f), *zf = qd_test_rnd(&rng, (size_t)(nmax * ldz), 2.0f);
+    float *guf = qd_test_rnd(&rng, (size_t)(nmax * 2 * C), 2.0f), *of = qd_test_rnd(&rng, (size_t)(nmax * C), 1.0f);
+    uint16_t *ob = qd_test_round_bf16(of, (size_t)(nmax * C));
+    float *dh = qd_test_dev(hf, sizeof(float) * (size_t)(nmax * C)), *dnw = qd_test_dev(nw, sizeof(float) * (size_t)C);
+    float *dgw = qd_test_dev(gw, sizeof(float) * (size_t)dv), *dz = qd_test_dev(zf, sizeof(float) * (size_t)(nmax * ldz));
+    float *dgu = qd_test_dev(guf, sizeof(float) * (size_t)(nmax * 2 * C));
+    uint16_t *dob = qd_test_dev(ob, (size_t)(nmax * C) * 2), *xm = qd_test_dev(NULL, (size_t)(nmax * C) * 2);
+    int32_t *drows = qd_test_dev(rows_host, sizeof rows_host);
+    float *y1 = qd_test_dev(NULL, sizeof(float) * (size_t)(nmax * R)), *y2 = qd_test_dev(NULL, sizeof(float) * (size_t)(nmax * R));
+    for (int f = 0; f < 2; f++) {
+        const int fp8 = f == 0;
+        const int64_t qb = fp8 ? R * C : R * C / 2, ns = fp8 ? cdiv(R, 128) * cdiv(C, 128) : R * (C / 128);
+        uint8_t *q = malloc((size_t)qb);
+        for (int64_t e = 0; e < qb; e++) q[e] = (uint8_t)(rnd_byte() & (fp8 ? 0xf7 : 0xff));
+        float *sc = qd_test_rnd(&rng, (size_t)ns, 0.05f);
+        qd_weight w = {.dtype = fp8 ? QD_DTYPE_F8_E4M3 : QD_DTYPE_INT4, .rows = R, .cols = C};
+        w.data = qd_test_dev(q, (size_t)qb);
+        w.scales = (qd_weight_scales){.dtype = QD_DTYPE_F32, .block_rows = fp8 ? 128 : 1, .block_cols = 128,
+                                      .global = 1.0f};
+        w.scales.data = qd_test_dev(sc, sizeof(float) * (size_t)ns);
+        const qd_cuda_qgemv_out o1 = {.qw = &w, .rows = R, .y = y1, .ldy = R}, o2 = {.qw = &w, .rows = R, .y = y2, .ldy = R};
+        static const char *kn[4] = {"", "rmsnorm", "gated", "silu"};
+        for (int kind = QD_LIN_RMSNORM; kind <= QD_LIN_SILU; kind++)
+            for (int n = 1; n <= nmax; n += 2) {
+                qd_cuda_lin_in in = {.kind = kind, .h = dh, .rows = drows, .w = kind == QD_LIN_GATED ? dgw : dnw,
+                                     .eps = 1e-6f, .o = dob, .z = dz, .ldz = ldz, .dv = dv, .gu = dgu};
+                CHECKF(qd_cuda_qgemv_multi_in_takes(&o1, 1, C, &in, n), "built %s %s n=%d: not taken",
+                       fp8 ? "fp8" : "int4", kn[kind], n);
+                ST_OK(qd_cuda_qgemv_multi_in(&o1, 1, C, &in, n, 0, NULL));
+                if (kind == QD_LIN_RMSNORM) ST_OK(qd_cuda_add_rmsnorm(dh, NULL, dnw, 1e-6f, n, (int)C, drows, xm, NULL, NULL));
+                else if (kind == QD_LIN_GATED) ST_OK(qd_cuda_gated_rmsnorm(dob, dz, ldz, dgw, 1e-6f, n, (int)(C / dv), dv, xm, NULL));
+                else ST_OK(qd_cuda_silu_mul(dgu, n, (int)C, xm, NULL));
+                ST_OK(qd_cuda_qgemv_multi(&o2, 1, C, xm, C, n, 0, NULL));
+                float *a = qd_test_host(y1, sizeof(float) * (size_t)(n * R)), *b = qd_test_host(y2, sizeof(float) * (size_t)(n * R));
+                int nonzero = 0;
+                for (int64_t e = 0; a && e < n * R; e++) nonzero += a[e] != 0.0f;
+                CHECKF(a && b && nonzero > 0 && !memcmp(a, b, sizeof(float) * (size_t)(n * R)),
+                       "built %s %s n=%d: differs from the product on the materialised x", fp8 ? "fp8" : "int4",
+                       kn[kind], n);
+                free(a);
+                free(b);
+            }
+        printf("x built in the tensor-core GEMV (%s): rmsnorm, gated, silu == materialised, n = 1, 3, 5\n",
+               fp8 ? "fp8" : "int4");
+        qd_cuda_free((void *)w.data);
+        qd_cuda_free((void *)w.scales.data);
+        free(q);
+        free(sc);
+    }
+    void *dev[] = {dh, dnw, dgw, dz, dgu, dob, xm, drows, y1, y2};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) qd_cuda_free(dev[i]);
+    free(hf); free(nw); free(gw); free(zf); free(guf); free(of); free(ob);
+}
+
 static void test_linear_prefill(qd_cuda_blas *blas) {
     const int64_t C = 384, R = 200;
     const int n = 40;
@@ -482,6 +560,7 @@ int main(void) {
     CHECK(qd_cuda_blas_create(&blas, NULL) == QD_OK);
     if (blas) test_linear_table(blas);
     if (blas) test_linear_prefill(blas);
+    test_built_inputs();
     if (blas) test_linear_multi(blas);
     qd_cuda_blas_destroy(blas);
     return qd_test_finish("test_cuda_quant");

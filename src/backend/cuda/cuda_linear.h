@@ -44,9 +44,9 @@ typedef struct qd_cuda_lin_in {
 
 /* One product of the call: W [rows][cols] bf16 into y, n rows at stride ldy (fp32).
  * qw set (a quantized device weight, cuda_quant.h): W is unused; up to QD_CUDA_QGEMV_MAX_N
- * rows of x the product is the quantized GEMV on x materialised into scratch (one launch
- * for all the call's products where the tensor-core GEMV takes them; the
- * in-kernel fused input is bf16 only); above that an FP8 weight of a layout the FP8 GEMM
+ * rows of x the product is the quantized GEMV (one launch for all the call's products where
+ * the tensor-core GEMV takes them, its blocks building x in shared memory where it fits,
+ * else on x materialised into scratch); above that an FP8 weight of a layout the FP8 GEMM
  * takes (qd_cuda_fp8_gemm_mode) runs W8A8 on the FP8 tensor cores with x quantized into
  * fp8_act; other formats, and every format on the invariant path, are first dequantized
  * into `dequant` (bf16, rows x cols; the products of one call run in stream order, so they

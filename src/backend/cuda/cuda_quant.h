@@ -15,6 +15,7 @@
 
 #include <stdint.h>
 
+#include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/cuda_ops.h"
 #include "base/weight.h"
 #include "qdelta.h"
@@ -112,6 +113,15 @@ int qd_cuda_qgemv_multi_takes(const qd_cuda_qgemv_out *out, int n_out, int64_t c
                               int64_t ldx);
 qd_status qd_cuda_qgemv_multi(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
                               int64_t ldx, int n, int accumulate, void *stream);
+/* The same with the input of a projection (cuda_linear.h): bf16 x read in place, or made
+ * by each block in shared memory (an RMSNorm, the GDN gated norm, SwiGLU) where it fits
+ * without lowering the blocks resident per SM (_takes says; otherwise the caller
+ * materialises x and calls the bf16 form). Each row of x is built the same way whatever n
+ * is, and the products' results do not depend on n. */
+int qd_cuda_qgemv_multi_in_takes(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const qd_cuda_lin_in *in,
+                                 int n);
+qd_status qd_cuda_qgemv_multi_in(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const qd_cuda_lin_in *in,
+                                 int n, int accumulate, void *stream);
 
 /* The exact dequantization into bf16 rows (rounded to nearest even from the fp32 value the
  * CPU reference computes): a dense weight into d_out [rows][cols], or every matrix of m into

@@ -67,7 +67,7 @@ extern "C" qd_status qd_cuda_embed(const uint16_t *d_embed, const int32_t *d_tok
 
 /* ---------------------------------------------------- residual + RMSNorm */
 
-#define NORM_NT 256
+#define NORM_NT 256 /* linear_input.cuh QD_LIN_NORM_NT emulates its sums */
 __global__ void __launch_bounds__(NORM_NT)
 add_rmsnorm_kernel(float *__restrict__ h, const float *__restrict__ y, const float *__restrict__ w, float eps, int H,
                    const int32_t *__restrict__ rows, uint16_t *__restrict__ x, float *__restrict__ xf) {
@@ -82,7 +82,7 @@ add_rmsnorm_kernel(float *__restrict__ h, const float *__restrict__ y, const flo
             v += y[(size_t)r * H + c];
             hr[c] = v;
         }
-        ss += v * v;
+        ss = fmaf(v, v, ss); /* explicit: linear_input.cuh takes the same sums */
     }
     const float inv = rsqrtf(block_sum<NORM_NT>(ss, red) / (float)H + eps);
     for (int c = threadIdx.x; c < H; c += NORM_NT) {
@@ -115,7 +115,7 @@ __global__ void gated_rmsnorm_kernel(const uint16_t *__restrict__ o, const float
     float ss = 0.f;
     for (int e = lane; e < dv; e += 32) {
         const float x = qd_bf2f(oh[e]);
-        ss += x * x;
+        ss = fmaf(x, x, ss); /* explicit: linear_input.cuh takes the same sums */
     }
     const float inv = 1.f / sqrtf(warp_sum(ss) / (float)dv + eps);
     uint16_t *uh = u + ((size_t)r * hv + h) * dv;

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "backend/cuda/cuda_linear.h"
+#include "backend/cuda/linear_input.cuh"
 #include "backend/cuda/cuda_quant.h"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_util.h"
@@ -65,13 +66,6 @@ __device__ __forceinline__ void fg_bf16x8(uint4 v, float *f) {
     }
 }
 
-__device__ __forceinline__ uint4 fg_pack8(const float *f) {
-    return make_uint4(qd_pack_bf2(f[0], f[1]), qd_pack_bf2(f[2], f[3]), qd_pack_bf2(f[4], f[5]),
-                      qd_pack_bf2(f[6], f[7]));
-}
-
-__device__ __forceinline__ float fg_silu(float x) { return x / (1.f + expf(-x)); }
-
 __device__ __forceinline__ float fg_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -89,104 +83,6 @@ __device__ __forceinline__ int fg_seg(const fg_params &p, int64_t r) {
     int s = 0;
     while (s + 1 < p.n_out && r >= p.end[s]) s++;
     return s;
-}
-
-/* x[t] = bf16(h[t] * inv_t * (1 + w)): a block reduction per row (each thread's
- * columns are fixed, so the sum order does not depend on n). */
-template <int N>
-__device__ void fg_rmsnorm(const fg_params &p, uint4 *xs) {
-    __shared__ float red[FG_WARPS][N];
-    __shared__ float inv[N];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t C4 = p.cols / 4, C8 = p.cols / 8;
-#pragma unroll
-    for (int t = 0; t < N; t++) {
-        const float4 *hr = (const float4 *)(p.h + (size_t)(p.rows ? __ldcg(p.rows + t) : t) * p.cols);
-        float s = 0.f;
-        for (int64_t c = tid; c < C4; c += FG_NT) {
-            const float4 v = __ldcg(hr + c);
-            s = fmaf(v.x, v.x, s);
-            s = fmaf(v.y, v.y, s);
-            s = fmaf(v.z, v.z, s);
-            s = fmaf(v.w, v.w, s);
-        }
-        s = fg_warp_sum(s);
-        if (lane == 0) red[warp][t] = s;
-    }
-    __syncthreads();
-    if (tid < N) {
-        float s = 0.f;
-        for (int w = 0; w < FG_WARPS; w++) s += red[w][tid];
-        inv[tid] = rsqrtf(s / (float)p.cols + p.eps);
-    }
-    __syncthreads();
-    for (int64_t i = tid; i < N * C8; i += FG_NT) {
-        const int t = (int)(i / C8);
-        const int64_t c8 = i - t * C8;
-        const float4 *hr = (const float4 *)(p.h + (size_t)(p.rows ? __ldcg(p.rows + t) : t) * p.cols) + 2 * c8;
-        const float4 *wr = (const float4 *)p.w + 2 * c8;
-        const float4 a = __ldcg(hr), b = __ldcg(hr + 1), wa = wr[0], wb = wr[1];
-        const float it = inv[t];
-        float f[8] = {a.x * it * (1.f + wa.x), a.y * it * (1.f + wa.y), a.z * it * (1.f + wa.z),
-                      a.w * it * (1.f + wa.w), b.x * it * (1.f + wb.x), b.y * it * (1.f + wb.y),
-                      b.z * it * (1.f + wb.z), b.w * it * (1.f + wb.w)};
-        xs[i] = fg_pack8(f);
-    }
-}
-
-/* x = bf16(o * inv_head * w * silu(z)): G = dv / 8 consecutive lanes hold one
- * head of one row (G divides 32 and a row is hv * G pieces, so groups never
- * straddle heads); the loop bound is rounded to whole warps for the shuffles. */
-__device__ void fg_gated(const fg_params &p, int n, uint4 *xs) {
-    const int G = p.dv / 8;
-    const int64_t C8 = p.cols / 8, tot = (int64_t)n * C8, totr = (tot + 31) / 32 * 32;
-    for (int64_t i = threadIdx.x; i < totr; i += FG_NT) {
-        const bool valid = i < tot;
-        const int t = valid ? (int)(i / C8) : 0;
-        const int64_t c8 = valid ? i - t * C8 : 0;
-        float of[8];
-        fg_bf16x8(valid ? __ldcg((const uint4 *)p.o + i) : make_uint4(0, 0, 0, 0), of);
-        float ss = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) ss = fmaf(of[j], of[j], ss);
-        for (int off = G / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-        if (valid) {
-            const float inv = 1.f / sqrtf(ss / (float)p.dv + p.eps);
-            const float4 *zr = (const float4 *)(p.z + (size_t)t * p.ldz) + 2 * c8;
-            const float4 *wr = (const float4 *)(p.w + (c8 % G) * 8);
-            const float4 za = __ldcg(zr), zb = __ldcg(zr + 1), wa = wr[0], wb = wr[1];
-            const float z8[8] = {za.x, za.y, za.z, za.w, zb.x, zb.y, zb.z, zb.w};
-            const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-            float f[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = of[j] * inv * w8[j] * fg_silu(z8[j]);
-            xs[i] = fg_pack8(f);
-        }
-    }
-}
-
-/* x = bf16(silu(gate) * up) from gate|up rows of 2 cols. */
-__device__ void fg_silu_mul(const fg_params &p, int n, uint4 *xs) {
-    const int64_t C8 = p.cols / 8;
-    for (int64_t i = threadIdx.x; i < (int64_t)n * C8; i += FG_NT) {
-        const int t = (int)(i / C8);
-        const int64_t c8 = i - t * C8;
-        const float4 *g = (const float4 *)(p.gu + (size_t)t * 2 * p.cols) + 2 * c8;
-        const float4 *u = (const float4 *)(p.gu + (size_t)t * 2 * p.cols + p.cols) + 2 * c8;
-        const float4 ga = __ldcg(g), gb = __ldcg(g + 1), ua = __ldcg(u), ub = __ldcg(u + 1);
-        float f[8] = {fg_silu(ga.x) * ua.x, fg_silu(ga.y) * ua.y, fg_silu(ga.z) * ua.z, fg_silu(ga.w) * ua.w,
-                      fg_silu(gb.x) * ub.x, fg_silu(gb.y) * ub.y, fg_silu(gb.z) * ub.z, fg_silu(gb.w) * ub.w};
-        xs[i] = fg_pack8(f);
-    }
-}
-
-/* Plain bf16 x copied in (n rows at stride ldx). */
-__device__ void fg_copy(const fg_params &p, int n, uint4 *xs) {
-    const int64_t C8 = p.cols / 8;
-    for (int64_t i = threadIdx.x; i < (int64_t)n * C8; i += FG_NT) {
-        const int t = (int)(i / C8);
-        xs[i] = __ldcg((const uint4 *)(p.x + (size_t)t * p.ldx) + (i - t * C8));
-    }
 }
 
 template <int N>
@@ -219,10 +115,12 @@ __global__ void __launch_bounds__(FG_NT, 2) gemv_fused_kernel(const __grid_const
     /* Activations from here on, read through L2 (ld.cg) since the previous kernel
      * may have run beside this one; x_global (too large for shared memory) is only
      * used by plain launches and read through the read-only cache as before. */
-    if (p.kind == QD_LIN_RMSNORM) fg_rmsnorm<N>(p, xs);
-    else if (p.kind == QD_LIN_GATED) fg_gated(p, N, xs);
-    else if (p.kind == QD_LIN_SILU) fg_silu_mul(p, N, xs);
-    else if (!p.x_global) fg_copy(p, N, xs);
+    if (!p.x_global) {
+        qd_cuda_lin_in in = {};
+        in.kind = p.kind; in.x = p.x; in.ldx = p.ldx; in.h = p.h; in.rows = p.rows; in.w = p.w; in.eps = p.eps;
+        in.o = p.o; in.z = p.z; in.ldz = p.ldz; in.dv = p.dv; in.gu = p.gu;
+        qd_lin_build_x<FG_NT>(in, p.cols, N, xs);
+    }
     __syncthreads();
     const uint4 *xg = p.x_global ? (const uint4 *)p.x : NULL;
     const int64_t xst = p.x_global ? p.ldx / 8 : C8;
@@ -368,17 +266,7 @@ static int fg_fusable(const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cu
     for (int j = 0; j < n_out; j++)
         if (!al16(out[j].W) || out[j].rows < 0) return 0;
     const int small = (size_t)n * (size_t)cols * 2 <= FG_SMEM_MAX;
-    switch (in->kind) {
-    case QD_LIN_BF16: return in->ldx % 8 == 0 && al16(in->x);
-    case QD_LIN_RMSNORM: return small && al16(in->h) && al16(in->w);
-    case QD_LIN_GATED: {
-        const int G = in->dv / 8;
-        return small && in->dv > 0 && in->dv % 8 == 0 && G <= 32 && (G & (G - 1)) == 0 && cols % in->dv == 0 &&
-               al16(in->o) && al16(in->z) && in->ldz % 4 == 0 && al16(in->w);
-    }
-    case QD_LIN_SILU: return small && al16(in->gu);
-    default: return 0;
-    }
+    return qd_lin_buildable(in, cols) && (small || in->kind == QD_LIN_BF16);
 }
 
 /* The table's preference among shapes the fused kernel takes: fused up to a weight
@@ -456,7 +344,8 @@ extern "C" int qd_cuda_linear_choice(const qd_cuda_lin_in *in, int64_t cols, int
  *   otherwise (plain): x materialised into scratch by the elementwise kernels, then
  *       the plain GEMV (n <= 8) or cuBLAS (beta = 1 when accumulating)
  *   quantized weights (plain only): the quantized GEMV (n <= 16; all the call's products in
- *       one tensor-core launch where qd_cuda_qgemv_multi takes them, bf16 parts included),
+ *       one tensor-core launch where qd_cuda_qgemv_multi takes them, bf16 parts included,
+ *       its blocks building x where it fits in their shared memory: no norm launch),
  *       else the FP8 GEMM (W8A8, FP8 weights of its layouts), else cuBLAS on the weight
  *       dequantized to bf16
  * and by name only, INVARIANT: x materialised as for plain, then the batch-invariant
@@ -523,6 +412,16 @@ extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cud
         p.x_global = in->kind == QD_LIN_BF16 && (size_t)n * (size_t)cols * 2 > FG_SMEM_MAX;
         return fg_dispatch(p, n, (cudaStream_t)stream);
     }
+    qd_cuda_qgemv_out qo[QD_LIN_MAX_OUT];
+    for (int j = 0; j < n_out; j++)
+        qo[j] = (qd_cuda_qgemv_out){.qw = out[j].qw, .W = out[j].qw ? NULL : out[j].W, .rows = out[j].rows,
+                                    .y = out[j].y, .ldy = out[j].ldy};
+    /* the call's products in one launch of the tensor-core GEMV where it takes them all
+     * (the bf16 parts of a stack beside the quantized ones included), x built by its
+     * blocks where it fits there */
+    const int qgemv = quant && !dequant && path != QD_LIN_PATH_INVARIANT;
+    if (qgemv && in->kind != QD_LIN_BF16 && qd_cuda_qgemv_multi_in_takes(qo, n_out, cols, in, n))
+        return qd_cuda_qgemv_multi_in(qo, n_out, cols, in, n, accumulate, stream);
     const uint16_t *x = in->x;
     int64_t ldx = in->ldx;
     if (in->kind != QD_LIN_BF16) {
@@ -532,16 +431,8 @@ extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cud
         x = scratch;
         ldx = cols;
     }
-    if (quant && !dequant && path != QD_LIN_PATH_INVARIANT) {
-        /* the call's products in one launch of the tensor-core GEMV where it takes them all
-         * (the bf16 parts of a stack beside the quantized ones included) */
-        qd_cuda_qgemv_out qo[QD_LIN_MAX_OUT];
-        for (int j = 0; j < n_out; j++)
-            qo[j] = (qd_cuda_qgemv_out){.qw = out[j].qw, .W = out[j].qw ? NULL : out[j].W, .rows = out[j].rows,
-                                        .y = out[j].y, .ldy = out[j].ldy};
-        if (qd_cuda_qgemv_multi_takes(qo, n_out, cols, x, ldx))
-            return qd_cuda_qgemv_multi(qo, n_out, cols, x, ldx, n, accumulate, stream);
-    }
+    if (qgemv && qd_cuda_qgemv_multi_takes(qo, n_out, cols, x, ldx))
+        return qd_cuda_qgemv_multi(qo, n_out, cols, x, ldx, n, accumulate, stream);
     for (int j = 0; j < n_out; j++) {
         const uint16_t *W = out[j].W;
         if (out[j].qw && !dequant) {

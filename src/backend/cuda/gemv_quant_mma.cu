@@ -36,6 +36,7 @@
 #include "backend/cuda/cuda_qformat.cuh"
 #include "backend/cuda/cuda_quant.h"
 #include "backend/cuda/cuda_util.h"
+#include "backend/cuda/linear_input.cuh"
 
 #define QM_UNROLL 4 /* units per warp in flight */
 
@@ -130,6 +131,7 @@ __device__ __forceinline__ void qm_load_units(const qf_row &row_a, const qf_row 
 /* One call: up to QD_CUDA_QGEMV_MULTI_MAX products sharing x, their 16-row tiles
  * concatenated over the grid (product j owns blocks tile_end[j - 1] .. tile_end[j] - 1). */
 struct qm_call {
+    qd_cuda_lin_in in;   /* the input: bf16 x read in place (QD_LIN_BF16), or built by each block */
     int n_out;
     qd_cuda_qmats m[QD_CUDA_QGEMV_MULTI_MAX]; /* dtype QD_DTYPE_BF16: a plain weight, no scales */
     int shift[QD_CUDA_QGEMV_MULTI_MAX];      /* units per scale block as a shift (qm_block_shift) */
@@ -140,9 +142,10 @@ struct qm_call {
 
 /* The lane's sums c of 16-row tile `tile` of m: rows tile 16 + g and + 8, tokens of its
  * C fragment (see the top). */
-template <class M, int NT, int WARPS>
+template <class M, int NT, int WARPS, bool BUILD>
 __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift, int64_t tile,
-                                        const uint16_t *__restrict__ x, int64_t ldx, int n, float (&c)[NT][4]) {
+                                        const uint16_t *__restrict__ x, int64_t ldx, const qd_cuda_lin_in &in,
+                                        uint4 *xs, int n, float (&c)[NT][4]) {
     constexpr int UNIT = 4 * M::COLS, KSTEPS = M::COLS / 4;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int64_t ra = tile * 16 + g, rb = ra + 8;
@@ -154,6 +157,11 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
     qm_load_units<M, WARPS>(row_a, row_b, live_a, live_b, m.cols, units, warp, t, wa, wb);
     qd_pdl_wait();
     qd_pdl_trigger();
+    if (BUILD) { /* x made here (a norm or activation), block-uniform */
+        qd_lin_build_x<WARPS * 32>(in, m.cols, n, xs);
+        __syncthreads();
+        ldx = m.cols;
+    }
     for (int64_t u0 = warp; u0 < units; u0 += WARPS * QM_UNROLL) {
         if (u0 != warp) qm_load_units<M, WARPS>(row_a, row_b, live_a, live_b, m.cols, units, u0, t, wa, wb);
 #pragma unroll
@@ -171,7 +179,9 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
                 const int tok = nt * 8 + g, xin = tok < n && col < m.cols;
 #pragma unroll
                 for (int q = 0; q < M::XU4; q++)
-                    xv[q] = xin ? __ldg((const uint4 *)(x + tok * ldx + col) + q) : make_uint4(0, 0, 0, 0);
+                    xv[q] = !xin ? make_uint4(0, 0, 0, 0)
+                            : BUILD ? xs[(tok * ldx + col) / 8 + q]
+                                    : __ldg((const uint4 *)(x + tok * ldx + col) + q);
 #pragma unroll
                 for (int i = 0; i < 4; i++) d[nt][i] = 0.f;
 #pragma unroll
@@ -194,10 +204,11 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
 
 /* Launched as a programmatic dependent (cuda_pdl.cuh): before its wait it reads only
  * weights. Q: the quantized format of the call's quantized products (its others are bf16). */
-template <class Q, int NT, int WARPS>
+template <class Q, int NT, int WARPS, bool BUILD>
 __global__ void __launch_bounds__(WARPS * 32)
 qgemv_mma_kernel(const __grid_constant__ qm_call p, const uint16_t *__restrict__ x, int64_t ldx, int n,
                  int accumulate) {
+    extern __shared__ uint4 qm_xs[]; /* [n][cols / 8] x when the block builds it */
     __shared__ float part[WARPS][32][4 * NT];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int j = 0;
@@ -209,8 +220,8 @@ qgemv_mma_kernel(const __grid_constant__ qm_call p, const uint16_t *__restrict__
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int i = 0; i < 4; i++) c[nt][i] = 0.f;
-    if (m.dtype == QD_DTYPE_BF16) qm_tile<qm_bf16, NT, WARPS>(m, 31, tile, x, ldx, n, c); /* block-uniform */
-    else qm_tile<Q, NT, WARPS>(m, p.shift[j], tile, x, ldx, n, c);
+    if (m.dtype == QD_DTYPE_BF16) qm_tile<qm_bf16, NT, WARPS, BUILD>(m, 31, tile, x, ldx, p.in, qm_xs, n, c); /* block-uniform */
+    else qm_tile<Q, NT, WARPS, BUILD>(m, p.shift[j], tile, x, ldx, p.in, qm_xs, n, c);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -230,16 +241,23 @@ qgemv_mma_kernel(const __grid_constant__ qm_call p, const uint16_t *__restrict__
     }
 }
 
-/* Blocks of an instance resident at once on the GPU (the occupancy calculator, asked
- * once per instance). */
-template <class Q, int WARPS>
-static int64_t qm_wave(void) {
+/* Blocks of an instance resident at once per SM without dynamic shared memory (the
+ * occupancy calculator, asked once per instance). */
+template <class Q, int WARPS, bool BUILD>
+static int qm_per_sm(void) {
     static int per_sm = 0;
-    if (!per_sm && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_mma_kernel<Q, 1, WARPS>, WARPS * 32,
-                                                                  0) != cudaSuccess ||
+    if (!per_sm && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_mma_kernel<Q, 1, WARPS, BUILD>,
+                                                                  WARPS * 32, 0) != cudaSuccess ||
                     per_sm < 1))
         per_sm = 1;
-    return (int64_t)per_sm * qd_cuda_sm_count();
+    return per_sm;
+}
+
+/* Blocks of the x-in-place instance resident at once on the GPU: the wave the warp count
+ * is planned with. */
+template <class Q, int WARPS>
+static int64_t qm_wave(void) {
+    return (int64_t)qm_per_sm<Q, WARPS, false>() * qd_cuda_sm_count();
 }
 
 /* Warps a block: the most of 16, 8, 4, 2 that keeps every warp's QM_UNROLL units busy and
@@ -258,15 +276,16 @@ static int qm_warps(int64_t blocks, int64_t units) {
     return 4;
 }
 
-template <class Q, int NT>
-static qd_status qm_launch_tiles(const qm_call &c, int warps, const uint16_t *x, int64_t ldx, int n, int accumulate,
-                                 cudaStream_t st) {
+template <class Q, int NT, bool BUILD>
+static qd_status qm_launch_tiles(const qm_call &c, int warps, size_t smem, int n, int accumulate, cudaStream_t st) {
     const dim3 grid((unsigned)c.tile_end[c.n_out - 1]);
     switch (warps) {
-    case 16: return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 16>, grid, dim3(16 * 32), 0, st, c, x, ldx, n, accumulate);
-    case 8: return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 8>, grid, dim3(8 * 32), 0, st, c, x, ldx, n, accumulate);
-    case 2: return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 2>, grid, dim3(2 * 32), 0, st, c, x, ldx, n, accumulate);
-    default: return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 4>, grid, dim3(4 * 32), 0, st, c, x, ldx, n, accumulate);
+    case 16:
+        return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 16, BUILD>, grid, dim3(16 * 32), smem, st, c, c.in.x, c.in.ldx, n, accumulate);
+    case 8: return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 8, BUILD>, grid, dim3(8 * 32), smem, st, c, c.in.x, c.in.ldx, n, accumulate);
+    case 2: return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 2, BUILD>, grid, dim3(2 * 32), smem, st, c, c.in.x, c.in.ldx, n, accumulate);
+    default:
+        return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 4, BUILD>, grid, dim3(4 * 32), smem, st, c, c.in.x, c.in.ldx, n, accumulate);
     }
 }
 
@@ -285,12 +304,50 @@ static int64_t qm_unit(int dtype) { return dtype == QD_DTYPE_F8_E4M3 ? 64 : dtyp
 /* The warp count follows the call's quantized products (their units), so that a call's
  * choice depends on its shapes only. */
 template <class Q>
-static qd_status qm_launch(const qm_call &c, int64_t cols, const uint16_t *x, int64_t ldx, int n, int accumulate,
-                           cudaStream_t st) {
-    const int64_t units = (cols + 4 * Q::COLS - 1) / (4 * Q::COLS);
-    const int warps = qm_warps<Q>(c.tile_end[c.n_out - 1], units);
-    if (n <= 8) return qm_launch_tiles<Q, 1>(c, warps, x, ldx, n, accumulate, st);
-    return qm_launch_tiles<Q, 2>(c, warps, x, ldx, n, accumulate, st);
+static int qm_call_warps(int64_t tiles, int64_t cols) {
+    return qm_warps<Q>(tiles, (cols + 4 * Q::COLS - 1) / (4 * Q::COLS));
+}
+
+template <class Q>
+static qd_status qm_launch(const qm_call &c, int64_t cols, int n, int accumulate, cudaStream_t st) {
+    const int warps = qm_call_warps<Q>(c.tile_end[c.n_out - 1], cols);
+    if (c.in.kind == QD_LIN_BF16) {
+        if (n <= 8) return qm_launch_tiles<Q, 1, false>(c, warps, 0, n, accumulate, st);
+        return qm_launch_tiles<Q, 2, false>(c, warps, 0, n, accumulate, st);
+    }
+    const size_t smem = (size_t)n * (size_t)cols * 2;
+    if (n <= 8) return qm_launch_tiles<Q, 1, true>(c, warps, smem, n, accumulate, st);
+    return qm_launch_tiles<Q, 2, true>(c, warps, smem, n, accumulate, st);
+}
+
+/* Shared memory of one multiprocessor (asked once). */
+static size_t qm_sm_smem(void) {
+    static int bytes = 0;
+    if (!bytes && (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0) != cudaSuccess ||
+                   bytes < 1))
+        bytes = 1;
+    return (size_t)bytes;
+}
+
+/* Whether the blocks of a call can build an x of n x cols themselves: within the 48 KiB a
+ * launch has without opting in, and with as many blocks resident per SM as qm_warps
+ * planned the wave with, or enough for the whole grid (1 KiB of each block's shared
+ * memory is the system's). Otherwise x is materialised first: the same bits. */
+template <class Q>
+static int qm_build_fits(int64_t tiles, int64_t cols, int n) {
+    const size_t x_bytes = (size_t)n * (size_t)cols * 2;
+    if (x_bytes > 48 * 1024) return 0;
+    const int warps = qm_call_warps<Q>(tiles, cols);
+    int planned, build;
+    switch (warps) {
+    case 16: planned = qm_per_sm<Q, 16, false>(), build = qm_per_sm<Q, 16, true>(); break;
+    case 8: planned = qm_per_sm<Q, 8, false>(), build = qm_per_sm<Q, 8, true>(); break;
+    case 2: planned = qm_per_sm<Q, 2, false>(), build = qm_per_sm<Q, 2, true>(); break;
+    default: planned = qm_per_sm<Q, 4, false>(), build = qm_per_sm<Q, 4, true>(); break;
+    }
+    const size_t statics = (size_t)warps * 32 * 4 * 4 * 2 + 2048; /* `part` at NT = 2, the norm's reductions */
+    const int by_smem = (int)(qm_sm_smem() / (x_bytes + statics + 1024)), resident = build < by_smem ? build : by_smem;
+    return resident >= planned || tiles <= (int64_t)resident * qd_cuda_sm_count();
 }
 
 extern "C" int qd_cuda_qgemv_mma_takes(const qd_weight *w) {
@@ -302,9 +359,9 @@ extern "C" int qd_cuda_qgemv_mma_takes(const qd_weight *w) {
 
 static int qm_aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-extern "C" int qd_cuda_qgemv_multi_takes(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
-                                         int64_t ldx) {
-    if (n_out < 1 || n_out > QD_CUDA_QGEMV_MULTI_MAX || cols % 8 || ldx % 8 || !qm_aligned(d_x)) return 0;
+/* The call's products alone (their formats, shapes and alignment), whatever builds x. */
+static int qm_outs_take(const qd_cuda_qgemv_out *out, int n_out, int64_t cols) {
+    if (n_out < 1 || n_out > QD_CUDA_QGEMV_MULTI_MAX || cols % 8) return 0;
     int fmt = 0;
     for (int j = 0; j < n_out; j++) {
         if (out[j].qw) {
@@ -316,17 +373,43 @@ extern "C" int qd_cuda_qgemv_multi_takes(const qd_cuda_qgemv_out *out, int n_out
             return 0;
         }
     }
-    return fmt != 0; /* at least one quantized product: the warps follow its format */
+    return fmt; /* at least one quantized product: the warps follow its format */
 }
 
-extern "C" qd_status qd_cuda_qgemv_multi(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
-                                         int64_t ldx, int n, int accumulate, void *stream) {
-    if (!qd_cuda_qgemv_multi_takes(out, n_out, cols, d_x, ldx))
+static int64_t qm_tiles(const qd_cuda_qgemv_out *out, int n_out) {
+    int64_t tiles = 0;
+    for (int j = 0; j < n_out; j++) tiles += (out[j].rows + 15) / 16;
+    return tiles;
+}
+
+extern "C" int qd_cuda_qgemv_multi_in_takes(const qd_cuda_qgemv_out *out, int n_out, int64_t cols,
+                                            const qd_cuda_lin_in *in, int n) {
+    const int fmt = qm_outs_take(out, n_out, cols);
+    if (!fmt || !in || !qd_lin_buildable(in, cols) || n < 1 || n > QD_CUDA_QGEMV_MAX_N) return 0;
+    if (in->kind == QD_LIN_BF16) return 1;
+    const int64_t tiles = qm_tiles(out, n_out);
+    return fmt == QD_DTYPE_F8_E4M3 ? qm_build_fits<qm_f8>(tiles, cols, n) : qm_build_fits<qm_int4>(tiles, cols, n);
+}
+
+extern "C" int qd_cuda_qgemv_multi_takes(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
+                                         int64_t ldx) {
+    qd_cuda_lin_in in = {};
+    in.kind = QD_LIN_BF16;
+    in.x = d_x;
+    in.ldx = ldx;
+    return qm_outs_take(out, n_out, cols) && qd_lin_buildable(&in, cols);
+}
+
+extern "C" qd_status qd_cuda_qgemv_multi_in(const qd_cuda_qgemv_out *out, int n_out, int64_t cols,
+                                            const qd_cuda_lin_in *in, int n, int accumulate, void *stream) {
+    if (n < 1 || n > QD_CUDA_QGEMV_MAX_N) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv (tensor cores): n outside 1..16");
+    if (!qd_cuda_qgemv_multi_in_takes(out, n_out, cols, in, n))
         return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (tensor cores): needs FP8 / INT4 scale blocks of 2^k x 64 / "
                                                 "128 columns or one per row (one format a call, bf16 beside it), "
-                                                "16-byte aligned weights and x, cols and ldx % 8 == 0");
-    if (n < 1 || n > QD_CUDA_QGEMV_MAX_N) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv (tensor cores): n outside 1..16");
+                                                "16-byte aligned weights and inputs, cols and ldx % 8 == 0, and an "
+                                                "input built in shared memory within its limits");
     qm_call c = {};
+    c.in = *in;
     c.n_out = n_out;
     int fmt = 0;
     int64_t tiles = 0;
@@ -352,8 +435,17 @@ extern "C" qd_status qd_cuda_qgemv_multi(const qd_cuda_qgemv_out *out, int n_out
     if (tiles == 0) return QD_OK;
     if (tiles > INT32_MAX) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (tensor cores): too many rows");
     cudaStream_t st = (cudaStream_t)stream;
-    if (fmt == QD_DTYPE_F8_E4M3) return qm_launch<qm_f8>(c, cols, d_x, ldx, n, accumulate, st);
-    return qm_launch<qm_int4>(c, cols, d_x, ldx, n, accumulate, st);
+    if (fmt == QD_DTYPE_F8_E4M3) return qm_launch<qm_f8>(c, cols, n, accumulate, st);
+    return qm_launch<qm_int4>(c, cols, n, accumulate, st);
+}
+
+extern "C" qd_status qd_cuda_qgemv_multi(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
+                                         int64_t ldx, int n, int accumulate, void *stream) {
+    qd_cuda_lin_in in = {};
+    in.kind = QD_LIN_BF16;
+    in.x = d_x;
+    in.ldx = ldx;
+    return qd_cuda_qgemv_multi_in(out, n_out, cols, &in, n, accumulate, stream);
 }
 
 extern "C" qd_status qd_cuda_qgemv_mma(const qd_weight *w, const uint16_t *d_x, int64_t ldx, int n, float *d_y,
