@@ -51,16 +51,6 @@ __device__ __forceinline__ float2 qf_e4m3x2(uint32_t v) {
 
 __device__ __forceinline__ float qf_e4m3(uint32_t v) { return qf_e4m3x2(v & 0xffu).x; }
 
-/* The e4m3 byte at bit `shift` of v, exactly, with integer ops and one multiply: its
- * exponent and mantissa bits placed at bit 20 of an fp32 are the value times 2^-120
- * (subnormals as fp32 denormals), so one multiply by 2^120 gives it. The conversion
- * instructions of qf_e4m3x2 run at a quarter of the FMA rate and bounded the MoE decode
- * kernels, which decode every weight they read. The NaN codes 0x7f / 0xff give +-480. */
-__device__ __forceinline__ float qf_e4m3_bits(uint32_t v, int shift) {
-    const uint32_t b = v >> shift;
-    return __uint_as_float(((b & 0x7fu) << 20) | ((b & 0x80u) << 24)) * 0x1p120f;
-}
-
 __device__ __forceinline__ uint32_t qf_word(const uint4 &r, int i) {
     return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w;
 }
@@ -87,8 +77,8 @@ struct qf_f8 {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const uint32_t u = qf_word(raw, 2 * q8 + i);
-#pragma unroll
-            for (int e = 0; e < 4; e++) w[4 * i + e] = qf_e4m3_bits(u, 8 * e);
+            const float2 a = qf_e4m3x2(u), b = qf_e4m3x2(u >> 16);
+            w[4 * i] = a.x; w[4 * i + 1] = a.y; w[4 * i + 2] = b.x; w[4 * i + 3] = b.y;
         }
     }
     __device__ static __forceinline__ float scale(const qf_row &r, int c0, int j) {
