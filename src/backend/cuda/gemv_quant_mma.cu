@@ -329,25 +329,20 @@ static size_t qm_sm_smem(void) {
     return (size_t)bytes;
 }
 
-/* Bytes of a token's inputs that a block reads to build its row of x. */
-static int64_t qm_source_bytes(int kind, int64_t cols) {
-    return kind == QD_LIN_RMSNORM ? 4 * cols : kind == QD_LIN_GATED ? 6 * cols : 8 * cols;
-}
-
 /* Whether the blocks of a call build x themselves (else x is materialised first: the same
- * bits). Every block builds the whole x before its products, so this pays where a block
- * has at least 4 warps for the norm's sums and its inputs are a few KiB: measured on the
- * H200 (Qwen3.5-35B-A3B FP8 decode, RESULTS 2026-12-03), the built x saved 1.3 us on the
- * attention q (4-warp blocks, 8 KiB of residual a token) and 0.5 us on the GDN out
- * projection (16 warps, 24 KiB of o and z), and cost 1.5 us on the GDN in_proj (772
- * blocks of 2 warps) and 5% of the 27B's decode (SwiGLU inputs of 139 KiB a token). It
+ * bits). Every block builds the whole x before its products, so this pays only where a
+ * block has at least 4 warps for the norm's sums and x is short: measured on the H200
+ * (RESULTS 2026-12-03), the built x saved 1.3 us on the Qwen3.5-35B-A3B's attention q (4-warp
+ * blocks, 2048 columns) and 0.5 us on its GDN out projection (16 warps, 4096 columns), and
+ * cost 1.5 us on its GDN in_proj (772 blocks of 2 warps) and 3-5% of the 27B's decode
+ * (5120 columns and more, SwiGLU inputs of 17408). It
  * must also fit the 48 KiB a launch has without opting in, beside the kernel's own shared
  * memory, and keep the blocks resident per SM that qm_warps planned with, or enough for the
  * whole grid (1 KiB of each block's shared memory is the system's). */
 template <class Q>
-static int qm_build_fits(int kind, int64_t tiles, int64_t cols, int n) {
+static int qm_build_fits(int64_t tiles, int64_t cols, int n) {
     const int warps = qm_call_warps<Q>(tiles, cols);
-    if (warps < 4 || qm_source_bytes(kind, cols) > 32 * 1024) return 0;
+    if (warps < 4 || cols > 4096) return 0;
     const size_t x_bytes = (size_t)n * (size_t)cols * 2;
     const size_t statics = (size_t)warps * 32 * 4 * 4 * (n <= 8 ? 1 : 2) /* `part` */ +
                            (QD_LIN_BUILD_MAX_N * (QD_LIN_NORM_NT / 32 + 1)) * 4 /* the norm's */;
@@ -400,8 +395,7 @@ extern "C" int qd_cuda_qgemv_multi_in_takes(const qd_cuda_qgemv_out *out, int n_
     if (!fmt || !in || !qd_lin_buildable(in, cols) || n < 1 || n > QD_CUDA_QGEMV_MAX_N) return 0;
     if (in->kind == QD_LIN_BF16) return 1;
     const int64_t tiles = qm_tiles(out, n_out);
-    return fmt == QD_DTYPE_F8_E4M3 ? qm_build_fits<qm_f8>(in->kind, tiles, cols, n)
-                                   : qm_build_fits<qm_int4>(in->kind, tiles, cols, n);
+    return fmt == QD_DTYPE_F8_E4M3 ? qm_build_fits<qm_f8>(tiles, cols, n) : qm_build_fits<qm_int4>(tiles, cols, n);
 }
 
 extern "C" int qd_cuda_qgemv_multi_takes(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
