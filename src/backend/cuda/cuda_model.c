@@ -353,7 +353,8 @@ static qd_status experts_q(planner *p, qd_cuda_layer *d, const qd_moe_weights *w
             const int64_t mat = gate_up ? 2 * e + i : e, db = gate_up ? gdb : ddb, sn = gate_up ? gsn : dsn;
             const qd_cuda_qmats *q = gate_up ? gu : dn;
             if (qd_weight_backend_drawn(m[i])) { /* values and scales drawn in place */
-                s = qd_cuda_fill_dummy_quant(m[i], (uint8_t *)q->data + mat * db, (float *)q->scales + mat * sn, NULL);
+                s = qd_cuda_fill_dummy_quant(m[i], (uint8_t *)q->data + mat * db, (float *)q->scales + mat * sn,
+                                             NULL);
                 if (s) s = cuda_err(p->err, s, "drawing dummy experts");
                 continue;
             }

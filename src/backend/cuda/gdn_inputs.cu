@@ -5,10 +5,10 @@
  * and a prep kernel reading it back: at one token per sequence both are a few
  * microseconds of latency and almost no bytes.
  *
- * Blocks (row, part): the parts of a row (GI_PARTS, more for a few rows) split its q and k heads (a
- * warp per head, whose lanes keep the head's conv outputs in registers for the
- * norm), its v channels and its gates, so that a decode step still spreads over
- * several SMs. Each conv output is summed over the window in tap order, as the
+ * Blocks (row, part): the parts of a row (GI_PARTS, more for a few rows) split its
+ * q and k heads (a warp per head, whose lanes keep the head's conv outputs in
+ * registers for the norm), its v channels and its gates, so that a decode step
+ * still spreads over several SMs. Each conv output is summed over the window in tap order, as the
  * CPU does. */
 #include <math.h>
 

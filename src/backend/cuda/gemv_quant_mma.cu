@@ -23,7 +23,9 @@
  * dequantized weight. The warps of a block split the units; their
  * sums meet in shared memory in a fixed order. The warp count depends on the shape only,
  * so a row's result is the same bits whatever n is. Rows past `rows`, columns past
- * `cols` and tokens past n read as zeros. */
+ * `cols` and tokens past n read as zeros. x is bf16 rows read in place, or (BUILD) made
+ * by each block in shared memory from the projection's input (linear_input.cuh: the bits
+ * the materialising kernels write) where qm_build_fits says that pays. */
 #include <stdint.h>
 
 #include <cuda_bf16.h>
@@ -220,7 +222,8 @@ qgemv_mma_kernel(const __grid_constant__ qm_call p, const uint16_t *__restrict__
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int i = 0; i < 4; i++) c[nt][i] = 0.f;
-    if (m.dtype == QD_DTYPE_BF16) qm_tile<qm_bf16, NT, WARPS, BUILD>(m, 31, tile, x, ldx, p.in, qm_xs, n, c); /* block-uniform */
+    if (m.dtype == QD_DTYPE_BF16) /* block-uniform */
+        qm_tile<qm_bf16, NT, WARPS, BUILD>(m, 31, tile, x, ldx, p.in, qm_xs, n, c);
     else qm_tile<Q, NT, WARPS, BUILD>(m, p.shift[j], tile, x, ldx, p.in, qm_xs, n, c);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -279,14 +282,14 @@ static int qm_warps(int64_t blocks, int64_t units) {
 template <class Q, int NT, bool BUILD>
 static qd_status qm_launch_tiles(const qm_call &c, int warps, size_t smem, int n, int accumulate, cudaStream_t st) {
     const dim3 grid((unsigned)c.tile_end[c.n_out - 1]);
+    void (*k)(const qm_call, const uint16_t *, int64_t, int, int);
     switch (warps) {
-    case 16:
-        return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 16, BUILD>, grid, dim3(16 * 32), smem, st, c, c.in.x, c.in.ldx, n, accumulate);
-    case 8: return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 8, BUILD>, grid, dim3(8 * 32), smem, st, c, c.in.x, c.in.ldx, n, accumulate);
-    case 2: return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 2, BUILD>, grid, dim3(2 * 32), smem, st, c, c.in.x, c.in.ldx, n, accumulate);
-    default:
-        return qd_launch_pdl(1, qgemv_mma_kernel<Q, NT, 4, BUILD>, grid, dim3(4 * 32), smem, st, c, c.in.x, c.in.ldx, n, accumulate);
+    case 16: k = qgemv_mma_kernel<Q, NT, 16, BUILD>; break;
+    case 8: k = qgemv_mma_kernel<Q, NT, 8, BUILD>; break;
+    case 2: k = qgemv_mma_kernel<Q, NT, 2, BUILD>; break;
+    default: k = qgemv_mma_kernel<Q, NT, 4, BUILD>, warps = 4; break;
     }
+    return qd_launch_pdl(1, k, grid, dim3(warps * 32), smem, st, c, c.in.x, c.in.ldx, n, accumulate);
 }
 
 /* Units per scale block as a shift: block columns a power-of-two multiple of the unit, or

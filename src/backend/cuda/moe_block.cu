@@ -91,7 +91,8 @@ moe_router_decode(const float *h, const float *__restrict__ nw, float eps, int H
 #pragma unroll
         for (int i = 0; i < RD_PRE; i++)
             if (lane * 8 + 256 * i < H) acc = rd_dot8(wp[i], xf + lane * 8 + 256 * i, acc);
-        for (int c = lane * 8 + 256 * RD_PRE; c < H; c += 256) acc = rd_dot8(__ldg((const uint4 *)(wr + c)), xf + c, acc);
+        for (int c = lane * 8 + 256 * RD_PRE; c < H; c += 256)
+            acc = rd_dot8(__ldg((const uint4 *)(wr + c)), xf + c, acc);
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (lane == 0) logits[(size_t)t * ldl + row] = acc;
     }
