@@ -25,15 +25,6 @@ __device__ __forceinline__ uint4 qd_lin_pack8(const float *f) {
                       qd_pack_bf2(f[6], f[7]));
 }
 
-__device__ __forceinline__ void qd_lin_unpack8(uint4 v, float *f) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
 __device__ __forceinline__ float qd_lin_silu(float x) { return x / (1.f + expf(-x)); }
 
 /* x[t] = bf16(h[t] * inv_t * (1 + w)), the bits qd_cuda_add_rmsnorm writes: its 256
