@@ -12,7 +12,8 @@
 #            templated kernels), test_cuda_fp8_gemm (the W8A8 FP8 GEMM against its CPU reference),
 #            then bench/quant_cuda_bench (GB/s of FP8 / NVFP4 / INT4 GEMV vs copy bandwidth and bf16)
 #            and bench/fp8_gemm_cuda_bench (the FP8 GEMM vs our bf16 GEMM and cuBLASLt's per-tensor
-#            FP8 GEMM; QUANT_BENCH="fp8_gemm_cuda_bench" runs one of the two)
+#            FP8 GEMM; QUANT_BENCH="fp8_gemm_cuda_bench" runs one of the two, QUANT_TESTS="..." a
+#            subset of the tests; either empty: none)
 #     quant-e2e: qdelta bench on the Qwen3.5-35B-A3B dummy in bf16, fp8, nvfp4 and int4 (decode B=1,
 #            prefill 8k) and the 27B in bf16 and fp8 (decode B=1): each format's tok/s and its ratio
 #            to bf16 of the same run (QBENCH="qwen3_5_27b|fp8 ..." runs a subset)
@@ -41,6 +42,7 @@
 #     profile: where a decode step's GPU time goes: Nsight Compute's per-kernel durations of
 #            qdelta bench (35B-A3B cut to 8 layers, batch 1, bf16 and fp8; PROFILE="cfg|format|B|layers ..."),
 #            summed per kernel by bench/kernel_profile.py (launches and us per step)
+#   TESTS="test_cuda_ops ..."   the tests part runs only these test binaries (any of $BUILD's)
 #   KERNEL_BENCH="linear_cuda_bench ..."   the kernels part runs only these benchmarks
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
 #                                  .peer (or .peer.tar.xz, unpacked) on PYTHONPATH: a peer's code is
