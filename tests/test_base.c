@@ -104,6 +104,19 @@ static void test_dtype(void) {
         else f8_bad += memcmp(&got, &want, 4) != 0; /* -0.0 included */
     }
     CHECKF(f8_bad == 0, "e4m3 decode: %d of 256 codes differ from the definition", f8_bad);
+    /* the NaN-code scan: each of the 256 codes alone at every offset of a 1..40-byte buffer of
+     * finite codes (the word loop and the tail), and a clean buffer */
+    uint8_t buf[40];
+    int scan_bad = 0;
+    for (int len = 1; len <= 40; len++)
+        for (int v = 0; v < 256; v++)
+            for (int at = 0; at < len; at++) {
+                for (int i = 0; i < len; i++) buf[i] = (uint8_t)((i * 37 + len) % 256) & 0xf7; /* never NaN */
+                buf[at] = (uint8_t)v;
+                const int64_t want = (v & 0x7f) == 0x7f ? at : -1;
+                scan_bad += qd_e4m3_first_nan(buf, len) != want;
+            }
+    CHECKF(scan_bad == 0, "e4m3 NaN scan: %d wrong answers", scan_bad);
     CHECK(qd_dtype_parse("BF16") == QD_DTYPE_BF16 && qd_dtype_parse("F8_E4M3") == QD_DTYPE_F8_E4M3);
     CHECK(qd_dtype_parse("Q4_K") == -1);
     uint16_t src[3] = {0x3f80, 0x4000, 0xbf80};

@@ -225,6 +225,41 @@ static void ed_plain_fp8(json_t *c) {
 }
 static void ed_nothing(json_t *c) { (void)c; }
 
+/* A copy of fixture `src` whose model.safetensors (copied, not linked) has byte `at` of the
+ * first F8_E4M3 tensor set to `code`; that tensor's name into `name`. */
+static const char *damaged(const char *src, const char *tag, int64_t at, uint8_t code, char *name, size_t size) {
+    const char *dir = variant(src, tag, ed_nothing);
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/model.safetensors", src);
+    snprintf(b, sizeof b, "%s/model.safetensors", dir);
+    size_t len = 0;
+    unsigned char *bytes = (unsigned char *)qd_test_read_file(a, &len);
+    CHECK(bytes && len > 8 && unlink(b) == 0);
+    if (!bytes || len <= 8) return dir;
+    uint64_t hl;
+    memcpy(&hl, bytes, 8);
+    json_error_t je;
+    json_t *hdr = json_loadb((const char *)bytes + 8, (size_t)hl, 0, &je);
+    const char *key;
+    json_t *t;
+    int done = 0;
+    json_object_foreach(hdr, key, t) {
+        const char *dt = json_string_value(json_object_get(t, "dtype"));
+        if (done || !dt || strcmp(dt, "F8_E4M3")) continue;
+        const int64_t off = (int64_t)json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
+        bytes[8 + hl + (uint64_t)(off + at)] = code;
+        snprintf(name, size, "%s", key);
+        done = 1;
+    }
+    CHECK(done);
+    FILE *f = fopen(b, "wb");
+    CHECK(f && fwrite(bytes, 1, len, f) == len);
+    if (f) fclose(f);
+    json_decref(hdr);
+    free(bytes);
+    return dir;
+}
+
 static void refusals(void) {
     CHECK(mkdtemp(tmp_root) != NULL);
     const char *fp8 = QFX "/fp8_35_dense_bf16s", *gptq = QFX "/gptq1_35_dense", *awq = QFX "/awq_35_dense",
@@ -244,6 +279,10 @@ static void refusals(void) {
     refused(variant(ct, "ctpack", ed_ct_pack), "compressed-tensors int pack", "format 'pack-quantized'", NULL);
     refused(variant("tests/fixtures/qwen3_5_dense_bf16", "plainfp8", ed_plain_fp8), "plain checkpoint, fp8 config",
             "stored unquantized", "fp8");
+    /* an e4m3 NaN code in a weight (a damaged file): refused, naming the tensor */
+    char nan_tensor[256] = "";
+    const char *nan_dir = damaged(fp8, "nan", 77, 0xff, nan_tensor, sizeof nan_tensor);
+    refused(nan_dir, "an e4m3 NaN code in a weight", nan_tensor, "element 77 is an e4m3 NaN code");
     /* a split whose column cut falls inside a 128-wide scale block (o_proj: 128 columns in two) */
     char err[1024] = "";
     qd_model *m = load(variant(fp8, "tp2", ed_nothing), 2, err, sizeof err);

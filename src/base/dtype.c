@@ -88,3 +88,17 @@ float qd_e2m1_to_f32(uint8_t v) {
     const float m = mag[v & 7];
     return (v & 8) ? -m : m;
 }
+
+int64_t qd_e4m3_first_nan(const uint8_t *p, int64_t n) {
+    int64_t i = 0;
+    /* eight bytes at a time: a byte whose low 7 bits are all set carries into its top bit
+     * when 1 is added, and no other byte does (at most 0x7f + 1) */
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, p + i, 8);
+        if (((v & 0x7f7f7f7f7f7f7f7full) + 0x0101010101010101ull) & 0x8080808080808080ull) break;
+    }
+    for (; i < n; i++)
+        if ((p[i] & 0x7f) == 0x7f) return i;
+    return -1;
+}

@@ -67,6 +67,11 @@ static inline float qd_f8e4m3_to_f32(uint8_t v) {
  * values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. */
 float qd_e2m1_to_f32(uint8_t v);
 
+/* The index of the first e4m3 NaN code (0x7f, 0xff) among the n bytes at p, or -1.
+ * Checkpoint loaders refuse such weights: no quantizer writes one, and the tensor-core
+ * kernels decode the codes as +-480 rather than NaN. */
+int64_t qd_e4m3_first_nan(const uint8_t *p, int64_t n);
+
 /* Converts n elements of `src` (dtype t) to float. */
 void qd_convert_to_f32(qd_dtype t, const void *src, float *dst, size_t n);
 
