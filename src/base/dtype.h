@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "base/hostdev.h"
+
 typedef enum qd_dtype {
     QD_DTYPE_F32 = 0,
     QD_DTYPE_BF16,
@@ -26,7 +28,7 @@ const char *qd_dtype_name(qd_dtype t);           /* safetensors spelling: "BF16"
 /* Parses a safetensors dtype string; returns -1 when unknown. */
 int qd_dtype_parse(const char *s);
 
-static inline float qd_bf16_to_f32(uint16_t h) {
+QD_HD float qd_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
     memcpy(&f, &u, 4);
@@ -34,7 +36,7 @@ static inline float qd_bf16_to_f32(uint16_t h) {
 }
 
 /* Round to nearest even; NaN stays NaN. */
-static inline uint16_t qd_f32_to_bf16(float f) {
+QD_HD uint16_t qd_f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
@@ -48,7 +50,7 @@ uint16_t qd_f32_to_f16(float f);
  * and mantissa become an fp32's directly (exponent rebiased by 120); subnormals are
  * mant * 2^-9, exact in fp32. Inline: the CPU backend's FP8 products decode every weight
  * through here. */
-static inline float qd_f8e4m3_to_f32(uint8_t v) {
+QD_HD float qd_f8e4m3_to_f32(uint8_t v) {
     const uint32_t exp = (v >> 3) & 0xfu, mant = v & 0x7u;
     uint32_t bits;
     if (exp == 0xf && mant == 0x7) bits = 0x7fc00000u; /* NaN */

@@ -15,11 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifdef __CUDACC__
-#define QD_HD static inline __host__ __device__
-#else
-#define QD_HD static inline
-#endif
+#include "base/dtype.h"
+#include "base/hostdev.h"
 
 #define QD_DUMMY_BLOCK 4096
 
@@ -34,12 +31,7 @@ QD_HD float qd_dummy_value(uint64_t seed, float scale, int64_t i) {
     const uint64_t s = seed ^ ((uint64_t)(i / QD_DUMMY_BLOCK) * 0xd1b54a32d192ed03ull);
     const uint64_t z = s + (uint64_t)(i % QD_DUMMY_BLOCK + 1) * 0x9e3779b97f4a7c15ull;
     const float u = (float)((double)(qd_dummy_mix(z) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-    float f = u * scale;
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u; /* finite: |u * scale| <= scale */
-    memcpy(&f, &b, 4);
-    return f;
+    return qd_bf16_to_f32(qd_f32_to_bf16(u * scale));
 }
 
 /* The nearest e4m3 code (ties to the even code), saturating at 448: normals by rounding the

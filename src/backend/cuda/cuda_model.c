@@ -41,7 +41,6 @@ static qd_status h2d(planner *p, void *dst, const void *src, size_t bytes) {
  * scratch, then dequantized, so it has the values the CPU backend multiplies. */
 static qd_status put_drawn_widened(planner *p, uint16_t *dst, const qd_weight *w) {
     qd_weight d = *w;
-    d.scales.block_rows = d.scales.block_rows > 0 ? d.scales.block_rows : 1;
     const size_t db = qd_weight_data_bytes(&d), sb = qd_weight_scale_bytes(&d);
     void *tmp = NULL;
     qd_status s = qd_cuda_malloc(&tmp, db + sb);

@@ -242,8 +242,6 @@ static qd_status fg_dispatch(const fg_params &p, int n, cudaStream_t st) {
     }
 }
 
-static int al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 /* Materialises x into scratch with the unfused kernels (the plain path). */
 static qd_status fg_materialise(const qd_cuda_lin_in *in, int64_t cols, int n, uint16_t *scratch, void *stream) {
     switch (in->kind) {
@@ -264,7 +262,7 @@ static qd_status fg_materialise(const qd_cuda_lin_in *in, int64_t cols, int n, u
 static int fg_fusable(const qd_cuda_lin_in *in, int64_t cols, int n, const qd_cuda_lin_out *out, int n_out) {
     if (n < 1 || n > FG_MAX_N || cols % 8) return 0;
     for (int j = 0; j < n_out; j++)
-        if (!al16(out[j].W) || out[j].rows < 0) return 0;
+        if (!qd_lin_al16(out[j].W) || out[j].rows < 0) return 0;
     const int small = (size_t)n * (size_t)cols * 2 <= FG_SMEM_MAX;
     return qd_lin_buildable(in, cols) && (small || in->kind == QD_LIN_BF16);
 }
@@ -378,9 +376,9 @@ extern "C" qd_status qd_cuda_linear_path(int path, qd_cuda_blas *b, const qd_cud
     if (path == QD_LIN_PATH_INVARIANT) { /* refused before x is materialised */
         if (cols % 8) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: the invariant product needs cols % 8 == 0");
         for (int j = 0; j < n_out; j++)
-            if (!al16(out[j].qw ? out[j].dequant : out[j].W))
+            if (!qd_lin_al16(out[j].qw ? out[j].dequant : out[j].W))
                 return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: the invariant product needs aligned W");
-        if (in->kind == QD_LIN_BF16 && (!al16(in->x) || in->ldx % 8))
+        if (in->kind == QD_LIN_BF16 && (!qd_lin_al16(in->x) || in->ldx % 8))
             return qd_cuda_fail(QD_ERR_UNSUPPORTED, "linear: the invariant product needs aligned x, ldx % 8 == 0");
     }
     if (path == QD_LIN_PATH_FUSED) {

@@ -367,8 +367,6 @@ extern "C" int qd_cuda_qgemv_mma_takes(const qd_weight *w) {
     return unit && qm_block_shift(m, unit) >= 0;
 }
 
-static int qm_aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 /* The call's products alone (their formats, shapes and alignment), whatever builds x. */
 static int qm_outs_take(const qd_cuda_qgemv_out *out, int n_out, int64_t cols) {
     if (n_out < 1 || n_out > QD_CUDA_QGEMV_MULTI_MAX || cols % 8) return 0;
@@ -376,10 +374,10 @@ static int qm_outs_take(const qd_cuda_qgemv_out *out, int n_out, int64_t cols) {
     for (int j = 0; j < n_out; j++) {
         if (out[j].qw) {
             if (out[j].qw->cols != cols || out[j].qw->rows != out[j].rows || !qd_cuda_qgemv_mma_takes(out[j].qw) ||
-                !qm_aligned(out[j].qw->data) || (fmt && fmt != out[j].qw->dtype))
+                !qd_lin_al16(out[j].qw->data) || (fmt && fmt != out[j].qw->dtype))
                 return 0;
             fmt = out[j].qw->dtype;
-        } else if (!out[j].W || !qm_aligned(out[j].W)) {
+        } else if (!out[j].W || !qd_lin_al16(out[j].W)) {
             return 0;
         }
     }

@@ -134,6 +134,7 @@ __device__ __forceinline__ void qd_lin_build_x(const qd_cuda_lin_in &p, int64_t 
     else qd_lin_copy<NT>(p, cols, n, xs);
 }
 
+/* 16-byte alignment, which the vector loads of the GEMVs need. */
 static inline int qd_lin_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* Whether a block can build x of kind in->kind for cols columns: cols % 8 == 0 and the
