@@ -74,7 +74,8 @@ extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream
     qd_moe_work w;
     qd_moe_layout(a->n, a->H, a->I, a->E, a->k, (char *)a->d_work, &w);
     cudaStream_t s = (cudaStream_t)stream;
-    if (!a->invariant && a->n <= QD_MOE_GRAPH_MAX_TOKENS && (int64_t)a->n * a->k <= QD_MOE_DECODE_MAX_PAIRS)
+    if (!a->invariant && a->n <= QD_MOE_GRAPH_MAX_TOKENS && (int64_t)a->n * a->k <= QD_MOE_DECODE_MAX_PAIRS &&
+        qd_moe_decode_takes(a, NULL))
         return qd_moe_decode(a, &w, NULL, 0, s);
     if (!quant) return qd_moe_prefill(a, &w, s);
     /* prefill of quantized experts: every expert to bf16 (a few hundred MB per layer at the
