@@ -1,0 +1,252 @@
+/* Internal to the MoE decode kernels (moe_decode.cu, moe_decode_bf16.cu,
+ * moe_decode_quant.cu): the blocks' shape, the device pieces both kernel families
+ * share (routing ownership, a pass's inputs, the down kernel's combine into y) and
+ * the two families' launchers. moe_decode.cu says how the kernels work. */
+#ifndef QD_CUDA_MOE_DECODE_CUH
+#define QD_CUDA_MOE_DECODE_CUH
+
+#include <math.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_qformat.cuh"
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/moe_internal.cuh"
+
+#define GU_NT 256        /* threads of a gate_up block: 8 warps, one row i (gate and up) each */
+#define GU_WARPS (GU_NT / 32)
+#define GU_TG 4          /* tokens per pass over the weights */
+#define GU_U 4           /* bf16: 16-byte loads per row per lane in flight, 1024 columns a chunk */
+#define GU_SB 2048       /* bytes of a row in one shared-memory stage: 128 pieces, 4 a lane (4-bit: half) */
+#define GU_NST 2         /* stages a warp has in flight */
+#define DN_NT 256        /* threads of a down block: 8 warps */
+#define DN_WARPS (DN_NT / 32)
+#define DN_R (QD_MOE_DN_ROWS / DN_WARPS) /* rows h per warp */
+#define DN_TG 4
+#define DN_U 2           /* bf16: 16-byte loads per row per lane, 512 columns a chunk */
+#define DN_SB 1024       /* bytes of a row in one stage: 64 pieces, 2 a lane (4-bit: half) */
+#define DN_NST 2
+#define SH_TG 4          /* tokens per block row of the shared expert: one pass of either kernel */
+static_assert(SH_TG <= GU_TG && SH_TG <= DN_TG, "a shared-expert block row is one pass");
+static_assert(GU_SB % 1024 == 0 && DN_SB % 1024 == 0, "a stage is whole 16-byte pieces for every lane");
+
+/* A stage's bytes a row: 4-bit rows hold twice the columns a byte, so half the bytes
+ * keep a stage's columns and a lane's scales the same. */
+__host__ __device__ constexpr int stage_bytes(int full, int dtype) {
+    return dtype == QD_DTYPE_INT4 || dtype == QD_DTYPE_NVFP4 ? full / 2 : full;
+}
+
+__device__ __forceinline__ void bf16x8(const uint4 v, float f[8]) { qf_bf16::decode8(v, 0, 0, f); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* 1 if an earlier pair chose the same expert (that pair's block owns it).
+ * The routing is read through L2 (ld.cg): the down kernel reads it before its
+ * programmatic wait, from a grid that finished while it was launching. */
+__device__ __forceinline__ int not_owner(const int32_t *__restrict__ sel, int p, int e) {
+    int dup = 0;
+    for (int q = threadIdx.x; q < p; q += blockDim.x) dup |= __ldcg(sel + q) == e;
+    return __syncthreads_or(dup);
+}
+
+/* The pairs q >= p that chose expert e, in increasing order, into list;
+ * returns their count. wcnt: blockDim.x / 32 ints of shared scratch. */
+static __device__ int pairs_of_expert(const int32_t *__restrict__ sel, int p, int P, int e, int *list, int *wcnt) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    int m = 0;
+    for (int base = p; base < P; base += blockDim.x) {
+        const int q = base + threadIdx.x;
+        const bool hit = q < P && __ldcg(sel + q) == e;
+        const unsigned bal = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) wcnt[warp] = __popc(bal);
+        __syncthreads();
+        int off = m, tot = 0;
+        for (int w = 0; w < nw; w++) {
+            off += w < warp ? wcnt[w] : 0;
+            tot += wcnt[w];
+        }
+        if (hit) list[off + __popc(bal & ((1u << lane) - 1u))] = q;
+        __syncthreads();
+        m += tot;
+    }
+    return m;
+}
+
+/* gate_up after its programmatic wait: lets the down kernel launch (it reads only the
+ * routing and its weights until it waits) and, in block 0 of each token's first pair,
+ * resets the token's completion counters for the down kernel. */
+__device__ __forceinline__ void gate_up_begin(int32_t *counters, int n_ctr, int p, int k, bool shared) {
+    qd_pdl_wait();
+    qd_pdl_trigger();
+    if (blockIdx.x == 0 && !shared && p % k == 0)
+        for (int c = threadIdx.x; c < n_ctr; c += blockDim.x) counters[(size_t)(p / k) * n_ctr + c] = 0;
+}
+
+/* The tokens of shared-expert block row g: SH_TG of the n, from g * SH_TG. */
+__device__ __forceinline__ int group_tokens(int n, int g, int *list) {
+    const int m = min(SH_TG, n - g * SH_TG);
+    if (threadIdx.x < m) list[threadIdx.x] = g * SH_TG + threadIdx.x;
+    __syncthreads();
+    return m;
+}
+
+
+/* A pass's token rows of x (bf16, H8 pieces of 8) into xs: list entries g0 .. g0 + gs - 1,
+ * entry q being row q / kd; read through L2 (cuda_pdl.cuh). Then the block's barrier. */
+__device__ __forceinline__ void load_pass_x(uint4 *xs, const uint16_t *x, const int *list, int g0, int gs, int kd,
+                                            int H8) {
+    const uint4 *x4 = (const uint4 *)x;
+    for (int c = threadIdx.x; c < gs * H8; c += blockDim.x) {
+        const int tt = c / H8, b = c - tt * H8;
+        xs[c] = __ldcg(x4 + (size_t)(list[g0 + tt] / kd) * H8 + b);
+    }
+    __syncthreads();
+}
+
+/* A pass's activations (fp32, rows of Ir) into as4, as load_pass_x. */
+__device__ __forceinline__ void load_pass_act(float4 *as4, const float *ap, const int *list, int g0, int gs, int Ir) {
+    const int I4 = Ir >> 2;
+    for (int c = threadIdx.x; c < gs * I4; c += blockDim.x) {
+        const int tt = c / I4, b = c - tt * I4;
+        as4[c] = __ldcg((const float4 *)(ap + (size_t)list[g0 + tt] * Ir) + b);
+    }
+    __syncthreads();
+}
+
+/* silu(gate) * up of a warp's row i for the pass's gs entries, from the lanes' partial sums. */
+template <int TG>
+__device__ __forceinline__ void store_act(const float (&ag)[TG], const float (&au)[TG], int gs, const int *list,
+                                          int g0, float *ap, int rows, int i) {
+#pragma unroll
+    for (int tt = 0; tt < TG; tt++) {
+        if (tt < gs) {
+            const float sg = warp_sum(ag[tt]), su = warp_sum(au[tt]);
+            if ((threadIdx.x & 31) == 0) ap[(size_t)list[g0 + tt] * rows + i] = sg / (1.0f + expf(-sg)) * su;
+        }
+    }
+}
+
+/* What a down block adds into y once a (token, row tile) has all its slots. */
+typedef struct dn_combine {
+    int32_t *counters;  /* [n][n_ctr] slots done per (token, row tile) */
+    int n_ctr, nslot;   /* row tiles; completions per (token, row tile): k, + 1 with the shared expert */
+    int k, H;
+    const float *wts;   /* [n][k] routing weights */
+    const float *out;   /* [n k][H] pair outputs */
+    const float *sh_out, *sh_gate; /* the shared expert's [n][H] output and gate logits, or NULL */
+    int64_t sh_gate_ld;
+    float *y;           /* [n][H] += */
+} dn_combine;
+
+/* The end of a down pass: the warp's DN_R rows from h0 for the pass's gs entries into op
+ * (the pair's or the shared expert's output), then counted in; the block that brings a
+ * (token, row tile) to nslot adds the token's slots into y in slot order. last: DN_TG
+ * ints of shared scratch. */
+template <int TG>
+__device__ __forceinline__ void finish_down_pass(const float (&acc)[DN_R][TG], int gs, const int *list, int g0,
+                                                 int kd, float *op, int h0, int *last, const dn_combine &cb) {
+    const int tid = threadIdx.x, lane = tid & 31, H = cb.H;
+#pragma unroll
+    for (int tt = 0; tt < TG; tt++) {
+        if (tt < gs) {
+            const size_t q = (size_t)list[g0 + tt];
+#pragma unroll
+            for (int r = 0; r < DN_R; r++) {
+                const float v = warp_sum(acc[r][tt]);
+                if (lane == 0 && h0 + r < H) op[q * H + h0 + r] = v;
+            }
+        }
+    }
+    /* publish this pass's outputs, then count them in */
+    __threadfence();
+    __syncthreads();
+    if (tid < gs) {
+        const int t = list[g0 + tid] / kd;
+        last[tid] = atomicAdd(&cb.counters[(size_t)t * cb.n_ctr + blockIdx.x], 1) == cb.nslot - 1;
+    }
+    __syncthreads();
+    if (tid < gs * QD_MOE_DN_ROWS) {
+        const int tt = tid / QD_MOE_DN_ROWS, h = blockIdx.x * QD_MOE_DN_ROWS + tid % QD_MOE_DN_ROWS;
+        if (last[tt] && h < H) {
+            __threadfence();
+            const size_t t = (size_t)(list[g0 + tt] / kd);
+            float s = 0.0f;
+            for (int j = 0; j < cb.k; j++)
+                s = fmaf(__ldcg(cb.wts + t * cb.k + j), __ldcg(cb.out + (t * cb.k + j) * H + h), s);
+            if (cb.sh_out) { /* as the unfused path: sigmoid(gate) * shared, then the routed sum */
+                const float sg = __ldcg(cb.sh_gate + t * cb.sh_gate_ld);
+                s = __fmul_rn(1.0f / (1.0f + expf(-sg)), __ldcg(cb.sh_out + t * H + h)) + s;
+            }
+            cb.y[t * H + h] = __ldcg(cb.y + t * H + h) + s;
+        }
+    }
+}
+
+/* ---- host side ---------------------------------------------------------------------- */
+
+typedef struct decode_shape {
+    int tg;              /* tokens (gate_up) or pairs (down) a pass */
+    int gu_sb, gu_nst;   /* quantized: gate_up stages */
+    int dn_sb, dn_nst;   /* quantized: down stages */
+    size_t gu_smem, dn_smem; /* dynamic shared memory of a block */
+} decode_shape;
+
+/* A call's grids and the pieces both kernels take. */
+typedef struct decode_call {
+    int P, n_ctr, has_sh, Is;
+    dim3 grid_gu, grid_dn;
+    dn_combine cb;
+} decode_call;
+
+static inline decode_call decode_call_of(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh) {
+    decode_call c;
+    c.P = a->n * a->k;
+    c.n_ctr = (a->H + QD_MOE_DN_ROWS - 1) / QD_MOE_DN_ROWS;
+    c.has_sh = sh && (sh->gate_up || sh->q_gate_up);
+    c.Is = c.has_sh ? sh->I : 0;
+    const int Imax = a->I > c.Is ? a->I : c.Is, sh_rows = c.has_sh ? (a->n + SH_TG - 1) / SH_TG : 0;
+    c.grid_gu = dim3((unsigned)(Imax / GU_WARPS), (unsigned)(c.P + sh_rows));
+    c.grid_dn = dim3((unsigned)c.n_ctr, (unsigned)(c.P + sh_rows));
+    c.cb.counters = w->counters;
+    c.cb.n_ctr = c.n_ctr;
+    c.cb.nslot = a->k + (c.has_sh ? 1 : 0);
+    c.cb.k = a->k;
+    c.cb.H = a->H;
+    c.cb.wts = a->d_w;
+    c.cb.out = w->out;
+    c.cb.sh_out = c.has_sh ? sh->out : NULL;
+    c.cb.sh_gate = c.has_sh ? sh->gate : NULL;
+    c.cb.sh_gate_ld = c.has_sh ? sh->gate_ld : 0;
+    c.cb.y = a->d_y;
+    return c;
+}
+
+/* A bound on the kernels' static shared memory (the pair list, counts, barriers: 4.3 KiB). */
+#define DECODE_STATIC_SMEM (5 * 1024)
+/* Dynamic shared memory a block may take beside it (sm_90: 227 KiB a block in all). */
+#define DECODE_MAX_DYN_SMEM (227 * 1024 - DECODE_STATIC_SMEM)
+static_assert(QD_MOE_DECODE_MAX_PAIRS * 4 + 512 <= DECODE_STATIC_SMEM, "the pair list and the rest fit the bound");
+
+/* Opts the kernel in to bytes of dynamic shared memory where static and dynamic together
+ * pass the 48 KiB a launch has without; staged kernels also ask for the largest
+ * shared-memory carveout, the stages standing in for L1 (the weights bypass it). */
+template <class K> static cudaError_t set_smem(K kernel, size_t bytes, int staged) {
+    cudaError_t e = cudaSuccess;
+    if (staged) e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+    if (e == cudaSuccess && bytes + DECODE_STATIC_SMEM > 48 * 1024)
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    return e;
+}
+
+/* The two families: bf16 experts (and shared expert), or quantized ones in qd_moe_decode_takes's
+ * formats, with the shape of the call (moe_decode.cu). */
+qd_status qd_moe_decode_bf16(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh,
+                             const decode_shape *d, int pdl, cudaStream_t s);
+qd_status qd_moe_decode_quant(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh,
+                              const decode_shape *d, int pdl, cudaStream_t s);
+
+#endif
