@@ -2,7 +2,9 @@
  * the weight bytes (data + scales) read per call, against the copy bandwidth of the same
  * run, and beside it the bf16 GEMV (qd_cuda_matmul at n <= 8) on the same shape. Weights
  * are rotated over copies beyond L2 (>= 200 MiB per format and shape) so that every call
- * reads HBM. Prints one RESULT line per format x shape x n. */
+ * reads HBM. Prints one RESULT line per format x shape x n, and where the table picks the
+ * tensor-core kernel a qgemv_warps line: that kernel at 2, 4, 8 and 16 warps a block, the
+ * figures its warp table (gemv_quant_mma.cu, qm_warps) follows. */
 #define BENCH_NAME "quant_cuda_bench"
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +44,11 @@ static void call_q(void *a, int i) {
 static void call_vec(void *a, int i) {
     run *r = a;
     TRY(qd_cuda_qgemv_path(QD_QGEMV_PATH_VEC, &r->w[i % r->copies], r->x, r->cols, r->n, r->y, r->rows, 0, NULL));
+}
+static int g_warps; /* call_w's warp count */
+static void call_w(void *a, int i) {
+    run *r = a;
+    TRY(qd_cuda_qgemv_mma_warps(&r->w[i % r->copies], r->x, r->cols, r->n, r->y, r->rows, 0, g_warps, NULL));
 }
 static void call_b(void *a, int i) {
     run *r = a;
@@ -109,6 +116,15 @@ int main(void) {
                        s->name, (long long)s->rows, (long long)s->cols, qd_dtype_name(fmts[fi]) ? qd_dtype_name(fmts[fi]) : "?",
                        r.n, path == QD_QGEMV_PATH_MMA ? "mma" : path == QD_QGEMV_PATH_VEC ? "vec" : "elem", qms * 1e3,
                        qgb, 100.0 * qgb / copy, vms * 1e3, vms / qms, bms * 1e3, bgb, bms / qms);
+                if (path == QD_QGEMV_PATH_MMA) { /* the tensor-core kernel at each warp count: the table's figures */
+                    static const int ws[] = {2, 4, 8, 16};
+                    printf("RESULT qgemv_warps shape=%s fmt=%s n=%d", s->name, qd_dtype_name(fmts[fi]), r.n);
+                    for (int wi = 0; wi < 4; wi++) {
+                        g_warps = ws[wi];
+                        printf(" w%d_us=%.1f", ws[wi], time_ms(&t, 20, call_w, &r) * 1e3);
+                    }
+                    printf("\n");
+                }
             }
             for (int c = 0; c < r.copies; c++) {
                 qd_cuda_free((void *)r.w[c].data);

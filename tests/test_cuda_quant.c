@@ -56,6 +56,50 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 static uint8_t rnd_byte(void) { return (uint8_t)(qd_test_next(&rng) >> 56); }
 
+/* sum_c w[c] x[c] in double, and sum_c |w[c] x[c]| into *mag (the scale of its rounding). */
+static double ref_dot(const float *w, const float *x, int64_t C, double *mag) {
+    double ref = 0, m = 0;
+    for (int64_t c = 0; c < C; c++) {
+        const double p = (double)w[c] * (double)x[c];
+        ref += p;
+        m += fabs(p);
+    }
+    *mag = m;
+    return ref;
+}
+
+/* y (n x ldy, after the kernel) against the double reference of the dequantized weights wf
+ * (R x C) and x (bf16 values xf at stride ldx), plus y0 where the case accumulates; the
+ * padding rows past R keep y0's bits. */
+static void check_y(const qcase *qc, const char *kernel, const float *y, const float *y0, const float *wf,
+                    const float *xf, int64_t ldx, int64_t ldy) {
+    const int64_t R = qc->rows, C = qc->cols;
+    const int n = qc->n;
+    int bad = 0;
+    double worst = 0;
+    for (int t = 0; t < n && y; t++) {
+        for (int64_t r = 0; r < R; r++) {
+            double mag;
+            const double ref = ref_dot(wf + r * C, xf + t * ldx, C, &mag);
+            const double base = qc->acc ? (double)y0[t * ldy + r] : 0.0;
+            const double got = y[t * ldy + r], err = fabs(got - (ref + base));
+            const double tol = 2.0 * ((double)C / 32 + 40) * ldexp(1.0, -24) * (mag + fabs(base)) + 1e-30;
+            if (!(err <= tol)) {
+                if (bad++ < 3)
+                    fprintf(stderr, "%s %s n=%d: y[%d][%lld] = %.9g, reference %.9g (tol %.3g)\n", qc->name, kernel,
+                            n, t, (long long)r, got, ref + base, tol);
+            }
+            if (tol > 0 && err / tol > worst) worst = err / tol;
+        }
+        for (int64_t r = R; r < ldy; r++) /* padding keeps its bits */
+            if (memcmp(&y[t * ldy + r], &y0[t * ldy + r], 4)) bad++;
+    }
+    CHECKF(y && bad == 0, "%s %s (%lld x %lld, n = %d): %d elements off", qc->name, kernel, (long long)R,
+           (long long)C, n, bad);
+    printf("%-28s %-7s %5lld x %-5lld n=%-2d %s worst err/tol %.3f\n", qc->name, kernel, (long long)R, (long long)C,
+           n, qc->acc ? "acc" : "set", worst);
+}
+
 static void run_case(const qcase *qc) {
     const int64_t R = qc->rows, C = qc->cols, bc = qc->bc < 0 ? C : qc->bc;
     const int n = qc->n;
@@ -148,33 +192,23 @@ static void run_case(const qcase *qc) {
         if (st) continue;
         float *y = qd_test_host(dy, sizeof(float) * (size_t)(n * ldy));
         y_by_path[path] = y;
-        int bad = 0;
-        double worst = 0;
-        for (int t = 0; t < n && y; t++) {
-            for (int64_t r = 0; r < R; r++) {
-                double ref = 0, mag = 0;
-                for (int64_t c = 0; c < C; c++) {
-                    const double p = (double)wf[r * C + c] * (double)xf[t * ldx + c];
-                    ref += p;
-                    mag += fabs(p);
-                }
-                const double base = qc->acc ? (double)y0[t * ldy + r] : 0.0;
-                const double got = y[t * ldy + r], err = fabs(got - (ref + base));
-                const double tol = 2.0 * ((double)C / 32 + 40) * ldexp(1.0, -24) * (mag + fabs(base)) + 1e-30;
-                if (!(err <= tol)) {
-                    if (bad++ < 3)
-                        fprintf(stderr, "%s %s n=%d: y[%d][%lld] = %.9g, reference %.9g (tol %.3g)\n", qc->name,
-                                path_name[path], n, t, (long long)r, got, ref + base, tol);
-                }
-                if (tol > 0 && err / tol > worst) worst = err / tol;
-            }
-            for (int64_t r = R; r < ldy; r++) /* padding keeps its bits */
-                if (memcmp(&y[t * ldy + r], &y0[t * ldy + r], 4)) bad++;
+        check_y(qc, path_name[path], y, y0, wf, xf, ldx, ldy);
+    }
+    /* the tensor-core kernel at every warp count a block it can be given (the table's is
+     * one of them): each within the reference's bounds; another count is refused */
+    if (takes[3]) {
+        static const int warps[] = {2, 4, 8, 16};
+        for (int i = 0; i < 4; i++) {
+            char label[16];
+            snprintf(label, sizeof label, "mma/%d", warps[i]);
+            ST_OK(qd_cuda_memcpy_h2d(dy, y0, sizeof(float) * (size_t)(n * ldy)));
+            ST_OK(qd_cuda_qgemv_mma_warps(&dw, dx, ldx, n, dy, ldy, qc->acc, warps[i], NULL));
+            float *y = qd_test_host(dy, sizeof(float) * (size_t)(n * ldy));
+            check_y(qc, label, y, y0, wf, xf, ldx, ldy);
+            free(y);
         }
-        CHECKF(y && bad == 0, "%s %s (%lld x %lld, n = %d): %d elements off", qc->name, path_name[path],
-               (long long)R, (long long)C, n, bad);
-        printf("%-28s %-5s %5lld x %-5lld n=%-2d %s worst err/tol %.3f\n", qc->name, path_name[path], (long long)R,
-               (long long)C, n, qc->acc ? "acc" : "set", worst);
+        CHECKF(qd_cuda_qgemv_mma_warps(&dw, dx, ldx, n, dy, ldy, qc->acc, 3, NULL) == QD_ERR_INVALID_ARG,
+               "%s: a block of 3 warps is not refused", qc->name);
     }
     /* the table runs its pick: the same bits */
     CHECKF(y_by_path[0] && y_by_path[choice] &&
@@ -493,12 +527,8 @@ static void test_linear_prefill(qd_cuda_blas *blas) {
         int bad = 0;
         for (int t = 0; t < pn && y; t++)
             for (int64_t r = 0; r < R; r++) {
-                double ref = 0, mag = 0;
-                for (int64_t c = 0; c < C; c++) {
-                    const double p = (double)wf[r * C + c] * (double)xf[t * C + c];
-                    ref += p;
-                    mag += fabs(p);
-                }
+                double mag;
+                const double ref = ref_dot(wf + r * C, xf + t * C, C, &mag);
                 if (!(fabs(y[t * R + r] - ref) <= ldexp(1.0, -8) * mag + 1e-30)) bad++;
             }
         CHECKF(y && bad == 0, "linear %s, fp8 weight dequantized: %d of %lld elements off",

@@ -93,6 +93,10 @@ qd_status qd_cuda_qgemv_path(int path, const qd_weight *dw, const uint16_t *d_x,
 int qd_cuda_qgemv_mma_takes(const qd_weight *dw);
 qd_status qd_cuda_qgemv_mma(const qd_weight *dw, const uint16_t *d_x, int64_t ldx, int n, float *d_y, int64_t ldy,
                             int accumulate, void *stream);
+/* The same with a given warp count a block (2, 4, 8 or 16; 0: the table's), for the
+ * benchmark whose figures the table follows (bench/quant_cuda_bench.c). */
+qd_status qd_cuda_qgemv_mma_warps(const qd_weight *dw, const uint16_t *d_x, int64_t ldx, int n, float *d_y,
+                                  int64_t ldy, int accumulate, int warps, void *stream);
 
 /* Up to QD_CUDA_QGEMV_MULTI_MAX products sharing x (rows of a stack: GDN in_proj parts,
  * attention q / k / v) in one launch of the MMA kernel: the quantized ones of one format

@@ -111,22 +111,19 @@ struct qm_bf16 {
     __device__ static __forceinline__ uint32_t zero_pair(const qf_row &r, int64_t b) { (void)r; (void)b; return 0; }
 };
 
-template <class M>
-__device__ __forceinline__ uint4 qm_load(const qf_row &r, int live, int64_t col) {
-    return live ? qd_ld_stream16(r.q + col / M::COLS * 16) : make_uint4(0, 0, 0, 0);
-}
-
-/* Units u0 + j WARPS (j < QM_UNROLL) of rows a and b, zeros past the rows, units or columns. */
+/* Units u0 + j WARPS (j < QM_UNROLL) of the lane's two rows: pa / pb point at the lane's
+ * piece of unit 0 (a unit is 4 pieces); zeros past the units, the columns (tcol: the lane's
+ * first column in a unit) or a row. */
 template <class M, int WARPS>
-__device__ __forceinline__ void qm_load_units(const qf_row &row_a, const qf_row &row_b, int live_a, int live_b,
-                                              int64_t cols, int64_t units, int64_t u0, int t, uint4 (&wa)[QM_UNROLL],
+__device__ __forceinline__ void qm_load_units(const uint4 *pa, const uint4 *pb, int live_a, int live_b, int cols,
+                                              int units, int tcol, int u0, uint4 (&wa)[QM_UNROLL],
                                               uint4 (&wb)[QM_UNROLL]) {
 #pragma unroll
     for (int j = 0; j < QM_UNROLL; j++) {
-        const int64_t col = (u0 + (int64_t)j * WARPS) * (4 * M::COLS) + M::COLS * t;
-        const int in = u0 + (int64_t)j * WARPS < units && col < cols;
-        wa[j] = qm_load<M>(row_a, in && live_a, col);
-        wb[j] = qm_load<M>(row_b, in && live_b, col);
+        const int u = u0 + j * WARPS;
+        const int in = u < units && u * (4 * M::COLS) + tcol < cols;
+        wa[j] = in && live_a ? qd_ld_stream16(pa + 4 * u) : make_uint4(0, 0, 0, 0);
+        wb[j] = in && live_b ? qd_ld_stream16(pb + 4 * u) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -143,7 +140,9 @@ struct qm_call {
 };
 
 /* The lane's sums c of 16-row tile `tile` of m: rows tile 16 + g and + 8, tokens of its
- * C fragment (see the top). */
+ * C fragment (see the top). Offsets within a row are 32-bit (the host keeps cols below
+ * 2^31) and every pointer is formed once, outside the loop over units: the per-unit work
+ * is the loads, the decode and the products. */
 template <class M, int NT, int WARPS, bool BUILD>
 __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift, int64_t tile,
                                         const uint16_t *__restrict__ x, int64_t ldx, const qd_cuda_lin_in &in,
@@ -153,10 +152,12 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
     const int64_t ra = tile * 16 + g, rb = ra + 8;
     const int live_a = ra < m.rows, live_b = rb < m.rows;
     const qf_row row_a = qf_row_of(m, 0, live_a ? ra : m.rows - 1), row_b = qf_row_of(m, 0, live_b ? rb : m.rows - 1);
-    const int64_t units = (m.cols + UNIT - 1) / UNIT;
+    const int cols = (int)m.cols, units = (cols + UNIT - 1) / UNIT, tcol = M::COLS * t;
+    const uint4 *pa = (const uint4 *)row_a.q + t, *pb = (const uint4 *)row_b.q + t;
+    const float *sa = (const float *)row_a.s, *sb = (const float *)row_b.s;
     uint4 wa[QM_UNROLL], wb[QM_UNROLL];
     /* the first units' weights are in flight before the wait for the previous kernel (x) */
-    qm_load_units<M, WARPS>(row_a, row_b, live_a, live_b, m.cols, units, warp, t, wa, wb);
+    qm_load_units<M, WARPS>(pa, pb, live_a, live_b, cols, units, tcol, warp, wa, wb);
     qd_pdl_wait();
     qd_pdl_trigger();
     if (BUILD) { /* x made here (a norm or activation), block-uniform */
@@ -164,26 +165,36 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
         __syncthreads();
         ldx = m.cols;
     }
-    for (int64_t u0 = warp; u0 < units; u0 += WARPS * QM_UNROLL) {
-        if (u0 != warp) qm_load_units<M, WARPS>(row_a, row_b, live_a, live_b, m.cols, units, u0, t, wa, wb);
+    /* the lane's x: token nt 8 + g from column tcol of unit 0, or none */
+    const uint4 *xp[NT];
+    bool xtok[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int tok = nt * 8 + g;
+        xtok[nt] = tok < n;
+        xp[nt] = (BUILD ? (const uint4 *)xs : (const uint4 *)x) + ((xtok[nt] ? tok : 0) * ldx + tcol) / 8;
+    }
+    for (int u0 = warp; u0 < units; u0 += WARPS * QM_UNROLL) {
+        if (u0 != warp) qm_load_units<M, WARPS>(pa, pb, live_a, live_b, cols, units, tcol, u0, wa, wb);
 #pragma unroll
         for (int j = 0; j < QM_UNROLL; j++) {
-            const int64_t u = u0 + (int64_t)j * WARPS;
+            const int u = u0 + j * WARPS;
             if (u >= units) break; /* warp-uniform */
-            const int64_t col = u * UNIT + M::COLS * t, blk = u >> block_shift; /* the unit's scale block */
-            const float sa = M::SCALED ? __ldg((const float *)row_a.s + blk) : 1.f;
-            const float sb = M::SCALED ? __ldg((const float *)row_b.s + blk) : 1.f;
+            const int col = u * UNIT + tcol, blk = u >> block_shift; /* the unit's scale block */
+            const float s_a = M::SCALED ? __ldg(sa + blk) : 1.f;
+            const float s_b = M::SCALED ? __ldg(sb + blk) : 1.f;
             const uint32_t za = M::zero_pair(row_a, blk), zb = M::zero_pair(row_b, blk);
+            const bool cin = col < cols;
             float d[NT][4];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 uint4 xv[M::XU4];
-                const int tok = nt * 8 + g, xin = tok < n && col < m.cols;
+                const bool xin = xtok[nt] && cin;
 #pragma unroll
                 for (int q = 0; q < M::XU4; q++)
-                    xv[q] = !xin ? make_uint4(0, 0, 0, 0)
-                            : BUILD ? xs[(tok * ldx + col) / 8 + q]
-                                    : __ldg((const uint4 *)(x + tok * ldx + col) + q);
+                    xv[q] = !xin    ? make_uint4(0, 0, 0, 0)
+                            : BUILD ? xp[nt][u * (UNIT / 8) + q]
+                                    : __ldg(xp[nt] + u * (UNIT / 8) + q);
 #pragma unroll
                 for (int i = 0; i < 4; i++) d[nt][i] = 0.f;
 #pragma unroll
@@ -195,10 +206,10 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
             }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                c[nt][0] = fmaf(sa, d[nt][0], c[nt][0]);
-                c[nt][1] = fmaf(sa, d[nt][1], c[nt][1]);
-                c[nt][2] = fmaf(sb, d[nt][2], c[nt][2]);
-                c[nt][3] = fmaf(sb, d[nt][3], c[nt][3]);
+                c[nt][0] = fmaf(s_a, d[nt][0], c[nt][0]);
+                c[nt][1] = fmaf(s_a, d[nt][1], c[nt][1]);
+                c[nt][2] = fmaf(s_b, d[nt][2], c[nt][2]);
+                c[nt][3] = fmaf(s_b, d[nt][3], c[nt][3]);
             }
         }
     }
@@ -263,20 +274,24 @@ static int64_t qm_wave(void) {
     return (int64_t)qm_per_sm<Q, WARPS, false>() * qd_cuda_sm_count();
 }
 
-/* Warps a block: the most of 16, 8, 4, 2 that keeps every warp's QM_UNROLL units busy and
- * the grid in one wave of the one-token-tile instance (n <= 8: decode; the same count
- * for two tiles, so that the choice does not depend on n); 4 when none does. A grid past
- * one wave ends in a tail of a few blocks per multiprocessor, too few loads in flight to
- * keep the bandwidth busy (H200, bench/quant_cuda_bench, RESULTS session 19: the 27B up
- * projection in FP8, 1,088 blocks, 924 of 4 warps resident, 61% of copy bandwidth; in one
- * wave of 2-warp blocks 63%). */
+/* Warps a block, from the shape alone (the one-token-tile instance's residency; the same
+ * count for two tiles, so that the choice does not depend on n). Measured on the H200
+ * (bench/quant_cuda_bench's warp sweep, RESULTS session 22), FP8 and INT4 alike:
+ *   - a grid of at most one block per multiprocessor: 16 (the GDN out projection and an
+ *     expert's matrices: 5.5 against 7.5 us with 8 for the 35B-A3B's GDN out in FP8);
+ *   - else 8 where the grid fills whole waves of 8-warp blocks: at most one, or about two
+ *     or three (a partial second wave is a tail with too few loads in flight: the
+ *     35B-A3B's attention q, 512 blocks over 396 resident, took 10.0 us with 8 and 8.3
+ *     with 4; its GDN in_proj, 772 over 396, 12.1 with 8 and 13.3 with 2);
+ *   - else 4 where the grid is one wave of those, else 2 (the lm_head shape, 15,520 blocks:
+ *     127 us with 2, 164 with 8). */
 template <class Q>
-static int qm_warps(int64_t blocks, int64_t units) {
-    if (units >= 16 * QM_UNROLL && blocks <= qm_wave<Q, 16>()) return 16;
-    if (units >= 8 * QM_UNROLL && blocks <= qm_wave<Q, 8>()) return 8;
+static int qm_warps(int64_t blocks) {
+    if (blocks <= qd_cuda_sm_count()) return 16;
+    const int64_t w8 = qm_wave<Q, 8>();
+    if (blocks <= w8 || (blocks * 10 >= w8 * 18 && blocks <= w8 * 3)) return 8;
     if (blocks <= qm_wave<Q, 4>()) return 4;
-    if (blocks <= qm_wave<Q, 2>()) return 2;
-    return 4;
+    return 2;
 }
 
 template <class Q, int NT, bool BUILD>
@@ -304,16 +319,10 @@ static int qm_block_shift(const qd_cuda_qmats &m, int64_t unit) {
 
 static int64_t qm_unit(int dtype) { return dtype == QD_DTYPE_F8_E4M3 ? 64 : dtype == QD_DTYPE_INT4 ? 128 : 0; }
 
-/* The warp count follows the call's quantized products (their units), so that a call's
- * choice depends on its shapes only. */
+/* warps: the table's (qm_warps) when 0 */
 template <class Q>
-static int qm_call_warps(int64_t tiles, int64_t cols) {
-    return qm_warps<Q>(tiles, (cols + 4 * Q::COLS - 1) / (4 * Q::COLS));
-}
-
-template <class Q>
-static qd_status qm_launch(const qm_call &c, int64_t cols, int n, int accumulate, cudaStream_t st) {
-    const int warps = qm_call_warps<Q>(c.tile_end[c.n_out - 1], cols);
+static qd_status qm_launch(const qm_call &c, int64_t cols, int n, int accumulate, int warps, cudaStream_t st) {
+    if (!warps) warps = qm_warps<Q>(c.tile_end[c.n_out - 1]);
     if (c.in.kind == QD_LIN_BF16) {
         if (n <= 8) return qm_launch_tiles<Q, 1, false>(c, warps, 0, n, accumulate, st);
         return qm_launch_tiles<Q, 2, false>(c, warps, 0, n, accumulate, st);
@@ -340,24 +349,21 @@ static size_t qm_sm_smem(void) {
  * cost 1.5 us on its GDN in_proj (772 blocks of 2 warps) and 3-5% of the 27B's decode
  * (5120 columns and more, SwiGLU inputs of 17408). It
  * must also fit the 48 KiB a launch has without opting in, beside the kernel's own shared
- * memory, and keep the blocks resident per SM that qm_warps planned with, or enough for the
- * whole grid (1 KiB of each block's shared memory is the system's). */
+ * memory, and the building blocks must hold the whole grid in one wave (1 KiB of each
+ * block's shared memory is the system's): a second wave would build x again after the
+ * first, on the critical path (the GDN in_proj's 772 blocks of 8 warps are two). */
 template <class Q>
 static int qm_build_fits(int64_t tiles, int64_t cols, int n) {
-    const int warps = qm_call_warps<Q>(tiles, cols);
+    const int warps = qm_warps<Q>(tiles);
     if (warps < 4 || cols > 4096) return 0;
     const size_t x_bytes = (size_t)n * (size_t)cols * 2;
     const size_t statics = (size_t)warps * 32 * 4 * 4 * (n <= 8 ? 1 : 2) /* `part` */ +
                            (QD_LIN_BUILD_MAX_N * (QD_LIN_NORM_NT / 32 + 1)) * 4 /* the norm's */;
     if (x_bytes + statics > 48 * 1024) return 0;
-    int planned, build;
-    switch (warps) {
-    case 16: planned = qm_per_sm<Q, 16, false>(), build = qm_per_sm<Q, 16, true>(); break;
-    case 8: planned = qm_per_sm<Q, 8, false>(), build = qm_per_sm<Q, 8, true>(); break;
-    default: planned = qm_per_sm<Q, 4, false>(), build = qm_per_sm<Q, 4, true>(); break;
-    }
+    const int build = warps == 16 ? qm_per_sm<Q, 16, true>() : warps == 8 ? qm_per_sm<Q, 8, true>()
+                                                                        : qm_per_sm<Q, 4, true>();
     const int by_smem = (int)(qm_sm_smem() / (x_bytes + statics + 1024)), resident = build < by_smem ? build : by_smem;
-    return resident >= planned || tiles <= (int64_t)resident * qd_cuda_sm_count();
+    return tiles <= (int64_t)resident * qd_cuda_sm_count();
 }
 
 extern "C" int qd_cuda_qgemv_mma_takes(const qd_weight *w) {
@@ -369,7 +375,8 @@ extern "C" int qd_cuda_qgemv_mma_takes(const qd_weight *w) {
 
 /* The call's products alone (their formats, shapes and alignment), whatever builds x. */
 static int qm_outs_take(const qd_cuda_qgemv_out *out, int n_out, int64_t cols) {
-    if (n_out < 1 || n_out > QD_CUDA_QGEMV_MULTI_MAX || cols % 8) return 0;
+    /* the kernel's offsets within a row are 32-bit */
+    if (n_out < 1 || n_out > QD_CUDA_QGEMV_MULTI_MAX || cols % 8 || cols > ((int64_t)1 << 30)) return 0;
     int fmt = 0;
     for (int j = 0; j < n_out; j++) {
         if (out[j].qw) {
@@ -408,8 +415,8 @@ extern "C" int qd_cuda_qgemv_multi_takes(const qd_cuda_qgemv_out *out, int n_out
     return qm_outs_take(out, n_out, cols) && qd_lin_buildable(&in, cols);
 }
 
-extern "C" qd_status qd_cuda_qgemv_multi_in(const qd_cuda_qgemv_out *out, int n_out, int64_t cols,
-                                            const qd_cuda_lin_in *in, int n, int accumulate, void *stream) {
+static qd_status qm_multi(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const qd_cuda_lin_in *in, int n,
+                          int accumulate, int warps, void *stream) {
     if (n < 1 || n > QD_CUDA_QGEMV_MAX_N) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv (tensor cores): n outside 1..16");
     if (!qd_cuda_qgemv_multi_in_takes(out, n_out, cols, in, n))
         return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (tensor cores): needs FP8 / INT4 scale blocks of 2^k x 64 / "
@@ -443,8 +450,13 @@ extern "C" qd_status qd_cuda_qgemv_multi_in(const qd_cuda_qgemv_out *out, int n_
     if (tiles == 0) return QD_OK;
     if (tiles > INT32_MAX) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (tensor cores): too many rows");
     cudaStream_t st = (cudaStream_t)stream;
-    if (fmt == QD_DTYPE_F8_E4M3) return qm_launch<qm_f8>(c, cols, n, accumulate, st);
-    return qm_launch<qm_int4>(c, cols, n, accumulate, st);
+    if (fmt == QD_DTYPE_F8_E4M3) return qm_launch<qm_f8>(c, cols, n, accumulate, warps, st);
+    return qm_launch<qm_int4>(c, cols, n, accumulate, warps, st);
+}
+
+extern "C" qd_status qd_cuda_qgemv_multi_in(const qd_cuda_qgemv_out *out, int n_out, int64_t cols,
+                                            const qd_cuda_lin_in *in, int n, int accumulate, void *stream) {
+    return qm_multi(out, n_out, cols, in, n, accumulate, 0, stream);
 }
 
 extern "C" qd_status qd_cuda_qgemv_multi(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
@@ -458,6 +470,18 @@ extern "C" qd_status qd_cuda_qgemv_multi(const qd_cuda_qgemv_out *out, int n_out
 
 extern "C" qd_status qd_cuda_qgemv_mma(const qd_weight *w, const uint16_t *d_x, int64_t ldx, int n, float *d_y,
                                        int64_t ldy, int accumulate, void *stream) {
+    return qd_cuda_qgemv_mma_warps(w, d_x, ldx, n, d_y, ldy, accumulate, 0, stream);
+}
+
+extern "C" qd_status qd_cuda_qgemv_mma_warps(const qd_weight *w, const uint16_t *d_x, int64_t ldx, int n, float *d_y,
+                                             int64_t ldy, int accumulate, int warps, void *stream) {
+    if (!w) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv (tensor cores): no weight");
+    if (warps != 0 && warps != 2 && warps != 4 && warps != 8 && warps != 16)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv (tensor cores): warps must be 0 (the table's), 2, 4, 8 or 16");
     const qd_cuda_qgemv_out o = {.qw = w, .W = NULL, .rows = w->rows, .y = d_y, .ldy = ldy};
-    return qd_cuda_qgemv_multi(&o, 1, w->cols, d_x, ldx, n, accumulate, stream);
+    qd_cuda_lin_in in = {};
+    in.kind = QD_LIN_BF16;
+    in.x = d_x;
+    in.ldx = ldx;
+    return qm_multi(&o, 1, w->cols, &in, n, accumulate, warps, stream);
 }
