@@ -406,12 +406,18 @@ extern "C" int qd_cuda_qgemv_multi_in_takes(const qd_cuda_qgemv_out *out, int n_
     return fmt == QD_DTYPE_F8_E4M3 ? qm_build_fits<qm_f8>(tiles, cols, n) : qm_build_fits<qm_int4>(tiles, cols, n);
 }
 
-extern "C" int qd_cuda_qgemv_multi_takes(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
-                                         int64_t ldx) {
+/* x as bf16 rows read in place. */
+static qd_cuda_lin_in qm_in_bf16(const uint16_t *d_x, int64_t ldx) {
     qd_cuda_lin_in in = {};
     in.kind = QD_LIN_BF16;
     in.x = d_x;
     in.ldx = ldx;
+    return in;
+}
+
+extern "C" int qd_cuda_qgemv_multi_takes(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
+                                         int64_t ldx) {
+    const qd_cuda_lin_in in = qm_in_bf16(d_x, ldx);
     return qm_outs_take(out, n_out, cols) && qd_lin_buildable(&in, cols);
 }
 
@@ -461,10 +467,7 @@ extern "C" qd_status qd_cuda_qgemv_multi_in(const qd_cuda_qgemv_out *out, int n_
 
 extern "C" qd_status qd_cuda_qgemv_multi(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
                                          int64_t ldx, int n, int accumulate, void *stream) {
-    qd_cuda_lin_in in = {};
-    in.kind = QD_LIN_BF16;
-    in.x = d_x;
-    in.ldx = ldx;
+    const qd_cuda_lin_in in = qm_in_bf16(d_x, ldx);
     return qd_cuda_qgemv_multi_in(out, n_out, cols, &in, n, accumulate, stream);
 }
 
@@ -479,9 +482,6 @@ extern "C" qd_status qd_cuda_qgemv_mma_warps(const qd_weight *w, const uint16_t 
     if (warps != 0 && warps != 2 && warps != 4 && warps != 8 && warps != 16)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv (tensor cores): warps must be 0 (the table's), 2, 4, 8 or 16");
     const qd_cuda_qgemv_out o = {.qw = w, .W = NULL, .rows = w->rows, .y = d_y, .ldy = ldy};
-    qd_cuda_lin_in in = {};
-    in.kind = QD_LIN_BF16;
-    in.x = d_x;
-    in.ldx = ldx;
+    const qd_cuda_lin_in in = qm_in_bf16(d_x, ldx);
     return qm_multi(&o, 1, w->cols, &in, n, accumulate, warps, stream);
 }
