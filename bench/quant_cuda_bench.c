@@ -4,7 +4,10 @@
  * are rotated over copies beyond L2 (>= 200 MiB per format and shape) so that every call
  * reads HBM. Prints one RESULT line per format x shape x n, and where the table picks the
  * tensor-core kernel a qgemv_warps line: that kernel at 2, 4, 8 and 16 warps a block, the
- * figures its warp table (gemv_quant_mma.cu, qm_warps) follows. */
+ * figures its warp table (gemv_quant_mma.cu, qm_warps) follows; for FP8 a qgemv_wgmma line: the
+ * kernel on the FP8 tensor cores (gemv_quant_wgmma.cu) at its table's block shape, against the
+ * table's pick (vs_mma), and at each shape it can be given (warpgroups 1 / 2, clusters of 1-8
+ * blocks along the columns; -1 where x would not fit a block's shared memory). */
 #define BENCH_NAME "quant_cuda_bench"
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +52,14 @@ static int g_warps; /* call_w's warp count */
 static void call_w(void *a, int i) {
     run *r = a;
     TRY(qd_cuda_qgemv_mma_warps(&r->w[i % r->copies], r->x, r->cols, r->n, r->y, r->rows, 0, g_warps, NULL));
+}
+static int g_wg, g_ks, g_refused; /* call_g's block shape (0, 0: the table's); set when it is refused */
+static void call_g(void *a, int i) {
+    run *r = a;
+    const qd_cuda_qgemv_out o = {.qw = &r->w[i % r->copies], .rows = r->rows, .y = r->y, .ldy = r->rows};
+    const qd_status s = qd_cuda_qgemv_wgmma(&o, 1, r->cols, r->x, r->cols, r->n, 0, g_wg, g_ks, NULL);
+    if (s == QD_ERR_UNSUPPORTED) g_refused = 1; /* x of a rank past its shared memory at this shape */
+    else TRY(s);
 }
 static void call_b(void *a, int i) {
     run *r = a;
@@ -116,6 +127,19 @@ int main(void) {
                        s->name, (long long)s->rows, (long long)s->cols, qd_dtype_name(fmts[fi]) ? qd_dtype_name(fmts[fi]) : "?",
                        r.n, path == QD_QGEMV_PATH_MMA ? "mma" : path == QD_QGEMV_PATH_VEC ? "vec" : "elem", qms * 1e3,
                        qgb, 100.0 * qgb / copy, vms * 1e3, vms / qms, bms * 1e3, bgb, bms / qms);
+                if (fmts[fi] == QD_DTYPE_F8_E4M3) { /* the FP8 tensor cores: the table's shape, then each */
+                    g_wg = g_ks = 0;
+                    const float gms = time_ms(&t, 20, call_g, &r);
+                    printf("RESULT qgemv_wgmma shape=%s n=%d us=%.1f pct_copy=%.0f vs_mma=%.2f", s->name, r.n, gms * 1e3,
+                           100.0 * (double)(db + sb) / (gms * 1e6) / copy, qms / gms);
+                    for (g_wg = 1; g_wg <= 4; g_wg *= 2)
+                        for (g_ks = 1; g_ks <= 8; g_ks *= 2) {
+                            g_refused = 0;
+                            const float ms = time_ms(&t, 20, call_g, &r);
+                            printf(" w%dk%d_us=%.1f", g_wg, g_ks, g_refused ? -1.0 : ms * 1e3);
+                        }
+                    printf("\n");
+                }
                 if (path == QD_QGEMV_PATH_MMA) { /* the tensor-core kernel at each warp count: the table's figures */
                     static const int ws[] = {2, 4, 8, 16};
                     printf("RESULT qgemv_warps shape=%s fmt=%s n=%d", s->name, qd_dtype_name(fmts[fi]), r.n);

@@ -68,11 +68,42 @@ static double ref_dot(const float *w, const float *x, int64_t C, double *mag) {
     return ref;
 }
 
+/* The FP8 tensor cores' share of a row's error (the wgmma GEMV, cuda_quant.h): per 32-column
+ * group the hardware truncates each product to 13 fractional bits below the group's largest
+ * and its sum to 14 significant bits, so a group errs by less than 2^-13 (32 max |p| + |sum|);
+ * x is split into two e4m3 terms with |t1| <= (1 + 2^-4) |x| and |t2 / 16| <= 2^-4 |x| (a
+ * factor 1.125 on both), exact except for elements below 2^-15 of their 128-column block's
+ * maximum, whose error is under 2^-21 of it. The groups lie inside the row's 64-column
+ * units, so a unit bounds its two groups by its own max and sum: 2^-13 1.125 (64.4 max_u |w x|
+ * + sum_u |w x|) a unit, plus 2^-21 amax_b sum_b |w| a block. */
+static double wgmma_tol(const float *w, const float *x, int64_t C) {
+    double tol = 0;
+    for (int64_t u = 0; u < C; u += 64) {
+        double mx = 0, sum = 0;
+        for (int64_t c = u; c < C && c < u + 64; c++) {
+            const double p = fabs((double)w[c] * (double)x[c]);
+            mx = p > mx ? p : mx;
+            sum += p;
+        }
+        tol += ldexp(1.0, -13) * 1.125 * (64.4 * mx + sum);
+    }
+    for (int64_t b = 0; b < C; b += 128) {
+        double amax = 0, wsum = 0;
+        for (int64_t c = b; c < C && c < b + 128; c++) {
+            amax = fabs(x[c]) > amax ? fabs(x[c]) : amax;
+            wsum += fabs(w[c]);
+        }
+        tol += ldexp(1.0, -21) * amax * wsum;
+    }
+    return tol;
+}
+
 /* y (n x ldy, after the kernel) against the double reference of the dequantized weights wf
  * (R x C) and x (bf16 values xf at stride ldx), plus y0 where the case accumulates; the
- * padding rows past R keep y0's bits. */
-static void check_y(const qcase *qc, const char *kernel, const float *y, const float *y0, const float *wf,
-                    const float *xf, int64_t ldx, int64_t ldy) {
+ * padding rows past R keep y0's bits. wgmma: the kernel on the FP8 tensor cores, whose
+ * bound adds wgmma_tol. */
+static void check_y_kind(const qcase *qc, const char *kernel, const float *y, const float *y0, const float *wf,
+                         const float *xf, int64_t ldx, int64_t ldy, int wgmma) {
     const int64_t R = qc->rows, C = qc->cols;
     const int n = qc->n;
     int bad = 0;
@@ -83,7 +114,8 @@ static void check_y(const qcase *qc, const char *kernel, const float *y, const f
             const double ref = ref_dot(wf + r * C, xf + t * ldx, C, &mag);
             const double base = qc->acc ? (double)y0[t * ldy + r] : 0.0;
             const double got = y[t * ldy + r], err = fabs(got - (ref + base));
-            const double tol = 2.0 * ((double)C / 32 + 40) * ldexp(1.0, -24) * (mag + fabs(base)) + 1e-30;
+            const double tol = 2.0 * ((double)C / 32 + 40) * ldexp(1.0, -24) * (mag + fabs(base)) + 1e-30 +
+                               (wgmma ? 2.0 * wgmma_tol(wf + r * C, xf + t * ldx, C) : 0.0);
             if (!(err <= tol)) {
                 if (bad++ < 3)
                     fprintf(stderr, "%s %s n=%d: y[%d][%lld] = %.9g, reference %.9g (tol %.3g)\n", qc->name, kernel,
@@ -98,6 +130,11 @@ static void check_y(const qcase *qc, const char *kernel, const float *y, const f
            (long long)C, n, bad);
     printf("%-28s %-7s %5lld x %-5lld n=%-2d %s worst err/tol %.3f\n", qc->name, kernel, (long long)R, (long long)C,
            n, qc->acc ? "acc" : "set", worst);
+}
+
+static void check_y(const qcase *qc, const char *kernel, const float *y, const float *y0, const float *wf,
+                    const float *xf, int64_t ldx, int64_t ldy) {
+    check_y_kind(qc, kernel, y, y0, wf, xf, ldx, ldy, 0);
 }
 
 static void run_case(const qcase *qc) {
@@ -177,14 +214,20 @@ static void run_case(const qcase *qc) {
     /* every kernel that takes the call, and the table's pick: which kernels take it is
      * asserted, so a kernel refusing a layout it should take fails here */
     const int aligned = !qc->odd_ldx && ((uintptr_t)dw.data & 15) == 0;
-    const int takes[4] = {1, 1, aligned && qd_cuda_qlayout_vectorised(&dw),
-                          aligned && qd_cuda_qlayout_vectorised(&dw) && qd_cuda_qgemv_mma_takes(&dw)};
-    static const char *path_name[4] = {"table", "elem", "vec", "mma"};
+    const qd_cuda_qgemv_out one = {.qw = &dw, .rows = R, .y = dy, .ldy = ldy};
+    const int takes[5] = {1, 1, aligned && qd_cuda_qlayout_vectorised(&dw),
+                          aligned && qd_cuda_qlayout_vectorised(&dw) && qd_cuda_qgemv_mma_takes(&dw),
+                          aligned && qd_cuda_qgemv_wgmma_takes(&one, 1, C, dx, ldx)};
+    static const char *path_name[5] = {"table", "elem", "vec", "mma", "wgmma"};
+    /* the FP8 tensor cores take FP8 with scale blocks of 128 * 2^k columns or one a row */
+    CHECKF(takes[4] == (aligned && qc->fmt == QD_DTYPE_F8_E4M3 && C % 16 == 0 && qc->scale_dtype == QD_DTYPE_F32 &&
+                        (bc == C || bc == 128 || bc == 256 || bc == 512 || bc == 1024)),
+           "%s: the wgmma GEMV takes it: %d", qc->name, takes[4]);
     const int choice = qd_cuda_qgemv_choice(&dw, dx, ldx);
     CHECKF(choice == (takes[3] ? QD_QGEMV_PATH_MMA : takes[2] ? QD_QGEMV_PATH_VEC : QD_QGEMV_PATH_ELEM),
            "%s: the table picks kernel %d", qc->name, choice);
-    float *y_by_path[4] = {0};
-    for (int path = 0; path < 4; path++) {
+    float *y_by_path[5] = {0};
+    for (int path = 0; path < 5; path++) {
         ST_OK(qd_cuda_memcpy_h2d(dy, y0, sizeof(float) * (size_t)(n * ldy)));
         const qd_status st = qd_cuda_qgemv_path(path, &dw, dx, ldx, n, dy, ldy, qc->acc, NULL);
         CHECKF(st == (takes[path] ? QD_OK : QD_ERR_UNSUPPORTED), "%s: kernel %s returned %d", qc->name,
@@ -192,7 +235,30 @@ static void run_case(const qcase *qc) {
         if (st) continue;
         float *y = qd_test_host(dy, sizeof(float) * (size_t)(n * ldy));
         y_by_path[path] = y;
-        check_y(qc, path_name[path], y, y0, wf, xf, ldx, ldy);
+        check_y_kind(qc, path_name[path], y, y0, wf, xf, ldx, ldy,
+                     path == QD_QGEMV_PATH_WGMMA || (path == 0 && choice == QD_QGEMV_PATH_WGMMA));
+    }
+    /* the wgmma kernel at every block shape it can be given: warpgroups 1 or 2 a block, a
+     * cluster of 1, 2, 4 or 8 blocks along the columns; others refused */
+    if (takes[4]) {
+        for (int wg = 1; wg <= 4; wg *= 2)
+            for (int ks = 1; ks <= 8; ks *= 2) {
+                char label[24];
+                snprintf(label, sizeof label, "wgmma/%dx%d", wg, ks);
+                ST_OK(qd_cuda_memcpy_h2d(dy, y0, sizeof(float) * (size_t)(n * ldy)));
+                /* refused exactly where a rank's B and scales pass its 160 KiB */
+                const int64_t ng = n <= 4 ? 1 : n <= 8 ? 2 : 4, bpr = cdiv(cdiv(C, 128), ks);
+                const int fits = bpr * 4 * ng * 256 + bpr * 4 * ng * 4 <= 160 * 1024;
+                const qd_status st = qd_cuda_qgemv_wgmma(&one, 1, C, dx, ldx, n, qc->acc, wg, ks, NULL);
+                CHECKF(st == (fits ? QD_OK : QD_ERR_UNSUPPORTED), "%s %s: status %d", qc->name, label, (int)st);
+                if (st) continue;
+                float *y = qd_test_host(dy, sizeof(float) * (size_t)(n * ldy));
+                check_y_kind(qc, label, y, y0, wf, xf, ldx, ldy, 1);
+                free(y);
+            }
+        CHECK(qd_cuda_qgemv_wgmma(&one, 1, C, dx, ldx, n, qc->acc, 3, 1, NULL) == QD_ERR_INVALID_ARG);
+        CHECK(qd_cuda_qgemv_wgmma(&one, 1, C, dx, ldx, n, qc->acc, 1, 16, NULL) == QD_ERR_INVALID_ARG);
+        CHECK(qd_cuda_qgemv_wgmma(&one, 1, C, dx, ldx, n, qc->acc, 1, 0, NULL) == QD_ERR_INVALID_ARG);
     }
     /* the tensor-core kernel at every warp count a block it can be given (the table's is
      * one of them): each within the reference's bounds; another count is refused */
@@ -216,7 +282,7 @@ static void run_case(const qcase *qc) {
            "%s: the table's output differs from kernel %s", qc->name, path_name[choice]);
     /* a row's sums do not depend on n: the first token alone gives the same bits */
     if (n > 1) {
-        for (int path = 1; path < 4; path++) {
+        for (int path = 1; path < 5; path++) {
             if (!takes[path]) continue;
             ST_OK(qd_cuda_memcpy_h2d(dy, y0, sizeof(float) * (size_t)ldy));
             ST_OK(qd_cuda_qgemv_path(path, &dw, dx, ldx, 1, dy, ldy, qc->acc, NULL));
@@ -226,7 +292,7 @@ static void run_case(const qcase *qc) {
             free(y1);
         }
     }
-    for (int path = 0; path < 4; path++) free(y_by_path[path]);
+    for (int path = 0; path < 5; path++) free(y_by_path[path]);
     /* the dequantization the prefill products run on: bf16 of the reference, bit for bit */
     uint16_t *dq = qd_test_dev(NULL, (size_t)(R * C) * 2);
     ST_OK(qd_cuda_dequant_bf16(&dw, dq, NULL));
@@ -378,7 +444,7 @@ static void test_linear_multi(qd_cuda_blas *blas) {
     const qd_cuda_qgemv_out qz[3] = {{.qw = &dw[0], .rows = R[0], .y = dz[0], .ldy = R[0]},
                                      {.W = dbw, .rows = R[1], .y = dz[1], .ldy = R[1]},
                                      {.qw = &dw[1], .rows = R[2], .y = dz[2], .ldy = R[2]}};
-    float *first[3] = {0};
+    float *first[3] = {0}, *wg_first[3] = {0};
     static const int ns[3] = {1, 3, nmax};
     for (int k = 0; k < 3; k++) {
         const int n = ns[k];
@@ -414,10 +480,42 @@ static void test_linear_multi(qd_cuda_blas *blas) {
                 free(y);
             }
         }
+        /* the same stack through the FP8 tensor cores in one launch: each product within
+         * its bound (the bf16 one within the fp32 bound), token 0 as at n = 1 */
+        ST_OK(qd_cuda_qgemv_wgmma(qz, 3, C, xm, C, n, 0, 0, 0, NULL));
+        for (int i = 0; i < 3 && xb; i++) {
+            float *z = qd_test_host(dz[i], sizeof(float) * (size_t)(n * R[i]));
+            int bad = 0;
+            for (int t = 0; t < n && z; t++)
+                for (int64_t r = 0; r < R[i]; r++) {
+                    double ref = 0, mag = 0;
+                    float *xr = malloc(sizeof(float) * (size_t)C);
+                    for (int64_t c = 0; c < C; c++) {
+                        xr[c] = qd_bf16_to_f32(xb[t * C + c]);
+                        const double p = (double)wf[i][r * C + c] * (double)xr[c];
+                        ref += p;
+                        mag += fabs(p);
+                    }
+                    const double tol = 2.0 * ((double)C / 32 + 40) * ldexp(1.0, -24) * mag + 1e-30 +
+                                       (i != 1 ? 2.0 * wgmma_tol(wf[i] + r * C, xr, C) : 0.0);
+                    free(xr);
+                    if (!(fabs(z[t * R[i] + r] - ref) <= tol)) bad++;
+                }
+            CHECKF(z && bad == 0, "wgmma multi: product %d, n = %d: %d elements off", i, n, bad);
+            if (k == 0) {
+                free(wg_first[i]);
+                wg_first[i] = z;
+            } else {
+                CHECKF(z && wg_first[i] && !memcmp(z, wg_first[i], sizeof(float) * (size_t)R[i]),
+                       "wgmma multi: product %d, token 0 of n = %d differs from n = 1", i, n);
+                free(z);
+            }
+        }
         printf("linear multi fp8 + bf16 + fp8, n=%d: checked\n", n);
         free(xb);
     }
     for (int i = 0; i < 3; i++) free(first[i]);
+    for (int i = 0; i < 3; i++) free(wg_first[i]);
     /* a call mixing two quantized formats is not one launch */
     qd_cuda_qgemv_out mixed[2] = {qo[0], qo[2]};
     qd_weight w4 = dw[1];
@@ -577,6 +675,11 @@ int main(void) {
         {"fp8 block 16x64 (mma)", QD_DTYPE_F8_E4M3, 95, 1216, 16, 64, QD_DTYPE_F32, 0, 0, 9, 1, 0},
         {"fp8 block 128x192 (vec)", QD_DTYPE_F8_E4M3, 200, 1152, 128, 192, QD_DTYPE_F32, 0, 0, 6, 0, 0},
         {"fp8 per-channel (mma)", QD_DTYPE_F8_E4M3, 259, 1040, 1, 1040, QD_DTYPE_F32, 0, 0, 4, 0, 0},
+        /* the FP8 tensor cores: 64-row tiles and 128-column blocks partial at the edges, 1 and
+         * 2 column groups of B, scale blocks of 256 columns */
+        {"fp8 block128 (wgmma)", QD_DTYPE_F8_E4M3, 4100, 2048, 128, 128, QD_DTYPE_F32, 0, 0, 5, 0, 0},
+        {"fp8 block 128x256 (wgmma)", QD_DTYPE_F8_E4M3, 200, 1504, 128, 256, QD_DTYPE_F32, 0, 0, 8, 1, 0},
+        {"fp8 block128 (wgmma)", QD_DTYPE_F8_E4M3, 65, 272, 128, 128, QD_DTYPE_F32, 0, 0, 3, 0, 0},
         {"int4 g128 zeros (mma)", QD_DTYPE_INT4, 515, 2080, 1, 128, QD_DTYPE_F32, 1, 0, 1, 0, 0},
         {"int4 g256 sym (mma)", QD_DTYPE_INT4, 17, 4096, 1, 256, QD_DTYPE_F32, 0, 0, 12, 1, 0},
         {"int4 one group (mma)", QD_DTYPE_INT4, 64, 1056, 1, -1, QD_DTYPE_F32, 1, 0, 5, 0, 0},

@@ -75,15 +75,19 @@ qd_status qd_cuda_qgemv(const qd_weight *dw, const uint16_t *d_x, int64_t ldx, i
  *         aligned weight and x, ldx % 8 == 0);
  *   MMA:  the tensor-core GEMV (gemv_quant_mma.cu): FP8 and INT4 vectorised layouts whose
  *         scales are uniform over units of 64 (FP8) / 128 (INT4) columns (block / group
- *         columns a multiple of it, or one block per row), same alignment.
+ *         columns a multiple of it, or one block per row), same alignment;
+ *   WGMMA: the FP8 GEMV on the FP8 tensor cores (gemv_quant_wgmma.cu, qd_cuda_qgemv_wgmma):
+ *         FP8 with F32 scales of 128 * 2^k columns or one per row, cols % 16 == 0, same
+ *         alignment.
  * qd_cuda_qgemv_choice is the table's pick for a call (QD_QGEMV_PATH_MMA where it takes the
- * layout, else VEC, else ELEM); qd_cuda_qgemv_path runs the given path and fails with
+ * layout, else VEC, else ELEM; the table does not pick WGMMA yet: RESULTS session 23); qd_cuda_qgemv_path runs the given path and fails with
  * QD_ERR_UNSUPPORTED when that kernel does not take the call. */
 typedef enum qd_cuda_qgemv_path_id {
     QD_QGEMV_PATH_TABLE = 0,
     QD_QGEMV_PATH_ELEM = 1,
     QD_QGEMV_PATH_VEC = 2,
     QD_QGEMV_PATH_MMA = 3,
+    QD_QGEMV_PATH_WGMMA = 4,
 } qd_cuda_qgemv_path_id;
 
 int qd_cuda_qgemv_choice(const qd_weight *dw, const uint16_t *d_x, int64_t ldx);
@@ -126,6 +130,21 @@ int qd_cuda_qgemv_multi_in_takes(const qd_cuda_qgemv_out *out, int n_out, int64_
                                  int n);
 qd_status qd_cuda_qgemv_multi_in(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const qd_cuda_lin_in *in,
                                  int n, int accumulate, void *stream);
+
+/* The FP8 GEMV on the FP8 tensor cores (gemv_quant_wgmma.cu): wgmma on the stored e4m3
+ * bytes, x split per token and 128-column block into two e4m3 terms with a power-of-two
+ * scale (exact for every element within 2^-15 of its block's maximum), each 32-column
+ * group of products summed by the tensor core (13 fractional bits below its largest
+ * product, a 14-bit result) and the groups in fp32. The same products as
+ * qd_cuda_qgemv_multi: FP8 weights with F32 scales of 128 * 2^k columns or one per row,
+ * bf16 ones beside them, bf16 x read in place (16-byte aligned, ldx % 8 == 0, cols % 16 ==
+ * 0), n <= 16. wg (warpgroups of a block splitting its columns: 1, 2 or 4) and ks
+ * (blocks of a cluster splitting a row's columns: 1, 2, 4 or 8) are the table's when both
+ * are 0; the bench sweeps them. A row's sums do not depend on n. */
+int qd_cuda_qgemv_wgmma_takes(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
+                              int64_t ldx);
+qd_status qd_cuda_qgemv_wgmma(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
+                              int64_t ldx, int n, int accumulate, int wg, int ks, void *stream);
 
 /* The exact dequantization into bf16 rows (rounded to nearest even from the fp32 value the
  * CPU reference computes): a dense weight into d_out [rows][cols], or every matrix of m into

@@ -346,6 +346,10 @@ extern "C" qd_status qd_cuda_qgemv_path(int path, const qd_weight *w, const uint
     qd_cuda_qmats m;
     switch (path) {
     case QD_QGEMV_PATH_MMA: return qd_cuda_qgemv_mma(w, d_x, ldx, n, d_y, ldy, accumulate, stream);
+    case QD_QGEMV_PATH_WGMMA: {
+        const qd_cuda_qgemv_out o = {.qw = w, .W = NULL, .rows = w->rows, .y = d_y, .ldy = ldy};
+        return qd_cuda_qgemv_wgmma(&o, 1, w->cols, d_x, ldx, n, accumulate, 0, 0, stream);
+    }
     case QD_QGEMV_PATH_VEC:
         if (!qd_cuda_qmats_of(w, &m) || !qg_aligned(w, d_x, ldx))
             return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (pieces): the layout is not vectorised or a stride or "
