@@ -45,6 +45,16 @@ typedef struct qd_cuda_qmats {
     float global;
 } qd_cuda_qmats;
 
+/* A plain bf16 weight [rows][cols] as one unscaled matrix (dtype QD_DTYPE_BF16): the
+ * unquantized parts of a stack beside its quantized ones in the tensor-core GEMVs. */
+static inline qd_cuda_qmats qd_cuda_qmats_bf16(const uint16_t *W, int64_t rows, int64_t cols) {
+    const qd_cuda_qmats m = {.dtype = QD_DTYPE_BF16, .n_mats = 1, .rows = rows, .cols = cols,
+                             .data = (const uint8_t *)W, .row_bytes = cols * 2, .scales = NULL,
+                             .block_rows = 1, .block_cols = cols, .nbc = 1, .scale_rows = rows,
+                             .zeros = NULL, .globals = NULL, .global = 1.0f};
+    return m;
+}
+
 /* Whether the vectorised kernels take matrices of this layout (one 16-byte piece of a row
  * lies in one scale block): F8_E4M3 with F32 scales, cols % 16 == 0 and block_cols % 16 == 0;
  * INT4 with F32 scales, cols % 32 == 0, group size % 32 == 0, no g_idx; NVFP4 with cols % 32 == 0.

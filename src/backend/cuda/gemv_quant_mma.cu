@@ -440,10 +440,7 @@ static qd_status qm_multi(const qd_cuda_qgemv_out *out, int n_out, int64_t cols,
             c.shift[j] = qm_block_shift(c.m[j], qm_unit(c.m[j].dtype));
             fmt = out[j].qw->dtype;
         } else {
-            c.m[j] = (qd_cuda_qmats){.dtype = QD_DTYPE_BF16, .n_mats = 1, .rows = out[j].rows, .cols = cols,
-                                     .data = (const uint8_t *)out[j].W, .row_bytes = cols * 2, .scales = NULL,
-                                     .block_rows = 1, .block_cols = cols, .nbc = 1, .scale_rows = out[j].rows,
-                                     .zeros = NULL, .globals = NULL, .global = 1.0f};
+            c.m[j] = qd_cuda_qmats_bf16(out[j].W, out[j].rows, cols);
             c.shift[j] = 31;
         }
         if (!out[j].y || out[j].ldy < out[j].rows)

@@ -44,6 +44,7 @@
 #include "backend/cuda/cuda_quant.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/cuda_wgmma.cuh"
+#include "backend/cuda/linear_input.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -343,9 +344,13 @@ static qd_status qw_launch_instance(const qw_call &c, size_t smem, cudaStream_t 
         opted = 1;
     }
     const int64_t tiles = c.tile_end[c.n_out - 1];
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, WG * 128, smem) != cudaSuccess || per_sm < 1)
-        per_sm = 1;
+    static size_t asked_smem = (size_t)-1; /* the residency of the last size asked (calls repeat shapes) */
+    static int per_sm = 1;
+    if (smem != asked_smem) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, WG * 128, smem) != cudaSuccess || per_sm < 1)
+            per_sm = 1;
+        asked_smem = smem;
+    }
     /* as many rounds of tiles as the resident clusters need, the same count for each */
     int64_t resident = (int64_t)per_sm * qd_cuda_sm_count() / c.ks;
     if (resident < 1) resident = 1;
@@ -399,22 +404,20 @@ static int qw_block_shift(const qd_cuda_qmats &m) {
     return -1;
 }
 
-static int qw_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 extern "C" int qd_cuda_qgemv_wgmma_takes(const qd_cuda_qgemv_out *out, int n_out, int64_t cols, const uint16_t *d_x,
                                          int64_t ldx) {
     if (n_out < 1 || n_out > QD_CUDA_QGEMV_MULTI_MAX || cols % 16 || cols > ((int64_t)1 << 30) || !d_x ||
-        !qw_al16(d_x) || ldx % 8 || ldx < cols)
+        !qd_lin_al16(d_x) || ldx % 8 || ldx < cols)
         return 0;
     int fp8 = 0;
     for (int j = 0; j < n_out; j++) {
         if (out[j].qw) {
             qd_cuda_qmats m;
             if (out[j].qw->dtype != QD_DTYPE_F8_E4M3 || out[j].qw->cols != cols || out[j].qw->rows != out[j].rows ||
-                !qd_cuda_qmats_of(out[j].qw, &m) || qw_block_shift(m) < 0 || !qw_al16(m.data))
+                !qd_cuda_qmats_of(out[j].qw, &m) || qw_block_shift(m) < 0 || !qd_lin_al16(m.data))
                 return 0;
             fp8 = 1;
-        } else if (!out[j].W || !qw_al16(out[j].W)) {
+        } else if (!out[j].W || !qd_lin_al16(out[j].W)) {
             return 0;
         }
     }
@@ -457,28 +460,15 @@ extern "C" qd_status qd_cuda_qgemv_wgmma(const qd_cuda_qgemv_out *out, int n_out
     c.n = n;
     c.accumulate = accumulate;
     c.nblk = (int)((cols + 127) / 128);
-    int64_t t64 = 0;
+    int64_t tiles = 0; /* of 64 rows */
     for (int j = 0; j < n_out; j++) {
         if (!out[j].y || out[j].ldy < out[j].rows)
             return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv (wgmma): no y or a short stride");
-        t64 += (out[j].rows + 63) / 64;
-    }
-    if (!wg) qw_table(t64, c.nblk, &wg, &ks);
-    c.ks = ks;
-    c.bpr = (c.nblk + ks - 1) / ks;
-    const size_t smem = qw_smem_bytes(c.bpr, n);
-    if (smem > QW_SMEM_MAX)
-        return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (wgmma): a rank's x would not fit its shared memory");
-    int64_t tiles = 0;
-    for (int j = 0; j < n_out; j++) {
         if (out[j].qw) {
             qd_cuda_qmats_of(out[j].qw, &c.m[j]);
             c.shift[j] = qw_block_shift(c.m[j]);
         } else {
-            c.m[j] = (qd_cuda_qmats){.dtype = QD_DTYPE_BF16, .n_mats = 1, .rows = out[j].rows, .cols = cols,
-                                     .data = (const uint8_t *)out[j].W, .row_bytes = cols * 2, .scales = NULL,
-                                     .block_rows = 1, .block_cols = cols, .nbc = 1, .scale_rows = out[j].rows,
-                                     .zeros = NULL, .globals = NULL, .global = 1.0f};
+            c.m[j] = qd_cuda_qmats_bf16(out[j].W, out[j].rows, cols);
             c.shift[j] = 31;
         }
         tiles += (out[j].rows + 63) / 64;
@@ -486,6 +476,12 @@ extern "C" qd_status qd_cuda_qgemv_wgmma(const qd_cuda_qgemv_out *out, int n_out
         c.y[j] = out[j].y;
         c.ldy[j] = out[j].ldy;
     }
+    if (!wg) qw_table(tiles, c.nblk, &wg, &ks);
+    c.ks = ks;
+    c.bpr = (c.nblk + ks - 1) / ks;
+    const size_t smem = qw_smem_bytes(c.bpr, n);
+    if (smem > QW_SMEM_MAX)
+        return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (wgmma): a rank's x would not fit its shared memory");
     if (tiles == 0) return QD_OK;
     if (tiles * ks > INT32_MAX) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (wgmma): too many rows");
     cudaStream_t st = (cudaStream_t)stream;
