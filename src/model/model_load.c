@@ -273,19 +273,31 @@ static qd_status bind_mlp(binder *b, qd_mlp_weights *w, int I, qd_shard_range ro
     return QD_OK;
 }
 
-/* Fused [E][..][..] expert tensors are read plain only: a quantized fused layout (e.g.
- * ModelOpt's gate_up_proj with [E, 2] globals) is refused by name, never read unscaled. */
-static qd_status check_fused_expert(binder *b, const qd_st_tensor *t) {
-    if (t->dtype == QD_DTYPE_F32 || t->dtype == QD_DTYPE_BF16 || t->dtype == QD_DTYPE_F16) {
-        char name[320];
-        snprintf(name, sizeof name, "%s_weight_scale", t->name);
-        if (!qd_st_find(b->m->st, name) && !qd_quant_find(b->m, t->name, ".weight_scale") &&
-            !qd_quant_find(b->m, t->name, "_scale"))
-            return QD_OK;
+/* Qwen3.5's fused experts (gate_up_proj [E][2I][H], gate rows first; down_proj [E][H][I]),
+ * plain or NVFP4 (model_quant_fused.c), as the plan's experts and rows of each: the same
+ * canonical weights as the per-expert layout, so slicing and the backends treat both alike. */
+static qd_status bind_fused_experts(binder *b, int L, qd_moe_weights *w) {
+    const qd_shard_plan *p = b->p;
+    const int64_t E = b->c->n_experts, I = b->c->moe_intermediate_size, H = b->c->hidden_size;
+    char module[256], gu_name[300], dn_name[300];
+    snprintf(module, sizeof module, "%slayers.%d.mlp.experts", b->prefix, L);
+    snprintf(gu_name, sizeof gu_name, "%s.gate_up_proj", module);
+    snprintf(dn_name, sizeof dn_name, "%s.down_proj", module);
+    qd_fused_experts gu, dn;
+    QD_TRY(qd_quant_load_fused(b->m, &b->c->quant, module, gu_name, E, 2, I, H, &gu, b->err));
+    QD_TRY(qd_quant_load_fused(b->m, &b->c->quant, module, dn_name, E, 1, H, I, &dn, b->err));
+    for (int e = p->expert0; e < p->expert0 + p->n_local_experts; e++) {
+        const qd_weight gate = qd_fused_expert(&gu, e, 0), up = qd_fused_expert(&gu, e, 1),
+                        down = qd_fused_expert(&dn, e, 0);
+        qd_mlp_weights *x = &w->experts[e];
+        qd_status s = gather_rows(b, &gate, &p->expert_rows, 1, &x->gate);
+        if (s == QD_OK) s = gather_rows(b, &up, &p->expert_rows, 1, &x->up);
+        if (s != QD_OK) return qd_err_prefix(b->err, "tensor '%s', expert %d", gu_name, e);
+        /* a column cut inside an NVFP4 16-column scale block is refused here, by name */
+        if (qd_shard_cols_copy(b->m, &down, p->expert_rows, &x->down, b->err) != QD_OK)
+            return qd_err_prefix(b->err, "tensor '%s', expert %d", dn_name, e);
     }
-    return qd_seterr(b->err, QD_ERR_UNSUPPORTED,
-                     "tensor '%s' (%s): quantized fused-expert tensors are not supported yet; per-expert quantized "
-                     "experts (experts.{e}.*_proj) load", t->name, qd_dtype_name(t->dtype));
+    return QD_OK;
 }
 
 /* Experts outside the plan's partition stay zero-sized (expert parallel): the forward
@@ -301,24 +313,7 @@ static qd_status bind_moe(binder *b, int L, qd_moe_weights *w) {
     char name[256];
     snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", b->prefix, L);
     if (qd_st_find(b->m->st, name)) {
-        /* fused layout: gate_up_proj [E][2I][H] (gate rows first), down_proj [E][H][I] */
-        const qd_st_tensor *gu, *dn;
-        int64_t s_gu[3] = {E, 2 * I, H}, s_dn[3] = {E, H, I};
-        QD_TRY(get_tensor(b, &gu, 3, s_gu, "layers.%d.mlp.experts.gate_up_proj", L));
-        QD_TRY(check_fused_expert(b, gu));
-        QD_TRY(get_tensor(b, &dn, 3, s_dn, "layers.%d.mlp.experts.down_proj", L));
-        QD_TRY(check_fused_expert(b, dn));
-        size_t e1 = qd_dtype_size(gu->dtype), e2 = qd_dtype_size(dn->dtype);
-        for (int e = p->expert0; e < p->expert0 + p->n_local_experts; e++) {
-            const unsigned char *base = (const unsigned char *)gu->data + (size_t)e * 2 * I * H * e1;
-            const qd_weight gate = {.dtype = gu->dtype, .rows = I, .cols = H, .data = base};
-            const qd_weight up = {.dtype = gu->dtype, .rows = I, .cols = H, .data = base + (size_t)I * H * e1};
-            const qd_weight down = {.dtype = dn->dtype, .rows = H, .cols = I,
-                                    .data = (const unsigned char *)dn->data + (size_t)e * H * I * e2};
-            w->experts[e].gate = qd_shard_rows_view(&gate, p->expert_rows); /* plain (check_fused_expert) */
-            w->experts[e].up = qd_shard_rows_view(&up, p->expert_rows);
-            QD_TRY(qd_shard_cols_copy(b->m, &down, p->expert_rows, &w->experts[e].down, b->err));
-        }
+        QD_TRY(bind_fused_experts(b, L, w));
     } else {
         for (int e = p->expert0; e < p->expert0 + p->n_local_experts; e++) {
             char base[96];

@@ -14,16 +14,21 @@ const qd_st_tensor *qd_quant_find(qd_model *m, const char *module, const char *s
     return qd_st_find(m->st, name);
 }
 
+void qd_quant_shape_str(const int64_t *shape, int ndim, char *buf, size_t size) {
+    snprintf(buf, size, "[");
+    for (int i = 0; i < ndim; i++)
+        snprintf(buf + strlen(buf), size - strlen(buf), "%s%lld", i ? ", " : "", (long long)shape[i]);
+    snprintf(buf + strlen(buf), size - strlen(buf), "]");
+}
+
 qd_status qd_quant_check_shape(const qd_st_tensor *t, int ndim, const int64_t *shape, qd_err *err) {
     int ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
     if (ok) return QD_OK;
-    char want[96] = "[", got[96] = "[";
-    for (int i = 0; i < ndim; i++)
-        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "", (long long)shape[i]);
-    for (int i = 0; i < t->ndim; i++)
-        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-    return qd_seterr(err, QD_ERR_SHAPE, "tensor '%s': expected shape %s], got %s]", t->name, want, got);
+    char want[96], got[96];
+    qd_quant_shape_str(shape, ndim, want, sizeof want);
+    qd_quant_shape_str(t->shape, t->ndim, got, sizeof got);
+    return qd_seterr(err, QD_ERR_SHAPE, "tensor '%s': expected shape %s, got %s", t->name, want, got);
 }
 
 qd_status qd_quant_f32(qd_model *m, const qd_st_tensor *t, float **out, qd_err *err) {
@@ -43,8 +48,8 @@ qd_status qd_quant_f32(qd_model *m, const qd_st_tensor *t, float **out, qd_err *
 static const char *const QUANT_SUFFIXES[] = {".weight_scale_inv", ".weight_scale", ".weight_scale_2", ".weight_packed",
                                              ".weight_global_scale", ".qweight", ".qzeros", ".scales", ".g_idx"};
 
-static qd_status check_config(const qd_quant_config *q, const char *module, const char *tensor, bool quantized,
-                              qd_err *err) {
+qd_status qd_quant_check_module(const qd_quant_config *q, const char *module, const char *tensor, bool quantized,
+                                qd_err *err) {
     if (quantized && q->method == QD_QUANT_NONE)
         return qd_seterr(err, QD_ERR_FORMAT,
                          "tensor '%s' is quantized, but config.json has no quantization_config (nor is there an "
@@ -73,25 +78,25 @@ qd_status qd_quant_load_linear(qd_model *m, const qd_quant_config *q, const char
     const qd_st_tensor *w = qd_quant_find(m, module, ".weight"), *packed = qd_quant_find(m, module, ".weight_packed"),
                        *qweight = qd_quant_find(m, module, ".qweight");
     if (qweight) {
-        QD_TRY(check_config(q, module, qweight->name, true, err));
+        QD_TRY(qd_quant_check_module(q, module, qweight->name, true, err));
         if (q->method != QD_QUANT_GPTQ && q->method != QD_QUANT_AWQ) return wrong_method(q, qweight->name, "GPTQ/AWQ int4", err);
         return qd_quant_load_int4(m, q, module, rows, cols, out, err);
     }
     if (packed) {
-        QD_TRY(check_config(q, module, packed->name, true, err));
+        QD_TRY(qd_quant_check_module(q, module, packed->name, true, err));
         if (q->method != QD_QUANT_CT_NVFP4) return wrong_method(q, packed->name, "compressed-tensors NVFP4", err);
         return qd_quant_load_nvfp4(m, q, module, rows, cols, out, err);
     }
     snprintf(name, sizeof name, "%s.weight", module);
     if (!w) return qd_seterr(err, QD_ERR_NOT_FOUND, "missing tensor '%s' in checkpoint", name);
     if (w->dtype == QD_DTYPE_F8_E4M3) {
-        QD_TRY(check_config(q, module, w->name, true, err));
+        QD_TRY(qd_quant_check_module(q, module, w->name, true, err));
         if (q->method != QD_QUANT_FP8 && q->method != QD_QUANT_CT_FP8 && q->method != QD_QUANT_MODELOPT)
             return wrong_method(q, w->name, "FP8 e4m3", err);
         return qd_quant_load_fp8(m, q, module, rows, cols, out, err);
     }
     if (w->dtype == QD_DTYPE_U8) {
-        QD_TRY(check_config(q, module, w->name, true, err));
+        QD_TRY(qd_quant_check_module(q, module, w->name, true, err));
         if (q->method != QD_QUANT_MODELOPT) return wrong_method(q, w->name, "packed U8 (ModelOpt NVFP4)", err);
         return qd_quant_load_nvfp4(m, q, module, rows, cols, out, err);
     }
@@ -105,7 +110,7 @@ qd_status qd_quant_load_linear(qd_model *m, const qd_quant_config *q, const char
             return qd_seterr(err, QD_ERR_FORMAT, "tensor '%s' is a quantization scale, but '%s' is stored as plain %s",
                              s->name, w->name, qd_dtype_name(w->dtype));
     }
-    QD_TRY(check_config(q, module, w->name, false, err));
+    QD_TRY(qd_quant_check_module(q, module, w->name, false, err));
     int64_t shape[2] = {rows, cols};
     QD_TRY(qd_quant_check_shape(w, 2, shape, err));
     *out = (qd_weight){.dtype = w->dtype, .rows = rows, .cols = cols, .data = w->data};

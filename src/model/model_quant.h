@@ -1,7 +1,8 @@
 /* Quantized checkpoint tensors -> the canonical weight layouts of base/weight.h
  * (model-spec section 8). model_quant.c decides per module from the tensors present and
  * checks them against the config's quantization scheme; each family has its own parser
- * (model_quant_fp8.c, model_quant_fp4.c, model_quant_int4.c). */
+ * (model_quant_fp8.c, model_quant_fp4.c, model_quant_int4.c), and fused [E][..][..] expert
+ * tensors theirs (model_quant_fused.c). */
 #ifndef QD_MODEL_MODEL_QUANT_H
 #define QD_MODEL_MODEL_QUANT_H
 
@@ -25,10 +26,49 @@ qd_status qd_quant_load_int4(qd_model *m, const qd_quant_config *q, const char *
 
 /* Shared by the parsers: tensor `module``suffix`, NULL when absent. */
 const qd_st_tensor *qd_quant_find(qd_model *m, const char *module, const char *suffix);
+/* "[2, 3]" into buf. */
+void qd_quant_shape_str(const int64_t *shape, int ndim, char *buf, size_t size);
 /* Checks t's shape (ndim dims); an error names the tensor. */
 qd_status qd_quant_check_shape(const qd_st_tensor *t, int ndim, const int64_t *shape, qd_err *err);
 /* The n elements of a F32 / BF16 / F16 tensor as owned fp32; an error names the tensor. */
 qd_status qd_quant_f32(qd_model *m, const qd_st_tensor *t, float **out, qd_err *err);
+/* Whether `module`, stored in `tensor`, being quantized or not agrees with q (its method and
+ * exclusion list); an error names the tensor and the module. */
+qd_status qd_quant_check_module(const qd_quant_config *q, const char *module, const char *tensor, bool quantized,
+                                qd_err *err);
+/* The first n e4m3 bytes of t hold no NaN code (no quantizer writes one: a damaged file,
+ * on which the backends would not agree); an error names the tensor and the element. */
+qd_status qd_quant_check_e4m3(qd_model *m, const qd_st_tensor *t, int64_t n, qd_err *err);
+/* NVFP4 block scales: F8_E4M3 of `shape`, free of NaN codes; an error names the tensor. */
+qd_status qd_quant_check_nvfp4_scales(qd_model *m, const qd_st_tensor *s, int ndim, const int64_t *shape, qd_err *err);
+/* The canonical NVFP4 weight [rows][cols] on packed codes, their block scales (one e4m3 per
+ * 16 columns of a row) and global (weight.h). */
+qd_weight qd_quant_nvfp4_weight(int64_t rows, int64_t cols, const void *codes, const void *scales, float global);
+
+/* Fused expert tensors (model_quant_fused.c): `name` (e.g.
+ * "model.layers.0.mlp.experts.gate_up_proj") holds E experts, each `parts` stacked
+ * [rows][cols] matrices (gate_up_proj: the gate's rows, then the up's), plain or ModelOpt
+ * NVFP4 with per-expert scales. */
+typedef struct qd_fused_experts {
+    const qd_st_tensor *w;      /* the stored tensor */
+    qd_dtype dtype;             /* the canonical format: w's plain dtype, or NVFP4 */
+    int64_t n_experts;
+    int parts;
+    int64_t rows, cols;         /* of one part of one expert */
+    const uint8_t *scales;      /* NVFP4: e4m3 block scales [E][parts * rows][cols / 16] */
+    const float *globals;       /* NVFP4: [E][parts], owned by the model */
+} qd_fused_experts;
+
+/* Reads and checks `name` and its scales; `module` (".../mlp.experts") is the name the
+ * config's exclusion list knows the experts by. Fails, naming the tensor, where it is
+ * missing or of the wrong shape, where a plain tensor has scales beside it or a quantized
+ * one lacks them, where a scale has a shape of no published layout or a non-positive
+ * global, and for quantized formats of no published fused layout (FP8, int4). */
+qd_status qd_quant_load_fused(qd_model *m, const qd_quant_config *q, const char *module, const char *name,
+                              int64_t n_experts, int parts, int64_t rows, int64_t cols, qd_fused_experts *out,
+                              qd_err *err);
+/* Part `part` of expert e as a canonical [rows][cols] weight: a view into the mapping. */
+qd_weight qd_fused_expert(const qd_fused_experts *f, int64_t e, int part);
 
 /* The first quantized linear weight of w (NULL: none), named into `where` ("layer 3
  * mlp.down_proj"), so a backend that cannot multiply one refuses the model by name. */

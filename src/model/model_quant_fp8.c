@@ -31,10 +31,10 @@ static void nan_task(void *user, int64_t begin, int64_t end, int worker) {
     }
 }
 
-/* A weight with an e4m3 NaN code is refused by name: no quantizer writes one, so the file
- * is damaged, and the backends would not agree on it (the CPU computes NaN, the CUDA
- * tensor-core kernels +-480). */
-static qd_status check_no_nan(qd_model *m, const qd_st_tensor *w, int64_t n, qd_err *err) {
+/* A weight or scale with an e4m3 NaN code is refused by name: no quantizer writes one, so
+ * the file is damaged, and the backends would not agree on it (the CPU computes NaN, the
+ * CUDA tensor-core kernels +-480). */
+qd_status qd_quant_check_e4m3(qd_model *m, const qd_st_tensor *w, int64_t n, qd_err *err) {
     const int64_t chunks = (n + NAN_CHUNK - 1) / NAN_CHUNK;
     int64_t one = -1, *first = chunks > 1 ? malloc((size_t)chunks * sizeof(int64_t)) : &one;
     if (!first) return qd_seterr(err, QD_ERR_OOM, "out of memory checking '%s'", w->name);
@@ -56,7 +56,7 @@ qd_status qd_quant_load_fp8(qd_model *m, const qd_quant_config *q, const char *m
     const qd_st_tensor *w = qd_quant_find(m, module, ".weight");
     int64_t shape[2] = {rows, cols};
     QD_TRY(qd_quant_check_shape(w, 2, shape, err));
-    QD_TRY(check_no_nan(m, w, rows * cols, err));
+    QD_TRY(qd_quant_check_e4m3(m, w, rows * cols, err));
     const qd_st_tensor *inv = qd_quant_find(m, module, ".weight_scale_inv"), *sc = qd_quant_find(m, module, ".weight_scale");
     if (inv && sc)
         return qd_seterr(err, QD_ERR_FORMAT, "module '%s' has both weight_scale_inv and weight_scale", module);
