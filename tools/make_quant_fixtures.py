@@ -13,7 +13,9 @@ section 8) into an fp32 checkpoint of the base layout, and runs transformers on 
   dequant.f32      rows of the first quantized module of each kind (edges, middle, around row 128), dequantized,
                    fp32, in the order of
                    dequant.json (name, rows, cols, checked_rows): the decoder check of tests/test_quant_load.c
-                   (qdelta's dequantization of the stored tensors must give these values)
+                   (qdelta's dequantization of the stored tensors must give these values); an entry of a
+                   fused expert tensor names the tensor and adds experts, expert, parts and part (the
+                   gate_up_proj's gate is part 0 of 2)
 
 Formats (fixture name: base, format, what it covers):
   fp8_next_moe      qwen3_next_moe_bf16, fp8 block 128x128, f32 weight_scale_inv: interleaved
@@ -27,6 +29,12 @@ Formats (fixture name: base, format, what it covers):
   nvfp4mo_next_moe  ModelOpt NVFP4 (hf_quant_config.json, exclude_modules wildcards: attention and
                     GDN stay BF16), weight_scale_2
   nvfp4ct_35_dense  compressed-tensors nvfp4-pack-quantized, weight_global_scale as a divisor
+  nvfp4mo_35_moe_fused  qwen3_5_moe_fused_bf16, ModelOpt NVFP4 of the routed experts only, kept
+                    fused as published (model-spec 8.2): experts.gate_up_proj U8 [E, 2I, H/2],
+                    _weight_scale e4m3 [E, 2I, H/16], _weight_scale_2 [E, 2] (each expert's gate
+                    and up quantized with globals of their own), _input_scale a 0-D scalar;
+                    down_proj's globals and input scales [E]; attention, GDN and the shared
+                    expert excluded (BF16)
   gptq1_35_dense    GPTQ v1 (zeros stored minus one), sym, group 32, desc_act with g_idx
   gptq2_next_moe    GPTQ v2, asym, group 64
   gptqc_35_moe      GPTQ v1, asym, group -1 (one group per row)
@@ -190,6 +198,7 @@ FORMATS = {
     "ctfp8_35_dense": ("qwen3_5_dense_bf16", "ctfp8", {}),
     "nvfp4mo_next_moe": ("qwen3_next_moe_bf16", "nvfp4mo", {}),
     "nvfp4ct_35_dense": ("qwen3_5_dense_bf16", "nvfp4ct", {}),
+    "nvfp4mo_35_moe_fused": ("qwen3_5_moe_fused_bf16", "nvfp4mo_fused", {}),
     "gptq1_35_dense": ("qwen3_5_dense_bf16", "gptq", dict(g=32, sym=True, version=1, desc_act=True)),
     "gptq2_next_moe": ("qwen3_next_moe_bf16", "gptq", dict(g=64, sym=False, version=2, desc_act=False)),
     "gptqc_35_moe": ("qwen3_5_moe_fused_bf16", "gptq", dict(g=-1, sym=False, version=1, desc_act=False)),
@@ -229,7 +238,48 @@ def refuse_experts(deq, t_ref):
             t_ref[k] = torch.stack([deq[f"{m.group(1)}.{e}.down_proj"] for e in range(E)])
 
 
+FUSED = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+FUSED_PARTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+
+
+def nvfp4_fused(name, v):
+    """A fused expert tensor [E, parts * rows, cols] as ModelOpt NVFP4 keeps it fused: every expert's
+    every part (gate_up_proj: gate rows, then up rows) quantized on its own, as a per-expert linear
+    would be, its global at [e, part]. The dequantized parts are keyed by their per-expert module
+    names (refuse_experts puts them back into the reference's fused tensors)."""
+    m = FUSED.match(name)
+    parts = FUSED_PARTS[m.group(2)]
+    E, rows = v.shape[0], v.shape[1] // len(parts)
+    codes, blocks, globals_, deq = [], [], torch.zeros(E, len(parts)), {}
+    for e in range(E):
+        for p, part in enumerate(parts):
+            t, d = nvfp4(v[e, p * rows:(p + 1) * rows].float(), False)
+            codes.append(t["weight"])
+            blocks.append(t["weight_scale"])
+            globals_[e, p] = t["weight_scale_2"]
+            deq[f"{m.group(1)}.{e}.{part}"] = d
+    stack = lambda xs: torch.stack([torch.cat(xs[e * len(parts):(e + 1) * len(parts)]) for e in range(E)])
+    stored = {name: stack(codes), name + "_weight_scale": stack(blocks)}
+    if len(parts) == 2:  # separate gate / up globals; one activation scale for all experts (SGLang PR 18965)
+        stored[name + "_weight_scale_2"] = globals_
+        stored[name + "_input_scale"] = torch.tensor(1.0, dtype=torch.float32)
+    else:
+        stored[name + "_weight_scale_2"] = globals_[:, 0].contiguous()
+        stored[name + "_input_scale"] = torch.ones(E, dtype=torch.float32)
+    return stored, deq
+
+
 def quantize_checkpoint(name, base_tensors, fmt, kw, seed):
+    if fmt == "nvfp4mo_fused":  # the routed experts only, fused; everything else stays BF16
+        stored, deq = {}, {}
+        for k, v in base_tensors.items():
+            if FUSED.match(k) and not KEPT.search(k):
+                t, d = nvfp4_fused(k, v)
+                stored.update({n: tv.contiguous() for n, tv in t.items()})
+                deq.update(d)
+            else:
+                stored[k] = v
+        return stored, deq
     src = unfuse_experts(base_tensors)
     stored, deq = {}, {}
     for k, v in src.items():
@@ -284,6 +334,9 @@ def quant_config(fmt, kw, stored):
     if fmt == "nvfp4mo":
         return dict(quant_method="modelopt", quant_algo="NVFP4", group_size=16, kv_cache_quant_algo=None,
                     exclude_modules=["lm_head", "*self_attn*", "*linear_attn*", "*mlp.gate", "*shared_expert_gate"])
+    if fmt == "nvfp4mo_fused":  # a MoE-only recipe: the routed experts are the only FP4 weights
+        return dict(quant_method="modelopt", quant_algo="NVFP4", group_size=16, kv_cache_quant_algo=None,
+                    exclude_modules=["lm_head", "*self_attn*", "*linear_attn*", "*mlp.gate", "*shared_expert*"])
     if fmt == "gptq":
         return dict(quant_method="gptq", bits=4, group_size=kw["g"], sym=kw["sym"], desc_act=kw["desc_act"],
                     checkpoint_format="gptq" if kw["version"] == 1 else "gptq_v2")
@@ -314,16 +367,36 @@ def run_reference(model, ids, vocab):
 def decoder_sample(deq):
     """The decoder check's rows: of the first module of each kind (name with numbers elided), the
     first and last rows, the middle one and those around the 128-row block edge (where Qwen3-Next's
-    in_proj_qkvz blocks cross key-head groups), every column. Small, and every layout is in it."""
+    in_proj_qkvz blocks cross key-head groups), every column. Small, and every layout is in it.
+    Of fused experts, the last expert of that layer too (where a wrong expert stride shows)."""
     kinds = {}
     for n in sorted(deq):
         kinds.setdefault(re.sub(r"\d+", "#", n), n)
+    names = set(kinds.values())
+    for n in list(names):
+        m = re.match(r"(.*\.mlp\.experts)\.0\.(\w+)$", n)
+        last = m and max((k for k in deq if k.startswith(m.group(1) + ".") and k.endswith("." + m.group(2))),
+                         key=lambda k: int(k[len(m.group(1)) + 1:].split(".")[0]))
+        if last:
+            names.add(last)
     out = []
-    for n in sorted(kinds.values()):
+    for n in sorted(names):
         R = deq[n].shape[0]
         rows = sorted({r for r in (0, 1, R // 2, 127, 128, 129, R - 2, R - 1) if 0 <= r < R})
         out.append((n, rows))
     return out
+
+
+def decoder_entry(n, w, rows, stored):
+    """dequant.json's entry of module n: its per-expert name, or where it is a part of a stored fused
+    tensor, that tensor and the part's place in it."""
+    entry = dict(name=n, rows=w.shape[0], cols=w.shape[1], checked_rows=rows)
+    m = re.match(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj$", n)
+    fused = m and (m.group(1) + (".down_proj" if m.group(3) == "down" else ".gate_up_proj"))
+    if fused in stored:
+        entry.update(name=fused, experts=stored[fused].shape[0], expert=int(m.group(2)),
+                     parts=1 if m.group(3) == "down" else 2, part=1 if m.group(3) == "up" else 0)
+    return entry
 
 
 def make(name, out, manifest):
@@ -338,7 +411,7 @@ def make(name, out, manifest):
     qcfg = copy.deepcopy(cfg)
     qcfg["quantization_config"] = quant_config(fmt, kw, stored)  # top level (a sibling of text_config)
     json.dump(qcfg, open(os.path.join(d, "config.json"), "w"), indent=2)
-    if fmt == "nvfp4mo":
+    if fmt.startswith("nvfp4mo"):
         q = dict(qcfg["quantization_config"])
         q.pop("quant_method")
         json.dump({"producer": {"name": "modelopt", "version": "tools/make_quant_fixtures.py"}, "quantization": q},
@@ -374,11 +447,12 @@ def make(name, out, manifest):
         cases.append(dict(L=L, seed=100 * L + attempt, min_gap=gap))
     # the decoder check: what the reference used, module by module
     sample = decoder_sample(deq)
-    json.dump([dict(name=n, rows=deq[n].shape[0], cols=deq[n].shape[1], checked_rows=r) for n, r in sample],
-              open(os.path.join(d, "dequant.json"), "w"), indent=1)
+    json.dump([decoder_entry(n, deq[n], r, stored) for n, r in sample], open(os.path.join(d, "dequant.json"), "w"),
+              indent=1)
     np.concatenate([deq[n][r].numpy().astype("<f4").ravel() for n, r in sample]).tofile(os.path.join(d, "dequant.f32"))
     manifest[name] = dict(base=base, format=fmt, options={k: str(v) for k, v in kw.items()}, cases=cases,
-                          quantized_modules=len(deq), decoder_checked_modules=len(sample))
+                          quantized_modules=len(deq), decoder_checked_modules=len(sample),
+                          made_with=dict(torch=torch.__version__, transformers=transformers.__version__))
     print(name, "ok", cases, flush=True)
 
 
@@ -392,7 +466,8 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     mpath = os.path.join(a.out, "MANIFEST.json")
     manifest = json.load(open(mpath)) if a.only and os.path.exists(mpath) else dict(fixtures={})
-    manifest.update(torch=torch.__version__, transformers=transformers.__version__)
+    if not a.only:  # what made every fixture; a fixture made alone records its own (made_with)
+        manifest.update(torch=torch.__version__, transformers=transformers.__version__)
     for name in FORMATS:
         if a.only and name not in a.only:
             continue
