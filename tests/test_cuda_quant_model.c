@@ -1,7 +1,8 @@
 /* Quantized models on the CUDA backend, end to end (skipped without a GPU):
  *  - every checkpoint of tests/fixtures/quant (tools/make_quant_fixtures.py: official FP8
  *    with F32 / BF16 / F16 scales, compressed-tensors FP8 and NVFP4, ModelOpt NVFP4, GPTQ
- *    v1 / v2 incl. act-order, AWQ; both families, MoE with per-expert tensors): the logits
+ *    v1 / v2 incl. act-order, AWQ; both families, MoE with per-expert tensors, and ModelOpt
+ *    NVFP4 experts kept fused, loaded into the same per-expert canonical layout): the logits
  *    of one prefill against transformers' fp32 reference on the dequantized weights, at the
  *    bf16 tolerance of the tiny fixtures (their weights are built for the fp32 CPU backend:
  *    bf16 activations move their logits by up to 0.67 of max|ref| on the BF16 ones, and
@@ -349,8 +350,8 @@ static void default_model_fp8(void) {
 int main(void) {
     if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_quant_model", "no CUDA device");
     static const char *quant[] = {"fp8_35_dense_f32s", "fp8_35_dense_bf16s", "fp8_35_moe_f16s", "fp8_next_moe",
-                                  "ctfp8_35_dense", "nvfp4ct_35_dense", "nvfp4mo_next_moe", "gptq1_35_dense",
-                                  "gptq2_next_moe", "gptqc_35_moe", "awq_35_dense"};
+                                  "ctfp8_35_dense", "nvfp4ct_35_dense", "nvfp4mo_next_moe", "nvfp4mo_35_moe_fused",
+                                  "gptq1_35_dense", "gptq2_next_moe", "gptqc_35_moe", "awq_35_dense"};
     printf("quantized checkpoints on the GPU\n");
     for (size_t i = 0; i < sizeof quant / sizeof quant[0]; i++) {
         char dir[512];

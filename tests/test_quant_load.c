@@ -8,7 +8,10 @@
  *    qd_weight_dequant_rows, are the values the reference used (to a float rounding);
  *  - refusals: unknown methods and layouts, configs that disagree with the tensors, and a
  *    tensor-parallel split that cuts a scale block fail with a message naming the
- *    quant_method, field, module or tensor. */
+ *    quant_method, field, module or tensor;
+ *  - fused NVFP4 experts (nvfp4mo_35_moe_fused): also split by tensor and expert parallel,
+ *    under SGLang's scale names, and refused, naming the tensor, where a scale is missing,
+ *    of the wrong shape or dtype, damaged, or beside a plain tensor. */
 #include <jansson.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -25,15 +28,20 @@
 
 #define QFX "tests/fixtures/quant"
 
-static qd_model *load(const char *dir, int tp, char *err, size_t err_size) {
+static qd_model *load_split(const char *dir, int tp, int expert_parallel, char *err, size_t err_size) {
     qd_model_params mp = qd_model_default_params();
     mp.path = dir;
     mp.n_threads = 2;
     mp.backend = QD_BACKEND_CPU;
     mp.tensor_parallel_size = tp;
+    mp.expert_parallel = expert_parallel;
     qd_model *m = NULL;
     if (qd_model_load(&mp, &m, err, err_size) != QD_OK) return NULL;
     return m;
+}
+
+static qd_model *load(const char *dir, int tp, char *err, size_t err_size) {
+    return load_split(dir, tp, 0, err, err_size);
 }
 
 static void golden_case(qd_model *m, const char *dir, int L) {
@@ -94,6 +102,22 @@ static void golden_case(qd_model *m, const char *dir, int L) {
     qd_context_free(ctx);
 }
 
+/* The module of a dequant.json entry as the loader reads it: a linear module, or part
+ * `part` of expert `expert` of a fused expert tensor (entries with "expert"). */
+static qd_status entry_weight(qd_model *m, const json_t *e, const char *name, int64_t rows, int64_t cols, qd_weight *w,
+                              qd_err *err) {
+    const json_t *expert = json_object_get(e, "expert");
+    if (!expert) return qd_quant_load_linear(m, &m->cfg.quant, name, rows, cols, w, err);
+    const int parts = (int)json_integer_value(json_object_get(e, "parts"));
+    char module[512];
+    snprintf(module, sizeof module, "%.*s", (int)(strrchr(name, '.') - name), name); /* ".../mlp.experts" */
+    qd_fused_experts f;
+    QD_TRY(qd_quant_load_fused(m, &m->cfg.quant, module, name, json_integer_value(json_object_get(e, "experts")),
+                               parts, rows, cols, &f, err));
+    *w = qd_fused_expert(&f, json_integer_value(expert), (int)json_integer_value(json_object_get(e, "part")));
+    return QD_OK;
+}
+
 /* The decoder check: qdelta's parser + dequantization of the stored tensors against the
  * weights the reference ran with. */
 static void decoder_check(const char *dir) {
@@ -126,7 +150,7 @@ static void decoder_check(const char *dir) {
             break;
         }
         qd_weight w;
-        const qd_status s = qd_quant_load_linear(m, &m->cfg.quant, name, rows, cols, &w, &err);
+        const qd_status s = entry_weight(m, e, name, rows, cols, &w, &err);
         CHECKF(s == QD_OK, "%s: %s: %s", dir, name, err.msg);
         if (s == QD_OK) {
             CHECKF(qd_weight_quantized(&w), "%s: %s was loaded as plain %s", dir, name, qd_dtype_name(w.dtype));
@@ -142,7 +166,8 @@ static void decoder_check(const char *dir) {
                     if (d > tol && d > worst) worst = d;
                 }
             }
-            CHECKF(worst == 0, "%s: %s dequantizes differently from the reference (worst |diff| %g)", dir, name, worst);
+            CHECKF(worst == 0, "%s: %s%s dequantizes differently from the reference (worst |diff| %g)", dir, name,
+                   json_object_get(e, "expert") ? " (an expert's part)" : "", worst);
             free(got);
             modules++;
         }
@@ -225,9 +250,13 @@ static void ed_plain_fp8(json_t *c) {
 }
 static void ed_nothing(json_t *c) { (void)c; }
 
-/* A copy of fixture `src` whose model.safetensors (copied, not linked) has byte `at` of the
- * first F8_E4M3 tensor set to `code`; that tensor's name into `name`. */
-static const char *damaged(const char *src, const char *tag, int64_t at, uint8_t code, char *name, size_t size) {
+/* An edit of a model.safetensors: its header (a JSON object; offsets are relative to the
+ * data area, so entries may be renamed, reshaped, retyped or dropped freely) and its data. */
+typedef void (*st_edit)(json_t *hdr, unsigned char *data, void *ctx);
+
+/* A copy of fixture `src` in a fresh directory whose model.safetensors (written, not linked)
+ * is the original edited by `edit`. */
+static const char *rewritten(const char *src, const char *tag, st_edit edit, void *ctx) {
     const char *dir = variant(src, tag, ed_nothing);
     char a[600], b[600];
     snprintf(a, sizeof a, "%s/model.safetensors", src);
@@ -240,28 +269,50 @@ static const char *damaged(const char *src, const char *tag, int64_t at, uint8_t
     memcpy(&hl, bytes, 8);
     json_error_t je;
     json_t *hdr = json_loadb((const char *)bytes + 8, (size_t)hl, 0, &je);
-    const char *key;
-    json_t *t;
-    int done = 0;
-    json_object_foreach(hdr, key, t) {
-        const char *dt = json_string_value(json_object_get(t, "dtype"));
-        if (done || !dt || strcmp(dt, "F8_E4M3")) continue;
-        const int64_t off = (int64_t)json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
-        bytes[8 + hl + (uint64_t)(off + at)] = code;
-        snprintf(name, size, "%s", key);
-        done = 1;
-    }
-    CHECK(done);
+    CHECK(hdr != NULL);
+    edit(hdr, bytes + 8 + hl, ctx);
+    char *text = json_dumps(hdr, JSON_COMPACT);
+    const uint64_t n = text ? strlen(text) : 0;
     FILE *f = fopen(b, "wb");
-    CHECK(f && fwrite(bytes, 1, len, f) == len);
+    CHECK(f && text && fwrite(&n, 8, 1, f) == 1 && fwrite(text, 1, n, f) == n &&
+          fwrite(bytes + 8 + hl, 1, len - 8 - hl, f) == len - 8 - hl);
     if (f) fclose(f);
+    free(text);
     json_decref(hdr);
     free(bytes);
     return dir;
 }
 
+typedef struct nan_edit {
+    int64_t at;
+    uint8_t code;
+    char *name;  /* out: the tensor edited */
+    size_t size;
+} nan_edit;
+
+/* byte `at` of the first F8_E4M3 tensor set to `code` */
+static void ed_first_e4m3(json_t *hdr, unsigned char *data, void *ctx) {
+    nan_edit *x = ctx;
+    const char *key;
+    json_t *t;
+    json_object_foreach(hdr, key, t) {
+        const char *dt = json_string_value(json_object_get(t, "dtype"));
+        if (!dt || strcmp(dt, "F8_E4M3")) continue;
+        data[json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0)) + x->at] = x->code;
+        snprintf(x->name, x->size, "%s", key);
+        return;
+    }
+    CHECKF(0, "no F8_E4M3 tensor to damage");
+}
+
+/* A copy of fixture `src` whose first F8_E4M3 tensor has byte `at` set to `code`; that
+ * tensor's name into `name`. */
+static const char *damaged(const char *src, const char *tag, int64_t at, uint8_t code, char *name, size_t size) {
+    nan_edit x = {at, code, name, size};
+    return rewritten(src, tag, ed_first_e4m3, &x);
+}
+
 static void refusals(void) {
-    CHECK(mkdtemp(tmp_root) != NULL);
     const char *fp8 = QFX "/fp8_35_dense_bf16s", *gptq = QFX "/gptq1_35_dense", *awq = QFX "/awq_35_dense",
                *ct = QFX "/ctfp8_35_dense";
     refused(variant(fp8, "bnb", ed_bnb), "bitsandbytes", "quant_method 'bitsandbytes'", NULL);
@@ -304,10 +355,157 @@ static void refusals(void) {
     if (st) qd_st_close(st);
 }
 
+/* ------------------------------------------------------------------ fused NVFP4 experts */
+
+#define FUSED_FX QFX "/nvfp4mo_35_moe_fused"
+#define L0_EXPERTS "model.language_model.layers.0.mlp.experts"
+
+static json_t *entry(json_t *hdr, const char *name) {
+    json_t *t = json_object_get(hdr, name);
+    CHECKF(t != NULL, "no tensor '%s' in the fixture", name);
+    return t ? t : json_object();
+}
+
+static void ed_global_shape(json_t *h, unsigned char *d, void *c) {
+    (void)d, (void)c;
+    json_object_set_new(entry(h, L0_EXPERTS ".gate_up_proj_weight_scale_2"), "shape", json_pack("[ii]", 2, 8));
+}
+static void ed_no_block(json_t *h, unsigned char *d, void *c) {
+    (void)d, (void)c;
+    json_object_del(h, L0_EXPERTS ".gate_up_proj_weight_scale");
+}
+static void ed_no_global(json_t *h, unsigned char *d, void *c) {
+    (void)d, (void)c;
+    json_object_del(h, L0_EXPERTS ".down_proj_weight_scale_2");
+}
+static void ed_block_dtype(json_t *h, unsigned char *d, void *c) {
+    (void)d, (void)c;
+    json_object_set_new(entry(h, L0_EXPERTS ".gate_up_proj_weight_scale"), "dtype", json_string("U8"));
+}
+static void ed_fp8_fused(json_t *h, unsigned char *d, void *c) {
+    (void)d, (void)c;
+    json_object_set_new(entry(h, L0_EXPERTS ".gate_up_proj"), "dtype", json_string("F8_E4M3"));
+}
+static int64_t data_offset(json_t *h, const char *name) {
+    return json_integer_value(json_array_get(json_object_get(entry(h, name), "data_offsets"), 0));
+}
+/* the up global of expert 1 (element 3 of [E, 2]) set to 0 */
+static void ed_zero_global(json_t *h, unsigned char *d, void *c) {
+    (void)c;
+    const float zero = 0.0f;
+    memcpy(d + data_offset(h, L0_EXPERTS ".gate_up_proj_weight_scale_2") + 3 * sizeof(float), &zero, sizeof zero);
+}
+static void ed_nan_block(json_t *h, unsigned char *d, void *c) {
+    (void)c;
+    d[data_offset(h, L0_EXPERTS ".down_proj_weight_scale") + 5] = 0x7f;
+}
+/* an empty tensor beside another (empty tensors own no bytes, so none overlaps) */
+static void add_empty(json_t *h, const char *name) {
+    json_object_set_new(h, name, json_pack("{s:s, s:[i], s:[ii]}", "dtype", "F32", "shape", 0, "data_offsets", 0, 0));
+}
+static void ed_both_namings(json_t *h, unsigned char *d, void *c) {
+    (void)d, (void)c;
+    add_empty(h, L0_EXPERTS ".gate_up_proj_scale_2");
+}
+static void ed_plain_with_scale(json_t *h, unsigned char *d, void *c) {
+    (void)d, (void)c;
+    add_empty(h, L0_EXPERTS ".gate_up_proj_weight_scale_2");
+}
+/* every scale under SGLang PR 18965's names: _scale, _scale_2, .input_scale */
+static void ed_sglang_names(json_t *h, unsigned char *d, void *c) {
+    (void)d, (void)c;
+    static const char *const from[] = {"_weight_scale_2", "_weight_scale", "_input_scale"},
+                             *const to[] = {"_scale_2", "_scale", ".input_scale"};
+    json_t *out = json_object();
+    const char *key;
+    json_t *t;
+    int renamed = 0;
+    json_object_foreach(h, key, t) {
+        char name[512];
+        snprintf(name, sizeof name, "%s", key);
+        for (int i = 0; i < 3; i++) {
+            char *at = strstr(name, from[i]);
+            if (at && !strcmp(at, from[i])) {
+                snprintf(at, sizeof name - (size_t)(at - name), "%s", to[i]);
+                renamed++;
+                break;
+            }
+        }
+        json_object_set(out, name, t);
+    }
+    CHECKF(renamed == 4 * 6, "renamed %d scales, expected 24 (4 layers x 2 tensors x 3)", renamed);
+    json_object_clear(h);
+    json_object_update(h, out);
+    json_decref(out);
+}
+static void ed_exclude_experts(json_t *c) {
+    json_array_append_new(json_object_get(qc(c), "exclude_modules"), json_string("*mlp.experts"));
+}
+
+static void fused_refusals(void) {
+    refused(rewritten(FUSED_FX, "f_gshape", ed_global_shape, NULL), "fused global of another shape",
+            "gate_up_proj_weight_scale_2' has shape [2, 8]", "[E, 2] (gate, up)");
+    refused(rewritten(FUSED_FX, "f_noblock", ed_no_block, NULL), "fused block scale missing",
+            "block scale '" L0_EXPERTS ".gate_up_proj_weight_scale' (or", "is missing");
+    refused(rewritten(FUSED_FX, "f_noglobal", ed_no_global, NULL), "fused global missing",
+            "global scale '" L0_EXPERTS ".down_proj_weight_scale_2' (or", "is missing");
+    refused(rewritten(FUSED_FX, "f_bdtype", ed_block_dtype, NULL), "fused block scale of dtype U8",
+            L0_EXPERTS ".gate_up_proj_weight_scale' has dtype U8", "F8_E4M3");
+    refused(rewritten(FUSED_FX, "f_zero", ed_zero_global, NULL), "fused global of 0",
+            L0_EXPERTS ".gate_up_proj_weight_scale_2': element 3 is 0", "must be positive");
+    refused(rewritten(FUSED_FX, "f_nan", ed_nan_block, NULL), "fused block scale with a NaN code",
+            L0_EXPERTS ".down_proj_weight_scale': element 5 is an e4m3 NaN code", NULL);
+    refused(rewritten(FUSED_FX, "f_both", ed_both_namings, NULL), "fused global under two names",
+            L0_EXPERTS ".gate_up_proj_weight_scale_2' and '" L0_EXPERTS ".gate_up_proj_scale_2'", "both present");
+    refused(rewritten(FUSED_FX, "f_fp8", ed_fp8_fused, NULL), "fused FP8 experts (no published layout)",
+            L0_EXPERTS ".gate_up_proj' has dtype F8_E4M3", "ModelOpt NVFP4");
+    refused(rewritten("tests/fixtures/qwen3_5_moe_fused_bf16", "f_plain", ed_plain_with_scale, NULL),
+            "plain fused experts with a scale beside",
+            L0_EXPERTS ".gate_up_proj_weight_scale_2' is a quantization scale",
+            "'" L0_EXPERTS ".gate_up_proj' is stored as plain BF16");
+    const char *excl = variant(FUSED_FX, "f_excl", ed_exclude_experts);
+    char path[600];
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", excl);
+    CHECK(unlink(path) == 0); /* config.json's quantization_config, edited, is then the scheme */
+    refused(excl, "config excludes the quantized experts", L0_EXPERTS ".gate_up_proj' is quantized",
+            "module '" L0_EXPERTS "' as not converted");
+    /* tp = 4 cuts down_proj's 32 columns into 8: inside its 16-column scale blocks */
+    char err[1024] = "";
+    qd_model *m = load(FUSED_FX, 4, err, sizeof err);
+    CHECKF(m == NULL && strstr(err, "tensor '" L0_EXPERTS ".down_proj', expert 0") &&
+               strstr(err, "cuts its 16-column scale blocks"),
+           "tp=4 over fused NVFP4 experts with 8-column down_proj slices: '%s'", err);
+    printf("  refused %-34s %s\n", "fused tp split inside a block", err);
+    if (m) qd_model_free(m);
+}
+
+/* The fused fixture loaded under SGLang's scale names, and split by tensor (tp = 2: every
+ * expert's 32 rows in halves, down_proj's columns at 16) and by expert (tp = 2 expert
+ * parallel: four whole experts a rank): the same logits and greedy continuation. */
+static void fused_variants(void) {
+    char err[1024] = "";
+    qd_model *m = load(rewritten(FUSED_FX, "f_sglang", ed_sglang_names, NULL), 1, err, sizeof err);
+    CHECKF(m != NULL, "fused experts under SGLang's scale names: %s", err);
+    if (m) {
+        printf("  SGLang scale names (_scale, _scale_2, .input_scale):\n");
+        golden_case(m, FUSED_FX, 33);
+        qd_model_free(m);
+    }
+    for (int ep = 0; ep < 2; ep++) {
+        m = load_split(FUSED_FX, 2, ep, err, sizeof err);
+        CHECKF(m != NULL, "%s tp=2%s: %s", FUSED_FX, ep ? " expert parallel" : "", err);
+        if (!m) continue;
+        printf("  tp=2%s:\n", ep ? " expert parallel" : "");
+        golden_case(m, FUSED_FX, 1);
+        golden_case(m, FUSED_FX, 33);
+        qd_model_free(m);
+    }
+}
+
 int main(void) {
     static const char *const names[] = {"fp8_next_moe", "fp8_35_dense_bf16s", "fp8_35_moe_f16s", "ctfp8_35_dense",
-                                        "nvfp4mo_next_moe", "nvfp4ct_35_dense", "gptq1_35_dense", "gptq2_next_moe",
-                                        "gptqc_35_moe", "awq_35_dense"};
+                                        "nvfp4mo_next_moe", "nvfp4ct_35_dense", "nvfp4mo_35_moe_fused",
+                                        "gptq1_35_dense", "gptq2_next_moe", "gptqc_35_moe", "awq_35_dense"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char dir[512], err[1024] = "";
         snprintf(dir, sizeof dir, "%s/%s", QFX, names[i]);
@@ -334,6 +532,9 @@ int main(void) {
             qd_model_free(m);
         }
     }
+    CHECK(mkdtemp(tmp_root) != NULL);
+    fused_variants();
     refusals();
+    fused_refusals();
     return qd_test_finish("test_quant_load");
 }
