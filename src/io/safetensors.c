@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +226,19 @@ static qd_status parse_image(qd_safetensors *st, int file_index, const unsigned 
                              prev->name, ts[i].name);
         prev = &ts[i];
     }
+    /* The format aligns only its header: a tensor after one of an odd byte count (an FP8
+     * scale vector, a packed 4-bit weight) can start at any address. Such a tensor of a
+     * wider dtype is read from an aligned copy, so every reader may load whole elements. */
+    for (int i = 0; i < cnt; i++) {
+        const size_t es = qd_dtype_size(ts[i].dtype);
+        if (ts[i].n_bytes == 0 || es <= 1 || (uintptr_t)ts[i].data % es == 0) continue;
+        ts[i].copy = malloc(ts[i].n_bytes);
+        if (!ts[i].copy)
+            return qd_seterr(err, QD_ERR_OOM, "%s: out of memory for an aligned copy of tensor '%s' (%zu bytes)", file,
+                             ts[i].name, ts[i].n_bytes);
+        memcpy(ts[i].copy, ts[i].data, ts[i].n_bytes);
+        ts[i].data = ts[i].copy;
+    }
     return QD_OK;
 }
 
@@ -287,7 +301,10 @@ static qd_status map_file(qd_safetensors *st, const char *path, qd_err *err) {
 
 void qd_st_close(qd_safetensors *st) {
     if (!st) return;
-    for (int i = 0; i < st->n_tensors; i++) free(st->tensors[i].name);
+    for (int i = 0; i < st->n_tensors; i++) {
+        free(st->tensors[i].name);
+        free(st->tensors[i].copy);
+    }
     for (int i = 0; i < st->n_files; i++) {
         if (st->files[i].map) munmap(st->files[i].map, st->files[i].map_len);
         free(st->files[i].name);

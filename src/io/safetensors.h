@@ -19,8 +19,10 @@ typedef struct qd_st_tensor {
     int ndim;
     int64_t shape[QD_ST_MAX_DIMS];
     int64_t n_elements;
-    const void *data;      /* inside the mapping */
+    const void *data;      /* inside the mapping, or `copy` */
     size_t n_bytes;
+    void *copy;            /* an aligned heap copy of a tensor the file stores at an address its
+                            * element size does not divide (the format does not promise one), or NULL */
     int file_index;        /* which shard */
 } qd_st_tensor;
 
