@@ -19,8 +19,10 @@ static int qd_test_failed = 0;
  * runs every round. */
 #ifdef QD_SANITIZED
 #define QD_TEST_ROUNDS(n) ((n) / 4 > 0 ? (n) / 4 : 1)
+#define QD_TEST_SANITIZED 1
 #else
 #define QD_TEST_ROUNDS(n) (n)
+#define QD_TEST_SANITIZED 0
 #endif
 
 #define CHECK(cond)                                                                \

@@ -502,6 +502,10 @@ int main(void) {
                           "tests/fixtures/qwen3_next_dense_flat_norenorm_f32", "tests/fixtures/qwen3_next_moe_f32",
                           "models/qdelta-tiny"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        /* a sanitizer build drives the engine over one dense and one MoE fixture and the
+         * default model (the engine's memory is the same whatever the family; every family
+         * runs in Release) */
+        if (QD_TEST_SANITIZED && (i == 2 || i == 3)) continue;
         qd_model *m = load(dirs[i]);
         if (!m) continue;
         worst_logprob_diff = 0;
