@@ -1,6 +1,6 @@
 /* Benchmark of the CUDA routed experts at the Qwen3.5-35B-A3B shape (H=2048,
  * E=256, k=8, I=512) for n = 1..64 (the decode path, and the grouped GEMMs beside it)
- * and 512, 4096 (grouped GEMMs), plus a device-to-device copy for the bandwidth ceiling, all in one
+ * and 96 to 8192 (grouped GEMMs, each kernel of their table), plus a device-to-device copy for the bandwidth ceiling, all in one
  * process. Each timed call uses one of 16 pre-drawn random routings (k
  * distinct uniform experts per token), so the weights of a call are mostly
  * not in L2 from the call before, as in a real step where every layer has its
@@ -136,11 +136,13 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, doubl
     float *dw = upload(w, NROUTE * P * 4), *dy = upload(NULL, (size_t)n * H * 4);
     TRY(qd_cuda_memset(dy, 0, (size_t)n * H * 4));
     void *work = upload(NULL, qd_cuda_moe_work_bytes(n, H, I, E, K));
-    qd_cuda_moe_args a = {n, H, I, E, K, dx, dsel, dw, dgu, ddn, dy, work, NULL, 0, NULL, NULL, NULL}; /* H, I, E are macros here */
+    /* H, I, E are macros here: positional */
+    qd_cuda_moe_args a = {n, H, I, E, K, dx, dsel, dw, dgu, ddn, dy, work, NULL, 0, NULL, NULL, NULL, 0};
     const double bytes = distinct * 3.0 * I * H * 2;
     const int table_decode = n <= qd_cuda_moe_graph_max_tokens() && n * K <= 1024;
     /* the table's path, then at decode sizes also the grouped GEMMs (what batch-invariant
-     * mode takes at every n): where they cross over is the table's bound */
+     * mode takes at every n): where they cross over is the table's bound; past the decode
+     * bound each grouped-GEMM kernel forced, where its table starts */
     for (int grouped = 0; grouped <= table_decode; grouped++) {
         a.invariant = grouped;
         const double us = time_experts(&a, dsel, dw, P, n >= 512 ? 10 : 40);
@@ -148,6 +150,17 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, doubl
         const double tflops = 6.0 * I * H * (double)P / (us * 1e-6) / 1e12;
         printf("RESULT moe n=%d us=%.2f GBps=%.0f pct_copy=%.1f experts_read=%.1f TFLOPS=%.1f path=%s\n", n, us, gbs,
                100.0 * gbs / copy_gbs, distinct, tflops, table_decode && !grouped ? "decode" : "grouped");
+    }
+    if (!table_decode) {
+        const int kernels[2] = {QD_MOE_PREFILL_MMA, QD_MOE_PREFILL_WGMMA};
+        const char *kname[2] = {"mma", "wgmma"};
+        for (int q = 0; q < 2; q++) {
+            a.prefill_kernel = kernels[q];
+            const double us = time_experts(&a, dsel, dw, P, n >= 512 ? 10 : 40);
+            printf("RESULT moe_kernel n=%d kernel=%s us=%.2f TFLOPS=%.1f\n", n, kname[q], us,
+                   6.0 * I * H * (double)P / (us * 1e-6) / 1e12);
+        }
+        a.prefill_kernel = 0;
     }
     a.invariant = 0;
     if (table_decode) {
@@ -201,7 +214,7 @@ int main(int argc, char **argv) {
     if (argc > 1) { /* moe_cuda_bench n...: only these batch sizes (e.g. under a profiler) */
         for (int i = 1; i < argc; i++) bench_experts(atoi(argv[i]), dgu, ddn, bw);
     } else {
-        const int ns[] = {1, 8, 16, 24, 32, 48, 64, 512, 4096};
+        const int ns[] = {1, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048, 4096, 8192};
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) bench_experts(ns[i], dgu, ddn, bw);
         bench_route(1);
         bench_route(4096);

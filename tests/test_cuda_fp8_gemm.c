@@ -34,26 +34,11 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_quant.h"
 #include "qd_test_cuda.h"
+#include "qd_test_fp8.h"
 
 static qd_test_rng rng;
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-/* The nearest e4m3 code of v (ties to the even code), saturating at +-448. */
-static uint8_t ref_e4m3(float v) {
-    const uint8_t sign = signbit(v) ? 0x80 : 0;
-    const float a = fabsf(v);
-    int best = 0;
-    double bd = INFINITY;
-    for (int c = 0; c <= 0x7e; c++) {
-        const double d = fabs((double)qd_f8e4m3_to_f32((uint8_t)c) - (double)a);
-        if (d < bd || (d == bd && (c & 1) == 0)) {
-            bd = d;
-            best = c;
-        }
-    }
-    return (uint8_t)(sign | best);
-}
 
 typedef struct act_ref {
     uint8_t *q;   /* [n][C] */
@@ -61,16 +46,9 @@ typedef struct act_ref {
 } act_ref;
 
 static act_ref quant_ref(const float *x, int64_t ldx, int n, int64_t C, int mode) {
-    const int64_t L = cdiv(C, 128), bw = mode == QD_FP8_GEMM_BLOCK ? 128 : C, nb = mode == QD_FP8_GEMM_BLOCK ? L : 1;
+    const int64_t bw = mode == QD_FP8_GEMM_BLOCK ? 128 : C, nb = cdiv(C, bw);
     act_ref r = {malloc((size_t)(n * C)), malloc(sizeof(float) * (size_t)(n * nb))};
-    for (int t = 0; t < n; t++)
-        for (int64_t b = 0; b < nb; b++) {
-            float a = 0;
-            for (int64_t c = b * bw; c < (b + 1) * bw && c < C; c++) a = fmaxf(a, fabsf(x[t * ldx + c]));
-            const float s = a > 0 ? a / 448.0f : 1.0f;
-            r.s[t * nb + b] = s;
-            for (int64_t c = b * bw; c < (b + 1) * bw && c < C; c++) r.q[t * C + c] = ref_e4m3(x[t * ldx + c] / s);
-        }
+    for (int t = 0; t < n; t++) qd_test_quant_row(x + t * ldx, C, bw, r.q + t * C, r.s + t * nb, NULL);
     return r;
 }
 

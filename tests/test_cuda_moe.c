@@ -16,7 +16,8 @@
  * is checked. Also: results are bit-identical run to run, per token
  * bit-identical whatever else is in the batch (a token alone vs in the batch;
  * the first 65 tokens alone vs 300), and a CUDA-graph capture of both paths
- * replays to the same bits. Skips (77) without a GPU. */
+ * replays to the same bits; each grouped-GEMM kernel of the prefill path (mma.sync small,
+ * mma.sync, wgmma), forced, gives the table's bits. Skips (77) without a GPU. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -219,8 +220,10 @@ static void experts_ref(const experts_t *ex, const batch_t *b, double *ref, doub
 
 /* Runs the experts over tokens [t0, t0 + n) of b into host y (n * H floats),
  * poisoning the scratch first and checking the guard after y. With graph,
- * captures the call on a fresh stream and replays it. */
-static int run_experts_mode(const experts_t *ex, const batch_t *b, int t0, int n, float *y, int graph, int invariant) {
+ * captures the call on a fresh stream and replays it. kernel: the prefill path's
+ * grouped-GEMM kernel (QD_MOE_PREFILL_*), 0 for the table's. */
+static int run_experts_kernel(const experts_t *ex, const batch_t *b, int t0, int n, float *y, int graph, int invariant,
+                              int kernel) {
     const int H = ex->H, k = ex->k;
     const size_t wb = qd_cuda_moe_work_bytes(n, H, ex->I, ex->E, k);
     uint16_t *dx = qd_test_dev_upload(b->x + (size_t)t0 * H, (size_t)n * H * 2);
@@ -236,7 +239,7 @@ static int run_experts_mode(const experts_t *ex, const batch_t *b, int t0, int n
         ST_OK(qd_cuda_memcpy_h2d(dy, b->y0 + (size_t)t0 * H, (size_t)n * H * 4));
         ST_OK(qd_cuda_memcpy_h2d(dy + (size_t)n * H, guard, sizeof guard));
         ST_OK(qd_cuda_memset(work, 0xff, wb));
-        qd_cuda_moe_args a = {.n = n, .H = H, .I = ex->I, .E = ex->E, .k = k, .d_x = dx, .d_sel = dsel, .d_w = dw, .d_gate_up = ex->dgu, .d_down = ex->ddn, .d_y = dy, .d_work = work, .cublas = NULL, .invariant = invariant};
+        qd_cuda_moe_args a = {.n = n, .H = H, .I = ex->I, .E = ex->E, .k = k, .d_x = dx, .d_sel = dsel, .d_w = dw, .d_gate_up = ex->dgu, .d_down = ex->ddn, .d_y = dy, .d_work = work, .cublas = NULL, .invariant = invariant, .prefill_kernel = kernel};
         if (!graph) {
             ST_OK(qd_cuda_moe_experts(&a, NULL));
         } else {
@@ -266,6 +269,10 @@ static int run_experts_mode(const experts_t *ex, const batch_t *b, int t0, int n
     }
     qd_cuda_free(dx); qd_cuda_free(dsel); qd_cuda_free(dw); qd_cuda_free(dy); qd_cuda_free(work);
     return ok;
+}
+
+static int run_experts_mode(const experts_t *ex, const batch_t *b, int t0, int n, float *y, int graph, int invariant) {
+    return run_experts_kernel(ex, b, t0, n, y, graph, invariant, 0);
 }
 
 static int run_experts(const experts_t *ex, const batch_t *b, int t0, int n, float *y, int graph) {
@@ -317,6 +324,19 @@ static void experts_case(qd_test_rng *rng, const experts_t *ex, int n, int renor
                 if (run_experts_mode(ex, &b, ts[q], 1, y2, 0, 1))
                     same &= memcmp(yi + (size_t)ts[q] * H, y2, (size_t)H * 4) == 0;
             CHECKF(same, "invariant mode: a token alone differs bitwise from the same token in the batch of %d", n);
+        }
+        /* every grouped-GEMM kernel of the prefill path gives the same bits (the table may pick
+         * any of them for a batch, batch-invariant mode included), the wgmma one in a graph too */
+        const int kernels[3] = {QD_MOE_PREFILL_MMA_SMALL, QD_MOE_PREFILL_MMA, QD_MOE_PREFILL_WGMMA};
+        const char *kname[3] = {"mma small", "mma", "wgmma"};
+        const float *base = decode ? yi : y; /* the grouped GEMMs' result at this n */
+        for (int q = 0; q < 3 && base; q++) {
+            if (!run_experts_kernel(ex, &b, 0, n, y2, q == 2 && graph, 1, kernels[q])) continue;
+            compare(kname[q], y2, ref, contrib, ny, 3e-2, 1e-3, 5e-3);
+            size_t diff = 0;
+            for (size_t i = 0; i < ny; i++) diff += memcmp(&y2[i], &base[i], 4) != 0;
+            CHECKF(diff == 0, "prefill kernel %s: %zu of %zu outputs differ bitwise from the table's", kname[q], diff,
+                   ny);
         }
         free(yi);
     }
@@ -370,12 +390,14 @@ int main(void) {
         experts_case(&rng, &ex, 1, 1, 0.0f, 1);
         experts_case(&rng, &ex, 17, 1, 0.0f, 0);
         experts_case(&rng, &ex, 65, 1, 0.0f, 1);
+        experts_case(&rng, &ex, 600, 1, 0.0f, 1); /* 300 rows an expert: full and partial wgmma tiles */
     } else CHECK(0);
     free_experts(&ex);
     /* ... and of Qwen3.5-122B-A10B */
     if (make_experts(&rng, &ex, 3072, 1024, 8, 2)) {
         experts_case(&rng, &ex, 3, 1, 0.0f, 0);
         experts_case(&rng, &ex, 66, 1, 0.0f, 0);
+        experts_case(&rng, &ex, 400, 0, 0.0f, 0); /* 8 gate_up and 12 down column blocks */
     } else CHECK(0);
     free_experts(&ex);
 

@@ -7,7 +7,10 @@
  *
  *  - qd_cuda_moe_experts at n = 1, 5, 16 (the decode kernels reading the quantized bytes)
  *    and n = 70 (the prefill path: every expert dequantized into bf16 scratch, then the
- *    grouped GEMMs), y accumulated onto a nonzero start, every element checked; decode
+ *    grouped GEMMs); FP8 also at n = 256, 300: the W8A8 kernels against a reference that
+ *    quantizes the activations as they do, the dequantized path on the same batch, and the
+ *    table's pick equal to one of them; y accumulated onto a nonzero start, every element
+ *    checked; decode
  *    results bit-identical run to run and per token whatever else is in the batch;
  *  - the dequantization kernel: bf16 of the reference's fp32 values, bit for bit;
  *  - qd_cuda_moe_block with a quantized shared expert: the routing it chose (read back:
@@ -30,6 +33,7 @@
 #include "backend/cuda/cuda_quant.h"
 #include "base/weight.h"
 #include "qd_test_cuda.h"
+#include "qd_test_fp8.h"
 
 static qd_test_rng rng;
 
@@ -101,22 +105,30 @@ static void check_dequant(const char *name, const qm *m) {
     qd_cuda_free(d);
 }
 
-/* One token's experts in double: c[h] = sum_j w_j down_e(silu(gate_e x) * up_e x). */
-static void token_ref(const qm *gu, const qm *dn, int H, int I, const uint16_t *x, const int32_t *sel,
-                      const float *wt, int k, double *c) {
+/* One token's experts in double: c[h] = sum_j w_j down_e(silu(gate_e x) * up_e x), x given as
+ * floats. w8a8: what the FP8 W8A8 prefill multiplies (moe_prefill_fp8.cu): x already through
+ * its 1 x 128 quantization (the caller's), and the activation rounded to bf16 and quantized
+ * likewise before down. */
+static void token_ref_f(const qm *gu, const qm *dn, int H, int I, const float *xf, const int32_t *sel, const float *wt,
+                        int k, int w8a8, double *c) {
     double *a = malloc(sizeof(double) * (size_t)I);
+    float *af = malloc(sizeof(float) * (size_t)I), *aq = malloc(sizeof(float) * (size_t)I);
     for (int h = 0; h < H; h++) c[h] = 0;
-    for (int j = 0; j < k && a; j++) {
+    for (int j = 0; j < k && a && af && aq; j++) {
         const int e = sel[j];
         const float *g = gu->deq + (size_t)(2 * e) * I * H, *u = g + (size_t)I * H, *d = dn->deq + (size_t)e * H * I;
         for (int i = 0; i < I; i++) {
             double sg = 0, su = 0;
             for (int h = 0; h < H; h++) {
-                const double xv = qd_bf16_to_f32(x[h]);
-                sg += (double)g[(size_t)i * H + h] * xv;
-                su += (double)u[(size_t)i * H + h] * xv;
+                sg += (double)g[(size_t)i * H + h] * xf[h];
+                su += (double)u[(size_t)i * H + h] * xf[h];
             }
             a[i] = sg / (1.0 + exp(-sg)) * su;
+        }
+        if (w8a8) {
+            for (int i = 0; i < I; i++) af[i] = qd_bf16_to_f32(qd_f32_to_bf16((float)a[i]));
+            qd_test_quant_row(af, I, 128, NULL, NULL, aq);
+            for (int i = 0; i < I; i++) a[i] = aq[i];
         }
         for (int h = 0; h < H; h++) {
             double o = 0;
@@ -125,6 +137,17 @@ static void token_ref(const qm *gu, const qm *dn, int H, int I, const uint16_t *
         }
     }
     free(a);
+    free(af);
+    free(aq);
+}
+
+static void token_ref(const qm *gu, const qm *dn, int H, int I, const uint16_t *x, const int32_t *sel,
+                      const float *wt, int k, double *c) {
+    float *xf = malloc(sizeof(float) * (size_t)H);
+    if (!xf) return;
+    for (int h = 0; h < H; h++) xf[h] = qd_bf16_to_f32(x[h]);
+    token_ref_f(gu, dn, H, I, xf, sel, wt, k, 0, c);
+    free(xf);
 }
 
 /* Every element within atol * rms(contribution) + rtol * |ref|, relative L2 within l2. */
@@ -151,11 +174,12 @@ typedef struct fcase {
     int64_t bc_gu, bc_dn; /* group columns (INT4) or block columns (FP8) of gate/up and down */
     int zeros;
     int max_n; /* largest batch tried: the big shapes stop short of the CPU-costly prefill size */
+    int only_n; /* nonzero: this batch size alone (and no fused block) */
 } fcase;
 
 /* Runs qd_cuda_moe_experts over tokens [t0, t0 + n) into y (host). */
-static void run(const fcase *c, const qm *gu, const qm *dn, const uint16_t *x, const int32_t *sel, const float *wt,
-                const float *y0, int t0, int n, float *y) {
+static void run_kernel(const fcase *c, const qm *gu, const qm *dn, const uint16_t *x, const int32_t *sel,
+                       const float *wt, const float *y0, int t0, int n, float *y, int kernel) {
     const int H = c->H, k = c->k;
     const size_t wb = qd_cuda_moe_work_bytes(n, H, c->I, c->E, k);
     uint16_t *dx = qd_test_dev(x + (size_t)t0 * H, (size_t)n * H * 2);
@@ -166,11 +190,57 @@ static void run(const fcase *c, const qm *gu, const qm *dn, const uint16_t *x, c
     uint16_t *dq = qd_test_dev(NULL, qd_cuda_moe_dequant_bytes(H, c->I, c->E));
     ST_OK(qd_cuda_memset(work, 0xff, wb));
     qd_cuda_moe_args a = {.n = n, .H = H, .I = c->I, .E = c->E, .k = k, .d_x = dx, .d_sel = ds, .d_w = dw, .d_y = dy,
-                          .d_work = work, .q_gate_up = &gu->d, .q_down = &dn->d, .d_dequant = dq};
+                          .d_work = work, .q_gate_up = &gu->d, .q_down = &dn->d, .d_dequant = dq,
+                          .prefill_kernel = kernel};
     ST_OK(qd_cuda_moe_experts(&a, NULL));
     ST_OK(qd_cuda_sync());
     ST_OK(qd_cuda_memcpy_d2h(y, dy, (size_t)n * H * 4));
     qd_cuda_free(dx); qd_cuda_free(ds); qd_cuda_free(dw); qd_cuda_free(dy); qd_cuda_free(work); qd_cuda_free(dq);
+}
+
+/* Runs qd_cuda_moe_experts over tokens [t0, t0 + n) into y (host), the table's kernels. */
+static void run(const fcase *c, const qm *gu, const qm *dn, const uint16_t *x, const int32_t *sel, const float *wt,
+                const float *y0, int t0, int n, float *y) {
+    run_kernel(c, gu, dn, x, sel, wt, y0, t0, n, y, 0);
+}
+
+/* FP8 experts of a prefill-sized batch: the W8A8 kernels (forced) against the reference that
+ * quantizes the activations as they do (the differences left: fp32 sums, and an activation
+ * whose bf16 rounding differs moving its block's quantization) and, loosely, against the
+ * W8A16 reference (the quantization error of e4m3 activations, a few percent); the
+ * dequantized path (forced) as the bf16 prefill path; the table's pick is one of the two,
+ * bit for bit. */
+static void w8a8_case(const fcase *c, const qm *gu, const qm *dn, int n, const uint16_t *x, const int32_t *sel,
+                      const float *wt, const float *y0, const double *ref16, const double *con16) {
+    const int H = c->H, k = c->k;
+    const size_t ny = (size_t)n * H;
+    double *ref = malloc(ny * 8), *con = malloc(ny * 8);
+    float *xf = malloc((size_t)H * 4), *xq = malloc((size_t)H * 4);
+    float *y8 = malloc(ny * 4), *yd = malloc(ny * 4), *yt = malloc(ny * 4);
+    if (!ref || !con || !xf || !xq || !y8 || !yd || !yt) {
+        CHECK(0);
+        goto out;
+    }
+    for (int t = 0; t < n; t++) {
+        for (int h = 0; h < H; h++) xf[h] = qd_bf16_to_f32(x[(size_t)t * H + h]);
+        qd_test_quant_row(xf, H, 128, NULL, NULL, xq);
+        token_ref_f(gu, dn, H, c->I, xq, sel + t * k, wt + t * k, k, 1, con + (size_t)t * H);
+        for (int h = 0; h < H; h++) ref[(size_t)t * H + h] = y0[(size_t)t * H + h] + con[(size_t)t * H + h];
+    }
+    char what[96];
+    run_kernel(c, gu, dn, x, sel, wt, y0, 0, n, y8, QD_MOE_PREFILL_W8A8);
+    snprintf(what, sizeof what, "%s n=%d (W8A8)", c->name, n);
+    compare(what, y8, ref, con, ny, 1e-1, 1e-3, 1e-2);
+    snprintf(what, sizeof what, "%s n=%d (W8A8 vs W8A16)", c->name, n);
+    compare(what, y8, ref16, con16, ny, 1.0, 1e-1, 8e-2);
+    run_kernel(c, gu, dn, x, sel, wt, y0, 0, n, yd, QD_MOE_PREFILL_DEQUANT);
+    snprintf(what, sizeof what, "%s n=%d (dequantized)", c->name, n);
+    compare(what, yd, ref16, con16, ny, 3e-2, 1e-3, 5e-3);
+    run(c, gu, dn, x, sel, wt, y0, 0, n, yt);
+    CHECKF(!memcmp(yt, y8, ny * 4) || !memcmp(yt, yd, ny * 4), "%s n=%d: the table's result is neither path's",
+           c->name, n);
+out:
+    free(ref); free(con); free(xf); free(xq); free(y8); free(yd); free(yt);
 }
 
 static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
@@ -200,6 +270,11 @@ static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
     }
     char what[96];
     snprintf(what, sizeof what, "%s n=%d (%s)", c->name, n, decode ? "decode" : "prefill");
+    if (c->fmt == QD_DTYPE_F8_E4M3 && n >= 128) { /* past the W8A8 kernels' bound (moe_internal.cuh) */
+        w8a8_case(c, gu, dn, n, x, sel, wt, y0, ref, con);
+        free(x); free(sel); free(wt); free(y0); free(y); free(y2); free(ref); free(con);
+        return;
+    }
     run(c, gu, dn, x, sel, wt, y0, 0, n, y);
     if (decode) compare(what, y, ref, con, (size_t)n * H, 2e-4, 1e-5, 2e-5);
     else compare(what, y, ref, con, (size_t)n * H, 3e-2, 1e-3, 5e-3);
@@ -281,17 +356,20 @@ int main(void) {
     if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_quant_moe", "no CUDA device");
     rng = qd_test_rng_from_env();
     static const fcase cases[] = {
-        {"fp8 block128", QD_DTYPE_F8_E4M3, 256, 192, 12, 4, 128, 128, 0, 70},
-        {"int4 g64 zeros", QD_DTYPE_INT4, 320, 96, 9, 3, 64, 64, 1, 70},
-        {"int4 one group sym", QD_DTYPE_INT4, 256, 64, 8, 2, 256, 64, 0, 70},
-        {"nvfp4", QD_DTYPE_NVFP4, 256, 160, 10, 4, 16, 16, 0, 70},
+        {"fp8 block128", QD_DTYPE_F8_E4M3, 256, 192, 12, 4, 128, 128, 0, 300, 0},
+        {"int4 g64 zeros", QD_DTYPE_INT4, 320, 96, 9, 3, 64, 64, 1, 70, 0},
+        {"int4 one group sym", QD_DTYPE_INT4, 256, 64, 8, 2, 256, 64, 0, 70, 0},
+        {"nvfp4", QD_DTYPE_NVFP4, 256, 160, 10, 4, 16, 16, 0, 70, 0},
         /* Qwen3.5-35B-A3B's expert shape: the staged kernels' shared memory at its real size
          * (x and stages together past the 48 KiB a launch has without opting in) */
-        {"fp8 35B-A3B shape", QD_DTYPE_F8_E4M3, 2048, 512, 16, 8, 128, 128, 0, 16},
+        {"fp8 35B-A3B shape", QD_DTYPE_F8_E4M3, 2048, 512, 16, 8, 128, 128, 0, 16, 0},
+        /* ... at a prefill size: the W8A8 kernels over several tiles an expert and every
+         * column block of both GEMMs */
+        {"fp8 35B-A3B shape, prefill", QD_DTYPE_F8_E4M3, 2048, 512, 16, 8, 128, 128, 0, 256, 256},
         /* rows longer than the two shared-memory stages, so stages are refilled while read:
          * gate_up rows of 3 stages, down rows of 3 (fp8: 2 KiB and 1 KiB a stage) */
-        {"fp8 streamed stages", QD_DTYPE_F8_E4M3, 4224, 2176, 3, 2, 128, 128, 0, 16},
-        {"int4 streamed stages", QD_DTYPE_INT4, 4224, 2176, 3, 2, 128, 128, 1, 16},
+        {"fp8 streamed stages", QD_DTYPE_F8_E4M3, 4224, 2176, 3, 2, 128, 128, 0, 16, 0},
+        {"int4 streamed stages", QD_DTYPE_INT4, 4224, 2176, 3, 2, 128, 128, 1, 16, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const fcase *c = &cases[i];
@@ -303,11 +381,15 @@ int main(void) {
         }
         check_dequant(c->name, &gu);
         check_dequant(c->name, &dn);
-        const int ns[4] = {1, 5, 16, 70};
-        for (int j = 0; j < 4; j++)
+        const int ns[5] = {1, 5, 16, 70, 300};
+        for (int j = 0; j < 5 && !c->only_n; j++)
             if (ns[j] <= c->max_n) experts_case(c, &gu, &dn, ns[j]);
-        block_case(c, &gu, &dn, 1);
-        block_case(c, &gu, &dn, 3);
+        if (c->only_n) {
+            experts_case(c, &gu, &dn, c->only_n);
+        } else {
+            block_case(c, &gu, &dn, 1);
+            block_case(c, &gu, &dn, 3);
+        }
         free_qm(&gu);
         free_qm(&dn);
     }

@@ -56,7 +56,20 @@ typedef struct qd_cuda_moe_args {
     const qd_cuda_qmats *q_gate_up;
     const qd_cuda_qmats *q_down;
     uint16_t *d_dequant;
+    /* The grouped-GEMM kernel of the prefill path: 0 for the table's choice (moe_prefill.cu),
+     * or one of QD_MOE_PREFILL_* to force it (tests and benchmarks; the bf16 kernels give the
+     * same bits). */
+    int prefill_kernel;
 } qd_cuda_moe_args;
+
+enum {
+    QD_MOE_PREFILL_MMA_SMALL = 1, /* mma.sync, 16-row pieces of 64 weight rows: a few tokens */
+    QD_MOE_PREFILL_MMA,           /* mma.sync, 64 x 128 tiles */
+    QD_MOE_PREFILL_WGMMA,         /* wgmma, persistent, 128 x 256 tiles (sm_90a) */
+    QD_MOE_PREFILL_DEQUANT,       /* quantized experts: dequantized to bf16, then the table's bf16
+                                   * kernel (what batch-invariant mode runs), never W8A8 */
+    QD_MOE_PREFILL_W8A8           /* FP8 experts (128 x 128 blocks): W8A8 on the FP8 tensor cores */
+};
 
 /* Bytes of the bf16 copy of E experts that the prefill path of quantized experts works on. */
 size_t qd_cuda_moe_dequant_bytes(int H, int I, int E);

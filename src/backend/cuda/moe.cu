@@ -4,7 +4,11 @@
  *   tokens n                        path                          host sync
  *   n <= 64 and n * k <= 1024       decode: GEMV kernels          none
  *   otherwise, or batch-invariant   prefill: sorted pairs, grouped none
- *                                   mma.sync GEMMs, combine
+ *                                   GEMMs (mma.sync or wgmma by n,
+ *                                   moe_prefill.cu), combine;
+ *                                   FP8 experts (not batch-
+ *                                   invariant; once in the table):
+ *                                   W8A8 on the FP8 tensor cores
  * (each path sums a token's products in one order whatever n; the two orders differ,
  * so batch-invariant mode keeps to the second)
  *
@@ -78,6 +82,15 @@ extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream
         qd_moe_decode_takes(a, NULL))
         return qd_moe_decode(a, &w, NULL, 0, s);
     if (!quant) return qd_moe_prefill(a, &w, s);
+    /* prefill of FP8 experts: W8A8 on the FP8 tensor cores where the table takes it (not in
+     * batch-invariant mode, whose every n must be one path: the dequantized one) */
+    const int w8a8_forced = a->prefill_kernel == QD_MOE_PREFILL_W8A8;
+    if (w8a8_forced && (a->invariant || !qd_moe_fp8_takes(a)))
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: the W8A8 kernels take 128 x 128 block-scaled FP8 "
+                                                "experts outside batch-invariant mode only");
+    if (w8a8_forced || (QD_MOE_W8A8_IN_TABLE && !a->invariant && a->prefill_kernel != QD_MOE_PREFILL_DEQUANT &&
+                        a->n >= QD_MOE_WG_MIN_TOKENS && qd_moe_fp8_takes(a)))
+        return qd_moe_prefill_fp8(a, &w, s);
     /* prefill of quantized experts: every expert to bf16 (a few hundred MB per layer at the
      * released sizes: a fraction of a prefill step's time), then the bf16 grouped GEMMs */
     if (!a->d_dequant) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: no dequantization scratch");

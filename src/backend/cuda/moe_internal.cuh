@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/cuda_quant.h"
 
@@ -20,11 +21,22 @@
 /* Rows of down_proj per block of the decode down kernel: the unit of the
  * per-token completion counters. */
 #define QD_MOE_DN_ROWS 32
-/* Rows (sorted pairs) per tile of the prefill grouped GEMMs. */
+/* Rows (sorted pairs) per tile of the prefill grouped GEMMs: the mma.sync kernels', the
+ * wgmma kernel's. */
 #define QD_MOE_BM 64
+#define QD_MOE_WG_BM 128
 /* Batches up to this many tokens run the grouped GEMMs with narrow weight tiles
  * (moe_gemm_small: more blocks for a few experts' weights; the same sums). */
 #define QD_MOE_SMALL_MAX_TOKENS 16
+/* Batches from this many tokens run the wgmma grouped GEMMs (moe_prefill_wgmma.cu): H200,
+ * bench/moe_cuda_bench.c at the 35B-A3B shape, 1.36-1.40x the mma.sync kernel from 96 to 1,024
+ * tokens, 1.49x at 2,048, 1.69x at 8,192 (the smallest size measured is 96; RESULTS session 24). */
+#define QD_MOE_WG_MIN_TOKENS 96
+/* FP8 experts of such batches would run the W8A8 grouped GEMMs (moe_prefill_fp8.cu) once the
+ * table takes them: checked on the H200 against their reference (test_cuda_quant_moe), not yet
+ * timed or run through a whole model, so tests and benchmarks reach them through
+ * qd_cuda_moe_args.prefill_kernel (QD_MOE_PREFILL_W8A8) and prefill dequantizes meanwhile. */
+#define QD_MOE_W8A8_IN_TABLE 0
 
 /* Views into d_work for one call of n tokens (P = n * k pairs). Every size
  * grows with n, so a scratch laid out for n_max holds any n <= n_max. */
@@ -39,10 +51,12 @@ typedef struct qd_moe_work {
     int32_t *pos;       /* prefill: [P] sorted row of each pair, -1 for an expert id out of range */
 } qd_moe_work;
 
-/* Upper bound of the prefill tiles: each expert's last tile may be partial. */
-static inline int qd_moe_max_tiles(int64_t P, int E) {
-    return (int)((P + QD_MOE_BM - 1) / QD_MOE_BM + (P < E ? P : E));
+/* Upper bound of the prefill tiles of bm rows: each expert's last tile may be partial. */
+static inline int qd_moe_max_tiles_of(int64_t P, int E, int bm) {
+    return (int)((P + bm - 1) / bm + (P < E ? P : E));
 }
+/* ... of the smallest tiles, which bounds them all (the scratch's tile list). */
+static inline int qd_moe_max_tiles(int64_t P, int E) { return qd_moe_max_tiles_of(P, E, QD_MOE_BM); }
 
 /* Bytes of the layout for n tokens; fills *w from base when w is not NULL. */
 size_t qd_moe_layout(int n, int H, int I, int E, int k, char *base, qd_moe_work *w);
@@ -77,5 +91,29 @@ int qd_moe_decode_takes(const qd_cuda_moe_args *a, const qd_moe_shared *sh);
 qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh, int pdl,
                         cudaStream_t s);
 qd_status qd_moe_prefill(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
+
+/* The wgmma grouped GEMMs (moe_prefill_wgmma.cu) over a plan of QD_MOE_WG_BM-row tiles:
+ * gate_up into w->act (bf16), down into w->out. takes: every operand's elements are
+ * addressable in 32 bits. */
+int qd_moe_wg_takes(const qd_cuda_moe_args *a);
+qd_status qd_moe_wg_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
+
+/* W8A8 prefill of FP8 experts (moe_prefill_fp8.cu): the FP8 grouped GEMMs over a plan of
+ * QD_MOE_WG_BM-row tiles. takes: 128 x 128 block-scaled e4m3 experts of the call's shapes,
+ * H and I multiples of 16, offsets in 32 bits, the quantized activations within the scratch. */
+int qd_moe_fp8_takes(const qd_cuda_moe_args *a);
+qd_status qd_moe_fp8_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
+/* plan, the FP8 GEMMs, combine */
+qd_status qd_moe_prefill_fp8(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
+/* The prefill path's first and last launches: the pairs sorted by expert into tiles of bm
+ * rows (w->seg, tiles, sorted, pos), and y += the routing-weighted outputs in slot order. */
+qd_status qd_moe_plan(const qd_cuda_moe_args *a, const qd_moe_work *w, int bm, cudaStream_t s);
+qd_status qd_moe_combine(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
+
+/* Two columns of the gate_up epilogue, silu(gate) * up as a bf16 pair: one definition for
+ * every grouped GEMM kernel, whose outputs must be the same bits. */
+__device__ __forceinline__ uint32_t qd_moe_swiglu2(float g0, float g1, float u0, float u1) {
+    return qd_pack_bf2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+}
 
 #endif

@@ -20,7 +20,8 @@
  * rows, so silu(gate) * up is formed in registers), k-steps of 32 through a
  * 3-stage cp.async pipeline, 4 warps each 32 x 64, mma.sync m16n8k16 bf16
  * with fp32 accumulation; up to QD_MOE_SMALL_MAX_TOKENS tokens, 16 x 64 tiles
- * with the same sums (moe_gemm_small). */
+ * with the same sums (moe_gemm_small); from QD_MOE_WG_MIN_TOKENS, 128 x 256 tiles on
+ * wgmma, persistent (moe_prefill_wgmma.cu), the same sums again. */
 #include <math.h>
 
 #include "backend/cuda/cuda_mma.cuh"
@@ -37,7 +38,7 @@
 #define PL_NT 1024
 
 __global__ void __launch_bounds__(PL_NT)
-moe_plan(const int32_t *__restrict__ sel, int P, int E, int32_t *__restrict__ seg, int32_t *__restrict__ n_tiles,
+moe_plan(const int32_t *__restrict__ sel, int P, int E, int bm, int32_t *__restrict__ seg, int32_t *__restrict__ n_tiles,
          int2 *__restrict__ tiles, int32_t *__restrict__ sorted, int32_t *__restrict__ pos) {
     __shared__ int cnt[PL_NT], sa[PL_NT], sb[PL_NT], base[PL_NT];
     const int tid = threadIdx.x;
@@ -49,7 +50,7 @@ moe_plan(const int32_t *__restrict__ sel, int P, int E, int32_t *__restrict__ se
     }
     __syncthreads();
     /* Inclusive scans of the pair counts and the tile counts (Hillis-Steele). */
-    const int c = cnt[tid], tc = (c + GM_BM - 1) / GM_BM;
+    const int c = cnt[tid], tc = (c + bm - 1) / bm;
     sa[tid] = c;
     sb[tid] = tc;
     __syncthreads();
@@ -65,7 +66,7 @@ moe_plan(const int32_t *__restrict__ sel, int P, int E, int32_t *__restrict__ se
     cnt[tid] = 0; /* now the per-expert cursor */
     if (tid < E) {
         seg[tid] = first;
-        for (int q = 0; q < tc; q++) tiles[tfirst + q] = make_int2(tid, first + q * GM_BM);
+        for (int q = 0; q < tc; q++) tiles[tfirst + q] = make_int2(tid, first + q * bm);
     }
     if (tid == 0) {
         seg[E] = sa[PL_NT - 1];
@@ -81,12 +82,6 @@ moe_plan(const int32_t *__restrict__ sel, int P, int E, int32_t *__restrict__ se
         }
         pos[p] = r;
     }
-}
-
-/* Two columns of the gate_up epilogue, silu(gate) * up as a bf16 pair: one definition
- * for both GEMM kernels, whose outputs must be the same bits. */
-__device__ __forceinline__ uint32_t moe_swiglu2(float g0, float g1, float u0, float u1) {
-    return qd_pack_bf2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
 }
 
 /* MODE 0: gate_up (K = H, A rows gathered from x, bf16 act out);
@@ -205,7 +200,7 @@ moe_gemm(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, const i
                     const float g0 = acc[mi][t][2 * half], g1 = acc[mi][t][2 * half + 1];
                     const float u0 = acc[mi][t + 4][2 * half], u1 = acc[mi][t + 4][2 * half + 1];
                     *(uint32_t *)(act_out + grow * I + i) =
-                        moe_swiglu2(g0, g1, u0, u1);
+                        qd_moe_swiglu2(g0, g1, u0, u1);
                 }
             } else {
 #pragma unroll
@@ -320,7 +315,7 @@ moe_gemm_small(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, c
                 const float g0 = acc[0][2 * half], g1 = acc[0][2 * half + 1];
                 const float u0 = acc[1][2 * half], u1 = acc[1][2 * half + 1];
                 *(uint32_t *)(act_out + grow * I + i) =
-                    moe_swiglu2(g0, g1, u0, u1);
+                    qd_moe_swiglu2(g0, g1, u0, u1);
             } else {
 #pragma unroll
                 for (int t = 0; t < 2; t++) {
@@ -360,14 +355,49 @@ moe_combine(const int32_t *__restrict__ pos, const float *__restrict__ wts, cons
     *yp = v;
 }
 
-qd_status qd_moe_prefill(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s) {
+/* The grouped-GEMM kernel for a call (the table; a->prefill_kernel forces one for tests and
+ * benchmarks): moe_gemm_small up to QD_MOE_SMALL_MAX_TOKENS, the wgmma kernel from
+ * QD_MOE_WG_MIN_TOKENS (moe_internal.cuh), moe_gemm between. The three give the same bits
+ * (test_cuda_moe: each forced, at every batch size it tries, on the H200), so the choice
+ * never changes a result, batch-invariant mode included. */
+static int prefill_kernel_of(const qd_cuda_moe_args *a) {
+    /* QD_MOE_PREFILL_DEQUANT names the quantized experts' path; its bf16 kernel is the table's */
+    const int forced = a->prefill_kernel == QD_MOE_PREFILL_DEQUANT ? 0 : a->prefill_kernel;
+    if (forced == QD_MOE_PREFILL_W8A8) return -1; /* FP8 experts only (moe.cu) */
+    if (forced >= QD_MOE_PREFILL_WGMMA && !qd_moe_wg_takes(a)) return -1;
+    if (forced) return forced;
+    if (a->n >= QD_MOE_WG_MIN_TOKENS && qd_moe_wg_takes(a)) return QD_MOE_PREFILL_WGMMA;
+    return a->n <= QD_MOE_SMALL_MAX_TOKENS ? QD_MOE_PREFILL_MMA_SMALL : QD_MOE_PREFILL_MMA;
+}
+
+qd_status qd_moe_plan(const qd_cuda_moe_args *a, const qd_moe_work *w, int bm, cudaStream_t s) {
     const int64_t P = (int64_t)a->n * a->k;
-    const int max_tiles = qd_moe_max_tiles(P, a->E);
-    if (max_tiles > 65535) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: batch too large");
-    uint16_t *act = (uint16_t *)w->act;
-    moe_plan<<<1, PL_NT, 0, s>>>(a->d_sel, (int)P, a->E, w->seg, w->n_tiles, w->tiles, w->sorted, w->pos);
+    if (qd_moe_max_tiles(P, a->E) > 65535) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: batch too large");
+    moe_plan<<<1, PL_NT, 0, s>>>(a->d_sel, (int)P, a->E, bm, w->seg, w->n_tiles, w->tiles, w->sorted, w->pos);
     QD_CUDA_CHECK_LAUNCH("moe_plan");
-    if (a->n <= QD_MOE_SMALL_MAX_TOKENS) { /* kernel table: narrow weight tiles for a few tokens */
+    return QD_OK;
+}
+
+qd_status qd_moe_combine(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s) {
+    moe_combine<<<dim3((unsigned)((a->H + 1023) / 1024), (unsigned)a->n), 256, 0, s>>>(w->pos, a->d_w, w->out,
+                                                                                      a->d_y, a->H, a->k);
+    QD_CUDA_CHECK_LAUNCH("moe_combine");
+    return QD_OK;
+}
+
+qd_status qd_moe_prefill(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s) {
+    const int max_tiles = qd_moe_max_tiles((int64_t)a->n * a->k, a->E);
+    const int kernel = prefill_kernel_of(a);
+    if (kernel < QD_MOE_PREFILL_MMA_SMALL || kernel > QD_MOE_PREFILL_WGMMA)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: prefill_kernel names no kernel that takes the call");
+    uint16_t *act = (uint16_t *)w->act;
+    const int wg = kernel >= QD_MOE_PREFILL_WGMMA;
+    qd_status st = qd_moe_plan(a, w, wg ? QD_MOE_WG_BM : QD_MOE_BM, s);
+    if (st) return st;
+    if (wg) {
+        st = qd_moe_wg_gemms(a, w, s);
+        if (st) return st;
+    } else if (kernel == QD_MOE_PREFILL_MMA_SMALL) {
         moe_gemm_small<0><<<dim3((unsigned)((a->I + 31) / 32), (unsigned)max_tiles), GM_NT, 0, s>>>(
             a->d_x, a->d_gate_up, w->seg, w->n_tiles, w->tiles, w->sorted, act, NULL, a->H, a->I, a->k);
         QD_CUDA_CHECK_LAUNCH("moe_gemm_small gate_up");
@@ -382,8 +412,12 @@ qd_status qd_moe_prefill(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaSt
             act, a->d_down, w->seg, w->n_tiles, w->tiles, w->sorted, NULL, w->out, a->H, a->I, a->k);
         QD_CUDA_CHECK_LAUNCH("moe_gemm down");
     }
-    moe_combine<<<dim3((unsigned)((a->H + 1023) / 1024), (unsigned)a->n), 256, 0, s>>>(w->pos, a->d_w, w->out,
-                                                                                      a->d_y, a->H, a->k);
-    QD_CUDA_CHECK_LAUNCH("moe_combine");
-    return QD_OK;
+    return qd_moe_combine(a, w, s);
+}
+
+qd_status qd_moe_prefill_fp8(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s) {
+    qd_status st = qd_moe_plan(a, w, QD_MOE_WG_BM, s);
+    if (!st) st = qd_moe_fp8_gemms(a, w, s);
+    if (!st) st = qd_moe_combine(a, w, s);
+    return st;
 }

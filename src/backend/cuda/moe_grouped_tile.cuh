@@ -1,0 +1,79 @@
+/* What the wgmma grouped GEMMs of the MoE prefill path share (moe_prefill_wgmma.cu: bf16;
+ * moe_prefill_fp8.cu: W8A8 FP8): their work items, the 128-byte swizzle of their operand
+ * rows in shared memory, the gathered A rows of a tile and the epilogue from the
+ * accumulators. Both kernels: tiles of QD_MOE_WG_BM sorted rows (warpgroup w: rows 64 w ..),
+ * 256 threads, one 128-byte row of each operand row a k-step; MODE 0 gate_up (A rows
+ * gathered from x by the sorted pairs), MODE 1 down (A = the activation rows). */
+#ifndef QD_CUDA_MOE_GROUPED_TILE_CUH
+#define QD_CUDA_MOE_GROUPED_TILE_CUH
+
+#include <stdint.h>
+
+#include "backend/cuda/moe_internal.cuh"
+
+/* One item's place: tile t of the plan (expert e, first sorted row row0, rows of it),
+ * column block nb. Items are (t, nb) at t * NB + nb. */
+struct qd_mg_item {
+    int e, row0, rows, nb;
+};
+
+__device__ __forceinline__ qd_mg_item qd_mg_item_of(const int2 *tiles, const int32_t *seg, int item, int NB) {
+    qd_mg_item it;
+    const int2 tl = tiles[item / NB];
+    it.e = tl.x;
+    it.row0 = tl.y;
+    it.rows = min(QD_MOE_WG_BM, seg[tl.x + 1] - tl.y);
+    it.nb = item % NB;
+    return it;
+}
+
+/* Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled operand (cuda_wgmma.cuh). */
+__device__ __forceinline__ uint32_t qd_mg_swz(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+/* A rows (tid / 8) + 32 q, q < 4, of an item: the element offset of each row's start (x's
+ * token for gate_up, the activation row for down), bit q of *ok set for the rows inside
+ * the tile (the others are zero-filled). */
+template <int MODE>
+__device__ __forceinline__ void qd_mg_a_rows(const qd_mg_item &it, const int32_t *sorted, int k, int H, int I, int tid,
+                                             uint32_t (&off)[4], uint32_t *ok) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int r = (tid >> 3) + 32 * q;
+        const bool in = r < it.rows;
+        const int rr = it.row0 + (in ? r : 0);
+        off[q] = MODE == 0 ? (uint32_t)(sorted[rr] / k) * (uint32_t)H : (uint32_t)rr * (uint32_t)I;
+        *ok |= (uint32_t)in << q;
+    }
+}
+
+/* The epilogue of an item from two accumulators of NCH n8 chunks each (the D layout of
+ * cuda_wgmma.cuh): gate_up, d0 the gate columns and d1 the same up columns from column
+ * col0 of I: act[row][col0 + c] = silu(gate) * up in bf16; down, d0 output columns from
+ * col0 and d1 from col0 + d1_off: out[row][..] fp32. */
+template <int MODE, int NCH>
+__device__ __forceinline__ void qd_mg_store(const float (&d0)[4 * NCH], const float (&d1)[4 * NCH],
+                                            const qd_mg_item &it, int col0, int d1_off, int H, int I,
+                                            uint16_t *act_out, float *out) {
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int r = wg * 64 + warp * 16 + g + 8 * half;
+        if (r >= it.rows) continue;
+        const size_t grow = (size_t)it.row0 + r;
+#pragma unroll
+        for (int h = 0; h < NCH; h++) {
+            const int c = col0 + 8 * h + 2 * t4;
+            const float a0 = d0[4 * h + 2 * half], a1 = d0[4 * h + 2 * half + 1];
+            const float b0 = d1[4 * h + 2 * half], b1 = d1[4 * h + 2 * half + 1];
+            if (MODE == 0) {
+                if (c < I) *(uint32_t *)(act_out + grow * I + c) = qd_moe_swiglu2(a0, a1, b0, b1);
+            } else {
+                if (c < H) *(float2 *)(out + grow * H + c) = make_float2(a0, a1);
+                if (c + d1_off < H) *(float2 *)(out + grow * H + c + d1_off) = make_float2(b0, b1);
+            }
+        }
+    }
+}
+
+#endif
