@@ -27,8 +27,8 @@
 #define N 4
 
 static const char *const SCHEMAS[] = {
-    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99},"
-    "\"b\":{\"enum\":[\"x\",\"yy\",\"zzz\"]}},\"required\":[\"a\",\"b\"],\"additionalProperties\":false}",
+    ("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99},"
+     "\"b\":{\"enum\":[\"x\",\"yy\",\"zzz\"]}},\"required\":[\"a\",\"b\"],\"additionalProperties\":false}"),
     "{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"minItems\":1,\"maxItems\":3}",
     "{\"type\":\"string\",\"maxLength\":6}",
 };

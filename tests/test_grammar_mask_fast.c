@@ -284,8 +284,8 @@ int main(void) {
     int *allowed = malloc(sizeof(int) * (size_t)t->vocab_size);
     counts n = {0};
     static const char *const FIXED[] = {
-        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":12},"
-        "\"email\":{\"type\":\"string\",\"format\":\"email\"}},\"required\":[\"name\",\"email\"]}",
+        ("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":12},"
+         "\"email\":{\"type\":\"string\",\"format\":\"email\"}},\"required\":[\"name\",\"email\"]}"),
         "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":3,\"maxLength\":8}},\"required\":[\"s\"]}",
         "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"minItems\":2}",
     };
