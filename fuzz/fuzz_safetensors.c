@@ -1,6 +1,7 @@
 /* libFuzzer: arbitrary bytes as a safetensors file image. The reader must reject or
  * accept without crashing, leaking, or reading outside the buffer; on acceptance every
- * tensor must lie inside the buffer and be findable by name.
+ * tensor must lie inside the buffer (or, stored misaligned for its dtype, be read from its
+ * aligned copy) and be findable by name.
  *
  * Each input is tried twice: as a raw image, and as "JSON header, NUL, data" with a
  * correct length prefix added. A random 8-byte prefix almost never matches the JSON
@@ -19,7 +20,9 @@ static void try_image(const uint8_t *buf, size_t size) {
         for (int i = 0; i < qd_st_count(st); i++) {
             const qd_st_tensor *t = qd_st_at(st, i);
             const uint8_t *p = t->data;
-            if (p < buf || p + t->n_bytes > buf + size) abort();
+            const size_t es = qd_dtype_size(t->dtype);
+            if (t->copy ? p != t->copy || (es > 1 && (uintptr_t)p % es) : p < buf || p + t->n_bytes > buf + size)
+                abort();
             if ((size_t)t->n_elements * qd_dtype_size(t->dtype) != t->n_bytes) abort();
             if (qd_st_find(st, t->name) != t) abort();
             volatile uint8_t sink = 0;
