@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "backend/cuda/cuda_util.h"
 #include "backend/cuda/moe_internal.cuh"
 
 /* One item's place: tile t of the plan (expert e, first sorted row row0, rows of it),
@@ -44,6 +45,39 @@ __device__ __forceinline__ void qd_mg_a_rows(const qd_mg_item &it, const int32_t
         off[q] = MODE == 0 ? (uint32_t)(sorted[rr] / k) * (uint32_t)H : (uint32_t)rr * (uint32_t)I;
         *ok |= (uint32_t)in << q;
     }
+}
+
+/* Weight rows (tid / 8) + 32 q, q < BN / 32, of an item with BN weight rows: the element
+ * offset of each row's start (K elements a row), bit 4 + q of *ok set for the rows inside
+ * the matrix. gate_up: the first BN / 2 rows are gate rows i0 .. of expert e (row e 2I + i
+ * of [E][2I][H]), the rest the same up rows (I further); down: output rows h0 .. of [E][H][I]. */
+template <int MODE, int BN>
+__device__ __forceinline__ void qd_mg_w_rows(const qd_mg_item &it, int H, int I, int tid,
+                                             uint32_t (&off)[BN / 32], uint32_t *ok) {
+    const int K = MODE == 0 ? H : I;
+#pragma unroll
+    for (int q = 0; q < BN / 32; q++) {
+        const int j = (tid >> 3) + 32 * q;
+        uint32_t row;
+        bool in;
+        if (MODE == 0) {
+            const int i = it.nb * (BN / 2) + (j & (BN / 2 - 1));
+            in = i < I;
+            row = (2u * (uint32_t)it.e + (j < BN / 2 ? 0u : 1u)) * (uint32_t)I + (in ? (uint32_t)i : 0u);
+        } else {
+            const int h = it.nb * BN + j;
+            in = h < H;
+            row = (uint32_t)it.e * (uint32_t)H + (in ? (uint32_t)h : 0u);
+        }
+        off[q] = row * (uint32_t)K;
+        *ok |= (uint32_t)in << (4 + q);
+    }
+}
+
+/* Blocks of a persistent grouped GEMM: one an SM, or one an item where there are fewer. */
+static inline int qd_mg_grid(int max_items) {
+    const int sms = qd_cuda_sm_count();
+    return max_items < sms ? max_items : sms;
 }
 
 /* The epilogue of an item from two accumulators of NCH n8 chunks each (the D layout of

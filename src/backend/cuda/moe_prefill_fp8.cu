@@ -69,26 +69,9 @@ struct f8_loader {
     uint32_t ok;
 
     __device__ __forceinline__ void start(const f8_call &p, const qd_mg_item &it, int tid) {
-        const int K = MODE == 0 ? p.H : p.I;
         ok = 0;
         qd_mg_a_rows<MODE>(it, p.sorted, p.k, p.H, p.I, tid, a_off, &ok);
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int j = (tid >> 3) + 32 * q;
-            uint32_t row;
-            bool in;
-            if (MODE == 0) {
-                const int i = it.nb * (F8_BN / 2) + (j & (F8_BN / 2 - 1));
-                in = i < p.I;
-                row = (2u * (uint32_t)it.e + (j < F8_BN / 2 ? 0u : 1u)) * (uint32_t)p.I + (in ? (uint32_t)i : 0u);
-            } else {
-                const int h = it.nb * F8_BN + j;
-                in = h < p.H;
-                row = (uint32_t)it.e * (uint32_t)p.H + (in ? (uint32_t)h : 0u);
-            }
-            b_off[q] = row * (uint32_t)K;
-            ok |= (uint32_t)in << (4 + q);
-        }
+        qd_mg_w_rows<MODE, F8_BN>(it, p.H, p.I, tid, b_off, &ok);
         s_row = -1;
         if (tid < F8_BM && tid < it.rows) {
             const int rr = it.row0 + tid;
@@ -214,39 +197,45 @@ static int fp8_blocks(const qd_cuda_qmats *m) {
 }
 
 /* Scratch of the W8A8 path inside the call's qd_moe_work: xq and xs in `out` (read by
- * gate_up before down writes `out`), act (bf16), aq and as in `act` (laid out as fp32). */
+ * gate_up before down writes `out`), act (bf16), aq and as in `act` (laid out as fp32).
+ * Byte offsets from those regions' starts; fits: both regions hold them. */
+typedef struct f8_scratch {
+    size_t xs, aq, as;
+    int fits;
+} f8_scratch;
+
 static size_t up256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-static int scratch_fits(int64_t n, int64_t P, int64_t H, int64_t I) {
-    const size_t LH = (size_t)(H + 127) / 128, LI = (size_t)(I + 127) / 128;
-    return up256((size_t)(n * H)) + (size_t)n * LH * 4 <= (size_t)(P * H) * 4 &&
-           up256((size_t)(P * I) * 2) + up256((size_t)(P * I)) + (size_t)P * LI * 4 <= (size_t)(P * I) * 4;
+static f8_scratch scratch_of(int64_t n, int64_t P, int64_t H, int64_t I) {
+    f8_scratch sc;
+    sc.xs = up256((size_t)(n * H));
+    sc.aq = up256((size_t)(P * I) * 2);
+    sc.as = sc.aq + up256((size_t)(P * I));
+    sc.fits = sc.xs + (size_t)n * (size_t)((H + 127) / 128) * 4 <= (size_t)(P * H) * 4 &&
+              sc.as + (size_t)P * (size_t)((I + 127) / 128) * 4 <= (size_t)(P * I) * 4;
+    return sc;
 }
 
 int qd_moe_fp8_takes(const qd_cuda_moe_args *a) {
-    const uint64_t P = (uint64_t)a->n * (uint64_t)a->k;
-    return scratch_fits(a->n, (int64_t)P, a->H, a->I) && fp8_blocks(a->q_gate_up) && fp8_blocks(a->q_down) && a->q_gate_up->n_mats == 2 * a->E &&
-           a->q_down->n_mats == a->E && a->q_gate_up->rows == a->I && a->q_gate_up->cols == a->H &&
-           a->q_down->rows == a->H && a->q_down->cols == a->I && a->H % 16 == 0 && a->I % 16 == 0 &&
-           (uint64_t)a->E * 2u * (uint64_t)a->I * (uint64_t)a->H < ((uint64_t)1 << 32) &&
-           (uint64_t)a->n * (uint64_t)a->H < ((uint64_t)1 << 32) && P * (uint64_t)a->I < ((uint64_t)1 << 32);
+    const qd_cuda_qmats *gu = a->q_gate_up, *dn = a->q_down;
+    return qd_moe_wg_takes(a) && scratch_of(a->n, (int64_t)a->n * a->k, a->H, a->I).fits && fp8_blocks(gu) &&
+           fp8_blocks(dn) && gu->n_mats == 2 * a->E && dn->n_mats == a->E && gu->rows == a->I && gu->cols == a->H &&
+           dn->rows == a->H && dn->cols == a->I && a->H % 16 == 0 && a->I % 16 == 0;
 }
 
 template <int MODE> static qd_status f8_launch(const f8_call &c, int max_items, cudaStream_t s) {
     QD_CUDA_TRY(cudaFuncSetAttribute(moe_fp8_gemm<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, F8_SMEM));
-    const int grid = max_items < qd_cuda_sm_count() ? max_items : qd_cuda_sm_count();
-    moe_fp8_gemm<MODE><<<grid, F8_NT, F8_SMEM, s>>>(c);
+    moe_fp8_gemm<MODE><<<qd_mg_grid(max_items), F8_NT, F8_SMEM, s>>>(c);
     QD_CUDA_CHECK_LAUNCH(MODE == 0 ? "moe_fp8_gemm gate_up" : "moe_fp8_gemm down");
     return QD_OK;
 }
 
 qd_status qd_moe_fp8_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s) {
     const int n = a->n, H = a->H, I = a->I, P = n * a->k;
-    uint8_t *xq = (uint8_t *)w->out;
-    float *xs = (float *)((char *)w->out + up256((size_t)n * H));
+    const f8_scratch sc = scratch_of(n, P, H, I);
+    uint8_t *xq = (uint8_t *)w->out, *aq = (uint8_t *)w->act + sc.aq;
+    float *xs = (float *)((char *)w->out + sc.xs), *as = (float *)((char *)w->act + sc.as);
     uint16_t *act = (uint16_t *)w->act;
-    uint8_t *aq = (uint8_t *)w->act + up256((size_t)P * I * 2);
-    float *as = (float *)((char *)aq + up256((size_t)P * I));
     qd_status st = qd_cuda_fp8_quant_act(a->d_x, H, n, H, QD_FP8_GEMM_BLOCK, n, xq, xs, s);
     if (st) return st;
     const int max_tiles = qd_moe_max_tiles_of((int64_t)P, a->E, QD_MOE_WG_BM);

@@ -59,26 +59,9 @@ struct wg_loader {
     uint32_t ok; /* bit q: A row q; bit 4 + q: weight row q */
 
     __device__ __forceinline__ void start(const wg_call &p, const qd_mg_item &it, int tid) {
-        const int K = MODE == 0 ? p.H : p.I;
         ok = 0;
         qd_mg_a_rows<MODE>(it, p.sorted, p.k, p.H, p.I, tid, a_off, &ok);
-#pragma unroll
-        for (int q = 0; q < 8; q++) {
-            const int j = (tid >> 3) + 32 * q;
-            uint32_t row;
-            bool in;
-            if (MODE == 0) {
-                const int i = it.nb * (WG_BN / 2) + (j & (WG_BN / 2 - 1));
-                in = i < p.I;
-                row = (uint32_t)it.e * 2u * (uint32_t)p.I + (j < WG_BN / 2 ? 0u : (uint32_t)p.I) + (in ? (uint32_t)i : 0u);
-            } else {
-                const int h = it.nb * WG_BN + j;
-                in = h < p.H;
-                row = (uint32_t)it.e * (uint32_t)p.H + (in ? (uint32_t)h : 0u);
-            }
-            b_off[q] = row * (uint32_t)K;
-            ok |= (uint32_t)in << (4 + q);
-        }
+        qd_mg_w_rows<MODE, WG_BN>(it, p.H, p.I, tid, b_off, &ok);
     }
 
     __device__ __forceinline__ void issue(const wg_call &p, unsigned char *stage, int kt, int tid) const {
@@ -187,8 +170,7 @@ int qd_moe_wg_takes(const qd_cuda_moe_args *a) {
 
 template <int MODE> static qd_status wg_launch(const wg_call &c, int max_items, cudaStream_t s) {
     QD_CUDA_TRY(cudaFuncSetAttribute(moe_wg_gemm<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
-    const int grid = max_items < qd_cuda_sm_count() ? max_items : qd_cuda_sm_count();
-    moe_wg_gemm<MODE><<<grid, WG_NT, WG_SMEM, s>>>(c);
+    moe_wg_gemm<MODE><<<qd_mg_grid(max_items), WG_NT, WG_SMEM, s>>>(c);
     QD_CUDA_CHECK_LAUNCH(MODE == 0 ? "moe_wg_gemm gate_up" : "moe_wg_gemm down");
     return QD_OK;
 }
