@@ -21,6 +21,17 @@ void qd_quant_shape_str(const int64_t *shape, int ndim, char *buf, size_t size) 
     snprintf(buf + strlen(buf), size - strlen(buf), "]");
 }
 
+qd_status qd_quant_check_unscaled(qd_model *m, const qd_st_tensor *w, const char *base, const char *const *suffixes,
+                                  size_t n, qd_err *err) {
+    for (size_t i = 0; i < n; i++) {
+        const qd_st_tensor *s = qd_quant_find(m, base, suffixes[i]);
+        if (s)
+            return qd_seterr(err, QD_ERR_FORMAT, "tensor '%s' is a quantization scale, but '%s' is stored as plain %s",
+                             s->name, w->name, qd_dtype_name(w->dtype));
+    }
+    return QD_OK;
+}
+
 qd_status qd_quant_check_shape(const qd_st_tensor *t, int ndim, const int64_t *shape, qd_err *err) {
     int ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
@@ -104,12 +115,7 @@ qd_status qd_quant_load_linear(qd_model *m, const qd_quant_config *q, const char
         return qd_seterr(err, QD_ERR_UNSUPPORTED,
                          "tensor '%s' has dtype %s; weights load as F32, BF16, F16 or the quantized formats (FP8 "
                          "e4m3, NVFP4, GPTQ/AWQ int4)", w->name, qd_dtype_name(w->dtype));
-    for (size_t i = 0; i < sizeof QUANT_SUFFIXES / sizeof *QUANT_SUFFIXES; i++) {
-        const qd_st_tensor *s = qd_quant_find(m, module, QUANT_SUFFIXES[i]);
-        if (s)
-            return qd_seterr(err, QD_ERR_FORMAT, "tensor '%s' is a quantization scale, but '%s' is stored as plain %s",
-                             s->name, w->name, qd_dtype_name(w->dtype));
-    }
+    QD_TRY(qd_quant_check_unscaled(m, w, module, QUANT_SUFFIXES, sizeof QUANT_SUFFIXES / sizeof *QUANT_SUFFIXES, err));
     QD_TRY(qd_quant_check_module(q, module, w->name, false, err));
     int64_t shape[2] = {rows, cols};
     QD_TRY(qd_quant_check_shape(w, 2, shape, err));

@@ -28,6 +28,10 @@ qd_status qd_quant_load_int4(qd_model *m, const qd_quant_config *q, const char *
 const qd_st_tensor *qd_quant_find(qd_model *m, const char *module, const char *suffix);
 /* "[2, 3]" into buf. */
 void qd_quant_shape_str(const int64_t *shape, int ndim, char *buf, size_t size);
+/* A plain (unquantized) weight w: none of `base` + suffixes[i] is present, so no scale is
+ * ever silently skipped; an error names the scale and w. */
+qd_status qd_quant_check_unscaled(qd_model *m, const qd_st_tensor *w, const char *base, const char *const *suffixes,
+                                  size_t n, qd_err *err);
 /* Checks t's shape (ndim dims); an error names the tensor. */
 qd_status qd_quant_check_shape(const qd_st_tensor *t, int ndim, const int64_t *shape, qd_err *err);
 /* The n elements of a F32 / BF16 / F16 tensor as owned fp32; an error names the tensor. */

@@ -50,12 +50,8 @@ static qd_status find_scale(qd_model *m, const char *name, const char *modelopt,
 /* A plain fused tensor: no scale beside it, and the config leaves its module unquantized. */
 static qd_status check_plain(qd_model *m, const qd_quant_config *q, const char *module, const qd_st_tensor *w,
                             qd_err *err) {
-    for (size_t i = 0; i < sizeof FUSED_SCALE_SUFFIXES / sizeof *FUSED_SCALE_SUFFIXES; i++) {
-        const qd_st_tensor *s = qd_quant_find(m, w->name, FUSED_SCALE_SUFFIXES[i]);
-        if (s)
-            return qd_seterr(err, QD_ERR_FORMAT, "tensor '%s' is a quantization scale, but '%s' is stored as plain %s",
-                             s->name, w->name, qd_dtype_name(w->dtype));
-    }
+    QD_TRY(qd_quant_check_unscaled(m, w, w->name, FUSED_SCALE_SUFFIXES,
+                                   sizeof FUSED_SCALE_SUFFIXES / sizeof *FUSED_SCALE_SUFFIXES, err));
     return qd_quant_check_module(q, module, w->name, false, err);
 }
 
