@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/moe_internal.cuh"
 
@@ -73,6 +74,34 @@ __device__ __forceinline__ void qd_mg_w_rows(const qd_mg_item &it, int H, int I,
         *ok |= (uint32_t)in << (4 + q);
     }
 }
+
+/* The loads of a persistent grouped GEMM: the block's items (blockIdx.x, then at a stride of
+ * the grid) k-step by k-step, running ahead of the multiplies across items, so an item's
+ * first stages land while the one before writes its results. LOADER has start(p, item, tid)
+ * and issue(p, stage, kt, tid). One cp.async group a call, empty past the last item, so the
+ * callers' wait counts stay fixed. */
+template <class LOADER, class CALL>
+struct qd_mg_ring {
+    LOADER ld;
+    int item, kt;
+
+    __device__ __forceinline__ void begin(const CALL &p, int n_items, int NB, int tid) {
+        item = blockIdx.x;
+        kt = 0;
+        if (item < n_items) ld.start(p, qd_mg_item_of(p.tiles, p.seg, item, NB), tid);
+    }
+    __device__ __forceinline__ void next(const CALL &p, unsigned char *stage, int n_items, int NB, int KT, int tid) {
+        if (item < n_items) {
+            ld.issue(p, stage, kt, tid);
+            if (++kt == KT) {
+                kt = 0;
+                item += gridDim.x;
+                if (item < n_items) ld.start(p, qd_mg_item_of(p.tiles, p.seg, item, NB), tid);
+            }
+        }
+        qd_cp_async_commit();
+    }
+};
 
 /* Blocks of a persistent grouped GEMM: one an SM, or one an item where there are fewer. */
 static inline int qd_mg_grid(int max_items) {

@@ -115,20 +115,9 @@ __global__ void __launch_bounds__(F8_NT, 1) moe_fp8_gemm(const __grid_constant__
     const int w_rows = MODE == 0 ? p.I : p.H; /* rows of one weight matrix */
     const int w_sr = (w_rows + 127) / 128;     /* its scale rows */
 
-    f8_loader<MODE> ld;
-    int l_item = blockIdx.x, l_kt = 0;
-    if (l_item < n_items) ld.start(p, qd_mg_item_of(p.tiles, p.seg, l_item, NB), tid);
-    auto load_next = [&](int st) {
-        if (l_item < n_items) {
-            ld.issue(p, smem + st * F8_STAGE_BYTES, l_kt, tid);
-            if (++l_kt == KT) {
-                l_kt = 0;
-                l_item += gridDim.x;
-                if (l_item < n_items) ld.start(p, qd_mg_item_of(p.tiles, p.seg, l_item, NB), tid);
-            }
-        }
-        qd_cp_async_commit();
-    };
+    qd_mg_ring<f8_loader<MODE>, f8_call> ring;
+    ring.begin(p, n_items, NB, tid);
+    auto load_next = [&](int st) { ring.next(p, smem + st * F8_STAGE_BYTES, n_items, NB, KT, tid); };
 #pragma unroll
     for (int s = 0; s < F8_ST - 1; s++) load_next(s);
 

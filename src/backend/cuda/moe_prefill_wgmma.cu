@@ -109,20 +109,9 @@ __global__ void __launch_bounds__(WG_NT, 1) moe_wg_gemm(const __grid_constant__ 
 
     /* the loader runs AHEAD k-steps ahead of the multiplies, over the same items */
     constexpr int AHEAD = WG_ST - 2;
-    wg_loader<MODE> ld;
-    int l_item = blockIdx.x, l_kt = 0;
-    if (l_item < n_items) ld.start(p, qd_mg_item_of(p.tiles, p.seg, l_item, NB), tid);
-    auto load_next = [&](int st) {
-        if (l_item < n_items) {
-            ld.issue(p, smem + st * WG_STAGE_BYTES, l_kt, tid);
-            if (++l_kt == KT) {
-                l_kt = 0;
-                l_item += gridDim.x;
-                if (l_item < n_items) ld.start(p, qd_mg_item_of(p.tiles, p.seg, l_item, NB), tid);
-            }
-        }
-        qd_cp_async_commit(); /* one group a step, empty or not: the wait counts stay fixed */
-    };
+    qd_mg_ring<wg_loader<MODE>, wg_call> ring;
+    ring.begin(p, n_items, NB, tid);
+    auto load_next = [&](int st) { ring.next(p, smem + st * WG_STAGE_BYTES, n_items, NB, KT, tid); };
 #pragma unroll
     for (int s = 0; s < AHEAD; s++) load_next(s);
 
