@@ -32,11 +32,6 @@
  * bench/moe_cuda_bench.c at the 35B-A3B shape, 1.36-1.40x the mma.sync kernel from 96 to 1,024
  * tokens, 1.49x at 2,048, 1.69x at 8,192 (the smallest size measured is 96; RESULTS session 24). */
 #define QD_MOE_WG_MIN_TOKENS 96
-/* FP8 experts of such batches would run the W8A8 grouped GEMMs (moe_prefill_fp8.cu) once the
- * table takes them: checked on the H200 against their reference (test_cuda_quant_moe), not yet
- * timed or run through a whole model, so tests and benchmarks reach them through
- * qd_cuda_moe_args.prefill_kernel (QD_MOE_PREFILL_W8A8) and prefill dequantizes meanwhile. */
-#define QD_MOE_W8A8_IN_TABLE 0
 
 /* Views into d_work for one call of n tokens (P = n * k pairs). Every size
  * grows with n, so a scratch laid out for n_max holds any n <= n_max. */
