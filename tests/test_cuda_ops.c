@@ -104,6 +104,28 @@ static void test_matmul_xf32(int64_t rows, int64_t cols, int n, int64_t ldx, int
             worst = fmax(worst, mag);
         }
     compare("matmul_xf32", got, ref, (size_t)(n * rows), 0, 1e-5 * worst + 1e-6);
+    if (cols % 8 == 0 && ldx % 4 == 0) { /* router_dot.cuh's order, emulated: the same bits at every n */
+        float *wf = widen(wb, (size_t)(rows * cols));
+        size_t off = 0;
+        for (int t = 0; t < n; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                float lanes[32], next[32];
+                for (int l = 0; l < 32; l++) {
+                    float a = 0.f;
+                    for (int64_t c = 8 * l; c < cols; c += 256)
+                        for (int q = 0; q < 8; q++) a = fmaf(wf[r * cols + c + q], x[t * ldx + c + q], a);
+                    lanes[l] = a;
+                }
+                for (int o = 16; o > 0; o >>= 1) {
+                    for (int l = 0; l < 32; l++) next[l] = lanes[l] + lanes[l ^ o];
+                    memcpy(lanes, next, sizeof lanes);
+                }
+                off += memcmp(&lanes[0], &yh[t * ldy + r], sizeof(float)) != 0;
+            }
+        CHECKF(off == 0, "matmul_xf32 %lldx%lld n=%d: %zu logits differ from the router order's bits", (long long)rows,
+               (long long)cols, n, off);
+        free(wf);
+    }
     free(w); free(x); free(wb); free(yh); free(got); free(ref);
     qd_cuda_free(dW); qd_cuda_free(dx); qd_cuda_free(dy);
 }
@@ -179,6 +201,8 @@ static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_on
     uint16_t *q = qd_test_host(dq, (size_t)n * key_dim * 2), *k = qd_test_host(dk_, (size_t)n * key_dim * 2),
              *v = qd_test_host(dvv, (size_t)n * value_dim * 2);
     float *g = qd_test_host(dg, (size_t)n * hv * 4), *beta = qd_test_host(db, (size_t)n * hv * 4), *st2 = qd_test_host(dst, stn * 4);
+    float *st0 = malloc(stn * 4);
+    memcpy(st0, st, stn * 4);
     /* reference: conv per span (updating st), then the norms and the gates */
     float *ref = malloc(sizeof(float) * (size_t)n * C);
     for (int i = 0; i < NS; i++)
@@ -210,6 +234,23 @@ static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_on
     QD_GI_CMP("beta", beta, rb, (size_t)n * hv, 1e-5, 1e-7);
     QD_GI_CMP("states", st2, st, (size_t)SLOTS * C * (K - 1), 0, 0);
 #undef QD_GI_CMP
+    if (!decode_only) { /* the first 28 rows again in a batch of their own: the same bits */
+        const int n2 = 28;
+        qd_cuda_gdn_in_args a2 = a;
+        a2.n = n2;
+        ST_OK(qd_cuda_memcpy_h2d(dst, st0, stn * 4));
+        ST_OK(qd_cuda_gdn_inputs(&a2, NULL));
+        uint16_t *q2 = qd_test_host(dq, (size_t)n2 * key_dim * 2), *k2 = qd_test_host(dk_, (size_t)n2 * key_dim * 2),
+                 *v2 = qd_test_host(dvv, (size_t)n2 * value_dim * 2);
+        float *g2 = qd_test_host(dg, (size_t)n2 * hv * 4), *b2 = qd_test_host(db, (size_t)n2 * hv * 4);
+        CHECKF(!memcmp(q2, q, (size_t)n2 * key_dim * 2) && !memcmp(k2, k, (size_t)n2 * key_dim * 2) &&
+                   !memcmp(v2, v, (size_t)n2 * value_dim * 2) && !memcmp(g2, g, (size_t)n2 * hv * 4) &&
+                   !memcmp(b2, beta, (size_t)n2 * hv * 4),
+               "gdn_inputs hk=%d hv=%d dk=%d dv=%d K=%d: rows 0..%d of %d differ from the same rows in a batch of %d",
+               hk, hv, dk, dv, K, n2 - 1, n, n2);
+        free(q2); free(k2); free(v2); free(g2); free(b2);
+    }
+    free(st0);
     free(x); free(w); free(st); free(A); free(dtb); free(q); free(k); free(v); free(g); free(beta); free(st2);
     free(ref); free(rq); free(rk); free(rv); free(rg); free(rb); free(fq); free(fk); free(fv);
     qd_cuda_free(dx); qd_cuda_free(dw); qd_cuda_free(dst); qd_cuda_free(dsp); qd_cuda_free(drs); qd_cuda_free(dA);
@@ -427,10 +468,19 @@ int main(void) {
     test_matmul_mode(blas, 333, 1032, 4, 1032, 340, 0, 1);
     test_matmul_mode(blas, 95, 2048, 8, 2056, 95, 0, 1);
     test_matmul_mode(blas, 77, 136, 17, 136, 77, 0, 1);
+    /* the router products: per-pair kernel below 16 tokens, tiled from 16 (same bits) */
     test_matmul_xf32(257, 2048, 1, 2048, 257);
-    test_matmul_xf32(9, 100, 70, 104, 10);
+    test_matmul_xf32(257, 2048, 15, 2048, 257);
+    test_matmul_xf32(257, 2048, 70, 2048, 257);   /* a partial token tile and row block */
+    test_matmul_xf32(513, 2048, 33, 2056, 520);   /* Qwen3-Next's 512 + 1, padded strides */
+    test_matmul_xf32(257, 3072, 20, 3072, 257);   /* the 122B-A10B's hidden size */
+    test_matmul_xf32(40, 264, 17, 268, 41);       /* the last 256 columns cover one lane */
+    test_matmul_xf32(33, 5120, 16, 5120, 33);     /* the largest x tile in shared memory */
+    test_matmul_xf32(33, 5128, 16, 5128, 33);     /* beyond it: per pair */
+    test_matmul_xf32(9, 100, 70, 104, 10);        /* rows not of 8 columns: per pair, element by element */
     test_embed_norm();
     test_gdn_inputs(2, 4, 32, 24, 4, 0);   /* test models' head dims, mixed prefill and decode */
+    test_gdn_inputs(16, 32, 128, 128, 4, 0); /* the released models' heads, a prefill batch */
     test_gdn_inputs(3, 3, 40, 16, 2, 0);   /* dk not a multiple of 32 */
     test_gdn_inputs(1, 2, 16, 8, 1, 0);    /* no window */
     test_gdn_inputs(16, 32, 128, 128, 4, 1); /* the released models, decode (the kernel shifts the state) */

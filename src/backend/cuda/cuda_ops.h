@@ -116,7 +116,9 @@ qd_status qd_cuda_matmul_acc(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows,
                              int64_t ldx, int n, float *d_y, int64_t ldy);
 
 /* The same product with fp32 activations (bf16 weights, fp32 arithmetic): for small
- * matrices whose outputs make discrete decisions, the MoE router. */
+ * matrices whose outputs make discrete decisions, the MoE router (matmul_xf32.cu: a warp
+ * per output below 16 rows of x, 32 x 8 tiles from 16, both in router_dot.cuh's order, so
+ * the bits do not depend on n). */
 qd_status qd_cuda_matmul_xf32(const uint16_t *d_W, int64_t rows, int64_t cols, const float *d_x, int64_t ldx, int n,
                               float *d_y, int64_t ldy, void *stream);
 

@@ -250,45 +250,6 @@ static qd_status gemv(const uint16_t *W, int64_t rows, int64_t cols, const uint1
     return QD_OK;
 }
 
-/* fp32 activations: a warp per (output row, token); W rows are re-read from L2 for
- * each token, which is cheap at the router's size (E x H). Rows of a multiple of 8
- * are read in 16-byte pieces of W (and 32 of x), others element by element. */
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-matmul_xf32_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, const float *__restrict__ x,
-                   int64_t ldx, float *__restrict__ y, int64_t ldy, int vec) {
-    const int lane = threadIdx.x % 32;
-    const int64_t row = (int64_t)blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
-    const int64_t t = blockIdx.y;
-    if (row >= rows) return;
-    const uint16_t *w = W + row * cols;
-    const float *xr = x + t * ldx;
-    float acc = 0.f;
-    if (vec) {
-        for (int64_t c = (int64_t)lane * 8; c < cols; c += 256) {
-            float wf[8];
-            bf16x8_to_f32(__ldg((const uint4 *)(w + c)), wf);
-            const float4 a = __ldg((const float4 *)(xr + c)), b = __ldg((const float4 *)(xr + c + 4));
-            acc = fmaf(wf[0], a.x, acc); acc = fmaf(wf[1], a.y, acc); acc = fmaf(wf[2], a.z, acc); acc = fmaf(wf[3], a.w, acc);
-            acc = fmaf(wf[4], b.x, acc); acc = fmaf(wf[5], b.y, acc); acc = fmaf(wf[6], b.z, acc); acc = fmaf(wf[7], b.w, acc);
-        }
-    } else {
-        for (int64_t c = lane; c < cols; c += 32) acc = fmaf(__uint_as_float((uint32_t)w[c] << 16), xr[c], acc);
-    }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) y[t * ldy + row] = acc;
-}
-
-extern "C" qd_status qd_cuda_matmul_xf32(const uint16_t *d_W, int64_t rows, int64_t cols, const float *d_x,
-                                         int64_t ldx, int n, float *d_y, int64_t ldy, void *stream) {
-    if (n <= 0 || rows <= 0) return QD_OK;
-    if (n > 65535) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "matmul_xf32: more than 65535 rows of x");
-    const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)n);
-    const int vec = cols % 8 == 0 && ldx % 4 == 0 && ((uintptr_t)d_W & 15) == 0 && ((uintptr_t)d_x & 15) == 0;
-    matmul_xf32_kernel<<<grid, GEMV_WARPS * 32, 0, (cudaStream_t)stream>>>(d_W, rows, cols, d_x, ldx, d_y, ldy, vec);
-    QD_CUDA_CHECK_LAUNCH("matmul_xf32");
-    return QD_OK;
-}
-
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 extern "C" qd_status qd_cuda_matmul(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols,

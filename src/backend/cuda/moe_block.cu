@@ -19,29 +19,12 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/moe_internal.cuh"
 #include "backend/cuda/moe_route.cuh"
+#include "backend/cuda/router_dot.cuh"
 
 #define RD_NT 256
 #define RD_WARPS (RD_NT / 32) /* logits per block: a warp each */
 #define RD_MAX_H 12288        /* x in shared memory as fp32: at most 48 KiB */
 #define RD_PRE 8              /* router pieces a lane loads before the wait: H <= 2048 whole */
-
-__device__ __forceinline__ void rd_bf16x8(const uint4 v, float f[8]) {
-    f[0] = __uint_as_float(v.x << 16); f[1] = __uint_as_float(v.x & 0xffff0000u);
-    f[2] = __uint_as_float(v.y << 16); f[3] = __uint_as_float(v.y & 0xffff0000u);
-    f[4] = __uint_as_float(v.z << 16); f[5] = __uint_as_float(v.z & 0xffff0000u);
-    f[6] = __uint_as_float(v.w << 16); f[7] = __uint_as_float(v.w & 0xffff0000u);
-}
-
-/* acc + the 8 bf16 weights of w times x[0..8), in column order */
-__device__ __forceinline__ float rd_dot8(const uint4 w, const float *x, float acc) {
-    float wf[8];
-    rd_bf16x8(w, wf);
-    const float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
-    acc = fmaf(wf[0], a.x, acc); acc = fmaf(wf[1], a.y, acc); acc = fmaf(wf[2], a.z, acc);
-    acc = fmaf(wf[3], a.w, acc); acc = fmaf(wf[4], b.x, acc); acc = fmaf(wf[5], b.y, acc);
-    acc = fmaf(wf[6], b.z, acc); acc = fmaf(wf[7], b.w, acc);
-    return acc;
-}
 
 template <int V>
 __global__ void __launch_bounds__(RD_NT)
@@ -86,14 +69,17 @@ moe_router_decode(const float *h, const float *__restrict__ nw, float eps, int H
         if (blockIdx.x == 0) x[(size_t)t * H + c] = qd_f2bf(v);
     }
     __syncthreads();
-    if (row < Er) { /* as qd_cuda_matmul_xf32: lane l takes 8 columns every 256, in order */
+    if (row < Er) { /* in router_dot.cuh's order, as every other router product */
         float acc = 0.f;
 #pragma unroll
-        for (int i = 0; i < RD_PRE; i++)
-            if (lane * 8 + 256 * i < H) acc = rd_dot8(wp[i], xf + lane * 8 + 256 * i, acc);
+        for (int i = 0; i < RD_PRE; i++) {
+            const int c = lane * 8 + 256 * i;
+            if (c < H) acc = qd_router_dot8(wp[i], *(const float4 *)(xf + c), *(const float4 *)(xf + c + 4), acc);
+        }
         for (int c = lane * 8 + 256 * RD_PRE; c < H; c += 256)
-            acc = rd_dot8(__ldg((const uint4 *)(wr + c)), xf + c, acc);
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            acc = qd_router_dot8(__ldg((const uint4 *)(wr + c)), *(const float4 *)(xf + c), *(const float4 *)(xf + c + 4),
+                                 acc);
+        acc = qd_router_warp_sum(acc);
         if (lane == 0) logits[(size_t)t * ldl + row] = acc;
     }
     /* publish the logits; the token's last block routes it */
