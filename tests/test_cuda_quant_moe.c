@@ -106,14 +106,17 @@ static void check_dequant(const char *name, const qm *m) {
 }
 
 /* One token's experts in double: c[h] = sum_j w_j down_e(silu(gate_e x) * up_e x), x given as
- * floats. w8a8: what the FP8 W8A8 prefill multiplies (moe_prefill_fp8.cu): x already through
+ * floats, and (mag not NULL) mag[h] = sum_j w_j sum_i |down_e[h][i] act_i|, the scale of the
+ * error that rounding the activation to bf16 puts into element h. w8a8: what the FP8 W8A8 prefill multiplies (moe_prefill_fp8.cu): x already through
  * its 1 x 128 quantization (the caller's), and the activation rounded to bf16 and quantized
  * likewise before down. */
 static void token_ref_f(const qm *gu, const qm *dn, int H, int I, const float *xf, const int32_t *sel, const float *wt,
-                        int k, int w8a8, double *c) {
+                        int k, int w8a8, double *c, double *mag) {
     double *a = malloc(sizeof(double) * (size_t)I);
     float *af = malloc(sizeof(float) * (size_t)I), *aq = malloc(sizeof(float) * (size_t)I);
     for (int h = 0; h < H; h++) c[h] = 0;
+    if (mag)
+        for (int h = 0; h < H; h++) mag[h] = 0;
     for (int j = 0; j < k && a && af && aq; j++) {
         const int e = sel[j];
         const float *g = gu->deq + (size_t)(2 * e) * I * H, *u = g + (size_t)I * H, *d = dn->deq + (size_t)e * H * I;
@@ -131,9 +134,13 @@ static void token_ref_f(const qm *gu, const qm *dn, int H, int I, const float *x
             for (int i = 0; i < I; i++) a[i] = aq[i];
         }
         for (int h = 0; h < H; h++) {
-            double o = 0;
-            for (int i = 0; i < I; i++) o += (double)d[(size_t)h * I + i] * a[i];
+            double o = 0, m = 0;
+            for (int i = 0; i < I; i++) {
+                o += (double)d[(size_t)h * I + i] * a[i];
+                m += fabs((double)d[(size_t)h * I + i] * a[i]);
+            }
             c[h] += (double)wt[j] * o;
+            if (mag) mag[h] += (double)wt[j] * m;
         }
     }
     free(a);
@@ -142,30 +149,40 @@ static void token_ref_f(const qm *gu, const qm *dn, int H, int I, const float *x
 }
 
 static void token_ref(const qm *gu, const qm *dn, int H, int I, const uint16_t *x, const int32_t *sel,
-                      const float *wt, int k, double *c) {
+                      const float *wt, int k, double *c, double *mag) {
     float *xf = malloc(sizeof(float) * (size_t)H);
     if (!xf) return;
     for (int h = 0; h < H; h++) xf[h] = qd_bf16_to_f32(x[h]);
-    token_ref_f(gu, dn, H, I, xf, sel, wt, k, 0, c);
+    token_ref_f(gu, dn, H, I, xf, sel, wt, k, 0, c, mag);
     free(xf);
 }
 
-/* Every element within atol * rms(contribution) + rtol * |ref|, relative L2 within l2. */
-static void compare(const char *what, const float *got, const double *ref, const double *contrib, size_t n,
-                    double atol, double rtol, double l2tol) {
+/* Every element within atol * rms(contribution) + rtol * |ref| (+ mtol * mag where mag is given:
+ * a bound that follows each element's own products), relative L2 within l2. */
+static void compare_mag(const char *what, const float *got, const double *ref, const double *contrib,
+                        const double *mag, double mtol, size_t n, double atol, double rtol, double l2tol) {
     double ss = 0, se = 0;
     for (size_t i = 0; i < n; i++) ss += contrib[i] * contrib[i];
     const double rms = sqrt(ss / (double)n);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {
         const double e = fabs((double)got[i] - ref[i]);
-        if (!isfinite(got[i]) || !(e <= atol * rms + rtol * fabs(ref[i]))) bad++;
+        if (!isfinite(got[i]) || !(e <= atol * rms + rtol * fabs(ref[i]) + (mag ? mtol * mag[i] : 0.0))) bad++;
         if (isfinite(got[i])) se += e * e;
     }
     const double l2 = ss > 0 ? sqrt(se / ss) : sqrt(se);
     printf("  %-40s rms=%.3e rel_l2=%.2e bad=%zu\n", what, rms, l2, bad);
     CHECKF(bad == 0 && l2 <= l2tol, "%s: %zu elements off, relative L2 %.2e", what, bad, l2);
 }
+static void compare(const char *what, const float *got, const double *ref, const double *contrib, size_t n,
+                    double atol, double rtol, double l2tol) {
+    compare_mag(what, got, ref, contrib, NULL, 0, n, atol, rtol, l2tol);
+}
+/* The prefill paths round the activation, and the dequantized path the weights too, to bf16
+ * (unit roundoff 2^-8 each): an element may then be off by up to 2^-7 of its own sum of
+ * |products|, beyond the shared bound (session 24 saw one element of int4 n = 70 cross the
+ * shared bound alone). */
+#define QD_BF16_ACT_MTOL (1.0 / 128)
 
 typedef struct fcase {
     const char *name;
@@ -211,7 +228,8 @@ static void run(const fcase *c, const qm *gu, const qm *dn, const uint16_t *x, c
  * dequantized path (forced) as the bf16 prefill path; the table's pick is one of the two,
  * bit for bit. */
 static void w8a8_case(const fcase *c, const qm *gu, const qm *dn, int n, const uint16_t *x, const int32_t *sel,
-                      const float *wt, const float *y0, const double *ref16, const double *con16) {
+                      const float *wt, const float *y0, const double *ref16, const double *con16,
+                      const double *mag16) {
     const int H = c->H, k = c->k;
     const size_t ny = (size_t)n * H;
     double *ref = malloc(ny * 8), *con = malloc(ny * 8);
@@ -224,7 +242,7 @@ static void w8a8_case(const fcase *c, const qm *gu, const qm *dn, int n, const u
     for (int t = 0; t < n; t++) {
         for (int h = 0; h < H; h++) xf[h] = qd_bf16_to_f32(x[(size_t)t * H + h]);
         qd_test_quant_row(xf, H, 128, NULL, NULL, xq);
-        token_ref_f(gu, dn, H, c->I, xq, sel + t * k, wt + t * k, k, 1, con + (size_t)t * H);
+        token_ref_f(gu, dn, H, c->I, xq, sel + t * k, wt + t * k, k, 1, con + (size_t)t * H, NULL);
         for (int h = 0; h < H; h++) ref[(size_t)t * H + h] = y0[(size_t)t * H + h] + con[(size_t)t * H + h];
     }
     char what[96];
@@ -235,7 +253,7 @@ static void w8a8_case(const fcase *c, const qm *gu, const qm *dn, int n, const u
     compare(what, y8, ref16, con16, ny, 1.0, 1e-1, 8e-2);
     run_kernel(c, gu, dn, x, sel, wt, y0, 0, n, yd, QD_MOE_PREFILL_DEQUANT);
     snprintf(what, sizeof what, "%s n=%d (dequantized)", c->name, n);
-    compare(what, yd, ref16, con16, ny, 3e-2, 1e-3, 5e-3);
+    compare_mag(what, yd, ref16, con16, mag16, QD_BF16_ACT_MTOL, ny, 3e-2, 1e-3, 5e-3);
     run(c, gu, dn, x, sel, wt, y0, 0, n, yt);
     CHECKF(!memcmp(yt, y8, ny * 4) || !memcmp(yt, yd, ny * 4), "%s n=%d: the table's result is neither path's",
            c->name, n);
@@ -249,7 +267,7 @@ static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
     int32_t *sel = malloc((size_t)n * k * 4);
     float *wt = malloc((size_t)n * k * 4), *y0 = malloc((size_t)n * H * 4), *y = malloc((size_t)n * H * 4);
     float *y2 = malloc((size_t)n * H * 4);
-    double *ref = malloc((size_t)n * H * 8), *con = malloc((size_t)n * H * 8);
+    double *ref = malloc((size_t)n * H * 8), *con = malloc((size_t)n * H * 8), *mag = malloc((size_t)n * H * 8);
     for (int i = 0; i < n * H; i++) x[i] = qd_f32_to_bf16(qd_test_normal(&rng));
     for (int i = 0; i < n * H; i++) y0[i] = qd_test_normal(&rng);
     for (int t = 0; t < n; t++) /* k distinct experts, a third of the tokens on expert 0 (shared weights) */
@@ -265,17 +283,18 @@ static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
             wt[t * k + j] = 0.1f + 0.4f * runit();
         }
     for (int t = 0; t < n; t++) {
-        token_ref(gu, dn, H, c->I, x + (size_t)t * H, sel + t * k, wt + t * k, k, con + (size_t)t * H);
+        token_ref(gu, dn, H, c->I, x + (size_t)t * H, sel + t * k, wt + t * k, k, con + (size_t)t * H,
+                  mag + (size_t)t * H);
         for (int h = 0; h < H; h++) ref[(size_t)t * H + h] = y0[(size_t)t * H + h] + con[(size_t)t * H + h];
     }
     char what[96];
     snprintf(what, sizeof what, "%s n=%d (%s)", c->name, n, decode ? "decode" : "prefill");
     if (c->fmt == QD_DTYPE_F8_E4M3 && n >= 128) { /* a prefill-sized FP8 batch: W8A8 and dequantized */
-        w8a8_case(c, gu, dn, n, x, sel, wt, y0, ref, con);
+        w8a8_case(c, gu, dn, n, x, sel, wt, y0, ref, con, mag);
     } else {
         run(c, gu, dn, x, sel, wt, y0, 0, n, y);
         if (decode) compare(what, y, ref, con, (size_t)n * H, 2e-4, 1e-5, 2e-5);
-        else compare(what, y, ref, con, (size_t)n * H, 3e-2, 1e-3, 5e-3);
+        else compare_mag(what, y, ref, con, mag, QD_BF16_ACT_MTOL, (size_t)n * H, 3e-2, 1e-3, 5e-3);
     }
     if (decode) {
         run(c, gu, dn, x, sel, wt, y0, 0, n, y2);
@@ -286,7 +305,7 @@ static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
                    what);
         }
     }
-    free(x); free(sel); free(wt); free(y0); free(y); free(y2); free(ref); free(con);
+    free(x); free(sel); free(wt); free(y0); free(y); free(y2); free(ref); free(con); free(mag);
 }
 
 /* The fused decode block with the shared expert quantized in the routed experts' format. */
@@ -330,8 +349,8 @@ static void block_case(const fcase *c, const qm *gu, const qm *dn, int n) {
         const float unit = 1.0f;
         for (int t = 0; t < n; t++) {
             double *ct = con + (size_t)t * H;
-            token_ref(gu, dn, H, I, x + (size_t)t * H, sel + t * k, wt + t * k, k, ct);
-            token_ref(&sgu, &sdn, H, Is, x + (size_t)t * H, &one, &unit, 1, sh);
+            token_ref(gu, dn, H, I, x + (size_t)t * H, sel + t * k, wt + t * k, k, ct, NULL);
+            token_ref(&sgu, &sdn, H, Is, x + (size_t)t * H, &one, &unit, 1, sh, NULL);
             const double sg = 1.0 / (1.0 + exp(-(double)lg[(size_t)t * (E + 1) + E]));
             for (int hh = 0; hh < H; hh++) {
                 ct[hh] += sg * sh[hh];
