@@ -70,8 +70,9 @@ def read_totals(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
-    ap.add_argument("--steps", type=int, required=True, help="decode steps in the profiled run")
-    ap.add_argument("--minus", help="the same run without decode steps: subtracted kernel by kernel")
+    ap.add_argument("--steps", type=int, required=True,
+                    help="decode steps in the profiled run (or its prefills, profiling a prefill)")
+    ap.add_argument("--minus", help="the same run without the steps (or with a short prefill): subtracted kernel by kernel")
     ap.add_argument("--top", type=int, default=30)
     a = ap.parse_args()
     if a.steps < 1:

@@ -41,7 +41,8 @@
 #            other work (one spinning process per core), the ratio of the two
 #     profile: where a decode step's GPU time goes: Nsight Compute's per-kernel durations of
 #            qdelta bench (35B-A3B cut to 8 layers, batch 1, bf16 and fp8; PROFILE="cfg|format|B|layers ..."),
-#            summed per kernel by bench/kernel_profile.py (launches and us per step)
+#            summed per kernel by bench/kernel_profile.py (launches and us per step); a fifth field
+#            T profiles a T-token prefill instead (PROFILE="qwen3_5_35b_a3b|none|1|4|8192")
 #   TESTS="test_cuda_ops ..."   the tests part runs only these test binaries (any of $BUILD's)
 #   KERNEL_BENCH="linear_cuda_bench ..."   the kernels part runs only these benchmarks
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
@@ -364,12 +365,14 @@ if has profile; then
     # per-kernel GPU time of a decode step under Nsight Compute (one metric, kernels serialised,
     # clocks and caches left alone): two runs of qdelta bench that differ only in their decode
     # steps (2 and 6), the first subtracted from the second kernel by kernel, so the prefill,
-    # the warm-up and the graph captures cancel; PROFILE="cfg|format|B|layers ...": which runs
+    # the warm-up and the graph captures cancel; PROFILE="cfg|format|B|layers[|T] ...": which runs
     # (layers: the config cut to its first N layers, which keeps one layer of each kind and
-    # every per-step kernel while the profiler sees fewer launches)
+    # every per-step kernel while the profiler sees fewer launches; T: a prefill of T tokens
+    # instead, the runs --prefill 16 and --prefill T (bench prefills twice: warm-up and timed),
+    # e.g. PROFILE="qwen3_5_35b_a3b|none|1|4|8192"). The CSVs stay in $BUILD.
     if command -v ncu >/dev/null 2>&1; then
         for spec in ${PROFILE:-qwen3_5_35b_a3b\|none\|1\|8 qwen3_5_35b_a3b\|fp8\|1\|8}; do
-            IFS='|' read -r cfg q B layers <<<"$spec"
+            IFS='|' read -r cfg q B layers T <<<"$spec"
             cdir="bench/configs/$cfg"
             if [ -n "$layers" ]; then
                 cdir="$BUILD/cfg-$cfg-$layers"
@@ -385,17 +388,22 @@ if "layer_types" in t:
 json.dump(c, open(sys.argv[3], "w"))
 PY
             fi
-            echo "=== profile $cfg $q B=$B layers=${layers:-all}" >>"$PROF_LOG"
-            for D in 2 6; do
-                rep="$BUILD/ncu-$cfg-$q-$B-$D"
+            echo "=== profile $cfg $q B=$B layers=${layers:-all}${T:+ prefill=$T}" >>"$PROF_LOG"
+            if [ -n "$T" ]; then runs="16:1 $T:1" steps=2; else runs="16:2 16:6" steps=4; fi
+            csvs=()
+            for run in $runs; do
+                P=${run%%:*} D=${run##*:}
+                rep="$BUILD/ncu-$cfg-$q-$B-$P-$D"
                 timeout 240 ncu -f -o "$rep" --metrics gpu__time_duration.sum --clock-control none --cache-control none \
                     "$BUILD/qdelta" bench -q -m "$cdir" --backend cuda --load-format dummy --quantization "$q" \
-                    --prefill 16 --decode "$D" --batch "$B" --context 512 >>"$PROF_LOG" 2>&1 &&
-                    ncu --import "$rep.ncu-rep" --csv --page raw >"$LOGDIR/ncu-$cfg-$q-$B-$D.csv" 2>>"$PROF_LOG" ||
-                    { status=1; echo "FAILED: profile $cfg $q B=$B D=$D" >>"$PROF_LOG"; }
+                    --prefill "$P" --decode "$D" --batch "$B" --context "$([ -n "$T" ] && echo 16 || echo 512)" \
+                    >>"$PROF_LOG" 2>&1 &&
+                    ncu --import "$rep.ncu-rep" --csv --page raw >"$rep.csv" 2>>"$PROF_LOG" ||
+                    { status=1; echo "FAILED: profile $cfg $q B=$B prefill=$P D=$D" >>"$PROF_LOG"; }
+                csvs+=("$rep.csv")
             done
-            python3 bench/kernel_profile.py "$LOGDIR/ncu-$cfg-$q-$B-6.csv" --steps 4 \
-                --minus "$LOGDIR/ncu-$cfg-$q-$B-2.csv" >>"$PROF_LOG" 2>&1 || status=1
+            python3 bench/kernel_profile.py "${csvs[1]}" --steps "$steps" --minus "${csvs[0]}" >>"$PROF_LOG" 2>&1 ||
+                status=1
         done
     else
         status=1; echo "FAILED: profile: no ncu on this machine" >>"$PROF_LOG"
