@@ -13,6 +13,14 @@ __device__ __forceinline__ float qd_bf2f(uint16_t x) { return __uint_as_float((u
 /* Round to nearest even, as the CPU side and the tensor cores expect. */
 __device__ __forceinline__ uint16_t qd_f2bf(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
+/* The 8 bf16 numbers of a 16-byte piece, widened in column order. */
+__device__ __forceinline__ void qd_bf16x8_f32(const uint4 v, float f[8]) {
+    f[0] = __uint_as_float(v.x << 16); f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16); f[3] = __uint_as_float(v.y & 0xffff0000u);
+    f[4] = __uint_as_float(v.z << 16); f[5] = __uint_as_float(v.z & 0xffff0000u);
+    f[6] = __uint_as_float(v.w << 16); f[7] = __uint_as_float(v.w & 0xffff0000u);
+}
+
 __device__ __forceinline__ uint32_t qd_pack_bf2(float a, float b) {
     return (uint32_t)qd_f2bf(a) | ((uint32_t)qd_f2bf(b) << 16);
 }

@@ -17,6 +17,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.h"
 
 typedef struct qf_row {
@@ -60,10 +61,7 @@ struct qf_bf16 {
     static constexpr int COLS = 8, NSUB = 1, DTYPE = QD_DTYPE_BF16;
     __device__ static __forceinline__ void decode8(const uint4 &v, int q8, int z, float f[8]) {
         (void)q8; (void)z;
-        f[0] = __uint_as_float(v.x << 16); f[1] = __uint_as_float(v.x & 0xffff0000u);
-        f[2] = __uint_as_float(v.y << 16); f[3] = __uint_as_float(v.y & 0xffff0000u);
-        f[4] = __uint_as_float(v.z << 16); f[5] = __uint_as_float(v.z & 0xffff0000u);
-        f[6] = __uint_as_float(v.w << 16); f[7] = __uint_as_float(v.w & 0xffff0000u);
+        qd_bf16x8_f32(v, f);
     }
     __device__ static __forceinline__ float scale(const qf_row &r, int c0, int j) { (void)r; (void)c0; (void)j; return 1.0f; }
     __device__ static __forceinline__ int zero(const qf_row &r, int c0) { (void)r; (void)c0; return 0; }

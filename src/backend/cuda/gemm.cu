@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_util.h"
@@ -68,15 +69,6 @@ extern "C" struct qd_cuda_fp8_plans **qd_cuda_blas_fp8_plans(qd_cuda_blas *b) { 
 #define GEMV_MAX_N 8
 #define GEMV_WARPS 8
 
-__device__ __forceinline__ void bf16x8_to_f32(uint4 v, float *f) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
 template <int N>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, const uint16_t *__restrict__ x, int64_t ldx,
@@ -97,11 +89,11 @@ gemv_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, const ui
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             float wf[8];
-            bf16x8_to_f32(wv[u], wf);
+            qd_bf16x8_f32(wv[u], wf);
 #pragma unroll
             for (int t = 0; t < N; t++) {
                 float xf[8];
-                bf16x8_to_f32(__ldg((const uint4 *)(x + t * ldx) + c + 32 * u), xf);
+                qd_bf16x8_f32(__ldg((const uint4 *)(x + t * ldx) + c + 32 * u), xf);
 #pragma unroll
                 for (int i = 0; i < 8; i++) acc[t] = fmaf(wf[i], xf[i], acc[t]);
             }
@@ -109,11 +101,11 @@ gemv_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, const ui
     }
     for (; c < chunks; c += 32) {
         float wf[8];
-        bf16x8_to_f32(__ldcs(w + c), wf);
+        qd_bf16x8_f32(__ldcs(w + c), wf);
 #pragma unroll
         for (int t = 0; t < N; t++) {
             float xf[8];
-            bf16x8_to_f32(__ldg((const uint4 *)(x + t * ldx) + c), xf);
+            qd_bf16x8_f32(__ldg((const uint4 *)(x + t * ldx) + c), xf);
 #pragma unroll
             for (int i = 0; i < 8; i++) acc[t] = fmaf(wf[i], xf[i], acc[t]);
         }

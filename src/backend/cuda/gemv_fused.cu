@@ -57,15 +57,6 @@ struct fg_params {
     int64_t ldy[QD_LIN_MAX_OUT];
 };
 
-__device__ __forceinline__ void fg_bf16x8(uint4 v, float *f) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
 __device__ __forceinline__ float fg_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -146,11 +137,11 @@ __global__ void __launch_bounds__(FG_NT, 2) gemv_fused_kernel(const __grid_const
                 const int idx = c0 + 32 * u + lane;
                 if (idx < C8) {
                     float wf[8];
-                    fg_bf16x8(wv[u], wf);
+                    qd_bf16x8_f32(wv[u], wf);
 #pragma unroll
                     for (int t = 0; t < N; t++) {
                         float xf[8];
-                        fg_bf16x8(xg ? __ldg(xg + t * xst + idx) : xs[t * xst + idx], xf);
+                        qd_bf16x8_f32(xg ? __ldg(xg + t * xst + idx) : xs[t * xst + idx], xf);
 #pragma unroll
                         for (int i = 0; i < 8; i++) acc[t] = fmaf(wf[i], xf[i], acc[t]);
                     }

@@ -11,13 +11,7 @@
 
 #include <stdint.h>
 
-/* The 8 bf16 numbers of a 16-byte piece, widened in column order. */
-__device__ __forceinline__ void qd_bf16x8_f32(const uint4 v, float f[8]) {
-    f[0] = __uint_as_float(v.x << 16); f[1] = __uint_as_float(v.x & 0xffff0000u);
-    f[2] = __uint_as_float(v.y << 16); f[3] = __uint_as_float(v.y & 0xffff0000u);
-    f[4] = __uint_as_float(v.z << 16); f[5] = __uint_as_float(v.z & 0xffff0000u);
-    f[6] = __uint_as_float(v.w << 16); f[7] = __uint_as_float(v.w & 0xffff0000u);
-}
+#include "backend/cuda/cuda_common.cuh"
 
 /* acc + the 8 bf16 weights of w times a[0..4) b[0..4), in column order */
 __device__ __forceinline__ float qd_router_dot8(const uint4 w, const float4 a, const float4 b, float acc) {
