@@ -6,9 +6,9 @@
  *   otherwise, or batch-invariant   prefill: sorted pairs, grouped none
  *                                   GEMMs (mma.sync or wgmma by n,
  *                                   moe_prefill.cu), combine;
- *                                   FP8 experts (not batch-
- *                                   invariant; once in the table):
- *                                   W8A8 on the FP8 tensor cores
+ *                                   FP8 experts from 96 tokens (not
+ *                                   batch-invariant): W8A8 on the
+ *                                   FP8 tensor cores
  * (each path sums a token's products in one order whatever n; the two orders differ,
  * so batch-invariant mode keeps to the second)
  *

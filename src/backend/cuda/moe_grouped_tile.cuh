@@ -109,6 +109,17 @@ static inline int qd_mg_grid(int max_items) {
     return max_items < sms ? max_items : sms;
 }
 
+/* One persistent grouped-GEMM launch over at most max_items items, its dynamic shared
+ * memory opted in (per device, so on every call). */
+template <typename Call>
+static qd_status qd_mg_launch(void (*kernel)(Call), const Call &c, int max_items, int threads, int smem,
+                              cudaStream_t s) {
+    QD_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<qd_mg_grid(max_items), threads, smem, s>>>(c);
+    QD_CUDA_CHECK_LAUNCH("moe grouped GEMM");
+    return QD_OK;
+}
+
 /* The epilogue of an item from two accumulators of NCH n8 chunks each (the D layout of
  * cuda_wgmma.cuh): gate_up, d0 the gate columns and d1 the same up columns from column
  * col0 of I: act[row][col0 + c] = silu(gate) * up in bf16; down, d0 output columns from

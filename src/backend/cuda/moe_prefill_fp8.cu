@@ -212,13 +212,6 @@ int qd_moe_fp8_takes(const qd_cuda_moe_args *a) {
            dn->rows == a->H && dn->cols == a->I && a->H % 16 == 0 && a->I % 16 == 0;
 }
 
-template <int MODE> static qd_status f8_launch(const f8_call &c, int max_items, cudaStream_t s) {
-    QD_CUDA_TRY(cudaFuncSetAttribute(moe_fp8_gemm<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, F8_SMEM));
-    moe_fp8_gemm<MODE><<<qd_mg_grid(max_items), F8_NT, F8_SMEM, s>>>(c);
-    QD_CUDA_CHECK_LAUNCH(MODE == 0 ? "moe_fp8_gemm gate_up" : "moe_fp8_gemm down");
-    return QD_OK;
-}
-
 qd_status qd_moe_fp8_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s) {
     const int n = a->n, H = a->H, I = a->I, P = n * a->k;
     const f8_scratch sc = scratch_of(n, P, H, I);
@@ -230,7 +223,7 @@ qd_status qd_moe_fp8_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cuda
     const int max_tiles = qd_moe_max_tiles_of((int64_t)P, a->E, QD_MOE_WG_BM);
     f8_call c = {xq, xs, n, a->q_gate_up->data, (const float *)a->q_gate_up->scales, w->seg, w->n_tiles, w->sorted,
                  w->tiles, act, NULL, H, I, a->k};
-    st = f8_launch<0>(c, max_tiles * ((I + F8_BN / 2 - 1) / (F8_BN / 2)), s);
+    st = qd_mg_launch(moe_fp8_gemm<0>, c, max_tiles * ((I + F8_BN / 2 - 1) / (F8_BN / 2)), F8_NT, F8_SMEM, s);
     if (st) return st;
     st = qd_cuda_fp8_quant_act(act, I, P, I, QD_FP8_GEMM_BLOCK, P, aq, as, s);
     if (st) return st;
@@ -241,5 +234,5 @@ qd_status qd_moe_fp8_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cuda
     c.Ws = (const float *)a->q_down->scales;
     c.act_out = NULL;
     c.out = w->out;
-    return f8_launch<1>(c, max_tiles * ((H + F8_BN - 1) / F8_BN), s);
+    return qd_mg_launch(moe_fp8_gemm<1>, c, max_tiles * ((H + F8_BN - 1) / F8_BN), F8_NT, F8_SMEM, s);
 }

@@ -157,24 +157,17 @@ int qd_moe_wg_takes(const qd_cuda_moe_args *a) {
            (uint64_t)a->n * (uint64_t)a->H < ((uint64_t)1 << 32) && P * (uint64_t)a->I < ((uint64_t)1 << 32);
 }
 
-template <int MODE> static qd_status wg_launch(const wg_call &c, int max_items, cudaStream_t s) {
-    QD_CUDA_TRY(cudaFuncSetAttribute(moe_wg_gemm<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
-    moe_wg_gemm<MODE><<<qd_mg_grid(max_items), WG_NT, WG_SMEM, s>>>(c);
-    QD_CUDA_CHECK_LAUNCH(MODE == 0 ? "moe_wg_gemm gate_up" : "moe_wg_gemm down");
-    return QD_OK;
-}
-
 qd_status qd_moe_wg_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s) {
     const int max_tiles = qd_moe_max_tiles_of((int64_t)a->n * a->k, a->E, QD_MOE_WG_BM);
     wg_call c = {a->d_x, a->d_gate_up, w->seg, w->n_tiles, w->sorted, w->tiles, (uint16_t *)w->act, NULL,
                  a->H, a->I, a->k};
     const int gu_items = max_tiles * ((a->I + WG_BN / 2 - 1) / (WG_BN / 2));
-    const qd_status st = wg_launch<0>(c, gu_items, s);
+    const qd_status st = qd_mg_launch(moe_wg_gemm<0>, c, gu_items, WG_NT, WG_SMEM, s);
     if (st) return st;
     c.A = (const uint16_t *)w->act;
     c.W = a->d_down;
     c.act_out = NULL;
     c.out = w->out;
     const int dn_items = max_tiles * ((a->H + WG_BN - 1) / WG_BN);
-    return wg_launch<1>(c, dn_items, s);
+    return qd_mg_launch(moe_wg_gemm<1>, c, dn_items, WG_NT, WG_SMEM, s);
 }
