@@ -82,18 +82,11 @@ extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream
         qd_moe_decode_takes(a, NULL))
         return qd_moe_decode(a, &w, NULL, 0, s);
     if (!quant) return qd_moe_prefill(a, &w, s);
-    /* prefill of FP8 experts: W8A8 on the FP8 tensor cores from the wgmma kernels' batch size
-     * (not in batch-invariant mode, whose every n must be one path: the dequantized one),
-     * rather than every expert dequantized to bf16 first: on an H100, Qwen3.5-35B-A3B FP8
-     * prefill at 8k 32,009 -> 38,719 tok/s (bf16 37,228 in the same run; RESULTS session 25).
-     * Tests force either path through prefill_kernel. */
-    const int w8a8_forced = a->prefill_kernel == QD_MOE_PREFILL_W8A8;
-    if (w8a8_forced && (a->invariant || !qd_moe_fp8_takes(a)))
+    /* quantized experts: W8A8 where the table (moe_prefill.cu) takes it */
+    if (qd_moe_prefill_kernel(a) == QD_MOE_PREFILL_W8A8) return qd_moe_prefill_fp8(a, &w, s);
+    if (a->prefill_kernel == QD_MOE_PREFILL_W8A8)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: the W8A8 kernels take 128 x 128 block-scaled FP8 "
                                                 "experts outside batch-invariant mode only");
-    if (w8a8_forced || (!a->invariant && a->prefill_kernel != QD_MOE_PREFILL_DEQUANT &&
-                        a->n >= QD_MOE_WG_MIN_TOKENS && qd_moe_fp8_takes(a)))
-        return qd_moe_prefill_fp8(a, &w, s);
     /* prefill of quantized experts: every expert to bf16 (a few hundred MB per layer at the
      * released sizes: a fraction of a prefill step's time), then the bf16 grouped GEMMs */
     if (!a->d_dequant) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: no dequantization scratch");

@@ -86,6 +86,10 @@ int qd_moe_decode_takes(const qd_cuda_moe_args *a, const qd_moe_shared *sh);
 qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh, int pdl,
                         cudaStream_t s);
 qd_status qd_moe_prefill(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
+/* The prefill path's kernel for a call (QD_MOE_PREFILL_*, moe_prefill.cu), -1 where the forced
+ * one (a->prefill_kernel) does not take it. Quantized experts other than W8A8 are dequantized
+ * first: for them it names the bf16 kernel of that copy. */
+int qd_moe_prefill_kernel(const qd_cuda_moe_args *a);
 
 /* The wgmma grouped GEMMs (moe_prefill_wgmma.cu) over a plan of QD_MOE_WG_BM-row tiles:
  * gate_up into w->act (bf16), down into w->out. takes: every operand's elements are
