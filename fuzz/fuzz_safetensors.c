@@ -23,7 +23,7 @@ static void try_image(const uint8_t *buf, size_t size) {
             const size_t es = qd_dtype_size(t->dtype);
             if (t->copy ? p != t->copy || (es > 1 && (uintptr_t)p % es) : p < buf || p + t->n_bytes > buf + size)
                 abort();
-            if ((size_t)t->n_elements * qd_dtype_size(t->dtype) != t->n_bytes) abort();
+            if ((size_t)t->n_elements * es != t->n_bytes) abort();
             if (qd_st_find(st, t->name) != t) abort();
             volatile uint8_t sink = 0;
             if (t->n_bytes) sink ^= p[0] ^ p[t->n_bytes - 1]; /* touch both ends */
