@@ -137,7 +137,7 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, doubl
     TRY(qd_cuda_memset(dy, 0, (size_t)n * H * 4));
     void *work = upload(NULL, qd_cuda_moe_work_bytes(n, H, I, E, K));
     /* H, I, E are macros here: positional */
-    qd_cuda_moe_args a = {n, H, I, E, K, dx, dsel, dw, dgu, ddn, dy, work, NULL, 0, NULL, NULL, NULL, 0};
+    qd_cuda_moe_args a = {n, H, I, E, K, dx, dsel, dw, dgu, ddn, dy, work, NULL, 0, NULL, NULL, NULL, 0, NULL, NULL, 0};
     const double bytes = distinct * 3.0 * I * H * 2;
     const int table_decode = n <= qd_cuda_moe_graph_max_tokens() && n * K <= 1024;
     /* the table's path, then at decode sizes also the grouped GEMMs (what batch-invariant

@@ -345,6 +345,58 @@ out:
     free(ref); free(contrib); free(y); free(y2);
 }
 
+/* The shared expert given to qd_cuda_moe_experts (d_sh_y, d_sh_gate) against
+ * qd_cuda_sigmoid_scale before a call without it: the same bits on the decode path (which
+ * runs that kernel itself) and on the prefill path (whose combine folds it in), plain and
+ * batch-invariant. */
+static void shared_case(qd_test_rng *rng, const experts_t *ex, int n, int invariant) {
+    const int H = ex->H, k = ex->k, gld = 3;
+    batch_t b;
+    if (!make_batch(rng, ex, &b, n, 1, 0.0f)) {
+        CHECK(0);
+        return;
+    }
+    float *ys = malloc((size_t)n * H * 4), *gate = malloc((size_t)n * gld * 4);
+    float *y1 = malloc((size_t)n * H * 4), *y2 = malloc((size_t)n * H * 4);
+    CHECK(ys && gate && y1 && y2);
+    for (size_t i = 0; ys && i < (size_t)n * H; i++) ys[i] = qd_test_normal(rng);
+    for (size_t i = 0; gate && i < (size_t)n * gld; i++) gate[i] = 2.0f * qd_test_normal(rng);
+    const size_t wb = qd_cuda_moe_work_bytes(n, H, ex->I, ex->E, k);
+    uint16_t *dx = qd_test_dev_upload(b.x, (size_t)n * H * 2);
+    int32_t *dsel = qd_test_dev_upload(b.sel, (size_t)n * k * 4);
+    float *dw = qd_test_dev_upload(b.w, (size_t)n * k * 4), *dy = qd_test_dev_upload(b.y0, (size_t)n * H * 4);
+    float *dys = ys ? qd_test_dev_upload(ys, (size_t)n * H * 4) : NULL;
+    float *dg = gate ? qd_test_dev_upload(gate, (size_t)n * gld * 4) : NULL;
+    void *work = qd_test_dev_upload(NULL, wb);
+    if (dx && dsel && dw && dy && dys && dg && work && y1 && y2) {
+        qd_cuda_moe_args a = {.n = n, .H = H, .I = ex->I, .E = ex->E, .k = k, .d_x = dx, .d_sel = dsel, .d_w = dw,
+                              .d_gate_up = ex->dgu, .d_down = ex->ddn, .d_y = dy, .d_work = work,
+                              .invariant = invariant};
+        ST_OK(qd_cuda_sigmoid_scale(dy, dys, dg, gld, n, H, NULL));
+        ST_OK(qd_cuda_moe_experts(&a, NULL));
+        ST_OK(qd_cuda_sync());
+        ST_OK(qd_cuda_memcpy_d2h(y1, dy, (size_t)n * H * 4));
+        ST_OK(qd_cuda_memcpy_h2d(dy, b.y0, (size_t)n * H * 4));
+        a.d_sh_y = dys;
+        a.d_sh_gate = dg;
+        a.sh_gate_ld = gld;
+        ST_OK(qd_cuda_moe_experts(&a, NULL));
+        ST_OK(qd_cuda_sync());
+        ST_OK(qd_cuda_memcpy_d2h(y2, dy, (size_t)n * H * 4));
+        CHECKF(!memcmp(y1, y2, (size_t)n * H * 4),
+               "H=%d n=%d invariant %d: the shared expert given to the call differs from sigmoid_scale before it", H, n,
+               invariant);
+        a.sh_gate_ld = 0;
+        CHECK(qd_cuda_moe_experts(&a, NULL) == QD_ERR_INVALID_ARG); /* a shared output without a gate stride */
+    } else {
+        CHECK(0);
+    }
+    free_batch(&b);
+    free(ys); free(gate); free(y1); free(y2);
+    qd_cuda_free(dx); qd_cuda_free(dsel); qd_cuda_free(dw); qd_cuda_free(dy); qd_cuda_free(dys); qd_cuda_free(dg);
+    qd_cuda_free(work);
+}
+
 int main(void) {
     if (qd_cuda_device_count() <= 0) return qd_test_skip("test_cuda_moe", "no CUDA device");
     char name[128];
@@ -391,6 +443,15 @@ int main(void) {
         experts_case(&rng, &ex, 17, 1, 0.0f, 0);
         experts_case(&rng, &ex, 65, 1, 0.0f, 1);
         experts_case(&rng, &ex, 600, 1, 0.0f, 1); /* 300 rows an expert: full and partial wgmma tiles */
+    } else CHECK(0);
+    free_experts(&ex);
+    /* the shared expert folded into the call: decode path, prefill paths, invariant mode */
+    if (make_experts(&rng, &ex, 2048, 512, 16, 8)) {
+        const int sn[4] = {1, 17, 130, 600};
+        for (int i = 0; i < 4; i++) {
+            shared_case(&rng, &ex, sn[i], 0);
+            shared_case(&rng, &ex, sn[i], 1);
+        }
     } else CHECK(0);
     free_experts(&ex);
     /* ... and of Qwen3.5-122B-A10B */

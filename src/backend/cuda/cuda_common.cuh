@@ -21,6 +21,9 @@ __device__ __forceinline__ void qd_bf16x8_f32(const uint4 v, float f[8]) {
     f[6] = __uint_as_float(v.w << 16); f[7] = __uint_as_float(v.w & 0xffff0000u);
 }
 
+/* The logistic function as every fp32 gate of the model computes it. */
+__device__ __forceinline__ float qd_sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
+
 __device__ __forceinline__ uint32_t qd_pack_bf2(float a, float b) {
     return (uint32_t)qd_f2bf(a) | ((uint32_t)qd_f2bf(b) << 16);
 }

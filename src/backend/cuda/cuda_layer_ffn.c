@@ -70,7 +70,6 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d, int L) {
         x.x = g->x;
         x.ldx = H;
         TRYC(qd_cuda_layer_mlp(g, &x, &d->gate_up, &d->down, d->I, g->ys, 0));
-        TRYC(qd_cuda_sigmoid_scale(dst, g->ys, g->router + E, E + 1, n, H, g->stream));
     }
     TRYC(qd_cuda_moe_route(g->router, E + 1, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
     TRYC(mark_experts(g, L, n));
@@ -83,6 +82,9 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d, int L) {
         .cublas = qd_cuda_blas_handle(g->blas), .invariant = g->invariant,
         .q_gate_up = quant ? &d->q_experts_gate_up : NULL, .q_down = quant ? &d->q_experts_down : NULL,
         .d_dequant = g->moe_dq,
+        /* the shared expert goes in with the routed ones (its sigmoid-gated output first) */
+        .d_sh_y = d->has_shared_gate ? g->ys : NULL, .d_sh_gate = d->has_shared_gate ? g->router + E : NULL,
+        .sh_gate_ld = E + 1,
     };
     return qd_cuda_moe_experts(&a, g->stream);
 }

@@ -60,6 +60,12 @@ typedef struct qd_cuda_moe_args {
      * or one of QD_MOE_PREFILL_* to force it (tests and benchmarks; the bf16 kernels give the
      * same bits). */
     int prefill_kernel;
+    /* The shared expert, added first when given (d_sh_y NULL: none): y += sigmoid(d_sh_gate[t *
+     * sh_gate_ld]) * d_sh_y[t], the bits of qd_cuda_sigmoid_scale before this call; the prefill
+     * path folds it into its combine pass (one read and write of y less). */
+    const float *d_sh_y;      /* [n][H] fp32: the shared expert's output */
+    const float *d_sh_gate;   /* its gate logits, one a token at stride sh_gate_ld */
+    int64_t sh_gate_ld;
 } qd_cuda_moe_args;
 
 enum {

@@ -32,7 +32,6 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 
 /* ------------------------------------------------------------ conversions */
 
@@ -172,7 +171,7 @@ __global__ void sigmoid_scale_kernel(float *__restrict__ y, const float *__restr
                                      int64_t sgs, int n, int H) {
     const int64_t N = (int64_t)n * H;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] += sigmoidf_(sg[(i / H) * sgs]) * ys[i];
+        y[i] = fmaf(qd_sigmoidf(sg[(i / H) * sgs]), ys[i], y[i]); /* as moe_combine folds it in */
 }
 
 extern "C" qd_status qd_cuda_sigmoid_scale(float *d_y, const float *d_ys, const float *d_sg, int64_t sg_stride, int n,

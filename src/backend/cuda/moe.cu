@@ -20,6 +20,7 @@
  * accesses to whole rows), E <= 1024. */
 #include <stdint.h>
 
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/moe_internal.cuh"
 
@@ -78,9 +79,17 @@ extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream
     qd_moe_work w;
     qd_moe_layout(a->n, a->H, a->I, a->E, a->k, (char *)a->d_work, &w);
     cudaStream_t s = (cudaStream_t)stream;
+    if (a->d_sh_y && (!a->d_sh_gate || a->sh_gate_ld < 1 || misaligned(a->d_sh_y)))
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: a shared expert needs its gate logits (stride "
+                                                ">= 1) and a 16-byte aligned output");
     if (!a->invariant && a->n <= QD_MOE_GRAPH_MAX_TOKENS && (int64_t)a->n * a->k <= QD_MOE_DECODE_MAX_PAIRS &&
-        qd_moe_decode_takes(a, NULL))
+        qd_moe_decode_takes(a, NULL)) {
+        if (a->d_sh_y) { /* the decode kernels add only the routed experts */
+            const qd_status st = qd_cuda_sigmoid_scale(a->d_y, a->d_sh_y, a->d_sh_gate, a->sh_gate_ld, a->n, a->H, s);
+            if (st) return st;
+        }
         return qd_moe_decode(a, &w, NULL, 0, s);
+    }
     if (!quant) return qd_moe_prefill(a, &w, s);
     /* quantized experts: W8A8 where the table (moe_prefill.cu) takes it */
     if (qd_moe_prefill_kernel(a) == QD_MOE_PREFILL_W8A8) return qd_moe_prefill_fp8(a, &w, s);
