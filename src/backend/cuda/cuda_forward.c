@@ -371,14 +371,17 @@ static qd_status mtp_layers(qd_cuda_ctx *g, const void *arg) {
     in.x = g->mtp_cat;
     in.ldx = 2 * H;
     const qd_cuda_lin_out fc = qd_cuda_mat_out(g, &m->fc, g->h, H);
-    TRYC(qd_cuda_lin(g, &in, 2 * H, n, &fc, 1, 0, NULL));
+    TRYC(qd_cuda_lin(g, &in, 2 * H, n, &fc, 1, 0, NULL)); /* fc is whole on every rank of a split model */
     TRYC(qd_cuda_layer_attn(g, &m->layer, g->cm->w->n_attn, a->max_span_rows));
-    if (g->cm->w->mtp->layer.ffn_kind == QD_FFN_MOE) {
+    TRYC(block_reduce(g));
+    if (m->ffn_kind == QD_FFN_MOE) {
         TRYC(qd_cuda_layer_moe(g, &m->layer, 0));
     } else {
         const qd_cuda_lin_in fin = qd_cuda_norm_in(g, m->layer.post_norm, NULL);
-        TRYC(qd_cuda_layer_mlp(g, &fin, &m->layer.gate_up, &m->layer.down, m->layer.I, g->h, 1));
+        TRYC(qd_cuda_layer_mlp(g, &fin, &m->layer.gate_up, &m->layer.down, m->layer.I, qd_cuda_block_out(g),
+                               !g->reduce));
     }
+    TRYC(block_reduce(g));
     return a->n_logit_first > 0 ? logit_rows(g, m->norm, 0, a->n_logit_first, a->vocab_rows) : QD_OK;
 }
 
@@ -390,7 +393,6 @@ qd_status qd_cuda_mtp_forward(void *bc, const qd_step *st, const float *hidden, 
     const size_t need = (size_t)(g->cm->w->n_attn + 1) * g->d.params.kv_block_size * c->attn_nkv * c->attn_head_dim;
     if (!g->mtp_cat || g->d.kv_block_elems < need)
         return qd_seterr(g->err, QD_ERR_UNSUPPORTED, "the context was created without the MTP layer's KV (params.mtp)");
-    if (g->reduce) return qd_seterr(g->err, QD_ERR_UNSUPPORTED, "the MTP head does not run on a split CUDA model yet");
     if (st->n_rows > 0 && !hidden) return qd_seterr(g->err, QD_ERR_INVALID_ARG, "MTP forward: no hidden states");
     int max_span_rows = 1;
     for (int i = 0; i < st->n_spans; i++) max_span_rows = st->rt[i].T > max_span_rows ? st->rt[i].T : max_span_rows;

@@ -460,6 +460,7 @@ static qd_status place(const qd_config *c, const qd_weights *m, qd_cuda_model *c
         QD_TRY(vec(p, &d->pre_fc_norm_hidden, w->pre_fc_norm_hidden, H));
         QD_TRY(one(p, &d->fc, &w->fc));
         QD_TRY(place_layer(c, m, &w->layer, &d->layer, cm, p));
+        d->ffn_kind = w->layer.ffn_kind;
         QD_TRY(vec(p, &d->norm, w->norm, H));
         if (qd_cuda_mat_quantized(&d->fc) && d->fc.rows * d->fc.cols > cm->max_dequant_elems)
             cm->max_dequant_elems = d->fc.rows * d->fc.cols;

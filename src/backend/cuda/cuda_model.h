@@ -81,6 +81,7 @@ typedef struct qd_cuda_mtp {
     float *pre_fc_norm_hidden;       /* [H] zero-centred */
     qd_cuda_mat fc;                  /* [H][2H]: columns [0, H) the normed embedding, [H, 2H) the normed hidden */
     qd_cuda_layer layer;             /* full attention (KV layer n_attn) + the family's FFN */
+    qd_ffn_kind ffn_kind;            /* of that layer (a split rank's host weights are dropped) */
     float *norm;                     /* [H] zero-centred, before the shared LM head */
 } qd_cuda_mtp;
 

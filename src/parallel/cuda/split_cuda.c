@@ -280,8 +280,11 @@ typedef struct fwd_job {
     cuda_split_ctx *g;
     const qd_step *st;
     const qd_logit_out *out;
+    bool mtp;            /* the MTP head's forward, of these hidden inputs (every rank gets them whole) */
+    const float *hidden;
 } fwd_job;
 
+/* A forward of the main model or (j->mtp) of the MTP head on rank r. */
 static qd_status forward_rank(void *arg, int r) {
     const fwd_job *j = arg;
     cuda_split_ctx *g = j->g;
@@ -294,7 +297,10 @@ static qd_status forward_rank(void *arg, int r) {
         st.no_graph = st.n_logit_rows != st.n_spans;
         st.n_logit_rows = 0;
     }
-    const qd_status s = g->m->base.rank_ops->forward(g->base.ranks[r], &st, r == 0 ? j->out : &none);
+    const qd_logit_out *out = r == 0 ? j->out : &none;
+    void *rc = g->base.ranks[r];
+    const qd_backend_ops *ops = g->m->base.rank_ops;
+    const qd_status s = j->mtp ? ops->mtp_forward(rc, &st, j->hidden, out) : ops->forward(rc, &st, out);
     if (s != QD_OK) {
         /* the first failure is the cause; the others fail because the group is broken */
         pthread_mutex_lock(&g->mu);
@@ -308,19 +314,29 @@ static qd_status forward_rank(void *arg, int r) {
     return s;
 }
 
-static qd_status forward(void *bc, const qd_step *st, const qd_logit_out *out) {
-    cuda_split_ctx *g = bc;
+static qd_status run_forward(cuda_split_ctx *g, const qd_step *st, const qd_logit_out *out, bool mtp,
+                             const float *hidden) {
     if (g->failed_rank >= 0)
         return qd_seterr(g->base.err, QD_ERR_BACKEND,
                          "the tensor-parallel group stopped after rank %d failed (%s); create a new context",
                          g->failed_rank, g->failure);
-    fwd_job j = {g, st, out};
+    fwd_job j = {g, st, out, mtp, hidden};
     int bad;
     qd_status s = qd_tp_workers_run(g->m->workers, forward_rank, &j, false, &bad);
     if (s != QD_OK)
         return qd_seterr(g->base.err, s, "rank %d (GPU %d): %s", g->failed_rank, g->m->devices[g->failed_rank],
                          g->failure);
     return QD_OK;
+}
+
+static qd_status forward(void *bc, const qd_step *st, const qd_logit_out *out) {
+    return run_forward(bc, st, out, false, NULL);
+}
+
+/* The MTP head: its layer is sharded like the main layers (its fc and norms whole on every
+ * rank), all-reduced at the same two points; rank 0 computes the logits. */
+static qd_status mtp_forward(void *bc, const qd_step *st, const float *hidden, const qd_logit_out *out) {
+    return run_forward(bc, st, out, true, hidden);
 }
 
 /* ------------------------------------------------------------------ timing */
@@ -370,6 +386,8 @@ static const qd_backend_ops split_cuda_ops = {
     .ctx_create = ctx_create,
     .ctx_free = ctx_free,
     .forward = forward,
+    .mtp_forward = mtp_forward,
+    .verify_keep = qd_split_verify_keep, /* every rank keeps its slice of the verify span's GDN states */
     QD_SPLIT_STATE_OPS,
     .comm_time = comm_time,
 };
