@@ -107,7 +107,8 @@ run_test() {
     [ -n "$bin" ] || { result[$t]="not built"; return; }
     echo "=== $t" >>"$log"
     ts=$(date +%s)
-    QD_TEST_SEED=${QD_TEST_SEED:-$(date +%s)} timeout 300 "$bin" >>"$log" 2>&1
+    # line-buffered, so that a test that crashes leaves what it printed before the crash
+    QD_TEST_SEED=${QD_TEST_SEED:-$(date +%s)} timeout 300 stdbuf -oL "$bin" >>"$log" 2>&1
     rc=$?
     line=$(grep -E "^$t: [0-9]+ passed" "$log" | tail -1)
     result[$t]="$( [ $rc -eq 0 ] && echo PASS || echo "FAIL rc=$rc") ${line#*: } ($(( $(date +%s) - ts )) s)"
@@ -188,6 +189,17 @@ if has tp; then
     fi
 fi
 
+# wait_up PORT PID SECONDS: until the server on PORT answers /health, it exits (a refused
+# configuration: the reason is in its log) or SECONDS pass
+wait_up() {
+    for _ in $(seq "$3"); do
+        curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 1
+    done
+    return 1
+}
+
 SERVE_LOG="$LOGDIR/serve.log"
 if has serve; then
     : >"$SERVE_LOG"
@@ -197,7 +209,7 @@ if has serve; then
     SARGS=(-m "$M" --backend cuda --load-format dummy --chat-template "$TPL")
     "$BUILD/qdelta" serve -q "${SARGS[@]}" --port 18711 --max-num-seqs 64 --max-model-len 4096 2>>"$SERVE_LOG" &
     spid=$!
-    for _ in $(seq 180); do curl -sf http://127.0.0.1:18711/health >/dev/null 2>&1 && break; sleep 1; done
+    wait_up 18711 $spid 180
     # batch invariance first (greedy through the device argmax, as loadgen's requests);
     # on a mismatch the same requests again through the sampler, to see near ties
     echo "=== invariance" >>"$SERVE_LOG"
@@ -238,7 +250,7 @@ if has throughput; then
         --chat-template tests/data/chat_template/qwen3_5.jinja \
         --max-model-len 1280 --max-batch-tokens 8192 --max-waiting 1024 --http-threads 4 2>>"$THR_LOG" &
     tpid=$!
-    for _ in $(seq 240); do curl -sf http://127.0.0.1:18712/health >/dev/null 2>&1 && break; sleep 1; done
+    wait_up 18712 $tpid 240
     timeout 400 python3 bench/loadgen.py --url http://127.0.0.1:18712 --concurrency 512 --input-len 1024 \
         --output-len 128 --requests 1000 --id-range 100..150000 --markdown >>"$THR_LOG" 2>&1 || status=1
     kill -INT $tpid; wait $tpid
