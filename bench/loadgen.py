@@ -127,6 +127,9 @@ def run_level(args, conc, n_requests):
     ttft = [r[0] for r in res if r[0] is not None]
     itl = [x for r in res for x in r[1]]
     e2e = [r[2] for r in res]
+    # TPOT as vLLM's and guidellm's reports define it: a request's time after its first
+    # token over its other tokens, averaged over requests
+    tpot = [(r[2] - r[0]) / (r[3] - 1) for r in res if r[0] is not None and r[3] > 1]
     out_tok = sum(r[3] for r in res)
     in_tok = sum(r[4] for r in res)
     return {
@@ -134,6 +137,8 @@ def run_level(args, conc, n_requests):
         "req_per_s": len(res) / dur, "output_tok_per_s": out_tok / dur, "total_tok_per_s": (out_tok + in_tok) / dur,
         "ttft_ms": [1e3 * pct(ttft, p) for p in (50, 95, 99)],
         "itl_ms": [1e3 * pct(itl, p) for p in (50, 95, 99)],
+        "ttft_mean_ms": 1e3 * sum(ttft) / len(ttft) if ttft else float("nan"),
+        "tpot_mean_ms": 1e3 * sum(tpot) / len(tpot) if tpot else float("nan"),
         "e2e_s": [pct(e2e, p) for p in (50, 95, 99)],
         "first_error": errors[0] if errors else None,
     }
@@ -172,6 +177,7 @@ def main():
               f"{r['req_per_s']:.2f} req/s  {r['output_tok_per_s']:.1f} out tok/s  {r['total_tok_per_s']:.1f} total tok/s  "
               f"TTFT ms p50/p95/p99 {r['ttft_ms'][0]:.1f}/{r['ttft_ms'][1]:.1f}/{r['ttft_ms'][2]:.1f}  "
               f"ITL ms {r['itl_ms'][0]:.2f}/{r['itl_ms'][1]:.2f}/{r['itl_ms'][2]:.2f}  "
+              f"mean TTFT {r['ttft_mean_ms']:.1f} ms TPOT {r['tpot_mean_ms']:.2f} ms  "
               f"E2E s {r['e2e_s'][0]:.2f}/{r['e2e_s'][1]:.2f}/{r['e2e_s'][2]:.2f}", flush=True)
         if r["first_error"]:
             print("  first error:", r["first_error"], file=sys.stderr)
@@ -179,12 +185,13 @@ def main():
         print(f"\ninput {args.input_len} tokens, output {args.output_len} tokens, temperature {args.temperature}, "
               f"closed loop\n")
         print("| concurrency | requests | req/s | output tok/s | total tok/s | TTFT p50 / p95 / p99 (ms) | "
-              "ITL p50 / p95 / p99 (ms) | E2E p50 / p95 / p99 (s) |")
-        print("|---:|---:|---:|---:|---:|---|---|---|")
+              "ITL p50 / p95 / p99 (ms) | mean TTFT / TPOT (ms) | E2E p50 / p95 / p99 (s) |")
+        print("|---:|---:|---:|---:|---:|---|---|---|---|")
         for r in results:
             print(f"| {r['concurrency']} | {r['requests']} | {r['req_per_s']:.2f} | {r['output_tok_per_s']:.1f} | "
                   f"{r['total_tok_per_s']:.1f} | {r['ttft_ms'][0]:.1f} / {r['ttft_ms'][1]:.1f} / {r['ttft_ms'][2]:.1f} | "
                   f"{r['itl_ms'][0]:.2f} / {r['itl_ms'][1]:.2f} / {r['itl_ms'][2]:.2f} | "
+                  f"{r['ttft_mean_ms']:.1f} / {r['tpot_mean_ms']:.2f} | "
                   f"{r['e2e_s'][0]:.2f} / {r['e2e_s'][1]:.2f} / {r['e2e_s'][2]:.2f} |")
     if args.json:
         with open(args.json, "w") as f:
