@@ -253,6 +253,13 @@ if has throughput; then
     wait_up 18712 $tpid 240
     timeout 400 python3 bench/loadgen.py --url http://127.0.0.1:18712 --concurrency 512 --input-len 1024 \
         --output-len 128 --requests 1000 --id-range 100..150000 --markdown >>"$THR_LOG" 2>&1 || status=1
+    # where the engine thread's time went (the warm-up requests included): steps, their
+    # forwards, the host's own share (scheduling, sampling, reporting), rows per step
+    curl -s http://127.0.0.1:18712/metrics | awk '
+        /^qdelta_engine_steps_total /{n=$2} /^qdelta_engine_step_seconds_total /{s=$2}
+        /^qdelta_engine_forward_seconds_total /{f=$2} /^qdelta_prefill_tokens_total /{p=$2}
+        /^qdelta_generation_tokens_total /{g=$2}
+        END { if (n > 0) printf "engine: %d steps, %.1f s in steps: forwards %.1f s, host %.1f s; %.0f tokens a step (%.0f prompt, %.0f generated)\n", n, s, f, s - f, (p + g) / n, p / n, g / n }' >>"$THR_LOG"
     kill -INT $tpid; wait $tpid
 fi
 
@@ -427,7 +434,7 @@ for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant
     test_cuda_batch_invariant test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model test_cuda_spec; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
-[ -s "$THR_LOG" ] && grep -E "^\|" "$THR_LOG"
+[ -s "$THR_LOG" ] && grep -E "^\||^engine:" "$THR_LOG"
 [ -s "$SCHEMA_LOG" ] && grep -hE "^RESULT schema_decode|^FAILED" "$SCHEMA_LOG"
 [ -s "$SPEC_LOG" ] && grep -hE "^=== spec-bench|^RESULT (decode|spec_decode)" "$SPEC_LOG"
 [ -s "$QE2E_LOG" ] && awk '/^=== qbench/ { cfg = $3; q = $4 } /CUDA: .* GiB of weights/ && cfg { sub(/.*CUDA: /, ""); w[cfg, q] = $0 }

@@ -140,6 +140,12 @@ def test_basic():
           all(t.logprob <= 0 for t in lc), "chat logprobs shape")
     models = client.models.list()
     check(models.data[0].id == MODEL, "models list")
+    # the engine's time split: whole steps hold their forwards, and both grew with the requests above
+    m = metrics()
+    steps, step_s = m.get("qdelta_engine_steps_total", 0), m.get("qdelta_engine_step_seconds_total", -1)
+    fwd_s = m.get("qdelta_engine_forward_seconds_total", -1)
+    check(steps > 0 and fwd_s > 0 and step_s >= fwd_s + m.get("qdelta_engine_mtp_seconds_total", -1),
+          f"engine time in /metrics: {steps} steps, {step_s} s in steps, {fwd_s} s in forwards")
 
 
 def test_stop_and_seed():

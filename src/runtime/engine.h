@@ -199,8 +199,10 @@ typedef struct qd_engine_stats {
     uint64_t spec_verify_steps, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_at[4];
     /* wall seconds the engine thread spent in the steps' main forwards and in the MTP
-     * head's forwards (drafts, prompt catch-up), each with the host work around it */
-    double forward_seconds, mtp_seconds;
+     * head's forwards (drafts, prompt catch-up), each with the host work around it, and
+     * in whole steps (those plus scheduling, sampling and reporting: step_seconds minus
+     * the two is the host's own share; the rest of the thread's time it waited for work) */
+    double forward_seconds, mtp_seconds, step_seconds;
 } qd_engine_stats;
 void qd_engine_get_stats(qd_engine *e, qd_engine_stats *out);
 

@@ -153,6 +153,7 @@ struct qd_engine {
     float *probs;             /* [vocab] the target's distribution of one verify row */
     double *resid;            /* [vocab] the rejection sampler's residual */
     double forward_s, mtp_s;  /* seconds in the steps' main forwards and MTP forwards (stats) */
+    double step_s;            /* seconds in whole steps: scheduling, forwards, sampling, reporting (stats) */
     uint64_t spec_steps, spec_drafted, spec_accepted, spec_accepted_at[QD_SPEC_MAX];
     /* Another drafter in place of the MTP's argmax (tests: perfect or wrong drafts; set
      * before the first submit). Returns the draft for output position n_generated + j
@@ -180,8 +181,8 @@ void qd_req_list_remove(qd_req_list *l, qd_request *r);
  * without mu held. */
 void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const qd_sample_result *sample,
                       const char *error);
-/* One scheduling step: build the batch, forward, sample, report (scheduler.c).
- * Returns 1 if it did any work. */
+/* One scheduling step: build the batch, forward, sample, report (scheduler.c; its wall
+ * time adds to step_s). Returns 1 if it did any work. */
 int qd_engine_step(qd_engine *e);
 
 /* scheduler.c pieces spec_step.c reuses */

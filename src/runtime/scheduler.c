@@ -682,7 +682,7 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row, const qd_row
     report_token(e, r, &res);
 }
 
-int qd_engine_step(qd_engine *e) {
+static int engine_step(qd_engine *e) {
     int budget = e->params.max_batch_tokens;
     e->step_reserved = 0;
     int n_spans = schedule_running(e, &budget);
@@ -733,4 +733,11 @@ int qd_engine_step(qd_engine *e) {
         sample_and_report(e, r, row++, pp);
     }
     return 1;
+}
+
+int qd_engine_step(qd_engine *e) {
+    const double t0 = qd_clock_seconds();
+    const int r = engine_step(e);
+    e->step_s += qd_clock_seconds() - t0;
+    return r;
 }

@@ -134,6 +134,15 @@ char *srv_metrics_render(srv_metrics *m, const qd_engine_stats *st, int open_str
         put_one(&o, "qdelta_engine_requests_finished_total", "counter", "Requests the engine finished.", (double)st->requests_finished);
         put_one(&o, "qdelta_engine_preemptions_total", "counter", "Sequences preempted for KV blocks.", (double)st->preemptions);
         put_one(&o, "qdelta_engine_steps_total", "counter", "Engine steps (batched forwards).", (double)st->steps);
+        put_one(&o, "qdelta_engine_step_seconds_total", "counter",
+                "Wall seconds the engine thread spent in steps (scheduling, forwards, sampling, reporting); the rest "
+                "of its time it waited for work.",
+                st->step_seconds);
+        put_one(&o, "qdelta_engine_forward_seconds_total", "counter",
+                "Wall seconds of the steps' main forwards (the device's work and the host's launches).",
+                st->forward_seconds);
+        put_one(&o, "qdelta_engine_mtp_seconds_total", "counter",
+                "Wall seconds of the MTP head's forwards (speculative drafts, prompt catch-up).", st->mtp_seconds);
         put_one(&o, "qdelta_prefill_tokens_total", "counter",
                 "Tokens scheduled into prefill (prompt tokens not hit in the prefix cache, recomputations after a "
                 "preemption; a failed step's tokens count, its requests' remaining ones never run).",
