@@ -28,7 +28,9 @@
 #            prefill tokens, hits per chat turn, failed requests (any makes the part fail); and
 #            bench/invariance.py on the gpu_qwen3_5_moe_bf16 fixture (real weights)
 #     throughput: the 35B-A3B dummy served under the load of a published vLLM H200 figure (1000
-#            requests, 1024 in / 128 out, 512 concurrent; see the part)
+#            requests, 1024 in / 128 out, 512 concurrent; see the part), the engine's time split
+#            (forwards vs host), then that load's step shapes alone (qdelta bench: 512 decodes at
+#            1,024-token contexts, without and with 7,680 prompt tokens beside them)
 #     invariant: batch-invariant mode: test_cuda_batch_invariant, bench/invariance.py against
 #            --batch-invariant servers (gpu fixture, 35B-A3B dummy), qdelta bench of the 35B-A3B with
 #            and without the mode
@@ -42,7 +44,8 @@
 #     profile: where a decode step's GPU time goes: Nsight Compute's per-kernel durations of
 #            qdelta bench (35B-A3B cut to 8 layers, batch 1, bf16 and fp8; PROFILE="cfg|format|B|layers ..."),
 #            summed per kernel by bench/kernel_profile.py (launches and us per step); a fifth field
-#            T profiles a T-token prefill instead (PROFILE="qwen3_5_35b_a3b|none|1|4|8192")
+#            T profiles a T-token prefill instead (PROFILE="qwen3_5_35b_a3b|none|1|4|8192"), a sixth M
+#            decode steps that also prefill M prompt tokens (PROFILE="qwen3_5_35b_a3b|none|512|4||7680")
 #   TESTS="test_cuda_ops ..."   the tests part runs only these test binaries (any of $BUILD's)
 #   KERNEL_BENCH="linear_cuda_bench ..."   the kernels part runs only these benchmarks
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
@@ -261,6 +264,12 @@ if has throughput; then
         /^qdelta_generation_tokens_total /{g=$2}
         END { if (n > 0) printf "engine: %d steps, %.1f s in steps: forwards %.1f s, host %.1f s; %.0f tokens a step (%.0f prompt, %.0f generated)\n", n, s, f, s - f, (p + g) / n, p / n, g / n }' >>"$THR_LOG"
     kill -INT $tpid; wait $tpid
+    # the load's step shapes alone: 512 decodes at 1,024-token contexts, then the same with
+    # 7,680 prompt tokens beside them (a full 8,192-token step)
+    for mix in 0 7680; do
+        timeout 300 "$BUILD/qdelta" bench -q -m "$M" --backend cuda --load-format dummy --prefill 16 --decode 16 \
+            --batch 512 --context 1024 --mixed $mix 2>&1 | grep -E "^RESULT (decode|mixed)" >>"$THR_LOG" || status=1
+    done
 fi
 
 # batch-invariant mode (docs/batch-invariance.md): the engine test on the gpu_* fixtures,
@@ -388,10 +397,12 @@ if has profile; then
     # (layers: the config cut to its first N layers, which keeps one layer of each kind and
     # every per-step kernel while the profiler sees fewer launches; T: a prefill of T tokens
     # instead, the runs --prefill 16 and --prefill T (bench prefills twice: warm-up and timed),
-    # e.g. PROFILE="qwen3_5_35b_a3b|none|1|4|8192"). The CSVs stay in $BUILD.
+    # e.g. PROFILE="qwen3_5_35b_a3b|none|1|4|8192"; a sixth field M: decode steps that also
+    # prefill M prompt tokens, bench --mixed, e.g. "qwen3_5_35b_a3b|none|512|4||7680"). The
+    # CSVs stay in $BUILD.
     if command -v ncu >/dev/null 2>&1; then
         for spec in ${PROFILE:-qwen3_5_35b_a3b\|none\|1\|8 qwen3_5_35b_a3b\|fp8\|1\|8}; do
-            IFS='|' read -r cfg q B layers T <<<"$spec"
+            IFS='|' read -r cfg q B layers T M <<<"$spec"
             cdir="bench/configs/$cfg"
             if [ -n "$layers" ]; then
                 cdir="$BUILD/cfg-$cfg-$layers"
@@ -407,7 +418,7 @@ if "layer_types" in t:
 json.dump(c, open(sys.argv[3], "w"))
 PY
             fi
-            echo "=== profile $cfg $q B=$B layers=${layers:-all}${T:+ prefill=$T}" >>"$PROF_LOG"
+            echo "=== profile $cfg $q B=$B layers=${layers:-all}${T:+ prefill=$T}${M:+ mixed=$M}" >>"$PROF_LOG"
             if [ -n "$T" ]; then runs="16:1 $T:1" steps=2; else runs="16:2 16:6" steps=4; fi
             csvs=()
             for run in $runs; do
@@ -416,6 +427,7 @@ PY
                 timeout 240 ncu -f -o "$rep" --metrics gpu__time_duration.sum --clock-control none --cache-control none \
                     "$BUILD/qdelta" bench -q -m "$cdir" --backend cuda --load-format dummy --quantization "$q" \
                     --prefill "$P" --decode "$D" --batch "$B" --context "$([ -n "$T" ] && echo 16 || echo 512)" \
+                    --mixed "${M:-0}" \
                     >>"$PROF_LOG" 2>&1 &&
                     ncu --import "$rep.ncu-rep" --csv --page raw >"$rep.csv" 2>>"$PROF_LOG" ||
                     { status=1; echo "FAILED: profile $cfg $q B=$B prefill=$P D=$D" >>"$PROF_LOG"; }
@@ -434,7 +446,7 @@ for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant
     test_cuda_batch_invariant test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model test_cuda_spec; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
-[ -s "$THR_LOG" ] && grep -E "^\||^engine:" "$THR_LOG"
+[ -s "$THR_LOG" ] && grep -E "^\||^engine:|^RESULT (decode|mixed)" "$THR_LOG"
 [ -s "$SCHEMA_LOG" ] && grep -hE "^RESULT schema_decode|^FAILED" "$SCHEMA_LOG"
 [ -s "$SPEC_LOG" ] && grep -hE "^=== spec-bench|^RESULT (decode|spec_decode)" "$SPEC_LOG"
 [ -s "$QE2E_LOG" ] && awk '/^=== qbench/ { cfg = $3; q = $4 } /CUDA: .* GiB of weights/ && cfg { sub(/.*CUDA: /, ""); w[cfg, q] = $0 }

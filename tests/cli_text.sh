@@ -15,6 +15,14 @@ for c in logits run chat bench tokenize detokenize render-chat; do
   check "'$Q' $c --help >/dev/null" "$c --help"
 done
 
+# bench's mixed steps (decodes beside prompt tokens, a serving step's shape): a RESULT line
+# with the step's shape, and the value checked
+"$Q" bench --prefill 16 --decode 3 --batch 2 --context 24 --mixed 50 > "$T/mixed.txt" 2>&1
+check "grep -Eq '^RESULT mixed backend=cpu B=2 ctx=24 prefill=50 step_ms=[0-9.]+ tok_s=[0-9.]+' $T/mixed.txt" \
+  "bench --mixed reports the mixed step"
+check "grep -q '(3 sequences)' $T/mixed.txt && ! grep -q '^RESULT decode' $T/mixed.txt" "bench --mixed: 50 prompt tokens in 3 sequences of <= 24"
+check "! '$Q' bench --mixed x >/dev/null 2>$T/err && grep -q -- '--mixed' $T/err" "bench rejects a bad --mixed"
+
 # tokenizer round trip through the CLI (the Qwen3 tokenizer in tests/data; ctest runs from the root)
 QT=tests/data/qwen3-tokenizer
 printf 'Hello, world! ça va? 数学 😀\n  indented\tcode() <|im_start|>user\n' > "$T/a.txt"

@@ -14,12 +14,15 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: qdelta bench [-m DIR] [--backend cpu|cuda] [--load-format auto|dummy|dummy-f32] [-t N]\n"
                "                    [--tensor-parallel-size N] [--expert-parallel]\n"
-               "                    [--prefill 512,4096] [--decode N] [--batch B] [--context T]\n"
+               "                    [--prefill 512,4096] [--decode N] [--batch B] [--context T] [--mixed P]\n"
                "                    [--batch-invariant] [--speculative-tokens K [--speculative-draft-vocab N]]\n"
                "                    [--json-schema FILE [--tokenizer DIR]]\n"
                "  Measures prefill tok/s for each prompt length (one sequence), then decode tok/s for\n"
                "  B sequences (default 1) after a T-token prompt each (default 512), against the decode\n"
                "  roofline: weights + GDN state + KV bytes per step over the measured copy bandwidth.\n"
+               "  --mixed P makes every decode step also prefill P prompt tokens (fresh sequences of up to\n"
+               "  T tokens each, dropped after the step), the shape of a serving step under load; it\n"
+               "  reports the step time and its tokens/s instead of the roofline.\n"
                "  With --tensor-parallel-size N on CUDA it also reports the device time of the last\n"
                "  step's all-reduces (rank 0, waiting for the other ranks included).\n"
                "  --batch-invariant measures the batch-invariant mode (docs/batch-invariance.md).\n"
@@ -87,7 +90,7 @@ static int fail(qd_context *ctx) {
 int qd_cmd_bench(int argc, char **argv) {
     cli_model_opts mo = {0};
     int prefill[8] = {512, 4096}, n_prefill = 2;
-    long n_decode = 32, batch = 1, context = 512;
+    long n_decode = 32, batch = 1, context = 512, mixed = 0;
     int batch_invariant = 0;
     const char *schema_path = NULL, *tok_dir = NULL;
     long spec_k = 0, draft_vocab = 0;
@@ -105,6 +108,9 @@ int qd_cmd_bench(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--batch")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_int("--batch", v, 1, 4096, &batch)) return 2;
+        } else if (!strcmp(argv[i], "--mixed")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_int("--mixed", v, 0, 1 << 20, &mixed)) return 2;
         } else if (!strcmp(argv[i], "--context")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_int("--context", v, 1, 1 << 20, &context)) return 2;
@@ -133,21 +139,25 @@ int qd_cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n_prefill; i++) if (prefill[i] > max_prefill) max_prefill = prefill[i];
     qd_context_params cp = qd_context_default_params();
     cp.batch_invariant = batch_invariant;
-    cp.max_seqs = (int)batch;
+    /* --mixed: the prefill sequences of a mixed step, `context` tokens each (the last shorter) */
+    const int n_mix = (int)((mixed + context - 1) / context);
+    cp.max_seqs = (int)batch + n_mix;
     cp.max_ctx = max_prefill + (int)n_decode + 8;
-    cp.max_batch = max_prefill > batch ? max_prefill : (int)batch;
+    cp.max_batch = max_prefill > batch + mixed ? max_prefill : (int)(batch + mixed);
     /* the prefill runs use one sequence, the decode run `batch` sequences at `context` */
     const int kv_block = 16;
     cp.kv_block_size = kv_block;
-    cp.n_kv_blocks = (cp.max_ctx + kv_block - 1) / kv_block + (int)batch * (int)((context + n_decode + 8 + kv_block - 1) / kv_block);
+    cp.n_kv_blocks = (cp.max_ctx + kv_block - 1) / kv_block +
+                     ((int)batch + n_mix) * (int)((context + n_decode + 8 + kv_block - 1) / kv_block);
     qd_context *ctx;
     if (qd_context_create(m, &cp, &ctx) != QD_OK) { fprintf(stderr, "qdelta bench: %s\n", qd_model_errmsg(m)); qd_model_free(m); return 1; }
     const int V = qd_model_vocab_size(m);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)max_prefill);
     int32_t *next = malloc(sizeof(int32_t) * (size_t)batch);
-    qd_span *spans = malloc(sizeof(qd_span) * (size_t)batch);
+    qd_span *spans = malloc(sizeof(qd_span) * (size_t)(batch + n_mix));
+    int32_t *mix_ids = malloc(sizeof(int32_t) * (size_t)(mixed > 0 ? mixed : 1));
     int rc = 1;
-    if (!ids || !next || !spans) goto done;
+    if (!ids || !next || !spans || !mix_ids) goto done;
     uint64_t s = 12345;
     for (int i = 0; i < max_prefill; i++) { s = s * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((s >> 33) % (uint64_t)V); }
 
@@ -194,17 +204,37 @@ int qd_cmd_bench(int argc, char **argv) {
         qd_span span = {b, ids, (int)context, QD_LOGITS_LAST};
         if (qd_forward_greedy(ctx, &span, 1, &next[b]) != QD_OK) { rc = fail(ctx); goto done; }
     }
+    for (long i = 0; i < mixed; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        mix_ids[i] = (int32_t)((s >> 33) % (uint64_t)V);
+    }
     const int warm = 4;
     double a = 0;
     for (long t = 0; t < n_decode + warm; t++) {
         if (t == warm) a = qd_clock_seconds();
         for (int b = 0; b < batch; b++) spans[b] = (qd_span){b, &next[b], 1, QD_LOGITS_LAST};
-        if (qd_forward_greedy(ctx, spans, (int)batch, next) != QD_OK) { rc = fail(ctx); goto done; }
+        /* --mixed: prompts beside the decodes, without logits (as a serving step's
+         * prefill chunks that do not end their prompt) */
+        for (int j = 0; j < n_mix; j++) {
+            const long off = (long)j * context, len = mixed - off < context ? mixed - off : context;
+            spans[batch + j] = (qd_span){(int)batch + j, mix_ids + off, (int)len, QD_LOGITS_NONE};
+        }
+        if (qd_forward_greedy(ctx, spans, (int)batch + n_mix, next) != QD_OK) { rc = fail(ctx); goto done; }
+        for (int j = 0; j < n_mix; j++) qd_seq_reset(ctx, (int)batch + j);
     }
     double dt = qd_clock_seconds() - a;
     double steps = n_decode / dt;
     char ar[96] = "";
     if (split) allreduce_note(ctx, split, ar, sizeof ar); /* of the last timed step */
+    if (mixed > 0) {
+        printf("mixed steps: %ld decodes at %ld-token contexts + %ld prompt tokens (%d sequences), %ld steps: %8.4f s"
+               "  %.3f ms a step  %9.1f tok/s%s\n",
+               batch, context, mixed, n_mix, n_decode, dt, 1e3 / steps, steps * (double)(batch + mixed), ar);
+        printf("RESULT mixed backend=%s B=%ld ctx=%ld prefill=%ld step_ms=%.4f tok_s=%.1f%s\n", backend, batch, context,
+               mixed, 1e3 / steps, steps * (double)(batch + mixed), split ? allreduce_field(ctx, split, ar, sizeof ar) : "");
+        rc = 0;
+        goto done;
+    }
     /* the distinct (layer, expert) pairs the steps' routing touches, counted on a few more
      * steps that are not timed (counting costs speed: no CUDA graphs) */
     double pairs = -1;
@@ -270,6 +300,7 @@ done:
     free(ids);
     free(next);
     free(spans);
+    free(mix_ids);
     qd_context_free(ctx);
     qd_model_free(m);
     return rc;
