@@ -576,34 +576,11 @@ int ct_eval(ct_ctx *c, const node *e, tv *out) {
 
 /* ------------------------------------------------------------------ statements */
 
-static int iter_list(ct_ctx *c, tv v, tlist **out) {
-    switch (v.t) {
-    case TV_UNDEF: return (*out = ct_list_new(c, 0)) ? 0 : -1;
-    case TV_LIST: *out = v.l; return 0;
-    case TV_DICT: {
-        if (!(*out = ct_list_new(c, v.d->n))) return -1;
-        memcpy((*out)->v, v.d->k, v.d->n * sizeof(tv));
-        return 0;
-    }
-    case TV_STR: {
-        size_t n = ct_utf8_len(v.s.p, v.s.n), off = 0;
-        if (!(*out = ct_list_new(c, n))) return -1;
-        for (size_t i = 0; i < n; i++) {
-            size_t nx = ct_utf8_next(v.s.p, v.s.n, off);
-            (*out)->v[i] = tv_strn(v.s.p + off, nx - off);
-            off = nx;
-        }
-        return 0;
-    }
-    default: return ct_fail(c, QD_ERR_INVALID_ARG, "'%s' object is not iterable", ct_type_name(v));
-    }
-}
-
 static int bind_targets(ct_ctx *c, ct_scope *s, const node *f, tv item) {
     if (f->nkw == 1) return set_var(c, s, f->kw[0], item);
     tlist *parts;
     if (item.t == TV_DICT || item.t == TV_UNDEF) return ct_fail(c, QD_ERR_INVALID_ARG, "cannot unpack %s", ct_type_name(item));
-    if (iter_list(c, item, &parts)) return -1;
+    if (ct_iter_list(c, item, &parts)) return -1;
     if (parts->n != (size_t)f->nkw)
         return ct_fail(c, QD_ERR_INVALID_ARG, "cannot unpack %zu values into %d loop variables", parts->n, f->nkw);
     for (int i = 0; i < f->nkw; i++)
@@ -614,7 +591,7 @@ static int bind_targets(ct_ctx *c, ct_scope *s, const node *f, tv item) {
 static int render_for(ct_ctx *c, const node *f) {
     tv it;
     tlist *items;
-    if (ct_eval(c, f->a, &it) || iter_list(c, it, &items)) return -1;
+    if (ct_eval(c, f->a, &it) || ct_iter_list(c, it, &items)) return -1;
     ct_scope *outer = c->sc;
     if (f->b) {
         /* `for x in xs if cond`: filter first, so loop.length/last see only kept items. */

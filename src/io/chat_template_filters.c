@@ -71,28 +71,6 @@ static int need_str(ct_ctx *c, const char *what, tv v, tv *out) {
     return ct_stringify(c, v, out);
 }
 
-static int to_list(ct_ctx *c, tv v, tlist **out) {
-    switch (v.t) {
-    case TV_UNDEF: return (*out = ct_list_new(c, 0)) ? 0 : -1;
-    case TV_LIST: *out = v.l; return 0;
-    case TV_DICT:
-        if (!(*out = ct_list_new(c, v.d->n))) return -1;
-        memcpy((*out)->v, v.d->k, v.d->n * sizeof(tv));
-        return 0;
-    case TV_STR: {
-        size_t n = ct_utf8_len(v.s.p, v.s.n), off = 0;
-        if (!(*out = ct_list_new(c, n))) return -1;
-        for (size_t i = 0; i < n; i++) {
-            size_t nx = ct_utf8_next(v.s.p, v.s.n, off);
-            (*out)->v[i] = tv_strn(v.s.p + off, nx - off);
-            off = nx;
-        }
-        return 0;
-    }
-    default: return ct_fail(c, QD_ERR_INVALID_ARG, "'%s' object is not iterable", ct_type_name(v));
-    }
-}
-
 static tv list_val(tlist *l) { tv v = {0}; v.t = TV_LIST; v.l = l; return v; }
 
 /* Dotted attribute path as used by map/selectattr/join(attribute=...). */
@@ -116,7 +94,7 @@ static int attr_path(ct_ctx *c, tv obj, tv path, tv *out) {
 /* select/reject/selectattr/rejectattr: args[first] names the test, the rest are its arguments. */
 static int filter_select(ct_ctx *c, tv v, tv *args, int nargs, int by_attr, int keep, tv *out) {
     tlist *in, *res;
-    if (to_list(c, v, &in) || !(res = ct_list_new(c, in->n))) return -1;
+    if (ct_iter_list(c, v, &in) || !(res = ct_list_new(c, in->n))) return -1;
     res->n = 0;
     int ai = by_attr ? 1 : 0;
     if (by_attr && nargs < 1) return ct_fail(c, QD_ERR_INVALID_ARG, "selectattr/rejectattr need an attribute name");
@@ -283,7 +261,7 @@ int ct_apply_filter(ct_ctx *c, int id, tv v, tv *args, int nargs, const char **k
         return 0;
     }
     case F_MAP: {
-        if (to_list(c, v, &l)) return -1;
+        if (ct_iter_list(c, v, &l)) return -1;
         tlist *res = ct_list_new(c, l->n);
         if (!res) return -1;
         if (l->n == 0) { *out = list_val(res); return 0; }   /* Jinja checks arguments lazily */
@@ -315,7 +293,7 @@ int ct_apply_filter(ct_ctx *c, int id, tv v, tv *args, int nargs, const char **k
         static const char *const P[] = {"d", "attribute", NULL};
         tv a[2];
         int g[2];
-        if (bind(c, "join", P, a, g, args, nargs, kw, kwv, nkw) || to_list(c, v, &l)) return -1;
+        if (bind(c, "join", P, a, g, args, nargs, kw, kwv, nkw) || ct_iter_list(c, v, &l)) return -1;
         tv sep = tv_strn("", 0);
         if (g[0] && ct_stringify(c, a[0], &sep)) return -1;
         ct_buf b = {0};
@@ -421,11 +399,11 @@ int ct_apply_filter(ct_ctx *c, int id, tv v, tv *args, int nargs, const char **k
         return 0;
     }
     case F_FIRST: case F_LAST:
-        if (to_list(c, v, &l)) return -1;
+        if (ct_iter_list(c, v, &l)) return -1;
         *out = l->n ? l->v[id == F_FIRST ? 0 : l->n - 1] : tv_undef();
         return 0;
     case F_LIST: {
-        if (to_list(c, v, &l)) return -1;
+        if (ct_iter_list(c, v, &l)) return -1;
         tlist *cp = ct_list_new(c, l->n);
         if (!cp) return -1;
         if (l->n) memcpy(cp->v, l->v, l->n * sizeof(tv));
@@ -434,7 +412,7 @@ int ct_apply_filter(ct_ctx *c, int id, tv v, tv *args, int nargs, const char **k
     }
     case F_REVERSE: {
         if (v.t == TV_STR) {
-            if (to_list(c, v, &l)) return -1;
+            if (ct_iter_list(c, v, &l)) return -1;
             char *d = ct_alloc(c->ar, v.s.n + 1);
             if (!d) return ct_oom(c);
             size_t k = 0;
@@ -442,7 +420,7 @@ int ct_apply_filter(ct_ctx *c, int id, tv v, tv *args, int nargs, const char **k
             *out = tv_strn(d, k);
             return 0;
         }
-        if (to_list(c, v, &l)) return -1;
+        if (ct_iter_list(c, v, &l)) return -1;
         tlist *r = ct_list_new(c, l->n);
         if (!r) return -1;
         for (size_t i = 0; i < l->n; i++) r->v[i] = l->v[l->n - 1 - i];
@@ -468,7 +446,7 @@ int ct_apply_filter(ct_ctx *c, int id, tv v, tv *args, int nargs, const char **k
             else return ct_fail(c, QD_ERR_UNSUPPORTED, "filter '%s': unsupported argument '%s'", FILTERS[id], kw[k]);
         }
         if (nargs) return ct_fail(c, QD_ERR_UNSUPPORTED, "filter '%s': positional arguments are not supported", FILTERS[id]);
-        if (to_list(c, v, &l)) return -1;
+        if (ct_iter_list(c, v, &l)) return -1;
         if (id != F_SUM) {
             if (!l->n) { *out = tv_undef(); return 0; }
             *out = l->v[0];

@@ -102,6 +102,9 @@ int ct_oom(ct_ctx *c);
 
 tv ct_str_dup(ct_ctx *c, const char *p, size_t n, int *ok);
 tlist *ct_list_new(ct_ctx *c, size_t n);
+/* The items a for loop or a list filter iterates over: a list itself, a dict's keys, a
+ * string's characters (codepoints), nothing for undefined; anything else fails. */
+int ct_iter_list(ct_ctx *c, tv v, tlist **out);
 tdict *ct_dict_new(ct_ctx *c, size_t cap);
 int ct_dict_set(ct_ctx *c, tdict *d, tv k, tv v);
 tv *ct_dict_get(const tdict *d, const char *key, size_t n);

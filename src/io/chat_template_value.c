@@ -115,6 +115,28 @@ tlist *ct_list_new(ct_ctx *c, size_t n) {
     return l;
 }
 
+int ct_iter_list(ct_ctx *c, tv v, tlist **out) {
+    switch (v.t) {
+    case TV_UNDEF: return (*out = ct_list_new(c, 0)) ? 0 : -1;
+    case TV_LIST: *out = v.l; return 0;
+    case TV_DICT: /* its keys */
+        if (!(*out = ct_list_new(c, v.d->n))) return -1;
+        memcpy((*out)->v, v.d->k, v.d->n * sizeof(tv));
+        return 0;
+    case TV_STR: {
+        size_t n = ct_utf8_len(v.s.p, v.s.n), off = 0;
+        if (!(*out = ct_list_new(c, n))) return -1;
+        for (size_t i = 0; i < n; i++) {
+            size_t nx = ct_utf8_next(v.s.p, v.s.n, off);
+            (*out)->v[i] = tv_strn(v.s.p + off, nx - off);
+            off = nx;
+        }
+        return 0;
+    }
+    default: return ct_fail(c, QD_ERR_INVALID_ARG, "'%s' object is not iterable", ct_type_name(v));
+    }
+}
+
 tdict *ct_dict_new(ct_ctx *c, size_t cap) {
     if (cap < 4) cap = 4;
     tdict *d = ct_alloc(c->ar, sizeof *d);

@@ -607,13 +607,15 @@ static qd_status row_max(const float *x, int n, float *m, int32_t *arg, qd_err *
     return QD_OK;
 }
 
-/* Step 0 for a token already chosen: its raw logprob and the top-n alternatives. */
+/* The raw row's report for a chosen token: its logprob and the top-n alternatives (m: the
+ * row's max). */
 static void raw_report(const qd_sampler *s, const float *logits, float m, int32_t tok, qd_sample_result *out) {
     const int n = s->n;
     qd_cand top[QD_MAX_LOGPROBS];
     cand_heap heap = {top, 0, s->p.n_logprobs < n ? s->p.n_logprobs : n};
     if (heap.cap)
         for (int i = 0; i < n; i++)
+            /* ids rise, so a full heap only takes strictly larger logits: test inline */
             if (heap.n < heap.cap || logits[i] > top[0].v) heap_offer(&heap, (qd_cand){logits[i], i, 0.0f});
     float w[QD_BLOCK];
     double sum = 0.0;
@@ -696,23 +698,12 @@ qd_status qd_sampler_sample(qd_sampler *s, float *logits, qd_sample_result *out,
         return qd_seterr(err, QD_ERR_INVALID_ARG, "qd_sampler_sample: NULL argument");
     const int n = s->n;
 
-    /* Step 0: validate, raw max (with argmax for greedy), top-n, log-sum-exp. */
+    /* Step 0: validate, raw max (with argmax for greedy); the raw row's report (its
+     * logprobs and top-n) is taken at the end, from the row restored. */
     float m;
     int32_t arg;
     QD_TRY(row_max(logits, n, &m, &arg, err));
-    qd_cand top[QD_MAX_LOGPROBS];
-    cand_heap heap = {top, 0, s->p.n_logprobs < n ? s->p.n_logprobs : n};
-    if (heap.cap)
-        for (int i = 0; i < n; i++)
-            /* ids rise, so a full heap only takes strictly larger logits: test inline */
-            if (heap.n < heap.cap || logits[i] > top[0].v) heap_offer(&heap, (qd_cand){logits[i], i, 0.0f});
-    float w[QD_BLOCK];
-    double sum = 0.0;
-    for (int b = 0; b < n; b += QD_BLOCK) {
-        int e = n - b < QD_BLOCK ? n : b + QD_BLOCK;
-        sum += block_sum(logits, b, e, m, 1.0f, 0.0f, w);
-    }
-    const double lse = (double)m + log(sum);
+    const float m_raw = m;
 
     /* Step 1: penalties in place, keeping the raw values to restore. */
     if (s->n_seen > 0) {
@@ -743,14 +734,6 @@ qd_status qd_sampler_sample(qd_sampler *s, float *logits, qd_sample_result *out,
 
     for (int i = 0; i < s->n_seen; i++)
         if (s->seen[i] < n) logits[s->seen[i]] = s->saved[i];
-
-    out->token = tok;
-    out->logprob = (float)((double)logits[tok] - lse);
-    qsort(heap.h, (size_t)heap.n, sizeof heap.h[0], cand_cmp);
-    out->n_top = heap.n;
-    for (int i = 0; i < heap.n; i++) {
-        out->top[i].id = heap.h[i].id;
-        out->top[i].logprob = (float)((double)heap.h[i].v - lse);
-    }
+    raw_report(s, logits, m_raw, tok, out);
     return QD_OK;
 }
