@@ -36,7 +36,8 @@
 #            and without the mode
 #     spec:  speculative decoding: test_cuda_spec (verify + rollback vs plain decode, the MTP head vs the
 #            CPU, greedy speculative == plain greedy), then qdelta bench --speculative-tokens K on dummy
-#            weights (35B-A3B B=1 K=1,3, B=32 K=3; 27B B=1 K=3, also drafting among 32,768 ids)
+#            weights (35B-A3B B=1 K=1,3, B=32 K=3; 27B B=1 K=3, also drafting among 32,768 ids) and on the
+#            default model with its trained head (B=1 and 16, K=2: acceptance and tok/s with and without)
 #     schema: qdelta bench --json-schema on the 35B-A3B dummy at batch 1 and 32 (decode tok/s without and
 #            with a schema on every request, bench/schemas/record.json)
 #     busyhost: qdelta bench on the 35B-A3B at batch 1, idle and with every host core busy with
@@ -358,14 +359,17 @@ if has spec; then
     run_test test_cuda_spec "$SPEC_LOG"
     # speculative decoding through the engine on dummy weights (a dummy MTP head: its drafts are
     # almost never kept, so tok_s_spec / tok_s_plain is the cost of a verify step and its K
-    # drafts against a one-token decode step): SPEC_BENCH="cfg|B|K[|N] ..." runs a subset (N: the
-    # draft vocabulary, --speculative-draft-vocab)
+    # drafts against a one-token decode step), and on the embedded default model ("default": its
+    # trained head, so real acceptance, at concurrency 1 and 16): SPEC_BENCH="cfg|B|K[|N] ..." runs
+    # a subset (N: the draft vocabulary, --speculative-draft-vocab)
     for spec in ${SPEC_BENCH:-qwen3_5_35b_a3b\|1\|1 qwen3_5_35b_a3b\|1\|3 qwen3_5_35b_a3b\|32\|3 qwen3_5_27b\|1\|3 \
-        qwen3_5_27b\|1\|3\|32768}; do
+        qwen3_5_27b\|1\|3\|32768 default\|1\|2 default\|16\|2}; do
         IFS='|' read -r cfg B K DV <<<"$spec"
         echo "=== spec-bench $cfg B=$B K=$K${DV:+ draft vocab $DV}" >>"$SPEC_LOG"
-        timeout 300 "$BUILD/qdelta" bench -q -m "bench/configs/$cfg" --backend cuda --load-format dummy --prefill 512 \
-            --decode 64 --batch "$B" --context 512 --speculative-tokens "$K" --speculative-draft-vocab "${DV:-0}" \
+        if [ "$cfg" = default ]; then margs=(--prefill 64 --decode 96 --context 64)
+        else margs=(-m "bench/configs/$cfg" --load-format dummy --prefill 512 --decode 64 --context 512); fi
+        timeout 300 "$BUILD/qdelta" bench -q --backend cuda "${margs[@]}" \
+            --batch "$B" --speculative-tokens "$K" --speculative-draft-vocab "${DV:-0}" \
             >>"$SPEC_LOG" 2>&1 ||
             echo "spec-bench $cfg B=$B K=$K: nonzero exit (outputs may differ outside batch-invariant mode)" >>"$SPEC_LOG"
     done
