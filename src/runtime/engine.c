@@ -40,6 +40,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "runtime/engine_internal.h"
 #include "runtime/grammar/constraint.h"
 
@@ -79,7 +80,7 @@ void qd_engine_publish_stats(qd_engine *e) {
     s->spec_verify_steps = e->spec_steps;
     s->forward_seconds = e->forward_s;
     s->mtp_seconds = e->mtp_s;
-    s->step_seconds = e->step_s;
+    s->step_seconds = e->step_s + (e->step_t0 > 0 ? qd_clock_seconds() - e->step_t0 : 0.0);
     s->spec_draft_tokens = e->spec_drafted;
     s->spec_accepted_tokens = e->spec_accepted;
     for (int i = 0; i < QD_SPEC_MAX; i++) s->spec_accepted_at[i] = e->spec_accepted_at[i];

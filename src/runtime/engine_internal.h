@@ -154,6 +154,8 @@ struct qd_engine {
     double *resid;            /* [vocab] the rejection sampler's residual */
     double forward_s, mtp_s;  /* seconds in the steps' main forwards and MTP forwards (stats) */
     double step_s;            /* seconds in whole steps: scheduling, forwards, sampling, reporting (stats) */
+    double step_t0;           /* when the step in progress began (0: none), so that stats published
+                               * inside a step count its time so far beside its forward's */
     uint64_t spec_steps, spec_drafted, spec_accepted, spec_accepted_at[QD_SPEC_MAX];
     /* Another drafter in place of the MTP's argmax (tests: perfect or wrong drafts; set
      * before the first submit). Returns the draft for output position n_generated + j

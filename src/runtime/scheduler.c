@@ -736,8 +736,9 @@ static int engine_step(qd_engine *e) {
 }
 
 int qd_engine_step(qd_engine *e) {
-    const double t0 = qd_clock_seconds();
+    e->step_t0 = qd_clock_seconds();
     const int r = engine_step(e);
-    e->step_s += qd_clock_seconds() - t0;
+    e->step_s += qd_clock_seconds() - e->step_t0;
+    e->step_t0 = 0;
     return r;
 }
