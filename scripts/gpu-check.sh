@@ -156,6 +156,7 @@ if has e2e; then
     run_bench qwen3_5_35b_a3b --prefill 1024,8192 --decode 64 --batch 1
     run_bench qwen3_5_35b_a3b --prefill 1024 --decode 32 --batch 32
     run_bench qwen3_5_35b_a3b --prefill 1024 --decode 32 --batch 64
+    run_bench qwen3_5_35b_a3b --prefill 1024 --decode 16 --batch 256 # the large batches of a loaded server
     run_bench qwen3_5_27b --prefill 1024,8192 --decode 64 --batch 1
     run_bench qwen3_5_9b_shape --prefill 512,4096 --decode 128 --batch 1
 fi
