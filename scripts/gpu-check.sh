@@ -251,21 +251,28 @@ if has throughput; then
     : >"$THR_LOG"
     M="$BUILD/q35-dummy"
     mkdir -p "$M" && cp bench/configs/qwen3_5_35b_a3b/config.json tests/data/qwen35-tokenizer/tokenizer.json "$M/"
-    "$BUILD/qdelta" serve -q -m "$M" --backend cuda --load-format dummy --port 18712 --max-num-seqs 512 \
-        --chat-template tests/data/chat_template/qwen3_5.jinja \
-        --max-model-len 1280 --max-batch-tokens 8192 --max-waiting 1024 --http-threads 4 2>>"$THR_LOG" &
-    tpid=$!
-    wait_up 18712 $tpid 240
-    timeout 400 python3 bench/loadgen.py --url http://127.0.0.1:18712 --concurrency 512 --input-len 1024 \
-        --output-len 128 --requests 1000 --id-range 100..150000 --markdown >>"$THR_LOG" 2>&1 || status=1
-    # where the engine thread's time went (the warm-up requests included): steps, their
-    # forwards, the host's own share (scheduling, sampling, reporting), rows per step
-    curl -s http://127.0.0.1:18712/metrics | awk '
-        /^qdelta_engine_steps_total /{n=$2} /^qdelta_engine_step_seconds_total /{s=$2}
-        /^qdelta_engine_forward_seconds_total /{f=$2} /^qdelta_prefill_tokens_total /{p=$2}
-        /^qdelta_generation_tokens_total /{g=$2}
-        END { if (n > 0) printf "engine: %d steps, %.1f s in steps: forwards %.1f s, host %.1f s; %.0f tokens a step (%.0f prompt, %.0f generated)\n", n, s, f, s - f, (p + g) / n, p / n, g / n }' >>"$THR_LOG"
-    kill -INT $tpid; wait $tpid
+    # THR_STEP_MS="60 ...": the load again with each step time bound (--max-step-ms)
+    for step_ms in 0 ${THR_STEP_MS:-}; do
+        echo "=== --max-step-ms $step_ms" >>"$THR_LOG"
+        "$BUILD/qdelta" serve -q -m "$M" --backend cuda --load-format dummy --port 18712 --max-num-seqs 512 \
+            --chat-template tests/data/chat_template/qwen3_5.jinja --max-step-ms "$step_ms" \
+            --max-model-len 1280 --max-batch-tokens 8192 --max-waiting 1024 --http-threads 4 2>>"$THR_LOG" &
+        tpid=$!
+        wait_up 18712 $tpid 240
+        timeout 400 python3 bench/loadgen.py --url http://127.0.0.1:18712 --concurrency 512 --input-len 1024 \
+            --output-len 128 --requests 1000 --id-range 100..150000 --markdown >>"$THR_LOG" 2>&1 || status=1
+        # where the engine thread's time went (the warm-up requests included): steps, their
+        # forwards, the host's own share (scheduling, sampling, reporting), tokens a step,
+        # and the step cost model the engine measured
+        curl -s http://127.0.0.1:18712/metrics | awk -v ms="$step_ms" '
+            /^qdelta_engine_steps_total /{n=$2} /^qdelta_engine_step_seconds_total /{s=$2}
+            /^qdelta_engine_forward_seconds_total /{f=$2} /^qdelta_prefill_tokens_total /{p=$2}
+            /^qdelta_generation_tokens_total /{g=$2} /^qdelta_engine_bounded_steps_total /{bs=$2}
+            /^qdelta_engine_step_cost_ms\{term="base"\}/{c0=$2} /^qdelta_engine_step_cost_ms\{term="per_prompt_token"\}/{c1=$2}
+            /^qdelta_engine_step_cost_ms\{term="per_decode_row"\}/{c2=$2}
+            END { if (n > 0) printf "engine (--max-step-ms %s): %d steps (%d bounded), %.1f s in steps: forwards %.1f s, host %.1f s; %.0f tokens a step (%.0f prompt, %.0f generated); step cost %.2f ms + %.4f ms a prompt token + %.4f ms a decode row\n", ms, n, bs, s, f, s - f, (p + g) / n, p / n, g / n, c0, c1, c2 }' >>"$THR_LOG"
+        kill -INT $tpid; wait $tpid
+    done
     # the load's step shapes alone: 512 decodes at 1,024-token contexts, then the same with
     # 7,680 prompt tokens beside them (a full 8,192-token step)
     for mix in 0 7680; do
@@ -451,7 +458,7 @@ for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant
     test_cuda_batch_invariant test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model test_cuda_spec; do
     [ -n "${result[$t]:-}" ] && printf "%-18s %s\n" "$t" "${result[$t]}"
 done
-[ -s "$THR_LOG" ] && grep -E "^\||^engine:|^RESULT (decode|mixed)" "$THR_LOG"
+[ -s "$THR_LOG" ] && grep -E "^\||^engine|^=== --max-step-ms|^RESULT (decode|mixed)" "$THR_LOG"
 [ -s "$SCHEMA_LOG" ] && grep -hE "^RESULT schema_decode|^FAILED" "$SCHEMA_LOG"
 [ -s "$SPEC_LOG" ] && grep -hE "^=== spec-bench|^RESULT (decode|spec_decode)" "$SPEC_LOG"
 [ -s "$QE2E_LOG" ] && awk '/^=== qbench/ { cfg = $3; q = $4 } /CUDA: .* GiB of weights/ && cfg { sub(/.*CUDA: /, ""); w[cfg, q] = $0 }

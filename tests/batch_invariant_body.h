@@ -67,8 +67,10 @@ static int bi_event(void *user, const qd_engine_event *ev) {
     return 0;
 }
 
-static qd_engine *bi_engine(qd_model *m, int batch_tokens, int kv_blocks, size_t prefix_bytes) {
+/* max_step_ms: the engine's step time bound (0: off) */
+static qd_engine *bi_engine_ex(qd_model *m, int batch_tokens, int kv_blocks, size_t prefix_bytes, double max_step_ms) {
     qd_engine_params p = qd_engine_default_params();
+    p.max_step_ms = max_step_ms;
     p.max_num_seqs = 8;
     p.max_model_len = 256;
     p.max_batch_tokens = batch_tokens;
@@ -82,6 +84,10 @@ static qd_engine *bi_engine(qd_model *m, int batch_tokens, int kv_blocks, size_t
     qd_status st = qd_engine_create(m, &p, &e, &err);
     CHECKF(st == QD_OK, "batch-invariant engine (budget %d, %d blocks): %s", batch_tokens, kv_blocks, err.msg);
     return st == QD_OK ? e : NULL;
+}
+
+static qd_engine *bi_engine(qd_model *m, int batch_tokens, int kv_blocks, size_t prefix_bytes) {
+    return bi_engine_ex(m, batch_tokens, kv_blocks, prefix_bytes, 0);
 }
 
 static void bi_submit_ex(qd_engine *e, const bi_req *r, bi_out *o, int gate) {
@@ -231,6 +237,26 @@ static void bi_check_model(qd_model *m, const char *dir) {
     st = bi_together(m, dir, "together, preempted", 128, 14, pr, 6, ptog, palone);
     printf("  %s: pool of 14 blocks: %llu preemptions\n", dir, (unsigned long long)st.preemptions);
     CHECKF(st.preemptions > 0, "%s: six requests of 50 tokens in 14 blocks caused no preemption", dir);
+    /* (d) a step time bound far below any step's: once the engine's cost model has its
+     * steps, every step with decodes in it takes QD_STEP_MIN_PROMPT prompt tokens, so the
+     * prompts admitted beside decodes are cut at 128 (aligned pieces, none starved); the
+     * tokens are still the solo ones. Twice the requests, so that enough arrive after
+     * the model is ready. */
+    if ((e = bi_engine_ex(m, 512, 0, 0, 1e-3))) {
+        bi_run_together(e, rs, BI_REQ, got);
+        bi_compare(dir, "step time bound, first round", got, alone, BI_REQ);
+        bi_run_together(e, rs, BI_REQ, got);
+        bi_compare(dir, "step time bound, second round", got, alone, BI_REQ);
+        qd_engine_get_stats(e, &st);
+        printf("  %s: step time bound: %llu steps (%llu bounded), cost model %.3g ms + %.3g ms a prompt token + %.3g ms "
+               "a decode row\n",
+               dir, (unsigned long long)st.steps, (unsigned long long)st.bounded_steps, st.step_cost_ms[0],
+               st.step_cost_ms[1], st.step_cost_ms[2]);
+        CHECKF(st.step_cost_ready && st.step_cost_ms[1] > 0, "%s: the step cost model is not ready after %llu steps",
+               dir, (unsigned long long)st.steps);
+        CHECKF(st.bounded_steps > 0, "%s: the step time bound never held a step's prompt tokens back", dir);
+        qd_engine_free(e);
+    }
     /* (c) prefix cache: the shared-prefix requests twice, the second round from the cache */
     if ((e = bi_engine(m, 256, 0, (size_t)64 << 20))) {
         bi_run_together(e, shared_rs, BI_REQ, got);

@@ -27,8 +27,9 @@ printf '%s\n' "$KEY" > "$T/api.key"   # the key from a file (--api-key-file), tr
 # A, F and G run with the prefix cache off (on by default) as their checks assume: the
 # soak's RSS bound, queue and invariance counts without snapshots
 start A --api-key-file "$T/api.key" --max-model-len 512 --max-num-seqs 16 --no-prefix-cache
+# B also bounds its steps (--max-step-ms: every check on B runs under the bound)
 start B --chat-template tests/data/chat_template/qwen3_5.jinja --max-model-len 1024 --max-num-seqs 4 \
-  --prefix-cache-memory 67108864
+  --prefix-cache-memory 67108864 --max-step-ms 1
 A="http://127.0.0.1:$PORT_A"
 B="http://127.0.0.1:$PORT_B"
 C=(curl -s -m 60 -H "Authorization: Bearer $KEY")
@@ -54,6 +55,8 @@ check "grep -q '\"finish_reason\":\"length\"' $T/sse" "chat stream finish_reason
 check "[ \$(code -d '{\"prompt\":[10,20,30],\"max_tokens\":3,\"temperature\":0}' $A/v1/completions) = 200 ] && grep -q '\"prompt_tokens\":3' $T/body" "completions with token ids"
 check "[ \$(code -d '{\"prompt\":[10,20,30],\"max_tokens\":3,\"temperature\":0,\"logprobs\":0,\"ignore_eos\":true,\"return_tokens_as_token_ids\":true}' $A/v1/completions) = 200 ] && [ \$(grep -o '\"token_id:[0-9]*\"' $T/body | wc -l) = 3 ]" "return_tokens_as_token_ids: logprobs name tokens by id"
 check "curl -s -m 10 $A/metrics | grep -q '^qdelta_time_to_first_token_seconds_bucket'" "/metrics Prometheus text"
+check "curl -s -m 10 $B/metrics | grep -q '^qdelta_engine_step_cost_ms{term=\"per_prompt_token\"} ' && curl -s -m 10 $B/metrics | grep -q '^qdelta_engine_bounded_steps_total '" "/metrics: the step cost model and the bounded steps"
+check "! '$Q' serve --max-step-ms -5 >/dev/null 2>$T/err && grep -q -- '--max-step-ms' $T/err" "serve rejects a negative --max-step-ms"
 # prefix cache (on in B): the same prompt twice, the second hits; identical greedy text
 for i in 1 2; do
   curl -s -m 60 -o "$T/pc.$i" -d '{"prompt":[11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30],"max_tokens":5,"temperature":0}' $B/v1/completions

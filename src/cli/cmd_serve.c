@@ -31,6 +31,11 @@ static void usage(FILE *f) {
                "  --max-model-len N         prompt + completion tokens (default: the model's\n"
                "                            max_position_embeddings, capped at 4096)\n"
                "  --max-batch-tokens N      tokens per engine step (default 512)\n"
+               "  --max-step-ms MS          with decodes running, a step takes only the prompt tokens\n"
+               "                            that keep its forward within MS by the engine's measured\n"
+               "                            step cost (at least 128), so decode latency stays bounded\n"
+               "                            while prompts advance (0 = off, the default: every step\n"
+               "                            fills --max-batch-tokens); /metrics has the cost model\n"
                "  --kv-block-size N         tokens per KV block (default: the engine's)\n"
                "  --max-waiting N           queued requests before 503 (default 256)\n"
                "  --prefix-cache-memory B   bytes for the prefix cache (GDN state snapshots and\n"
@@ -207,7 +212,11 @@ int qd_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-num-seqs")) bad = parse_int_opt(argc, argv, &i, 1, 65536, &c->engine.max_num_seqs);
         else if (!strcmp(a, "--max-model-len")) bad = parse_int_opt(argc, argv, &i, 2, 1 << 24, &c->engine.max_model_len);
         else if (!strcmp(a, "--max-batch-tokens")) bad = parse_int_opt(argc, argv, &i, 1, 1 << 20, &c->engine.max_batch_tokens);
-        else if (!strcmp(a, "--kv-block-size")) bad = parse_int_opt(argc, argv, &i, 1, 4096, &c->engine.kv_block_size);
+        else if (!strcmp(a, "--max-step-ms")) {
+            int ms = 0;
+            bad = parse_int_opt(argc, argv, &i, 0, 60000, &ms);
+            c->engine.max_step_ms = ms;
+        } else if (!strcmp(a, "--kv-block-size")) bad = parse_int_opt(argc, argv, &i, 1, 4096, &c->engine.kv_block_size);
         else if (!strcmp(a, "--max-waiting")) bad = parse_int_opt(argc, argv, &i, 0, 1 << 20, &c->engine.max_waiting);
         else if (!strcmp(a, "--prefix-cache-memory")) {
             const char *v = cli_value(argc, argv, &i);

@@ -5,7 +5,9 @@
  *      the waiting deque and note cancel flags. Without the lock: finish cancelled
  *      requests (CANCELLED event; slot and KV blocks back to the pools).
  *   2. Running requests, oldest first, each get the tokens they have not fed yet (one
- *      for a decode, the rest of the prompt for a prefill) within max_batch_tokens.
+ *      for a decode, the rest of the prompt for a prefill) within max_batch_tokens; with
+ *      max_step_ms and decodes in the step, prompt tokens also within what the measured
+ *      cost model (step_cost.h) says keeps the step's forward within it.
  *      A prefill chunk shrinks to the KV blocks that are free; a decode that finds no
  *      free block preempts the newest running request (which may be itself): that one
  *      gives back slot and blocks and goes to the front of the queue, to recompute
@@ -35,6 +37,7 @@
  * cache on, prefix_cache_bytes of GDN snapshot slots in the context (GPU memory on a
  * GPU; the host tier allocates per snapshot as it fills). Per
  * request, submit allocates its token array (prompt + max_tokens) and its sampler. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +84,9 @@ void qd_engine_publish_stats(qd_engine *e) {
     s->forward_seconds = e->forward_s;
     s->mtp_seconds = e->mtp_s;
     s->step_seconds = e->step_s + (e->step_t0 > 0 ? qd_clock_seconds() - e->step_t0 : 0.0);
+    s->step_cost_ready = e->cost.ready;
+    s->bounded_steps = e->bounded_steps;
+    for (int i = 0; i < 3; i++) s->step_cost_ms[i] = e->cost.ready ? e->cost.coef[i] : 0.0;
     s->spec_draft_tokens = e->spec_drafted;
     s->spec_accepted_tokens = e->spec_accepted;
     for (int i = 0; i < QD_SPEC_MAX; i++) s->spec_accepted_at[i] = e->spec_accepted_at[i];
@@ -207,6 +213,8 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
         return qd_seterr(err, QD_ERR_INVALID_ARG,
                          "speculative_draft_vocab %d is not in 0..%d (the model's vocabulary; 0: all of it)",
                          p.speculative_draft_vocab, qd_model_vocab_size(model));
+    if (!(p.max_step_ms >= 0) || !isfinite(p.max_step_ms))
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "max_step_ms %g is not a finite number >= 0 (0: off)", p.max_step_ms);
     if (p.batch_invariant && p.max_batch_tokens < 2 * QD_INVARIANT_ALIGN)
         return qd_seterr(err, QD_ERR_INVALID_ARG,
                          "batch-invariant mode needs max_batch_tokens >= %d (prompts are cut at multiples of %d), "

@@ -65,7 +65,18 @@ typedef struct qd_engine_params {
      * rarer id; BPE vocabularies put their most frequent tokens first. The output is
      * unchanged: a draft only decides what the verify step tries. */
     int speculative_draft_vocab;
+    /* A step with decodes in it takes only as many prompt tokens as keep its forward
+     * within this many milliseconds by the engine's measured cost model (step_cost.h), and
+     * at least QD_STEP_MIN_PROMPT, so that decode latency stays bounded while prompts
+     * still advance; a step without decodes takes max_batch_tokens. 0: off (every step
+     * fills max_batch_tokens). */
+    double max_step_ms;
 } qd_engine_params;
+
+/* Prompt tokens a step under max_step_ms may always take: two alignment units, so that a
+ * batch-invariant prompt piece (cut only at multiples of QD_INVARIANT_ALIGN, never leaving
+ * one token) always fits. */
+#define QD_STEP_MIN_PROMPT (2 * QD_INVARIANT_ALIGN)
 
 qd_engine_params qd_engine_default_params(void);
 
@@ -203,6 +214,11 @@ typedef struct qd_engine_stats {
      * in whole steps (those plus scheduling, sampling and reporting: step_seconds minus
      * the two is the host's own share; the rest of the thread's time it waited for work) */
     double forward_seconds, mtp_seconds, step_seconds;
+    /* The step cost model (step_cost.h) as last fitted: forward ms = [0] + [1] x prompt
+     * tokens + [2] x decode rows; all 0 while not ready */
+    double step_cost_ms[3];
+    int step_cost_ready;
+    uint64_t bounded_steps; /* steps whose prompt tokens max_step_ms held below max_batch_tokens */
 } qd_engine_stats;
 void qd_engine_get_stats(qd_engine *e, qd_engine_stats *out);
 

@@ -13,6 +13,7 @@
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/spec_accept.h"
+#include "runtime/step_cost.h"
 
 #define QD_SPEC_MAX 4 /* draft tokens per step at most (qd_context_params.speculative_tokens) */
 
@@ -114,6 +115,9 @@ struct qd_engine {
     int *free_slots;          /* [max_num_seqs] stack of free context sequences */
     int n_free_slots;
     int step_reserved;        /* KV blocks promised to spans of the step being built */
+    int step_prompt, step_decode; /* the step being built: prompt tokens (prefill chunks), decode rows */
+    qd_step_cost cost;        /* forward ms of a step from its prompt tokens and decode rows (max_step_ms) */
+    uint64_t bounded_steps;   /* steps whose prompt budget max_step_ms held below max_batch_tokens (stats) */
     qd_span *spans;           /* [max_num_seqs] the step's ragged batch */
     qd_request **span_req;    /* [max_num_seqs] request of each span */
     float *logits;            /* [max_num_seqs][vocab] one row per span that samples */

@@ -236,7 +236,12 @@ static int avail_blocks(const qd_engine *e) { return qd_kv_free_blocks(e->ctx) -
 static void add_span(qd_engine *e, int *n_spans, qd_request *r, int chunk, int n_draft) {
     const int target = next_snapshot_target(e, r);
     if (!n_draft && target != INT_MAX && r->n_computed + chunk > target) chunk = target - r->n_computed;
-    if (r->phase == QD_SEQ_PREFILLING) e->prefill_total += (uint64_t)chunk;
+    if (r->phase == QD_SEQ_PREFILLING) {
+        e->prefill_total += (uint64_t)chunk;
+        e->step_prompt += chunk;
+    } else {
+        e->step_decode += chunk;
+    }
     e->step_reserved += qd_kv_blocks_needed(e->ctx, r->slot, chunk);
     if (r->spec && r->phase == QD_SEQ_DECODING) e->step_reserved += qd_spec_extra_blocks(e, r);
     r->step_chunk = chunk;
@@ -254,15 +259,18 @@ static void add_span(qd_engine *e, int *n_spans, qd_request *r, int chunk, int n
 }
 
 /* Running requests first, oldest first: each gets its remaining tokens (one when
- * decoding) within the step's token budget. When the pool cannot hold them, a prefill
- * chunk shrinks to what fits; otherwise the newest running request is preempted,
- * which may be this one (then it waits at the front of the queue). */
-static int schedule_running(qd_engine *e, int *budget) {
+ * decoding) within the step's token budget, a prefill chunk also within the step's
+ * prompt budget (max_step_ms). When the pool cannot hold them, a prefill chunk shrinks
+ * to what fits; otherwise the newest running request is preempted, which may be this
+ * one (then it waits at the front of the queue). */
+static int schedule_running(qd_engine *e, int *budget, int *prompt_budget) {
     int n_spans = 0;
     for (int i = 0; i < e->n_running && *budget > 0; i++) {
         qd_request *r = e->running[i];
         const int c = r->n_computed;
-        int chunk = min_i(r->n_tokens - c, *budget);
+        const int prefill = r->phase == QD_SEQ_PREFILLING;
+        int chunk = min_i(r->n_tokens - c, prefill ? min_i(*budget, *prompt_budget) : *budget);
+        if (chunk == 0) continue; /* a prompt waits for the next step's prompt budget */
         /* a speculating decode: the last sampled token and its drafts (one by one through
          * the GDN recurrence, so batch-invariant mode needs no alignment for it) */
         const int spec_decode = r->spec && r->phase == QD_SEQ_DECODING;
@@ -298,6 +306,7 @@ static int schedule_running(qd_engine *e, int *budget) {
         if (self_preempted) break; /* r was the newest: nothing after it is running */
         add_span(e, &n_spans, r, chunk, n_draft);
         *budget -= r->step_chunk;
+        if (prefill) *prompt_budget -= r->step_chunk;
     }
     return n_spans;
 }
@@ -306,8 +315,8 @@ static int schedule_running(qd_engine *e, int *budget) {
  * is not starved by short ones): a request needs a free slot and blocks for its first
  * chunk, beyond one block held back for each running request, so that admitting it
  * does not immediately force a preemption of a running decode. */
-static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
-    while (*budget > 0 && e->waiting.head && e->n_free_slots > 0) {
+static int schedule_admissions(qd_engine *e, int n_spans, int *budget, int *prompt_budget) {
+    while (min_i(*budget, *prompt_budget) > 0 && e->waiting.head && e->n_free_slots > 0) {
         qd_request *r = e->waiting.head;
         qd_prefix_hit hit = {0};
         int start, chunk;
@@ -318,7 +327,7 @@ static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
             const int most = invariant(e) ? min_i(r->n_tokens - 1, r->n_prompt - 2) : r->n_tokens - 1;
             if (e->pc && most >= 1) qd_prefix_cache_lookup(e->pc, PREFIX_KEY_BASE, r->tokens, most, &hit);
             start = hit.n_tokens;
-            chunk = min_i(r->n_tokens - start, *budget);
+            chunk = min_i(r->n_tokens - start, min_i(*budget, *prompt_budget));
             if (invariant(e) && (chunk = invariant_end(r, start, start + chunk) - start) == 0) return n_spans;
             if (qd_kv_total_blocks(e->ctx) == 0) break;
             const int bs = e->ctx->kv.block_size, part = start % bs;
@@ -365,6 +374,7 @@ static int schedule_admissions(qd_engine *e, int n_spans, int *budget) {
         if (e->spec_k && !e->pc) qd_spec_admitted(e, r, 0);
         add_span(e, &n_spans, r, chunk, 0);
         *budget -= r->step_chunk;
+        *prompt_budget -= r->step_chunk;
     }
     return n_spans;
 }
@@ -682,11 +692,25 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row, const qd_row
     report_token(e, r, &res);
 }
 
+/* The prompt tokens this step may take: all of the token budget, or with max_step_ms
+ * and decodes to run, what the cost model says keeps the forward within it (at least
+ * QD_STEP_MIN_PROMPT, so prompts always advance). */
+static int prompt_budget(const qd_engine *e, int budget) {
+    if (!(e->params.max_step_ms > 0)) return budget;
+    int decode_rows = 0;
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i]->phase == QD_SEQ_DECODING) decode_rows += 1 + (e->running[i]->spec ? e->spec_k : 0);
+    const int p = decode_rows > 0 ? qd_step_cost_prefill_budget(&e->cost, decode_rows, e->params.max_step_ms) : -1;
+    return p < 0 ? budget : min_i(budget, p > QD_STEP_MIN_PROMPT ? p : QD_STEP_MIN_PROMPT);
+}
+
 static int engine_step(qd_engine *e) {
-    int budget = e->params.max_batch_tokens;
+    int budget = e->params.max_batch_tokens, pbudget = prompt_budget(e, budget);
+    if (pbudget < budget) e->bounded_steps++;
     e->step_reserved = 0;
-    int n_spans = schedule_running(e, &budget);
-    n_spans = schedule_admissions(e, n_spans, &budget);
+    e->step_prompt = e->step_decode = 0;
+    int n_spans = schedule_running(e, &budget, &pbudget);
+    n_spans = schedule_admissions(e, n_spans, &budget, &pbudget);
     if (n_spans == 0) {
         /* only reachable if the queue head can never fit; fail it rather than spin */
         if (e->n_running == 0 && e->waiting.head) {
@@ -707,6 +731,7 @@ static int engine_step(qd_engine *e) {
     if (st == QD_OK && e->spec_k) st = qd_spec_catch_up(e, n_spans);
     e->forward_s += t2 - t1;
     e->mtp_s += (t1 - t0) + (qd_clock_seconds() - t2);
+    if (st == QD_OK) qd_step_cost_add(&e->cost, e->step_prompt, e->step_decode, 1e3 * (t2 - t1));
     if (st != QD_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "forward pass failed (%s): %s", qd_status_name(st),
                  qd_context_errmsg(e->ctx));

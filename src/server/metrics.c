@@ -141,6 +141,14 @@ char *srv_metrics_render(srv_metrics *m, const qd_engine_stats *st, int open_str
         put_one(&o, "qdelta_engine_forward_seconds_total", "counter",
                 "Wall seconds of the steps' main forwards (the device's work and the host's launches).",
                 st->forward_seconds);
+        put(&o, "# HELP qdelta_engine_step_cost_ms The engine's measured step cost model: forward ms = base + "
+                "per_prompt_token x prompt tokens + per_decode_row x decode rows (0 while it has too few steps).\n"
+                "# TYPE qdelta_engine_step_cost_ms gauge\n");
+        static const char *const terms[3] = {"base", "per_prompt_token", "per_decode_row"};
+        for (int i = 0; i < 3; i++)
+            put(&o, "qdelta_engine_step_cost_ms{term=\"%s\"} %.17g\n", terms[i], st->step_cost_ms[i]);
+        put_one(&o, "qdelta_engine_bounded_steps_total", "counter",
+                "Steps whose prompt tokens --max-step-ms held below --max-batch-tokens.", (double)st->bounded_steps);
         put_one(&o, "qdelta_engine_mtp_seconds_total", "counter",
                 "Wall seconds of the MTP head's forwards (speculative drafts, prompt catch-up).", st->mtp_seconds);
         put_one(&o, "qdelta_prefill_tokens_total", "counter",

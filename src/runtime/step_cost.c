@@ -1,0 +1,72 @@
+/* The step cost model (step_cost.h): exponentially weighted least squares in three
+ * unknowns, solved by Gaussian elimination with partial pivoting after each step. */
+#include "runtime/step_cost.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Solves A x = y (3 x 3), A and y overwritten; 0 when A is singular relative to its scale. */
+static int solve3(double A[3][3], double y[3], double x[3]) {
+    double scale = 0;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) scale = fmax(scale, fabs(A[i][j]));
+    if (!(scale > 0)) return 0;
+    for (int col = 0; col < 3; col++) {
+        int p = col;
+        for (int i = col + 1; i < 3; i++)
+            if (fabs(A[i][col]) > fabs(A[p][col])) p = i;
+        if (!(fabs(A[p][col]) > 1e-300 * scale)) return 0;
+        if (p != col) {
+            for (int j = 0; j < 3; j++) {
+                const double t = A[col][j];
+                A[col][j] = A[p][j];
+                A[p][j] = t;
+            }
+            const double t = y[col];
+            y[col] = y[p];
+            y[p] = t;
+        }
+        for (int i = col + 1; i < 3; i++) {
+            const double f = A[i][col] / A[col][col];
+            for (int j = col; j < 3; j++) A[i][j] -= f * A[col][j];
+            y[i] -= f * y[col];
+        }
+    }
+    for (int i = 2; i >= 0; i--) {
+        double s = y[i];
+        for (int j = i + 1; j < 3; j++) s -= A[i][j] * x[j];
+        x[i] = s / A[i][i];
+    }
+    return 1;
+}
+
+void qd_step_cost_add(qd_step_cost *c, int prompt_tokens, int decode_rows, double ms) {
+    if (!(ms >= 0) || !isfinite(ms) || prompt_tokens < 0 || decode_rows < 0) return;
+    const double x[3] = {1.0, (double)prompt_tokens, (double)decode_rows};
+    for (int i = 0; i < 3; i++) {
+        for (int j = 0; j < 3; j++) c->S[i][j] = QD_STEP_COST_DECAY * c->S[i][j] + x[i] * x[j];
+        c->r[i] = QD_STEP_COST_DECAY * c->r[i] + x[i] * ms;
+    }
+    c->n++;
+    double A[3][3], y[3], coef[3];
+    memcpy(A, c->S, sizeof A);
+    memcpy(y, c->r, sizeof y);
+    /* A little damping of the diagonal: where the steps did not vary a term apart from
+     * another (every step with the same number of decodes, as under a steady load) the
+     * two share its cost, which predicts those steps right; a term never seen (no decode
+     * in any step) gets 0. A prompt-token cost not above 0 (no step had prompt tokens)
+     * leaves the model not ready. */
+    for (int i = 0; i < 3; i++) A[i][i] = A[i][i] > 0 ? A[i][i] * (1 + 1e-9) : 1.0;
+    c->ready = 0;
+    if (c->n < QD_STEP_COST_MIN_STEPS || !solve3(A, y, coef)) return;
+    memcpy(c->coef, coef, sizeof coef);
+    c->ready = coef[1] > 0 && isfinite(coef[0]) && isfinite(coef[1]) && isfinite(coef[2]);
+}
+
+int qd_step_cost_prefill_budget(const qd_step_cost *c, int decode_rows, double target_ms) {
+    if (!c->ready) return -1;
+    const double left = target_ms - c->coef[0] - c->coef[2] * (double)decode_rows;
+    if (!(left > 0)) return 0;
+    const double p = left / c->coef[1];
+    return p >= (double)(1 << 30) ? 1 << 30 : (int)p;
+}

@@ -1,0 +1,29 @@
+/* A measured cost model of the engine's steps, so that a step mixing prefill chunks
+ * with decodes can be sized to a time instead of a fixed token count: the forward of a
+ * step with P prompt tokens (prefill chunks) and D decode rows (one per decoding
+ * sequence, plus its drafts) takes about a + b P + c D milliseconds. The engine feeds
+ * every step's measured forward time; the fit is least squares over the recent steps
+ * (each older step weighted QD_STEP_COST_DECAY times less), so it follows what the
+ * steps cost on this machine and model now, not a table of numbers. */
+#ifndef QD_RUNTIME_STEP_COST_H
+#define QD_RUNTIME_STEP_COST_H
+
+#define QD_STEP_COST_DECAY 0.97 /* weight of a step one step older: about the last 30 steps count */
+#define QD_STEP_COST_MIN_STEPS 8
+
+typedef struct qd_step_cost {
+    double S[3][3], r[3]; /* weighted sums of x x^T and x ms, x = (1, P, D) */
+    int n;                /* steps seen */
+    double coef[3];       /* a (ms), b (ms a prompt token), c (ms a decode row) of the last fit */
+    int ready;            /* the fit is usable: enough steps, P and D varied, b > 0 */
+} qd_step_cost;
+
+/* One step's measured forward time. */
+void qd_step_cost_add(qd_step_cost *c, int prompt_tokens, int decode_rows, double ms);
+
+/* The most prompt tokens a step with decode_rows decode rows may take for its forward to
+ * fit in target_ms by the model (0 when even the decodes alone do not), or -1 while the
+ * model cannot tell (not ready). */
+int qd_step_cost_prefill_budget(const qd_step_cost *c, int decode_rows, double target_ms);
+
+#endif
