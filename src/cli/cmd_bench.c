@@ -11,6 +11,8 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 
+#define QD_BENCH_PREFILL_ROWS 8192 /* tokens a forward of the decode run's prompts */
+
 static void usage(FILE *f) {
     fprintf(f, "usage: qdelta bench [-m DIR] [--backend cpu|cuda] [--load-format auto|dummy|dummy-f32] [-t N]\n"
                "                    [--tensor-parallel-size N] [--expert-parallel]\n"
@@ -144,6 +146,12 @@ int qd_cmd_bench(int argc, char **argv) {
     cp.max_seqs = (int)batch + n_mix;
     cp.max_ctx = max_prefill + (int)n_decode + 8;
     cp.max_batch = max_prefill > batch + mixed ? max_prefill : (int)(batch + mixed);
+    /* the decode run's prompts go in groups of up to QD_BENCH_PREFILL_ROWS tokens a forward
+     * (hundreds of sequences one at a time would take longer than the measurement, and under
+     * a profiler much longer) */
+    const long group_rows = batch * context < QD_BENCH_PREFILL_ROWS ? batch * context : QD_BENCH_PREFILL_ROWS;
+    if (group_rows > cp.max_batch) cp.max_batch = (int)group_rows;
+    const int group = context <= cp.max_batch ? (int)(cp.max_batch / context) : 1;
     /* the prefill runs use one sequence, the decode run `batch` sequences at `context` */
     const int kv_block = 16;
     cp.kv_block_size = kv_block;
@@ -152,7 +160,7 @@ int qd_cmd_bench(int argc, char **argv) {
     qd_context *ctx;
     if (qd_context_create(m, &cp, &ctx) != QD_OK) { fprintf(stderr, "qdelta bench: %s\n", qd_model_errmsg(m)); qd_model_free(m); return 1; }
     const int V = qd_model_vocab_size(m);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)max_prefill);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(max_prefill > group * context ? max_prefill : group * context));
     int32_t *next = malloc(sizeof(int32_t) * (size_t)batch);
     qd_span *spans = malloc(sizeof(qd_span) * (size_t)(batch + n_mix));
     int32_t *mix_ids = malloc(sizeof(int32_t) * (size_t)(mixed > 0 ? mixed : 1));
@@ -195,14 +203,17 @@ int qd_cmd_bench(int argc, char **argv) {
      * prompt for all, every sequence would route its tokens to the same experts, which
      * is not what a batch of different requests does (a MoE step would read 8 experts
      * per layer where different requests read up to k x batch) */
-    for (int b = 0; b < batch; b++) {
-        uint64_t sb = 0x9e3779b97f4a7c15ull * (uint64_t)(b + 1);
-        for (long i = 0; i < context; i++) {
-            sb = sb * 6364136223846793005ull + 1442695040888963407ull;
-            ids[i] = (int32_t)((sb >> 33) % (uint64_t)V);
+    for (int b0 = 0; b0 < batch; b0 += group) {
+        const int nb = batch - b0 < group ? (int)(batch - b0) : group;
+        for (int j = 0; j < nb; j++) {
+            uint64_t sb = 0x9e3779b97f4a7c15ull * (uint64_t)(b0 + j + 1);
+            for (long i = 0; i < context; i++) {
+                sb = sb * 6364136223846793005ull + 1442695040888963407ull;
+                ids[j * context + i] = (int32_t)((sb >> 33) % (uint64_t)V);
+            }
+            spans[j] = (qd_span){b0 + j, ids + j * context, (int)context, QD_LOGITS_LAST};
         }
-        qd_span span = {b, ids, (int)context, QD_LOGITS_LAST};
-        if (qd_forward_greedy(ctx, &span, 1, &next[b]) != QD_OK) { rc = fail(ctx); goto done; }
+        if (qd_forward_greedy(ctx, spans, nb, next + b0) != QD_OK) { rc = fail(ctx); goto done; }
     }
     for (long i = 0; i < mixed; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
