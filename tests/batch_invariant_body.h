@@ -30,6 +30,10 @@
 #define BI_MAX_PROMPT 200
 
 static qd_test_rng rng;
+/* The step cost model must be ready after the bounded run's steps: on the CPU a step's time
+ * grows with its prompt tokens; a GPU may run these tiny models' steps in the same time
+ * whatever their size, and then the model rightly stays not ready (no bound applies). */
+static int bi_cost_model_expected = 1;
 static pthread_mutex_t bi_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t bi_cv = PTHREAD_COND_INITIALIZER;
 static int bi_gate_closed; /* under bi_mu: the gate request's callback waits while set */
@@ -252,9 +256,11 @@ static void bi_check_model(qd_model *m, const char *dir) {
                "a decode row\n",
                dir, (unsigned long long)st.steps, (unsigned long long)st.bounded_steps, st.step_cost_ms[0],
                st.step_cost_ms[1], st.step_cost_ms[2]);
-        CHECKF(st.step_cost_ready && st.step_cost_ms[1] > 0, "%s: the step cost model is not ready after %llu steps",
+        CHECKF(st.step_cost_ready || !bi_cost_model_expected, "%s: the step cost model is not ready after %llu steps",
                dir, (unsigned long long)st.steps);
-        CHECKF(st.bounded_steps > 0, "%s: the step time bound never held a step's prompt tokens back", dir);
+        CHECKF(!st.step_cost_ready || (st.step_cost_ms[1] > 0 && st.bounded_steps > 0),
+               "%s: a ready cost model (%.3g ms a prompt token) never held a step's prompt tokens back", dir,
+               st.step_cost_ms[1]);
         qd_engine_free(e);
     }
     /* (c) prefix cache: the shared-prefix requests twice, the second round from the cache */
