@@ -695,7 +695,7 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row, const qd_row
 /* The prompt tokens this step may take: all of the token budget, or with max_step_ms
  * and decodes to run, what the cost model says keeps the forward within it (at least
  * QD_STEP_MIN_PROMPT, so prompts always advance). */
-static int prompt_budget(const qd_engine *e, int budget) {
+static int step_prompt_budget(const qd_engine *e, int budget) {
     if (!(e->params.max_step_ms > 0)) return budget;
     int decode_rows = 0;
     for (int i = 0; i < e->n_running; i++)
@@ -705,7 +705,7 @@ static int prompt_budget(const qd_engine *e, int budget) {
 }
 
 static int engine_step(qd_engine *e) {
-    int budget = e->params.max_batch_tokens, pbudget = prompt_budget(e, budget);
+    int budget = e->params.max_batch_tokens, pbudget = step_prompt_budget(e, budget);
     if (pbudget < budget) e->bounded_steps++;
     e->step_reserved = 0;
     e->step_prompt = e->step_decode = 0;

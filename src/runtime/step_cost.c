@@ -1,43 +1,24 @@
 /* The step cost model (step_cost.h): exponentially weighted least squares in three
- * unknowns, solved by Gaussian elimination with partial pivoting after each step. */
+ * unknowns, its normal equations solved after each step. */
 #include "runtime/step_cost.h"
 
 #include <math.h>
 #include <string.h>
 
-/* Solves A x = y (3 x 3), A and y overwritten; 0 when A is singular relative to its scale. */
-static int solve3(double A[3][3], double y[3], double x[3]) {
-    double scale = 0;
-    for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 3; j++) scale = fmax(scale, fabs(A[i][j]));
-    if (!(scale > 0)) return 0;
-    for (int col = 0; col < 3; col++) {
-        int p = col;
-        for (int i = col + 1; i < 3; i++)
-            if (fabs(A[i][col]) > fabs(A[p][col])) p = i;
-        if (!(fabs(A[p][col]) > 1e-300 * scale)) return 0;
-        if (p != col) {
-            for (int j = 0; j < 3; j++) {
-                const double t = A[col][j];
-                A[col][j] = A[p][j];
-                A[p][j] = t;
-            }
-            const double t = y[col];
-            y[col] = y[p];
-            y[p] = t;
-        }
+/* Solves A x = y (3 x 3, A symmetric positive definite: the damped normal equations
+ * below), A and y overwritten. Positive definite, so elimination needs no pivoting. */
+static void solve3(double A[3][3], double y[3], double x[3]) {
+    for (int col = 0; col < 3; col++)
         for (int i = col + 1; i < 3; i++) {
             const double f = A[i][col] / A[col][col];
             for (int j = col; j < 3; j++) A[i][j] -= f * A[col][j];
             y[i] -= f * y[col];
         }
-    }
     for (int i = 2; i >= 0; i--) {
         double s = y[i];
         for (int j = i + 1; j < 3; j++) s -= A[i][j] * x[j];
         x[i] = s / A[i][i];
     }
-    return 1;
 }
 
 void qd_step_cost_add(qd_step_cost *c, int prompt_tokens, int decode_rows, double ms) {
@@ -58,7 +39,8 @@ void qd_step_cost_add(qd_step_cost *c, int prompt_tokens, int decode_rows, doubl
      * leaves the model not ready. */
     for (int i = 0; i < 3; i++) A[i][i] = A[i][i] > 0 ? A[i][i] * (1 + 1e-9) : 1.0;
     c->ready = 0;
-    if (c->n < QD_STEP_COST_MIN_STEPS || !solve3(A, y, coef)) return;
+    if (c->n < QD_STEP_COST_MIN_STEPS) return;
+    solve3(A, y, coef);
     memcpy(c->coef, coef, sizeof coef);
     c->ready = coef[1] > 0 && isfinite(coef[0]) && isfinite(coef[1]) && isfinite(coef[2]);
 }
