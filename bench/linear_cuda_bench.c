@@ -17,7 +17,9 @@
  * cuBLAS above) over n = 1 .. 2048: the measurements behind
  * qd_cuda_matmul_invariant_choice; `linear_cuda_bench chains` times the chain counts
  * S = 1 .. 32 on every matrix of the models: the measurements behind
- * qd_cuda_matmul_invariant_chains (neither part of the default run).
+ * qd_cuda_matmul_invariant_chains (neither part of the default run). The router part
+ * (`linear_cuda_bench router`, in the default run) times the MoE router's two routes at
+ * n = 128 .. 8192 (RESULT router): the measurements behind QD_CUDA_ROUTER_SPLIT_MIN_N.
  *
  * Every timing is a CUDA graph replay on a created stream, how the engine runs
  * a decode step (no host launch cost; the fused kernels are programmatic
@@ -588,15 +590,76 @@ static void bench_moe(const moe_shape *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) qd_cuda_free(bufs[i]);
 }
 
+/* ----------------------------------------------------------------- router */
+
+/* The MoE router at prefill sizes (cuda_layer_ffn.c's table): norm + matmul_xf32's fp32
+ * kernels against norm + the row in three bf16 parts through the tensor cores
+ * (qd_cuda_matmul_split3), E + 1 logits (the shared expert's gate among them). */
+typedef struct router_run {
+    int64_t rows, cols;
+    int n, split;
+    uint16_t *W, *x, *xr;
+    float *h, *norm, *xf, *y;
+} router_run;
+
+static qd_status router_call(void *ctx, int i) {
+    (void)i;
+    const router_run *r = ctx;
+    const int H = (int)r->cols;
+    qd_status s;
+    if (r->split) {
+        if ((s = qd_cuda_add_rmsnorm_split(r->h, NULL, r->norm, EPS, r->n, H, r->x, r->xr, g_stream))) return s;
+        return qd_cuda_matmul_split3(g_blas, r->W, r->rows, r->cols, r->x, H, r->xr, 2 * r->cols, r->n, r->y, r->rows);
+    }
+    if ((s = qd_cuda_add_rmsnorm(r->h, NULL, r->norm, EPS, r->n, H, NULL, r->x, r->xf, g_stream))) return s;
+    return qd_cuda_matmul_xf32(r->W, r->rows, r->cols, r->xf, H, r->n, r->y, r->rows, g_stream);
+}
+
+static void bench_router(void) {
+    static const struct { const char *model; int64_t rows, cols; } shapes[] = {
+        {"35b", 257, 2048}, {"80b", 513, 2048}, {"122b", 257, 3072}};
+    static const int ns[] = {128, 256, 512, 1024, 2048, 8192};
+    const int NR = 8192;
+    for (size_t m = 0; m < sizeof shapes / sizeof shapes[0]; m++) {
+        router_run r = {.rows = shapes[m].rows, .cols = shapes[m].cols};
+        const size_t H = (size_t)r.cols;
+        r.W = dummy_bf16((size_t)r.rows * H, sqrtf(3.0f / (float)H), 0x5000 + m);
+        r.h = upload_f32((size_t)NR * H, 1.f, 0.f);
+        r.norm = upload_f32(H, 0.2f, 0.f);
+        r.xf = upload(NULL, (size_t)NR * H * 4);
+        r.xr = upload(NULL, (size_t)NR * H * 4);
+        r.x = upload(NULL, (size_t)NR * H * 2);
+        r.y = upload(NULL, (size_t)NR * r.rows * 4);
+        for (size_t q = 0; q < sizeof ns / sizeof ns[0]; q++) {
+            r.n = ns[q];
+            double us[2];
+            for (int b = 0; b < 2; b++) {
+                r.split = b;
+                us[b] = time_calls(router_call, &r, 8);
+            }
+            const int pick = r.n >= QD_CUDA_ROUTER_SPLIT_MIN_N, best = us[1] < us[0];
+            printf("RESULT router model=%s rows=%lld cols=%lld n=%d fp32_us=%.2f split3_us=%.2f split3/fp32=%.3f "
+                   "best=%s table=%s%s\n",
+                   shapes[m].model, (long long)r.rows, (long long)r.cols, r.n, us[0], us[1], us[1] / us[0],
+                   best ? "split3" : "fp32", pick ? "split3" : "fp32", best == pick ? "" : " MISMATCH");
+            fflush(stdout);
+        }
+        TRY(qd_cuda_sync());
+        void *bufs[] = {r.W, r.h, r.norm, r.xf, r.xr, r.x, r.y};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) qd_cuda_free(bufs[i]);
+    }
+}
+
 int main(int argc, char **argv) {
     if (qd_cuda_device_count() <= 0) {
         printf(BENCH_NAME ": skipped: no CUDA device\n");
         return 77;
     }
-    /* parts: linear (the table's paths), invariant, moe; default all three; tiles and chains only when named */
+    /* parts: linear (the table's paths), invariant, router, moe; default all four; tiles and chains only when named */
     const char *part = argc > 1 ? argv[1] : "";
     const int all = !*part, do_lin = all || !strcmp(part, "linear"), do_inv = all || !strcmp(part, "invariant"),
-              do_moe = all || !strcmp(part, "moe"), do_tiles = !strcmp(part, "tiles"),
+              do_moe = all || !strcmp(part, "moe"), do_router = all || !strcmp(part, "router"),
+              do_tiles = !strcmp(part, "tiles"),
               do_chains = !strcmp(part, "chains");
     char name[128];
     int sms = 0;
@@ -642,6 +705,7 @@ int main(int argc, char **argv) {
         void *bufs[] = {a_h, a_w, a_z, a_gu, a_x, a_o, a_scratch, a_y[0], a_y[1], a_y[2], a_sy};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) qd_cuda_free(bufs[i]);
     }
+    if (do_router) bench_router();
     if (do_moe) {
         static const moe_shape moe[] = {{"35b", 2048, 512, 256, 8, 512}, {"80b", 2048, 512, 512, 10, 512}};
         for (int i = 0; i < 2; i++) bench_moe(&moe[i]);

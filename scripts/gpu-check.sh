@@ -48,7 +48,8 @@
 #            T profiles a T-token prefill instead (PROFILE="qwen3_5_35b_a3b|none|1|4|8192"), a sixth M
 #            decode steps that also prefill M prompt tokens (PROFILE="qwen3_5_35b_a3b|none|512|4||7680")
 #   TESTS="test_cuda_ops ..."   the tests part runs only these test binaries (any of $BUILD's)
-#   KERNEL_BENCH="linear_cuda_bench ..."   the kernels part runs only these benchmarks
+#   KERNEL_BENCH="linear_cuda_bench ..."   the kernels part runs only these benchmarks ("name:part"
+#                                          passes the part, e.g. linear_cuda_bench:router)
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
 #                                  .peer (or .peer.tar.xz, unpacked) on PYTHONPATH: a peer's code is
 #                                  carried there, never committed
@@ -129,11 +130,14 @@ fi
 BENCH_LOG="$LOGDIR/kernels.log"
 if has kernels; then
     : >"$BENCH_LOG"
-    for b in ${KERNEL_BENCH:-gdn_cuda_bench attn_cuda_bench moe_cuda_bench linear_cuda_bench}; do
+    for spec in ${KERNEL_BENCH:-gdn_cuda_bench attn_cuda_bench moe_cuda_bench linear_cuda_bench}; do
+        b=${spec%%:*} arg=""
+        [ "$b" = "$spec" ] || arg=${spec#*:}
         bin=$(find "$BUILD" -name "$b" -type f -perm -u+x | head -1)
         [ -n "$bin" ] || continue
-        echo "=== $b" >>"$BENCH_LOG"
-        timeout 240 "$bin" >>"$BENCH_LOG" 2>&1 || { status=1; echo "$b failed" >>"$BENCH_LOG"; }
+        echo "=== $b $arg" >>"$BENCH_LOG"
+        # shellcheck disable=SC2086
+        timeout 240 "$bin" $arg >>"$BENCH_LOG" 2>&1 || { status=1; echo "$b failed" >>"$BENCH_LOG"; }
     done
     if [ -n "${PEER_BENCH:-}" ]; then
         [ -d .peer ] || [ ! -f .peer.tar.xz ] || tar -xJf .peer.tar.xz

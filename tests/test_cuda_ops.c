@@ -130,6 +130,71 @@ static void test_matmul_xf32(int64_t rows, int64_t cols, int n, int64_t ldx, int
     qd_cuda_free(dW); qd_cuda_free(dx); qd_cuda_free(dy);
 }
 
+/* The router at prefill sizes: the normed row as three bf16 parts (add_rmsnorm_split)
+ * that sum exactly to the fp32 row of add_rmsnorm, its hi part that add_rmsnorm's bf16 x,
+ * and the three tensor-core products within fp32 rounding of the fp64 product of that row
+ * (dropping the mid part would be ~4e-5 of the magnitude off, past the 4e-6 allowed) and
+ * of matmul_xf32's logits. Rows of x scaled by 2^-6 .. 2^6. */
+static void test_router_split(qd_cuda_blas *blas, int64_t rows, int64_t cols, int n, int64_t ldy) {
+    const int H = (int)cols;
+    float *h = qd_test_rnd(&rng, (size_t)n * H, 1.0f), *nw = qd_test_rnd(&rng, (size_t)H, 0.3f);
+    for (int t = 0; t < n; t++)
+        for (int c = 0; c < H; c++) h[(size_t)t * H + c] *= ldexpf(1.0f, t % 13 - 6);
+    float *w = qd_test_rnd(&rng, (size_t)(rows * cols), 0.5f);
+    uint16_t *wb = qd_test_round_bf16(w, (size_t)(rows * cols));
+    float *wf = widen(wb, (size_t)(rows * cols));
+    void *dh1 = qd_test_dev(h, (size_t)n * H * 4), *dh2 = qd_test_dev(h, (size_t)n * H * 4),
+         *dnw = qd_test_dev(nw, (size_t)H * 4), *dW = qd_test_dev(wb, (size_t)(rows * cols) * 2);
+    void *dx1 = qd_test_dev(NULL, (size_t)n * H * 2), *dxf = qd_test_dev(NULL, (size_t)n * H * 4),
+         *dx2 = qd_test_dev(NULL, (size_t)n * H * 2), *dxr = qd_test_dev(NULL, (size_t)n * 2 * H * 2);
+    void *dy = qd_test_dev(NULL, (size_t)n * ldy * 4), *dyf = qd_test_dev(NULL, (size_t)n * ldy * 4);
+    CHECK(qd_cuda_add_rmsnorm(dh1, NULL, dnw, 1e-6f, n, H, NULL, dx1, dxf, NULL) == QD_OK);
+    CHECK(qd_cuda_add_rmsnorm_split(dh2, NULL, dnw, 1e-6f, n, H, dx2, dxr, NULL) == QD_OK);
+    CHECK(qd_cuda_matmul_split3(blas, dW, rows, cols, dx2, H, dxr, 2 * cols, n, dy, ldy) == QD_OK);
+    CHECK(qd_cuda_matmul_xf32(dW, rows, cols, dxf, H, n, dyf, ldy, NULL) == QD_OK);
+    uint16_t *x1 = qd_test_host(dx1, (size_t)n * H * 2), *x2 = qd_test_host(dx2, (size_t)n * H * 2),
+             *xr = qd_test_host(dxr, (size_t)n * 2 * H * 2);
+    float *xf = qd_test_host(dxf, (size_t)n * H * 4), *y = qd_test_host(dy, (size_t)n * ldy * 4),
+          *yf = qd_test_host(dyf, (size_t)n * ldy * 4);
+    CHECKF(!memcmp(x1, x2, (size_t)n * H * 2), "add_rmsnorm_split: its bf16 x differs from add_rmsnorm's");
+    size_t inexact = 0;
+    for (int t = 0; t < n; t++)
+        for (int c = 0; c < H; c++) {
+            const size_t i = (size_t)t * H + c, r = (size_t)t * 2 * H + c;
+            const double sum = (double)qd_bf16_to_f32(x2[i]) + qd_bf16_to_f32(xr[r]) + qd_bf16_to_f32(xr[r + H]);
+            inexact += sum != (double)xf[i];
+        }
+    CHECKF(inexact == 0, "add_rmsnorm_split %dx%d: %zu rows' parts do not sum to the fp32 row", n, H, inexact);
+    float *got = malloc(sizeof(float) * (size_t)n * rows), *ref = malloc(sizeof(float) * (size_t)n * rows),
+          *gotf = malloc(sizeof(float) * (size_t)n * rows);
+    double worst = 0;
+    for (int t = 0; t < n; t++) {
+        double row_mag = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            double acc = 0, mag = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                const double term = (double)wf[r * cols + c] * xf[(size_t)t * H + c];
+                acc += term;
+                mag += fabs(term);
+            }
+            ref[t * rows + r] = (float)acc;
+            got[t * rows + r] = y[t * ldy + r];
+            gotf[t * rows + r] = yf[t * ldy + r];
+            row_mag = fmax(row_mag, mag);
+        }
+        /* rows differ in scale by 2^12: each compared against its own magnitude */
+        char what[96];
+        snprintf(what, sizeof what, "matmul_split3 %lldx%lld n=%d token %d", (long long)rows, (long long)cols, n, t);
+        worst = fmax(worst, compare(what, got + t * rows, ref + t * rows, (size_t)rows, 0, 4e-6 * row_mag + 1e-30));
+        compare("matmul_split3 vs matmul_xf32", got + t * rows, gotf + t * rows, (size_t)rows, 0, 8e-6 * row_mag + 1e-30);
+    }
+    printf("  router split %lldx%lld n=%-4d worst/limit %.2f\n", (long long)rows, (long long)cols, n, worst);
+    free(h); free(nw); free(w); free(wb); free(wf); free(x1); free(x2); free(xr); free(xf); free(y); free(yf);
+    free(got); free(ref); free(gotf);
+    void *bufs[] = {dh1, dh2, dnw, dW, dx1, dxf, dx2, dxr, dy, dyf};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) qd_cuda_free(bufs[i]);
+}
+
 static void test_embed_norm(void) {
     const int V = 37, H = 333, n = 6;
     float *tab = qd_test_rnd(&rng, (size_t)V * H, 1.0f);
@@ -174,12 +239,14 @@ static void test_embed_norm(void) {
  * permuted state slots == the CPU's conv per span, then its norms and gates. The
  * projection row holds the conv inputs, then b, then a (the layer's layout), at a
  * stride wider than that. */
-static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_only) {
+static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_only, int vec) {
     enum { NS = 4, SLOTS = 6 };
     const int T[NS] = {1, decode_only ? 1 : 5, decode_only ? 1 : 2, decode_only ? 1 : 70}, slot[NS] = {3, 0, 5, 2};
     int n = 0;
     for (int i = 0; i < NS; i++) n += T[i];
-    const int key_dim = hk * dk, value_dim = hv * dv, C = 2 * key_dim + value_dim, W = C + 2 * hv + 3;
+    /* vec: a row stride of whole 16-byte pieces (the kernel's 4-channel path), else an odd one */
+    const int key_dim = hk * dk, value_dim = hv * dv, C = 2 * key_dim + value_dim;
+    const int W = C + 2 * hv + (vec ? 4 + (4 - (C + 2 * hv) % 4) % 4 : 3);
     const size_t stn = (size_t)SLOTS * C * (K - 1) + 1;
     float *x = qd_test_rnd(&rng, (size_t)n * W, 1.0f), *w = qd_test_rnd(&rng, (size_t)C * K, 0.5f), *st = qd_test_rnd(&rng, stn, 1.0f);
     float *A = qd_test_rnd(&rng, hv, 1.0f), *dtb = qd_test_rnd(&rng, hv, 1.0f);
@@ -223,8 +290,8 @@ static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_on
     char what[96];
 #define QD_GI_CMP(name, got, want, cnt, rt, at)                                                                     \
     do {                                                                                                            \
-        snprintf(what, sizeof what, "gdn_inputs hk=%d hv=%d dk=%d dv=%d K=%d%s %s", hk, hv, dk, dv, K,              \
-                 decode_only ? " decode" : "", name);                                                               \
+        snprintf(what, sizeof what, "gdn_inputs hk=%d hv=%d dk=%d dv=%d K=%d%s%s %s", hk, hv, dk, dv, K,            \
+                 decode_only ? " decode" : "", vec ? " vec" : "", name);                                            \
         compare(what, got, want, cnt, rt, at);                                                                      \
     } while (0)
     QD_GI_CMP("q", fq, rq, (size_t)n * key_dim, 8e-3, 1e-6);
@@ -478,14 +545,26 @@ int main(void) {
     test_matmul_xf32(33, 5120, 16, 5120, 33);     /* the largest x tile in shared memory */
     test_matmul_xf32(33, 5128, 16, 5128, 33);     /* beyond it: per pair */
     test_matmul_xf32(9, 100, 70, 104, 10);        /* rows not of 8 columns: per pair, element by element */
+    /* the router's tensor-core route: cuBLAS at prefill sizes, the GEMVs at a few rows */
+    test_router_split(blas, 257, 2048, 520, 257);
+    test_router_split(blas, 513, 2048, 33, 520);
+    test_router_split(blas, 257, 3072, 5, 260);
+    test_router_split(blas, 9, 100, 70, 10);
     test_embed_norm();
-    test_gdn_inputs(2, 4, 32, 24, 4, 0);   /* test models' head dims, mixed prefill and decode */
-    test_gdn_inputs(16, 32, 128, 128, 4, 0); /* the released models' heads, a prefill batch */
-    test_gdn_inputs(3, 3, 40, 16, 2, 0);   /* dk not a multiple of 32 */
-    test_gdn_inputs(1, 2, 16, 8, 1, 0);    /* no window */
-    test_gdn_inputs(16, 32, 128, 128, 4, 1); /* the released models, decode (the kernel shifts the state) */
-    test_gdn_inputs(1, 1, 256, 32, 3, 1);  /* the largest key head */
-    test_gdn_inputs(2, 4, 32, 24, 4, 1);
+    test_gdn_inputs(2, 4, 32, 24, 4, 0, 0);   /* test models' head dims, mixed prefill and decode */
+    test_gdn_inputs(16, 32, 128, 128, 4, 0, 0); /* the released models' heads, a prefill batch */
+    test_gdn_inputs(3, 3, 40, 16, 2, 0, 0);   /* dk not a multiple of 32 */
+    test_gdn_inputs(1, 2, 16, 8, 1, 0, 0);    /* no window */
+    test_gdn_inputs(16, 32, 128, 128, 4, 1, 0); /* the released models, decode (the kernel shifts the state) */
+    test_gdn_inputs(1, 1, 256, 32, 3, 1, 0);  /* the largest key head */
+    test_gdn_inputs(2, 4, 32, 24, 4, 1, 0);
+    /* rows of whole 16-byte pieces: 4 channels a lane */
+    test_gdn_inputs(16, 32, 128, 128, 4, 0, 1);
+    test_gdn_inputs(16, 32, 128, 128, 4, 1, 1);
+    test_gdn_inputs(2, 4, 32, 24, 4, 0, 1);
+    test_gdn_inputs(1, 1, 256, 32, 3, 1, 1);
+    test_gdn_inputs(3, 3, 40, 16, 2, 0, 1);
+    test_gdn_inputs(1, 2, 16, 8, 1, 0, 1);
     test_gated_norm_and_ffn(5, 3, 48, 70, 200);
     test_gated_norm_and_ffn(1, 32, 128, 512, 2048);
     test_argmax(5, 1000, 1000);

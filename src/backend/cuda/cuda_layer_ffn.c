@@ -61,9 +61,18 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d, int L) {
     if (g->reduce) TRYC(qd_cuda_memset_async(dst, 0, (size_t)n * H * 4, g->stream));
     /* router logits and the shared expert's gate logit in one product: [n][E + 1] */
     const int Er = E + (d->has_shared_gate ? 1 : 0);
-    /* fp32 input: a bf16-rounded x would flip near-tied expert choices (discrete changes) */
-    TRYC(qd_cuda_add_rmsnorm(g->h, NULL, d->post_norm, c->rms_norm_eps, n, H, NULL, g->x, g->xf, g->stream));
-    TRYC(qd_cuda_matmul_xf32(d->router, Er, H, g->xf, H, n, g->router, E + 1, g->stream));
+    /* fp32 input: a bf16-rounded x would flip near-tied expert choices (discrete changes).
+     * kernel table: prefill sizes outside batch-invariant mode take the row as three bf16
+     * parts (in xf's room) through the tensor cores, else matmul_xf32's fp32 kernels, whose
+     * bits do not depend on n */
+    if (!g->invariant && n >= QD_CUDA_ROUTER_SPLIT_MIN_N) {
+        uint16_t *xr = (uint16_t *)g->xf; /* [n][2 H] bf16: the size of xf's [n][H] fp32 */
+        TRYC(qd_cuda_add_rmsnorm_split(g->h, NULL, d->post_norm, c->rms_norm_eps, n, H, g->x, xr, g->stream));
+        TRYC(qd_cuda_matmul_split3(g->blas, d->router, Er, H, g->x, H, xr, 2 * (int64_t)H, n, g->router, E + 1));
+    } else {
+        TRYC(qd_cuda_add_rmsnorm(g->h, NULL, d->post_norm, c->rms_norm_eps, n, H, NULL, g->x, g->xf, g->stream));
+        TRYC(qd_cuda_matmul_xf32(d->router, Er, H, g->xf, H, n, g->router, E + 1, g->stream));
+    }
     if (d->has_shared_gate) {
         qd_cuda_lin_in x = {0};
         x.kind = QD_LIN_BF16;

@@ -169,7 +169,8 @@ typedef struct qd_cuda_ctx {
     /* scratch of one forward (max_batch rows) */
     float *h, *y, *ys;               /* [B][H] */
     uint16_t *x;                     /* [B][H] normed activations, bf16 */
-    float *xf;                       /* [B][H] the same in fp32 (MoE router input) */
+    float *xf;                       /* [B][H] the same in fp32 (MoE router input), or in its room
+                                        [B][2 H] bf16 the row's mid and low parts (add_rmsnorm_split) */
     float *proj;                     /* [B][max projection width] */
     float *proj2, *proj3;            /* [B][kvd] attention k and v */
     uint16_t *q, *k, *v;             /* [B][key_dim] / [B][value_dim] GDN inputs, or attention q */

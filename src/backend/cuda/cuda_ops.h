@@ -35,6 +35,13 @@ qd_status qd_cuda_embed(const uint16_t *d_embed, const int32_t *d_tokens, int n,
 qd_status qd_cuda_add_rmsnorm(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
                               const int32_t *d_rows, uint16_t *d_x, float *d_xf, void *stream);
 
+/* The same without row indices, the normed row carried for tensor-core products of
+ * fp32 precision (the MoE router at prefill sizes): x[i] = bf16(row) as above and
+ * xr[i] = [mid | lo] ([n][2 H] bf16), the bf16 parts of what x leaves, so that
+ * x + mid + lo is the fp32 row exactly. */
+qd_status qd_cuda_add_rmsnorm_split(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
+                                    uint16_t *d_x, uint16_t *d_xr, void *stream);
+
 /* The GDN inputs of a ragged batch (gdn_inputs.cu): causal depthwise conv1d + SiLU of the
  * q|k|v channels with per-slot state, q and k L2-normalised per head (eps 1e-6), q scaled by
  * dk^-0.5, all to bf16 (q, k [n][hk*dk], v [n][hv*dv]); gates g = -exp(A_log) *
@@ -114,6 +121,18 @@ qd_status qd_cuda_matmul(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int
  * up to its n, cuBLAS with beta = 1 above. */
 qd_status qd_cuda_matmul_acc(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
                              int64_t ldx, int n, float *d_y, int64_t ldy);
+
+/* y[n][rows] = (x + mid + lo) . W^T, fp32 y: an fp32 x carried as three bf16 parts
+ * (qd_cuda_add_rmsnorm_split: x [n][ldx], xr = [mid | lo] [n][ldxr]), three tensor-core
+ * products added in fp32 in that order. The parts hold the row exactly, so the logits are
+ * those of fp32 arithmetic up to the order of the sums (not matmul_xf32's order: rows of a
+ * prefill may route differently from the same rows decoded only where two logits are tied
+ * to within fp32 rounding). */
+/* From this many rows the MoE router takes qd_cuda_matmul_split3 (cuda_layer_ffn.c; bench/
+ * linear_cuda_bench.c router part). */
+#define QD_CUDA_ROUTER_SPLIT_MIN_N 512
+qd_status qd_cuda_matmul_split3(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
+                                int64_t ldx, const uint16_t *d_xr, int64_t ldxr, int n, float *d_y, int64_t ldy);
 
 /* The same product with fp32 activations (bf16 weights, fp32 arithmetic): for small
  * matrices whose outputs make discrete decisions, the MoE router (matmul_xf32.cu: a warp

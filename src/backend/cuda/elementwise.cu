@@ -69,7 +69,8 @@ extern "C" qd_status qd_cuda_embed(const uint16_t *d_embed, const int32_t *d_tok
 #define NORM_NT 256 /* linear_input.cuh QD_LIN_NORM_NT emulates its sums */
 __global__ void __launch_bounds__(NORM_NT)
 add_rmsnorm_kernel(float *__restrict__ h, const float *__restrict__ y, const float *__restrict__ w, float eps, int H,
-                   const int32_t *__restrict__ rows, uint16_t *__restrict__ x, float *__restrict__ xf) {
+                   const int32_t *__restrict__ rows, uint16_t *__restrict__ x, float *__restrict__ xf,
+                   uint16_t *__restrict__ xr) {
     __shared__ float red[NORM_NT / 32];
     const int i = blockIdx.x;
     const int r = rows ? rows[i] : i;
@@ -86,16 +87,31 @@ add_rmsnorm_kernel(float *__restrict__ h, const float *__restrict__ y, const flo
     const float inv = rsqrtf(block_sum<NORM_NT>(ss, red) / (float)H + eps);
     for (int c = threadIdx.x; c < H; c += NORM_NT) {
         const float v = hr[c] * inv * (1.f + w[c]);
-        x[(size_t)i * H + c] = qd_f2bf(v);
+        const uint16_t hi = qd_f2bf(v);
+        x[(size_t)i * H + c] = hi;
         if (xf) xf[(size_t)i * H + c] = v;
+        if (xr) { /* v - hi and what is left of it are exact in fp32; three bf16 parts carry 24 bits */
+            const float r1 = v - __uint_as_float((uint32_t)hi << 16);
+            const uint16_t mid = qd_f2bf(r1);
+            xr[(size_t)i * 2 * H + c] = mid;
+            xr[(size_t)i * 2 * H + H + c] = qd_f2bf(r1 - __uint_as_float((uint32_t)mid << 16));
+        }
     }
 }
 
 extern "C" qd_status qd_cuda_add_rmsnorm(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
                                          const int32_t *d_rows, uint16_t *d_x, float *d_xf, void *stream) {
     if (n <= 0) return QD_OK;
-    add_rmsnorm_kernel<<<n, NORM_NT, 0, (cudaStream_t)stream>>>(d_h, d_y, d_w, eps, H, d_rows, d_x, d_xf);
+    add_rmsnorm_kernel<<<n, NORM_NT, 0, (cudaStream_t)stream>>>(d_h, d_y, d_w, eps, H, d_rows, d_x, d_xf, NULL);
     QD_CUDA_CHECK_LAUNCH("add_rmsnorm");
+    return QD_OK;
+}
+
+extern "C" qd_status qd_cuda_add_rmsnorm_split(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
+                                               uint16_t *d_x, uint16_t *d_xr, void *stream) {
+    if (n <= 0) return QD_OK;
+    add_rmsnorm_kernel<<<n, NORM_NT, 0, (cudaStream_t)stream>>>(d_h, d_y, d_w, eps, H, NULL, d_x, NULL, d_xr);
+    QD_CUDA_CHECK_LAUNCH("add_rmsnorm (split)");
     return QD_OK;
 }
 

@@ -282,3 +282,14 @@ extern "C" qd_status qd_cuda_matmul_acc(qd_cuda_blas *b, const uint16_t *d_W, in
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                        "cublasGemmEx");
 }
+
+extern "C" qd_status qd_cuda_matmul_split3(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols,
+                                           const uint16_t *d_x, int64_t ldx, const uint16_t *d_xr, int64_t ldxr, int n,
+                                           float *d_y, int64_t ldy) {
+    if (ldxr < 2 * cols)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "matmul_split3: the mid and low parts need ldxr >= 2 cols");
+    qd_status st = qd_cuda_matmul(b, d_W, rows, cols, d_x, ldx, n, d_y, ldy, 0);
+    if (st == QD_OK) st = qd_cuda_matmul_acc(b, d_W, rows, cols, d_xr, ldxr, n, d_y, ldy);
+    if (st == QD_OK) st = qd_cuda_matmul_acc(b, d_W, rows, cols, d_xr + cols, ldxr, n, d_y, ldy);
+    return st;
+}
