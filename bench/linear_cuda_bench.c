@@ -596,7 +596,7 @@ static void bench_moe(const moe_shape *m) {
  * kernels against norm + the row in three bf16 parts through the tensor cores
  * (qd_cuda_matmul_split3), E + 1 logits (the shared expert's gate among them). */
 typedef struct router_run {
-    int64_t rows, cols;
+    int64_t rows, cols, ldy; /* ldy: the model's logits stride (QD_CUDA_ROUTER_LD), rows rounded up to 8 */
     int n, split;
     uint16_t *W, *x, *xr;
     float *h, *norm, *xf, *y;
@@ -609,10 +609,10 @@ static qd_status router_call(void *ctx, int i) {
     qd_status s;
     if (r->split) {
         if ((s = qd_cuda_add_rmsnorm_split(r->h, NULL, r->norm, EPS, r->n, H, r->x, r->xr, g_stream))) return s;
-        return qd_cuda_matmul_split3(g_blas, r->W, r->rows, r->cols, r->x, H, r->xr, 2 * r->cols, r->n, r->y, r->rows);
+        return qd_cuda_matmul_split3(g_blas, r->W, r->rows, r->cols, r->x, H, r->xr, 2 * r->cols, r->n, r->y, r->ldy);
     }
     if ((s = qd_cuda_add_rmsnorm(r->h, NULL, r->norm, EPS, r->n, H, NULL, r->x, r->xf, g_stream))) return s;
-    return qd_cuda_matmul_xf32(r->W, r->rows, r->cols, r->xf, H, r->n, r->y, r->rows, g_stream);
+    return qd_cuda_matmul_xf32(r->W, r->rows, r->cols, r->xf, H, r->n, r->y, r->ldy, g_stream);
 }
 
 static void bench_router(void) {
@@ -621,7 +621,7 @@ static void bench_router(void) {
     static const int ns[] = {128, 256, 512, 1024, 2048, 8192};
     const int NR = 8192;
     for (size_t m = 0; m < sizeof shapes / sizeof shapes[0]; m++) {
-        router_run r = {.rows = shapes[m].rows, .cols = shapes[m].cols};
+        router_run r = {.rows = shapes[m].rows, .cols = shapes[m].cols, .ldy = (shapes[m].rows + 7) / 8 * 8};
         const size_t H = (size_t)r.cols;
         r.W = dummy_bf16((size_t)r.rows * H, sqrtf(3.0f / (float)H), 0x5000 + m);
         r.h = upload_f32((size_t)NR * H, 1.f, 0.f);
@@ -629,7 +629,7 @@ static void bench_router(void) {
         r.xf = upload(NULL, (size_t)NR * H * 4);
         r.xr = upload(NULL, (size_t)NR * H * 4);
         r.x = upload(NULL, (size_t)NR * H * 2);
-        r.y = upload(NULL, (size_t)NR * r.rows * 4);
+        r.y = upload(NULL, (size_t)NR * r.ldy * 4);
         for (size_t q = 0; q < sizeof ns / sizeof ns[0]; q++) {
             r.n = ns[q];
             double us[2];

@@ -239,14 +239,12 @@ static void test_embed_norm(void) {
  * permuted state slots == the CPU's conv per span, then its norms and gates. The
  * projection row holds the conv inputs, then b, then a (the layer's layout), at a
  * stride wider than that. */
-static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_only, int vec) {
+static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_only) {
     enum { NS = 4, SLOTS = 6 };
     const int T[NS] = {1, decode_only ? 1 : 5, decode_only ? 1 : 2, decode_only ? 1 : 70}, slot[NS] = {3, 0, 5, 2};
     int n = 0;
     for (int i = 0; i < NS; i++) n += T[i];
-    /* vec: a row stride of whole 16-byte pieces (the kernel's 4-channel path), else an odd one */
-    const int key_dim = hk * dk, value_dim = hv * dv, C = 2 * key_dim + value_dim;
-    const int W = C + 2 * hv + (vec ? 4 + (4 - (C + 2 * hv) % 4) % 4 : 3);
+    const int key_dim = hk * dk, value_dim = hv * dv, C = 2 * key_dim + value_dim, W = C + 2 * hv + 3;
     const size_t stn = (size_t)SLOTS * C * (K - 1) + 1;
     float *x = qd_test_rnd(&rng, (size_t)n * W, 1.0f), *w = qd_test_rnd(&rng, (size_t)C * K, 0.5f), *st = qd_test_rnd(&rng, stn, 1.0f);
     float *A = qd_test_rnd(&rng, hv, 1.0f), *dtb = qd_test_rnd(&rng, hv, 1.0f);
@@ -290,8 +288,8 @@ static void test_gdn_inputs(int hk, int hv, int dk, int dv, int K, int decode_on
     char what[96];
 #define QD_GI_CMP(name, got, want, cnt, rt, at)                                                                     \
     do {                                                                                                            \
-        snprintf(what, sizeof what, "gdn_inputs hk=%d hv=%d dk=%d dv=%d K=%d%s%s %s", hk, hv, dk, dv, K,            \
-                 decode_only ? " decode" : "", vec ? " vec" : "", name);                                            \
+        snprintf(what, sizeof what, "gdn_inputs hk=%d hv=%d dk=%d dv=%d K=%d%s %s", hk, hv, dk, dv, K,              \
+                 decode_only ? " decode" : "", name);                                                               \
         compare(what, got, want, cnt, rt, at);                                                                      \
     } while (0)
     QD_GI_CMP("q", fq, rq, (size_t)n * key_dim, 8e-3, 1e-6);
@@ -546,25 +544,19 @@ int main(void) {
     test_matmul_xf32(33, 5128, 16, 5128, 33);     /* beyond it: per pair */
     test_matmul_xf32(9, 100, 70, 104, 10);        /* rows not of 8 columns: per pair, element by element */
     /* the router's tensor-core route: cuBLAS at prefill sizes, the GEMVs at a few rows */
-    test_router_split(blas, 257, 2048, 520, 257);
+    test_router_split(blas, 257, 2048, 520, 264); /* the model's padded logits stride */
     test_router_split(blas, 513, 2048, 33, 520);
     test_router_split(blas, 257, 3072, 5, 260);
     test_router_split(blas, 9, 100, 70, 10);
+    test_router_split(blas, 257, 2048, 1100, 257); /* an unaligned stride: cuBLAS's slower kernels, same result */
     test_embed_norm();
-    test_gdn_inputs(2, 4, 32, 24, 4, 0, 0);   /* test models' head dims, mixed prefill and decode */
-    test_gdn_inputs(16, 32, 128, 128, 4, 0, 0); /* the released models' heads, a prefill batch */
-    test_gdn_inputs(3, 3, 40, 16, 2, 0, 0);   /* dk not a multiple of 32 */
-    test_gdn_inputs(1, 2, 16, 8, 1, 0, 0);    /* no window */
-    test_gdn_inputs(16, 32, 128, 128, 4, 1, 0); /* the released models, decode (the kernel shifts the state) */
-    test_gdn_inputs(1, 1, 256, 32, 3, 1, 0);  /* the largest key head */
-    test_gdn_inputs(2, 4, 32, 24, 4, 1, 0);
-    /* rows of whole 16-byte pieces: 4 channels a lane */
-    test_gdn_inputs(16, 32, 128, 128, 4, 0, 1);
-    test_gdn_inputs(16, 32, 128, 128, 4, 1, 1);
-    test_gdn_inputs(2, 4, 32, 24, 4, 0, 1);
-    test_gdn_inputs(1, 1, 256, 32, 3, 1, 1);
-    test_gdn_inputs(3, 3, 40, 16, 2, 0, 1);
-    test_gdn_inputs(1, 2, 16, 8, 1, 0, 1);
+    test_gdn_inputs(2, 4, 32, 24, 4, 0);   /* test models' head dims, mixed prefill and decode */
+    test_gdn_inputs(16, 32, 128, 128, 4, 0); /* the released models' heads, a prefill batch */
+    test_gdn_inputs(3, 3, 40, 16, 2, 0);   /* dk not a multiple of 32 */
+    test_gdn_inputs(1, 2, 16, 8, 1, 0);    /* no window */
+    test_gdn_inputs(16, 32, 128, 128, 4, 1); /* the released models, decode (the kernel shifts the state) */
+    test_gdn_inputs(1, 1, 256, 32, 3, 1);  /* the largest key head */
+    test_gdn_inputs(2, 4, 32, 24, 4, 1);
     test_gated_norm_and_ffn(5, 3, 48, 70, 200);
     test_gated_norm_and_ffn(1, 32, 128, 512, 2048);
     test_argmax(5, 1000, 1000);

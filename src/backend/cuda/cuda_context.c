@@ -64,7 +64,7 @@ static void plan_device(qd_cuda_ctx *g, qd_cuda_carve *cv) {
     g->u = qd_cuda_take(cv, B * max_sz(value_dim, qdim) * 2);
     g->ffn = qd_cuda_take(cv, B * 2 * I * 4);
     g->act = qd_cuda_take(cv, B * I * 2);
-    g->router = qd_cuda_take(cv, B * (E + 1) * 4);
+    g->router = qd_cuda_take(cv, B * (size_t)QD_CUDA_ROUTER_LD(E) * 4);
     g->sel = qd_cuda_take(cv, B * (k ? k : 1) * 4);
     g->route_cnt = qd_cuda_take(cv, B * 4);
     g->selw = qd_cuda_take(cv, B * (k ? k : 1) * 4);

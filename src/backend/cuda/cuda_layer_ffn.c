@@ -59,8 +59,8 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d, int L) {
     }
     float *dst = qd_cuda_block_out(g); /* the shared expert and the experts add into it */
     if (g->reduce) TRYC(qd_cuda_memset_async(dst, 0, (size_t)n * H * 4, g->stream));
-    /* router logits and the shared expert's gate logit in one product: [n][E + 1] */
-    const int Er = E + (d->has_shared_gate ? 1 : 0);
+    /* router logits and the shared expert's gate logit in one product: [n][ldr] */
+    const int Er = E + (d->has_shared_gate ? 1 : 0), ldr = QD_CUDA_ROUTER_LD(E);
     /* fp32 input: a bf16-rounded x would flip near-tied expert choices (discrete changes).
      * kernel table: prefill sizes outside batch-invariant mode take the row as three bf16
      * parts (in xf's room) through the tensor cores, else matmul_xf32's fp32 kernels, whose
@@ -68,10 +68,10 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d, int L) {
     if (!g->invariant && n >= QD_CUDA_ROUTER_SPLIT_MIN_N) {
         uint16_t *xr = (uint16_t *)g->xf; /* [n][2 H] bf16: the size of xf's [n][H] fp32 */
         TRYC(qd_cuda_add_rmsnorm_split(g->h, NULL, d->post_norm, c->rms_norm_eps, n, H, g->x, xr, g->stream));
-        TRYC(qd_cuda_matmul_split3(g->blas, d->router, Er, H, g->x, H, xr, 2 * (int64_t)H, n, g->router, E + 1));
+        TRYC(qd_cuda_matmul_split3(g->blas, d->router, Er, H, g->x, H, xr, 2 * (int64_t)H, n, g->router, ldr));
     } else {
         TRYC(qd_cuda_add_rmsnorm(g->h, NULL, d->post_norm, c->rms_norm_eps, n, H, NULL, g->x, g->xf, g->stream));
-        TRYC(qd_cuda_matmul_xf32(d->router, Er, H, g->xf, H, n, g->router, E + 1, g->stream));
+        TRYC(qd_cuda_matmul_xf32(d->router, Er, H, g->xf, H, n, g->router, ldr, g->stream));
     }
     if (d->has_shared_gate) {
         qd_cuda_lin_in x = {0};
@@ -80,7 +80,7 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d, int L) {
         x.ldx = H;
         TRYC(qd_cuda_layer_mlp(g, &x, &d->gate_up, &d->down, d->I, g->ys, 0));
     }
-    TRYC(qd_cuda_moe_route(g->router, E + 1, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
+    TRYC(qd_cuda_moe_route(g->router, ldr, n, E, k, c->norm_topk_prob, g->sel, g->selw, g->stream));
     TRYC(mark_experts(g, L, n));
     const qd_cuda_model *cm = g->cm;
     if (cm->n_experts_local < E) /* expert parallel: this rank's pairs only */
@@ -93,7 +93,7 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d, int L) {
         .d_dequant = g->moe_dq,
         /* the shared expert goes in with the routed ones (its sigmoid-gated output first) */
         .d_sh_y = d->has_shared_gate ? g->ys : NULL, .d_sh_gate = d->has_shared_gate ? g->router + E : NULL,
-        .sh_gate_ld = E + 1,
+        .sh_gate_ld = ldr,
     };
     return qd_cuda_moe_experts(&a, g->stream);
 }

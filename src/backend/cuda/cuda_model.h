@@ -146,6 +146,11 @@ typedef struct qd_cuda_step {
     int32_t *tables;      /* [max_seqs][max_blocks_per_seq] block tables of the spans, by span index */
 } qd_cuda_step;
 
+/* Row stride of the router logits (E experts and the shared expert's gate): whole 32-byte
+ * pieces, so that cuBLAS writes them with aligned Hopper kernels (with 257 fp32 a row it chose
+ * an sm_75 kernel of 1-element alignment, 5-10x slower; bench/RESULTS.md session 27). */
+#define QD_CUDA_ROUTER_LD(E) (((E) + 1 + 7) / 8 * 8)
+
 typedef struct qd_cuda_ctx {
     const qd_cuda_model *cm;
     const qd_config *cfg;
@@ -184,7 +189,7 @@ typedef struct qd_cuda_ctx {
     size_t fp8_act_bytes;
     uint16_t *moe_dq;                /* a layer's quantized experts as bf16 (qd_cuda_moe_dequant_bytes), or NULL */
     uint16_t *act;                   /* [B][max(I, I_s)] */
-    float *router;                   /* [B][E + 1] router logits | shared-expert gate logit */
+    float *router;                   /* [B][QD_CUDA_ROUTER_LD(E)] router logits | shared-expert gate logit */
     int32_t *sel;                    /* [B][k] */
     int32_t *route_cnt;              /* [B] the fused MoE router's per-token block counters, kept zero */
     float *selw;                     /* [B][k] */

@@ -9,9 +9,7 @@
  * q and k heads (a warp per head, whose lanes keep the head's conv outputs in
  * registers for the norm), its v channels and its gates, so that a decode step
  * still spreads over several SMs. Each conv output is summed over the window in tap order, as the
- * CPU does. Where the rows allow, a lane takes 4 adjacent channels with one 16-byte load a tap
- * (the per-channel kernel had a load of 4 bytes in flight a thread and ran at a quarter of the
- * bandwidth: 0.46 ms a layer at 8,192 rows of the 35B-A3B, H200, session 27). */
+ * CPU does. */
 #include <math.h>
 
 #include "backend/cuda/cuda_ops.h"
@@ -20,8 +18,6 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #define GI_PARTS 8       /* blocks per row */
-#define GI_PARTS_V4 4    /* ... with 4 channels a lane: the released models' 32 q/k heads and
-                            4,096 v channels fill 4 blocks of 8 warps (8 would leave 4 empty) */
 #define GI_PARTS_FEW 32  /* ... at most GI_FEW_ROWS rows */
 #define GI_FEW_ROWS 16
 #define GI_NT 256
@@ -57,53 +53,7 @@ __device__ __forceinline__ float gi_conv(const float *x, int64_t xs, const float
     return gi_silu(acc);
 }
 
-/* gi_conv for the 4 channels c .. c + 3 at once: one 16-byte load of the row per tap, so a
- * thread has 4x the bytes in flight (each channel still summed in tap order). st: channel
- * c's state, the next channels' at steps of K - 1. */
 template <int KT>
-__device__ __forceinline__ float4 gi_conv4(const float *x, int64_t xs, const float *__restrict__ w, float *st,
-                                           int Kr, int row0, int t, int c, bool shift) {
-    constexpr int KMAX = KT > 0 ? KT : 17;
-    const int K = KT > 0 ? KT : Kr, S = K - 1;
-    float4 in[KMAX];
-#pragma unroll
-    for (int j = 0; j < KMAX; j++) {
-        const int src = t - S + j;
-        if (j >= K) in[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-        else if (src >= 0) in[j] = __ldcg((const float4 *)(x + (size_t)(row0 + src) * xs + c));
-        else in[j] = make_float4(__ldcg(st + S + src), __ldcg(st + 2 * S + src), __ldcg(st + 3 * S + src),
-                                 __ldcg(st + 4 * S + src));
-    }
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < KMAX; j++)
-        if (j < K) {
-            acc[0] = fmaf(w[(size_t)c * K + j], in[j].x, acc[0]);
-            acc[1] = fmaf(w[(size_t)(c + 1) * K + j], in[j].y, acc[1]);
-            acc[2] = fmaf(w[(size_t)(c + 2) * K + j], in[j].z, acc[2]);
-            acc[3] = fmaf(w[(size_t)(c + 3) * K + j], in[j].w, acc[3]);
-        }
-    if (shift)
-#pragma unroll
-        for (int j = 0; j + 1 < KMAX; j++)
-            if (j + 1 < K) {
-                st[j] = in[j + 1].x;
-                st[S + j] = in[j + 1].y;
-                st[2 * S + j] = in[j + 1].z;
-                st[3 * S + j] = in[j + 1].w;
-            }
-    return make_float4(gi_silu(acc[0]), gi_silu(acc[1]), gi_silu(acc[2]), gi_silu(acc[3]));
-}
-
-/* 4 values as bf16 into dst (8-byte aligned) */
-__device__ __forceinline__ void gi_store4(uint16_t *dst, float4 v, float sc) {
-    *(uint2 *)dst = make_uint2((uint32_t)qd_f2bf(v.x * sc) | ((uint32_t)qd_f2bf(v.y * sc) << 16),
-                               (uint32_t)qd_f2bf(v.z * sc) | ((uint32_t)qd_f2bf(v.w * sc) << 16));
-}
-
-/* V4: a lane takes 4 consecutive channels (gi_conv4) where dk and dv are multiples of 4
- * and the rows 16-byte aligned; else one channel at a time. */
-template <int KT, bool V4>
 __global__ void __launch_bounds__(GI_NT)
 gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t xs, const float *a,
                   const float *b, int64_t abs_, const float *__restrict__ w,
@@ -121,39 +71,7 @@ gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t
     float *st = state + (size_t)__ldcg(sp + 3) * C * (K - 1);
     const float qscale = rsqrtf((float)dk);
     const int parts = gridDim.y, tid = part * GI_NT + threadIdx.x, nthreads = parts * GI_NT;
-    if (V4) {
-        for (int hh = part * (GI_NT / 32) + warp; hh < 2 * hk; hh += parts * (GI_NT / 32)) {
-            float4 val[GI_MAX_DK / 128];
-            float ss = 0.f;
-#pragma unroll
-            for (int m = 0; m < GI_MAX_DK / 128; m++) {
-                const int i = 4 * (lane + 32 * m);
-                val[m] = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (i < dk) {
-                    const int c = hh * dk + i; /* q heads then k heads */
-                    val[m] = gi_conv4<KT>(x, xs, w, st + (size_t)c * (K - 1), K, row0, t, c, shift);
-                    ss += val[m].x * val[m].x;
-                    ss += val[m].y * val[m].y;
-                    ss += val[m].z * val[m].z;
-                    ss += val[m].w * val[m].w;
-                }
-            }
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            const float inv = 1.f / sqrtf(ss + 1e-6f);
-            const float sc = hh < hk ? inv * qscale : inv;
-            uint16_t *dst = hh < hk ? q + (size_t)r * key_dim + (size_t)hh * dk
-                                    : k + (size_t)r * key_dim + (size_t)(hh - hk) * dk;
-#pragma unroll
-            for (int m = 0; m < GI_MAX_DK / 128; m++)
-                if (4 * (lane + 32 * m) < dk) gi_store4(dst + 4 * (lane + 32 * m), val[m], sc);
-        }
-        for (int i = 4 * tid; i < value_dim; i += 4 * nthreads) {
-            const int c = 2 * key_dim + i;
-            gi_store4(v + (size_t)r * value_dim + i, gi_conv4<KT>(x, xs, w, st + (size_t)c * (K - 1), K, row0, t, c, shift),
-                      1.f);
-        }
-    }
-    for (int hh = part * (GI_NT / 32) + warp; !V4 && hh < 2 * hk; hh += parts * (GI_NT / 32)) {
+    for (int hh = part * (GI_NT / 32) + warp; hh < 2 * hk; hh += parts * (GI_NT / 32)) {
         float val[GI_MAX_DK / 32];
         float ss = 0.f;
 #pragma unroll
@@ -174,7 +92,7 @@ gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t
         for (int m = 0; m < GI_MAX_DK / 32; m++)
             if (lane + 32 * m < dk) dst[lane + 32 * m] = qd_f2bf(val[m] * sc);
     }
-    for (int i = tid; !V4 && i < value_dim; i += nthreads) {
+    for (int i = tid; i < value_dim; i += nthreads) {
         const int c = 2 * key_dim + i;
         v[(size_t)r * value_dim + i] = qd_f2bf(gi_conv<KT>(x, xs, w, st + (size_t)c * (K - 1), K, row0, t, c, shift));
     }
@@ -230,16 +148,8 @@ extern "C" qd_status qd_cuda_gdn_inputs(const qd_cuda_gdn_in_args *a, void *stre
     cudaStream_t st = (cudaStream_t)stream;
     /* a decode-sized batch spreads each row over more blocks: there the kernel is a few
      * memory latencies long, and more SMs issue them at once */
-    /* kernel table: 4 channels a lane where the rows allow 16-byte loads and 8-byte stores */
-    const int v4 = a->dk % 4 == 0 && a->dv % 4 == 0 && a->x_stride % 4 == 0 && ((uintptr_t)a->d_x & 15) == 0 &&
-                   ((uintptr_t)a->d_q & 7) == 0 && ((uintptr_t)a->d_k & 7) == 0 && ((uintptr_t)a->d_v & 7) == 0;
-    const dim3 grid((unsigned)a->n, a->n <= GI_FEW_ROWS ? GI_PARTS_FEW : v4 ? GI_PARTS_V4 : GI_PARTS);
-    void (*kern)(int, int, int, int, int, const float *, int64_t, const float *, const float *, int64_t,
-                 const float *, const float *, const float *, float *, const int32_t *, const int32_t *, uint16_t *,
-                 uint16_t *, uint16_t *, float *, float *, int) =
-        a->K == 4 ? (v4 ? gdn_inputs_kernel<4, true> : gdn_inputs_kernel<4, false>)
-                  : (v4 ? gdn_inputs_kernel<0, true> : gdn_inputs_kernel<0, false>);
-    qd_status s = qd_launch_pdl(1, kern, grid, dim3(GI_NT), 0, st,
+    const dim3 grid((unsigned)a->n, a->n <= GI_FEW_ROWS ? GI_PARTS_FEW : GI_PARTS);
+    qd_status s = qd_launch_pdl(1, a->K == 4 ? gdn_inputs_kernel<4> : gdn_inputs_kernel<0>, grid, dim3(GI_NT), 0, st,
                                 a->hk, a->hv, a->dk, a->dv, a->K, a->d_x, a->x_stride, a->d_a, a->d_b, a->ab_stride,
                                 a->d_w, a->d_A_log, a->d_dt_bias, a->d_state, a->d_spans, a->d_row_span, a->d_q,
                                 a->d_k, a->d_v, a->d_g, a->d_beta, a->decode_only ? 1 : 0);
