@@ -609,7 +609,8 @@ static qd_status router_call(void *ctx, int i) {
     qd_status s;
     if (r->split) {
         if ((s = qd_cuda_add_rmsnorm_split(r->h, NULL, r->norm, EPS, r->n, H, r->x, r->xr, g_stream))) return s;
-        return qd_cuda_matmul_split3(g_blas, r->W, r->rows, r->cols, r->x, H, r->xr, 2 * r->cols, r->n, r->y, r->ldy);
+        /* the model's call: every row of the padded weights (cuda_layer_ffn.c) */
+        return qd_cuda_matmul_split3(g_blas, r->W, r->ldy, r->cols, r->x, H, r->xr, 2 * r->cols, r->n, r->y, r->ldy);
     }
     if ((s = qd_cuda_add_rmsnorm(r->h, NULL, r->norm, EPS, r->n, H, NULL, r->x, r->xf, g_stream))) return s;
     return qd_cuda_matmul_xf32(r->W, r->rows, r->cols, r->xf, H, r->n, r->y, r->ldy, g_stream);
@@ -623,7 +624,7 @@ static void bench_router(void) {
     for (size_t m = 0; m < sizeof shapes / sizeof shapes[0]; m++) {
         router_run r = {.rows = shapes[m].rows, .cols = shapes[m].cols, .ldy = (shapes[m].rows + 7) / 8 * 8};
         const size_t H = (size_t)r.cols;
-        r.W = dummy_bf16((size_t)r.rows * H, sqrtf(3.0f / (float)H), 0x5000 + m);
+        r.W = dummy_bf16((size_t)r.ldy * H, sqrtf(3.0f / (float)H), 0x5000 + m);
         r.h = upload_f32((size_t)NR * H, 1.f, 0.f);
         r.norm = upload_f32(H, 0.2f, 0.f);
         r.xf = upload(NULL, (size_t)NR * H * 4);

@@ -222,21 +222,23 @@ static qd_status one(planner *p, qd_cuda_mat *out, const qd_weight *w) {
 }
 
 /* A matrix the kernels read as bf16 whatever its format (embedding, lm_head, routers). */
-static qd_status bf16_only(planner *p, uint16_t **out, const qd_weight *const *parts, int n_parts) {
+/* The parts stacked into one bf16 matrix, with zero rows after them up to pad_rows. */
+static qd_status bf16_only(planner *p, uint16_t **out, const qd_weight *const *parts, int n_parts, int64_t pad_rows) {
     int64_t rows = 0;
     for (int i = 0; i < n_parts; i++) {
         rows += parts[i]->rows;
         if (qd_weight_quantized(parts[i])) p->n_widened += !p->cv.base;
     }
-    uint16_t *d = take(p, (size_t)(rows * parts[0]->cols) * 2);
-    p->fmt_bytes[QD_DTYPE_BF16] += (size_t)(rows * parts[0]->cols) * 2;
+    const int64_t cols = parts[0]->cols, all = rows > pad_rows ? rows : pad_rows;
+    uint16_t *d = take(p, (size_t)(all * cols) * 2);
+    p->fmt_bytes[QD_DTYPE_BF16] += (size_t)(all * cols) * 2;
     *out = d;
     if (!p->cv.base) return QD_OK;
     for (int i = 0; i < n_parts; i++) {
         QD_TRY(put_bf16(p, d, parts[i]));
         d += parts[i]->rows * parts[i]->cols;
     }
-    return QD_OK;
+    return all > rows ? qd_cuda_memset(d, 0, (size_t)((all - rows) * cols) * 2) : QD_OK;
 }
 
 static qd_status vec(planner *p, float **out, const float *src, int64_t n) {
@@ -400,7 +402,9 @@ static qd_status place_layer(const qd_config *c, const qd_weights *m, const qd_l
         const qd_moe_weights *w = &ly->moe;
         const qd_weight *rg[2] = {&w->router, &w->shared_gate};
         d->has_shared_gate = w->has_shared;
-        QD_TRY(bf16_only(p, &d->router, rg, w->has_shared ? 2 : 1));
+        /* rows padded to the logits stride: the split router's cuBLAS products take whole
+         * 8-row pieces (cuda_layer_ffn.c) */
+        QD_TRY(bf16_only(p, &d->router, rg, w->has_shared ? 2 : 1, QD_CUDA_ROUTER_LD(c->n_experts)));
         const int E = m->n_local_experts, e0 = m->expert0, Ie = c->moe_intermediate_size;
         d->experts_gate_up = d->experts_down = NULL;
         memset(&d->q_experts_gate_up, 0, sizeof d->q_experts_gate_up);
@@ -446,9 +450,9 @@ static qd_status place_layer(const qd_config *c, const qd_weights *m, const qd_l
 static qd_status place(const qd_config *c, const qd_weights *m, qd_cuda_model *cm, planner *p) {
     const int H = c->hidden_size;
     const qd_weight *emb = &m->embed, *lmh = &m->lm_head;
-    QD_TRY(bf16_only(p, &cm->embed, &emb, 1));
+    QD_TRY(bf16_only(p, &cm->embed, &emb, 1, 0));
     if (c->tie_word_embeddings) cm->lm_head = cm->embed;
-    else QD_TRY(bf16_only(p, &cm->lm_head, &lmh, 1));
+    else QD_TRY(bf16_only(p, &cm->lm_head, &lmh, 1, 0));
     QD_TRY(vec(p, &cm->final_norm, m->final_norm, H));
     cm->max_dequant_elems = 0;
     cm->quantized_experts = 0;
