@@ -509,6 +509,9 @@ int main(void) {
         if (!m) continue;
         const int moe = model_has_moe(dirs[i]);
         chunked_vs_recurrent(m, 200, &seed, moe);
+        /* past QD_CUDA_ROUTER_SPLIT_MIN_N rows: the prefill's router on the tensor cores
+         * against the decode router's fp32 kernels */
+        chunked_vs_recurrent(m, 300, &seed, moe);
         chunked_vs_recurrent(m, 65, &seed, moe);
         batched_vs_alone(m, &seed);
         snapshot_and_fork(m, &seed);
