@@ -68,8 +68,7 @@ qd_status qd_cuda_layer_moe(qd_cuda_ctx *g, const qd_cuda_layer *d, int L) {
     if (!g->invariant && n >= QD_CUDA_ROUTER_SPLIT_MIN_N) {
         uint16_t *xr = (uint16_t *)g->xf; /* [n][2 H] bf16: the size of xf's [n][H] fp32 */
         TRYC(qd_cuda_add_rmsnorm_split(g->h, NULL, d->post_norm, c->rms_norm_eps, n, H, g->x, xr, g->stream));
-        /* all ldr rows (the weights' zero rows after Er): cuBLAS's aligned kernels want whole
-         * 8-row pieces (with 257 rows it ran an sm_75 kernel at a tenth of the rate) */
+        /* all ldr rows, the weights' zero rows after Er included (QD_CUDA_ROUTER_LD) */
         TRYC(qd_cuda_matmul_split3(g->blas, d->router, ldr, H, g->x, H, xr, 2 * (int64_t)H, n, g->router, ldr));
     } else {
         TRYC(qd_cuda_add_rmsnorm(g->h, NULL, d->post_norm, c->rms_norm_eps, n, H, NULL, g->x, g->xf, g->stream));

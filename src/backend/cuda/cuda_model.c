@@ -221,8 +221,8 @@ static qd_status one(planner *p, qd_cuda_mat *out, const qd_weight *w) {
     return QD_OK;
 }
 
-/* A matrix the kernels read as bf16 whatever its format (embedding, lm_head, routers). */
-/* The parts stacked into one bf16 matrix, with zero rows after them up to pad_rows. */
+/* A matrix the kernels read as bf16 whatever its format (embedding, lm_head, routers): the
+ * parts stacked, then zero rows up to pad_rows. */
 static qd_status bf16_only(planner *p, uint16_t **out, const qd_weight *const *parts, int n_parts, int64_t pad_rows) {
     int64_t rows = 0;
     for (int i = 0; i < n_parts; i++) {

@@ -146,9 +146,10 @@ typedef struct qd_cuda_step {
     int32_t *tables;      /* [max_seqs][max_blocks_per_seq] block tables of the spans, by span index */
 } qd_cuda_step;
 
-/* Row stride of the router logits (E experts and the shared expert's gate): whole 32-byte
- * pieces, so that cuBLAS writes them with aligned Hopper kernels (with 257 fp32 a row it chose
- * an sm_75 kernel of 1-element alignment, 5-10x slower; bench/RESULTS.md session 27). */
+/* Rows of the router weights as uploaded (E experts, the shared expert's gate, then zero
+ * rows) and the row stride of their logits: a multiple of 8, so that the split router's
+ * cuBLAS products run aligned Hopper kernels. With 257 rows cuBLAS chose an sm_75 kernel of
+ * 1-element alignment, 4.4x slower at 8,192 tokens (bench/RESULTS.md session 27). */
 #define QD_CUDA_ROUTER_LD(E) (((E) + 1 + 7) / 8 * 8)
 
 typedef struct qd_cuda_ctx {

@@ -128,13 +128,14 @@ qd_status qd_cuda_matmul_acc(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows,
  * those of fp32 arithmetic up to the order of the sums (not matmul_xf32's order: rows of a
  * prefill may route differently from the same rows decoded only where two logits are tied
  * to within fp32 rounding). */
+qd_status qd_cuda_matmul_split3(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
+                                int64_t ldx, const uint16_t *d_xr, int64_t ldxr, int n, float *d_y, int64_t ldy);
+
 /* From this many rows the MoE router takes qd_cuda_matmul_split3 (cuda_layer_ffn.c). H100,
  * bench/linear_cuda_bench.c router part (RESULTS session 27), split / fp32 kernels with the
  * norm: 35B-A3B 1.10 at 128 rows, 0.78 at 256, 0.24 at 8,192 (122 vs 503 us); the 80B's 513
  * and the 122B's 257 x 3072 routers 0.54 and 0.70 at 256. */
 #define QD_CUDA_ROUTER_SPLIT_MIN_N 256
-qd_status qd_cuda_matmul_split3(qd_cuda_blas *b, const uint16_t *d_W, int64_t rows, int64_t cols, const uint16_t *d_x,
-                                int64_t ldx, const uint16_t *d_xr, int64_t ldxr, int n, float *d_y, int64_t ldy);
 
 /* The same product with fp32 activations (bf16 weights, fp32 arithmetic): for small
  * matrices whose outputs make discrete decisions, the MoE router (matmul_xf32.cu: a warp
