@@ -146,6 +146,10 @@ def test_basic():
     fwd_s = m.get("qdelta_engine_forward_seconds_total", -1)
     check(steps > 0 and fwd_s > 0 and step_s >= fwd_s + m.get("qdelta_engine_mtp_seconds_total", -1),
           f"engine time in /metrics: {steps} steps, {step_s} s in steps, {fwd_s} s in forwards")
+    # the host's share split: scheduling and reporting, each inside the steps beside the forwards
+    sched_s, rep_s = m.get("qdelta_engine_schedule_seconds_total", -1), m.get("qdelta_engine_report_seconds_total", -1)
+    check(sched_s > 0 and rep_s > 0 and step_s >= fwd_s + sched_s + rep_s,
+          f"engine host time in /metrics: {sched_s} s scheduling, {rep_s} s reporting, {step_s} s in steps")
 
 
 def test_stop_and_seed():

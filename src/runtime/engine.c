@@ -83,6 +83,8 @@ void qd_engine_publish_stats(qd_engine *e) {
     s->spec_verify_steps = e->spec_steps;
     s->forward_seconds = e->forward_s;
     s->mtp_seconds = e->mtp_s;
+    s->schedule_seconds = e->schedule_s;
+    s->report_seconds = e->report_s;
     s->step_seconds = e->step_s + (e->step_t0 > 0 ? qd_clock_seconds() - e->step_t0 : 0.0);
     s->step_cost_ready = e->cost.ready;
     s->bounded_steps = e->bounded_steps;

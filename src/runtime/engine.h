@@ -214,6 +214,9 @@ typedef struct qd_engine_stats {
      * in whole steps (those plus scheduling, sampling and reporting: step_seconds minus
      * the two is the host's own share; the rest of the thread's time it waited for work) */
     double forward_seconds, mtp_seconds, step_seconds;
+    /* of the host's share: choosing each step's spans, and sampling, advancing and
+     * reporting its rows (the requests' callbacks, where a server formats its output) */
+    double schedule_seconds, report_seconds;
     /* The step cost model (step_cost.h) as last fitted: forward ms = [0] + [1] x prompt
      * tokens + [2] x decode rows; all 0 while not ready */
     double step_cost_ms[3];

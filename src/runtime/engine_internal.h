@@ -158,6 +158,8 @@ struct qd_engine {
     double *resid;            /* [vocab] the rejection sampler's residual */
     double forward_s, mtp_s;  /* seconds in the steps' main forwards and MTP forwards (stats) */
     double step_s;            /* seconds in whole steps: scheduling, forwards, sampling, reporting (stats) */
+    double schedule_s;        /* ... of them choosing the step's spans (admissions, KV blocks, prefix hits) */
+    double report_s;          /* ... and sampling, advancing and reporting its rows (the callbacks included) */
     double step_t0;           /* when the step in progress began (0: none), so that stats published
                                * inside a step count its time so far beside its forward's */
     uint64_t spec_steps, spec_drafted, spec_accepted, spec_accepted_at[QD_SPEC_MAX];

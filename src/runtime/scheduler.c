@@ -709,8 +709,10 @@ static int engine_step(qd_engine *e) {
     if (pbudget < budget) e->bounded_steps++;
     e->step_reserved = 0;
     e->step_prompt = e->step_decode = 0;
+    const double ts = qd_clock_seconds();
     int n_spans = schedule_running(e, &budget, &pbudget);
     n_spans = schedule_admissions(e, n_spans, &budget, &pbudget);
+    e->schedule_s += qd_clock_seconds() - ts;
     if (n_spans == 0) {
         /* only reachable if the queue head can never fit; fail it rather than spin */
         if (e->n_running == 0 && e->waiting.head) {
@@ -738,6 +740,7 @@ static int engine_step(qd_engine *e) {
         for (int i = 0; i < n_spans; i++) qd_engine_finish(e, e->span_req[i], QD_FINISH_ERROR, NULL, e->errbuf);
         return 1;
     }
+    const double tr = qd_clock_seconds();
     prepare_rows(e, n_spans);
     /* advance first, then report: a callback may cancel any request, but cancellation
      * only takes effect at the next boundary, so the span list stays valid here */
@@ -757,6 +760,7 @@ static int engine_step(qd_engine *e) {
         const qd_row_prep *pp = prep < e->n_prep && e->prep[prep].span == i ? &e->prep[prep++] : NULL;
         sample_and_report(e, r, row++, pp);
     }
+    e->report_s += qd_clock_seconds() - tr;
     return 1;
 }
 

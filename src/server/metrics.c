@@ -149,6 +149,13 @@ char *srv_metrics_render(srv_metrics *m, const qd_engine_stats *st, int open_str
             put(&o, "qdelta_engine_step_cost_ms{term=\"%s\"} %.17g\n", terms[i], st->step_cost_ms[i]);
         put_one(&o, "qdelta_engine_bounded_steps_total", "counter",
                 "Steps whose prompt tokens --max-step-ms held below --max-batch-tokens.", (double)st->bounded_steps);
+        put_one(&o, "qdelta_engine_schedule_seconds_total", "counter",
+                "Wall seconds of the steps spent choosing their spans (admissions, KV blocks, prefix cache hits).",
+                st->schedule_seconds);
+        put_one(&o, "qdelta_engine_report_seconds_total", "counter",
+                "Wall seconds of the steps spent sampling, advancing and reporting their rows (the server's "
+                "per-token callbacks included).",
+                st->report_seconds);
         put_one(&o, "qdelta_engine_mtp_seconds_total", "counter",
                 "Wall seconds of the MTP head's forwards (speculative drafts, prompt catch-up).", st->mtp_seconds);
         put_one(&o, "qdelta_prefill_tokens_total", "counter",
