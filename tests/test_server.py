@@ -134,6 +134,24 @@ def test_basic():
     lp = c4.choices[0].logprobs
     check(lp is not None and len(lp.tokens) == c4.usage.completion_tokens and len(lp.top_logprobs[0]) == 2,
           "completion logprobs shape")
+    # streamed, echo and logprobs: each token's text_offset is where its text starts in the echoed prompt
+    # and the completion, however the tokens fall into chunks (a chunk may carry several)
+    cs4 = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=0,
+                                    echo=True, logprobs=1, stream=True)
+    full, toks, offs = "", [], []
+    for ch in cs4:
+        if not ch.choices:
+            continue
+        full += ch.choices[0].text or ""
+        if ch.choices[0].logprobs:
+            toks += ch.choices[0].logprobs.tokens
+            offs += ch.choices[0].logprobs.text_offset
+    want, at = [], len("Once upon a time")
+    for t in toks:
+        want.append(at)
+        at += len(t.encode())
+    check(full.startswith("Once upon a time") and len(toks) > 0 and offs == want,
+          f"streamed text_offset {offs} == {want} (tokens {toks})")
     r5 = chat("Hi", max_tokens=6, logprobs=True, top_logprobs=3)
     lc = r5.choices[0].logprobs.content
     check(len(lc) == r5.usage.completion_tokens and all(len(t.top_logprobs) == 3 for t in lc) and

@@ -1,8 +1,9 @@
 /* One generation: submission to the engine and the engine callback that turns tokens
  * into OpenAI responses. The callback runs on the engine thread: it detokenizes,
- * applies stop strings, splits <think> reasoning from content, and appends SSE chunks
- * (streaming) or accumulates the message (non-streaming); then it resumes the
- * suspended HTTP connection so that MHD sends what is ready. */
+ * applies stop strings, splits <think> reasoning from content, and gathers a stream's
+ * deltas (formatted into SSE chunks by the connection's reader, srv_gen_flush) or
+ * accumulates the message (non-streaming); then it resumes the suspended HTTP
+ * connection so that MHD sends what is ready. */
 #include <microhttpd.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -215,8 +216,11 @@ static void add_logprobs(srv_gen *g, json_t **dst, const qd_sample_result *r) {
             json_decref(t);
         }
         json_array_append_new(json_object_get(*dst, "top_logprobs"), top);
-        json_array_append_new(json_object_get(*dst, "text_offset"),
-                              json_integer((json_int_t)(g->echo_text.n + g->content.n + g->text_offset)));
+        /* the token's place in the text (the echoed prompt, then the completion): a stream's
+         * bytes sent so far and those gathered for its next chunk */
+        const size_t at = g->o.stream ? (g->sent_role ? 0 : g->echo_text.n) + g->text_offset + g->dcontent.n
+                                      : g->echo_text.n + g->content.n;
+        json_array_append_new(json_object_get(*dst, "text_offset"), json_integer((json_int_t)at));
     }
 }
 
@@ -295,6 +299,42 @@ static void stream_chunk(srv_gen *g, const char *finish) {
     g->dcontent.n = g->dreasoning.n = 0;
 }
 
+/* A token's deltas wait for the reader (srv_gen_flush). Requests with tools format at once:
+ * their tool-call deltas stay one event a chunk. */
+static void defer_chunk(srv_gen *g) {
+    srv_gen *lead = gen_lead(g);
+    if (g->tools) {
+        stream_chunk(g, NULL);
+        return;
+    }
+    if (!g->pending && lead->n_pend < SRV_MAX_N) {
+        g->pending = 1;
+        lead->pend[lead->n_pend++] = g;
+    } else if (!g->pending) {
+        stream_chunk(g, NULL);
+    }
+}
+
+/* g leaves its lead's pending list (its deltas go out with what comes next). */
+static void unpend(srv_gen *g) {
+    if (!g->pending) return;
+    srv_gen *lead = gen_lead(g);
+    int j = 0;
+    for (int i = 0; i < lead->n_pend; i++)
+        if (lead->pend[i] != g) lead->pend[j++] = lead->pend[i];
+    lead->n_pend = j;
+    g->pending = 0;
+}
+
+void srv_gen_flush(srv_gen *lead) {
+    for (int i = 0; i < lead->n_pend; i++) {
+        srv_gen *g = lead->pend[i];
+        g->pending = 0;
+        stream_chunk(g, NULL);
+    }
+    lead->n_pend = 0;
+}
+
 /* Non-streaming: this choice's object, into the lead's choices[index]. */
 static void add_choice(srv_gen *g, const char *finish) {
     json_t *choice;
@@ -365,6 +405,11 @@ static void finish_choice(srv_gen *g) {
 static void finalize(srv_gen *g, const char *finish, const char *error) {
     if (g->choice_done) return;
     srv_gen *lead = gen_lead(g);
+    /* its gathered deltas go out in the chunks below (before an error, on their own) */
+    if (g->pending) {
+        unpend(g);
+        if (error) stream_chunk(g, NULL);
+    }
     if (!g->stopped) {
         const char *t;
         size_t n;
@@ -470,7 +515,7 @@ static int on_event(void *user, const qd_engine_event *ev) {
                 if (qd_detok_push(&g->dt, id, &t, &n, &err) == QD_OK) text_push(g, t, n);
             }
             if (g->stopped) finalize(g, "stop", NULL);
-            else if (g->o.stream) stream_chunk(g, NULL);
+            else if (g->o.stream) defer_chunk(g);
         }
         if (!g->choice_done && client_closed(lead, g->n_events)) {
             lead->client_gone = 1;
@@ -489,7 +534,7 @@ static int on_event(void *user, const qd_engine_event *ev) {
                              aborted);
     }
     int want_stop = g->stopped || lead->conn_gone || lead->client_gone;
-    if (lead->suspended && !lead->conn_gone && (lead->done || lead->out.n > lead->out_off)) {
+    if (lead->suspended && !lead->conn_gone && (lead->done || lead->out.n > lead->out_off || lead->n_pend > 0)) {
         /* whoever clears `suspended` owns the resume; a suspended connection cannot
          * complete, so conn stays valid after the unlock */
         lead->suspended = 0;

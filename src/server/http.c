@@ -4,9 +4,10 @@
  * MHD runs its own epoll thread(s). A request that waits for the engine does not
  * hold a thread: its connection is suspended (MHD_suspend_connection) and the
  * engine callback resumes it when bytes are ready.
- *   - streams: the response is an SSE body produced by a content-reader callback;
- *     when the reader finds nothing to send it suspends the connection and returns
- *     0, and the next engine event resumes it;
+ *   - streams: the response is an SSE body produced by a content-reader callback,
+ *     which formats the deltas the engine callback gathered (srv_gen_flush); when it
+ *     finds nothing to send it suspends the connection and returns 0, and the next
+ *     engine event resumes it;
  *   - non-streaming: the access handler suspends the connection after submitting;
  *     when the finishing event resumes it, MHD calls the handler again, which queues
  *     the finished JSON body.
@@ -70,6 +71,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     ssize_t ret;
     pthread_mutex_lock(&g->mu);
+    if (g->out.n == g->out_off && g->n_pend > 0) srv_gen_flush(g); /* the deltas gathered since */
     if (g->out.n > g->out_off) {
         size_t k = g->out.n - g->out_off;
         if (k > max) k = max;

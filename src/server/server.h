@@ -152,6 +152,13 @@ typedef struct srv_gen {
     /* streaming output: bytes ready to send */
     srv_buf out;
     size_t out_off;
+    /* streaming: choices whose token deltas wait to be formatted (lead only; `pending` on
+     * each such choice). The engine thread only gathers a token's text and logprobs; the
+     * connection's reader formats them (srv_gen_flush) when it has sent the bytes before,
+     * so SSE chunks are built off the engine thread, several tokens a chunk when the
+     * client lags. A choice leaves the list when it is formatted or finalized. */
+    struct srv_gen *pend[SRV_MAX_N];
+    int n_pend, pending;
     int sent_role;
     const char *finish_reason;
     int http_status;      /* for a non-streaming body or an error after submit */
@@ -190,6 +197,8 @@ int srv_gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e
 void srv_gen_seed_output(srv_gen *g, const char *text, size_t n);
 /* The connection went away or finished: cancel if still running, drop its reference. */
 void srv_gen_conn_done(srv_gen *g);
+/* Streaming, with the lead's mutex held: formats the pending choices' deltas into `out`. */
+void srv_gen_flush(srv_gen *lead);
 
 /* --------------------------------------------------------------- routes */
 
