@@ -62,6 +62,7 @@ static void gen_free(srv_gen *g) {
     srv_buf_free(&g->dreasoning);
     json_decref(g->lp);
     json_decref(g->dlp);
+    free(g->plp);
     free(g->body);
     free(g->error_body);
     json_decref(g->choices);
@@ -196,7 +197,7 @@ static json_t *chat_lp_entry(const srv_gen *g, int32_t id, float lp) {
 /* Records one token's logprobs into `*dst` (created on first use) in the endpoint's shape:
  * chat: {"content": [{token, logprob, bytes, top_logprobs}]};
  * completions: {tokens, token_logprobs, top_logprobs, text_offset}. */
-static void add_logprobs(srv_gen *g, json_t **dst, const qd_sample_result *r) {
+static void add_logprobs(srv_gen *g, json_t **dst, const qd_sample_result *r, size_t at) {
     if (g->kind == SRV_CHAT) {
         if (!*dst) *dst = json_pack("{s:[]}", "content");
         json_t *e = chat_lp_entry(g, r->token, r->logprob);
@@ -216,12 +217,40 @@ static void add_logprobs(srv_gen *g, json_t **dst, const qd_sample_result *r) {
             json_decref(t);
         }
         json_array_append_new(json_object_get(*dst, "top_logprobs"), top);
-        /* the token's place in the text (the echoed prompt, then the completion): a stream's
-         * bytes sent so far and those gathered for its next chunk */
-        const size_t at = g->o.stream ? (g->sent_role ? 0 : g->echo_text.n) + g->text_offset + g->dcontent.n
-                                      : g->echo_text.n + g->content.n;
         json_array_append_new(json_object_get(*dst, "text_offset"), json_integer((json_int_t)at));
     }
+}
+
+/* Where the next token's text starts (completions' text_offset): the echoed prompt, then
+ * the completion; for a stream, the bytes sent so far and those gathered for its next chunk. */
+static size_t text_at(const srv_gen *g) {
+    return g->o.stream ? (g->sent_role ? 0 : g->echo_text.n) + g->text_offset + g->dcontent.n
+                       : g->echo_text.n + g->content.n;
+}
+
+/* A token's logprobs: a stream keeps the sample for the chunk that carries it (formatted off the
+ * engine thread, format_logprobs), a whole response adds them at once. */
+static void take_logprobs(srv_gen *g, const qd_sample_result *r) {
+    if (!g->o.stream) {
+        add_logprobs(g, &g->lp, r, text_at(g));
+        return;
+    }
+    if (g->n_plp == g->cap_plp) {
+        const int cap = g->cap_plp ? 2 * g->cap_plp : 8;
+        srv_lp_pending *p = realloc(g->plp, sizeof *p * (size_t)cap);
+        if (!p) { /* out of memory: format it now instead */
+            add_logprobs(g, &g->dlp, r, text_at(g));
+            return;
+        }
+        g->plp = p;
+        g->cap_plp = cap;
+    }
+    g->plp[g->n_plp++] = (srv_lp_pending){.r = *r, .at = text_at(g)};
+}
+
+static void format_logprobs(srv_gen *g) {
+    for (int i = 0; i < g->n_plp; i++) add_logprobs(g, &g->dlp, &g->plp[i].r, g->plp[i].at);
+    g->n_plp = 0;
 }
 
 /* ---------------------------------------------------------------- output */
@@ -255,6 +284,7 @@ static json_t *chunk_base(srv_gen *g) {
 /* Sends the text and logprobs gathered for this event as one chunk (if any), with the
  * finish reason when given. */
 static void stream_chunk(srv_gen *g, const char *finish) {
+    format_logprobs(g);
     if (g->kind == SRV_MESSAGES) {
         srv_anthropic_stream(g, finish);
         return;
@@ -505,7 +535,7 @@ static int on_event(void *user, const qd_engine_event *ev) {
         g->completion_tokens = ev->completion_tokens > 0 ? ev->completion_tokens : g->completion_tokens + 1;
         if (!g->choice_done && !g->stopped) {
             const qd_sample_result *r = &ev->sample;
-            if (g->o.logprobs) add_logprobs(g, g->o.stream ? &g->dlp : &g->lp, r);
+            if (g->o.logprobs) take_logprobs(g, r);
             int32_t id = r->token;
             int special = qd_tokenizer_is_special(s->tok, id) && id != s->think_start && id != s->think_end;
             if (!(is_eos(s, id) && !g->o.rp.ignore_eos) && !special && !is_stop_token(g, ev)) {

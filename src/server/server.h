@@ -113,6 +113,12 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
 int srv_check_length(srv_server *s, int n_prompt, srv_opts *o, srv_error *e);
 
 /* One generation in flight. */
+/* A streamed token's logprobs as sampled, and where its text starts in the output. */
+typedef struct srv_lp_pending {
+    qd_sample_result r;
+    size_t at;
+} srv_lp_pending;
+
 typedef struct srv_gen {
     srv_server *srv;
     pthread_mutex_t mu;
@@ -140,6 +146,8 @@ typedef struct srv_gen {
     json_t *dtools;       /* streaming: tool-call deltas of the current event */
     srv_buf dcontent, dreasoning; /* streaming: text of the current event */
     json_t *dlp;          /* streaming: logprobs of the current event */
+    struct srv_lp_pending *plp; /* streaming: tokens whose logprobs wait to be formatted */
+    int n_plp, cap_plp;
     size_t text_offset;   /* streaming completions: bytes of text sent so far */
     int n_events;         /* token events seen (TTFT vs inter-token latency) */
     int engine_done;      /* the engine's finishing event arrived */
