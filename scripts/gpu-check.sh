@@ -255,12 +255,13 @@ if has throughput; then
     : >"$THR_LOG"
     M="$BUILD/q35-dummy"
     mkdir -p "$M" && cp bench/configs/qwen3_5_35b_a3b/config.json tests/data/qwen35-tokenizer/tokenizer.json "$M/"
-    # THR_STEP_MS="60 ...": the load again with each step time bound (--max-step-ms)
+    # THR_STEP_MS="60 ...": the load again with each step time bound (--max-step-ms);
+    # THR_BATCH_TOKENS: the step token budget, --max-batch-tokens (default 8,192)
     for step_ms in 0 ${THR_STEP_MS:-}; do
         echo "=== --max-step-ms $step_ms" >>"$THR_LOG"
         "$BUILD/qdelta" serve -q -m "$M" --backend cuda --load-format dummy --port 18712 --max-num-seqs 512 \
             --chat-template tests/data/chat_template/qwen3_5.jinja --max-step-ms "$step_ms" \
-            --max-model-len 1280 --max-batch-tokens 8192 --max-waiting 1024 --http-threads 4 2>>"$THR_LOG" &
+            --max-model-len 1280 --max-batch-tokens "${THR_BATCH_TOKENS:-8192}" --max-waiting 1024 --http-threads 4 2>>"$THR_LOG" &
         tpid=$!
         wait_up 18712 $tpid 240
         timeout 400 python3 bench/loadgen.py --url http://127.0.0.1:18712 --concurrency 512 --input-len 1024 \

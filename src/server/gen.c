@@ -281,8 +281,8 @@ static json_t *chunk_base(srv_gen *g) {
                      "model", g->srv->cfg.model_name);
 }
 
-/* Sends the text and logprobs gathered for this event as one chunk (if any), with the
- * finish reason when given. */
+/* Sends the text and logprobs gathered since the last chunk as one chunk (if any), with
+ * the finish reason when given. */
 static void stream_chunk(srv_gen *g, const char *finish) {
     format_logprobs(g);
     if (g->kind == SRV_MESSAGES) {

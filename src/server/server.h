@@ -112,13 +112,13 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
 /* Checks prompt + max_tokens against the context and fills in max_tokens. */
 int srv_check_length(srv_server *s, int n_prompt, srv_opts *o, srv_error *e);
 
-/* One generation in flight. */
 /* A streamed token's logprobs as sampled, and where its text starts in the output. */
 typedef struct srv_lp_pending {
     qd_sample_result r;
     size_t at;
 } srv_lp_pending;
 
+/* One generation in flight. */
 typedef struct srv_gen {
     srv_server *srv;
     pthread_mutex_t mu;
@@ -144,8 +144,8 @@ typedef struct srv_gen {
     json_t *tools;        /* the request's tools (a reference), to type call arguments */
     srv_toolstream tstream; /* streaming: tool calls as deltas while they are generated */
     json_t *dtools;       /* streaming: tool-call deltas of the current event */
-    srv_buf dcontent, dreasoning; /* streaming: text of the current event */
-    json_t *dlp;          /* streaming: logprobs of the current event */
+    srv_buf dcontent, dreasoning; /* streaming: text gathered for the next chunk */
+    json_t *dlp;          /* streaming: logprobs formatted for the next chunk */
     struct srv_lp_pending *plp; /* streaming: tokens whose logprobs wait to be formatted */
     int n_plp, cap_plp;
     size_t text_offset;   /* streaming completions: bytes of text sent so far */
