@@ -330,18 +330,15 @@ static void stream_chunk(srv_gen *g, const char *finish) {
 }
 
 /* A token's deltas wait for the reader (srv_gen_flush). Requests with tools format at once:
- * their tool-call deltas stay one event a chunk. */
+ * their tool-call deltas stay one event a chunk. A choice is listed once, and a lead has at
+ * most SRV_MAX_N choices, so the list never fills. */
 static void defer_chunk(srv_gen *g) {
-    srv_gen *lead = gen_lead(g);
     if (g->tools) {
         stream_chunk(g, NULL);
-        return;
-    }
-    if (!g->pending && lead->n_pend < SRV_MAX_N) {
+    } else if (!g->pending) {
+        srv_gen *lead = gen_lead(g);
         g->pending = 1;
         lead->pend[lead->n_pend++] = g;
-    } else if (!g->pending) {
-        stream_chunk(g, NULL);
     }
 }
 
