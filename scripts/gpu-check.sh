@@ -267,16 +267,18 @@ if has throughput; then
         timeout 400 python3 bench/loadgen.py --url http://127.0.0.1:18712 --concurrency 512 --input-len 1024 \
             --output-len 128 --requests 1000 --id-range 100..150000 --markdown >>"$THR_LOG" 2>&1 || status=1
         # where the engine thread's time went (the warm-up requests included): steps, their
-        # forwards, the host's own share (scheduling, sampling, reporting), tokens a step,
-        # and the step cost model the engine measured
+        # forwards, the host's own share (scheduling, sampling, queuing events), the reporting
+        # thread's callbacks beside the steps and the engine's waits for them, tokens a
+        # step, and the step cost model the engine measured
         curl -s http://127.0.0.1:18712/metrics | awk -v ms="$step_ms" '
             /^qdelta_engine_steps_total /{n=$2} /^qdelta_engine_step_seconds_total /{s=$2}
             /^qdelta_engine_forward_seconds_total /{f=$2} /^qdelta_prefill_tokens_total /{p=$2}
             /^qdelta_engine_schedule_seconds_total /{sc=$2} /^qdelta_engine_report_seconds_total /{rp=$2}
+            /^qdelta_engine_callback_seconds_total /{cb=$2} /^qdelta_engine_report_wait_seconds_total /{rw=$2}
             /^qdelta_generation_tokens_total /{g=$2} /^qdelta_engine_bounded_steps_total /{bs=$2}
             /^qdelta_engine_step_cost_ms\{term="base"\}/{c0=$2} /^qdelta_engine_step_cost_ms\{term="per_prompt_token"\}/{c1=$2}
             /^qdelta_engine_step_cost_ms\{term="per_decode_row"\}/{c2=$2}
-            END { if (n > 0) printf "engine (--max-step-ms %s): %d steps (%d bounded), %.1f s in steps: forwards %.1f s, host %.1f s (scheduling %.2f s, reporting %.2f s); %.0f tokens a step (%.0f prompt, %.0f generated); step cost %.2f ms + %.4f ms a prompt token + %.4f ms a decode row\n", ms, n, bs, s, f, s - f, sc, rp, (p + g) / n, p / n, g / n, c0, c1, c2 }' >>"$THR_LOG"
+            END { if (n > 0) printf "engine (--max-step-ms %s): %d steps (%d bounded), %.1f s in steps: forwards %.1f s, host %.1f s (scheduling %.2f s, sampling and queuing %.2f s); callbacks %.2f s beside the steps, waited for %.2f s; %.0f tokens a step (%.0f prompt, %.0f generated); step cost %.2f ms + %.4f ms a prompt token + %.4f ms a decode row\n", ms, n, bs, s, f, s - f, sc, rp, cb, rw, (p + g) / n, p / n, g / n, c0, c1, c2 }' >>"$THR_LOG"
         kill -INT $tpid; wait $tpid
     done
     # the load's step shapes alone: 512 decodes at 1,024-token contexts, then the same with

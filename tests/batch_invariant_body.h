@@ -65,7 +65,8 @@ static int bi_event(void *user, const qd_engine_event *ev) {
         o->done = 1;
         pthread_cond_broadcast(&bi_cv);
     }
-    /* the gate parks the engine thread until every request of the batch is queued */
+    /* the gate parks the reporting thread until every request of the batch is queued
+     * (the engine, idle after the gate, waits for its callbacks before taking work) */
     while (o->gate && bi_gate_closed) pthread_cond_wait(&bi_cv, &bi_mu);
     pthread_mutex_unlock(&bi_mu);
     return 0;
@@ -114,7 +115,7 @@ static void bi_wait(bi_out *o, int n) {
 }
 
 /* All n requests queued at one step boundary: a one-token gate request holds the
- * engine thread in its callback while they are submitted. */
+ * engine in its callback while they are submitted. */
 static void bi_run_together(qd_engine *e, const bi_req *rs, int n, bi_out *os) {
     static bi_out gate;
     bi_req g = rs[0];

@@ -12,9 +12,11 @@
  *       (qd_forward_mixed) instead of the sampler: the same tokens and logprobs as
  *       through the sampler, and in (a)/(b) half the greedy requests go that way, so
  *       steps mix argmax rows and sampled rows.
- * Nothing here depends on how fast the engine thread runs against this one (the CI
- * runs it under ASan): where the engine's state matters at a given moment, a callback
- * parks the engine thread (hold) until the test has done what it must. */
+ * Nothing here depends on how fast the engine runs against this one (the CI runs it
+ * under ASan): where the engine's state matters at a given moment, a callback parks
+ * the reporting thread (hold) until the test has done what it must; the engine thread
+ * then stops at its next boundary (it runs at most one step ahead of its callbacks,
+ * and none when it has nothing else to do). */
 #include <dirent.h>
 #include <pthread.h>
 #include <string.h>
@@ -30,9 +32,10 @@
 static qd_test_rng rng;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
-/* Under g_mu: the collector whose callback parks the engine thread once it has
+/* Under g_mu: the collector whose callback parks the reporting thread once it has
  * g_hold_at tokens (or on its finishing event), until release_hold; g_parked while it
- * waits. The engine's queues, slots and counters stand still meanwhile. */
+ * waits. The engine's queues, slots and counters stand still meanwhile, from the end
+ * of the step after the one that made the event (or at once, when idle). */
 static const struct collector *g_hold;
 static int g_hold_at, g_parked;
 
@@ -141,7 +144,7 @@ static void submit_ex(qd_engine *e, const req *r, collector *c, int cancel_self_
 static void submit(qd_engine *e, const req *r, collector *c) { submit_ex(e, r, c, 0, 0); }
 
 /* Submits all at once, waits for all. Several requests reach the engine at one step
- * boundary: a one-token gate request parks the engine thread in its finishing
+ * boundary: a one-token gate request parks the reporting thread in its finishing
  * callback while they are queued, so the batches (and preemptions) do not depend on
  * how fast this thread submits. The gate counts in requests_finished. */
 static void run_batch(qd_engine *e, const req *rs, int n, collector *cs) {
@@ -404,6 +407,37 @@ static void check_lifecycle(qd_model *m, const char *dir) {
     for (int i = 3; i < 8; i++) CHECKF(same_tokens(&cs[i], &ref[i]), "%s: request %d changed by cancellations", dir, i);
     check_clean(e, "after cancellations");
 
+    /* (c2) a stop that comes when the engine is a step further: the callback parks on
+     * its stopping token until the engine has made the next one (the stats count it),
+     * which is then not reported. The second request also reaches max_tokens on that
+     * token; its finishing event is still the STOP asked for, without a token. */
+    for (int v = 0; v < 2; v++) {
+        req r = rs[3 + v];
+        r.rp.max_tokens = v ? 8 : 40;
+        collector *c = &cs[3 + v];
+        qd_engine_stats s0, s1;
+        qd_engine_get_stats(e, &s0);
+        hold(c, 7);
+        submit_ex(e, &r, c, 0, 7);
+        wait_parked();
+        for (int tries = 0; tries < 20000; tries++) {
+            qd_engine_get_stats(e, &s1);
+            if (s1.generated_tokens_total >= s0.generated_tokens_total + 8) break;
+            usleep(500);
+        }
+        CHECKF(s1.generated_tokens_total == s0.generated_tokens_total + 8,
+               "late stop %d: the engine made %llu tokens while the callback held the 7th, expected 8", v,
+               (unsigned long long)(s1.generated_tokens_total - s0.generated_tokens_total));
+        release_hold();
+        wait_done(c, 1);
+        CHECKF(c->finish == QD_FINISH_STOP && c->n == 7 && c->finish_events == 1 && c->events_after_finish == 0 &&
+                   c->bad_counts == 0,
+               "late stop %d: finish %d after %d tokens, %d finishing events, %d after, %d wrong counts", v,
+               (int)c->finish, c->n, c->finish_events, c->events_after_finish, c->bad_counts);
+        CHECK(memcmp(c->toks, ref[3 + v].toks, sizeof(int32_t) * 7) == 0);
+        check_clean(e, "after a late stop");
+    }
+
     /* (d) bad submits */
     qd_err err = {0};
     uint64_t id;
@@ -438,9 +472,9 @@ static void check_lifecycle(qd_model *m, const char *dir) {
     p.max_model_len = 256;
     p.max_waiting = 2;
     CHECK(qd_engine_create(m, &p, &e, &err) == QD_OK);
-    /* the engine is parked in request 0's first callback, i.e. in the step that
-     * admitted it (a moment when the queue bound once still counted it as waiting),
-     * and nothing can be admitted or finish until we are done */
+    /* request 0's first callback is parked (the moment the queue bound once still
+     * counted it as waiting); the engine stops a step later with request 0 running in
+     * the one slot, so nothing can be admitted or finish until we are done */
     hold(&cs[0], 1);
     submit(e, &rs[0], &cs[0]);
     wait_parked();

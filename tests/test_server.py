@@ -168,6 +168,9 @@ def test_basic():
     sched_s, rep_s = m.get("qdelta_engine_schedule_seconds_total", -1), m.get("qdelta_engine_report_seconds_total", -1)
     check(sched_s > 0 and rep_s > 0 and step_s >= fwd_s + sched_s + rep_s,
           f"engine host time in /metrics: {sched_s} s scheduling, {rep_s} s reporting, {step_s} s in steps")
+    # the callbacks run on the reporting thread, outside the steps; the engine's waits for it too
+    cb_s, wait_s = m.get("qdelta_engine_callback_seconds_total", -1), m.get("qdelta_engine_report_wait_seconds_total", -1)
+    check(cb_s > 0 and wait_s >= 0, f"reporting thread in /metrics: {cb_s} s in callbacks, {wait_s} s waited for")
 
 
 def test_stop_and_seed():

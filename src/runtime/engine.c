@@ -85,6 +85,8 @@ void qd_engine_publish_stats(qd_engine *e) {
     s->mtp_seconds = e->mtp_s;
     s->schedule_seconds = e->schedule_s;
     s->report_seconds = e->report_s;
+    s->report_wait_seconds = e->report_wait_s;
+    if (e->rep) s->callback_seconds = qd_reporter_callback_seconds(e->rep);
     s->step_seconds = e->step_s + (e->step_t0 > 0 ? qd_clock_seconds() - e->step_t0 : 0.0);
     s->step_cost_ready = e->cost.ready;
     s->bounded_steps = e->bounded_steps;
@@ -117,26 +119,85 @@ void qd_engine_queued_add(qd_engine *e, int delta) {
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Finishes every request whose cancel flag was seen at this boundary. */
+void qd_engine_emit(qd_engine *e, const qd_request *r, const qd_engine_event *ev) {
+    if (r->cb) qd_reporter_push(e->rep, r->cb, r->user, ev);
+}
+
+/* The reporter's thread: request_id's callback asked to stop after `delivered`
+ * tokens. Ended at the next boundary like a cancel (unless it ended meanwhile). */
+static void stop_request(void *owner, uint64_t request_id, int delivered) {
+    qd_engine *e = owner;
+    pthread_mutex_lock(&e->mu);
+    for (qd_request *r = e->live; r; r = r->live_next) {
+        if (r->id != request_id) continue;
+        if (!r->stop_requested) {
+            r->stop_requested = 1;
+            r->stop_after = delivered;
+            e->cancel_pending = 1;
+            pthread_cond_signal(&e->cv);
+        }
+        break;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Ends r as its callback asked: with the tokens it was given. The engine may have made
+ * more since (the state keeps them, as after a rejected draft); they are not reported. */
+static void finish_stopped(qd_engine *e, qd_request *r) {
+    if (r->n_tokens > r->n_prompt + r->stop_after) r->n_tokens = r->n_prompt + r->stop_after;
+    qd_engine_finish(e, r, QD_FINISH_STOP, NULL, NULL);
+}
+
+/* Finishes every request whose cancel or stop was seen at this boundary. */
 static void process_cancels(qd_engine *e) {
     for (int i = 0; i < e->n_running;) {
         qd_request *r = e->running[i];
-        if (r->cancel_seen) qd_engine_finish(e, r, QD_FINISH_CANCELLED, NULL, NULL); /* shifts running[] */
+        if (r->stop_seen) finish_stopped(e, r); /* shifts running[] */
+        else if (r->cancel_seen) qd_engine_finish(e, r, QD_FINISH_CANCELLED, NULL, NULL);
         else i++;
     }
     for (qd_request *r = e->waiting.head, *nx; r; r = nx) {
         nx = r->next;
-        if (r->cancel_seen) qd_engine_finish(e, r, QD_FINISH_CANCELLED, NULL, NULL);
+        if (r->stop_seen) finish_stopped(e, r);
+        else if (r->cancel_seen) qd_engine_finish(e, r, QD_FINISH_CANCELLED, NULL, NULL);
     }
+}
+
+/* Hands the events queued so far to the reporter; at a step's end (`step`), also moves
+ * the lag mark on. */
+static void publish_events(qd_engine *e, int step) {
+    const uint64_t n = qd_reporter_publish(e->rep);
+    if (step) {
+        e->rep_lag_mark = e->rep_step_mark;
+        e->rep_step_mark = n;
+    }
+}
+
+static int has_work(const qd_engine *e) {
+    return e->stop || e->incoming.head || e->cancel_pending || e->n_running > 0 || e->waiting.head;
 }
 
 static void *engine_main(void *arg) {
     qd_engine *e = arg;
     for (;;) {
+        /* reporting overlaps the next step's forward, and no more: a callback that
+         * takes long (or parks, as the tests' do) holds the engine one step later */
+        e->report_wait_s += qd_reporter_wait(e->rep, e->rep_lag_mark);
         pthread_mutex_lock(&e->mu);
         qd_engine_publish_stats(e);
-        while (!e->stop && !e->incoming.head && !e->cancel_pending && e->n_running == 0 && !e->waiting.head)
-            pthread_cond_wait(&e->cv, &e->mu);
+        for (int drained = 0; !has_work(e);) {
+            if (drained) {
+                pthread_cond_wait(&e->cv, &e->mu);
+                continue;
+            }
+            /* idle: every event delivered before sleeping, so that requests submitted
+             * while a callback runs all find the engine where that callback left it */
+            pthread_mutex_unlock(&e->mu);
+            e->report_wait_s += qd_reporter_wait(e->rep, qd_reporter_publish(e->rep));
+            pthread_mutex_lock(&e->mu);
+            qd_engine_publish_stats(e);
+            drained = 1;
+        }
         while (e->incoming.head) {
             qd_request *r = e->incoming.head;
             qd_req_list_remove(&e->incoming, r);
@@ -144,17 +205,30 @@ static void *engine_main(void *arg) {
         }
         int cancels = e->cancel_pending;
         if (cancels)
-            for (qd_request *r = e->live; r; r = r->live_next) r->cancel_seen = r->cancel_requested;
+            for (qd_request *r = e->live; r; r = r->live_next) {
+                r->cancel_seen = r->cancel_requested;
+                r->stop_seen = r->stop_requested;
+            }
         e->cancel_pending = 0;
         const int stop = e->stop;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
-        if (cancels) process_cancels(e);
+        if (cancels) {
+            process_cancels(e);
+            publish_events(e, 0);
+        }
         qd_engine_step(e);
+        publish_events(e, 1);
+        /* now too, not only at the next boundary, which may wait for the reporter */
+        pthread_mutex_lock(&e->mu);
+        qd_engine_publish_stats(e);
+        pthread_mutex_unlock(&e->mu);
     }
-    /* shutdown: everything still known gets its finishing event */
+    /* shutdown: everything still known gets its finishing event (qd_engine_free then
+     * waits for the reporter to deliver them) */
     while (e->n_running > 0) qd_engine_finish(e, e->running[0], QD_FINISH_CANCELLED, NULL, NULL);
     while (e->waiting.head) qd_engine_finish(e, e->waiting.head, QD_FINISH_CANCELLED, NULL, NULL);
+    publish_events(e, 0);
     pthread_mutex_lock(&e->mu);
     qd_engine_publish_stats(e);
     pthread_mutex_unlock(&e->mu);
@@ -162,7 +236,8 @@ static void *engine_main(void *arg) {
 }
 
 static void engine_destroy(qd_engine *e) {
-    qd_prefix_cache_free(e->pc); /* first: it drops references to the context's KV blocks */
+    qd_reporter_free(e->rep); /* delivers what is queued: its callbacks may cancel through e->mu */
+    qd_prefix_cache_free(e->pc); /* before the context: it drops references to its KV blocks */
     qd_context_free(e->ctx);
     free(e->running);
     free(e->free_slots);
@@ -284,6 +359,10 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
         return qd_seterr(err, QD_ERR_OOM, "out of memory for the engine's step buffers (%d sequences)", p.max_num_seqs);
     }
     if ((st = qd_spec_engine_init(e, err)) != QD_OK) {
+        engine_destroy(e);
+        return st;
+    }
+    if ((st = qd_reporter_create(stop_request, e, &e->rep, err)) != QD_OK) {
         engine_destroy(e);
         return st;
     }

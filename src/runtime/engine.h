@@ -137,10 +137,15 @@ typedef struct qd_engine_event {
     int completion_tokens;
 } qd_engine_event;
 
-/* Called on the engine thread, once per generated token and once more (or on the
- * same event) when the request finishes; after the finishing event the request is
- * gone. Return nonzero to stop the request now (finish reason STOP). Must not block
- * for long and must not call back into the engine except qd_engine_cancel.
+/* Called on the engine's reporting thread, once per generated token and once more
+ * (or on the same event) when the request finishes; after the finishing event the
+ * request is gone. The events of all requests come in the order the engine made them,
+ * one at a time, while the engine runs its next step. Return nonzero to stop the
+ * request (finish reason STOP): no token event follows, and the finishing event counts
+ * the tokens delivered up to then; the engine ends the request at its next step
+ * boundary (a step it took meanwhile is discarded). Must not block for long (the
+ * engine waits for its callbacks one step behind) and must not call back into the
+ * engine except qd_engine_cancel.
  *
  * Every accepted request gets exactly one finishing event (finish != NONE): on its
  * last token for LENGTH and EOS; as one more event with has_token = 0 for STOP
@@ -215,8 +220,13 @@ typedef struct qd_engine_stats {
      * the two is the host's own share; the rest of the thread's time it waited for work) */
     double forward_seconds, mtp_seconds, step_seconds;
     /* of the host's share: choosing each step's spans, and sampling, advancing and
-     * reporting its rows (the requests' callbacks, where a server formats its output) */
+     * queuing the events of its rows */
     double schedule_seconds, report_seconds;
+    /* the requests' callbacks (where a server detokenizes and queues its output), on the
+     * engine's reporting thread beside the steps; and the engine thread's waits for that
+     * thread (it runs at most one step behind: a wait means reporting took longer than
+     * the step after it) */
+    double callback_seconds, report_wait_seconds;
     /* The step cost model (step_cost.h) as last fitted: forward ms = [0] + [1] x prompt
      * tokens + [2] x decode rows; all 0 while not ready */
     double step_cost_ms[3];

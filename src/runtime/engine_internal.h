@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
+#include "runtime/reporter.h"
 #include "runtime/spec_accept.h"
 #include "runtime/step_cost.h"
 
@@ -44,6 +45,10 @@ typedef struct qd_request {
     void *user;
     int cancel_requested;     /* set by qd_engine_cancel, under mu */
     int cancel_seen;          /* copied from cancel_requested at a step boundary (engine thread) */
+    /* Its callback asked to stop after stop_after completion tokens (the reporter,
+     * under mu); seen like a cancel, it ends the request as STOP with those tokens. */
+    int stop_requested, stop_after;
+    int stop_seen;
     int step_chunk;           /* tokens scheduled in the current step */
     int snap_branch;          /* prefix cache: where this prompt left the cached path (a snapshot target), 0: none */
     /* Speculative decoding (spec_step.c). Invariant while it holds a slot: the MTP KV
@@ -95,7 +100,7 @@ struct qd_engine {
     pthread_t thread;
     int thread_started;
     int stop;                 /* under mu */
-    int cancel_pending;       /* under mu: some live request has cancel_requested */
+    int cancel_pending;       /* under mu: some live request has cancel_requested or stop_requested */
     qd_req_list incoming;     /* under mu: submitted, not yet seen by the engine thread */
     qd_request *live;         /* under mu */
     uint64_t next_id;         /* under mu */
@@ -159,7 +164,13 @@ struct qd_engine {
     double forward_s, mtp_s;  /* seconds in the steps' main forwards and MTP forwards (stats) */
     double step_s;            /* seconds in whole steps: scheduling, forwards, sampling, reporting (stats) */
     double schedule_s;        /* ... of them choosing the step's spans (admissions, KV blocks, prefix hits) */
-    double report_s;          /* ... and sampling, advancing and reporting its rows (the callbacks included) */
+    double report_s;          /* ... and sampling, advancing and queuing the events of its rows */
+    /* The requests' callbacks run on the reporter's thread. The engine thread lets it
+     * lag one step: before a step it waits until the events of the step before the
+     * last are delivered (rep_lag_mark: events published until then). */
+    qd_reporter *rep;
+    uint64_t rep_step_mark, rep_lag_mark;
+    double report_wait_s;     /* seconds the engine thread waited for the reporter (stats) */
     double step_t0;           /* when the step in progress began (0: none), so that stats published
                                * inside a step count its time so far beside its forward's */
     uint64_t spec_steps, spec_drafted, spec_accepted, spec_accepted_at[QD_SPEC_MAX];
@@ -184,7 +195,9 @@ void qd_req_list_push_back(qd_req_list *l, qd_request *r);
 void qd_req_list_push_front(qd_req_list *l, qd_request *r);
 void qd_req_list_remove(qd_req_list *l, qd_request *r);
 
-/* Ends a request: releases its slot and blocks, sends the finishing event (with a
+/* Queues ev for r's callback (the reporter delivers it). Engine thread. */
+void qd_engine_emit(qd_engine *e, const qd_request *r, const qd_engine_event *ev);
+/* Ends a request: releases its slot and blocks, queues the finishing event (with a
  * token when `sample` is given), removes it from `live` and frees it. Engine thread,
  * without mu held. */
 void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const qd_sample_result *sample,

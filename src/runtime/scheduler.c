@@ -202,7 +202,7 @@ void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const q
     if (was_queued) --e->n_queued;
     qd_engine_publish_stats(e);
     pthread_mutex_unlock(&e->mu);
-    if (r->cb) r->cb(r->user, &ev); /* the return value cannot change a finished request */
+    qd_engine_emit(e, r, &ev);
     qd_sampler_free(r->sampler);
     free(r->pend_h);
     qd_constraint_free(r->params.constraint);
@@ -541,7 +541,7 @@ static void report_token(qd_engine *e, qd_request *r, const qd_sample_result *re
         .prompt_tokens = r->n_prompt,
         .completion_tokens = r->n_tokens - r->n_prompt,
     };
-    if (r->cb && r->cb(r->user, &ev) != 0) qd_engine_finish(e, r, QD_FINISH_STOP, NULL, NULL);
+    qd_engine_emit(e, r, &ev);
 }
 
 /* r has its prompt's logits: each sequence waiting to fork from it takes a free slot,

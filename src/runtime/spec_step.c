@@ -314,8 +314,8 @@ void qd_spec_accept_and_report(qd_engine *e, qd_request *r, int row) {
     memcpy(r->pend_h, e->hidden + (size_t)row * H, sizeof(float) * (size_t)n_out * H);
     memcpy(r->pend_t, r->tokens + base, sizeof(int32_t) * (size_t)n_out);
     r->n_pend = n_out;
-    /* report one by one: a callback asking to stop ends the request at its token (the
-     * tokens after it stay in r->tokens, which the state covers, but are never reported) */
+    /* reported one by one (a callback asking to stop ends the request at its token:
+     * the reporter drops the rest) */
     r->n_tokens = base;
     for (int j = 0; j < n_out; j++) {
         r->n_tokens++;
@@ -332,9 +332,6 @@ void qd_spec_accept_and_report(qd_engine *e, qd_request *r, int row) {
             .prompt_tokens = r->n_prompt,
             .completion_tokens = r->n_tokens - r->n_prompt,
         };
-        if (r->cb && r->cb(r->user, &ev) != 0) {
-            qd_engine_finish(e, r, QD_FINISH_STOP, NULL, NULL);
-            return;
-        }
+        qd_engine_emit(e, r, &ev);
     }
 }

@@ -1,5 +1,5 @@
 /* One generation: submission to the engine and the engine callback that turns tokens
- * into OpenAI responses. The callback runs on the engine thread: it detokenizes,
+ * into OpenAI responses. The callback runs on the engine's reporting thread: it detokenizes,
  * applies stop strings, splits <think> reasoning from content, and gathers a stream's
  * deltas (formatted into SSE chunks by the connection's reader, srv_gen_flush) or
  * accumulates the message (non-streaming); then it resumes the suspended HTTP
@@ -229,7 +229,7 @@ static size_t text_at(const srv_gen *g) {
 }
 
 /* A token's logprobs: a stream keeps the sample for the chunk that carries it (formatted off the
- * engine thread, format_logprobs), a whole response adds them at once. */
+ * engine's threads, format_logprobs), a whole response adds them at once. */
 static void take_logprobs(srv_gen *g, const qd_sample_result *r) {
     if (!g->o.stream) {
         add_logprobs(g, &g->lp, r, text_at(g));
@@ -572,7 +572,7 @@ static int on_event(void *user, const qd_engine_event *ev) {
      * the lead's mutex, so once a client has a complete response only the connection's
      * reference is left, and MHD drops that (srv_gen_conn_done) in the same pass as
      * the last write, before its thread serves another request. Dropped after the
-     * resume, a slow engine thread (ASan) left the generation counted in
+     * resume, a slow reporting thread (ASan) left the generation counted in
      * qdelta_open_generations after the client had its answer. If the connection
      * still holds its reference g outlives the unlock; if not, no resume is due and
      * g is freed here. A choice of n > 1 also drops its reference to the lead here

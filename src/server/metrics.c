@@ -153,9 +153,15 @@ char *srv_metrics_render(srv_metrics *m, const qd_engine_stats *st, int open_str
                 "Wall seconds of the steps spent choosing their spans (admissions, KV blocks, prefix cache hits).",
                 st->schedule_seconds);
         put_one(&o, "qdelta_engine_report_seconds_total", "counter",
-                "Wall seconds of the steps spent sampling, advancing and reporting their rows (the server's "
-                "per-token callbacks included).",
+                "Wall seconds of the steps spent sampling, advancing and queuing the events of their rows.",
                 st->report_seconds);
+        put_one(&o, "qdelta_engine_callback_seconds_total", "counter",
+                "Wall seconds of the per-token callbacks (detokenizing, stop strings, queuing output), on the "
+                "engine's reporting thread beside the steps.",
+                st->callback_seconds);
+        put_one(&o, "qdelta_engine_report_wait_seconds_total", "counter",
+                "Wall seconds the engine thread waited for the reporting thread, which may run one step behind.",
+                st->report_wait_seconds);
         put_one(&o, "qdelta_engine_mtp_seconds_total", "counter",
                 "Wall seconds of the MTP head's forwards (speculative drafts, prompt catch-up).", st->mtp_seconds);
         put_one(&o, "qdelta_prefill_tokens_total", "counter",

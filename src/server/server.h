@@ -161,9 +161,9 @@ typedef struct srv_gen {
     srv_buf out;
     size_t out_off;
     /* streaming: choices whose token deltas wait to be formatted (lead only; `pending` on
-     * each such choice). The engine thread only gathers a token's text and logprobs; the
-     * connection's reader formats them (srv_gen_flush) when it has sent the bytes before,
-     * so SSE chunks are built off the engine thread, several tokens a chunk when the
+     * each such choice). The engine's callback only gathers a token's text and logprobs;
+     * the connection's reader formats them (srv_gen_flush) when it has sent the bytes
+     * before, so SSE chunks are built off the engine's threads, several tokens a chunk when the
      * client lags. A choice leaves the list when it is formatted or finalized. */
     struct srv_gen *pend[SRV_MAX_N];
     int n_pend, pending;
