@@ -33,6 +33,10 @@ for F in tests/fixtures_mtp/*/; do
 done
 F=tests/fixtures_mtp/qwen3_5_dense_mtp
 P=$(cat "$F/prompt.ids")
+# drafting at every step (not by the measured costs) gives the same ids
+"$Q" run -m "$F" --prompt-ids "$P" -n 24 --speculative-tokens 2 --speculative-always > "$T/ka.ids" 2> "$T/ka.err"
+"$Q" run -m "$F" --prompt-ids "$P" -n 24 --speculative-tokens 0 > "$T/k0.ids" 2> /dev/null
+check "cmp -s $T/k0.ids $T/ka.ids && grep -q '^speculative: K=2' $T/ka.err" "--speculative-always: $(cat $T/ka.err)"
 # -q leaves the line out, as the other statistics
 "$Q" run -m "$F" --prompt-ids "$P" -n 8 --speculative-tokens 2 -q > /dev/null 2> "$T/q.err"
 check "! grep -q speculative $T/q.err" "-q prints no speculative line"
@@ -93,7 +97,7 @@ check "[ $rc != 0 ] && grep -q 'speculative_draft_vocab 999999 is not in 0..' $T
 
 # ------------------------------------------------------------------ bench
 "$Q" bench -m "$F" --prefill 32 --context 16 --decode 24 --batch 3 --speculative-tokens 3 -q > "$T/bench" 2>&1; rc=$?
-check "[ $rc = 0 ] && grep -Eq '^RESULT spec_decode B=3 ctx=16 K=3 tok_s_plain=[0-9.]+ tok_s_spec=[0-9.]+ .* same=1 fwd_ms_plain=[0-9.]+ fwd_ms_spec=[0-9.]+ mtp_ms_spec=[0-9.]+ draft_vocab=0$' $T/bench" \
+check "[ $rc = 0 ] && grep -Eq '^RESULT spec_decode B=3 ctx=16 K=3 tok_s_plain=[0-9.]+ tok_s_spec=[0-9.]+ .* same=1 fwd_ms_plain=[0-9.]+ fwd_ms_spec=[0-9.]+ mtp_ms_spec=[0-9.]+ draft_vocab=0 always=0 plain_steps=[0-9]+ steps=[0-9]+$' $T/bench" \
   "bench --speculative-tokens: $(tail -3 $T/bench)"
 check "grep -q 'tok/s without speculation, .* tok/s with K=3' $T/bench" "bench prints both rates"
 
@@ -123,6 +127,7 @@ check "[ -n \"$D\" ] && [ \"$D\" -gt 0 ] && [ \"$A\" -le \"$D\" ] && [ \"$D\" -l
   "serve K=2 /metrics: drafted $D, accepted $A (by position $AT), verify steps $V"
 check "[ \"$(val qdelta_spec_draft_tokens_total "$T/m0")\" = 0 ] && grep -q '^# TYPE qdelta_spec_accepted_at_position_total counter' $T/m0" \
   "serve K=0 /metrics: the counters exist and stay 0"
+check "grep -Eq '^qdelta_spec_plain_steps_total [0-9]+' $T/m2" "serve K=2 /metrics: no plain-steps counter"
 stop_servers || bad "servers did not exit 0 on SIGTERM"
 
 echo "cli_spec: $pass passed, $fail failed"

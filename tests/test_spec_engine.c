@@ -20,6 +20,9 @@
  *       sharing its blocks and MTP KV) and, in batch-invariant mode, a 100-token prompt
  *       through the prefix cache twice (snapshots at 64-token boundaries only): the
  *       tokens of K = 0, and the second pass hits.
+ *   (j) the drafting policy: drafts never kept stop being drafted in the default mode (most
+ *       steps plain), every step drafts with speculative_always; the tokens are plain
+ *       greedy's either way.
  * Batch-invariant runs also compare the reported logprobs bit for bit.
  * The sampled path's distribution is test_spec_sampling. */
 #include <pthread.h>
@@ -80,13 +83,14 @@ typedef struct replay {
     const int32_t (*plain)[MAX_OUT];
     const int *n_plain;
     int n_req;
+    int wrong, vocab; /* wrong: each draft one id past the plain token, never kept */
 } replay;
 
 static int32_t replay_draft(void *user, uint64_t id, int n_generated, int j) {
     const replay *r = user;
     const int i = (int)(id - r->first_id);
     if (i < 0 || i >= r->n_req || n_generated + j >= r->n_plain[i]) return -1;
-    return r->plain[i][n_generated + j];
+    return r->wrong ? (r->plain[i][n_generated + j] + 1) % r->vocab : r->plain[i][n_generated + j];
 }
 
 typedef struct fixture {
@@ -97,7 +101,7 @@ typedef struct fixture {
 } fixture;
 
 typedef struct run_opts {
-    int k, invariant, n_kv_blocks, prefix_cache, perfect;
+    int k, invariant, n_kv_blocks, prefix_cache, perfect, always;
     int cancel_req, cancel_at;  /* request index and token count, -1: none */
     int stop_req, stop_at;
     int max_tokens[N_REQ];
@@ -116,6 +120,7 @@ static int run(fixture *f, const run_opts *o, collector *cs, const replay *rp, q
     ep.batch_invariant = o->invariant;
     ep.n_kv_blocks = o->n_kv_blocks;
     ep.speculative_tokens = o->k;
+    ep.speculative_always = o->always;
     if (o->prefix_cache) ep.prefix_cache_bytes = 64 << 20;
     qd_engine *e = NULL;
     qd_err err = {0};
@@ -221,6 +226,31 @@ static void check_fixture(fixture *f) {
                        perfect ? "perfect" : "MTP", (unsigned long long)st.spec_verify_steps,
                        (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens);
             }
+        }
+        /* the drafting policy: drafts that are never kept stop being drafted once the costs
+         * are measured (a probe step now and then), unless every step must draft; the output
+         * is plain greedy's either way */
+        for (int always = 0; always < 2; always++) {
+            run_opts o = base_opts(k, 0);
+            o.always = always;
+            replay rp = {.first_id = 1, .plain = (const int32_t(*)[MAX_OUT])ptoks[0], .n_plain = pn[0], .n_req = N_REQ,
+                         .wrong = 1, .vocab = qd_model_vocab_size(f->m)};
+            if (run(f, &o, cs, &rp, &st)) return;
+            int ok = 1;
+            for (int i = 0; i < N_REQ; i++) ok &= same(&cs[i], ptoks[0][i], pn[0][i]);
+            CHECKF(ok, "%s k=%d wrong drafts%s: output differs from plain greedy", f->dir, k, always ? ", always" : "");
+            CHECKF(st.spec_accepted_tokens == 0, "%s k=%d: %llu wrong drafts kept", f->dir, k,
+                   (unsigned long long)st.spec_accepted_tokens);
+            if (always)
+                CHECKF(st.spec_plain_steps == 0, "%s k=%d: %llu plain steps with speculative_always", f->dir, k,
+                       (unsigned long long)st.spec_plain_steps);
+            else
+                CHECKF(st.spec_plain_steps > 0 && st.spec_plain_steps * 4 > st.steps,
+                       "%s k=%d wrong drafts: %llu of %llu steps kept plain by the policy", f->dir, k,
+                       (unsigned long long)st.spec_plain_steps, (unsigned long long)st.steps);
+            if (!always) printf("  %-22s k=%d wrong drafts: %llu of %llu steps plain by the policy, == plain\n",
+                                f->dir + strlen("tests/fixtures_mtp/"), k, (unsigned long long)st.spec_plain_steps,
+                                (unsigned long long)st.steps);
         }
         /* (b) preemption: 8 blocks of 16 cannot hold the four (up to 85 tokens each) */
         for (int perfect = 0; perfect < 2; perfect++) {

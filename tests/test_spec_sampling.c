@@ -167,6 +167,7 @@ int main(void) {
     ep.max_batch_tokens = 256;
     ep.max_waiting = N_SAMPLES;
     ep.speculative_tokens = 2;
+    ep.speculative_always = 1; /* the forced drafts are verified at every step, kept or not */
     qd_engine *e = NULL;
     qd_err qerr = {0};
     CHECKF(qd_engine_create(m, &ep, &e, &qerr) == QD_OK, "%s", qerr.msg);

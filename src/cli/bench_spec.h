@@ -11,6 +11,7 @@ typedef struct cli_bench_spec {
     int context;   /* prompt tokens of each */
     int n_decode;  /* tokens each generates */
     int draft_vocab; /* drafts among ids [0, draft_vocab) (0: all) */
+    int always;      /* draft at every step (engine speculative_always), not by the policy */
 } cli_bench_spec;
 
 /* Prints engine decode tok/s without and with speculation and the acceptance; 0 or -1

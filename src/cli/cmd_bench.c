@@ -17,7 +17,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: qdelta bench [-m DIR] [--backend cpu|cuda] [--load-format auto|dummy|dummy-f32] [-t N]\n"
                "                    [--tensor-parallel-size N] [--expert-parallel]\n"
                "                    [--prefill 512,4096] [--decode N] [--batch B] [--context T] [--mixed P]\n"
-               "                    [--batch-invariant] [--speculative-tokens K [--speculative-draft-vocab N]]\n"
+               "                    [--batch-invariant]\n"
+               "                    [--speculative-tokens K [--speculative-draft-vocab N] [--speculative-always]]\n"
                "                    [--json-schema FILE [--tokenizer DIR]]\n"
                "  Measures prefill tok/s for each prompt length (one sequence), then decode tok/s for\n"
                "  B sequences (default 1) after a T-token prompt each (default 512), against the decode\n"
@@ -37,6 +38,8 @@ static void usage(FILE *f) {
                "  requests without and with speculative decoding (K MTP drafts per step; the model needs\n"
                "  an MTP head), with the acceptance by draft position; the greedy outputs must agree.\n"
                "  --speculative-draft-vocab N drafts among ids [0, N) only (engine param of that name).\n"
+               "  --speculative-always drafts at every step (what a verify step costs) instead of only\n"
+               "  while the measured costs say drafting is faster (what serving gets).\n"
                "  Without -m it measures the embedded default model.\n"
                CLI_MODEL_OPTS_HELP);
 }
@@ -96,6 +99,7 @@ int qd_cmd_bench(int argc, char **argv) {
     int batch_invariant = 0;
     const char *schema_path = NULL, *tok_dir = NULL;
     long spec_k = 0, draft_vocab = 0;
+    int spec_always = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_model_opt(&mo, argc, argv, &i);
         if (r < 0) return 2;
@@ -122,6 +126,8 @@ int qd_cmd_bench(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--speculative-draft-vocab")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_int("--speculative-draft-vocab", v, 0, 1 << 30, &draft_vocab)) return 2;
+        } else if (!strcmp(argv[i], "--speculative-always")) {
+            spec_always = 1;
         } else if (!strcmp(argv[i], "--json-schema")) {
             if (!(schema_path = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(argv[i], "--tokenizer")) {
@@ -303,7 +309,8 @@ int qd_cmd_bench(int argc, char **argv) {
                                    .batch = (int)batch,
                                    .context = (int)context,
                                    .n_decode = (int)n_decode,
-                                   .draft_vocab = (int)draft_vocab};
+                                   .draft_vocab = (int)draft_vocab,
+                                   .always = spec_always};
         if (cli_bench_spec_run(m, &bs)) goto done;
     }
     rc = 0;

@@ -96,8 +96,7 @@ int qd_cmd_chat(int argc, char **argv) {
     int rc = 1;
     if (cli_load_tokenizer(mo.model_dir, &tok) || cli_load_chat_template(mo.model_dir, &tpl)) goto done;
     cli_apply_generation_defaults(&go, m);
-    if (cli_session_open_spec(&s, m, tok, (int)ctx_size, 512, go.speculative_tokens,
-                              go.speculative_draft_vocab))
+    if (cli_session_open_spec(&s, m, tok, (int)ctx_size, 512, &go))
         goto done;
     if (system_msg) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system_msg));
 

@@ -91,8 +91,7 @@ int qd_cmd_run(int argc, char **argv) {
     if (!go.temperature_set && prompt_ids) go.sampling.temperature = 0.0f; /* ids: greedy unless told */
     if (n_prompt == 0) { fprintf(stderr, "qdelta run: empty prompt\n"); goto done; }
     int max_ctx = ctx_size ? (int)ctx_size : n_prompt + go.max_tokens + 1;
-    if (cli_session_open_spec(&s, m, tok, max_ctx, n_prompt < 512 ? n_prompt : 512, go.speculative_tokens,
-                              go.speculative_draft_vocab))
+    if (cli_session_open_spec(&s, m, tok, max_ctx, n_prompt < 512 ? n_prompt : 512, &go))
         goto done;
 
     FILE *stream = prompt_ids ? NULL : stdout;

@@ -56,6 +56,9 @@ static void usage(FILE *f) {
                "                            Requests with response_format / tool_choice do not speculate\n"
                "  --speculative-draft-vocab N  draft among token ids [0, N) only (0 = all, the default):\n"
                "                            cheaper drafts (N rows of the LM head), output unchanged\n"
+               "  --speculative-always      draft at every step; by default a step drafts only while\n"
+               "                            the measured costs and acceptance say it is faster (a busy\n"
+               "                            batch's verify rows can cost more than the drafts gain)\n"
                "  --http-threads N          HTTP polling threads (default 1)\n"
                "  --max-body-bytes N        request body limit (default 4 MiB)\n"
                CLI_MODEL_OPTS_HELP);
@@ -240,6 +243,7 @@ int qd_cmd_serve(int argc, char **argv) {
             bad = parse_int_opt(argc, argv, &i, 0, 4, &c->engine.speculative_tokens);
         else if (!strcmp(a, "--speculative-draft-vocab"))
             bad = parse_int_opt(argc, argv, &i, 0, 1 << 30, &c->engine.speculative_draft_vocab);
+        else if (!strcmp(a, "--speculative-always")) c->engine.speculative_always = 1;
         else if (!strcmp(a, "--prefix-snapshot-interval"))
             bad = parse_int_opt(argc, argv, &i, 0, 1 << 24, &c->engine.prefix_snapshot_interval);
         else if (!strcmp(a, "--http-threads")) bad = parse_int_opt(argc, argv, &i, 1, 256, &c->http_threads);

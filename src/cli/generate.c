@@ -26,11 +26,12 @@ void cli_apply_generation_defaults(cli_gen_opts *o, const qd_model *m) {
 }
 
 int cli_session_open(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch) {
-    return cli_session_open_spec(s, m, tok, max_ctx, max_batch, 0, 0);
+    return cli_session_open_spec(s, m, tok, max_ctx, max_batch, NULL);
 }
 
-int cli_session_open_spec(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch, int k,
-                          int draft_vocab) {
+int cli_session_open_spec(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch,
+                          const cli_gen_opts *spec) {
+    const int k = spec ? spec->speculative_tokens : 0;
     memset(s, 0, sizeof *s);
     s->model = m;
     s->tok = tok;
@@ -46,7 +47,8 @@ int cli_session_open_spec(cli_session *s, qd_model *m, qd_tokenizer *tok, int ma
         ep.max_model_len = max_ctx;
         ep.max_batch_tokens = max_batch > k + 1 ? max_batch : k + 1;
         ep.speculative_tokens = k;
-        ep.speculative_draft_vocab = draft_vocab;
+        ep.speculative_draft_vocab = spec->speculative_draft_vocab;
+        ep.speculative_always = spec->speculative_always;
         /* a few snapshots and the blocks of one context: the next turn of a chat hits */
         ep.prefix_cache_bytes = (size_t)qd_model_state_bytes(m) * 4 + (size_t)qd_model_kv_bytes_per_token(m) * (size_t)max_ctx * 2;
         ep.prefix_snapshot_interval = 0;
@@ -276,6 +278,8 @@ int cli_parse_gen_opt(cli_gen_opts *o, int argc, char **argv, int *i) {
     } else if (!strcmp(a, "--speculative-draft-vocab")) {
         if (!(v = cli_value(argc, argv, i)) || cli_int(a, v, 0, 1 << 30, &n)) return -1;
         o->speculative_draft_vocab = (int)n;
+    } else if (!strcmp(a, "--speculative-always")) {
+        o->speculative_always = 1;
     } else if (!strcmp(a, "--logprobs")) {
         if (!(v = cli_value(argc, argv, i)) || cli_int(a, v, 0, QD_MAX_LOGPROBS, &n)) return -1;
         o->print_logprobs = (int)n;
@@ -301,5 +305,7 @@ void cli_print_gen_opts_help(FILE *f) {
                "                            'speculative:' line with the acceptance on stderr\n"
                "  --speculative-draft-vocab N  draft among token ids [0, N) only (0 = all, the default):\n"
                "                            the MTP head reads N rows of the LM head instead of all;\n"
-               "                            the output is unchanged\n");
+               "                            the output is unchanged\n"
+               "  --speculative-always      draft at every step; by default a step drafts only while\n"
+               "                            the measured costs and acceptance say it is faster\n");
 }

@@ -42,6 +42,7 @@ typedef struct cli_gen_opts {
     int print_logprobs;       /* >0: print each token's logprob and top alternatives to stderr */
     int speculative_tokens;   /* --speculative-tokens K: MTP drafts per step, 0 = off */
     int speculative_draft_vocab; /* --speculative-draft-vocab N: drafts among ids [0, N), 0 = all */
+    int speculative_always;   /* --speculative-always: draft at every step (engine param of that name) */
 } cli_gen_opts;
 
 typedef struct cli_gen_result {
@@ -62,11 +63,11 @@ cli_gen_opts cli_gen_default_opts(void);
  * temperature, top_p, top_k, repetition_penalty), as transformers' generate would use. */
 void cli_apply_generation_defaults(cli_gen_opts *o, const qd_model *m);
 int cli_session_open(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch);
-/* The same with K drafts per step (0: cli_session_open), drafted among ids [0, draft_vocab)
- * (0: all). A model without an MTP head, or a backend without the MTP forward, fails here
- * with the engine's message. */
-int cli_session_open_spec(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch, int k,
-                          int draft_vocab);
+/* The same with spec's speculative_tokens drafts per step (NULL or 0: cli_session_open),
+ * its draft vocabulary and policy. A model without an MTP head, or a backend without the
+ * MTP forward, fails here with the engine's message. */
+int cli_session_open_spec(cli_session *s, qd_model *m, qd_tokenizer *tok, int max_ctx, int max_batch,
+                          const cli_gen_opts *spec);
 /* The generation of cli_generate through the session's engine (generate_engine.c). */
 int cli_generate_engine(cli_session *s, const int32_t *prompt, int n_prompt, const cli_gen_opts *o, FILE *out,
                         volatile sig_atomic_t *interrupted, cli_gen_result *r);

@@ -81,6 +81,7 @@ void qd_engine_publish_stats(qd_engine *e) {
     s->prefill_tokens_total = e->prefill_total;
     s->masked_rows_total = e->masked_rows;
     s->spec_verify_steps = e->spec_steps;
+    s->spec_plain_steps = e->spec_plain_steps;
     s->forward_seconds = e->forward_s;
     s->mtp_seconds = e->mtp_s;
     s->schedule_seconds = e->schedule_s;
@@ -471,7 +472,6 @@ static qd_status new_request(qd_engine *e, const int32_t *prompt, int n_prompt, 
 }
 
 static void free_request(qd_request *r) {
-    free(r->pend_h);
     qd_sampler_free(r->sampler);
     free(r->tokens);
     free(r);

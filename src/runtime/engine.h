@@ -65,6 +65,10 @@ typedef struct qd_engine_params {
      * rarer id; BPE vocabularies put their most frequent tokens first. The output is
      * unchanged: a draft only decides what the verify step tries. */
     int speculative_draft_vocab;
+    /* Draft in every step. Otherwise (0) a step drafts only while the measured costs say
+     * it pays (spec_policy.h): a verify span's rows against the tokens its drafts have been
+     * yielding. Batch-invariant mode always drafts. */
+    int speculative_always;
     /* A step with decodes in it takes only as many prompt tokens as keep its forward
      * within this many milliseconds by the engine's measured cost model (step_cost.h), and
      * at least QD_STEP_MIN_PROMPT, so that decode latency stays bounded while prompts
@@ -214,6 +218,9 @@ typedef struct qd_engine_stats {
      * when 0..i-1 were kept) */
     uint64_t spec_verify_steps, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_at[4];
+    /* steps whose speculating decodes did not draft because drafting would not have paid
+     * (speculative_always off) */
+    uint64_t spec_plain_steps;
     /* wall seconds the engine thread spent in the steps' main forwards and in the MTP
      * head's forwards (drafts, prompt catch-up), each with the host work around it, and
      * in whole steps (those plus scheduling, sampling and reporting: step_seconds minus

@@ -14,9 +14,15 @@
 #include "runtime/prefix_cache.h"
 #include "runtime/reporter.h"
 #include "runtime/spec_accept.h"
+#include "runtime/spec_policy.h"
 #include "runtime/step_cost.h"
 
 #define QD_SPEC_MAX 4 /* draft tokens per step at most (qd_context_params.speculative_tokens) */
+_Static_assert(QD_SPEC_MAX <= QD_SPEC_POLICY_MAX_K, "the policy tracks every draft position");
+/* MTP pairs a request may hold pending: the steps between two that draft (the policy's probe
+ * interval) and a verify step's kept positions, so that steps that do not draft run no MTP
+ * forward at all; a request that would go past it runs its pairs without drafting. */
+#define QD_SPEC_PEND_MAX (QD_SPEC_PROBE_EVERY + QD_SPEC_MAX + 4)
 
 typedef enum qd_seq_phase {
     QD_SEQ_WAITING = 0,  /* queued; holds no slot and no blocks */
@@ -54,10 +60,9 @@ typedef struct qd_request {
     /* Speculative decoding (spec_step.c). Invariant while it holds a slot: the MTP KV
      * covers positions [0, n_computed - n_pend); the pairs of the rest, (target hidden
      * state at position p, token p + 1), wait in pend_h / pend_t and run with the next
-     * step's first draft. */
+     * step's first draft (or when they would overflow). */
     int spec;                 /* speculates: the engine's K > 0 and no grammar constraint */
-    float *pend_h;            /* [QD_SPEC_MAX + 1][hidden] */
-    int32_t pend_t[QD_SPEC_MAX + 1];
+    int32_t pend_t[QD_SPEC_PEND_MAX]; /* their hidden states: qd_spec_pend_h (by slot) */
     int n_pend;
     int n_draft;              /* drafts in this step's verify span (0: a plain span) */
     int32_t vtok[QD_SPEC_MAX + 1]; /* this step's verify span: the last sampled token, the drafts */
@@ -156,7 +161,9 @@ struct qd_engine {
     float *all_hidden;        /* [max_batch_tokens][hidden] the hid_all spans' rows */
     qd_span *mtp_spans;       /* [max_num_seqs] */
     qd_request **mtp_req;     /* [max_num_seqs] */
-    float *mtp_in;            /* [max_num_seqs * (K + 1)][hidden] MTP hidden inputs */
+    float *mtp_in;            /* [mtp_in_rows][hidden] MTP hidden inputs */
+    int mtp_in_rows;          /* max(max_num_seqs * (K + 1), QD_SPEC_PEND_MAX) */
+    float *pend_pool;         /* [max_num_seqs][QD_SPEC_PEND_MAX][hidden] the pending pairs' hidden states, by slot */
     float *mtp_hout;          /* [max_num_seqs][hidden] h' of the last draft step */
     int32_t *mtp_ids;         /* [max_num_seqs] the drafts' argmax (qd_mtp_forward_ids) */
     float *probs;             /* [vocab] the target's distribution of one verify row */
@@ -174,6 +181,14 @@ struct qd_engine {
     double step_t0;           /* when the step in progress began (0: none), so that stats published
                                * inside a step count its time so far beside its forward's */
     uint64_t spec_steps, spec_drafted, spec_accepted, spec_accepted_at[QD_SPEC_MAX];
+    /* Whether this step drafts (spec_policy.h; always in batch-invariant mode or with
+     * params.speculative_always), the policy's measurements, the counters as they were
+     * before this step (its deltas feed the policy) and the steps it kept plain. */
+    int spec_draft_step;
+    int spec_pend_rows;       /* this step's pending pairs run by its draft phase */
+    qd_spec_policy spec_policy;
+    uint64_t spec_steps_prev, spec_accepted_at_prev[QD_SPEC_MAX];
+    uint64_t spec_plain_steps;
     /* Another drafter in place of the MTP's argmax (tests: perfect or wrong drafts; set
      * before the first submit). Returns the draft for output position n_generated + j
      * of the request (n_generated tokens reported so far, j = 0.. of this step), or -1
@@ -215,7 +230,11 @@ void qd_engine_edit_row(const qd_engine *e, const qd_request *r, float *row);
 /* Buffers of the speculative path, sized from the engine's params (engine_create). */
 qd_status qd_spec_engine_init(qd_engine *e, qd_err *err);
 void qd_spec_engine_free(qd_engine *e);
-/* A request's own buffers (submit): pend_h, the rejection sampler's seed. */
+/* The hidden states of r's pending pairs (r holds a slot). */
+static inline float *qd_spec_pend_h(const qd_engine *e, const qd_request *r) {
+    return e->pend_pool + (size_t)r->slot * QD_SPEC_PEND_MAX * (size_t)e->hidden_size;
+}
+/* A request's own state (submit): the rejection sampler's seed. */
 qd_status qd_spec_request_init(qd_engine *e, qd_request *r, qd_err *err);
 /* r got a slot whose first `start` tokens came from the prefix cache (0: none): the
  * MTP KV in the shared blocks covers them (snapshots are taken where it does). */
@@ -231,7 +250,7 @@ qd_status qd_spec_draft(qd_engine *e, int n_spans);
 /* After the forward: the MTP over the prompt pairs the hid_all spans made known. */
 qd_status qd_spec_catch_up(qd_engine *e, int n_spans);
 /* A plain span of a speculating r ended at a sampled token: its last row's hidden state
- * hid and the token are the pending pair. */
+ * hid and the token join the pending pairs. */
 void qd_spec_set_pending(qd_engine *e, qd_request *r, const float *hid, int32_t token);
 /* The verify span of r (logit rows from `row`): accept, roll back, report. */
 void qd_spec_accept_and_report(qd_engine *e, qd_request *r, int row);

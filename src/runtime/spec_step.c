@@ -50,13 +50,15 @@ qd_status qd_spec_engine_init(qd_engine *e, qd_err *err) {
     e->all_hidden = malloc(sizeof(float) * (size_t)e->params.max_batch_tokens * H);
     e->mtp_spans = calloc(n, sizeof *e->mtp_spans);
     e->mtp_req = calloc(n, sizeof *e->mtp_req);
-    e->mtp_in = malloc(sizeof(float) * rows * H);
+    e->mtp_in_rows = rows > QD_SPEC_PEND_MAX ? (int)rows : QD_SPEC_PEND_MAX;
+    e->mtp_in = malloc(sizeof(float) * (size_t)e->mtp_in_rows * H);
+    e->pend_pool = malloc(sizeof(float) * n * QD_SPEC_PEND_MAX * H);
     e->mtp_hout = malloc(sizeof(float) * rows * H);
     e->mtp_ids = malloc(sizeof(int32_t) * n);
     e->probs = malloc(sizeof(float) * V);
     e->resid = malloc(sizeof(double) * V);
     if (!e->verify || !e->hid_all || !e->hidden || !e->all_hidden || !e->mtp_spans || !e->mtp_req || !e->mtp_in ||
-        !e->mtp_hout || !e->mtp_ids || !e->probs || !e->resid)
+        !e->pend_pool || !e->mtp_hout || !e->mtp_ids || !e->probs || !e->resid)
         return qd_seterr(err, QD_ERR_OOM, "out of memory for the speculative decoding buffers (%d sequences, %d drafts)",
                          e->params.max_num_seqs, K);
     return QD_OK;
@@ -70,6 +72,7 @@ void qd_spec_engine_free(qd_engine *e) {
     free(e->mtp_spans);
     free(e->mtp_req);
     free(e->mtp_in);
+    free(e->pend_pool);
     free(e->mtp_hout);
     free(e->mtp_ids);
     free(e->probs);
@@ -77,10 +80,9 @@ void qd_spec_engine_free(qd_engine *e) {
 }
 
 qd_status qd_spec_request_init(qd_engine *e, qd_request *r, qd_err *err) {
+    (void)err;
     r->spec = e->spec_k > 0 && !r->params.constraint;
     if (!r->spec) return QD_OK;
-    r->pend_h = malloc(sizeof(float) * (size_t)(e->spec_k + 1) * (size_t)e->hidden_size);
-    if (!r->pend_h) return qd_seterr(err, QD_ERR_OOM, "out of memory for a speculating request's MTP inputs");
     /* the accept draws are the request's own: seeded runs repeat */
     qd_spec_rng_seed(&r->spec_rng, r->params.sampling.seed ^ 0x9e3779b97f4a7c15ull);
     return QD_OK;
@@ -98,7 +100,7 @@ void qd_spec_admitted(qd_engine *e, qd_request *r, int start) {
 }
 
 int qd_spec_drafts_for(const qd_engine *e, const qd_request *r, int room) {
-    if (!r->spec || r->phase != QD_SEQ_DECODING) return 0;
+    if (!r->spec || r->phase != QD_SEQ_DECODING || !e->spec_draft_step) return 0;
     int k = e->spec_k;
     /* a verify step yields up to k + 1 tokens: within max_tokens, and its k + 1 positions
      * within the context */
@@ -130,25 +132,25 @@ static int32_t pick_draft(const qd_engine *e, const qd_request *r, int32_t id, i
     return id;
 }
 
-/* The argmax bound of the drafts of e->mtp_req[0, n): their requests' vocabulary bound
+/* The argmax bound of the drafts of e->mtp_req[s0, s1): their requests' vocabulary bound
  * when they share one, else the whole vocabulary (a draft only decides what is tried,
  * never what is output: one past a request's bound is rejected like any other), and
  * never past the engine's draft vocabulary (params.speculative_draft_vocab). */
-static int draft_bound(const qd_engine *e, int n) {
-    int b = n > 0 ? vocab_bound(e, e->mtp_req[0]) : e->vocab;
-    for (int j = 1; j < n; j++)
+static int draft_bound(const qd_engine *e, int s0, int s1) {
+    int b = s1 > s0 ? vocab_bound(e, e->mtp_req[s0]) : e->vocab;
+    for (int j = s0 + 1; j < s1; j++)
         if (vocab_bound(e, e->mtp_req[j]) != b) b = e->vocab;
     const int d = e->params.speculative_draft_vocab;
     return d > 0 && d < b ? d : b;
 }
 
-/* One MTP forward over spans [0, n) with hidden inputs `in` (rows packed in span order),
- * cut into calls of at most max_batch_tokens rows. The logit rows' argmax goes to
- * e->mtp_ids (no vocabulary row leaves the device), their h' to e->mtp_hout, in span
- * order. */
-static qd_status run_mtp(qd_engine *e, int n, const float *in) {
-    const int H = e->hidden_size, cap = e->params.max_batch_tokens, limit = draft_bound(e, n);
-    int s0 = 0, row0 = 0, lrow0 = 0;
+/* One MTP forward over spans [first, n) with hidden inputs `in` (their rows packed in span
+ * order), cut into calls of at most max_batch_tokens rows. The logit rows' argmax goes to
+ * e->mtp_ids from row lrow0 on (no vocabulary row leaves the device), their h' to
+ * e->mtp_hout, in span order. */
+static qd_status run_mtp_from(qd_engine *e, int first, int n, const float *in, int lrow0) {
+    const int H = e->hidden_size, cap = e->params.max_batch_tokens, limit = draft_bound(e, first, n);
+    int s0 = first, row0 = 0;
     while (s0 < n) {
         int s1 = s0, rows = 0, lrows = 0;
         while (s1 < n && (s1 == s0 || rows + e->mtp_spans[s1].n_tokens <= cap)) {
@@ -165,31 +167,44 @@ static qd_status run_mtp(qd_engine *e, int n, const float *in) {
     return QD_OK;
 }
 
+static qd_status run_mtp(qd_engine *e, int n, const float *in) { return run_mtp_from(e, 0, n, in, 0); }
+
 qd_status qd_spec_draft(qd_engine *e, int n_spans) {
     const int H = e->hidden_size;
-    int n = 0, rows = 0;
-    /* phase 1: every speculating decode's pending pairs (a plain decode too: its pairs
-     * must reach the MTP KV before the next ones queue) */
+    int n = 0, rows = 0, first = 0, lrows = 0, lfirst = 0;
+    /* phase 1: the pending pairs of every drafting request, and of a plain decode whose
+     * pairs would overflow with this step's (the others keep theirs: a step that does not
+     * draft runs no MTP forward) */
+    e->spec_pend_rows = 0;
     for (int i = 0; i < n_spans; i++) {
         qd_request *r = e->span_req[i];
         if (!r->spec || r->phase != QD_SEQ_DECODING) continue;
-        if (r->n_pend == 0) {
-            if (!r->n_draft) continue;
+        if (!r->n_draft && r->n_pend < QD_SPEC_PEND_MAX - 1) continue;
+        if (r->n_pend == 0)
             return qd_seterr(&e->ctx->err, QD_ERR_INTERNAL, "request %llu: a verify span without a pending MTP pair",
                              (unsigned long long)r->id);
-        }
         if (qd_mtp_length(e->ctx, r->slot) + r->n_pend != r->n_computed)
             return qd_seterr(&e->ctx->err, QD_ERR_INTERNAL,
                              "request %llu: MTP KV of %d positions + %d pending pairs, but %d tokens computed",
                              (unsigned long long)r->id, qd_mtp_length(e->ctx, r->slot), r->n_pend, r->n_computed);
+        /* the pairs held over plain steps can outgrow mtp_in: run what it holds first */
+        if (rows + r->n_pend > e->mtp_in_rows) {
+            QD_TRY(run_mtp_from(e, first, n, e->mtp_in, lfirst));
+            e->spec_pend_rows += rows;
+            first = n;
+            lfirst = lrows;
+            rows = 0;
+        }
         e->mtp_spans[n] = (qd_span){r->slot, r->pend_t, r->n_pend, r->n_draft ? QD_LOGITS_LAST : QD_LOGITS_NONE};
         e->mtp_req[n++] = r;
-        memcpy(e->mtp_in + (size_t)rows * H, r->pend_h, sizeof(float) * (size_t)r->n_pend * H);
+        lrows += r->n_draft > 0;
+        memcpy(e->mtp_in + (size_t)rows * H, qd_spec_pend_h(e, r), sizeof(float) * (size_t)r->n_pend * H);
         rows += r->n_pend;
         r->n_pend = 0;
     }
+    e->spec_pend_rows += rows;
     if (n == 0) return QD_OK;
-    QD_TRY(run_mtp(e, n, e->mtp_in));
+    if (n > first) QD_TRY(run_mtp_from(e, first, n, e->mtp_in, lfirst));
     int lr = 0, max_draft = 0;
     for (int j = 0; j < n; j++) {
         qd_request *r = e->mtp_req[j];
@@ -242,15 +257,15 @@ qd_status qd_spec_catch_up(qd_engine *e, int n_spans) {
 }
 
 void qd_spec_set_pending(qd_engine *e, qd_request *r, const float *hid, int32_t token) {
-    memcpy(r->pend_h, hid, sizeof(float) * (size_t)e->hidden_size);
-    r->pend_t[0] = token;
-    r->n_pend = 1;
+    /* room by the draft phase's rule (a plain decode's pairs run before they fill) */
+    memcpy(qd_spec_pend_h(e, r) + (size_t)r->n_pend * (size_t)e->hidden_size, hid, sizeof(float) * (size_t)e->hidden_size);
+    r->pend_t[r->n_pend++] = token;
 }
 
 int qd_spec_flush(qd_engine *e, qd_request *r) {
     if (r->slot < 0 || qd_mtp_length(e->ctx, r->slot) + r->n_pend != r->n_computed) return 0;
     e->mtp_spans[0] = (qd_span){r->slot, r->pend_t, r->n_pend, QD_LOGITS_NONE};
-    if (qd_mtp_forward(e->ctx, e->mtp_spans, 1, r->pend_h, NULL, NULL) != QD_OK) return 0;
+    if (qd_mtp_forward(e->ctx, e->mtp_spans, 1, qd_spec_pend_h(e, r), NULL, NULL) != QD_OK) return 0;
     r->n_pend = 0;
     return 1;
 }
@@ -311,7 +326,7 @@ void qd_spec_accept_and_report(qd_engine *e, qd_request *r, int row) {
         return;
     }
     r->n_computed = L + n_out;
-    memcpy(r->pend_h, e->hidden + (size_t)row * H, sizeof(float) * (size_t)n_out * H);
+    memcpy(qd_spec_pend_h(e, r), e->hidden + (size_t)row * H, sizeof(float) * (size_t)n_out * H);
     memcpy(r->pend_t, r->tokens + base, sizeof(int32_t) * (size_t)n_out);
     r->n_pend = n_out;
     /* reported one by one (a callback asking to stop ends the request at its token:

@@ -198,6 +198,10 @@ char *srv_metrics_render(srv_metrics *m, const qd_engine_stats *st, int open_str
                 (double)st->spec_draft_tokens);
         put_one(&o, "qdelta_spec_accepted_tokens_total", "counter", "Draft tokens accepted.",
                 (double)st->spec_accepted_tokens);
+        put_one(&o, "qdelta_spec_plain_steps_total", "counter",
+                "Steps whose speculating sequences did not draft: by the measured costs and acceptance, drafting "
+                "would have been slower (--speculative-always drafts at every step).",
+                (double)st->spec_plain_steps);
         put(&o, "# HELP qdelta_spec_accepted_at_position_total Draft tokens accepted at each draft position of a verify "
                 "step (position i is reached only when 0..i-1 were accepted).\n"
                 "# TYPE qdelta_spec_accepted_at_position_total counter\n");

@@ -1,0 +1,55 @@
+/* Whether an engine step drafts (speculative decoding), from what drafting has been
+ * measured to cost and to gain on this machine and model.
+ *
+ * A verify span of K + 1 rows yields E tokens on average (1 plus the drafts kept), so a
+ * step pays off when E times the plain step's time exceeds the verify step's time plus
+ * the drafts': forward ms a + c B (K + 1) + drafts(B) against E (a + c B) for B
+ * speculating decodes, a and c from the engine's step cost model (step_cost.h), E and
+ * drafts(B) from the recent steps that drafted. Where a step's rows are nearly free (a
+ * GPU at small batch: the weights' bytes dominate) drafting pays at any acceptance worth
+ * the drafts; where rows cost in proportion (a busy GPU, a CPU) it stops. A step that
+ * does not draft still feeds the MTP head its pending pairs, so drafting can resume at any
+ * step, and every QD_SPEC_PROBE_EVERY steps one drafts anyway, so that E and drafts(B)
+ * stay measured. The output does not depend on the choice (verify + accept yields what
+ * plain decoding does), only the speed does. */
+#ifndef QD_RUNTIME_SPEC_POLICY_H
+#define QD_RUNTIME_SPEC_POLICY_H
+
+#include "runtime/step_cost.h"
+
+#define QD_SPEC_POLICY_MAX_K 4   /* draft positions tracked (QD_SPEC_MAX) */
+#define QD_SPEC_POLICY_DECAY 0.97 /* weight of a step one step older, as the step cost model */
+#define QD_SPEC_PROBE_EVERY 32    /* a step in this many drafts even when the model says no */
+#define QD_SPEC_POLICY_MIN_STEPS 4 /* drafting steps measured before the model decides */
+#define QD_SPEC_POLICY_MIN_VERIFIES 32 /* ... and verify spans, for the acceptance */
+
+typedef struct qd_spec_policy {
+    double verifies;                     /* verify spans of the recent steps (decayed) */
+    int verifies_seen;                   /* verify spans seen (not decayed, capped) */
+    double kept[QD_SPEC_POLICY_MAX_K];   /* ... and of them, drafts kept at position i */
+    double S[2][2], r[2];                /* weighted sums of x x^T and x ms, x = (1, requests), of the drafting steps */
+    int draft_steps;                     /* drafting steps seen */
+    int since_draft;                     /* steps with speculating decodes since one drafted */
+} qd_spec_policy;
+
+/* One step's outcome: `verifies` verify spans, of which kept_at[i] kept draft i (i < k),
+ * and, when it drafted, its draft phase: `drafting` requests in `draft_ms`. */
+void qd_spec_policy_observe(qd_spec_policy *p, int verifies, const int *kept_at, int k, int drafting,
+                            double draft_ms);
+
+/* Tokens a verify span of k drafts yields on average by the recent steps (1 + drafts
+ * kept), or 0 before any. */
+double qd_spec_policy_mean_tokens(const qd_spec_policy *p, int k);
+
+/* The draft phase's predicted milliseconds for `requests` drafting requests (-1 before
+ * QD_SPEC_POLICY_MIN_STEPS drafting steps). */
+double qd_spec_policy_draft_ms(const qd_spec_policy *p, int requests);
+
+/* Whether the next step, with `requests` speculating decodes and k drafts each, drafts:
+ * yes while the costs and the acceptance are not measured yet (the step cost model not
+ * ready, fewer than QD_SPEC_POLICY_MIN_STEPS drafting steps or QD_SPEC_POLICY_MIN_VERIFIES
+ * verify spans), else what the model says, and every QD_SPEC_PROBE_EVERY-th step
+ * regardless. Counts the step. */
+int qd_spec_policy_decide(qd_spec_policy *p, const qd_step_cost *cost, int requests, int k);
+
+#endif

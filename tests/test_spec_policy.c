@@ -1,0 +1,93 @@
+/* The speculative drafting policy (src/runtime/spec_policy.h) on synthetic steps:
+ *   - the mean tokens of a verify span from the kept drafts by position, recent steps
+ *     weighing most;
+ *   - the draft phase's cost: a linear fit over varied batch sizes recovers it; one batch
+ *     size scales in proportion; unknown before QD_SPEC_POLICY_MIN_STEPS drafting steps;
+ *   - the decision: a GPU-like cost (rows nearly free beside a large fixed step cost)
+ *     drafts at batch 1 and 32 with a good acceptance; a CPU-like cost (rows cost in
+ *     proportion) does not at batch 16; drafts never kept never pay; before the step cost
+ *     model or the drafts are measured it drafts; a policy that says no drafts every
+ *     QD_SPEC_PROBE_EVERY-th step. */
+#include <math.h>
+#include <string.h>
+
+#include "qd_test.h"
+#include "runtime/spec_policy.h"
+
+/* A step cost model fitted on steps of a + b P + c D ms. */
+static qd_step_cost fitted(double a, double b, double c) {
+    qd_step_cost m;
+    memset(&m, 0, sizeof m);
+    for (int i = 0; i < 40; i++) {
+        const int P = (i % 3) * 700, D = 1 + (i * 7) % 64;
+        qd_step_cost_add(&m, P, D, a + b * P + c * D);
+    }
+    return m;
+}
+
+/* k = 2 drafts; each step `requests` verifies keeping fractions f0, f1, its drafts
+ * costing m0 + m1 x requests ms. */
+static void feed(qd_spec_policy *p, int steps, int requests, double f0, double f1, double m0, double m1) {
+    for (int s = 0; s < steps; s++) {
+        const int kept[2] = {(int)lround(f0 * requests), (int)lround(f1 * requests)};
+        qd_spec_policy_observe(p, requests, kept, 2, requests, m0 + m1 * requests);
+    }
+}
+
+int main(void) {
+    /* mean tokens */
+    qd_spec_policy p;
+    memset(&p, 0, sizeof p);
+    CHECK(qd_spec_policy_mean_tokens(&p, 2) == 0.0);
+    CHECK(qd_spec_policy_draft_ms(&p, 4) < 0);
+    feed(&p, 50, 10, 0.7, 0.5, 1.0, 0.0);
+    CHECKF(fabs(qd_spec_policy_mean_tokens(&p, 2) - 2.2) < 1e-9, "mean tokens %.6f, want 2.2",
+           qd_spec_policy_mean_tokens(&p, 2));
+    feed(&p, 200, 10, 0.2, 0.0, 1.0, 0.0); /* the text changed: the old steps fade */
+    CHECKF(fabs(qd_spec_policy_mean_tokens(&p, 2) - 1.2) < 0.01, "mean tokens after a change %.4f, want ~1.2",
+           qd_spec_policy_mean_tokens(&p, 2));
+
+    /* draft cost: linear over varied batches, proportional over one */
+    memset(&p, 0, sizeof p);
+    for (int s = 0; s < 3; s++) qd_spec_policy_observe(&p, 4, (const int[2]){2, 1}, 2, 4, 1.0);
+    CHECK(qd_spec_policy_draft_ms(&p, 4) < 0); /* fewer than QD_SPEC_POLICY_MIN_STEPS */
+    memset(&p, 0, sizeof p);
+    for (int s = 0; s < 40; s++) {
+        const int B = 1 + (s * 5) % 48;
+        qd_spec_policy_observe(&p, B, (const int[2]){0, 0}, 2, B, 0.8 + 0.05 * B);
+    }
+    CHECKF(fabs(qd_spec_policy_draft_ms(&p, 100) - 5.8) < 1e-6, "draft ms at 100: %.6f, want 5.8",
+           qd_spec_policy_draft_ms(&p, 100));
+    memset(&p, 0, sizeof p);
+    feed(&p, 20, 8, 0.5, 0.2, 2.0, 0.0);
+    CHECKF(fabs(qd_spec_policy_draft_ms(&p, 8) - 2.0) < 1e-9 && fabs(qd_spec_policy_draft_ms(&p, 16) - 4.0) < 1e-9,
+           "one batch size: %.4f at 8, %.4f at 16", qd_spec_policy_draft_ms(&p, 8), qd_spec_policy_draft_ms(&p, 16));
+
+    /* decisions */
+    const qd_step_cost gpu = fitted(3.2, 0.02, 0.004), cpu = fitted(0.8, 0.05, 0.6);
+    qd_step_cost unready;
+    memset(&unready, 0, sizeof unready);
+    CHECK(gpu.ready && cpu.ready);
+    qd_spec_policy good, never;
+    memset(&good, 0, sizeof good);
+    memset(&never, 0, sizeof never);
+    CHECK(qd_spec_policy_decide(&good, &gpu, 1, 2) == 1); /* nothing measured yet */
+    for (int s = 0; s < 20; s++) {
+        const int B = s % 2 ? 1 : 32;
+        qd_spec_policy_observe(&good, B, (const int[2]){(int)(0.7 * B), (int)(0.5 * B)}, 2, B, 0.3 + 0.02 * B);
+        qd_spec_policy_observe(&never, B, (const int[2]){0, 0}, 2, B, 0.3 + 0.02 * B);
+    }
+    CHECK(qd_spec_policy_decide(&good, &gpu, 1, 2) == 1);
+    CHECK(qd_spec_policy_decide(&good, &gpu, 32, 2) == 1);
+    CHECK(qd_spec_policy_decide(&good, &unready, 16, 2) == 1);
+    /* CPU-like, 16 requests: a + 3 c 16 + drafts = 30.2 ms against 2.15 x (a + 16 c) = 22.4 */
+    int drafted = 0, calls = 3 * QD_SPEC_PROBE_EVERY;
+    for (int s = 0; s < calls; s++) drafted += qd_spec_policy_decide(&good, &cpu, 16, 2);
+    CHECKF(drafted == calls / QD_SPEC_PROBE_EVERY, "CPU-like costs, 16 requests: drafted %d of %d steps, want %d probes",
+           drafted, calls, calls / QD_SPEC_PROBE_EVERY);
+    /* drafts that are never kept never pay, even where rows are nearly free */
+    drafted = 0;
+    for (int s = 0; s < calls; s++) drafted += qd_spec_policy_decide(&never, &gpu, 1, 2);
+    CHECKF(drafted == calls / QD_SPEC_PROBE_EVERY, "drafts never kept: drafted %d of %d steps", drafted, calls);
+    return qd_test_finish("test_spec_policy");
+}
