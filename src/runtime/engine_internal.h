@@ -244,6 +244,11 @@ int qd_spec_drafts_for(const qd_engine *e, const qd_request *r, int room);
 /* KV blocks a speculating decode of r needs beyond the main span's: private copies of
  * shared blocks its MTP writes into. */
 int qd_spec_extra_blocks(const qd_engine *e, const qd_request *r);
+/* Before a step is scheduled: whether its speculating decodes draft (e->spec_draft_step). */
+void qd_spec_decide_step(qd_engine *e);
+/* After its tokens are kept: the step's acceptance and, when `drafting` requests drafted,
+ * the draft phase's ms, for the policy. */
+void qd_spec_observe_step(qd_engine *e, int drafting, double draft_ms);
 /* Before the forward: the MTP drafts of every verify span of the step (span tokens
  * pointed at r->vtok). */
 qd_status qd_spec_draft(qd_engine *e, int n_spans);

@@ -350,3 +350,33 @@ void qd_spec_accept_and_report(qd_engine *e, qd_request *r, int row) {
         qd_engine_emit(e, r, &ev);
     }
 }
+
+/* Whether this step's speculating decodes draft (spec_policy.h): always in batch-invariant
+ * mode (a request's tokens may not depend on what runs beside it, and a sampled one's
+ * draws do depend on whether it drafts) and with speculative_always. */
+void qd_spec_decide_step(qd_engine *e) {
+    e->spec_draft_step = 1;
+    if (!e->spec_k || e->params.batch_invariant || e->params.speculative_always) return;
+    int requests = 0;
+    for (int i = 0; i < e->n_running; i++) requests += e->running[i]->spec && e->running[i]->phase == QD_SEQ_DECODING;
+    if (requests == 0) return;
+    e->spec_draft_step = qd_spec_policy_decide(&e->spec_policy, &e->cost, requests, e->spec_k);
+    if (!e->spec_draft_step) e->spec_plain_steps++;
+}
+
+/* The step's speculation outcome for the policy: the verify spans' drafts kept (from the
+ * counters' growth in this step) and, when `drafting` requests drafted, what that cost. */
+void qd_spec_observe_step(qd_engine *e, int drafting, double draft_ms) {
+    if (!e->spec_k) return;
+    int kept[QD_SPEC_MAX];
+    for (int i = 0; i < QD_SPEC_MAX; i++) {
+        kept[i] = (int)(e->spec_accepted_at[i] - e->spec_accepted_at_prev[i]);
+        e->spec_accepted_at_prev[i] = e->spec_accepted_at[i];
+    }
+    /* a draft phase that also ran pairs held over plain steps costs more than drafting at
+     * every step does: the cost of drafting is measured where it drafted the step before */
+    const int steady = e->spec_pend_rows <= drafting * (e->spec_k + 1);
+    qd_spec_policy_observe(&e->spec_policy, (int)(e->spec_steps - e->spec_steps_prev), kept, e->spec_k,
+                           steady ? drafting : 0, draft_ms);
+    e->spec_steps_prev = e->spec_steps;
+}
