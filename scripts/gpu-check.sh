@@ -256,12 +256,13 @@ if has throughput; then
     M="$BUILD/q35-dummy"
     mkdir -p "$M" && cp bench/configs/qwen3_5_35b_a3b/config.json tests/data/qwen35-tokenizer/tokenizer.json "$M/"
     # THR_STEP_MS="60 ...": the load again with each step time bound (--max-step-ms);
-    # THR_BATCH_TOKENS: the step token budget, --max-batch-tokens (default 8,192)
+    # THR_BATCH_TOKENS="8192 16384": the load at each step token budget (--max-batch-tokens)
+    for batch_tokens in ${THR_BATCH_TOKENS:-8192}; do
     for step_ms in 0 ${THR_STEP_MS:-}; do
-        echo "=== --max-step-ms $step_ms" >>"$THR_LOG"
+        echo "=== --max-step-ms $step_ms --max-batch-tokens $batch_tokens" >>"$THR_LOG"
         "$BUILD/qdelta" serve -q -m "$M" --backend cuda --load-format dummy --port 18712 --max-num-seqs 512 \
             --chat-template tests/data/chat_template/qwen3_5.jinja --max-step-ms "$step_ms" \
-            --max-model-len 1280 --max-batch-tokens "${THR_BATCH_TOKENS:-8192}" --max-waiting 1024 --http-threads 4 2>>"$THR_LOG" &
+            --max-model-len 1280 --max-batch-tokens "$batch_tokens" --max-waiting 1024 --http-threads 4 2>>"$THR_LOG" &
         tpid=$!
         wait_up 18712 $tpid 240
         timeout 400 python3 bench/loadgen.py --url http://127.0.0.1:18712 --concurrency 512 --input-len 1024 \
@@ -270,7 +271,7 @@ if has throughput; then
         # forwards, the host's own share (scheduling, sampling, queuing events), the reporting
         # thread's callbacks beside the steps and the engine's waits for them, tokens a
         # step, and the step cost model the engine measured
-        curl -s http://127.0.0.1:18712/metrics | awk -v ms="$step_ms" '
+        curl -s http://127.0.0.1:18712/metrics | awk -v ms="$step_ms, --max-batch-tokens $batch_tokens" '
             /^qdelta_engine_steps_total /{n=$2} /^qdelta_engine_step_seconds_total /{s=$2}
             /^qdelta_engine_forward_seconds_total /{f=$2} /^qdelta_prefill_tokens_total /{p=$2}
             /^qdelta_engine_schedule_seconds_total /{sc=$2} /^qdelta_engine_report_seconds_total /{rp=$2}
@@ -280,6 +281,7 @@ if has throughput; then
             /^qdelta_engine_step_cost_ms\{term="per_decode_row"\}/{c2=$2}
             END { if (n > 0) printf "engine (--max-step-ms %s): %d steps (%d bounded), %.1f s in steps: forwards %.1f s, host %.1f s (scheduling %.2f s, sampling and queuing %.2f s); callbacks %.2f s beside the steps, waited for %.2f s; %.0f tokens a step (%.0f prompt, %.0f generated); step cost %.2f ms + %.4f ms a prompt token + %.4f ms a decode row\n", ms, n, bs, s, f, s - f, sc, rp, cb, rw, (p + g) / n, p / n, g / n, c0, c1, c2 }' >>"$THR_LOG"
         kill -INT $tpid; wait $tpid
+    done
     done
     # the load's step shapes alone: 512 decodes at 1,024-token contexts, then the same with
     # 7,680 prompt tokens beside them (a full 8,192-token step)
