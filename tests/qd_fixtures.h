@@ -33,15 +33,18 @@ static inline int qd_fixture_parse_ids(const char *s, int32_t *out, int max) {
     return n;
 }
 
-/* "tests/fixtures/<name>" for every fixture holding `marker` (e.g. "config.json"),
- * sorted, strdup'd into dirs (at most max); returns the count (-1: no directory). */
-static inline int qd_fixture_dirs(const char *marker, char **dirs, int max) {
+/* "tests/fixtures/<name>" for every fixture whose name ends in `suffix` ("" for any) and
+ * that holds `marker` (e.g. "config.json"), sorted, strdup'd into dirs (at most max);
+ * returns the count (-1: no directory). */
+static inline int qd_fixture_dirs_named(const char *suffix, const char *marker, char **dirs, int max) {
     DIR *d = opendir(QD_FIXTURES);
     if (!d) return -1;
     int n = 0;
     struct dirent *e;
+    const size_t ls = strlen(suffix);
     while ((e = readdir(d)) && n < max) {
-        if (e->d_name[0] == '.') continue;
+        const size_t len = strlen(e->d_name);
+        if (e->d_name[0] == '.' || len < ls || strcmp(e->d_name + len - ls, suffix)) continue;
         char path[1024];
         struct stat st;
         snprintf(path, sizeof path, "%s/%s/%s", QD_FIXTURES, e->d_name, marker);
@@ -52,6 +55,10 @@ static inline int qd_fixture_dirs(const char *marker, char **dirs, int max) {
     closedir(d);
     qsort(dirs, (size_t)n, sizeof(char *), qd_fixture_cmp_str);
     return n;
+}
+
+static inline int qd_fixture_dirs(const char *marker, char **dirs, int max) {
+    return qd_fixture_dirs_named("", marker, dirs, max);
 }
 
 /* The prompt_<L>.ids file names of a fixture, sorted, strdup'd (at most max). */

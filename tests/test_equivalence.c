@@ -4,10 +4,9 @@
  *   - a prompt prefilled in uneven chunks == one prefill
  *   - two sequences in one batch (also prefill mixed with decode) == each alone
  *   - a reset slot behaves like a fresh one */
-#include <dirent.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "qd_fixtures.h"
 #include "qd_test.h"
 #include "qdelta.h"
 
@@ -140,25 +139,12 @@ static void check_model(const char *dir) {
     qd_model_free(m);
 }
 
-static int cmp_str(const void *x, const void *y) { return strcmp(*(char *const *)x, *(char *const *)y); }
-
 int main(void) {
     rng = qd_test_rng_from_env();
-    DIR *d = opendir("tests/fixtures");
-    CHECKF(d != NULL, "no tests/fixtures (run from the repository root)");
-    if (!d) return qd_test_finish("test_equivalence");
     char *dirs[64];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 64) {
-        size_t len = strlen(e->d_name);
-        if (len < 4 || strcmp(e->d_name + len - 4, "_f32")) continue; /* fp32 storage: tightest comparisons */
-        char path[1024];
-        snprintf(path, sizeof path, "tests/fixtures/%s", e->d_name);
-        dirs[n++] = strdup(path);
-    }
-    closedir(d);
-    qsort(dirs, (size_t)n, sizeof(char *), cmp_str);
+    /* fp32 storage: the tightest comparisons */
+    const int n = qd_fixture_dirs_named("_f32", "config.json", dirs, 64);
+    CHECKF(n >= 0, "no tests/fixtures (run from the repository root)");
     CHECKF(n >= 3, "expected at least 3 f32 fixtures, found %d", n);
     for (int i = 0; i < n; i++) {
         check_model(dirs[i]);

@@ -4,10 +4,10 @@
  *   - a forked sequence shares its blocks; writing into the shared partial block
  *     copies it (copy on write) and neither sequence sees the other's tokens
  *   - an exhausted pool fails with QD_ERR_CAPACITY and changes nothing; reset frees */
-#include <dirent.h>
 #include <string.h>
 
 #include "model/model.h"
+#include "qd_fixtures.h"
 #include "qd_test.h"
 
 #define TOL 1e-3
@@ -140,25 +140,12 @@ static void check_model(const char *dir) {
     qd_model_free(m);
 }
 
-static int cmp_str(const void *x, const void *y) { return strcmp(*(char *const *)x, *(char *const *)y); }
-
 int main(void) {
     rng = qd_test_rng_from_env();
-    DIR *d = opendir("tests/fixtures");
-    CHECKF(d != NULL, "no tests/fixtures (run from the repository root)");
-    if (!d) return qd_test_finish("test_kv_cache");
     char *dirs[64];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 64) {
-        size_t len = strlen(e->d_name);
-        if (len < 4 || strcmp(e->d_name + len - 4, "_f32")) continue;
-        char path[1024];
-        snprintf(path, sizeof path, "tests/fixtures/%s", e->d_name);
-        dirs[n++] = strdup(path);
-    }
-    closedir(d);
-    qsort(dirs, (size_t)n, sizeof(char *), cmp_str);
+    /* fp32 storage: the tightest comparisons */
+    const int n = qd_fixture_dirs_named("_f32", "config.json", dirs, 64);
+    CHECKF(n >= 0, "no tests/fixtures (run from the repository root)");
     CHECKF(n >= 3, "expected at least 3 f32 fixtures, found %d", n);
     for (int i = 0; i < n; i++) {
         check_model(dirs[i]);
