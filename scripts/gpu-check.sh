@@ -4,7 +4,7 @@
 # kernel benchmarks and the end-to-end `qdelta bench` runs, writes logs under
 # $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
 #
-#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant] [quant] [quant-e2e] [schema] [spec] [busyhost] [profile]   default: tests kernels e2e
+#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant] [quant] [quant-e2e] [schema] [spec] [busyhost] [stalls] [profile]   default: tests kernels e2e
 #     quant: quantized weights: test_cuda_quant (the quantized GEMV and dequantization against the CPU),
 #            test_cuda_quant_moe (quantized experts, decode kernels and prefill path, the fused block),
 #            test_cuda_quant_model (every quantized fixture checkpoint, fp8 at load, dummy weights in
@@ -42,6 +42,9 @@
 #            with a schema on every request, bench/schemas/record.json)
 #     busyhost: qdelta bench on the 35B-A3B at batch 1, idle and with every host core busy with
 #            other work (one spinning process per core), the ratio of the two
+#     stalls: Nsight Compute's full sections of chosen decode kernels (STALL_KERNELS regex, default
+#            the MoE decode kernels and the router; 35B-A3B cut to 4 layers, batch 1): why they take
+#            what they take (report in stalls.txt)
 #     profile: where a decode step's GPU time goes: Nsight Compute's per-kernel durations of
 #            qdelta bench (35B-A3B cut to 8 layers, batch 1, bf16 and fp8; PROFILE="cfg|format|B|layers ..."),
 #            summed per kernel by bench/kernel_profile.py (launches and us per step); a fifth field
@@ -285,7 +288,8 @@ if has throughput; then
     done
     # the load's step shapes alone: 512 decodes at 1,024-token contexts, then the same with
     # 7,680 prompt tokens beside them (a full 8,192-token step)
-    for mix in 0 7680; do
+    # THR_MIX="": no step shapes
+    for mix in ${THR_MIX-0 7680}; do
         timeout 300 "$BUILD/qdelta" bench -q -m "$M" --backend cuda --load-format dummy --prefill 16 --decode 16 \
             --batch 512 --context 1024 --mixed $mix 2>&1 | grep -E "^RESULT (decode|mixed)" >>"$THR_LOG" || status=1
     done
@@ -464,6 +468,25 @@ PY
     fi
 fi
 
+# why chosen kernels of a decode step take what they take: Nsight Compute's full sections (DRAM
+# throughput, occupancy, warp stall reasons, launch shape) of the kernels matching STALL_KERNELS
+# (a regex, default the MoE decode kernels and the router) in qdelta bench of the 35B-A3B cut to
+# 4 layers at batch 1 (STALL_FORMAT: the weights' format, default bf16), one launch each after
+# the warm-up; the whole report lands in $LOGDIR/stalls.txt
+STALL_LOG="$LOGDIR/stalls.txt"
+if has stalls; then
+    : >"$STALL_LOG"
+    cdir="$BUILD/cfg-stalls"
+    mkdir -p "$cdir"
+    python3 -c 'import json, sys
+c = json.load(open(sys.argv[1])); t = c.get("text_config", c); t["num_hidden_layers"] = 4
+if "layer_types" in t: t["layer_types"] = t["layer_types"][:4]
+json.dump(c, open(sys.argv[2], "w"))' bench/configs/qwen3_5_35b_a3b/config.json "$cdir/config.json"
+    timeout 300 ncu --set full -k "regex:${STALL_KERNELS:-moe_gate_up|moe_down|moe_router_decode}" -s 300 -c 6 \
+        "$BUILD/qdelta" bench -q -m "$cdir" --backend cuda --load-format dummy --quantization "${STALL_FORMAT:-none}" \
+        --prefill 16 --decode 64 --batch 1 --context 512 >"$STALL_LOG" 2>&1 || { status=1; echo "FAILED: stalls" >>"$STALL_LOG"; }
+fi
+
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
 for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier \
     test_cuda_batch_invariant test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model test_cuda_spec; do
@@ -485,6 +508,7 @@ done
           for (key in w) { split(key, k, SUBSEP); print "weights " k[1] " " k[2] ": " w[key] } }' "$QE2E_LOG"
 [ -s "$QE2E_LOG" ] && awk '/^=== qbench/ { what = $3 " " $4 } /loaded in/ && what { sub(/.*loaded in/, "loaded in"); print what ": " $0 }
     /^FAILED/ { print }' "$QE2E_LOG"
+[ -s "$STALL_LOG" ] && grep -E '^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Waves Per SM|Stall|FAILED' "$STALL_LOG" | head -60
 [ -s "$PROF_LOG" ] && grep -hE "^=== profile|^\| |^RESULT kernel_profile|^FAILED: profile" "$PROF_LOG" | head -80
 if [ -s "$INV_LOG" ]; then
     grep -E "^RESULT invariance" "$INV_LOG"
