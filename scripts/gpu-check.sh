@@ -56,6 +56,10 @@
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
 #                                  .peer (or .peer.tar.xz, unpacked) on PYTHONPATH: a peer's code is
 #                                  carried there, never committed
+#   AB_PATCH=.ab/x.patch   the parts twice on one machine, a change against its baseline: first on
+#                          the tree with the patch reversed (logs in $LOGDIR/a, commit "<QD_COMMIT>-patch"),
+#                          then as it is ($LOGDIR/b); the second build is incremental. Make the patch with
+#                          `git diff BASE > .ab/x.patch` on the change's tree and carry .ab (ignored)
 #
 # The library needs jansson, pcre2, utf8proc and libmicrohttpd. Where the system
 # lacks them (the GPU image here), stage them first on a Debian machine that has
@@ -64,6 +68,18 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGDIR=${LOGDIR:-${OUT:-$PWD/build-gpu/logs}}
+if [ -n "${AB_PATCH:-}" ]; then
+    self=$(realpath "$0")
+    patch -s -R -p1 <"$AB_PATCH" || { echo "AB_PATCH: $AB_PATCH does not reverse on this tree" >&2; exit 1; }
+    echo "== A: the tree without $AB_PATCH"
+    AB_PATCH= LOGDIR="$LOGDIR/a" QD_COMMIT="${QD_COMMIT:-unknown}-patch" bash "$self" "$@"
+    ra=$?
+    patch -s -p1 <"$AB_PATCH" || { echo "AB_PATCH: $AB_PATCH does not apply again" >&2; exit 1; }
+    echo "== B: the tree with it"
+    AB_PATCH= LOGDIR="$LOGDIR/b" bash "$self" "$@"
+    rb=$?
+    exit $((ra || rb))
+fi
 BUILD=${BUILD:-build-gpu}
 mkdir -p "$LOGDIR" "$BUILD"
 GENCODE="-gencode=arch=compute_90a,code=sm_90a"
