@@ -6,17 +6,14 @@
 void qd_spec_policy_observe(qd_spec_policy *p, int verifies, const int *kept_at, int k, int drafting,
                             double draft_ms) {
     if (verifies > 0) {
-        p->verifies = p->verifies * QD_SPEC_POLICY_DECAY + verifies;
+        p->verifies = p->verifies * QD_STEP_COST_DECAY + verifies;
         p->verifies_seen += p->verifies_seen < QD_SPEC_POLICY_MIN_VERIFIES ? verifies : 0;
         for (int i = 0; i < QD_SPEC_POLICY_MAX_K; i++)
-            p->kept[i] = p->kept[i] * QD_SPEC_POLICY_DECAY + (i < k ? kept_at[i] : 0);
+            p->kept[i] = p->kept[i] * QD_STEP_COST_DECAY + (i < k ? kept_at[i] : 0);
     }
     if (drafting > 0 && draft_ms >= 0 && isfinite(draft_ms)) {
         const double x[2] = {1.0, (double)drafting};
-        for (int i = 0; i < 2; i++) {
-            for (int j = 0; j < 2; j++) p->S[i][j] = p->S[i][j] * QD_SPEC_POLICY_DECAY + x[i] * x[j];
-            p->r[i] = p->r[i] * QD_SPEC_POLICY_DECAY + x[i] * draft_ms;
-        }
+        qd_decayed_normal_add(&p->S[0][0], p->r, 2, x, draft_ms);
         p->draft_steps++;
     }
 }

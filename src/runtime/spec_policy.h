@@ -5,11 +5,13 @@
  * step pays off when E times the plain step's time exceeds the verify step's time plus
  * the drafts': forward ms a + c B (K + 1) + drafts(B) against E (a + c B) for B
  * speculating decodes, a and c from the engine's step cost model (step_cost.h), E and
- * drafts(B) from the recent steps that drafted. Where a step's rows are nearly free (a
+ * drafts(B) from the recent steps that drafted, weighted as that model weights its
+ * steps. Where a step's rows are nearly free (a
  * GPU at small batch: the weights' bytes dominate) drafting pays at any acceptance worth
  * the drafts; where rows cost in proportion (a busy GPU, a CPU) it stops. A step that
- * does not draft still feeds the MTP head its pending pairs, so drafting can resume at any
- * step, and every QD_SPEC_PROBE_EVERY steps one drafts anyway, so that E and drafts(B)
+ * does not draft runs no MTP forward: its requests keep their pending pairs for the next
+ * step that does (the engine's QD_SPEC_PEND_MAX), so drafting can resume at any step, and
+ * every QD_SPEC_PROBE_EVERY steps one drafts anyway, so that E and drafts(B)
  * stay measured. The output does not depend on the choice (verify + accept yields what
  * plain decoding does), only the speed does. */
 #ifndef QD_RUNTIME_SPEC_POLICY_H
@@ -18,7 +20,6 @@
 #include "runtime/step_cost.h"
 
 #define QD_SPEC_POLICY_MAX_K 4   /* draft positions tracked (QD_SPEC_MAX) */
-#define QD_SPEC_POLICY_DECAY 0.97 /* weight of a step one step older, as the step cost model */
 #define QD_SPEC_PROBE_EVERY 32    /* a step in this many drafts even when the model says no */
 #define QD_SPEC_POLICY_MIN_STEPS 4 /* drafting steps measured before the model decides */
 #define QD_SPEC_POLICY_MIN_VERIFIES 32 /* ... and verify spans, for the acceptance */

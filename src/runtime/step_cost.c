@@ -21,13 +21,17 @@ static void solve3(double A[3][3], double y[3], double x[3]) {
     }
 }
 
+void qd_decayed_normal_add(double *S, double *r, int n, const double *x, double y) {
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) S[i * n + j] = QD_STEP_COST_DECAY * S[i * n + j] + x[i] * x[j];
+        r[i] = QD_STEP_COST_DECAY * r[i] + x[i] * y;
+    }
+}
+
 void qd_step_cost_add(qd_step_cost *c, int prompt_tokens, int decode_rows, double ms) {
     if (!(ms >= 0) || !isfinite(ms) || prompt_tokens < 0 || decode_rows < 0) return;
     const double x[3] = {1.0, (double)prompt_tokens, (double)decode_rows};
-    for (int i = 0; i < 3; i++) {
-        for (int j = 0; j < 3; j++) c->S[i][j] = QD_STEP_COST_DECAY * c->S[i][j] + x[i] * x[j];
-        c->r[i] = QD_STEP_COST_DECAY * c->r[i] + x[i] * ms;
-    }
+    qd_decayed_normal_add(&c->S[0][0], c->r, 3, x, ms);
     c->n++;
     double A[3][3], y[3], coef[3];
     memcpy(A, c->S, sizeof A);

@@ -18,6 +18,12 @@ typedef struct qd_step_cost {
     int ready;            /* the fit is usable: enough steps, P and D varied, b > 0 */
 } qd_step_cost;
 
+/* One observation y at x added to exponentially weighted normal equations in n unknowns
+ * (S: n x n row-major sums of x x^T, r: of x y), the earlier ones weighted
+ * QD_STEP_COST_DECAY less: the step cost model's fit, and the drafting policy's
+ * (spec_policy.h). */
+void qd_decayed_normal_add(double *S, double *r, int n, const double *x, double y);
+
 /* One step's measured forward time. */
 void qd_step_cost_add(qd_step_cost *c, int prompt_tokens, int decode_rows, double ms);
 
