@@ -186,18 +186,14 @@ static void *engine_main(void *arg) {
         e->report_wait_s += qd_reporter_wait(e->rep, e->rep_lag_mark);
         pthread_mutex_lock(&e->mu);
         qd_engine_publish_stats(e);
-        for (int drained = 0; !has_work(e);) {
-            if (drained) {
-                pthread_cond_wait(&e->cv, &e->mu);
-                continue;
-            }
+        if (!has_work(e)) {
             /* idle: every event delivered before sleeping, so that requests submitted
              * while a callback runs all find the engine where that callback left it */
             pthread_mutex_unlock(&e->mu);
             e->report_wait_s += qd_reporter_wait(e->rep, qd_reporter_publish(e->rep));
             pthread_mutex_lock(&e->mu);
             qd_engine_publish_stats(e);
-            drained = 1;
+            while (!has_work(e)) pthread_cond_wait(&e->cv, &e->mu);
         }
         while (e->incoming.head) {
             qd_request *r = e->incoming.head;
@@ -455,12 +451,7 @@ static qd_status new_request(qd_engine *e, const int32_t *prompt, int n_prompt, 
         return st;
     }
     r->params = *params;
-    if ((st = qd_spec_request_init(e, r, err)) != QD_OK) {
-        qd_sampler_free(r->sampler);
-        free(r->tokens);
-        free(r);
-        return st;
-    }
+    qd_spec_request_init(e, r);
     memcpy(r->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
     r->n_prompt = r->n_tokens = n_prompt;
     r->slot = -1;

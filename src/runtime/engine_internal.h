@@ -235,7 +235,7 @@ static inline float *qd_spec_pend_h(const qd_engine *e, const qd_request *r) {
     return e->pend_pool + (size_t)r->slot * QD_SPEC_PEND_MAX * (size_t)e->hidden_size;
 }
 /* A request's own state (submit): the rejection sampler's seed. */
-qd_status qd_spec_request_init(qd_engine *e, qd_request *r, qd_err *err);
+void qd_spec_request_init(qd_engine *e, qd_request *r);
 /* r got a slot whose first `start` tokens came from the prefix cache (0: none): the
  * MTP KV in the shared blocks covers them (snapshots are taken where it does). */
 void qd_spec_admitted(qd_engine *e, qd_request *r, int start);

@@ -79,13 +79,10 @@ void qd_spec_engine_free(qd_engine *e) {
     free(e->resid);
 }
 
-qd_status qd_spec_request_init(qd_engine *e, qd_request *r, qd_err *err) {
-    (void)err;
+void qd_spec_request_init(qd_engine *e, qd_request *r) {
     r->spec = e->spec_k > 0 && !r->params.constraint;
-    if (!r->spec) return QD_OK;
     /* the accept draws are the request's own: seeded runs repeat */
-    qd_spec_rng_seed(&r->spec_rng, r->params.sampling.seed ^ 0x9e3779b97f4a7c15ull);
-    return QD_OK;
+    if (r->spec) qd_spec_rng_seed(&r->spec_rng, r->params.sampling.seed ^ 0x9e3779b97f4a7c15ull);
 }
 
 void qd_spec_admitted(qd_engine *e, qd_request *r, int start) {
