@@ -125,6 +125,20 @@ TESTS_LOG="$LOGDIR/tests.log"
 declare -A result
 # run_test NAME LOG: one CUDA test binary of $BUILD (a fresh seed unless QD_TEST_SEED is set),
 # its output appended to LOG, its line of the summary in result[NAME]
+# cut_config SRC N DST: the config.json SRC with its first N layers only (text_config and
+# layer_types followed where the config has them), written to DST
+cut_config() {
+    python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+t = c.get("text_config", c)
+n = int(sys.argv[2])
+t["num_hidden_layers"] = n
+if "layer_types" in t:
+    t["layer_types"] = t["layer_types"][:n]
+json.dump(c, open(sys.argv[3], "w"))
+PY
+}
 run_test() {
     local t=$1 log=$2 bin ts rc line
     bin=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
@@ -206,8 +220,7 @@ if has tp; then
     else
         M="$BUILD/q3next-80b-8l" # one GPU: the 80B shapes, 8 of its 48 layers, so that two ranks fit
         mkdir -p "$M"
-        python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["num_hidden_layers"]=8; json.dump(c,open(sys.argv[2],"w"))' \
-            bench/configs/qwen3_next_80b_a3b/config.json "$M/config.json"
+        cut_config bench/configs/qwen3_next_80b_a3b/config.json 8 "$M/config.json"
         for split in "" "--tensor-parallel-size 2" "--tensor-parallel-size 2 --expert-parallel"; do
             echo "=== tp-bench ${split:-unsplit}" >>"$TP_LOG"
             # shellcheck disable=SC2086
@@ -450,16 +463,7 @@ if has profile; then
             if [ -n "$layers" ]; then
                 cdir="$BUILD/cfg-$cfg-$layers"
                 mkdir -p "$cdir"
-                python3 - "bench/configs/$cfg/config.json" "$layers" "$cdir/config.json" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))
-t = c.get("text_config", c)
-n = int(sys.argv[2])
-t["num_hidden_layers"] = n
-if "layer_types" in t:
-    t["layer_types"] = t["layer_types"][:n]
-json.dump(c, open(sys.argv[3], "w"))
-PY
+                cut_config "bench/configs/$cfg/config.json" "$layers" "$cdir/config.json"
             fi
             echo "=== profile $cfg $q B=$B layers=${layers:-all}${T:+ prefill=$T}${M:+ mixed=$M}" >>"$PROF_LOG"
             if [ -n "$T" ]; then runs="16:1 $T:1" steps=2; else runs="16:2 16:6" steps=4; fi
@@ -494,10 +498,7 @@ if has stalls; then
     : >"$STALL_LOG"
     cdir="$BUILD/cfg-stalls"
     mkdir -p "$cdir"
-    python3 -c 'import json, sys
-c = json.load(open(sys.argv[1])); t = c.get("text_config", c); t["num_hidden_layers"] = 4
-if "layer_types" in t: t["layer_types"] = t["layer_types"][:4]
-json.dump(c, open(sys.argv[2], "w"))' bench/configs/qwen3_5_35b_a3b/config.json "$cdir/config.json"
+    cut_config bench/configs/qwen3_5_35b_a3b/config.json 4 "$cdir/config.json"
     timeout 300 ncu --set full -k "regex:${STALL_KERNELS:-moe_gate_up|moe_down|moe_router_decode}" -s 300 -c 6 \
         "$BUILD/qdelta" bench -q -m "$cdir" --backend cuda --load-format dummy --quantization "${STALL_FORMAT:-none}" \
         --prefill 16 --decode 64 --batch 1 --context 512 >"$STALL_LOG" 2>&1 || { status=1; echo "FAILED: stalls" >>"$STALL_LOG"; }
