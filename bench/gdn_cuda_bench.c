@@ -67,7 +67,7 @@ static void bench_decode(int B, double copy_gbs) {
     uint16_t *dq = upload(q, (size_t)B * HK * DK * 2), *dk = upload(k, (size_t)B * HK * DK * 2);
     uint16_t *dv = upload(v, (size_t)B * HV * DV * 2), *dO = upload(NULL, (size_t)B * HV * DV * 2);
     float *dg = upload(g, (size_t)B * HV * 4), *db = upload(beta, (size_t)B * HV * 4), *dS = upload(S, nst * 4);
-    qd_cuda_gdn_decode_args a = {HK, HV, DK, DV, B, dq, dk, dv, dg, db, dS, NULL, NULL, dO, NULL, 0, 0, NULL};
+    qd_cuda_gdn_decode_args a = {HK, HV, DK, DV, B, dq, dk, dv, dg, db, dS, NULL, NULL, dO, NULL, 0, 0, NULL, 0};
     const int iters = 200;
     for (int i = 0; i < 20; i++) {
         a.d_state = dS + (size_t)(i % nrot) * B * per;

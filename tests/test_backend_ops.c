@@ -942,7 +942,7 @@ static int gd_cuda_kind(const op_data *d, float *out, int kind) {
                 qd_cuda_gdn_decode_args da = {g.hk, g.hv, g.dk, g.dv, 1, dq + t * g.qs, dk + t * g.ks, dv + t * g.vs,
                                               dg + (int64_t)t * g.hv, db + (int64_t)t * g.hv,
                                               dP + (size_t)d->i[0][s] * g.per, NULL, NULL, dO + (int64_t)t * g.hv * g.dv,
-                                              NULL, 0, 0, NULL};
+                                              NULL, 0, 0, NULL, 0};
                 DA_ST(&a, qd_cuda_gdn_decode(&da, NULL));
             }
     } else if (a.ok && kind == 1) {
@@ -961,7 +961,7 @@ static int gd_cuda_kind(const op_data *d, float *out, int kind) {
         free(pq); free(pk); free(pv);
         if (a.ok) {
             qd_cuda_gdn_decode_args da = {g.hk, g.hv, g.dk, g.dv, n, cq, ck, cv, dg, db,
-                                          dP, dslot, NULL, dO, NULL, 0, 0, NULL};
+                                          dP, dslot, NULL, dO, NULL, 0, 0, NULL, 0};
             DA_ST(&a, qd_cuda_gdn_decode(&da, NULL));
         }
     } else if (a.ok && kind == 2) {

@@ -164,7 +164,7 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
                         qd_cuda_gdn_decode_args da = {hk, hv, dk, dv, 1, dq + t * qs, dk_ + t * ks, dvv + t * vs,
                                                       dg + (int64_t)t * hv, dbeta + (int64_t)t * hv,
                                                       dS1 + (size_t)s * hv * dk * dv, NULL, NULL,
-                                                      dOr + (int64_t)t * hv * dv, NULL, 0, 0, NULL};
+                                                      dOr + (int64_t)t * hv * dv, NULL, 0, 0, NULL, 0};
                         ST_OK(qd_cuda_gdn_decode(&da, NULL));
                     }
                 ST_OK(qd_cuda_sync());
@@ -348,7 +348,7 @@ static void decode_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, in
     CHECK(dq && dk_ && dvv && dg && dbeta && dS && dslot && dO);
     if (dq && dk_ && dvv && dg && dbeta && dS && dslot && dO) {
         ST_OK(qd_cuda_memset(dO, 0xff, nv * 2));
-        qd_cuda_gdn_decode_args a = {hk, hv, dk, dv, n_seq, dq, dk_, dvv, dg, dbeta, dS, dslot, NULL, dO, NULL, 0, 0, NULL};
+        qd_cuda_gdn_decode_args a = {hk, hv, dk, dv, n_seq, dq, dk_, dvv, dg, dbeta, dS, dslot, NULL, dO, NULL, 0, 0, NULL, 0};
         ST_OK(qd_cuda_gdn_decode(&a, NULL));
         ST_OK(qd_cuda_sync());
         ST_OK(qd_cuda_memcpy_d2h(ho, dO, nv * 2));

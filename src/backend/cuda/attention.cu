@@ -45,6 +45,7 @@
  * base 2 (times log2 e) so that the softmax uses exp2. Head dims that are not
  * a power of two run in the next larger instantiation with zero-filled padding. */
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/cuda_pdl.cuh"
 
 /* Block (row, kv head x group of 16 query heads, context slice). K/V tiles go
  * through a DEC_STAGES-deep cp.async ring (two tiles in flight while one is
@@ -56,6 +57,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
     constexpr int NT = HDP / 8;
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *sQ = smem, *sK = sQ + 16 * LDS, *sV = sK + DEC_STAGES * ATT_TILE * LDS;
+    qd_pdl_wait(); /* q and this step's keys and values come from the previous kernel */
+    qd_pdl_trigger();
 
     const int r = p.row0 + blockIdx.x, sl = blockIdx.z;
     const int G = p.nq / p.nkv, hg = (G + 15) / 16;
@@ -129,6 +132,8 @@ __global__ void __launch_bounds__(COMB_THREADS) attn_combine_kernel(attn_params 
     extern __shared__ float wts[]; /* [nsp rounded up to 4] slice weights */
     __shared__ __align__(16) float part[COMB_THREADS * 4]; /* [ng][hd] group sums (ng * hd <= 4 * COMB_THREADS) */
     __shared__ float red[2][COMB_THREADS / 32];
+    qd_pdl_wait(); /* the slices come from the decode kernel */
+    qd_pdl_trigger();
     const int r = p.row0 + blockIdx.x, h = blockIdx.y, hd = p.hd;
     if (mixed && !row_in_short_span(p.spans, p.n_spans, p.short_rows, r)) return;
     const int n_keys = p.row_pos[r] + 1;
@@ -266,10 +271,8 @@ template <int HDP> static size_t decode_smem(void) {
 /* Combine of rows p.row0 .. p.row0 + rows - 1 (mixed: short spans' rows only). */
 static qd_status launch_combine(const attn_params &p, int rows, int mixed, cudaStream_t st) {
     if (p.nsp <= 1) return QD_OK;
-    attn_combine_kernel<<<dim3((unsigned)rows, (unsigned)p.nq), COMB_THREADS,
-                          (size_t)((p.nsp + 3) / 4 * 4) * sizeof(float), st>>>(p, mixed);
-    QD_CUDA_CHECK_LAUNCH("attn_combine_kernel");
-    return QD_OK;
+    return qd_launch_pdl(1, attn_combine_kernel, dim3((unsigned)rows, (unsigned)p.nq), dim3(COMB_THREADS),
+                         (size_t)((p.nsp + 3) / 4 * 4) * sizeof(float), st, p, mixed);
 }
 
 /* Decode of rows p.row0 .. p.row0 + rows - 1, then their combine unless skip_combine. */
@@ -279,8 +282,8 @@ static qd_status launch_decode(const qd_cuda_attn_args *a, const attn_params &p,
     const size_t sm = decode_smem<HDP>();
     const int G = a->nq / a->nkv;
     const dim3 grid((unsigned)rows, (unsigned)(a->nkv * ((G + 15) / 16)), (unsigned)p.nsp);
-    attn_decode_kernel<HDP><<<grid, ATT_THREADS, sm, st>>>(p, mixed);
-    QD_CUDA_CHECK_LAUNCH("attn_decode_kernel");
+    const qd_status s = qd_launch_pdl(1, attn_decode_kernel<HDP>, grid, dim3(ATT_THREADS), sm, st, p, mixed);
+    if (s) return s;
     return skip_combine ? QD_OK : launch_combine(p, rows, mixed, st);
 }
 

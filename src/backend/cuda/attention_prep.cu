@@ -12,6 +12,7 @@
 #include <math.h>
 
 #include "backend/cuda/cuda_attn.h"
+#include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/cuda_common.cuh"
 
@@ -31,6 +32,8 @@ struct prep_params {
 __global__ void __launch_bounds__(PREP_WARPS * 32) attn_prep_kernel(prep_params p) {
     __shared__ float buf[PREP_WARPS][PREP_MAX_HD];
     __shared__ float cs[PREP_MAX_HD / 2], sn[PREP_MAX_HD / 2];
+    qd_pdl_wait(); /* q, k, v come from the previous kernel (cuda_pdl.cuh) */
+    qd_pdl_trigger();
     const int r = blockIdx.x, w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int hd = p.hd, half = p.rope_dim / 2;
     const int pos = p.row_pos[r];
@@ -115,7 +118,5 @@ extern "C" qd_status qd_cuda_attn_prep(const qd_cuda_attn_args *a, void *stream)
     p.kcache = a->d_kcache; p.vcache = a->d_vcache; p.q_out = a->d_q;
     const dim3 grid((unsigned)a->n_rows, (unsigned)((a->nq + a->nkv + PREP_WARPS - 1) / PREP_WARPS));
     if (grid.y > 65535u) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_attn_prep: too many heads");
-    attn_prep_kernel<<<grid, PREP_WARPS * 32, 0, (cudaStream_t)stream>>>(p);
-    QD_CUDA_CHECK_LAUNCH("attn_prep_kernel");
-    return QD_OK;
+    return qd_launch_pdl(1, attn_prep_kernel, grid, dim3(PREP_WARPS * 32), 0, (cudaStream_t)stream, p);
 }

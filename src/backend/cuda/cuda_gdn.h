@@ -55,6 +55,10 @@ typedef struct qd_cuda_gdn_decode_args {
     int n_tok;                 /* tokens a sequence (0: 1) */
     int tok_stride;            /* of d_row and d_slot_out between token positions */
     const int *tok_count;      /* [n_tok], host */
+    /* 1: a programmatic launch (cuda_pdl.cuh) whose state loads may overlap the previous
+     * kernel, for callers whose previous kernel writes no state slot this launch reads
+     * (0: a plain launch, as for a token after another on the same slot) */
+    int early_state;
 } qd_cuda_gdn_decode_args;
 
 qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *stream);

@@ -62,7 +62,7 @@ qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
             .hk = hk, .hv = hv, .dk = dk, .dv = dvh, .n_seq = h->ver_count[0],
             .d_q = g->q, .d_k = g->k, .d_v = g->v, .d_g = g->g, .d_beta = g->beta, .d_state = ssm,
             .d_slot = dv->ver_in, .d_row = dv->ver_rows, .d_o = g->o, .d_slot_out = dv->ver_out,
-            .n_tok = n_tok, .tok_stride = g->d.params.max_seqs, .tok_count = h->ver_count,
+            .n_tok = n_tok, .tok_stride = g->d.params.max_seqs, .tok_count = h->ver_count, .early_state = 1,
         };
         TRYC(qd_cuda_gdn_decode(&a, g->stream));
     }
@@ -72,7 +72,7 @@ qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
             .hk = hk, .hv = hv, .dk = dk, .dv = dvh, .n_seq = h->n_dec,
             .d_q = g->q + r0 * key_dim, .d_k = g->k + r0 * key_dim, .d_v = g->v + r0 * value_dim,
             .d_g = g->g + r0 * hv, .d_beta = g->beta + r0 * hv, .d_state = ssm, .d_slot = dv->dec_slots,
-            .d_o = g->o + r0 * value_dim,
+            .d_o = g->o + r0 * value_dim, .early_state = 1,
         };
         TRYC(qd_cuda_gdn_decode(&a, g->stream));
     }

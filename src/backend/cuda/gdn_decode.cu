@@ -10,8 +10,9 @@
  * first use), and writes it exactly once. */
 #include <cuda_runtime.h>
 
-#include "backend/cuda/cuda_util.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_util.h"
 
 #define DEC_NT 256 /* threads per block of the fast path */
 #define DEC_BV 32  /* state columns per block: 8 lanes x float4 = one 128-byte line per row */
@@ -58,6 +59,10 @@ gdn_decode_fast(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, 
     float4 s[RPT];
 #pragma unroll
     for (int p = 0; p < RPT; p++) s[p] = __ldcs((const float4 *)(S + (size_t)(rg + DEC_RPP * p) * dv));
+    /* q, k, v and the gates come from the previous kernel (cuda_pdl.cuh: the state was
+     * last written a step ago, so its loads above may overlap that kernel's tail) */
+    qd_pdl_wait();
+    qd_pdl_trigger();
 
     const int tokens = SPAN ? n_tok : 1;
     for (int t = 0; t < tokens && (!SPAN || b < tc.count[t]); t++) { /* the same t bound for the whole block */
@@ -202,10 +207,11 @@ extern "C" qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *
     const int fast = aligned && a->dv % DEC_BV == 0 && (a->dk == 64 || a->dk == 128 || a->dk == 256);
     if (fast) {
         const dim3 grid(a->dv / DEC_BV, a->hv, a->n_seq);
-#define QD_DEC_LAUNCH(DK, SPAN)                                                                              \
-    gdn_decode_fast<DK, SPAN><<<grid, DEC_NT, 0, st>>>(a->d_q, a->d_k, a->d_v, a->d_g, a->d_beta, a->d_state, \
-                                                       a->d_slot, a->d_slot_out, a->d_row, a->d_o, a->hk, a->hv,  \
-                                                       a->dv, n_tok, a->tok_stride, tc)
+        qd_status s = QD_OK;
+#define QD_DEC_LAUNCH(DK, SPAN)                                                                                   \
+    s = qd_launch_pdl(a->early_state, gdn_decode_fast<DK, SPAN>, grid, dim3(DEC_NT), 0, st, a->d_q, a->d_k, a->d_v, a->d_g,     \
+                      a->d_beta, a->d_state, a->d_slot, a->d_slot_out, a->d_row, a->d_o, a->hk, a->hv, a->dv, n_tok, \
+                      a->tok_stride, tc)
         if (n_tok == 1) {
             if (a->dk == 64) QD_DEC_LAUNCH(64, false);
             else if (a->dk == 128) QD_DEC_LAUNCH(128, false);
@@ -216,8 +222,7 @@ extern "C" qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *
             else QD_DEC_LAUNCH(256, true);
         }
 #undef QD_DEC_LAUNCH
-        QD_CUDA_CHECK_LAUNCH("gdn_decode");
-        return QD_OK;
+        return s;
     }
     const size_t smem = 2 * (size_t)a->dk * sizeof(float);
     if (smem > 48 * 1024) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "gdn_decode: dk too large");
