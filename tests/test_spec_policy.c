@@ -5,9 +5,14 @@
  *     size scales in proportion; unknown before QD_SPEC_POLICY_MIN_STEPS drafting steps;
  *   - the decision: a GPU-like cost (rows nearly free beside a large fixed step cost)
  *     drafts at batch 1 and 32 with a good acceptance; a CPU-like cost (rows cost in
- *     proportion) does not at batch 16; drafts never kept never pay; before the step cost
- *     model or the drafts are measured it drafts; a policy that says no drafts every
- *     QD_SPEC_PROBE_EVERY-th step. */
+ *     proportion) does not at batch 16; drafts never kept never pay; before the drafts are
+ *     measured it drafts; every QD_SPEC_PROBE_EVERY-th step makes the other choice than
+ *     the model's, either way; while the step cost model cannot tell the fixed cost from a
+ *     row's, every QD_SPEC_EXPLORE_EVERY-th step does not draft;
+ *   - the closed loop of a decode-only batch (the engine's steps fed back into a fresh step
+ *     cost model: no prompt tokens, one batch size, so only the policy's own choices vary
+ *     the rows): it learns the costs, then drafts on a GPU-like cost at batch 1 and does
+ *     not on a CPU-like cost at batch 16. */
 #include <math.h>
 #include <string.h>
 
@@ -32,6 +37,27 @@ static void feed(qd_spec_policy *p, int steps, int requests, double f0, double f
         const int kept[2] = {(int)lround(f0 * requests), (int)lround(f1 * requests)};
         qd_spec_policy_observe(p, requests, kept, 2, requests, m0 + m1 * requests);
     }
+}
+
+/* `steps` decode-only engine steps from nothing: B requests, k = 2 drafts kept at
+ * fractions 0.7 and 0.5, forwards of a + c D ms (D: B, or B (k + 1) when drafting) and
+ * drafts of 0.3 + 0.02 B ms. Returns the drafting steps among the last `last`. */
+static int closed_loop(double a, double c, int B, int steps, int last, int *rows_known) {
+    qd_spec_policy p;
+    qd_step_cost cost;
+    memset(&p, 0, sizeof p);
+    memset(&cost, 0, sizeof cost);
+    int drafted = 0;
+    for (int s = 0; s < steps; s++) {
+        const int draft = qd_spec_policy_decide(&p, &cost, B, 2);
+        const int D = draft ? 3 * B : B;
+        qd_step_cost_add(&cost, 0, D, a + c * D);
+        const int kept[2] = {draft ? (int)lround(0.7 * B) : 0, draft ? (int)lround(0.5 * B) : 0};
+        qd_spec_policy_observe(&p, draft ? B : 0, kept, 2, draft ? B : 0, 0.3 + 0.02 * B);
+        drafted += draft && s >= steps - last;
+    }
+    *rows_known = qd_step_cost_rows_known(&cost);
+    return drafted;
 }
 
 int main(void) {
@@ -79,9 +105,18 @@ int main(void) {
     }
     CHECK(qd_spec_policy_decide(&good, &gpu, 1, 2) == 1);
     CHECK(qd_spec_policy_decide(&good, &gpu, 32, 2) == 1);
-    CHECK(qd_spec_policy_decide(&good, &unready, 16, 2) == 1);
-    /* CPU-like, 16 requests: a + 3 c 16 + drafts = 30.2 ms against 2.15 x (a + 16 c) = 22.4 */
+    /* the model says draft: a plain step every QD_SPEC_PROBE_EVERY-th, the first after the two above */
     int drafted = 0, calls = 3 * QD_SPEC_PROBE_EVERY;
+    for (int s = 0; s < calls; s++) drafted += qd_spec_policy_decide(&good, &gpu, 1, 2);
+    CHECKF(drafted == calls - calls / QD_SPEC_PROBE_EVERY, "GPU-like costs, 1 request: drafted %d of %d steps, want %d",
+           drafted, calls, calls - calls / QD_SPEC_PROBE_EVERY);
+    /* a step cost model that cannot tell a from c: every QD_SPEC_EXPLORE_EVERY-th step plain */
+    drafted = 0;
+    for (int s = 0; s < 5 * QD_SPEC_EXPLORE_EVERY; s++) drafted += qd_spec_policy_decide(&good, &unready, 16, 2);
+    CHECKF(drafted == 5 * (QD_SPEC_EXPLORE_EVERY - 1), "step costs not apart: drafted %d of %d steps", drafted,
+           5 * QD_SPEC_EXPLORE_EVERY);
+    /* CPU-like, 16 requests: a + 3 c 16 + drafts = 30.2 ms against 2.15 x (a + 16 c) = 22.4 */
+    drafted = 0;
     for (int s = 0; s < calls; s++) drafted += qd_spec_policy_decide(&good, &cpu, 16, 2);
     CHECKF(drafted == calls / QD_SPEC_PROBE_EVERY, "CPU-like costs, 16 requests: drafted %d of %d steps, want %d probes",
            drafted, calls, calls / QD_SPEC_PROBE_EVERY);
@@ -89,5 +124,17 @@ int main(void) {
     drafted = 0;
     for (int s = 0; s < calls; s++) drafted += qd_spec_policy_decide(&never, &gpu, 1, 2);
     CHECKF(drafted == calls / QD_SPEC_PROBE_EVERY, "drafts never kept: drafted %d of %d steps", drafted, calls);
+
+    /* the closed loop: a GPU-like cost at batch 1 drafts (3.2 x 2.2 = 7.05 ms of plain steps
+     * against 3.21 + 0.32 of a verify step and its drafts), a CPU-like one at batch 16 does
+     * not (10.4 x 2.2 = 22.9 against 29.6 + 0.62), each but for its probes */
+    int known = 0;
+    const int loop = 400, last = 4 * QD_SPEC_PROBE_EVERY;
+    drafted = closed_loop(3.2, 0.004, 1, loop, last, &known);
+    CHECKF(known && drafted >= last - last / QD_SPEC_PROBE_EVERY - 1,
+           "closed loop, GPU-like, 1 request: rows known %d, drafted %d of the last %d steps", known, drafted, last);
+    drafted = closed_loop(0.8, 0.6, 16, loop, last, &known);
+    CHECKF(known && drafted <= last / QD_SPEC_PROBE_EVERY + 1,
+           "closed loop, CPU-like, 16 requests: rows known %d, drafted %d of the last %d steps", known, drafted, last);
     return qd_test_finish("test_spec_policy");
 }

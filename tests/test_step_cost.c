@@ -2,8 +2,10 @@
  *   - steps of a known cost a + b P + c D with P and D varied: the fit recovers a, b, c
  *     and the prompt budget of a time bound follows from them;
  *   - not ready before QD_STEP_COST_MIN_STEPS steps, nor while no step had prompt tokens;
+ *     decode-only steps with varied rows still tell the fixed cost from a row's
+ *     (qd_step_cost_rows_known, the drafting policy's need);
  *   - every step with the same decode rows (a steady load): the prediction at those rows
- *     is still right, so the budget is;
+ *     is still right, so the budget is, but the rows' cost is not known apart;
  *   - the fit follows a change of cost (the recent steps weigh most);
  *   - measurement noise: the budget stays within the noise's reach;
  *   - bad samples (negative counts, NaN or negative times) are ignored. */
@@ -39,6 +41,17 @@ static void check_not_ready(void) {
     memset(&m, 0, sizeof m);
     for (int i = 0; i < 50; i++) qd_step_cost_add(&m, 0, 1 + i % 7, 2.0 + 0.1 * (1 + i % 7));
     CHECKF(!m.ready && qd_step_cost_prefill_budget(&m, 4, 10.0) == -1, "ready without a step with prompt tokens");
+    CHECKF(qd_step_cost_rows_known(&m) && fabs(m.coef[0] - 2.0) < 1e-6 && fabs(m.coef[2] - 0.1) < 1e-7,
+           "decode-only steps, rows 1..7: rows known %d, a = %.9g (want 2), c = %.9g (want 0.1)",
+           qd_step_cost_rows_known(&m), m.coef[0], m.coef[2]);
+    memset(&m, 0, sizeof m);
+    for (int i = 0; i + 1 < QD_STEP_COST_MIN_STEPS; i++) qd_step_cost_add(&m, 0, 1 + i % 2, 1.0 + i % 2);
+    CHECKF(!qd_step_cost_rows_known(&m), "rows known after %d steps", QD_STEP_COST_MIN_STEPS - 1);
+    /* one decode batch (a steady load) with a few steps of twice the rows long ago: not apart */
+    memset(&m, 0, sizeof m);
+    for (int i = 0; i < 4; i++) qd_step_cost_add(&m, 0, 64, 5.0);
+    for (int i = 0; i < 300; i++) qd_step_cost_add(&m, 0, 32, 4.0);
+    CHECKF(!qd_step_cost_rows_known(&m), "rows known from steps weighted %.3g", pow(QD_STEP_COST_DECAY, 300));
 }
 
 static void check_steady_decodes(void) {
@@ -55,6 +68,7 @@ static void check_steady_decodes(void) {
            "steady load: a + 512 c = %.9g (want %.9g), b = %.9g", at512, 12.0 + 0.05 * 512, m.coef[1]);
     const int pb = qd_step_cost_prefill_budget(&m, 512, 60.0);
     CHECKF(abs(pb - 1120) <= 1, "steady load: budget %d, want 1120", pb); /* (60 - 12 - 25.6) / 0.02 */
+    CHECK(!qd_step_cost_rows_known(&m));
 }
 
 static void check_follows(void) {

@@ -10,17 +10,21 @@
  * GPU at small batch: the weights' bytes dominate) drafting pays at any acceptance worth
  * the drafts; where rows cost in proportion (a busy GPU, a CPU) it stops. A step that
  * does not draft runs no MTP forward: its requests keep their pending pairs for the next
- * step that does (the engine's QD_SPEC_PEND_MAX), so drafting can resume at any step, and
- * every QD_SPEC_PROBE_EVERY steps one drafts anyway, so that E and drafts(B)
- * stay measured. The output does not depend on the choice (verify + accept yields what
- * plain decoding does), only the speed does. */
+ * step that does (the engine's QD_SPEC_PEND_MAX), so drafting can resume at any step.
+ * Every QD_SPEC_PROBE_EVERY steps of one choice, one step makes the other, so that E,
+ * drafts(B) and the cost of a plain step's rows against a verify step's stay measured.
+ * While the step cost model cannot tell a from c (qd_step_cost_rows_known: a steady
+ * decode-only batch that always drafts has one row count), every QD_SPEC_EXPLORE_EVERY-th
+ * step does not draft, which gives it two. The output does not depend on the choice
+ * (verify + accept yields what plain decoding does), only the speed does. */
 #ifndef QD_RUNTIME_SPEC_POLICY_H
 #define QD_RUNTIME_SPEC_POLICY_H
 
 #include "runtime/step_cost.h"
 
 #define QD_SPEC_POLICY_MAX_K 4   /* draft positions tracked (QD_SPEC_MAX) */
-#define QD_SPEC_PROBE_EVERY 32    /* a step in this many drafts even when the model says no */
+#define QD_SPEC_PROBE_EVERY 32    /* a step in this many makes the other choice than the model's */
+#define QD_SPEC_EXPLORE_EVERY 4   /* ... and in this many does not draft while a and c are not apart */
 #define QD_SPEC_POLICY_MIN_STEPS 4 /* drafting steps measured before the model decides */
 #define QD_SPEC_POLICY_MIN_VERIFIES 32 /* ... and verify spans, for the acceptance */
 
@@ -30,7 +34,9 @@ typedef struct qd_spec_policy {
     double kept[QD_SPEC_POLICY_MAX_K];   /* ... and of them, drafts kept at position i */
     double S[2][2], r[2];                /* weighted sums of x x^T and x ms, x = (1, requests), of the drafting steps */
     int draft_steps;                     /* drafting steps seen */
-    int since_draft;                     /* steps with speculating decodes since one drafted */
+    int since_draft;                     /* steps the model said not to draft since one drafted */
+    int since_plain;                     /* steps the model said to draft since one did not */
+    int explored;                        /* steps decided while a and c were not apart */
 } qd_spec_policy;
 
 /* One step's outcome: `verifies` verify spans, of which kept_at[i] kept draft i (i < k),
@@ -47,10 +53,10 @@ double qd_spec_policy_mean_tokens(const qd_spec_policy *p, int k);
 double qd_spec_policy_draft_ms(const qd_spec_policy *p, int requests);
 
 /* Whether the next step, with `requests` speculating decodes and k drafts each, drafts:
- * yes while the costs and the acceptance are not measured yet (the step cost model not
- * ready, fewer than QD_SPEC_POLICY_MIN_STEPS drafting steps or QD_SPEC_POLICY_MIN_VERIFIES
- * verify spans), else what the model says, and every QD_SPEC_PROBE_EVERY-th step
- * regardless. Counts the step. */
+ * while the step cost model cannot tell a from c, yes but every QD_SPEC_EXPLORE_EVERY-th
+ * step; while the drafts are not measured yet (fewer than QD_SPEC_POLICY_MIN_STEPS drafting
+ * steps or QD_SPEC_POLICY_MIN_VERIFIES verify spans), yes; else what the model says, but
+ * the other choice every QD_SPEC_PROBE_EVERY-th step. Counts the step. */
 int qd_spec_policy_decide(qd_spec_policy *p, const qd_step_cost *cost, int requests, int k);
 
 #endif

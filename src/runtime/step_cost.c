@@ -49,6 +49,14 @@ void qd_step_cost_add(qd_step_cost *c, int prompt_tokens, int decode_rows, doubl
     c->ready = coef[1] > 0 && isfinite(coef[0]) && isfinite(coef[1]) && isfinite(coef[2]);
 }
 
+int qd_step_cost_rows_known(const qd_step_cost *c) {
+    const double w = c->S[0][0];
+    if (c->n < QD_STEP_COST_MIN_STEPS || !(w > 0)) return 0;
+    if (!isfinite(c->coef[0]) || !isfinite(c->coef[2])) return 0;
+    const double mean = c->S[0][2] / w, var = c->S[2][2] / w - mean * mean;
+    return mean > 0 && var >= QD_STEP_COST_ROWS_SPREAD * QD_STEP_COST_ROWS_SPREAD * mean * mean;
+}
+
 int qd_step_cost_prefill_budget(const qd_step_cost *c, int decode_rows, double target_ms) {
     if (!c->ready) return -1;
     const double left = target_ms - c->coef[0] - c->coef[2] * (double)decode_rows;

@@ -10,6 +10,7 @@
 
 #define QD_STEP_COST_DECAY 0.97 /* weight of a step one step older: about the last 30 steps count */
 #define QD_STEP_COST_MIN_STEPS 8
+#define QD_STEP_COST_ROWS_SPREAD 0.05 /* decode rows varied: weighted std / mean at least this */
 
 typedef struct qd_step_cost {
     double S[3][3], r[3]; /* weighted sums of x x^T and x ms, x = (1, P, D) */
@@ -26,6 +27,13 @@ void qd_decayed_normal_add(double *S, double *r, int n, const double *x, double 
 
 /* One step's measured forward time. */
 void qd_step_cost_add(qd_step_cost *c, int prompt_tokens, int decode_rows, double ms);
+
+/* Whether the fit tells a step's fixed cost (a) apart from its cost a decode row (c):
+ * QD_STEP_COST_MIN_STEPS steps and their decode rows varied (weighted standard deviation
+ * at least QD_STEP_COST_ROWS_SPREAD of the weighted mean). The prompt-token cost need not
+ * be known: a decode-only load whose batch or draft rows change tells a and c apart, one
+ * whose steps all have the same rows does not. */
+int qd_step_cost_rows_known(const qd_step_cost *c);
 
 /* The most prompt tokens a step with decode_rows decode rows may take for its forward to
  * fit in target_ms by the model (0 when even the decodes alone do not), or -1 while the
