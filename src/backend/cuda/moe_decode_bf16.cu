@@ -1,16 +1,23 @@
 /* The bf16 family of the MoE decode kernels (moe_decode.cu): each lane streams its
  * weight pieces into registers, a row's first chunk in flight before the routing is
- * known where it can be (the shared expert). */
+ * known where it can be (the shared expert). TG: list entries a pass at most (1 for a
+ * one-token call, whose experts each have one pair; else GU_TG / DN_TG). The one-entry
+ * instances need fewer registers and run 5 blocks an SM: the 576 blocks of a 35B-A3B
+ * token (8 experts and the shared one, 64 blocks each) in one wave of 660. */
 #include "backend/cuda/moe_decode.cuh"
+
+template <int TG> constexpr int gu_bf16_min_blocks() { return TG == 1 ? 5 : 4; }
+static_assert(GU_TG == DN_TG, "one instance serves both kernels");
 
 /* Weights are streamed once per step (qd_ld_stream16, cuda_common.cuh). */
 __device__ __forceinline__ uint4 ld_weights(const uint4 *p) { return qd_ld_stream16(p); }
 
-__global__ void __launch_bounds__(GU_NT, 4)
+template <int TG>
+__global__ void __launch_bounds__(GU_NT, gu_bf16_min_blocks<TG>())
 moe_gate_up_bf16(const uint16_t *__restrict__ x, const int32_t *sel, const uint16_t *__restrict__ gate_up,
                  float *__restrict__ act, int32_t *__restrict__ counters, int n_ctr, int P, int H, int I, int E,
                  int k, const uint16_t *__restrict__ sh_gate_up, int Is, float *__restrict__ sh_act) {
-    extern __shared__ uint4 xs[]; /* [GU_TG][H / 8] the pass's token rows, bf16 */
+    extern __shared__ uint4 xs[]; /* [TG][H / 8] the pass's token rows, bf16 */
     __shared__ int list[QD_MOE_DECODE_MAX_PAIRS];
     __shared__ int wcnt[GU_WARPS];
     const int p = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -61,13 +68,13 @@ moe_gate_up_bf16(const uint16_t *__restrict__ x, const int32_t *sel, const uint1
     }
     const int kd = shared ? 1 : k;              /* list entries: tokens, or pairs t * k + j */
     float *const ap = shared ? sh_act : act;    /* [list entry][rows] */
-    for (int g0 = 0; g0 < m; g0 += GU_TG) {
-        const int gs = min(GU_TG, m - g0);
+    for (int g0 = 0; g0 < m; g0 += TG) {
+        const int gs = min(TG, m - g0);
         if (g0) __syncthreads(); /* the previous pass is done with xs */
         load_pass_x(xs, x, list, g0, gs, kd, H8);
-        float ag[GU_TG], au[GU_TG];
+        float ag[TG], au[TG];
 #pragma unroll
-        for (int tt = 0; tt < GU_TG; tt++) ag[tt] = au[tt] = 0.0f;
+        for (int tt = 0; tt < TG; tt++) ag[tt] = au[tt] = 0.0f;
         for (int c = 0; c < nch; c++) {
             if (c || g0) {
 #pragma unroll
@@ -86,7 +93,7 @@ moe_gate_up_bf16(const uint16_t *__restrict__ x, const int32_t *sel, const uint1
                 bf16x8(g[uu], gf);
                 bf16x8(u[uu], uf);
 #pragma unroll
-                for (int tt = 0; tt < GU_TG; tt++) {
+                for (int tt = 0; tt < TG; tt++) {
                     if (tt < gs) {
                         float xf[8];
                         bf16x8(xs[tt * H8 + b], xf);
@@ -99,18 +106,19 @@ moe_gate_up_bf16(const uint16_t *__restrict__ x, const int32_t *sel, const uint1
                 }
             }
         }
-        store_act<GU_TG>(ag, au, gs, list, g0, ap, rows, i);
+        store_act<TG>(ag, au, gs, list, g0, ap, rows, i);
     }
 }
 
+template <int TG>
 __global__ void __launch_bounds__(DN_NT, 4)
 moe_down_bf16(const int32_t *sel, const uint16_t *__restrict__ down, const float *act, float *out, int P, int I,
               int E, const uint16_t *__restrict__ sh_down, int Is, const float *sh_act, float *sh_out,
               const __grid_constant__ dn_combine cb) {
-    extern __shared__ float4 as4[]; /* [DN_TG][max(I, Is) / 4] the pass's activations */
+    extern __shared__ float4 as4[]; /* [TG][max(I, Is) / 4] the pass's activations */
     __shared__ int list[QD_MOE_DECODE_MAX_PAIRS];
     __shared__ int wcnt[DN_WARPS];
-    __shared__ int last[DN_TG];
+    __shared__ int last[TG];
     const int p = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const bool shared = p >= P; /* only with sh_down */
     const int H = cb.H, k = cb.k;
@@ -142,15 +150,15 @@ moe_down_bf16(const int32_t *sel, const uint16_t *__restrict__ down, const float
     const int kd = shared ? 1 : k; /* list entries: tokens, or pairs t * k + j */
     const float *const ap = shared ? sh_act : act;
     float *const op = shared ? sh_out : out;
-    for (int g0 = 0; g0 < m; g0 += DN_TG) {
-        const int gs = min(DN_TG, m - g0);
+    for (int g0 = 0; g0 < m; g0 += TG) {
+        const int gs = min(TG, m - g0);
         if (g0) __syncthreads();
         load_pass_act(as4, ap, list, g0, gs, Ir);
-        float acc[DN_R][DN_TG];
+        float acc[DN_R][TG];
 #pragma unroll
         for (int r = 0; r < DN_R; r++)
 #pragma unroll
-            for (int tt = 0; tt < DN_TG; tt++) acc[r][tt] = 0.0f;
+            for (int tt = 0; tt < TG; tt++) acc[r][tt] = 0.0f;
         for (int c = 0; c < nch; c++) {
             if (c || g0) {
 #pragma unroll
@@ -167,7 +175,7 @@ moe_down_bf16(const int32_t *sel, const uint16_t *__restrict__ down, const float
                 const int b = (c * DN_U + uu) * 32 + lane;
                 if (b >= I8) continue;
 #pragma unroll
-                for (int tt = 0; tt < DN_TG; tt++) {
+                for (int tt = 0; tt < TG; tt++) {
                     if (tt < gs) {
                         const float4 a0 = as4[tt * I4 + 2 * b], a1 = as4[tt * I4 + 2 * b + 1];
                         const float af[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
@@ -182,22 +190,29 @@ moe_down_bf16(const int32_t *sel, const uint16_t *__restrict__ down, const float
                 }
             }
         }
-        finish_down_pass<DN_TG>(acc, gs, list, g0, kd, op, h0, last, cb);
+        finish_down_pass<TG>(acc, gs, list, g0, kd, op, h0, last, cb);
     }
 }
 
-qd_status qd_moe_decode_bf16(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh,
+template <int TG>
+static qd_status launch_bf16(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh,
                              const decode_shape *d, int pdl, cudaStream_t s) {
     const decode_call c = decode_call_of(a, w, sh);
-    QD_CUDA_TRY(set_smem(moe_gate_up_bf16, d->gu_smem, 0));
-    QD_CUDA_TRY(set_smem(moe_down_bf16, d->dn_smem, 0));
-    qd_status st = qd_launch_pdl(pdl, moe_gate_up_bf16, c.grid_gu, dim3(GU_NT), d->gu_smem, s, a->d_x, a->d_sel,
+    QD_CUDA_TRY(set_smem(moe_gate_up_bf16<TG>, d->gu_smem, 0));
+    QD_CUDA_TRY(set_smem(moe_down_bf16<TG>, d->dn_smem, 0));
+    qd_status st = qd_launch_pdl(pdl, moe_gate_up_bf16<TG>, c.grid_gu, dim3(GU_NT), d->gu_smem, s, a->d_x, a->d_sel,
                                  a->d_gate_up, w->act, w->counters, c.n_ctr, c.P, a->H, a->I, a->E, a->k,
                                  c.has_sh ? sh->gate_up : (const uint16_t *)NULL, c.Is,
                                  c.has_sh ? sh->act : (float *)NULL);
     if (st) return st;
-    return qd_launch_pdl(1, moe_down_bf16, c.grid_dn, dim3(DN_NT), d->dn_smem, s, a->d_sel, a->d_down,
+    return qd_launch_pdl(1, moe_down_bf16<TG>, c.grid_dn, dim3(DN_NT), d->dn_smem, s, a->d_sel, a->d_down,
                          (const float *)w->act, w->out, c.P, a->I, a->E, c.has_sh ? sh->down : (const uint16_t *)NULL,
                          c.Is, c.has_sh ? (const float *)sh->act : (const float *)NULL,
                          c.has_sh ? sh->out : (float *)NULL, c.cb);
+}
+
+/* One token: each routed expert has its one pair and the shared expert its one token. */
+qd_status qd_moe_decode_bf16(const qd_cuda_moe_args *a, const qd_moe_work *w, const qd_moe_shared *sh,
+                             const decode_shape *d, int pdl, cudaStream_t s) {
+    return a->n == 1 ? launch_bf16<1>(a, w, sh, d, pdl, s) : launch_bf16<GU_TG>(a, w, sh, d, pdl, s);
 }
