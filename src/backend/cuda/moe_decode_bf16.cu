@@ -2,8 +2,9 @@
  * weight pieces into registers, a row's first chunk in flight before the routing is
  * known where it can be (the shared expert). TG: list entries a pass at most (1 for a
  * one-token call, whose experts each have one pair; else GU_TG / DN_TG). The one-entry
- * instances need fewer registers and run 5 blocks an SM: the 576 blocks of a 35B-A3B
- * token (8 experts and the shared one, 64 blocks each) in one wave of 660. */
+ * gate_up needs 48 registers and runs 5 blocks an SM: the 576 blocks of a 35B-A3B token
+ * (8 experts and the shared one, 64 blocks each) in one wave of 660; the one-entry down
+ * stays at 4 (at 48 registers it spills its weights in flight) but no longer spills at 64. */
 #include "backend/cuda/moe_decode.cuh"
 
 template <int TG> constexpr int gu_bf16_min_blocks() { return TG == 1 ? 5 : 4; }
