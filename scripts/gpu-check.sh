@@ -56,10 +56,11 @@
 #   PEER_BENCH=path/to/script.py   also run a reference timing script (e.g. FLA's), if given, with
 #                                  .peer (or .peer.tar.xz, unpacked) on PYTHONPATH: a peer's code is
 #                                  carried there, never committed
-#   AB_PATCH=.ab/x.patch   the parts twice on one machine, a change against its baseline: first on
-#                          the tree with the patch reversed (logs in $LOGDIR/a, commit "<QD_COMMIT>-patch"),
-#                          then as it is ($LOGDIR/b); the second build is incremental. Make the patch with
-#                          `git diff BASE > .ab/x.patch` on the change's tree and carry .ab (ignored)
+#   AB_PATCH=".ab/x.patch [.ab/y.patch ...]"   the parts on one machine for a change against its
+#                          baseline: first on the tree with the patches reversed (logs in $LOGDIR/a), then
+#                          with the first ($LOGDIR/b), the first two ($LOGDIR/c), ...; the later builds are
+#                          incremental. The tree must have them all applied; make each with `git diff` on
+#                          the change's tree and carry .ab (ignored)
 #
 # The library needs jansson, pcre2, utf8proc and libmicrohttpd. Where the system
 # lacks them (the GPU image here), stage them first on a Debian machine that has
@@ -69,16 +70,23 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGDIR=${LOGDIR:-${OUT:-$PWD/build-gpu/logs}}
 if [ -n "${AB_PATCH:-}" ]; then
+    # AB_PATCH="p1 [p2 ...]": the tree without them all (a/), then with p1 (b/), p1 and p2 (c/), ...
     self=$(realpath "$0")
-    patch -s -R -p1 <"$AB_PATCH" || { echo "AB_PATCH: $AB_PATCH does not reverse on this tree" >&2; exit 1; }
-    echo "== A: the tree without $AB_PATCH"
-    AB_PATCH= LOGDIR="$LOGDIR/a" QD_COMMIT="${QD_COMMIT:-unknown}-patch" bash "$self" "$@"
-    ra=$?
-    patch -s -p1 <"$AB_PATCH" || { echo "AB_PATCH: $AB_PATCH does not apply again" >&2; exit 1; }
-    echo "== B: the tree with it"
-    AB_PATCH= LOGDIR="$LOGDIR/b" bash "$self" "$@"
-    rb=$?
-    exit $((ra || rb))
+    read -r -a patches <<<"$AB_PATCH"
+    for ((i = ${#patches[@]} - 1; i >= 0; i--)); do
+        patch -s -R -p1 <"${patches[i]}" || { echo "AB_PATCH: ${patches[i]} does not reverse on this tree" >&2; exit 1; }
+    done
+    echo "== a: the tree without $AB_PATCH"
+    AB_PATCH= LOGDIR="$LOGDIR/a" QD_COMMIT="${QD_COMMIT:-unknown}-patches" bash "$self" "$@"
+    rc=$?
+    names=(b c d e f g h) label="${QD_COMMIT:-unknown}-patches"
+    for ((i = 0; i < ${#patches[@]}; i++)); do
+        patch -s -p1 <"${patches[i]}" || { echo "AB_PATCH: ${patches[i]} does not apply again" >&2; exit 1; }
+        label="$label+$(basename "${patches[i]}" .patch)"
+        echo "== ${names[i]}: with ${patches[*]:0:i+1}"
+        AB_PATCH= LOGDIR="$LOGDIR/${names[i]}" QD_COMMIT="$label" bash "$self" "$@" || rc=1
+    done
+    exit $rc
 fi
 BUILD=${BUILD:-build-gpu}
 mkdir -p "$LOGDIR" "$BUILD"
