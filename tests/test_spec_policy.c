@@ -9,10 +9,10 @@
  *     measured it drafts; every QD_SPEC_PROBE_EVERY-th step makes the other choice than
  *     the model's, either way; while the step cost model cannot tell the fixed cost from a
  *     row's, every QD_SPEC_EXPLORE_EVERY-th step does not draft;
- *   - the closed loop of a decode-only batch (the engine's steps fed back into a fresh step
- *     cost model: no prompt tokens, one batch size, so only the policy's own choices vary
- *     the rows): it learns the costs, then drafts on a GPU-like cost at batch 1 and does
- *     not on a CPU-like cost at batch 16. */
+ *   - the closed loop of a batch's prefill step, then decode steps (the engine's steps fed
+ *     back into a fresh step cost model: one batch size, so past the prefill only the
+ *     policy's own choices vary the rows): it learns the costs, then drafts on a GPU-like
+ *     cost at batch 1 and does not on a CPU-like cost at batch 16. */
 #include <math.h>
 #include <string.h>
 
@@ -39,15 +39,17 @@ static void feed(qd_spec_policy *p, int steps, int requests, double f0, double f
     }
 }
 
-/* `steps` decode-only engine steps from nothing: B requests, k = 2 drafts kept at
- * fractions 0.7 and 0.5, forwards of a + c D ms (D: B, or B (k + 1) when drafting) and
- * drafts of 0.3 + 0.02 B ms. Returns the drafting steps among the last `last`. */
+/* A prefill step of 64 B prompt tokens (a + 0.01 ms a token), then `steps` decode-only
+ * engine steps: B requests, k = 2 drafts kept at fractions 0.7 and 0.5, forwards of
+ * a + c D ms (D: B, or B (k + 1) when drafting) and drafts of 0.3 + 0.02 B ms. Returns the
+ * drafting steps among the last `last`. */
 static int closed_loop(double a, double c, int B, int steps, int last, int *rows_known) {
     qd_spec_policy p;
     qd_step_cost cost;
     memset(&p, 0, sizeof p);
     memset(&cost, 0, sizeof cost);
     int drafted = 0;
+    qd_step_cost_add(&cost, 64 * B, 0, a + 0.01 * 64 * B);
     for (int s = 0; s < steps; s++) {
         const int draft = qd_spec_policy_decide(&p, &cost, B, 2);
         const int D = draft ? 3 * B : B;

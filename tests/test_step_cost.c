@@ -52,6 +52,16 @@ static void check_not_ready(void) {
     for (int i = 0; i < 4; i++) qd_step_cost_add(&m, 0, 64, 5.0);
     for (int i = 0; i < 300; i++) qd_step_cost_add(&m, 0, 32, 4.0);
     CHECKF(!qd_step_cost_rows_known(&m), "rows known from steps weighted %.3g", pow(QD_STEP_COST_DECAY, 300));
+    /* a prefill step (64, 0) and decode steps (0, 3): the rows vary only with the prompt
+     * tokens, so a, b and c are not apart; decode steps of 1 and 3 rows beside it are */
+    memset(&m, 0, sizeof m);
+    qd_step_cost_add(&m, 64, 0, 3.0);
+    for (int i = 0; i < 20; i++) qd_step_cost_add(&m, 0, 3, 1.3);
+    CHECK(!qd_step_cost_rows_known(&m));
+    for (int i = 0; i < 8; i++) qd_step_cost_add(&m, 0, 1 + 2 * (i % 2), 1.0 + 0.1 * (1 + 2 * (i % 2)));
+    CHECKF(qd_step_cost_rows_known(&m) && fabs(m.coef[0] - 1.0) < 1e-3 && fabs(m.coef[2] - 0.1) < 1e-3,
+           "prefill + decode steps of 1 and 3 rows: rows known %d, a = %.6g (want 1), c = %.6g (want 0.1)",
+           qd_step_cost_rows_known(&m), m.coef[0], m.coef[2]);
 }
 
 static void check_steady_decodes(void) {

@@ -53,8 +53,13 @@ int qd_step_cost_rows_known(const qd_step_cost *c) {
     const double w = c->S[0][0];
     if (c->n < QD_STEP_COST_MIN_STEPS || !(w > 0)) return 0;
     if (!isfinite(c->coef[0]) || !isfinite(c->coef[2])) return 0;
-    const double mean = c->S[0][2] / w, var = c->S[2][2] / w - mean * mean;
-    return mean > 0 && var >= QD_STEP_COST_ROWS_SPREAD * QD_STEP_COST_ROWS_SPREAD * mean * mean;
+    const double mP = c->S[0][1] / w, mD = c->S[0][2] / w;
+    const double vP = c->S[1][1] / w - mP * mP, vD = c->S[2][2] / w - mD * mD, cPD = c->S[1][2] / w - mP * mD;
+    /* what the decode rows varied apart from the prompt tokens: a prefill step (P, 0) beside
+     * decode steps (0, D) of one size varies D only with P, which tells a, b and c apart no
+     * better than the decode steps alone */
+    const double spread = vP > 1e-9 * (mP * mP + 1.0) ? vD - cPD * cPD / vP : vD;
+    return mD > 0 && spread >= QD_STEP_COST_ROWS_SPREAD * QD_STEP_COST_ROWS_SPREAD * mD * mD;
 }
 
 int qd_step_cost_prefill_budget(const qd_step_cost *c, int decode_rows, double target_ms) {

@@ -29,10 +29,11 @@ void qd_decayed_normal_add(double *S, double *r, int n, const double *x, double 
 void qd_step_cost_add(qd_step_cost *c, int prompt_tokens, int decode_rows, double ms);
 
 /* Whether the fit tells a step's fixed cost (a) apart from its cost a decode row (c):
- * QD_STEP_COST_MIN_STEPS steps and their decode rows varied (weighted standard deviation
- * at least QD_STEP_COST_ROWS_SPREAD of the weighted mean). The prompt-token cost need not
- * be known: a decode-only load whose batch or draft rows change tells a and c apart, one
- * whose steps all have the same rows does not. */
+ * QD_STEP_COST_MIN_STEPS steps and their decode rows varied apart from their prompt tokens
+ * (the weighted standard deviation of the rows not explained by the prompt tokens at least
+ * QD_STEP_COST_ROWS_SPREAD of the rows' weighted mean). The prompt-token cost need not be
+ * known: a decode-only load whose batch or draft rows change tells a and c apart, one
+ * whose steps all have the same rows does not, nor does one prefill step beside them. */
 int qd_step_cost_rows_known(const qd_step_cost *c);
 
 /* The most prompt tokens a step with decode_rows decode rows may take for its forward to
