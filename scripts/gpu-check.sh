@@ -131,8 +131,6 @@ fi
 
 TESTS_LOG="$LOGDIR/tests.log"
 declare -A result
-# run_test NAME LOG: one CUDA test binary of $BUILD (a fresh seed unless QD_TEST_SEED is set),
-# its output appended to LOG, its line of the summary in result[NAME]
 # cut_config SRC N DST: the config.json SRC with its first N layers only (text_config and
 # layer_types followed where the config has them), written to DST
 cut_config() {
@@ -147,6 +145,8 @@ if "layer_types" in t:
 json.dump(c, open(sys.argv[3], "w"))
 PY
 }
+# run_test NAME LOG: one CUDA test binary of $BUILD (a fresh seed unless QD_TEST_SEED is set),
+# its output appended to LOG, its line of the summary in result[NAME]
 run_test() {
     local t=$1 log=$2 bin ts rc line
     bin=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
