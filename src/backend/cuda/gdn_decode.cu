@@ -207,22 +207,13 @@ extern "C" qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *
     const int fast = aligned && a->dv % DEC_BV == 0 && (a->dk == 64 || a->dk == 128 || a->dk == 256);
     if (fast) {
         const dim3 grid(a->dv / DEC_BV, a->hv, a->n_seq);
-        qd_status s = QD_OK;
-#define QD_DEC_LAUNCH(DK, SPAN)                                                                                   \
-    s = qd_launch_pdl(a->early_state, gdn_decode_fast<DK, SPAN>, grid, dim3(DEC_NT), 0, st, a->d_q, a->d_k, a->d_v, a->d_g,     \
-                      a->d_beta, a->d_state, a->d_slot, a->d_slot_out, a->d_row, a->d_o, a->hk, a->hv, a->dv, n_tok, \
-                      a->tok_stride, tc)
-        if (n_tok == 1) {
-            if (a->dk == 64) QD_DEC_LAUNCH(64, false);
-            else if (a->dk == 128) QD_DEC_LAUNCH(128, false);
-            else QD_DEC_LAUNCH(256, false);
-        } else {
-            if (a->dk == 64) QD_DEC_LAUNCH(64, true);
-            else if (a->dk == 128) QD_DEC_LAUNCH(128, true);
-            else QD_DEC_LAUNCH(256, true);
-        }
-#undef QD_DEC_LAUNCH
-        return s;
+        /* [span][dk 64, 128, 256]: one token, or a verify span's tokens */
+        static decltype(&gdn_decode_fast<64, false>) const kernels[2][3] = {
+            {gdn_decode_fast<64, false>, gdn_decode_fast<128, false>, gdn_decode_fast<256, false>},
+            {gdn_decode_fast<64, true>, gdn_decode_fast<128, true>, gdn_decode_fast<256, true>}};
+        return qd_launch_pdl(a->early_state, kernels[n_tok > 1][a->dk == 64 ? 0 : a->dk == 128 ? 1 : 2], grid,
+                             dim3(DEC_NT), 0, st, a->d_q, a->d_k, a->d_v, a->d_g, a->d_beta, a->d_state, a->d_slot,
+                             a->d_slot_out, a->d_row, a->d_o, a->hk, a->hv, a->dv, n_tok, a->tok_stride, tc);
     }
     const size_t smem = 2 * (size_t)a->dk * sizeof(float);
     if (smem > 48 * 1024) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "gdn_decode: dk too large");
