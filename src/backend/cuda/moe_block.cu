@@ -25,6 +25,7 @@
 #define RD_WARPS (RD_NT / 32) /* logits per block: a warp each */
 #define RD_MAX_H 12288        /* x in shared memory as fp32: at most 48 KiB */
 #define RD_PRE 8              /* router pieces a lane loads before the wait: H <= 2048 whole */
+#define RD_HOLD 8             /* residual values a thread keeps between its sum and its norm: H <= 2048 */
 
 template <int V>
 __global__ void __launch_bounds__(RD_NT)
@@ -49,10 +50,18 @@ moe_router_decode(const float *h, const float *__restrict__ nw, float eps, int H
     qd_pdl_wait();
     qd_pdl_trigger();
     const float *hr = h + (size_t)t * H;
+    /* the residual through L2 (the previous kernel may have run beside this one), its first
+     * RD_HOLD values a thread kept for the norm below: one round trip to L2, not two */
+    float hv[RD_HOLD];
     float ss = 0.f;
-#pragma unroll 8
-    for (int c = tid; c < H; c += RD_NT) {
-        const float v = __ldcg(hr + c); /* L2: the previous kernel may have run beside this one */
+#pragma unroll
+    for (int i = 0; i < RD_HOLD; i++) {
+        const int c = tid + i * RD_NT;
+        hv[i] = c < H ? __ldcg(hr + c) : 0.f;
+        if (c < H) ss += hv[i] * hv[i];
+    }
+    for (int c = tid + RD_HOLD * RD_NT; c < H; c += RD_NT) {
+        const float v = __ldcg(hr + c);
         ss += v * v;
     }
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -62,8 +71,16 @@ moe_router_decode(const float *h, const float *__restrict__ nw, float eps, int H
 #pragma unroll
     for (int w = 0; w < RD_WARPS; w++) tot += red[w];
     const float inv = rsqrtf(tot / (float)H + eps);
-#pragma unroll 8
-    for (int c = tid; c < H; c += RD_NT) {
+#pragma unroll
+    for (int i = 0; i < RD_HOLD; i++) {
+        const int c = tid + i * RD_NT;
+        if (c < H) {
+            const float v = hv[i] * inv * (1.f + nw[c]);
+            xf[c] = v;
+            if (blockIdx.x == 0) x[(size_t)t * H + c] = qd_f2bf(v);
+        }
+    }
+    for (int c = tid + RD_HOLD * RD_NT; c < H; c += RD_NT) {
         const float v = __ldcg(hr + c) * inv * (1.f + nw[c]);
         xf[c] = v;
         if (blockIdx.x == 0) x[(size_t)t * H + c] = qd_f2bf(v);
