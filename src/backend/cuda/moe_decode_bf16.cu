@@ -4,17 +4,17 @@
  * one-token call, whose experts each have one pair; else GU_TG / DN_TG). The one-entry
  * gate_up needs 48 registers and runs 5 blocks an SM: the 576 blocks of a 35B-A3B token
  * (8 experts and the shared one, 64 blocks each) in one wave of 660; the one-entry down
- * stays at 4 (at 48 registers it spills its weights in flight) but no longer spills at 64. */
+ * streams a row one piece a lane a chunk (dn_bf16_pieces) and runs 5 blocks an SM too. */
 #include "backend/cuda/moe_decode.cuh"
 
-template <int TG> constexpr int gu_bf16_min_blocks() { return TG == 1 ? 5 : 4; }
+template <int TG> constexpr int bf16_min_blocks() { return TG == 1 ? 5 : 4; }
 static_assert(GU_TG == DN_TG, "one instance serves both kernels");
 
 /* Weights are streamed once per step (qd_ld_stream16, cuda_common.cuh). */
 __device__ __forceinline__ uint4 ld_weights(const uint4 *p) { return qd_ld_stream16(p); }
 
 template <int TG>
-__global__ void __launch_bounds__(GU_NT, gu_bf16_min_blocks<TG>())
+__global__ void __launch_bounds__(GU_NT, bf16_min_blocks<TG>())
 moe_gate_up_bf16(const uint16_t *__restrict__ x, const int32_t *sel, const uint16_t *__restrict__ gate_up,
                  float *__restrict__ act, int32_t *__restrict__ counters, int n_ctr, int P, int H, int I, int E,
                  int k, const uint16_t *__restrict__ sh_gate_up, int Is, float *__restrict__ sh_act) {
@@ -111,11 +111,17 @@ moe_gate_up_bf16(const uint16_t *__restrict__ x, const int32_t *sel, const uint1
     }
 }
 
+/* The one-entry down instance streams a row in chunks of one piece a lane (two chunks at
+ * I = 512, the first before the wait), so that its weights in flight fit 5 blocks an SM
+ * too; a lane's pieces and their order are the same either way. */
+template <int TG> __host__ __device__ constexpr int dn_bf16_pieces() { return TG == 1 ? 1 : DN_U; }
+
 template <int TG>
-__global__ void __launch_bounds__(DN_NT, 4)
+__global__ void __launch_bounds__(DN_NT, bf16_min_blocks<TG>())
 moe_down_bf16(const int32_t *sel, const uint16_t *__restrict__ down, const float *act, float *out, int P, int I,
               int E, const uint16_t *__restrict__ sh_down, int Is, const float *sh_act, float *sh_out,
               const __grid_constant__ dn_combine cb) {
+    constexpr int U = dn_bf16_pieces<TG>();
     extern __shared__ float4 as4[]; /* [TG][max(I, Is) / 4] the pass's activations */
     __shared__ int list[QD_MOE_DECODE_MAX_PAIRS];
     __shared__ int wcnt[DN_WARPS];
@@ -135,12 +141,12 @@ moe_down_bf16(const int32_t *sel, const uint16_t *__restrict__ down, const float
     const uint8_t *wd = shared ? (const uint8_t *)(sh_down + (size_t)h0 * Is)
                                : (const uint8_t *)(down + ((size_t)(ok ? e : 0) * H + h0) * I);
     const int64_t rstride = (int64_t)Ir * 2;
-    const int nch = (I8 + 32 * DN_U - 1) / (32 * DN_U);
-    uint4 w[DN_R][DN_U];
+    const int nch = (I8 + 32 * U - 1) / (32 * U);
+    uint4 w[DN_R][U];
 #pragma unroll
     for (int r = 0; r < DN_R; r++)
 #pragma unroll
-        for (int uu = 0; uu < DN_U; uu++) {
+        for (int uu = 0; uu < U; uu++) {
             const int b = uu * 32 + lane;
             const bool in = ok && h0 + r < H && b < I8;
             w[r][uu] = in ? ld_weights((const uint4 *)(wd + r * rstride) + b) : make_uint4(0, 0, 0, 0);
@@ -165,15 +171,15 @@ moe_down_bf16(const int32_t *sel, const uint16_t *__restrict__ down, const float
 #pragma unroll
                 for (int r = 0; r < DN_R; r++)
 #pragma unroll
-                    for (int uu = 0; uu < DN_U; uu++) {
-                        const int b = (c * DN_U + uu) * 32 + lane;
+                    for (int uu = 0; uu < U; uu++) {
+                        const int b = (c * U + uu) * 32 + lane;
                         const bool in = ok && h0 + r < H && b < I8;
                         w[r][uu] = in ? ld_weights((const uint4 *)(wd + r * rstride) + b) : make_uint4(0, 0, 0, 0);
                     }
             }
 #pragma unroll
-            for (int uu = 0; uu < DN_U; uu++) {
-                const int b = (c * DN_U + uu) * 32 + lane;
+            for (int uu = 0; uu < U; uu++) {
+                const int b = (c * U + uu) * 32 + lane;
                 if (b >= I8) continue;
 #pragma unroll
                 for (int tt = 0; tt < TG; tt++) {
