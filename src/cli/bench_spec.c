@@ -159,13 +159,15 @@ int cli_bench_spec_run(qd_model *m, const cli_bench_spec *b) {
     const double ms0 = 1e3 / (double)(s0.steps ? s0.steps : 1), ms1 = 1e3 / (double)(s1.steps ? s1.steps : 1);
     printf("\n  per engine step: plain forward %.3f ms; speculative forward (verify) %.3f ms, MTP drafts %.3f ms",
            s0.forward_seconds * ms0, s1.forward_seconds * ms1, s1.mtp_seconds * ms1);
-    printf("\n  drafting: %s; %llu of %llu steps kept plain by the policy", b->always ? "every step" : "by the policy",
-           (unsigned long long)s1.spec_plain_steps, (unsigned long long)s1.steps);
+    printf("\n  drafting: %s; %llu of %llu steps kept plain by the policy; %llu MTP forwards",
+           b->always ? "every step" : "by the policy", (unsigned long long)s1.spec_plain_steps,
+           (unsigned long long)s1.steps, (unsigned long long)s1.spec_mtp_forwards);
     printf("\nRESULT spec_decode B=%d ctx=%d K=%d tok_s_plain=%.2f tok_s_spec=%.2f accept_pct=%.2f mean_len=%.3f same=%d "
-           "fwd_ms_plain=%.3f fwd_ms_spec=%.3f mtp_ms_spec=%.3f draft_vocab=%d always=%d plain_steps=%llu steps=%llu\n",
+           "fwd_ms_plain=%.3f fwd_ms_spec=%.3f mtp_ms_spec=%.3f draft_vocab=%d always=%d plain_steps=%llu steps=%llu mtp_forwards=%llu\n",
            b->batch, b->context, b->k, t_plain, t_spec, rate, mean, same, s0.forward_seconds * ms0,
            s1.forward_seconds * ms1, s1.mtp_seconds * ms1, b->draft_vocab, b->always,
-           (unsigned long long)s1.spec_plain_steps, (unsigned long long)s1.steps);
+           (unsigned long long)s1.spec_plain_steps, (unsigned long long)s1.steps,
+           (unsigned long long)s1.spec_mtp_forwards);
     rc = same ? 0 : -1;
     if (!same) fprintf(stderr, "qdelta bench: speculative greedy output differs from plain greedy\n");
 done:

@@ -82,6 +82,7 @@ void qd_engine_publish_stats(qd_engine *e) {
     s->masked_rows_total = e->masked_rows;
     s->spec_verify_steps = e->spec_steps;
     s->spec_plain_steps = e->spec_plain_steps;
+    s->spec_mtp_forwards = e->spec_mtp_forwards;
     s->forward_seconds = e->forward_s;
     s->mtp_seconds = e->mtp_s;
     s->schedule_seconds = e->schedule_s;

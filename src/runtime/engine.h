@@ -221,6 +221,11 @@ typedef struct qd_engine_stats {
     /* steps whose speculating decodes did not draft because drafting would not have paid
      * (speculative_always off) */
     uint64_t spec_plain_steps;
+    /* the MTP head's forward calls: each step that drafts makes K (its held pairs and the
+     * first draft in one, where the step token budget holds them), a step with prompt
+     * chunks of speculating requests one more (their rows), and a finishing request
+     * with held pairs one */
+    uint64_t spec_mtp_forwards;
     /* wall seconds the engine thread spent in the steps' main forwards and in the MTP
      * head's forwards (drafts, prompt catch-up), each with the host work around it, and
      * in whole steps (those plus scheduling, sampling and reporting: step_seconds minus

@@ -50,7 +50,13 @@ qd_status qd_spec_engine_init(qd_engine *e, qd_err *err) {
     e->all_hidden = malloc(sizeof(float) * (size_t)e->params.max_batch_tokens * H);
     e->mtp_spans = calloc(n, sizeof *e->mtp_spans);
     e->mtp_req = calloc(n, sizeof *e->mtp_req);
-    e->mtp_in_rows = rows > QD_SPEC_PEND_MAX ? (int)rows : QD_SPEC_PEND_MAX;
+    /* a step that drafts after plain ones runs every sequence's held pairs (up to
+     * QD_SPEC_PEND_MAX each) as one MTP forward where the step token budget allows, not
+     * one forward per sequence */
+    size_t held = n * QD_SPEC_PEND_MAX;
+    if (held > (size_t)e->params.max_batch_tokens) held = (size_t)e->params.max_batch_tokens;
+    if (held < QD_SPEC_PEND_MAX) held = QD_SPEC_PEND_MAX;
+    e->mtp_in_rows = (int)(rows > held ? rows : held);
     e->mtp_in = malloc(sizeof(float) * (size_t)e->mtp_in_rows * H);
     e->pend_pool = malloc(sizeof(float) * n * QD_SPEC_PEND_MAX * H);
     e->mtp_hout = malloc(sizeof(float) * rows * H);
@@ -155,6 +161,7 @@ static qd_status run_mtp_from(qd_engine *e, int first, int n, const float *in, i
             lrows += e->mtp_spans[s1].logits != QD_LOGITS_NONE;
             s1++;
         }
+        e->spec_mtp_forwards++;
         QD_TRY(qd_mtp_forward_ids(e->ctx, e->mtp_spans + s0, s1 - s0, in + (size_t)row0 * H, limit,
                                   lrows ? e->mtp_ids + lrow0 : NULL, lrows ? e->mtp_hout + (size_t)lrow0 * H : NULL));
         s0 = s1;
@@ -236,7 +243,7 @@ qd_status qd_spec_draft(qd_engine *e, int n_spans) {
 
 qd_status qd_spec_catch_up(qd_engine *e, int n_spans) {
     const int H = e->hidden_size;
-    int off = 0;
+    int off = 0, rows = 0, n = 0;
     for (int i = 0; i < n_spans; i++) {
         if (!e->hid_all[i]) continue;
         qd_request *r = e->span_req[i];
@@ -245,12 +252,18 @@ qd_status qd_spec_catch_up(qd_engine *e, int n_spans) {
          * token's, which waits for the token sampled after it (qd_spec_set_pending) */
         const int np = min_i(c + T, r->n_tokens - 1) - c;
         if (np > 0 && qd_mtp_length(e->ctx, r->slot) == c) {
-            e->mtp_spans[0] = (qd_span){r->slot, r->tokens + c + 1, np, QD_LOGITS_NONE};
-            QD_TRY(qd_mtp_forward(e->ctx, e->mtp_spans, 1, e->all_hidden + (size_t)off * H, NULL, NULL));
+            /* the spans' rows packed for one MTP forward over all of them (np <= T: the
+             * rows only move down) */
+            if (rows != off)
+                memmove(e->all_hidden + (size_t)rows * H, e->all_hidden + (size_t)off * H, sizeof(float) * (size_t)np * H);
+            e->mtp_spans[n++] = (qd_span){r->slot, r->tokens + c + 1, np, QD_LOGITS_NONE};
+            rows += np;
         }
         off += T;
     }
-    return QD_OK;
+    if (n == 0) return QD_OK;
+    e->spec_mtp_forwards++;
+    return qd_mtp_forward(e->ctx, e->mtp_spans, n, e->all_hidden, NULL, NULL);
 }
 
 void qd_spec_set_pending(qd_engine *e, qd_request *r, const float *hid, int32_t token) {
@@ -262,6 +275,7 @@ void qd_spec_set_pending(qd_engine *e, qd_request *r, const float *hid, int32_t 
 int qd_spec_flush(qd_engine *e, qd_request *r) {
     if (r->slot < 0 || qd_mtp_length(e->ctx, r->slot) + r->n_pend != r->n_computed) return 0;
     e->mtp_spans[0] = (qd_span){r->slot, r->pend_t, r->n_pend, QD_LOGITS_NONE};
+    e->spec_mtp_forwards++;
     if (qd_mtp_forward(e->ctx, e->mtp_spans, 1, qd_spec_pend_h(e, r), NULL, NULL) != QD_OK) return 0;
     r->n_pend = 0;
     return 1;
