@@ -420,13 +420,14 @@ if has spec; then
     # almost never kept, so with --speculative-always tok_s_spec / tok_s_plain is the cost of a
     # verify step and its K drafts against a one-token decode step), and on the embedded default
     # model ("default": its trained head, so real acceptance, at concurrency 1 and 16, drafting
-    # by the policy as served): SPEC_BENCH="cfg|B|K[|N] ..." runs a subset (N: the draft
+    # by the policy as served, 480 tokens a request so that its measuring steps are a small part of
+    # the run): SPEC_BENCH="cfg|B|K[|N] ..." runs a subset (N: the draft
     # vocabulary, --speculative-draft-vocab)
     for spec in ${SPEC_BENCH:-qwen3_5_35b_a3b\|1\|1 qwen3_5_35b_a3b\|1\|3 qwen3_5_35b_a3b\|32\|3 qwen3_5_27b\|1\|3 \
         qwen3_5_27b\|1\|3\|32768 default\|1\|2 default\|16\|2}; do
         IFS='|' read -r cfg B K DV <<<"$spec"
         echo "=== spec-bench $cfg B=$B K=$K${DV:+ draft vocab $DV}" >>"$SPEC_LOG"
-        if [ "$cfg" = default ]; then margs=(--prefill 64 --decode 96 --context 64)
+        if [ "$cfg" = default ]; then margs=(--prefill 64 --decode 480 --context 64)
         else margs=(-m "bench/configs/$cfg" --load-format dummy --prefill 512 --decode 64 --context 512 --speculative-always); fi
         timeout 300 "$BUILD/qdelta" bench -q --backend cuda "${margs[@]}" \
             --batch "$B" --speculative-tokens "$K" --speculative-draft-vocab "${DV:-0}" \
