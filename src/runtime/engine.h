@@ -222,9 +222,9 @@ typedef struct qd_engine_stats {
      * (speculative_always off) */
     uint64_t spec_plain_steps;
     /* the MTP head's forward calls: each step that drafts makes K (its held pairs and the
-     * first draft in one, where the step token budget holds them), a step with prompt
-     * chunks of speculating requests one more (their rows), and a finishing request
-     * with held pairs one */
+     * first draft in one, where the step token budget holds them), a plain step whose
+     * requests' held pairs would overflow one, a step with prompt chunks of speculating
+     * requests one more (their rows), and a finishing request with held pairs one */
     uint64_t spec_mtp_forwards;
     /* wall seconds the engine thread spent in the steps' main forwards and in the MTP
      * head's forwards (drafts, prompt catch-up), each with the host work around it, and
