@@ -162,7 +162,7 @@ struct qd_engine {
     qd_span *mtp_spans;       /* [max_num_seqs] */
     qd_request **mtp_req;     /* [max_num_seqs] */
     float *mtp_in;            /* [mtp_in_rows][hidden] MTP hidden inputs */
-    int mtp_in_rows;          /* max(n (K + 1), min(n QD_SPEC_PEND_MAX, max_batch_tokens), QD_SPEC_PEND_MAX), n = max_num_seqs */
+    int mtp_in_rows;          /* max(n (K + 1), min(n PEND_MAX, max_batch_tokens), PEND_MAX): n seqs */
     float *pend_pool;         /* [max_num_seqs][QD_SPEC_PEND_MAX][hidden] the pending pairs' hidden states, by slot */
     float *mtp_hout;          /* [max_num_seqs][hidden] h' of the last draft step */
     int32_t *mtp_ids;         /* [max_num_seqs] the drafts' argmax (qd_mtp_forward_ids) */
