@@ -19,9 +19,10 @@
 
 #define QD_SPEC_MAX 4 /* draft tokens per step at most (qd_context_params.speculative_tokens) */
 _Static_assert(QD_SPEC_MAX <= QD_SPEC_POLICY_MAX_K, "the policy tracks every draft position");
-/* MTP pairs a request may hold pending: the steps between two that draft (the policy's probe
- * interval) and a verify step's kept positions, so that steps that do not draft run no MTP
- * forward at all; a request that would go past it runs its pairs without drafting. */
+/* MTP pairs a request may hold pending: the steps between two that run the MTP (the policy's
+ * probe interval; such a step runs every request's held pairs) and a verify step's kept
+ * positions, so that steps that do not draft run no MTP forward at all; a request that would
+ * go past it has every request's pairs run without drafting. */
 #define QD_SPEC_PEND_MAX (QD_SPEC_PROBE_EVERY + QD_SPEC_MAX + 4)
 
 typedef enum qd_seq_phase {
@@ -185,6 +186,8 @@ struct qd_engine {
      * params.speculative_always), the policy's measurements, the counters as they were
      * before this step (its deltas feed the policy) and the steps it kept plain. */
     int spec_draft_step;
+    const qd_request *spec_probe; /* a probe step's one drafting request (else NULL) */
+    uint64_t spec_probes;         /* probe steps so far: which request probes next */
     int spec_pend_rows;       /* this step's pending pairs run by its draft phase */
     uint64_t spec_mtp_forwards; /* MTP forward calls (drafts, held pairs, prompt catch-up, flushes) */
     qd_spec_policy spec_policy;
@@ -245,8 +248,11 @@ int qd_spec_drafts_for(const qd_engine *e, const qd_request *r, int room);
 /* KV blocks a speculating decode of r needs beyond the main span's: private copies of
  * shared blocks its MTP writes into. */
 int qd_spec_extra_blocks(const qd_engine *e, const qd_request *r);
-/* Before a step is scheduled: whether its speculating decodes draft (e->spec_draft_step). */
+/* Before a step is scheduled: whether its speculating decodes draft (e->spec_draft_step),
+ * all of them or, on a probe step, one (e->spec_probe). */
 void qd_spec_decide_step(qd_engine *e);
+/* Whether r drafts at this step (before its room is known: qd_spec_drafts_for). */
+int qd_spec_drafting(const qd_engine *e, const qd_request *r);
 /* After its tokens are kept: the step's acceptance and, when `drafting` requests drafted,
  * the draft phase's ms, for the policy. */
 void qd_spec_observe_step(qd_engine *e, int drafting, double draft_ms);

@@ -699,7 +699,7 @@ static int step_prompt_budget(const qd_engine *e, int budget) {
     int decode_rows = 0;
     for (int i = 0; i < e->n_running; i++)
         if (e->running[i]->phase == QD_SEQ_DECODING)
-            decode_rows += 1 + (e->running[i]->spec && e->spec_draft_step ? e->spec_k : 0);
+            decode_rows += 1 + (qd_spec_drafting(e, e->running[i]) ? e->spec_k : 0);
     const int p = decode_rows > 0 ? qd_step_cost_prefill_budget(&e->cost, decode_rows, e->params.max_step_ms) : -1;
     return p < 0 ? budget : min_i(budget, p > QD_STEP_MIN_PROMPT ? p : QD_STEP_MIN_PROMPT);
 }

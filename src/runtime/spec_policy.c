@@ -38,21 +38,27 @@ double qd_spec_policy_draft_ms(const qd_spec_policy *p, int requests) {
     return ms > 0 ? ms : 0.0;
 }
 
-int qd_spec_policy_decide(qd_spec_policy *p, const qd_step_cost *cost, int requests, int k) {
-    if (requests <= 0 || k <= 0) return 1;
-    if (!qd_step_cost_rows_known(cost)) return ++p->explored % QD_SPEC_EXPLORE_EVERY != 0;
-    const double e = qd_spec_policy_mean_tokens(p, k), dms = qd_spec_policy_draft_ms(p, requests);
-    if (p->verifies_seen < QD_SPEC_POLICY_MIN_VERIFIES || !(e > 0) || dms < 0) return 1;
-    /* a fixed or per-row cost fitted below 0 is noise around a cost too small to see */
-    const double a = fmax(cost->coef[0], 0.0), c = fmax(cost->coef[2], 0.0);
-    const double plain = a + c * requests, spec = a + c * requests * (k + 1) + dms;
-    int draft = e * plain >= spec;
-    if (draft) {
-        p->since_draft = 0;
-        if (++p->since_plain >= QD_SPEC_PROBE_EVERY) draft = 0, p->since_plain = 0;
-    } else {
-        p->since_plain = 0;
-        if (++p->since_draft >= QD_SPEC_PROBE_EVERY) draft = 1, p->since_draft = 0;
+qd_spec_choice qd_spec_policy_decide(qd_spec_policy *p, const qd_step_cost *cost, int requests, int k) {
+    if (requests <= 0 || k <= 0) return QD_SPEC_DRAFT;
+    if (qd_step_cost_rows_known(cost)) {
+        /* a fixed or per-row cost fitted below 0 is noise around a cost too small to see */
+        p->a = fmax(cost->coef[0], 0.0);
+        p->c = fmax(cost->coef[2], 0.0);
+        p->costs_known = 1;
+    } else if (!p->costs_known) {
+        return ++p->explored % QD_SPEC_EXPLORE_EVERY != 0 ? QD_SPEC_DRAFT : QD_SPEC_PLAIN;
     }
-    return draft;
+    const double e = qd_spec_policy_mean_tokens(p, k), dms = qd_spec_policy_draft_ms(p, requests);
+    if (p->verifies_seen < QD_SPEC_POLICY_MIN_VERIFIES || !(e > 0) || dms < 0) return QD_SPEC_DRAFT;
+    const double plain = p->a + p->c * requests, spec = p->a + p->c * requests * (k + 1) + dms;
+    if (e * plain >= spec) {
+        p->since_draft = 0;
+        if (++p->since_plain < QD_SPEC_PROBE_EVERY) return QD_SPEC_DRAFT;
+        p->since_plain = 0;
+        return QD_SPEC_PLAIN;
+    }
+    p->since_plain = 0;
+    if (++p->since_draft < QD_SPEC_PROBE_EVERY) return QD_SPEC_PLAIN;
+    p->since_draft = 0;
+    return QD_SPEC_PROBE;
 }

@@ -12,7 +12,11 @@
  * does not draft runs no MTP forward: its requests keep their pending pairs for the next
  * step that does (the engine's QD_SPEC_PEND_MAX), so drafting can resume at any step.
  * Every QD_SPEC_PROBE_EVERY steps of one choice, one step makes the other, so that E,
- * drafts(B) and the cost of a plain step's rows against a verify step's stay measured.
+ * drafts(B) and the cost of a plain step's rows against a verify step's stay measured: a
+ * plain step among drafting ones, or among plain ones a probe, where one request drafts
+ * (E stays measured for K rows, not K rows a request). Once a and c have been told apart,
+ * the policy keeps the last such a and c while a steady batch of plain steps and probes
+ * no longer varies the rows enough to tell them apart again.
  * While the step cost model cannot tell a from c (qd_step_cost_rows_known: a steady
  * decode-only batch that always drafts has one row count), every QD_SPEC_EXPLORE_EVERY-th
  * step does not draft, which gives it two. The output does not depend on the choice
@@ -37,7 +41,16 @@ typedef struct qd_spec_policy {
     int since_draft;                     /* steps the model said not to draft since one drafted */
     int since_plain;                     /* steps the model said to draft since one did not */
     int explored;                        /* steps decided while a and c were not apart */
+    int costs_known;                     /* a and c below were fitted apart once */
+    double a, c;                         /* the step cost model's last fixed and per-row ms told apart */
 } qd_spec_policy;
+
+/* What a step does (qd_spec_policy_decide). */
+typedef enum qd_spec_choice {
+    QD_SPEC_PLAIN = 0, /* no request drafts */
+    QD_SPEC_DRAFT = 1, /* every speculating decode drafts */
+    QD_SPEC_PROBE = 2, /* one speculating decode drafts (the model says plain) */
+} qd_spec_choice;
 
 /* One step's outcome: `verifies` verify spans, of which kept_at[i] kept draft i (i < k),
  * and, when it drafted, its draft phase: `drafting` requests in `draft_ms`. */
@@ -52,11 +65,13 @@ double qd_spec_policy_mean_tokens(const qd_spec_policy *p, int k);
  * QD_SPEC_POLICY_MIN_STEPS drafting steps). */
 double qd_spec_policy_draft_ms(const qd_spec_policy *p, int requests);
 
-/* Whether the next step, with `requests` speculating decodes and k drafts each, drafts:
- * while the step cost model cannot tell a from c, yes but every QD_SPEC_EXPLORE_EVERY-th
- * step; while the drafts are not measured yet (fewer than QD_SPEC_POLICY_MIN_STEPS drafting
- * steps or QD_SPEC_POLICY_MIN_VERIFIES verify spans), yes; else what the model says, but
- * the other choice every QD_SPEC_PROBE_EVERY-th step. Counts the step. */
-int qd_spec_policy_decide(qd_spec_policy *p, const qd_step_cost *cost, int requests, int k);
+/* What the next step, with `requests` speculating decodes and k drafts each, does: while
+ * the step cost model has never told a from c, QD_SPEC_DRAFT but QD_SPEC_PLAIN every
+ * QD_SPEC_EXPLORE_EVERY-th step; while the drafts are not measured yet (fewer than
+ * QD_SPEC_POLICY_MIN_STEPS drafting steps or QD_SPEC_POLICY_MIN_VERIFIES verify spans),
+ * QD_SPEC_DRAFT; else what the model says, but every QD_SPEC_PROBE_EVERY-th step the other
+ * choice (QD_SPEC_PLAIN among drafting steps, QD_SPEC_PROBE among plain ones). Counts the
+ * step. */
+qd_spec_choice qd_spec_policy_decide(qd_spec_policy *p, const qd_step_cost *cost, int requests, int k);
 
 #endif

@@ -102,8 +102,12 @@ void qd_spec_admitted(qd_engine *e, qd_request *r, int start) {
     qd_mtp_adopt(e->ctx, r->slot, start); /* start is the slot's length: cannot fail */
 }
 
+int qd_spec_drafting(const qd_engine *e, const qd_request *r) {
+    return r->spec && r->phase == QD_SEQ_DECODING && e->spec_draft_step && (!e->spec_probe || e->spec_probe == r);
+}
+
 int qd_spec_drafts_for(const qd_engine *e, const qd_request *r, int room) {
-    if (!r->spec || r->phase != QD_SEQ_DECODING || !e->spec_draft_step) return 0;
+    if (!qd_spec_drafting(e, r)) return 0;
     int k = e->spec_k;
     /* a verify step yields up to k + 1 tokens: within max_tokens, and its k + 1 positions
      * within the context */
@@ -176,14 +180,19 @@ static qd_status run_mtp(qd_engine *e, int n, const float *in) { return run_mtp_
 qd_status qd_spec_draft(qd_engine *e, int n_spans) {
     const int H = e->hidden_size;
     int n = 0, rows = 0, first = 0, lrows = 0, lfirst = 0;
-    /* phase 1: the pending pairs of every drafting request, and of a plain decode whose
-     * pairs would overflow with this step's (the others keep theirs: a step that does not
-     * draft runs no MTP forward) */
-    e->spec_pend_rows = 0;
+    /* phase 1: where the step runs the MTP at all (a request drafts, or a plain decode's
+     * pairs would overflow with this step's), the pending pairs of every speculating
+     * decode in that one forward, so that the requests' held pairs stay in step and a
+     * step that does not draft runs no MTP forward until they fill again */
+    int mtp_step = 0;
     for (int i = 0; i < n_spans; i++) {
+        const qd_request *r = e->span_req[i];
+        mtp_step |= r->spec && r->phase == QD_SEQ_DECODING && (r->n_draft || r->n_pend >= QD_SPEC_PEND_MAX - 1);
+    }
+    e->spec_pend_rows = 0;
+    for (int i = 0; mtp_step && i < n_spans; i++) {
         qd_request *r = e->span_req[i];
-        if (!r->spec || r->phase != QD_SEQ_DECODING) continue;
-        if (!r->n_draft && r->n_pend < QD_SPEC_PEND_MAX - 1) continue;
+        if (!r->spec || r->phase != QD_SEQ_DECODING || (!r->n_draft && r->n_pend == 0)) continue;
         if (r->n_pend == 0)
             return qd_seterr(&e->ctx->err, QD_ERR_INTERNAL, "request %llu: a verify span without a pending MTP pair",
                              (unsigned long long)r->id);
@@ -367,12 +376,24 @@ void qd_spec_accept_and_report(qd_engine *e, qd_request *r, int row) {
  * draws do depend on whether it drafts) and with speculative_always. */
 void qd_spec_decide_step(qd_engine *e) {
     e->spec_draft_step = 1;
+    e->spec_probe = NULL;
     if (!e->spec_k || e->params.batch_invariant || e->params.speculative_always) return;
     int requests = 0;
     for (int i = 0; i < e->n_running; i++) requests += e->running[i]->spec && e->running[i]->phase == QD_SEQ_DECODING;
     if (requests == 0) return;
-    e->spec_draft_step = qd_spec_policy_decide(&e->spec_policy, &e->cost, requests, e->spec_k);
-    if (!e->spec_draft_step) e->spec_plain_steps++;
+    const qd_spec_choice d = qd_spec_policy_decide(&e->spec_policy, &e->cost, requests, e->spec_k);
+    e->spec_draft_step = d != QD_SPEC_PLAIN;
+    if (d == QD_SPEC_PLAIN) e->spec_plain_steps++;
+    if (d != QD_SPEC_PROBE) return;
+    /* the speculating decodes take the probes in turn */
+    int pick = (int)(e->spec_probes++ % (uint64_t)requests);
+    for (int i = 0; i < e->n_running; i++) {
+        const qd_request *r = e->running[i];
+        if (r->spec && r->phase == QD_SEQ_DECODING && pick-- == 0) {
+            e->spec_probe = r;
+            break;
+        }
+    }
 }
 
 /* The step's speculation outcome for the policy: the verify spans' drafts kept (from the
