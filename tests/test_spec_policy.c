@@ -58,7 +58,8 @@ static int closed_loop(double a, double c, int B, int steps, int last, int *cost
         const int n_draft = d == QD_SPEC_DRAFT ? B : d == QD_SPEC_PROBE ? 1 : 0;
         const int D = B + 2 * n_draft;
         qd_step_cost_add(&cost, 0, D, a + c * D);
-        const int kept[2] = {d == QD_SPEC_DRAFT ? (int)lround(0.7 * B) : n_draft, d == QD_SPEC_DRAFT ? (int)lround(0.5 * B) : 0};
+        const int all = d == QD_SPEC_DRAFT;
+        const int kept[2] = {all ? (int)lround(0.7 * B) : n_draft, all ? (int)lround(0.5 * B) : 0};
         qd_spec_policy_observe(&p, n_draft, kept, 2, n_draft, 0.3 + 0.02 * n_draft);
         drafted += n_draft > 0 && s >= steps - last;
     }

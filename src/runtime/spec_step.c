@@ -263,8 +263,8 @@ qd_status qd_spec_catch_up(qd_engine *e, int n_spans) {
         if (np > 0 && qd_mtp_length(e->ctx, r->slot) == c) {
             /* the spans' rows packed for one MTP forward over all of them (np <= T: the
              * rows only move down) */
-            if (rows != off)
-                memmove(e->all_hidden + (size_t)rows * H, e->all_hidden + (size_t)off * H, sizeof(float) * (size_t)np * H);
+            float *ah = e->all_hidden;
+            if (rows != off) memmove(ah + (size_t)rows * H, ah + (size_t)off * H, sizeof(float) * (size_t)np * H);
             e->mtp_spans[n++] = (qd_span){r->slot, r->tokens + c + 1, np, QD_LOGITS_NONE};
             rows += np;
         }
