@@ -234,6 +234,8 @@ void qd_engine_edit_row(const qd_engine *e, const qd_request *r, float *row);
 /* Buffers of the speculative path, sized from the engine's params (engine_create). */
 qd_status qd_spec_engine_init(qd_engine *e, qd_err *err);
 void qd_spec_engine_free(qd_engine *e);
+/* Whether r is a speculating decode: one that verifies drafts when its step drafts. */
+static inline int qd_spec_decoding(const qd_request *r) { return r->spec && r->phase == QD_SEQ_DECODING; }
 /* The hidden states of r's pending pairs (r holds a slot). */
 static inline float *qd_spec_pend_h(const qd_engine *e, const qd_request *r) {
     return e->pend_pool + (size_t)r->slot * QD_SPEC_PEND_MAX * (size_t)e->hidden_size;

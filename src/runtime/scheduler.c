@@ -242,7 +242,7 @@ static void add_span(qd_engine *e, int *n_spans, qd_request *r, int chunk, int n
         e->step_decode += chunk;
     }
     e->step_reserved += qd_kv_blocks_needed(e->ctx, r->slot, chunk);
-    if (r->spec && r->phase == QD_SEQ_DECODING) e->step_reserved += qd_spec_extra_blocks(e, r);
+    if (qd_spec_decoding(r)) e->step_reserved += qd_spec_extra_blocks(e, r);
     r->step_chunk = chunk;
     r->n_draft = n_draft;
     const int last = r->n_computed + chunk >= r->n_tokens;
@@ -272,7 +272,7 @@ static int schedule_running(qd_engine *e, int *budget, int *prompt_budget) {
         if (chunk == 0) continue; /* a prompt waits for the next step's prompt budget */
         /* a speculating decode: the last sampled token and its drafts (one by one through
          * the GDN recurrence, so batch-invariant mode needs no alignment for it) */
-        const int spec_decode = r->spec && r->phase == QD_SEQ_DECODING;
+        const int spec_decode = qd_spec_decoding(r);
         int n_draft = spec_decode ? qd_spec_drafts_for(e, r, *budget) : 0;
         if (spec_decode) chunk = 1 + n_draft;
         else if (invariant(e) && (chunk = invariant_end(r, c, c + chunk) - c) == 0) continue;

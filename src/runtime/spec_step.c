@@ -103,7 +103,7 @@ void qd_spec_admitted(qd_engine *e, qd_request *r, int start) {
 }
 
 int qd_spec_drafting(const qd_engine *e, const qd_request *r) {
-    return r->spec && r->phase == QD_SEQ_DECODING && e->spec_draft_step && (!e->spec_probe || e->spec_probe == r);
+    return qd_spec_decoding(r) && e->spec_draft_step && (!e->spec_probe || e->spec_probe == r);
 }
 
 int qd_spec_drafts_for(const qd_engine *e, const qd_request *r, int room) {
@@ -187,12 +187,12 @@ qd_status qd_spec_draft(qd_engine *e, int n_spans) {
     int mtp_step = 0;
     for (int i = 0; i < n_spans; i++) {
         const qd_request *r = e->span_req[i];
-        mtp_step |= r->spec && r->phase == QD_SEQ_DECODING && (r->n_draft || r->n_pend >= QD_SPEC_PEND_MAX - 1);
+        mtp_step |= qd_spec_decoding(r) && (r->n_draft || r->n_pend >= QD_SPEC_PEND_MAX - 1);
     }
     e->spec_pend_rows = 0;
     for (int i = 0; mtp_step && i < n_spans; i++) {
         qd_request *r = e->span_req[i];
-        if (!r->spec || r->phase != QD_SEQ_DECODING || (!r->n_draft && r->n_pend == 0)) continue;
+        if (!qd_spec_decoding(r) || (!r->n_draft && r->n_pend == 0)) continue;
         if (r->n_pend == 0)
             return qd_seterr(&e->ctx->err, QD_ERR_INTERNAL, "request %llu: a verify span without a pending MTP pair",
                              (unsigned long long)r->id);
@@ -379,7 +379,7 @@ void qd_spec_decide_step(qd_engine *e) {
     e->spec_probe = NULL;
     if (!e->spec_k || e->params.batch_invariant || e->params.speculative_always) return;
     int requests = 0;
-    for (int i = 0; i < e->n_running; i++) requests += e->running[i]->spec && e->running[i]->phase == QD_SEQ_DECODING;
+    for (int i = 0; i < e->n_running; i++) requests += qd_spec_decoding(e->running[i]);
     if (requests == 0) return;
     const qd_spec_choice d = qd_spec_policy_decide(&e->spec_policy, &e->cost, requests, e->spec_k);
     e->spec_draft_step = d != QD_SPEC_PLAIN;
@@ -389,7 +389,7 @@ void qd_spec_decide_step(qd_engine *e) {
     int pick = (int)(e->spec_probes++ % (uint64_t)requests);
     for (int i = 0; i < e->n_running; i++) {
         const qd_request *r = e->running[i];
-        if (r->spec && r->phase == QD_SEQ_DECODING && pick-- == 0) {
+        if (qd_spec_decoding(r) && pick-- == 0) {
             e->spec_probe = r;
             break;
         }
