@@ -14,8 +14,8 @@
  * Two families of the same two kernels, which differ in how the weights arrive:
  *   bf16: each lane streams its pieces into registers (a row's first chunk in
  *     flight before the routing is known where it can be), 4 blocks per SM; a
- *     one-token call's gate_up instance (one entry a pass) needs 48 registers and
- *     runs 5, so a 35B-A3B token's 576 blocks are one wave (1.036x decode B=1).
+ *     one-token call's instances (one entry a pass) need 48 registers and run 5,
+ *     so each kernel's 576 blocks of a 35B-A3B token are one wave.
  *   quantized (FP8, INT4, NVFP4): the weights land in shared memory by bulk
  *     asynchronous copies (cuda_bulk.cuh), one per row and stage, so the bytes in
  *     flight cost no registers; a warp's rows of one stage (gate_up: 2 rows of up
