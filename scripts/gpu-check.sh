@@ -73,13 +73,15 @@ if [ -n "${AB_PATCH:-}" ]; then
     # AB_PATCH="p1 [p2 ...]": the tree without them all (a/), then with p1 (b/), p1 and p2 (c/), ...
     self=$(realpath "$0")
     read -r -a patches <<<"$AB_PATCH"
+    names=(b c d e f g h)
+    [ ${#patches[@]} -le ${#names[@]} ] || { echo "AB_PATCH: at most ${#names[@]} patches" >&2; exit 1; }
     for ((i = ${#patches[@]} - 1; i >= 0; i--)); do
         patch -s -R -p1 <"${patches[i]}" || { echo "AB_PATCH: ${patches[i]} does not reverse on this tree" >&2; exit 1; }
     done
+    label="${QD_COMMIT:-unknown}-patches"
     echo "== a: the tree without $AB_PATCH"
-    AB_PATCH= LOGDIR="$LOGDIR/a" QD_COMMIT="${QD_COMMIT:-unknown}-patches" bash "$self" "$@"
+    AB_PATCH= LOGDIR="$LOGDIR/a" QD_COMMIT="$label" bash "$self" "$@"
     rc=$?
-    names=(b c d e f g h) label="${QD_COMMIT:-unknown}-patches"
     for ((i = 0; i < ${#patches[@]}; i++)); do
         patch -s -p1 <"${patches[i]}" || { echo "AB_PATCH: ${patches[i]} does not apply again" >&2; exit 1; }
         label="$label+$(basename "${patches[i]}" .patch)"
