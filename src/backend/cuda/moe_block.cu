@@ -47,6 +47,13 @@ moe_router_decode(const float *h, const float *__restrict__ nw, float eps, int H
         const int c = lane * 8 + 256 * i;
         wp[i] = row < Er && c < H ? __ldg((const uint4 *)(wr + c)) : make_uint4(0, 0, 0, 0);
     }
+    /* the norm's weights of the values a thread holds below: weights too */
+    float nv[RD_HOLD];
+#pragma unroll
+    for (int i = 0; i < RD_HOLD; i++) {
+        const int c = tid + i * RD_NT;
+        nv[i] = c < H ? nw[c] : 0.f;
+    }
     qd_pdl_wait();
     qd_pdl_trigger();
     const float *hr = h + (size_t)t * H;
@@ -75,7 +82,7 @@ moe_router_decode(const float *h, const float *__restrict__ nw, float eps, int H
     for (int i = 0; i < RD_HOLD; i++) {
         const int c = tid + i * RD_NT;
         if (c < H) {
-            const float v = hv[i] * inv * (1.f + nw[c]);
+            const float v = hv[i] * inv * (1.f + nv[i]);
             xf[c] = v;
             if (blockIdx.x == 0) x[(size_t)t * H + c] = qd_f2bf(v);
         }
