@@ -97,7 +97,7 @@ check "[ $rc != 0 ] && grep -q 'speculative_draft_vocab 999999 is not in 0..' $T
 
 # ------------------------------------------------------------------ bench
 "$Q" bench -m "$F" --prefill 32 --context 16 --decode 24 --batch 3 --speculative-tokens 3 -q > "$T/bench" 2>&1; rc=$?
-check "[ $rc = 0 ] && grep -Eq '^RESULT spec_decode B=3 ctx=16 K=3 tok_s_plain=[0-9.]+ tok_s_spec=[0-9.]+ .* same=1 fwd_ms_plain=[0-9.]+ fwd_ms_spec=[0-9.]+ mtp_ms_spec=[0-9.]+ draft_vocab=0 always=0 plain_steps=[0-9]+ steps=[0-9]+ mtp_forwards=[0-9]+$' $T/bench" \
+check "[ $rc = 0 ] && grep -Eq '^RESULT spec_decode B=3 ctx=16 K=3 tok_s_plain=[0-9.]+ tok_s_spec=[0-9.]+ .* same=1 fwd_ms_plain=[0-9.]+ fwd_ms_spec=[0-9.]+ mtp_ms_spec=[0-9.]+ dec_ms_plain=[0-9.]+ dec_ms_spec=[0-9.]+ dec_mtp_ms_spec=[0-9.]+ draft_vocab=0 always=0 plain_steps=[0-9]+ steps=[0-9]+ mtp_forwards=[0-9]+$' $T/bench" \
   "bench --speculative-tokens: $(tail -3 $T/bench)"
 check "grep -q 'tok/s without speculation, .* tok/s with K=3' $T/bench" "bench prints both rates"
 

@@ -159,13 +159,22 @@ int cli_bench_spec_run(qd_model *m, const cli_bench_spec *b) {
     const double ms0 = 1e3 / (double)(s0.steps ? s0.steps : 1), ms1 = 1e3 / (double)(s1.steps ? s1.steps : 1);
     printf("\n  per engine step: plain forward %.3f ms; speculative forward (verify) %.3f ms, MTP drafts %.3f ms",
            s0.forward_seconds * ms0, s1.forward_seconds * ms1, s1.mtp_seconds * ms1);
+    /* per decode step (no prompt token): the verify step and its drafts against a plain one */
+    const double d0 = 1e3 / (double)(s0.decode_steps ? s0.decode_steps : 1);
+    const double d1 = 1e3 / (double)(s1.decode_steps ? s1.decode_steps : 1);
+    printf("\n  per decode step (%llu / %llu of them): plain forward %.3f ms; speculative forward %.3f ms, MTP %.3f ms",
+           (unsigned long long)s0.decode_steps, (unsigned long long)s1.decode_steps, s0.decode_forward_seconds * d0,
+           s1.decode_forward_seconds * d1, s1.decode_mtp_seconds * d1);
     printf("\n  drafting: %s; %llu of %llu steps kept plain by the policy; %llu MTP forwards",
            b->always ? "every step" : "by the policy", (unsigned long long)s1.spec_plain_steps,
            (unsigned long long)s1.steps, (unsigned long long)s1.spec_mtp_forwards);
     printf("\nRESULT spec_decode B=%d ctx=%d K=%d tok_s_plain=%.2f tok_s_spec=%.2f accept_pct=%.2f mean_len=%.3f same=%d "
-           "fwd_ms_plain=%.3f fwd_ms_spec=%.3f mtp_ms_spec=%.3f draft_vocab=%d always=%d plain_steps=%llu steps=%llu mtp_forwards=%llu\n",
+           "fwd_ms_plain=%.3f fwd_ms_spec=%.3f mtp_ms_spec=%.3f "
+           "dec_ms_plain=%.3f dec_ms_spec=%.3f dec_mtp_ms_spec=%.3f draft_vocab=%d always=%d plain_steps=%llu "
+           "steps=%llu mtp_forwards=%llu\n",
            b->batch, b->context, b->k, t_plain, t_spec, rate, mean, same, s0.forward_seconds * ms0,
-           s1.forward_seconds * ms1, s1.mtp_seconds * ms1, b->draft_vocab, b->always,
+           s1.forward_seconds * ms1, s1.mtp_seconds * ms1, s0.decode_forward_seconds * d0,
+           s1.decode_forward_seconds * d1, s1.decode_mtp_seconds * d1, b->draft_vocab, b->always,
            (unsigned long long)s1.spec_plain_steps, (unsigned long long)s1.steps,
            (unsigned long long)s1.spec_mtp_forwards);
     rc = same ? 0 : -1;

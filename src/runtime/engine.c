@@ -85,6 +85,9 @@ void qd_engine_publish_stats(qd_engine *e) {
     s->spec_mtp_forwards = e->spec_mtp_forwards;
     s->forward_seconds = e->forward_s;
     s->mtp_seconds = e->mtp_s;
+    s->decode_steps = e->decode_steps;
+    s->decode_forward_seconds = e->decode_forward_s;
+    s->decode_mtp_seconds = e->decode_mtp_s;
     s->schedule_seconds = e->schedule_s;
     s->report_seconds = e->report_s;
     s->report_wait_seconds = e->report_wait_s;

@@ -231,6 +231,11 @@ typedef struct qd_engine_stats {
      * in whole steps (those plus scheduling, sampling and reporting: step_seconds minus
      * the two is the host's own share; the rest of the thread's time it waited for work) */
     double forward_seconds, mtp_seconds, step_seconds;
+    /* of those, the steps without a prompt token (only decodes and verify spans): their
+     * count and their main and MTP forwards' seconds, what a decode step costs apart from
+     * the prefill steps among them */
+    uint64_t decode_steps;
+    double decode_forward_seconds, decode_mtp_seconds;
     /* of the host's share: choosing each step's spans, and sampling, advancing and
      * queuing the events of its rows */
     double schedule_seconds, report_seconds;

@@ -170,6 +170,8 @@ struct qd_engine {
     float *probs;             /* [vocab] the target's distribution of one verify row */
     double *resid;            /* [vocab] the rejection sampler's residual */
     double forward_s, mtp_s;  /* seconds in the steps' main forwards and MTP forwards (stats) */
+    uint64_t decode_steps;    /* steps without a prompt token, and their share of the two */
+    double decode_forward_s, decode_mtp_s;
     double step_s;            /* seconds in whole steps: scheduling, forwards, sampling, reporting (stats) */
     double schedule_s;        /* ... of them choosing the step's spans (admissions, KV blocks, prefix hits) */
     double report_s;          /* ... and sampling, advancing and queuing the events of its rows */

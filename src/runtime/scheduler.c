@@ -734,8 +734,14 @@ static int engine_step(qd_engine *e) {
     const double t2 = qd_clock_seconds();
     /* the MTP over the prompt rows, before any snapshot of them is taken below */
     if (st == QD_OK && e->spec_k) st = qd_spec_catch_up(e, n_spans);
+    const double mtp = (t1 - t0) + (qd_clock_seconds() - t2);
     e->forward_s += t2 - t1;
-    e->mtp_s += (t1 - t0) + (qd_clock_seconds() - t2);
+    e->mtp_s += mtp;
+    if (e->step_prompt == 0) {
+        e->decode_steps++;
+        e->decode_forward_s += t2 - t1;
+        e->decode_mtp_s += mtp;
+    }
     if (st == QD_OK) qd_step_cost_add(&e->cost, e->step_prompt, e->step_decode, 1e3 * (t2 - t1));
     if (st != QD_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "forward pass failed (%s): %s", qd_status_name(st),
