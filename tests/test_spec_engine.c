@@ -180,6 +180,13 @@ static void check_stats(const fixture *f, const qd_engine_stats *s, int k, int p
            (unsigned long long)s->spec_verify_steps, (unsigned long long)s->spec_draft_tokens,
            (unsigned long long)s->spec_accepted_tokens);
     for (int i = k; i < 4; i++) CHECK(s->spec_accepted_at[i] == 0);
+    /* the decode-only steps are a share of the steps and of their forwards' time (the
+     * prompts took steps of their own) */
+    CHECKF(s->decode_steps > 0 && s->decode_steps < s->steps && s->decode_forward_seconds > 0 &&
+               s->decode_forward_seconds <= s->forward_seconds && s->decode_mtp_seconds <= s->mtp_seconds,
+           "%s k=%d %s: %llu of %llu steps without a prompt token, %.6f of %.6f s forward, %.6f of %.6f s MTP",
+           f->dir, k, what, (unsigned long long)s->decode_steps, (unsigned long long)s->steps,
+           s->decode_forward_seconds, s->forward_seconds, s->decode_mtp_seconds, s->mtp_seconds);
     if (perfect)
         CHECKF(s->spec_accepted_tokens == s->spec_draft_tokens, "%s k=%d %s: perfect drafts, %llu of %llu kept", f->dir,
                k, what, (unsigned long long)s->spec_accepted_tokens, (unsigned long long)s->spec_draft_tokens);
