@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "base/threadpool.h"
 #include "qd_test.h"
+#include "qd_test_gdn.h"
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_device.h"
@@ -23,26 +24,6 @@
 #endif
 
 #ifdef QD_HAVE_CUDA
-
-
-
-static void fill_unit(qd_test_rng *rng, float *x, int n, float scale) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) {
-        x[i] = qd_test_normal(rng);
-        ss += (double)x[i] * x[i];
-    }
-    const double f = scale / sqrt(ss + 1e-6);
-    for (int i = 0; i < n; i++) x[i] = (float)(x[i] * f);
-}
-
-/* Log-decays as in test_gdn: mostly [-3, 0), some ~0, some ~-20 (state wiped). */
-static float rand_g(qd_test_rng *rng) {
-    const float u = 0.5f * (qd_test_uniform(rng) + 1.0f);
-    if (u < 0.1f) return -20.0f + 5.0f * qd_test_uniform(rng);
-    if (u < 0.3f) return -1e-3f * (0.5f * (qd_test_uniform(rng) + 1.0f)) - 1e-7f;
-    return -3.0f * (0.5f * (qd_test_uniform(rng) + 1.0f)) - 1e-7f;
-}
 
 /* Compares n values; got is bf16 bits (is_bf16) or floats. Every element must
  * be finite and within atol_rel * rms(ref) + rtol * |ref|; the whole tensor
@@ -99,12 +80,12 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
     if (!q || !k || !v || !g || !beta || !S || !o || !S0) goto out_host;
     for (int t = 0; t < T; t++) {
         for (int jj = 0; jj < hk; jj++) {
-            fill_unit(rng, q + t * qs + (int64_t)jj * dk, dk, 1.0f / sqrtf((float)dk));
-            fill_unit(rng, k + t * ks + (int64_t)jj * dk, dk, 1.0f);
+            qd_test_gdn_unit(rng, q + t * qs + (int64_t)jj * dk, dk, 1.0f / sqrtf((float)dk));
+            qd_test_gdn_unit(rng, k + t * ks + (int64_t)jj * dk, dk, 1.0f);
         }
         for (int i = 0; i < hv * dv; i++) v[t * vs + i] = qd_test_normal(rng);
         for (int h = 0; h < hv; h++) {
-            g[(int64_t)t * hv + h] = rand_g(rng);
+            g[(int64_t)t * hv + h] = qd_test_gdn_log_decay(rng);
             beta[(int64_t)t * hv + h] = 0.5f * (qd_test_uniform(rng) + 1.0f) * 0.998f + 0.001f;
         }
     }
@@ -218,12 +199,12 @@ static void chunked_slots_case(qd_threadpool *pool, qd_test_rng *rng, int hk, in
     }
     for (int t = 0; t < T; t++) {
         for (int jj = 0; jj < hk; jj++) {
-            fill_unit(rng, q + t * qs + (int64_t)jj * dk, dk, 1.0f / sqrtf((float)dk));
-            fill_unit(rng, k + t * qs + (int64_t)jj * dk, dk, 1.0f);
+            qd_test_gdn_unit(rng, q + t * qs + (int64_t)jj * dk, dk, 1.0f / sqrtf((float)dk));
+            qd_test_gdn_unit(rng, k + t * qs + (int64_t)jj * dk, dk, 1.0f);
         }
         for (int i = 0; i < hv * dv; i++) v[t * vs + i] = qd_test_normal(rng);
         for (int h = 0; h < hv; h++) {
-            g[(int64_t)t * hv + h] = rand_g(rng);
+            g[(int64_t)t * hv + h] = qd_test_gdn_log_decay(rng);
             beta[(int64_t)t * hv + h] = 0.5f * (qd_test_uniform(rng) + 1.0f) * 0.998f + 0.001f;
         }
     }
@@ -329,12 +310,12 @@ static void decode_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, in
     }
     for (int b = 0; b < n_seq; b++) {
         for (int jj = 0; jj < hk; jj++) {
-            fill_unit(rng, q + ((size_t)b * hk + jj) * dk, dk, 1.0f / sqrtf((float)dk));
-            fill_unit(rng, k + ((size_t)b * hk + jj) * dk, dk, 1.0f);
+            qd_test_gdn_unit(rng, q + ((size_t)b * hk + jj) * dk, dk, 1.0f / sqrtf((float)dk));
+            qd_test_gdn_unit(rng, k + ((size_t)b * hk + jj) * dk, dk, 1.0f);
         }
         for (int i = 0; i < hv * dv; i++) v[(size_t)b * hv * dv + i] = qd_test_normal(rng);
         for (int h = 0; h < hv; h++) {
-            g[(size_t)b * hv + h] = rand_g(rng);
+            g[(size_t)b * hv + h] = qd_test_gdn_log_decay(rng);
             beta[(size_t)b * hv + h] = 0.5f * (qd_test_uniform(rng) + 1.0f) * 0.998f + 0.001f;
         }
     }
@@ -396,12 +377,12 @@ static void decode_spans_case(qd_test_rng *rng, int hk, int r, int dk, int dv, c
     CHECK(q && k && v && g && beta && S && hA && hB && oA && oB && n_seq <= 8);
     if (!q || !k || !v || !g || !beta || !S || !hA || !hB || !oA || !oB || n_seq > 8) goto out;
     for (int i = 0; i < rows_cap * hk; i++) {
-        fill_unit(rng, q + (size_t)i * dk, dk, 1.0f / sqrtf((float)dk));
-        fill_unit(rng, k + (size_t)i * dk, dk, 1.0f);
+        qd_test_gdn_unit(rng, q + (size_t)i * dk, dk, 1.0f / sqrtf((float)dk));
+        qd_test_gdn_unit(rng, k + (size_t)i * dk, dk, 1.0f);
     }
     for (size_t i = 0; i < nv; i++) v[i] = qd_test_normal(rng);
     for (size_t i = 0; i < ng; i++) {
-        g[i] = rand_g(rng);
+        g[i] = qd_test_gdn_log_decay(rng);
         beta[i] = 0.5f * (qd_test_uniform(rng) + 1.0f) * 0.998f + 0.001f;
     }
     for (size_t i = 0; i < nst; i++) S[i] = 0.5f * qd_test_normal(rng);

@@ -13,6 +13,7 @@
 #include "base/clock.h"
 #include "base/threadpool.h"
 #include "qd_test.h"
+#include "qd_test_gdn.h"
 
 typedef struct {
     int hk, hv, dk, dv, T;
@@ -25,26 +26,6 @@ static float *alloc_nan(size_t n) {
     if (p)
         for (size_t i = 0; i < n; i++) p[i] = NAN;
     return p;
-}
-
-/* Normalised random head vector (q also scaled by dk^-0.5, as the layer feeds it). */
-static void fill_unit(qd_test_rng *rng, float *x, int n, float scale) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) {
-        x[i] = qd_test_normal(rng);
-        ss += (double)x[i] * x[i];
-    }
-    const double f = scale / sqrt(ss + 1e-6);
-    for (int i = 0; i < n; i++) x[i] = (float)(x[i] * f);
-}
-
-/* Log-decays: mostly in [-3, 0), some tiny (almost no decay), some about -20
- * (state wiped), which stresses exp(G_i - G_m) over a chunk. */
-static float rand_g(qd_test_rng *rng) {
-    const float u = 0.5f * (qd_test_uniform(rng) + 1.0f); /* [0,1) */
-    if (u < 0.1f) return -20.0f + 5.0f * qd_test_uniform(rng);
-    if (u < 0.3f) return -1e-3f * (0.5f * (qd_test_uniform(rng) + 1.0f)) - 1e-7f;
-    return -3.0f * (0.5f * (qd_test_uniform(rng) + 1.0f)) - 1e-7f;
 }
 
 static int make_case(gdn_case *c, qd_test_rng *rng, int hk, int r, int dk, int dv, int T) {
@@ -62,12 +43,12 @@ static int make_case(gdn_case *c, qd_test_rng *rng, int hk, int r, int dk, int d
     if (!c->q || !c->k || !c->v || !c->g || !c->beta || !c->S0) return 0;
     for (int t = 0; t < T; t++) {
         for (int j = 0; j < hk; j++) {
-            fill_unit(rng, c->q + t * c->qs + (int64_t)j * dk, dk, 1.0f / sqrtf((float)dk));
-            fill_unit(rng, c->k + t * c->ks + (int64_t)j * dk, dk, 1.0f);
+            qd_test_gdn_unit(rng, c->q + t * c->qs + (int64_t)j * dk, dk, 1.0f / sqrtf((float)dk));
+            qd_test_gdn_unit(rng, c->k + t * c->ks + (int64_t)j * dk, dk, 1.0f);
         }
         for (int i = 0; i < c->hv * dv; i++) c->v[t * c->vs + i] = qd_test_normal(rng);
         for (int h = 0; h < c->hv; h++) {
-            c->g[(int64_t)t * c->hv + h] = rand_g(rng);
+            c->g[(int64_t)t * c->hv + h] = qd_test_gdn_log_decay(rng);
             c->beta[(int64_t)t * c->hv + h] = 0.5f * (qd_test_uniform(rng) + 1.0f) * 0.998f + 0.001f;
         }
     }

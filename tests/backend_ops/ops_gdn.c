@@ -2,6 +2,7 @@
  * gates, the fused inputs, the delta rule (recurrent, batched, chunked): each op's generator,
  * naive reference and backend runners, its shape cases and its row (backend_ops.h). */
 #include "backend_ops.h"
+#include "qd_test_gdn.h"
 
 /* -------------------------------------------------------------- conv1d_silu
  * Causal depthwise conv over n tokens of C = cols channels (rows at stride C + 5),
@@ -265,20 +266,10 @@ static gd_dims gd_dims_of(const op_case *c) {
     g.per = (size_t)g.hv * g.dk * g.dv;
     return g;
 }
+/* A random head vector of norm `scale`, bf16-representable (qd_test_gdn_unit, rounded). */
 static void fill_unit_bf16(qd_test_rng *rng, float *x, int n, float scale) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) {
-        x[i] = qd_test_normal(rng);
-        ss += (double)x[i] * x[i];
-    }
-    const double f = scale / sqrt(ss + 1e-6);
-    for (int i = 0; i < n; i++) x[i] = bf16_round((float)(x[i] * f));
-}
-static float rand_g(qd_test_rng *rng) {
-    const float u = 0.5f * (qd_test_uniform(rng) + 1.0f);
-    if (u < 0.1f) return -20.0f + 5.0f * qd_test_uniform(rng);
-    if (u < 0.3f) return -1e-3f * (0.5f * (qd_test_uniform(rng) + 1.0f)) - 1e-7f;
-    return -3.0f * (0.5f * (qd_test_uniform(rng) + 1.0f)) - 1e-7f;
+    qd_test_gdn_unit(rng, x, n, scale);
+    for (int i = 0; i < n; i++) x[i] = bf16_round(x[i]);
 }
 static void gd_make(op_data *d, qd_test_rng *rng) {
     const gd_dims g = gd_dims_of(d->c);
@@ -293,7 +284,7 @@ static void gd_make(op_data *d, qd_test_rng *rng) {
         }
         for (int i = 0; i < g.hv * g.dv; i++) v[t * g.vs + i] = bf16_round(qd_test_normal(rng));
         for (int h = 0; h < g.hv; h++) {
-            gg[(int64_t)t * g.hv + h] = rand_g(rng);
+            gg[(int64_t)t * g.hv + h] = qd_test_gdn_log_decay(rng);
             beta[(int64_t)t * g.hv + h] = 0.5f * (qd_test_uniform(rng) + 1.0f) * 0.998f + 0.001f;
         }
     }
