@@ -510,6 +510,7 @@ int main(void) {
         {QD_LIN_GATED, 4, 1, 0, 0, 64, 192, {77}},             /* gated at n > 2: plain */
         {QD_LIN_GATED, 2, 1, 1, 0, 24, 120, {33}},             /* 3 lanes a head: materialised */
         {QD_LIN_GATED, 12, 1, 0, 0, 32, 128, {40}},            /* cuBLAS */
+        {QD_LIN_GATED, 1, 1, 0, 0, 256, 1024, {300}},          /* dv past the values a lane holds: reloaded */
         {QD_LIN_SILU, 1, 1, 1, 0, 0, 512, {2048}},
         {QD_LIN_SILU, 7, 1, 0, 0, 0, 1000, {300}},
         {QD_LIN_SILU, 3, 1, 1, 0, 0, 17408, {48}},             /* x over shared memory: plain */

@@ -73,9 +73,10 @@ __device__ void qd_lin_rmsnorm(const qd_cuda_lin_in &p, int64_t cols, int n, uin
 }
 
 /* x = bf16(o * inv_head * w * silu(z)), the bits qd_cuda_gated_rmsnorm writes: a warp per
- * (row, head) as there, lane l summing elements l, l + 32, ... of its head in order. Up to
- * dv = QD_LIN_GATED_HOLD (the models' 128) a lane loads its o and z values of the head at
- * once and keeps them for the product: one round trip to L2 a head, not two. */
+ * (row, head) as there, lane l summing elements l, l + 32, ... of its head in order. A lane
+ * keeps its first QD_LIN_GATED_HOLD / 32 o and z values (all of them at the models' dv = 128)
+ * from the sum to the product, so a head costs one round trip to L2, not two; the elements
+ * past those are loaded again for the product. */
 #define QD_LIN_GATED_HOLD 128
 template <int NT>
 __device__ void qd_lin_gated(const qd_cuda_lin_in &p, int64_t cols, int n, uint4 *xs) {
@@ -87,37 +88,31 @@ __device__ void qd_lin_gated(const qd_cuda_lin_in &p, int64_t cols, int n, uint4
         const uint16_t *oh = p.o + ((size_t)r * hv + h) * dv;
         const float *zh = p.z + (size_t)r * p.ldz + (size_t)h * dv;
         uint16_t *xr = xh + (size_t)r * cols + (size_t)h * dv;
-        float ss = 0.f;
-        if (dv <= QD_LIN_GATED_HOLD) {
-            float xo[PER], zv[PER];
+        float xo[PER], zv[PER];
 #pragma unroll
-            for (int j = 0; j < PER; j++) {
-                const int e = lane + 32 * j;
-                xo[j] = e < dv ? __uint_as_float((uint32_t)__ldcg(oh + e) << 16) : 0.f;
-                zv[j] = e < dv ? __ldcg(zh + e) : 0.f;
-            }
-#pragma unroll
-            for (int j = 0; j < PER; j++)
-                if (lane + 32 * j < dv) ss = fmaf(xo[j], xo[j], ss);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            const float inv = 1.f / sqrtf(ss / (float)dv + p.eps);
-#pragma unroll
-            for (int j = 0; j < PER; j++) {
-                const int e = lane + 32 * j;
-                if (e < dv) xr[e] = qd_f2bf(xo[j] * inv * p.w[e] * qd_lin_silu(zv[j]));
-            }
-            continue;
+        for (int j = 0; j < PER; j++) {
+            const int e = lane + 32 * j;
+            xo[j] = e < dv ? __uint_as_float((uint32_t)__ldcg(oh + e) << 16) : 0.f;
+            zv[j] = e < dv ? __ldcg(zh + e) : 0.f;
         }
-#pragma unroll 4
-        for (int e = lane; e < dv; e += 32) {
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < PER; j++)
+            if (lane + 32 * j < dv) ss = fmaf(xo[j], xo[j], ss);
+        for (int e = lane + QD_LIN_GATED_HOLD; e < dv; e += 32) {
             const float x = __uint_as_float((uint32_t)__ldcg(oh + e) << 16);
             ss = fmaf(x, x, ss);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         const float inv = 1.f / sqrtf(ss / (float)dv + p.eps);
-        for (int e = lane; e < dv; e += 32) {
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            const int e = lane + 32 * j;
+            if (e < dv) xr[e] = qd_f2bf(xo[j] * inv * p.w[e] * qd_lin_silu(zv[j]));
+        }
+#pragma unroll 1
+        for (int e = lane + QD_LIN_GATED_HOLD; e < dv; e += 32) {
             const float x = __uint_as_float((uint32_t)__ldcg(oh + e) << 16);
             xr[e] = qd_f2bf(x * inv * p.w[e] * qd_lin_silu(__ldcg(zh + e)));
         }
