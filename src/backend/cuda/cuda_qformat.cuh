@@ -26,18 +26,30 @@ typedef struct qf_row {
     const uint8_t *z;     /* INT4: the row's zero points or NULL */
     float g;              /* NVFP4: the matrix's global factor times 2^14 (see qf_nvfp4) */
     int bc;               /* block / group columns */
+    int bcs;              /* column c's block as c >> bcs where bc is a power of two or spans the
+                           * row (31), else -1: c / bc */
 } qf_row;
+
+/* n / d for d > 0, by a shift where d is a power of two: the kernels' blocks and groups
+ * are, and a 64-bit division is a long subroutine on the decode kernels' critical path. */
+__device__ __forceinline__ int64_t qf_div_pow2(int64_t n, int64_t d) {
+    return (d & (d - 1)) == 0 ? n >> (__ffsll(d) - 1) : n / d;
+}
+
+/* Column c0's block or group of a row. */
+__device__ __forceinline__ int qf_blk(const qf_row &r, int c0) { return r.bcs >= 0 ? c0 >> r.bcs : c0 / r.bc; }
 
 /* Row r of matrix mat of m. */
 __device__ __forceinline__ qf_row qf_row_of(const qd_cuda_qmats &m, int64_t mat, int64_t r) {
     qf_row w;
     w.q = m.data + (mat * m.rows + r) * m.row_bytes;
-    const int64_t si = (mat * m.scale_rows + r / m.block_rows) * m.nbc;
+    const int64_t si = (mat * m.scale_rows + qf_div_pow2(r, m.block_rows)) * m.nbc;
     w.s = m.dtype == QD_DTYPE_NVFP4 ? (const void *)((const uint8_t *)m.scales + si)
                                     : (const void *)((const float *)m.scales + si);
     w.z = m.zeros ? m.zeros + si : (const uint8_t *)0;
     w.g = m.dtype == QD_DTYPE_NVFP4 ? (m.globals ? __ldg(m.globals + mat) : m.global) * 16384.0f : 1.0f;
     w.bc = (int)m.block_cols;
+    w.bcs = m.block_cols >= m.cols ? 31 : (w.bc & (w.bc - 1)) == 0 ? __ffs(w.bc) - 1 : -1;
     return w;
 }
 
@@ -81,7 +93,7 @@ struct qf_f8 {
     }
     __device__ static __forceinline__ float scale(const qf_row &r, int c0, int j) {
         (void)j;
-        return __ldg((const float *)r.s + c0 / r.bc);
+        return __ldg((const float *)r.s + qf_blk(r, c0));
     }
     __device__ static __forceinline__ int zero(const qf_row &r, int c0) { (void)r; (void)c0; return 0; }
     __device__ static __forceinline__ float post(const qf_row &r) { (void)r; return 1.0f; }
@@ -100,9 +112,9 @@ struct qf_int4 {
     }
     __device__ static __forceinline__ float scale(const qf_row &r, int c0, int j) {
         (void)j;
-        return __ldg((const float *)r.s + c0 / r.bc);
+        return __ldg((const float *)r.s + qf_blk(r, c0));
     }
-    __device__ static __forceinline__ int zero(const qf_row &r, int c0) { return r.z ? (int)__ldg(r.z + c0 / r.bc) : 8; }
+    __device__ static __forceinline__ int zero(const qf_row &r, int c0) { return r.z ? (int)__ldg(r.z + qf_blk(r, c0)) : 8; }
     __device__ static __forceinline__ float post(const qf_row &r) { (void)r; return 1.0f; }
 };
 

@@ -4,11 +4,13 @@
 #include "backend/cuda/moe_decode.cuh"
 
 /* A warp's weight stream: R rows of rb bytes each (row r at src[r]) cut into chunks
- * of sb bytes, through nst shared stages of R x sb bytes (stage s, row r at
- * buf + (s R + r) sb) with one mbarrier each. Use j of the stream is chunk j % nch
- * of pass j / nch; with nch <= nst every chunk stays resident and later passes read
- * them again without a copy. Lane 0 issues; bytes of rows with src NULL are not
- * copied (their products are not used). */
+ * of sb bytes, through nst (1 or 2) shared stages of R x sb bytes (stage s, row r at
+ * buf + (s R + r) sb) with one mbarrier each. Use j of the stream is chunk c = j % nch
+ * of pass j / nch; the callers pass both, so that no use costs a division. With
+ * nch <= nst every chunk stays resident and later passes read them again without a
+ * copy. Lane 0 issues; bytes of rows with src NULL are not copied (their products are
+ * not used). */
+static_assert(GU_NST <= 2 && DN_NST <= 2, "wstream's stage and parity of a use are its low bits");
 template <int R> struct wstream {
     const uint8_t *src[R];
     uint8_t *buf;
@@ -22,9 +24,9 @@ template <int R> struct wstream {
         }
         __syncwarp();
     }
-    __device__ void issue(int j, uint64_t policy) {
+    __device__ void issue(int j, int c, uint64_t policy) {
         if ((threadIdx.x & 31) != 0) return;
-        const int c = j % nch, s = j % nst;
+        const int s = j & (nst - 1);
         const unsigned bytes = (unsigned)min(sb, rb - c * sb);
         unsigned tot = 0;
 #pragma unroll
@@ -37,19 +39,21 @@ template <int R> struct wstream {
     }
     /* The first uses of the stream (pass 0). */
     __device__ void start(uint64_t policy) {
-        for (int j = 0; j < min(nst, nch); j++) issue(j, policy);
+        for (int j = 0; j < min(nst, nch); j++) issue(j, j, policy);
     }
-    /* Row r of use j once it has landed. */
-    __device__ const uint4 *wait(int j) {
-        const int s = resident() ? j % nch : j % nst;
-        qd_mbar_wait(bar + s, resident() ? 0u : (unsigned)((j / nst) & 1));
+    /* Row r of use j (chunk c) once it has landed. */
+    __device__ const uint4 *wait(int j, int c) {
+        const int s = resident() ? c : j & (nst - 1);
+        qd_mbar_wait(bar + s, resident() ? 0u : (unsigned)((j >> (nst - 1)) & 1));
         return (const uint4 *)(buf + (size_t)s * R * sb);
     }
-    /* After the warp has read use j: refill its stage with use j + nst when the stream has it. */
-    __device__ void done(int j, int uses, uint64_t policy) {
+    /* After the warp has read use j (chunk c): refill its stage with use j + nst when the
+     * stream has it (not resident: nch > nst, so its chunk wraps at most once). */
+    __device__ void done(int j, int c, int uses, uint64_t policy) {
         if (resident() || j + nst >= uses) return;
         __syncwarp();
-        issue(j + nst, policy);
+        const int cn = c + nst;
+        issue(j + nst, cn >= nch ? cn - nch : cn, policy);
     }
 };
 
@@ -66,8 +70,8 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
                   float *__restrict__ act, int32_t *__restrict__ counters, int n_ctr, int P, int H, int I, int E,
                   int k, int Is, float *__restrict__ sh_act, int tg, int sb, int nst) {
     /* [GU_WARPS][nst][2][sb] each warp's weight stages (gate row, up row), then
-     * [tg][H / 8] the pass's token rows, bf16 (no expert of a token's own choosing
-     * comes twice, so passes of min(n, TG) are rarely cut short) */
+     * [tg][H / 8] the pass's token rows, bf16, in load_pass_x's order for PC (no expert
+     * of a token's own choosing comes twice, so passes of min(n, TG) are rarely cut short) */
     extern __shared__ __align__(128) uint8_t gsm[];
     __shared__ uint64_t bars[GU_WARPS][GU_NST];
     __shared__ int list[QD_MOE_DECODE_MAX_PAIRS];
@@ -124,15 +128,15 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
     float *const ap = shared ? sh_act : act;    /* [list entry][rows] */
     uint4 *xs = (uint4 *)(gsm + (size_t)GU_WARPS * nst * 2 * sb);
     const int uses = ((m + tg - 1) / tg) * ws.nch;
-    for (int g0 = 0; g0 < m; g0 += tg) {
+    for (int g0 = 0, j0 = 0; g0 < m; g0 += tg, j0 += ws.nch) {
         const int gs = min(tg, m - g0);
         if (g0) __syncthreads(); /* the previous pass is done with xs */
-        load_pass_x(xs, x, list, g0, gs, kd, H8);
+        load_pass_x<PC>(xs, x, list, g0, gs, kd, H8);
         float ag[TG], au[TG];
 #pragma unroll
         for (int tt = 0; tt < TG; tt++) ag[tt] = au[tt] = 0.0f;
         for (int c = 0; ok && c < ws.nch; c++) {
-            const int j = (g0 / tg) * ws.nch + c;
+            const int j = j0 + c;
             /* the chunk's scales are read while its weights land */
             float sg[U][WF::NSUB], su[U][WF::NSUB];
             int zg[U], zu[U];
@@ -148,7 +152,7 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
                     su[uu][s] = in ? WF::scale(ru, c0, s) * WF::post(ru) : 0.0f;
                 }
             }
-            const uint4 *wgs = ws.wait(j), *wus = wgs + PPS;
+            const uint4 *wgs = ws.wait(j, c), *wus = wgs + PPS;
 #pragma unroll
             for (int uu = 0; uu < U; uu++) {
                 const int bl = uu * 32 + lane, b = c * PPS + bl;
@@ -169,7 +173,7 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
                         for (int tt = 0; tt < TG; tt++) {
                             if (tt < gs) {
                                 float xf[8];
-                                bf16x8(xs[tt * H8 + b * PC + q8], xf);
+                                bf16x8(xs[tt * H8 + q8 * NP + b], xf);
 #pragma unroll
                                 for (int q = 0; q < 8; q++) {
                                     dg[tt] = fmaf(gf[q], xf[q], dg[tt]);
@@ -185,7 +189,7 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
                     }
                 }
             }
-            ws.done(j, uses, policy);
+            ws.done(j, c, uses, policy);
         }
         store_act<TG>(ag, au, gs, list, g0, ap, rows, i);
     }
@@ -197,7 +201,7 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
                int E, int Is, const float *sh_act, float *sh_out, const __grid_constant__ dn_combine cb, int tg,
                int sb, int nst) {
     /* [DN_WARPS][nst][DN_R][sb] each warp's weight stages, then [tg][max(I, Is) / 4]
-     * the pass's activations */
+     * the pass's activations in load_pass_act's order for AF */
     extern __shared__ __align__(128) uint8_t dsm[];
     __shared__ uint64_t bars[DN_WARPS][DN_NST];
     __shared__ int list[QD_MOE_DECODE_MAX_PAIRS];
@@ -215,6 +219,7 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
     constexpr int U = stage_bytes(DN_SB, WF::DTYPE) / 16 / 32; /* pieces a lane takes from a full stage */
     constexpr int SUBC = WF::COLS / WF::NSUB;
     const int Ir = shared ? Is : I;
+    constexpr int AF = WF::COLS / 4;            /* float4 of activations per weight piece */
     const int I4 = Ir >> 2, NP = Ir / WF::COLS; /* pieces per row */
     const int PPS = sb >> 4;
     const int h0 = blockIdx.x * QD_MOE_DN_ROWS + warp * DN_R;
@@ -241,18 +246,18 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
     float *const op = shared ? sh_out : out;
     float4 *as4 = (float4 *)(dsm + (size_t)DN_WARPS * nst * DN_R * sb);
     const int uses = ((m + tg - 1) / tg) * ws.nch;
-    for (int g0 = 0; g0 < m; g0 += tg) {
+    for (int g0 = 0, j0 = 0; g0 < m; g0 += tg, j0 += ws.nch) {
         const int gs = min(tg, m - g0);
         if (g0) __syncthreads();
-        load_pass_act(as4, ap, list, g0, gs, Ir);
+        load_pass_act<AF>(as4, ap, list, g0, gs, Ir);
         float acc[DN_R][TG];
 #pragma unroll
         for (int r = 0; r < DN_R; r++)
 #pragma unroll
             for (int tt = 0; tt < TG; tt++) acc[r][tt] = 0.0f;
         for (int c = 0; ok && c < ws.nch; c++) {
-            const int j = (g0 / tg) * ws.nch + c;
-            const uint4 *wsm = ws.wait(j);
+            const int j = j0 + c;
+            const uint4 *wsm = ws.wait(j, c);
 #pragma unroll
             for (int uu = 0; uu < U; uu++) {
                 const int bl = uu * 32 + lane, b = c * PPS + bl;
@@ -275,8 +280,8 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
 #pragma unroll
                             for (int tt = 0; tt < TG; tt++) {
                                 if (tt < gs) {
-                                    const float4 a0 = as4[tt * I4 + (c0 >> 2) + 2 * q8];
-                                    const float4 a1 = as4[tt * I4 + (c0 >> 2) + 2 * q8 + 1];
+                                    const float4 a0 = as4[tt * I4 + (2 * q8) * NP + b];
+                                    const float4 a1 = as4[tt * I4 + (2 * q8 + 1) * NP + b];
                                     const float af[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
 #pragma unroll
                                     for (int q = 0; q < 8; q++) d[tt] = fmaf(wf[q], af[q], d[tt]);
@@ -289,7 +294,7 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
                     }
                 }
             }
-            ws.done(j, uses, policy);
+            ws.done(j, c, uses, policy);
         }
         finish_down_pass<TG>(acc, gs, list, g0, kd, op, h0, last, cb);
     }
