@@ -115,9 +115,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
     if (threadIdx.x < 64) merge_weights(wm, wl, wf, rowm, rowl, threadIdx.x / 16, threadIdx.x % 16);
     __syncthreads();
     const float *acc = reinterpret_cast<const float *>(sK);
-    for (int idx = threadIdx.x; idx < nh * p.hd; idx += ATT_THREADS) {
-        const int i = idx / p.hd, d = idx - i * p.hd;
+    /* element (head i, dimension d) = threadIdx.x, + ATT_THREADS, ...: walked without a
+     * division per element */
+    int i = 0, d = threadIdx.x;
+    while (d >= p.hd) d -= p.hd, i++;
+    for (; i < nh;) {
         merge_store<HDP>(p, wf, acc, rowm, rowl, i, d, r, h0 + i, sl);
+        for (d += ATT_THREADS; d >= p.hd;) d -= p.hd, i++;
     }
 }
 

@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(FG_NT, 2) gemv_fused_kernel(const __grid_const
     extern __shared__ uint4 xs[]; /* [N][cols / 8] when x is built here */
     __shared__ float part[FG_WARPS][N]; /* the G warps' sums of a row */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int G = p.G, gpb = FG_WARPS / G, grp = warp / G, sub = warp - grp * G;
+    const int G = p.G, gsh = __ffs(G) - 1; /* G: a power of two */
+    const int gpb = FG_WARPS >> gsh, grp = warp >> gsh, sub = warp & (G - 1);
     const int C8 = (int)(p.cols / 8); /* cols < 2^31 (checked by the launcher) */
     const int64_t total = p.end[p.n_out - 1], stride = (int64_t)gridDim.x * gpb;
     const int cfirst = 32 * FG_U * sub, cstep = 32 * FG_U * G;

@@ -27,6 +27,20 @@ __device__ __forceinline__ uint4 qd_lin_pack8(const float *f) {
 
 __device__ __forceinline__ float qd_lin_silu(float x) { return x / (1.f + expf(-x)); }
 
+/* A block's walk over the elements i = first, first + step, ... of n rows of per-row
+ * elements as (row t, element c) without dividing: a runtime division sits on the chain
+ * before a block's first product (the walks start with c < per at the models' shapes). */
+struct qd_lin_walk {
+    int t, c;
+    __device__ qd_lin_walk(int first, int per) : t(0), c(first) {
+        while (c >= per) { c -= per; t++; }
+    }
+    __device__ void next(int step, int per) {
+        c += step;
+        while (c >= per) { c -= per; t++; }
+    }
+};
+
 /* x[t] = bf16(h[t] * inv_t * (1 + w)), the bits qd_cuda_add_rmsnorm writes: its 256
  * threads' sums (thread j takes columns j, j + 256, ... in order, then a warp's xor tree,
  * then the 8 warps in order) are taken here by whichever warps the block has. */
@@ -57,10 +71,9 @@ __device__ void qd_lin_rmsnorm(const qd_cuda_lin_in &p, int64_t cols, int n, uin
         inv[tid] = rsqrtf(s / (float)H + p.eps);
     }
     __syncthreads();
-    const int64_t C8 = cols / 8;
-    for (int64_t i = tid; i < n * C8; i += NT) {
-        const int t = (int)(i / C8);
-        const int64_t c8 = i - t * C8;
+    const int C8 = (int)(cols / 8);
+    for (qd_lin_walk e(tid, C8); e.t < n; e.next(NT, C8)) {
+        const int t = e.t, c8 = e.c;
         const float4 *hr = (const float4 *)(p.h + (size_t)(p.rows ? __ldcg(p.rows + t) : t) * cols) + 2 * c8;
         const float4 *wr = (const float4 *)p.w + 2 * c8;
         const float4 a = __ldcg(hr), b = __ldcg(hr + 1), wa = wr[0], wb = wr[1];
@@ -68,7 +81,7 @@ __device__ void qd_lin_rmsnorm(const qd_cuda_lin_in &p, int64_t cols, int n, uin
         float f[8] = {a.x * it * (1.f + wa.x), a.y * it * (1.f + wa.y), a.z * it * (1.f + wa.z),
                       a.w * it * (1.f + wa.w), b.x * it * (1.f + wb.x), b.y * it * (1.f + wb.y),
                       b.z * it * (1.f + wb.z), b.w * it * (1.f + wb.w)};
-        xs[i] = qd_lin_pack8(f);
+        xs[t * C8 + c8] = qd_lin_pack8(f);
     }
 }
 
@@ -81,10 +94,10 @@ __device__ void qd_lin_rmsnorm(const qd_cuda_lin_in &p, int64_t cols, int n, uin
 template <int NT>
 __device__ void qd_lin_gated(const qd_cuda_lin_in &p, int64_t cols, int n, uint4 *xs) {
     constexpr int PER = QD_LIN_GATED_HOLD / 32;
-    const int dv = p.dv, hv = (int)(cols / dv), lane = threadIdx.x & 31;
+    const int dv = p.dv, hv = (int)cols >> (__ffs(dv) - 1), lane = threadIdx.x & 31; /* dv: a power of two */
     uint16_t *xh = (uint16_t *)xs;
-    for (int wid = threadIdx.x >> 5; wid < n * hv; wid += NT / 32) { /* warp-uniform */
-        const int r = wid / hv, h = wid - r * hv;
+    for (qd_lin_walk e(threadIdx.x >> 5, hv); e.t < n; e.next(NT / 32, hv)) { /* warp-uniform */
+        const int r = e.t, h = e.c;
         const uint16_t *oh = p.o + ((size_t)r * hv + h) * dv;
         const float *zh = p.z + (size_t)r * p.ldz + (size_t)h * dv;
         uint16_t *xr = xh + (size_t)r * cols + (size_t)h * dv;
@@ -122,28 +135,25 @@ __device__ void qd_lin_gated(const qd_cuda_lin_in &p, int64_t cols, int n, uint4
 /* x = bf16(silu(gate) * up) from gate|up rows of 2 cols. */
 template <int NT>
 __device__ void qd_lin_silu_mul(const qd_cuda_lin_in &p, int64_t cols, int n, uint4 *xs) {
-    const int64_t C8 = cols / 8;
-    for (int64_t i = threadIdx.x; i < (int64_t)n * C8; i += NT) {
-        const int t = (int)(i / C8);
-        const int64_t c8 = i - t * C8;
+    const int C8 = (int)(cols / 8);
+    for (qd_lin_walk e(threadIdx.x, C8); e.t < n; e.next(NT, C8)) {
+        const int t = e.t, c8 = e.c;
         const float4 *g = (const float4 *)(p.gu + (size_t)t * 2 * cols) + 2 * c8;
         const float4 *u = (const float4 *)(p.gu + (size_t)t * 2 * cols + cols) + 2 * c8;
         const float4 ga = __ldcg(g), gb = __ldcg(g + 1), ua = __ldcg(u), ub = __ldcg(u + 1);
         float f[8] = {qd_lin_silu(ga.x) * ua.x, qd_lin_silu(ga.y) * ua.y, qd_lin_silu(ga.z) * ua.z,
                       qd_lin_silu(ga.w) * ua.w, qd_lin_silu(gb.x) * ub.x, qd_lin_silu(gb.y) * ub.y,
                       qd_lin_silu(gb.z) * ub.z, qd_lin_silu(gb.w) * ub.w};
-        xs[i] = qd_lin_pack8(f);
+        xs[t * C8 + c8] = qd_lin_pack8(f);
     }
 }
 
 /* Plain bf16 x copied in (n rows at stride ldx). */
 template <int NT>
 __device__ void qd_lin_copy(const qd_cuda_lin_in &p, int64_t cols, int n, uint4 *xs) {
-    const int64_t C8 = cols / 8;
-    for (int64_t i = threadIdx.x; i < (int64_t)n * C8; i += NT) {
-        const int t = (int)(i / C8);
-        xs[i] = __ldcg((const uint4 *)(p.x + (size_t)t * p.ldx) + (i - t * C8));
-    }
+    const int C8 = (int)(cols / 8);
+    for (qd_lin_walk e(threadIdx.x, C8); e.t < n; e.next(NT, C8))
+        xs[e.t * C8 + e.c] = __ldcg((const uint4 *)(p.x + (size_t)e.t * p.ldx) + e.c);
 }
 
 /* xs [n][cols / 8] (16-byte pieces of 8 bf16) from p; the caller synchronises after. */
