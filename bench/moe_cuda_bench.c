@@ -9,8 +9,10 @@
  * expert chosen, averaged over the routings); TFLOPS the expert matmuls
  * (6 I H per pair). Decode sizes are also timed as CUDA-graph replays on a
  * created stream ("moe_graph", how the engine runs a decode step). Also
- * times the router. Arguments, if any, replace the list of n. Exits 77
- * without a GPU. */
+ * times the router. The decode sizes run again with the experts in FP8 block-128
+ * (random e4m3 codes, f32 scales: the bytes the FP8 decode kernels read, GBps counting
+ * 3 I H bytes and the scales per distinct expert; "moe_fp8" and "moe_fp8_graph" lines).
+ * Arguments, if any, replace the list of n. Exits 77 without a GPU. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_quant.h"
 
 #define BENCH_NAME "moe_cuda_bench"
 #include "cuda_bench_util.h"
@@ -44,6 +47,27 @@ static uint16_t *bf16_fill(size_t n, float s) {
 }
 
 
+
+/* mats FP8 block-128 matrices [rows][cols] on the device: random e4m3 codes within
+ * +-1.875 (no NaN code) from a repeated pool, f32 block scales of magnitude s / 1.875. */
+static qd_cuda_qmats fp8_mats(int mats, int64_t rows, int64_t cols, float s) {
+    const size_t bytes = (size_t)mats * (size_t)(rows * cols), pool = (size_t)1 << 20;
+    const int64_t sr = (rows + 127) / 128, nbc = (cols + 127) / 128;
+    const size_t ns = (size_t)mats * (size_t)(sr * nbc);
+    uint8_t *q = malloc(bytes);
+    float *sc = malloc(ns * 4);
+    if (!q || !sc) exit(1);
+    for (size_t i = 0; i < pool && i < bytes; i++) q[i] = (uint8_t)(next_u64() & 0xbf);
+    for (size_t i = pool; i < bytes; i += pool) memcpy(q + i, q, bytes - i < pool ? bytes - i : pool);
+    for (size_t i = 0; i < ns; i++) sc[i] = s / 1.875f * (0.5f + 0.25f * (urand() + 1.0f));
+    qd_cuda_qmats m = {.dtype = QD_DTYPE_F8_E4M3, .n_mats = mats, .rows = rows, .cols = cols, .row_bytes = cols,
+                       .block_rows = 128, .block_cols = 128, .nbc = nbc, .scale_rows = sr, .global = 1.0f};
+    m.data = upload(q, bytes);
+    m.scales = upload(sc, ns * 4);
+    free(q);
+    free(sc);
+    return m;
+}
 
 /* Decode as the engine runs it: the NROUTE calls captured in one CUDA graph
  * on a created stream and replayed, so host launch costs are out of the
@@ -108,7 +132,10 @@ static double time_experts(qd_cuda_moe_args *a, const int32_t *dsel, const float
     return median(ms, 7) * 1e3 / iters;
 }
 
-static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, double copy_gbs) {
+/* The experts at n tokens: bf16 (dgu, ddn), or FP8 (qgu, qdn non-NULL: decode sizes only,
+ * the kernels that read the stored bytes). */
+static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, const qd_cuda_qmats *qgu,
+                          const qd_cuda_qmats *qdn, double copy_gbs) {
     const size_t P = (size_t)n * K;
     int32_t *sel = malloc(NROUTE * P * 4);
     float *w = malloc(NROUTE * P * 4);
@@ -138,8 +165,26 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, doubl
     void *work = upload(NULL, qd_cuda_moe_work_bytes(n, H, I, E, K));
     /* H, I, E are macros here: positional */
     qd_cuda_moe_args a = {n, H, I, E, K, dx, dsel, dw, dgu, ddn, dy, work, NULL, 0, NULL, NULL, NULL, 0, NULL, NULL, 0};
-    const double bytes = distinct * 3.0 * I * H * 2;
+    a.q_gate_up = qgu;
+    a.q_down = qdn;
+    const int fp8 = qgu != NULL;
+    /* FP8: a byte a weight and an f32 scale per 128 x 128 block */
+    const double bytes = fp8 ? distinct * 3.0 * I * H * (1.0 + 4.0 / (128 * 128)) : distinct * 3.0 * I * H * 2;
     const int table_decode = n <= qd_cuda_moe_graph_max_tokens() && n * K <= 1024;
+    if (fp8) {
+        if (table_decode) {
+            const double us = time_experts(&a, dsel, dw, P, 40), gus = graph_us(a, dsel, dw, P);
+            const double gbs = bytes / (us * 1e-6) / 1e9, ggbs = bytes / (gus * 1e-6) / 1e9;
+            printf("RESULT moe_fp8 n=%d us=%.2f GBps=%.0f pct_copy=%.1f experts_read=%.1f\n", n, us, gbs,
+                   100.0 * gbs / copy_gbs, distinct);
+            if (gus > 0)
+                printf("RESULT moe_fp8_graph n=%d us=%.2f GBps=%.0f pct_copy=%.1f\n", n, gus, ggbs,
+                       100.0 * ggbs / copy_gbs);
+        }
+        qd_cuda_free(dx); qd_cuda_free(dsel); qd_cuda_free(dw); qd_cuda_free(dy); qd_cuda_free(work);
+        free(sel); free(w); free(x);
+        return;
+    }
     /* the table's path, then at decode sizes also the grouped GEMMs (what batch-invariant
      * mode takes at every n): where they cross over is the table's bound; past the decode
      * bound each grouped-GEMM kernel forced, where its table starts */
@@ -211,15 +256,22 @@ int main(int argc, char **argv) {
     uint16_t *dgu = upload(gu, (size_t)E * 2 * I * H * 2), *ddn = upload(dn, (size_t)E * H * I * 2);
     free(gu);
     free(dn);
+    const qd_cuda_qmats qgu = fp8_mats(2 * E, I, H, sqrtf(3.0f / H)), qdn = fp8_mats(E, H, I, sqrtf(3.0f / I));
     if (argc > 1) { /* moe_cuda_bench n...: only these batch sizes (e.g. under a profiler) */
-        for (int i = 1; i < argc; i++) bench_experts(atoi(argv[i]), dgu, ddn, bw);
+        for (int i = 1; i < argc; i++) bench_experts(atoi(argv[i]), dgu, ddn, NULL, NULL, bw);
+        for (int i = 1; i < argc; i++) bench_experts(atoi(argv[i]), dgu, ddn, &qgu, &qdn, bw);
     } else {
         const int ns[] = {1, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048, 4096, 8192};
-        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) bench_experts(ns[i], dgu, ddn, bw);
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) bench_experts(ns[i], dgu, ddn, NULL, NULL, bw);
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) bench_experts(ns[i], dgu, ddn, &qgu, &qdn, bw);
         bench_route(1);
         bench_route(4096);
     }
     qd_cuda_free(dgu);
     qd_cuda_free(ddn);
+    qd_cuda_free((void *)qgu.data);
+    qd_cuda_free((void *)qgu.scales);
+    qd_cuda_free((void *)qdn.data);
+    qd_cuda_free((void *)qdn.scales);
     return 0;
 }

@@ -43,8 +43,9 @@
 #     busyhost: qdelta bench on the 35B-A3B at batch 1, idle and with every host core busy with
 #            other work (one spinning process per core), the ratio of the two
 #     stalls: Nsight Compute's full sections of chosen decode kernels (STALL_KERNELS regex, default
-#            the MoE decode kernels and the router; 35B-A3B cut to 4 layers, batch 1): why they take
-#            what they take (report in stalls.txt)
+#            the MoE decode kernels and the router; STALL_FORMAT the weights' format, default bf16;
+#            35B-A3B cut to 4 layers, batch 1): why they take what they take (report in stalls.txt;
+#            the summary has a line a launch: duration, DRAM throughput, instructions, issue rate)
 #     profile: where a decode step's GPU time goes: Nsight Compute's per-kernel durations of
 #            qdelta bench (35B-A3B cut to 8 layers, batch 1, bf16 and fp8; PROFILE="cfg|format|B|layers ..."),
 #            summed per kernel by bench/kernel_profile.py (launches and us per step); a fifth field
@@ -536,7 +537,20 @@ done
           for (key in w) { split(key, k, SUBSEP); print "weights " k[1] " " k[2] ": " w[key] } }' "$QE2E_LOG"
 [ -s "$QE2E_LOG" ] && awk '/^=== qbench/ { what = $3 " " $4 } /loaded in/ && what { sub(/.*loaded in/, "loaded in"); print what ": " $0 }
     /^FAILED/ { print }' "$QE2E_LOG"
-[ -s "$STALL_LOG" ] && grep -E '^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Waves Per SM|Stall|FAILED' "$STALL_LOG" | head -60
+# a line a profiled launch: what bounds it (bytes, or each warp's instructions and their latency)
+[ -s "$STALL_LOG" ] && awk '
+    function flush() {
+        if (k != "")
+            printf "%-36s %7s us  DRAM %5s%%  %11s instr  issue %5s%%  %5s cyc/instr  occupancy %5s%%  %s regs\n",
+                k, v[w[1]], v[w[2]], v[w[3]], v[w[4]], v[w[5]], v[w[6]], v[w[7]]
+        k = ""; delete v
+    }
+    BEGIN { split("Duration|DRAM Throughput|Executed Instructions|Issue Slots Busy|" \
+                  "Warp Cycles Per Issued Instruction|Achieved Occupancy|Registers Per Thread", w, "|") }
+    /, Context [0-9]+, Stream [0-9]+/ { flush(); k = $0; sub(/^ *(void )?/, "", k); sub(/\(.*/, "", k) }
+    k != "" { for (i in w) if (!(w[i] in v) && $0 ~ ("^ +" w[i] "  ")) v[w[i]] = $NF }
+    /^FAILED/ { print }
+    END { flush() }' "$STALL_LOG" | head -40
 [ -s "$PROF_LOG" ] && grep -hE "^=== profile|^\| |^RESULT kernel_profile|^FAILED: profile" "$PROF_LOG" | head -80
 if [ -s "$INV_LOG" ]; then
     grep -E "^RESULT invariance" "$INV_LOG"
