@@ -2,8 +2,9 @@
  * moe.cu, moe_block.cu) against a double reference over the exactly dequantized weights
  * (qd_weight_dequant_rows, base/weight.c), on fresh random inputs (seed printed;
  * QD_TEST_SEED replays it). Formats: FP8 block 128 x 128 (intermediate sizes that leave a
- * partial block row), INT4 with group 64 and zeros (a partial last group) and symmetric
- * one-group, NVFP4 with per-matrix global factors. Random stored codes and scales.
+ * partial block row) and 128 x 192, INT4 with group 64 or 96 and zeros (a partial last
+ * group) and symmetric one-group, NVFP4 with per-matrix global factors. Random stored
+ * codes and scales.
  *
  *  - qd_cuda_moe_experts at n = 1, 5, 16 (the decode kernels reading the quantized bytes)
  *    and n = 70 (the prefill path: every expert dequantized into bf16 scratch, then the
@@ -378,6 +379,10 @@ int main(void) {
         {"int4 g64 zeros", QD_DTYPE_INT4, 320, 96, 9, 3, 64, 64, 1, 70, 0},
         {"int4 one group sym", QD_DTYPE_INT4, 256, 64, 8, 2, 256, 64, 0, 70, 0},
         {"nvfp4", QD_DTYPE_NVFP4, 256, 160, 10, 4, 16, 16, 0, 70, 0},
+        /* groups and blocks whose columns are no power of two: the kernels' divided index (a
+         * shift for the others), partial last groups */
+        {"int4 g96 zeros", QD_DTYPE_INT4, 320, 160, 9, 3, 96, 96, 1, 70, 0},
+        {"fp8 block 128x192", QD_DTYPE_F8_E4M3, 384, 208, 6, 2, 192, 192, 0, 16, 0},
         /* Qwen3.5-35B-A3B's expert shape: the staged kernels' shared memory at its real size
          * (x and stages together past the 48 KiB a launch has without opting in) */
         {"fp8 35B-A3B shape", QD_DTYPE_F8_E4M3, 2048, 512, 16, 8, 128, 128, 0, 16, 0},
