@@ -376,7 +376,7 @@ extern "C" int qd_cuda_qgemv_mma_takes(const qd_weight *w) {
 /* The call's products alone (their formats, shapes and alignment), whatever builds x. */
 static int qm_outs_take(const qd_cuda_qgemv_out *out, int n_out, int64_t cols) {
     /* the kernel's offsets within a row are 32-bit */
-    if (n_out < 1 || n_out > QD_CUDA_QGEMV_MULTI_MAX || cols % 8 || cols > ((int64_t)1 << 30)) return 0;
+    if (n_out < 1 || n_out > QD_CUDA_QGEMV_MULTI_MAX || cols < 8 || cols % 8 || cols > ((int64_t)1 << 30)) return 0;
     int fmt = 0;
     for (int j = 0; j < n_out; j++) {
         if (out[j].qw) {

@@ -33,7 +33,8 @@ __device__ __forceinline__ float qd_lin_silu(float x) { return x / (1.f + expf(-
 struct qd_lin_walk {
     int t, c;
     __device__ qd_lin_walk(int first, int per) : t(0), c(first) {
-        while (c >= per) { c -= per; t++; }
+        if (per <= 0) t = 1 << 30; /* no elements: past every row */
+        else while (c >= per) { c -= per; t++; }
     }
     __device__ void next(int step, int per) {
         c += step;
