@@ -22,6 +22,22 @@ __device__ __forceinline__ void qd_bf16x8_f32(const uint4 v, float f[8]) {
 }
 
 /* The logistic function as every fp32 gate of the model computes it. */
+/* A thread's walk over the elements i = first, first + step, ... of rows of `per`
+ * elements as (row t, element c), without a division a step: a division by a runtime
+ * value is about 20 instructions, on the chain before a decode block's first product
+ * (the walks start with c < per at the models' shapes, so the constructor loops rarely). */
+struct qd_walk {
+    int t, c;
+    __device__ qd_walk(int first, int per) : t(0), c(first) {
+        if (per <= 0) t = 1 << 30; /* no elements: past every row */
+        else while (c >= per) { c -= per; t++; }
+    }
+    __device__ void next(int step, int per) {
+        c += step;
+        while (c >= per) { c -= per; t++; }
+    }
+};
+
 __device__ __forceinline__ float qd_sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
 
 __device__ __forceinline__ uint32_t qd_pack_bf2(float a, float b) {

@@ -27,21 +27,6 @@ __device__ __forceinline__ uint4 qd_lin_pack8(const float *f) {
 
 __device__ __forceinline__ float qd_lin_silu(float x) { return x / (1.f + expf(-x)); }
 
-/* A block's walk over the elements i = first, first + step, ... of n rows of per-row
- * elements as (row t, element c) without dividing: a runtime division sits on the chain
- * before a block's first product (the walks start with c < per at the models' shapes). */
-struct qd_lin_walk {
-    int t, c;
-    __device__ qd_lin_walk(int first, int per) : t(0), c(first) {
-        if (per <= 0) t = 1 << 30; /* no elements: past every row */
-        else while (c >= per) { c -= per; t++; }
-    }
-    __device__ void next(int step, int per) {
-        c += step;
-        while (c >= per) { c -= per; t++; }
-    }
-};
-
 /* x[t] = bf16(h[t] * inv_t * (1 + w)), the bits qd_cuda_add_rmsnorm writes: its 256
  * threads' sums (thread j takes columns j, j + 256, ... in order, then a warp's xor tree,
  * then the 8 warps in order) are taken here by whichever warps the block has. */
@@ -73,7 +58,7 @@ __device__ void qd_lin_rmsnorm(const qd_cuda_lin_in &p, int64_t cols, int n, uin
     }
     __syncthreads();
     const int C8 = (int)(cols / 8);
-    for (qd_lin_walk e(tid, C8); e.t < n; e.next(NT, C8)) {
+    for (qd_walk e(tid, C8); e.t < n; e.next(NT, C8)) {
         const int t = e.t, c8 = e.c;
         const float4 *hr = (const float4 *)(p.h + (size_t)(p.rows ? __ldcg(p.rows + t) : t) * cols) + 2 * c8;
         const float4 *wr = (const float4 *)p.w + 2 * c8;
@@ -97,7 +82,7 @@ __device__ void qd_lin_gated(const qd_cuda_lin_in &p, int64_t cols, int n, uint4
     constexpr int PER = QD_LIN_GATED_HOLD / 32;
     const int dv = p.dv, hv = (int)cols >> (__ffs(dv) - 1), lane = threadIdx.x & 31; /* dv: a power of two */
     uint16_t *xh = (uint16_t *)xs;
-    for (qd_lin_walk e(threadIdx.x >> 5, hv); e.t < n; e.next(NT / 32, hv)) { /* warp-uniform */
+    for (qd_walk e(threadIdx.x >> 5, hv); e.t < n; e.next(NT / 32, hv)) { /* warp-uniform */
         const int r = e.t, h = e.c;
         const uint16_t *oh = p.o + ((size_t)r * hv + h) * dv;
         const float *zh = p.z + (size_t)r * p.ldz + (size_t)h * dv;
@@ -137,7 +122,7 @@ __device__ void qd_lin_gated(const qd_cuda_lin_in &p, int64_t cols, int n, uint4
 template <int NT>
 __device__ void qd_lin_silu_mul(const qd_cuda_lin_in &p, int64_t cols, int n, uint4 *xs) {
     const int C8 = (int)(cols / 8);
-    for (qd_lin_walk e(threadIdx.x, C8); e.t < n; e.next(NT, C8)) {
+    for (qd_walk e(threadIdx.x, C8); e.t < n; e.next(NT, C8)) {
         const int t = e.t, c8 = e.c;
         const float4 *g = (const float4 *)(p.gu + (size_t)t * 2 * cols) + 2 * c8;
         const float4 *u = (const float4 *)(p.gu + (size_t)t * 2 * cols + cols) + 2 * c8;
@@ -153,7 +138,7 @@ __device__ void qd_lin_silu_mul(const qd_cuda_lin_in &p, int64_t cols, int n, ui
 template <int NT>
 __device__ void qd_lin_copy(const qd_cuda_lin_in &p, int64_t cols, int n, uint4 *xs) {
     const int C8 = (int)(cols / 8);
-    for (qd_lin_walk e(threadIdx.x, C8); e.t < n; e.next(NT, C8))
+    for (qd_walk e(threadIdx.x, C8); e.t < n; e.next(NT, C8))
         xs[e.t * C8 + e.c] = __ldcg((const uint4 *)(p.x + (size_t)e.t * p.ldx) + e.c);
 }
 

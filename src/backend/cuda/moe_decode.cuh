@@ -96,30 +96,33 @@ __device__ __forceinline__ int group_tokens(int n, int g, int *list) {
 
 
 /* A pass's token rows of x (bf16, H8 pieces of 8) into xs [gs][H8]: list entries g0 ..
- * g0 + gs - 1, entry q being row q / kd; read through L2 (cuda_pdl.cuh). Piece c of a row
- * lands at (c % PC) (H8 / PC) + c / PC: a quantized kernel's lane multiplies PC
+ * g0 + gs - 1, entry q being row q / kd; read through L2 (cuda_pdl.cuh). Piece b of a row
+ * lands at (b % PC) (H8 / PC) + b / PC: a quantized kernel's lane multiplies PC
  * consecutive pieces by one weight piece, and this way the lanes of a warp read
- * consecutive addresses (PC = 1: the row as it is). Then the block's barrier. */
+ * consecutive addresses (PC = 1: the row as it is). Then the block's barrier. One loop
+ * over the pass's pieces with a division each: lean in registers, which the kernels'
+ * main loops need (a walk or a loop per entry made the bf16 gate_up spill). */
 template <int PC = 1>
 __device__ __forceinline__ void load_pass_x(uint4 *xs, const uint16_t *x, const int *list, int g0, int gs, int kd,
                                             int H8) {
+    const uint4 *x4 = (const uint4 *)x;
     const int NP = H8 / PC;
-    for (int tt = 0; tt < gs; tt++) {
-        const uint4 *xr = (const uint4 *)x + (size_t)(list[g0 + tt] / kd) * H8;
-        for (int c = threadIdx.x; c < H8; c += blockDim.x) xs[tt * H8 + (c % PC) * NP + c / PC] = __ldcg(xr + c);
+    for (int c = threadIdx.x; c < gs * H8; c += blockDim.x) {
+        const int tt = c / H8, b = c - tt * H8;
+        xs[tt * H8 + (b % PC) * NP + b / PC] = __ldcg(x4 + (size_t)(list[g0 + tt] / kd) * H8 + b);
     }
     __syncthreads();
 }
 
 /* A pass's activations (fp32, rows of Ir) into as4 [gs][Ir / 4], as load_pass_x: float4
- * c of a row at (c % AF) (Ir / 4 / AF) + c / AF, a quantized lane's AF consecutive float4
+ * b of a row at (b % AF) (Ir / 4 / AF) + b / AF, a quantized lane's AF consecutive float4
  * apart (AF = 1: the row as it is). */
 template <int AF = 1>
 __device__ __forceinline__ void load_pass_act(float4 *as4, const float *ap, const int *list, int g0, int gs, int Ir) {
     const int I4 = Ir >> 2, NP = I4 / AF;
-    for (int tt = 0; tt < gs; tt++) {
-        const float4 *ar = (const float4 *)(ap + (size_t)list[g0 + tt] * Ir);
-        for (int c = threadIdx.x; c < I4; c += blockDim.x) as4[tt * I4 + (c % AF) * NP + c / AF] = __ldcg(ar + c);
+    for (int c = threadIdx.x; c < gs * I4; c += blockDim.x) {
+        const int tt = c / I4, b = c - tt * I4;
+        as4[tt * I4 + (b % AF) * NP + b / AF] = __ldcg((const float4 *)(ap + (size_t)list[g0 + tt] * Ir) + b);
     }
     __syncthreads();
 }
