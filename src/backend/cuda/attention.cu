@@ -115,14 +115,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
     if (threadIdx.x < 64) merge_weights(wm, wl, wf, rowm, rowl, threadIdx.x / 16, threadIdx.x % 16);
     __syncthreads();
     const float *acc = reinterpret_cast<const float *>(sK);
-    /* element (head i, dimension d) = threadIdx.x, + ATT_THREADS, ...: walked without a
-     * division per element */
-    int i = 0, d = threadIdx.x;
-    while (d >= p.hd) d -= p.hd, i++;
-    for (; i < nh;) {
-        merge_store<HDP>(p, wf, acc, rowm, rowl, i, d, r, h0 + i, sl);
-        for (d += ATT_THREADS; d >= p.hd;) d -= p.hd, i++;
-    }
+    /* element (head i, dimension d) = threadIdx.x, + ATT_THREADS, ... */
+    for (qd_walk e(threadIdx.x, p.hd); e.t < nh; e.next(ATT_THREADS, p.hd))
+        merge_store<HDP>(p, wf, acc, rowm, rowl, e.t, e.c, r, h0 + e.t, sl);
 }
 
 /* Block (row, query head): merges the row's slices, normalises, gates. The

@@ -22,6 +22,8 @@ __device__ __forceinline__ void qd_bf16x8_f32(const uint4 v, float f[8]) {
 }
 
 /* The logistic function as every fp32 gate of the model computes it. */
+__device__ __forceinline__ float qd_sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
+
 /* A thread's walk over the elements i = first, first + step, ... of rows of `per`
  * elements as (row t, element c), without a division a step: a division by a runtime
  * value is about 20 instructions, on the chain before a decode block's first product
@@ -37,8 +39,6 @@ struct qd_walk {
         while (c >= per) { c -= per; t++; }
     }
 };
-
-__device__ __forceinline__ float qd_sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
 
 __device__ __forceinline__ uint32_t qd_pack_bf2(float a, float b) {
     return (uint32_t)qd_f2bf(a) | ((uint32_t)qd_f2bf(b) << 16);
