@@ -136,6 +136,7 @@ static double time_experts(qd_cuda_moe_args *a, const int32_t *dsel, const float
  * the kernels that read the stored bytes). */
 static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, const qd_cuda_qmats *qgu,
                           const qd_cuda_qmats *qdn, double copy_gbs) {
+    if (qgu && !(n <= qd_cuda_moe_graph_max_tokens() && n * K <= 1024)) return;
     const size_t P = (size_t)n * K;
     int32_t *sel = malloc(NROUTE * P * 4);
     float *w = malloc(NROUTE * P * 4);
@@ -168,35 +169,22 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, const
     a.q_gate_up = qgu;
     a.q_down = qdn;
     const int fp8 = qgu != NULL;
+    const char *name = fp8 ? "moe_fp8" : "moe";
     /* FP8: a byte a weight and an f32 scale per 128 x 128 block */
     const double bytes = fp8 ? distinct * 3.0 * I * H * (1.0 + 4.0 / (128 * 128)) : distinct * 3.0 * I * H * 2;
     const int table_decode = n <= qd_cuda_moe_graph_max_tokens() && n * K <= 1024;
-    if (fp8) {
-        if (table_decode) {
-            const double us = time_experts(&a, dsel, dw, P, 40), gus = graph_us(a, dsel, dw, P);
-            const double gbs = bytes / (us * 1e-6) / 1e9, ggbs = bytes / (gus * 1e-6) / 1e9;
-            printf("RESULT moe_fp8 n=%d us=%.2f GBps=%.0f pct_copy=%.1f experts_read=%.1f\n", n, us, gbs,
-                   100.0 * gbs / copy_gbs, distinct);
-            if (gus > 0)
-                printf("RESULT moe_fp8_graph n=%d us=%.2f GBps=%.0f pct_copy=%.1f\n", n, gus, ggbs,
-                       100.0 * ggbs / copy_gbs);
-        }
-        qd_cuda_free(dx); qd_cuda_free(dsel); qd_cuda_free(dw); qd_cuda_free(dy); qd_cuda_free(work);
-        free(sel); free(w); free(x);
-        return;
-    }
     /* the table's path, then at decode sizes also the grouped GEMMs (what batch-invariant
-     * mode takes at every n): where they cross over is the table's bound; past the decode
-     * bound each grouped-GEMM kernel forced, where its table starts */
-    for (int grouped = 0; grouped <= table_decode; grouped++) {
+     * mode takes at every n; bf16): where they cross over is the table's bound; past the
+     * decode bound each grouped-GEMM kernel forced, where its table starts */
+    for (int grouped = 0; grouped <= (fp8 ? 0 : table_decode); grouped++) {
         a.invariant = grouped;
         const double us = time_experts(&a, dsel, dw, P, n >= 512 ? 10 : 40);
         const double gbs = bytes / (us * 1e-6) / 1e9;
         const double tflops = 6.0 * I * H * (double)P / (us * 1e-6) / 1e12;
-        printf("RESULT moe n=%d us=%.2f GBps=%.0f pct_copy=%.1f experts_read=%.1f TFLOPS=%.1f path=%s\n", n, us, gbs,
-               100.0 * gbs / copy_gbs, distinct, tflops, table_decode && !grouped ? "decode" : "grouped");
+        printf("RESULT %s n=%d us=%.2f GBps=%.0f pct_copy=%.1f experts_read=%.1f TFLOPS=%.1f path=%s\n", name, n, us,
+               gbs, 100.0 * gbs / copy_gbs, distinct, tflops, table_decode && !grouped ? "decode" : "grouped");
     }
-    if (!table_decode) {
+    if (!table_decode && !fp8) {
         const int kernels[2] = {QD_MOE_PREFILL_MMA, QD_MOE_PREFILL_WGMMA};
         const char *kname[2] = {"mma", "wgmma"};
         for (int q = 0; q < 2; q++) {
@@ -212,7 +200,8 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, const
         const double gus = graph_us(a, dsel, dw, P);
         const double ggbs = bytes / (gus * 1e-6) / 1e9;
         if (gus > 0)
-            printf("RESULT moe_graph n=%d us=%.2f GBps=%.0f pct_copy=%.1f\n", n, gus, ggbs, 100.0 * ggbs / copy_gbs);
+            printf("RESULT %s_graph n=%d us=%.2f GBps=%.0f pct_copy=%.1f\n", name, n, gus, ggbs,
+                   100.0 * ggbs / copy_gbs);
     }
     qd_cuda_free(dx); qd_cuda_free(dsel); qd_cuda_free(dw); qd_cuda_free(dy); qd_cuda_free(work);
     free(sel); free(w); free(x);
