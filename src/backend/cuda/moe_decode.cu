@@ -8,7 +8,9 @@
  * Weights are read once per step even when several tokens chose the same
  * expert: the block of the first pair (in pair order) that chose expert e
  * owns e and runs every pair that chose it, up to 4 tokens per pass
- * over the weights; blocks of the other pairs exit at once. The grid depends
+ * over the weights; blocks of the other pairs exit at once. A one-token call
+ * skips that (its experts are distinct): each pair's block runs its pair, without
+ * the owner check's and the pair list's barriers. The grid depends
  * only on n, nothing is read back, nothing allocated: graph-capturable.
  *
  * Two families of the same two kernels, which differ in how the weights arrive:

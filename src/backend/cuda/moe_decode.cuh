@@ -44,10 +44,13 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* 1 if an earlier pair chose the same expert (that pair's block owns it).
+/* 1 if an earlier pair chose the same expert (that pair's block owns it); never with
+ * one-token passes (pairs_of_block).
  * The routing is read through L2 (ld.cg): the down kernel reads it before its
  * programmatic wait, from a grid that finished while it was launching. */
+template <int TG>
 __device__ __forceinline__ int not_owner(const int32_t *__restrict__ sel, int p, int e) {
+    if (TG == 1) return 0;
     int dup = 0;
     for (int q = threadIdx.x; q < p; q += blockDim.x) dup |= __ldcg(sel + q) == e;
     return __syncthreads_or(dup);
@@ -74,6 +77,18 @@ static __device__ int pairs_of_expert(const int32_t *__restrict__ sel, int p, in
         m += tot;
     }
     return m;
+}
+
+/* The pairs a block runs: pair p alone where a pass is one token (TG == 1: one token's
+ * experts are distinct, and should an id come twice each pair reads the weights
+ * itself, with the same sums), else every pair from p on that chose e
+ * (pairs_of_expert), p being their owner. */
+template <int TG>
+__device__ __forceinline__ int pairs_of_block(const int32_t *sel, int p, int P, int e, int *list, int *wcnt) {
+    if (TG > 1) return pairs_of_expert(sel, p, P, e, list, wcnt);
+    if (threadIdx.x == 0) list[0] = p;
+    __syncthreads();
+    return 1;
 }
 
 /* gate_up after its programmatic wait: lets the down kernel launch (it reads only the

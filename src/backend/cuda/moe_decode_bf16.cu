@@ -54,7 +54,7 @@ moe_gate_up_bf16(const uint16_t *__restrict__ x, const int32_t *sel, const uint1
         m = group_tokens(P / k, p - P, list);
     } else {
         const int e = __ldcg(sel + p);
-        if (not_owner(sel, p, e)) return;
+        if (not_owner<TG>(sel, p, e)) return;
         ok = e >= 0 && e < E; /* an id out of range gives zeros */
         wg = (const uint4 *)(gate_up + ((size_t)(ok ? e : 0) * 2 * I + i) * H);
         wu = wg + (size_t)I * H8;
@@ -65,7 +65,7 @@ moe_gate_up_bf16(const uint16_t *__restrict__ x, const int32_t *sel, const uint1
             g[uu] = in ? ld_weights(wg + b) : make_uint4(0, 0, 0, 0);
             u[uu] = in ? ld_weights(wu + b) : make_uint4(0, 0, 0, 0);
         }
-        m = pairs_of_expert(sel, p, P, e, list, wcnt);
+        m = pairs_of_block<TG>(sel, p, P, e, list, wcnt);
     }
     const int kd = shared ? 1 : k;              /* list entries: tokens, or pairs t * k + j */
     float *const ap = shared ? sh_act : act;    /* [list entry][rows] */
@@ -132,7 +132,7 @@ moe_down_bf16(const int32_t *sel, const uint16_t *__restrict__ down, const float
     int e = 0;
     if (!shared) {
         e = __ldcg(sel + p);
-        if (not_owner(sel, p, e)) return;
+        if (not_owner<TG>(sel, p, e)) return;
     }
     const bool ok = shared || (e >= 0 && e < E);
     const int Ir = shared ? Is : I;
@@ -151,7 +151,7 @@ moe_down_bf16(const int32_t *sel, const uint16_t *__restrict__ down, const float
             const bool in = ok && h0 + r < H && b < I8;
             w[r][uu] = in ? ld_weights((const uint4 *)(wd + r * rstride) + b) : make_uint4(0, 0, 0, 0);
         }
-    const int m = shared ? group_tokens(P / k, p - P, list) : pairs_of_expert(sel, p, P, e, list, wcnt);
+    const int m = shared ? group_tokens(P / k, p - P, list) : pairs_of_block<TG>(sel, p, P, e, list, wcnt);
     /* From here on the activations of gate_up are needed (and the counters it reset). */
     qd_pdl_wait();
     const int kd = shared ? 1 : k; /* list entries: tokens, or pairs t * k + j */

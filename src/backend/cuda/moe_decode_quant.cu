@@ -113,7 +113,7 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
         m = group_tokens(P / k, p - P, list);
     } else {
         const int e = __ldcg(sel + p);
-        if (not_owner(sel, p, e)) return;
+        if (not_owner<TG>(sel, p, e)) return;
         ok = e >= 0 && e < E; /* an id out of range gives zeros */
         if (ok) {
             rg = qf_row_of(qw.gate_up, 2 * e, i);
@@ -122,12 +122,12 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
             ws.src[1] = ru.q;
             ws.start(policy);
         }
-        m = pairs_of_expert(sel, p, P, e, list, wcnt);
+        m = pairs_of_block<TG>(sel, p, P, e, list, wcnt);
     }
     const int kd = shared ? 1 : k;              /* list entries: tokens, or pairs t * k + j */
     float *const ap = shared ? sh_act : act;    /* [list entry][rows] */
     uint4 *xs = (uint4 *)(gsm + (size_t)GU_WARPS * nst * 2 * sb);
-    const int uses = ((m + tg - 1) / tg) * ws.nch;
+    const int uses = (TG == 1 ? m : (m + tg - 1) / tg) * ws.nch;
     for (int g0 = 0, j0 = 0; g0 < m; g0 += tg, j0 += ws.nch) {
         const int gs = min(tg, m - g0);
         if (g0) __syncthreads(); /* the previous pass is done with xs */
@@ -213,7 +213,7 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
     int e = 0;
     if (!shared) {
         e = __ldcg(sel + p);
-        if (not_owner(sel, p, e)) return;
+        if (not_owner<TG>(sel, p, e)) return;
     }
     const bool ok = shared || (e >= 0 && e < E);
     constexpr int U = stage_bytes(DN_SB, WF::DTYPE) / 16 / 32; /* pieces a lane takes from a full stage */
@@ -238,14 +238,14 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
     ws.init();
     const uint64_t policy = qd_l2_evict_first();
     ws.start(policy);
-    const int m = shared ? group_tokens(P / k, p - P, list) : pairs_of_expert(sel, p, P, e, list, wcnt);
+    const int m = shared ? group_tokens(P / k, p - P, list) : pairs_of_block<TG>(sel, p, P, e, list, wcnt);
     /* From here on the activations of gate_up are needed (and the counters it reset). */
     qd_pdl_wait();
     const int kd = shared ? 1 : k; /* list entries: tokens, or pairs t * k + j */
     const float *const ap = shared ? sh_act : act;
     float *const op = shared ? sh_out : out;
     float4 *as4 = (float4 *)(dsm + (size_t)DN_WARPS * nst * DN_R * sb);
-    const int uses = ((m + tg - 1) / tg) * ws.nch;
+    const int uses = (TG == 1 ? m : (m + tg - 1) / tg) * ws.nch;
     for (int g0 = 0, j0 = 0; g0 < m; g0 += tg, j0 += ws.nch) {
         const int gs = min(tg, m - g0);
         if (g0) __syncthreads();
