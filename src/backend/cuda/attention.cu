@@ -57,21 +57,23 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
     constexpr int NT = HDP / 8;
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *sQ = smem, *sK = sQ + 16 * LDS, *sV = sK + DEC_STAGES * ATT_TILE * LDS;
-    qd_pdl_wait(); /* q and this step's keys and values come from the previous kernel */
-    qd_pdl_trigger();
-
     const int r = p.row0 + blockIdx.x, sl = blockIdx.z;
     const int G = p.nq / p.nkv, hg = (G + 15) / 16;
     const int kvh = blockIdx.y / hg, h0 = kvh * G + (blockIdx.y % hg) * 16;
     const int nh = min(16, kvh * G + G - h0);
-    if (mixed && !row_in_short_span(p.spans, p.n_spans, p.short_rows, r)) return;
+    /* the step's row map (copied in before its first kernel) before the wait: its reads
+     * are then off the chain that starts with q */
     const int n_keys = p.row_pos[r] + 1;
+    const int32_t *bt = p.block_tables + (long long)p.row_slot[r] * p.mbps;
+    qd_pdl_wait(); /* q and this step's keys and values come from the previous kernel */
+    qd_pdl_trigger();
+
+    if (mixed && !row_in_short_span(p.spans, p.n_spans, p.short_rows, r)) return;
     const int k0 = sl * p.split_len;
     if (k0 >= n_keys) return;
     /* the last slice takes any remainder, should a position exceed max_ctx */
     const int k1 = sl == p.nsp - 1 ? n_keys : min(k0 + p.split_len, n_keys);
     const int n_kt = (k1 - k0 + ATT_TILE - 1) / ATT_TILE;
-    const int32_t *bt = p.block_tables + (long long)p.row_slot[r] * p.mbps;
     const int w = threadIdx.x / 32;
 
     load_rows<HDP, 16>(sQ, p.q + ((long long)r * p.nq + h0) * p.hd, p.hd, nh, p.hd);

@@ -61,14 +61,16 @@ gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t
                   const int32_t *spans, const int32_t *row_span, uint16_t *__restrict__ q,
                   uint16_t *__restrict__ k, uint16_t *__restrict__ v, float *__restrict__ g,
                   float *__restrict__ beta, int shift) {
-    qd_pdl_wait(); /* the projection comes from the previous kernel */
-    qd_pdl_trigger();
     const int r = blockIdx.x, part = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int key_dim = hk * dk, value_dim = hv * dv, C = 2 * key_dim + value_dim;
-    /* activations and state through L2 (ld.cg): the previous kernel may have run beside this one */
+    /* The step's row map (copied in before its first kernel) before the wait: its two
+     * dependent reads are then off the chain that starts with the projection. */
     const int32_t *sp = spans + 4 * __ldcg(row_span + r);
     const int row0 = __ldcg(sp), t = r - row0;
     float *st = state + (size_t)__ldcg(sp + 3) * C * (K - 1);
+    qd_pdl_wait(); /* the projection comes from the previous kernel */
+    qd_pdl_trigger();
+    /* activations and state through L2 (ld.cg): the previous kernel may have run beside this one */
     const float qscale = rsqrtf((float)dk);
     const int parts = gridDim.y, tid = part * GI_NT + threadIdx.x, nthreads = parts * GI_NT;
     for (int hh = part * (GI_NT / 32) + warp; hh < 2 * hk; hh += parts * (GI_NT / 32)) {
