@@ -62,6 +62,16 @@ __device__ __forceinline__ void qd_cp_async16(void *smem, const void *gmem, bool
     const int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
 }
+/* A last-block count: adds 1 to a device-wide counter with acquire-release order and
+ * returns the old value. Called by one thread after a block barrier, its release covers
+ * the block's earlier writes (the barrier orders them before it, as a grid barrier's
+ * arrival does), and its acquire, with a barrier after it, the block's later reads: one
+ * fence a block instead of one a thread. */
+__device__ __forceinline__ int qd_count_in(int *ctr) {
+    int old;
+    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(ctr) : "memory");
+    return old;
+}
 __device__ __forceinline__ void qd_cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void qd_cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");

@@ -106,13 +106,11 @@ moe_router_decode(const float *h, const float *__restrict__ nw, float eps, int H
         acc = qd_router_warp_sum(acc);
         if (lane == 0) logits[(size_t)t * ldl + row] = acc;
     }
-    /* publish the logits; the token's last block routes it */
-    __threadfence();
+    /* publish the logits; the token's last block routes it (qd_count_in: after the barrier) */
     __syncthreads();
-    if (tid == 0) is_last = atomicAdd(&cnt[t], 1) == (int)gridDim.x - 1;
+    if (tid == 0) is_last = qd_count_in(&cnt[t]) == (int)gridDim.x - 1;
     __syncthreads();
     if (!is_last) return;
-    __threadfence();
     if (warp == 0)
         qd_moe_route_warp<V>(logits + (size_t)t * ldl, E, k, renorm, sel + (size_t)t * k, selw + (size_t)t * k);
     if (tid == 0) cnt[t] = 0; /* every block of the token has counted: ready for the next layer */

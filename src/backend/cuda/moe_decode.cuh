@@ -186,18 +186,16 @@ __device__ __forceinline__ void finish_down_pass(const float (&acc)[DN_R][TG], i
             }
         }
     }
-    /* publish this pass's outputs, then count them in */
-    __threadfence();
+    /* publish this pass's outputs and count them in (qd_count_in: after the barrier) */
     __syncthreads();
     if (tid < gs) {
         const int t = list[g0 + tid] / kd;
-        last[tid] = atomicAdd(&cb.counters[(size_t)t * cb.n_ctr + blockIdx.x], 1) == cb.nslot - 1;
+        last[tid] = qd_count_in(&cb.counters[(size_t)t * cb.n_ctr + blockIdx.x]) == cb.nslot - 1;
     }
     __syncthreads();
     if (tid < gs * QD_MOE_DN_ROWS) {
         const int tt = tid / QD_MOE_DN_ROWS, h = blockIdx.x * QD_MOE_DN_ROWS + tid % QD_MOE_DN_ROWS;
         if (last[tt] && h < H) {
-            __threadfence();
             const size_t t = (size_t)(list[g0 + tt] / kd);
             float s = 0.0f;
             for (int j = 0; j < cb.k; j++)
