@@ -243,7 +243,7 @@ static void run_case(const qcase *qc) {
     if (takes[4]) {
         for (int wg = 1; wg <= 4; wg *= 2)
             for (int ks = 1; ks <= 8; ks *= 2) {
-                char label[24];
+                char label[40];
                 snprintf(label, sizeof label, "wgmma/%dx%d", wg, ks);
                 ST_OK(qd_cuda_memcpy_h2d(dy, y0, sizeof(float) * (size_t)(n * ldy)));
                 /* refused exactly where a rank's B and scales pass its 160 KiB */
