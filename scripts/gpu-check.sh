@@ -45,7 +45,8 @@
 #     stalls: Nsight Compute's full sections of chosen decode kernels (STALL_KERNELS regex, default
 #            the MoE decode kernels and the router; STALL_FORMAT the weights' format, default bf16;
 #            35B-A3B cut to 4 layers, batch 1): why they take what they take (report in stalls.txt;
-#            the summary has a line a launch: duration, DRAM throughput, instructions, issue rate)
+#            the summary has a line a launch: duration, DRAM throughput, instructions, issue rate;
+#            stall_lines.txt: the SASS lines where each kernel's warps wait, bench/kernel_lines.py)
 #     profile: where a decode step's GPU time goes: Nsight Compute's per-kernel durations of
 #            qdelta bench (35B-A3B cut to 8 layers, batch 1, bf16 and fp8; PROFILE="cfg|format|B|layers ..."),
 #            summed per kernel by bench/kernel_profile.py (launches and us per step); a fifth field
@@ -504,16 +505,28 @@ fi
 # throughput, occupancy, warp stall reasons, launch shape) of the kernels matching STALL_KERNELS
 # (a regex, default the MoE decode kernels and the router) in qdelta bench of the 35B-A3B cut to
 # 4 layers at batch 1 (STALL_FORMAT: the weights' format, default bf16), one launch each after
-# the warm-up; the whole report lands in $LOGDIR/stalls.txt
+# the warm-up; the whole report lands in $LOGDIR/stalls.txt, and where each kernel's warps wait,
+# SASS line by line (the source page through bench/kernel_lines.py), in $LOGDIR/stall_lines.txt
 STALL_LOG="$LOGDIR/stalls.txt"
 if has stalls; then
     : >"$STALL_LOG"
     cdir="$BUILD/cfg-stalls"
     mkdir -p "$cdir"
     cut_config bench/configs/qwen3_5_35b_a3b/config.json 4 "$cdir/config.json"
-    timeout 300 ncu --set full -k "regex:${STALL_KERNELS:-moe_gate_up|moe_down|moe_router_decode}" -s 300 -c 6 \
+    rep="$BUILD/stalls"
+    rm -f "$rep.ncu-rep"
+    if timeout 300 ncu --set full --import-source no -o "$rep" \
+        -k "regex:${STALL_KERNELS:-moe_gate_up|moe_down|moe_router_decode}" -s 300 -c 6 \
         "$BUILD/qdelta" bench -q -m "$cdir" --backend cuda --load-format dummy --quantization "${STALL_FORMAT:-none}" \
-        --prefill 16 --decode 64 --batch 1 --context 512 >"$STALL_LOG" 2>&1 || { status=1; echo "FAILED: stalls" >>"$STALL_LOG"; }
+        --prefill 16 --decode 64 --batch 1 --context 512 >"$LOGDIR/stalls-run.log" 2>&1 &&
+        ncu -i "$rep.ncu-rep" --page details >"$STALL_LOG" 2>&1; then
+        # where each kernel's warps wait, SASS line by line (bench/kernel_lines.py)
+        ncu -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 |
+            python3 bench/kernel_lines.py >"$LOGDIR/stall_lines.txt" || status=1
+    else
+        status=1
+        { tail -20 "$LOGDIR/stalls-run.log"; echo "FAILED: stalls"; } >>"$STALL_LOG"
+    fi
 fi
 
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
@@ -551,6 +564,7 @@ done
     k != "" { for (i in w) if (!(w[i] in v) && $0 ~ ("^ +" w[i] "  ")) v[w[i]] = $NF }
     /^FAILED/ { print }
     END { flush() }' "$STALL_LOG" | head -40
+[ -s "$LOGDIR/stall_lines.txt" ] && grep -E "^(==|   by reason)" "$LOGDIR/stall_lines.txt" | head -24
 [ -s "$PROF_LOG" ] && grep -hE "^=== profile|^\| |^RESULT kernel_profile|^FAILED: profile" "$PROF_LOG" | head -80
 if [ -s "$INV_LOG" ]; then
     grep -E "^RESULT invariance" "$INV_LOG"
