@@ -136,7 +136,9 @@ static double time_experts(qd_cuda_moe_args *a, const int32_t *dsel, const float
  * the kernels that read the stored bytes). */
 static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, const qd_cuda_qmats *qgu,
                           const qd_cuda_qmats *qdn, double copy_gbs) {
-    if (qgu && !(n <= qd_cuda_moe_graph_max_tokens() && n * K <= 1024)) return;
+    /* the decode kernels' sizes (moe.cu's table); the FP8 rows time only those */
+    const int table_decode = n <= qd_cuda_moe_graph_max_tokens() && n * K <= 1024;
+    if (qgu && !table_decode) return;
     const size_t P = (size_t)n * K;
     int32_t *sel = malloc(NROUTE * P * 4);
     float *w = malloc(NROUTE * P * 4);
@@ -172,7 +174,6 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, const
     const char *name = fp8 ? "moe_fp8" : "moe";
     /* FP8: a byte a weight and an f32 scale per 128 x 128 block */
     const double bytes = fp8 ? distinct * 3.0 * I * H * (1.0 + 4.0 / (128 * 128)) : distinct * 3.0 * I * H * 2;
-    const int table_decode = n <= qd_cuda_moe_graph_max_tokens() && n * K <= 1024;
     /* the table's path, then at decode sizes also the grouped GEMMs (what batch-invariant
      * mode takes at every n; bf16): where they cross over is the table's bound; past the
      * decode bound each grouped-GEMM kernel forced, where its table starts */
