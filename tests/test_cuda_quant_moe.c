@@ -107,46 +107,83 @@ static void check_dequant(const char *name, const qm *m) {
 }
 
 /* One token's experts in double: c[h] = sum_j w_j down_e(silu(gate_e x) * up_e x), x given as
- * floats, and (mag not NULL) mag[h] = sum_j w_j sum_i |down_e[h][i] act_i|, the scale of the
- * error that rounding the activation to bf16 puts into element h. w8a8: what the FP8 W8A8 prefill multiplies (moe_prefill_fp8.cu): x already through
+ * floats. w8a8: what the FP8 W8A8 prefill multiplies (moe_prefill_fp8.cu): x already through
  * its 1 x 128 quantization (the caller's), and the activation rounded to bf16 and quantized
- * likewise before down. */
-static void token_ref_f(const qm *gu, const qm *dn, int H, int I, const float *xf, const int32_t *sel, const float *wt,
-                        int k, int w8a8, double *c, double *mag) {
-    double *a = malloc(sizeof(double) * (size_t)I);
+ * likewise before down.
+ * mag (not NULL): the room element h has beyond the shared bound.
+ *  - Without w8a8: sum_j w_j sum_i |down_e[h][i] act_i|, the scale of the error that rounding
+ *    the activation to bf16 puts into element h (the caller scales it).
+ *  - With w8a8: what the activations at a bf16 rounding tie can move it by. The kernel's fp32
+ *    activation may round to the other bf16 neighbour; e4m3 then moves by a step where a
+ *    quantization boundary lies between the two, and the whole 128-block requantizes where
+ *    that activation is its block's largest. For each such activation the block is quantized
+ *    both ways, and mag[h] = sum_j w_j sum_i |down_e[h][i]| |the moves of act_i|.
+ * Returns the number of such activations (0 without w8a8). */
+static int token_ref_f(const qm *gu, const qm *dn, int H, int I, const float *xf, const int32_t *sel, const float *wt,
+                       int k, int w8a8, double *c, double *mag) {
+    double *a = malloc(sizeof(double) * (size_t)I), *win = malloc(sizeof(double) * (size_t)I);
+    double *move = malloc(sizeof(double) * (size_t)I);
     float *af = malloc(sizeof(float) * (size_t)I), *aq = malloc(sizeof(float) * (size_t)I);
+    float *af2 = malloc(sizeof(float) * (size_t)I), *aq2 = malloc(sizeof(float) * (size_t)I);
+    int at_tie = 0;
     for (int h = 0; h < H; h++) c[h] = 0;
     if (mag)
         for (int h = 0; h < H; h++) mag[h] = 0;
-    for (int j = 0; j < k && a && af && aq; j++) {
+    for (int j = 0; j < k && a && win && move && af && aq && af2 && aq2; j++) {
         const int e = sel[j];
         const float *g = gu->deq + (size_t)(2 * e) * I * H, *u = g + (size_t)I * H, *d = dn->deq + (size_t)e * H * I;
         for (int i = 0; i < I; i++) {
-            double sg = 0, su = 0;
+            double sg = 0, su = 0, mg = 0, mu = 0;
             for (int h = 0; h < H; h++) {
                 sg += (double)g[(size_t)i * H + h] * xf[h];
                 su += (double)u[(size_t)i * H + h] * xf[h];
+                mg += fabs((double)g[(size_t)i * H + h] * xf[h]);
+                mu += fabs((double)u[(size_t)i * H + h] * xf[h]);
             }
-            a[i] = sg / (1.0 + exp(-sg)) * su;
+            const double silu = sg / (1.0 + exp(-sg));
+            a[i] = silu * su;
+            /* how far the kernel's fp32 activation may lie from a: its sums' rounding (relative
+             * to their sums of |products|, silu' below 1.1) and its fast exp */
+            win[i] = 1e-5 * (fabs(a[i]) + 1.1 * mg * fabs(su) + fabs(silu) * mu);
         }
+        for (int i = 0; i < I; i++) move[i] = 0;
         if (w8a8) {
             for (int i = 0; i < I; i++) af[i] = qd_bf16_to_f32(qd_f32_to_bf16((float)a[i]));
             qd_test_quant_row(af, I, 128, NULL, NULL, aq);
+            for (int i = 0; i < I; i++) {
+                /* the bf16 neighbour on a's other side, where a lies within win of their midpoint */
+                const uint16_t b = qd_f32_to_bf16((float)a[i]);
+                const int up = ((double)af[i] < a[i]) == (af[i] >= 0);
+                const uint16_t o = up ? (uint16_t)(b + 1) : (uint16_t)(b - 1);
+                const double mid = 0.5 * ((double)af[i] + qd_bf16_to_f32(o));
+                if (!mag || !isfinite(mid) || !(fabs(a[i] - mid) <= win[i])) continue;
+                at_tie++;
+                const int b0 = i / 128 * 128, b1 = b0 + 128 < I ? b0 + 128 : I;
+                memcpy(af2 + b0, af + b0, sizeof(float) * (size_t)(b1 - b0));
+                af2[i] = qd_bf16_to_f32(o);
+                qd_test_quant_row(af2 + b0, b1 - b0, 128, NULL, NULL, aq2 + b0);
+                for (int t = b0; t < b1; t++) move[t] += fabs((double)aq2[t] - aq[t]);
+            }
             for (int i = 0; i < I; i++) a[i] = aq[i];
         }
         for (int h = 0; h < H; h++) {
             double o = 0, m = 0;
             for (int i = 0; i < I; i++) {
                 o += (double)d[(size_t)h * I + i] * a[i];
-                m += fabs((double)d[(size_t)h * I + i] * a[i]);
+                m += fabs((double)d[(size_t)h * I + i]) * (w8a8 ? move[i] : fabs(a[i]));
             }
             c[h] += (double)wt[j] * o;
             if (mag) mag[h] += (double)wt[j] * m;
         }
     }
     free(a);
+    free(win);
+    free(move);
     free(af);
     free(aq);
+    free(af2);
+    free(aq2);
+    return at_tie;
 }
 
 static void token_ref(const qm *gu, const qm *dn, int H, int I, const uint16_t *x, const int32_t *sel,
@@ -233,23 +270,25 @@ static void w8a8_case(const fcase *c, const qm *gu, const qm *dn, int n, const u
                       const double *mag16) {
     const int H = c->H, k = c->k;
     const size_t ny = (size_t)n * H;
-    double *ref = malloc(ny * 8), *con = malloc(ny * 8);
+    double *ref = malloc(ny * 8), *con = malloc(ny * 8), *tie = malloc(ny * 8);
     float *xf = malloc((size_t)H * 4), *xq = malloc((size_t)H * 4);
     float *y8 = malloc(ny * 4), *yd = malloc(ny * 4), *yt = malloc(ny * 4);
-    if (!ref || !con || !xf || !xq || !y8 || !yd || !yt) {
+    if (!ref || !con || !tie || !xf || !xq || !y8 || !yd || !yt) {
         CHECK(0);
         goto out;
     }
+    long at_tie = 0; /* activations */
     for (int t = 0; t < n; t++) {
         for (int h = 0; h < H; h++) xf[h] = qd_bf16_to_f32(x[(size_t)t * H + h]);
         qd_test_quant_row(xf, H, 128, NULL, NULL, xq);
-        token_ref_f(gu, dn, H, c->I, xq, sel + t * k, wt + t * k, k, 1, con + (size_t)t * H, NULL);
+        at_tie += token_ref_f(gu, dn, H, c->I, xq, sel + t * k, wt + t * k, k, 1, con + (size_t)t * H,
+                              tie + (size_t)t * H);
         for (int h = 0; h < H; h++) ref[(size_t)t * H + h] = y0[(size_t)t * H + h] + con[(size_t)t * H + h];
     }
     char what[96];
     run_kernel(c, gu, dn, x, sel, wt, y0, 0, n, y8, QD_MOE_PREFILL_W8A8);
-    snprintf(what, sizeof what, "%s n=%d (W8A8)", c->name, n);
-    compare(what, y8, ref, con, ny, 1e-1, 1e-3, 1e-2);
+    snprintf(what, sizeof what, "%s n=%d (W8A8, %ld at a tie)", c->name, n, at_tie);
+    compare_mag(what, y8, ref, con, tie, 1.0, ny, 1e-1, 1e-3, 1e-2);
     snprintf(what, sizeof what, "%s n=%d (W8A8 vs W8A16)", c->name, n);
     compare(what, y8, ref16, con16, ny, 1.0, 1e-1, 8e-2);
     run_kernel(c, gu, dn, x, sel, wt, y0, 0, n, yd, QD_MOE_PREFILL_DEQUANT);
@@ -259,7 +298,7 @@ static void w8a8_case(const fcase *c, const qm *gu, const qm *dn, int n, const u
     CHECKF(!memcmp(yt, y8, ny * 4) || !memcmp(yt, yd, ny * 4), "%s n=%d: the table's result is neither path's",
            c->name, n);
 out:
-    free(ref); free(con); free(xf); free(xq); free(y8); free(yd); free(yt);
+    free(ref); free(con); free(tie); free(xf); free(xq); free(y8); free(yd); free(yt);
 }
 
 static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
