@@ -61,7 +61,8 @@ static qd_cuda_qmats fp8_mats(int mats, int64_t rows, int64_t cols, float s) {
     for (size_t i = pool; i < bytes; i += pool) memcpy(q + i, q, bytes - i < pool ? bytes - i : pool);
     for (size_t i = 0; i < ns; i++) sc[i] = s / 1.875f * (0.5f + 0.25f * (urand() + 1.0f));
     qd_cuda_qmats m = {.dtype = QD_DTYPE_F8_E4M3, .n_mats = mats, .rows = rows, .cols = cols, .row_bytes = cols,
-                       .block_rows = 128, .block_cols = 128, .nbc = nbc, .scale_rows = sr, .global = 1.0f};
+                       .block_rows = 128, .block_cols = 128, .global = 1.0f};
+    qd_cuda_qmats_layout(&m);
     m.data = upload(q, bytes);
     m.scales = upload(sc, ns * 4);
     free(q);

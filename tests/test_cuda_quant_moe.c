@@ -79,7 +79,8 @@ static int make_qm(qd_dtype fmt, int n, int64_t rows, int64_t cols, int64_t bc, 
         qd_weight_dequant_rows(&w, 0, rows, out->deq + (size_t)(m * rows * cols));
     }
     out->d = (qd_cuda_qmats){.dtype = fmt, .n_mats = n, .rows = rows, .cols = cols, .row_bytes = row_bytes,
-                             .block_rows = br, .block_cols = bcol, .nbc = nbc, .scale_rows = sr, .global = 1.0f};
+                             .block_rows = br, .block_cols = bcol, .global = 1.0f};
+    qd_cuda_qmats_layout(&out->d);
     out->d.data = out->dev[0] = qd_test_dev(q, db);
     out->d.scales = out->dev[1] = qd_test_dev(s, (size_t)(n * sn) * ss);
     if (z) out->d.zeros = out->dev[2] = qd_test_dev(z, (size_t)(n * sn));

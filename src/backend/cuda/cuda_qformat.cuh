@@ -30,12 +30,6 @@ typedef struct qf_row {
                            * row (31), else -1: c / bc */
 } qf_row;
 
-/* n / d for d > 0, by a shift where d is a power of two: the kernels' blocks and groups
- * are, and a 64-bit division is a long subroutine on the decode kernels' critical path. */
-__device__ __forceinline__ int64_t qf_div_pow2(int64_t n, int64_t d) {
-    return (d & (d - 1)) == 0 ? n >> (__ffsll(d) - 1) : n / d;
-}
-
 /* Column c0's block or group of a row. */
 __device__ __forceinline__ int qf_blk(const qf_row &r, int c0) { return r.bcs >= 0 ? c0 >> r.bcs : c0 / r.bc; }
 
@@ -43,13 +37,13 @@ __device__ __forceinline__ int qf_blk(const qf_row &r, int c0) { return r.bcs >=
 __device__ __forceinline__ qf_row qf_row_of(const qd_cuda_qmats &m, int64_t mat, int64_t r) {
     qf_row w;
     w.q = m.data + (mat * m.rows + r) * m.row_bytes;
-    const int64_t si = (mat * m.scale_rows + qf_div_pow2(r, m.block_rows)) * m.nbc;
+    const int64_t si = (mat * m.scale_rows + (m.row_shift >= 0 ? r >> m.row_shift : r / m.block_rows)) * m.nbc;
     w.s = m.dtype == QD_DTYPE_NVFP4 ? (const void *)((const uint8_t *)m.scales + si)
                                     : (const void *)((const float *)m.scales + si);
     w.z = m.zeros ? m.zeros + si : (const uint8_t *)0;
     w.g = m.dtype == QD_DTYPE_NVFP4 ? (m.globals ? __ldg(m.globals + mat) : m.global) * 16384.0f : 1.0f;
     w.bc = (int)m.block_cols;
-    w.bcs = m.block_cols >= m.cols ? 31 : (w.bc & (w.bc - 1)) == 0 ? __ffs(w.bc) - 1 : -1;
+    w.bcs = m.col_shift;
     return w;
 }
 

@@ -40,18 +40,49 @@ typedef struct qd_cuda_qmats {
     int64_t row_bytes;       /* cols (F8_E4M3), cols / 2 (4-bit) */
     const void *scales;      /* [n_mats][scale_rows][nbc]: F32 (F8_E4M3, INT4) or e4m3 (NVFP4) */
     int64_t block_rows, block_cols, nbc, scale_rows;
+    int row_shift;           /* block_rows as a shift where it is a power of two, else -1 */
+    int col_shift;           /* block_cols as a shift; 31 where one block spans a row; else -1 */
     const uint8_t *zeros;    /* INT4 zero points shaped as the scales, or NULL (z = 8) */
     const float *globals;    /* NVFP4: [n_mats] the per-matrix factor; NULL: global for every matrix */
     float global;
 } qd_cuda_qmats;
 
+/* log2(v) where v is a power of two, else -1 */
+static inline int qd_cuda_shift_of(int64_t v) {
+    for (int s = 0; s < 62; s++)
+        if (((int64_t)1 << s) == v) return s;
+    return -1;
+}
+
+/* Sets m's scale grid (nbc, scale_rows) and the shifts the kernels find a row's and a
+ * column's scale block by, from rows, cols, block_rows and block_cols: worked out once
+ * where a view is made rather than in every block (a 64-bit division or a bit scan a
+ * row on a decode kernel's chain). Every view is made through it. */
+static inline void qd_cuda_qmats_layout(qd_cuda_qmats *m) {
+    m->nbc = (m->cols + m->block_cols - 1) / m->block_cols;
+    m->scale_rows = (m->rows + m->block_rows - 1) / m->block_rows;
+    m->row_shift = qd_cuda_shift_of(m->block_rows);
+    m->col_shift = m->block_cols >= m->cols ? 31 : qd_cuda_shift_of(m->block_cols);
+}
+
+/* Whether m's derived fields are what qd_cuda_qmats_layout sets: a launcher's check that
+ * a view was made through it. */
+static inline int qd_cuda_qmats_laid_out(const qd_cuda_qmats *m) {
+    qd_cuda_qmats l = *m;
+    if (m->block_rows < 1 || m->block_cols < 1) return 0;
+    qd_cuda_qmats_layout(&l);
+    return l.nbc == m->nbc && l.scale_rows == m->scale_rows && l.row_shift == m->row_shift &&
+           l.col_shift == m->col_shift;
+}
+
 /* A plain bf16 weight [rows][cols] as one unscaled matrix (dtype QD_DTYPE_BF16): the
  * unquantized parts of a stack beside its quantized ones in the tensor-core GEMVs. */
 static inline qd_cuda_qmats qd_cuda_qmats_bf16(const uint16_t *W, int64_t rows, int64_t cols) {
-    const qd_cuda_qmats m = {.dtype = QD_DTYPE_BF16, .n_mats = 1, .rows = rows, .cols = cols,
-                             .data = (const uint8_t *)W, .row_bytes = cols * 2, .scales = NULL,
-                             .block_rows = 1, .block_cols = cols, .nbc = 1, .scale_rows = rows,
-                             .zeros = NULL, .globals = NULL, .global = 1.0f};
+    qd_cuda_qmats m = {.dtype = QD_DTYPE_BF16, .n_mats = 1, .rows = rows, .cols = cols,
+                       .data = (const uint8_t *)W, .row_bytes = cols * 2, .scales = NULL,
+                       .block_rows = 1, .block_cols = cols, .nbc = 0, .scale_rows = 0, .row_shift = 0,
+                       .col_shift = 0, .zeros = NULL, .globals = NULL, .global = 1.0f}; /* the grid: below */
+    qd_cuda_qmats_layout(&m);
     return m;
 }
 

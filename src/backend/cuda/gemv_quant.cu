@@ -248,11 +248,10 @@ extern "C" int qd_cuda_qmats_of(const qd_weight *w, qd_cuda_qmats *m) {
     *m = (qd_cuda_qmats){
         .dtype = w->dtype, .n_mats = 1, .rows = w->rows, .cols = w->cols, .data = (const uint8_t *)w->data,
         .row_bytes = w->dtype == QD_DTYPE_F8_E4M3 ? w->cols : w->cols / 2, .scales = s->data,
-        .block_rows = fp4 ? 1 : s->block_rows, .block_cols = fp4 ? 16 : s->block_cols,
-        .nbc = fp4 ? w->cols / 16 : qg_ceil(w->cols, s->block_cols),
-        .scale_rows = fp4 ? w->rows : qg_ceil(w->rows, s->block_rows), .zeros = s->zeros, .globals = NULL,
-        .global = fp4 ? s->global : 1.0f,
-    };
+        .block_rows = fp4 ? 1 : s->block_rows, .block_cols = fp4 ? 16 : s->block_cols, .nbc = 0, .scale_rows = 0,
+        .row_shift = 0, .col_shift = 0, .zeros = s->zeros, .globals = NULL, .global = fp4 ? s->global : 1.0f,
+    }; /* the scale grid and shifts: below */
+    qd_cuda_qmats_layout(m);
     return 1;
 }
 
@@ -393,6 +392,9 @@ extern "C" qd_status qd_cuda_qmats_dequant_bf16(const qd_cuda_qmats *m, uint16_t
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "dequant: missing matrices or output");
     const int64_t cols_per_piece = m->dtype == QD_DTYPE_F8_E4M3 ? 16 : 32;
     if (m->cols % cols_per_piece) return qd_cuda_fail(QD_ERR_INVALID_ARG, "dequant: cols outside the layout");
+    if (!qd_cuda_qmats_laid_out(m))
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "dequant: the view's scale grid and shifts were not set "
+                                                "(qd_cuda_qmats_layout)");
     const int64_t items = (int64_t)m->n_mats * m->rows * (m->cols / cols_per_piece);
     if (items == 0) return QD_OK;
     cudaStream_t st = (cudaStream_t)stream;

@@ -311,10 +311,8 @@ static qd_status qm_launch_tiles(const qm_call &c, int warps, size_t smem, int n
  * one block per row (every unit reads block 0); -1 for other layouts. */
 static int qm_block_shift(const qd_cuda_qmats &m, int64_t unit) {
     if (m.nbc == 1) return 31;
-    if (m.block_cols % unit) return -1;
-    for (int sh = 0; sh < 31; sh++)
-        if ((unit << sh) == m.block_cols) return sh;
-    return -1;
+    const int us = qd_cuda_shift_of(unit);
+    return us >= 0 && m.col_shift >= us && m.col_shift != 31 ? m.col_shift - us : -1;
 }
 
 static int64_t qm_unit(int dtype) { return dtype == QD_DTYPE_F8_E4M3 ? 64 : dtype == QD_DTYPE_INT4 ? 128 : 0; }
