@@ -3,20 +3,27 @@
 #include "backend/cuda/cuda_bulk.cuh"
 #include "backend/cuda/moe_decode.cuh"
 
-/* A warp's weight stream: R rows of rb bytes each (row r at src[r]) cut into chunks
- * of sb bytes, through nst (1 or 2) shared stages of R x sb bytes (stage s, row r at
- * buf + (s R + r) sb) with one mbarrier each. Use j of the stream is chunk c = j % nch
- * of pass j / nch; the callers pass both, so that no use costs a division. With
- * nch <= nst every chunk stays resident and later passes read them again without a
- * copy. Lane 0 issues; bytes of rows with src NULL are not copied (their products are
- * not used). */
+/* A warp's weight stream: rows 0 .. nrows - 1 (of R) of rb bytes each, row r at
+ * src + r gap, cut into chunks of sb bytes, through nst (1 or 2) shared stages of R x sb
+ * bytes (stage s, row r at buf + (s R + r) sb) with one mbarrier each. Use j of the
+ * stream is chunk c = j % nch of pass j / nch; the callers pass both, so that no use
+ * costs a division. With nch <= nst every chunk stays resident and later passes read
+ * them again without a copy. Lane 0 issues; rows past nrows are not copied (their
+ * products are not used). Rows that follow each other in memory (gap == rb: the down
+ * kernel's) in one chunk land with one copy, at stride rb in the stage: a copy's issue
+ * costs the warp dozens of instructions. */
 static_assert(GU_NST <= 2 && DN_NST <= 2, "wstream's stage and parity of a use are its low bits");
 template <int R> struct wstream {
-    const uint8_t *src[R];
+    const uint8_t *src;
+    int64_t gap;
+    int nrows;
     uint8_t *buf;
     uint64_t *bar;
     int rb, sb, nch, nst;
     __device__ bool resident() const { return nch <= nst; }
+    __device__ bool one_copy() const { return nch == 1 && gap == rb; }
+    /* 16-byte pieces from one row of a stage to the next */
+    __device__ int row_pieces() const { return (one_copy() ? rb : sb) >> 4; }
     __device__ void init() {
         if ((threadIdx.x & 31) == 0) {
             for (int s = 0; s < nst; s++) qd_mbar_init(bar + s, 1);
@@ -27,15 +34,18 @@ template <int R> struct wstream {
     __device__ void issue(int j, int c, uint64_t policy) {
         if ((threadIdx.x & 31) != 0) return;
         const int s = j & (nst - 1);
+        if (one_copy()) { /* the stream's only use: no stage to hand back */
+            qd_mbar_expect(bar + s, (unsigned)(nrows * rb));
+            if (nrows) qd_bulk_load(buf + (size_t)s * R * sb, src, (unsigned)(nrows * rb), bar + s, policy);
+            return;
+        }
         const unsigned bytes = (unsigned)min(sb, rb - c * sb);
-        unsigned tot = 0;
-#pragma unroll
-        for (int r = 0; r < R; r++) tot += src[r] ? bytes : 0u;
         if (j >= nst) qd_fence_proxy_async(); /* the warp's reads of the stage's last use come first */
-        qd_mbar_expect(bar + s, tot);
+        qd_mbar_expect(bar + s, (unsigned)nrows * bytes);
 #pragma unroll
         for (int r = 0; r < R; r++)
-            if (src[r]) qd_bulk_load(buf + (size_t)(s * R + r) * sb, src[r] + (size_t)c * sb, bytes, bar + s, policy);
+            if (r < nrows)
+                qd_bulk_load(buf + (size_t)(s * R + r) * sb, src + r * gap + (size_t)c * sb, bytes, bar + s, policy);
     }
     /* The first uses of the stream (pass 0). */
     __device__ void start(uint64_t policy) {
@@ -86,6 +96,9 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
     const int H8 = H >> 3, NP = H / WF::COLS; /* H % WF::COLS == 0 for the quantized layouts (moe.cu) */
     const int PPS = sb >> 4;                  /* pieces of a row in one stage */
     wstream<2> ws;
+    ws.src = NULL; /* set with the rows, once known */
+    ws.gap = 0;
+    ws.nrows = 0;
     ws.buf = gsm + (size_t)warp * nst * 2 * sb;
     ws.bar = bars[warp];
     ws.rb = NP * 16;
@@ -102,8 +115,9 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
         ok = true;
         rg = qf_row_of(qw.sh_gate_up, 0, i);
         ru = qf_row_of(qw.sh_gate_up, 1, i);
-        ws.src[0] = rg.q;
-        ws.src[1] = ru.q;
+        ws.src = rg.q;
+        ws.gap = ru.q - rg.q;
+        ws.nrows = 2;
         ws.start(policy);
     }
     gate_up_begin(counters, n_ctr, p, k, shared);
@@ -118,8 +132,9 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
         if (ok) {
             rg = qf_row_of(qw.gate_up, 2 * e, i);
             ru = qf_row_of(qw.gate_up, 2 * e + 1, i);
-            ws.src[0] = rg.q;
-            ws.src[1] = ru.q;
+            ws.src = rg.q;
+            ws.gap = ru.q - rg.q;
+            ws.nrows = 2;
             ws.start(policy);
         }
         m = pairs_of_block<TG>(sel, p, P, e, list, wcnt);
@@ -233,8 +248,9 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
     ws.sb = sb;
     ws.nch = (ws.rb + sb - 1) / sb;
     ws.nst = nst;
-#pragma unroll
-    for (int r = 0; r < DN_R; r++) ws.src[r] = ok && h0 + r < H ? wd + r * qm.row_bytes : (const uint8_t *)0;
+    ws.src = wd;
+    ws.gap = qm.row_bytes; /* == rb: a warp's rows follow each other */
+    ws.nrows = ok ? max(0, min(DN_R, H - h0)) : 0;
     ws.init();
     const uint64_t policy = qd_l2_evict_first();
     ws.start(policy);
@@ -258,6 +274,7 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
         for (int c = 0; ok && c < ws.nch; c++) {
             const int j = j0 + c;
             const uint4 *wsm = ws.wait(j, c);
+            const int RS = ws.row_pieces();
 #pragma unroll
             for (int uu = 0; uu < U; uu++) {
                 const int bl = uu * 32 + lane, b = c * PPS + bl;
@@ -267,7 +284,7 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
                 for (int r = 0; r < DN_R; r++) { /* partial sums per scale block, then the scale */
                     const qf_row row = qf_row_of(qm, qmat, h0 + r < H ? h0 + r : 0);
                     const int z = WF::zero(row, c0);
-                    const uint4 wv = wsm[r * PPS + bl];
+                    const uint4 wv = wsm[r * RS + bl];
 #pragma unroll
                     for (int s = 0; s < WF::NSUB; s++) {
                         float d[TG];
