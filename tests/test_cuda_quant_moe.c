@@ -276,11 +276,11 @@ static void w8a8_case(const fcase *c, const qm *gu, const qm *dn, int n, const u
     double *ref = malloc(ny * 8), *con = malloc(ny * 8), *tie = malloc(ny * 8);
     float *xf = malloc((size_t)H * 4), *xq = malloc((size_t)H * 4);
     float *y8 = malloc(ny * 4), *yd = malloc(ny * 4), *yt = malloc(ny * 4);
+    long at_tie = 0; /* activations */
     if (!ref || !con || !tie || !xf || !xq || !y8 || !yd || !yt) {
         CHECK(0);
         goto out;
     }
-    long at_tie = 0; /* activations */
     for (int t = 0; t < n; t++) {
         for (int h = 0; h < H; h++) xf[h] = qd_bf16_to_f32(x[(size_t)t * H + h]);
         qd_test_quant_row(xf, H, 128, NULL, NULL, xq);
