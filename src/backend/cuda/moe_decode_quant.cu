@@ -122,9 +122,11 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
     }
     gate_up_begin(counters, n_ctr, p, k, shared);
     if (blockIdx.x * GU_WARPS >= rows) return; /* the grid covers the wider of I and Is */
-    int m;
+    /* A one-token pass (TG == 1: n = 1) has one list entry, known here: the shared
+     * expert's token 0 or pair p; it needs neither the list nor its barrier. */
+    int m = 1;
     if (shared) {
-        m = group_tokens(P / k, p - P, list);
+        if (TG > 1) m = group_tokens(P / k, p - P, list);
     } else {
         const int e = __ldcg(sel + p);
         if (not_owner<TG>(sel, p, e)) return;
@@ -137,7 +139,7 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
             ws.nrows = 2;
             ws.start(policy);
         }
-        m = pairs_of_block<TG>(sel, p, P, e, list, wcnt);
+        if (TG > 1) m = pairs_of_block<TG>(sel, p, P, e, list, wcnt);
     }
     const int kd = shared ? 1 : k;              /* list entries: tokens, or pairs t * k + j */
     float *const ap = shared ? sh_act : act;    /* [list entry][rows] */
@@ -146,7 +148,8 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
     for (int g0 = 0, j0 = 0; g0 < m; g0 += tg, j0 += ws.nch) {
         const int gs = min(tg, m - g0);
         if (g0) __syncthreads(); /* the previous pass is done with xs */
-        load_pass_x<PC>(xs, x, list, g0, gs, kd, H8);
+        if (TG == 1) load_row_x<PC>(xs, x, 0, H8);
+        else load_pass_x<PC>(xs, x, list, g0, gs, kd, H8);
         float ag[TG], au[TG];
 #pragma unroll
         for (int tt = 0; tt < TG; tt++) ag[tt] = au[tt] = 0.0f;
@@ -206,7 +209,8 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
             }
             ws.done(j, c, uses, policy);
         }
-        store_act<TG>(ag, au, gs, list, g0, ap, rows, i);
+        if (TG == 1) store_act_one(ag[0], au[0], shared ? 0 : p, ap, rows, i);
+        else store_act<TG>(ag, au, gs, list, g0, ap, rows, i);
     }
 }
 
