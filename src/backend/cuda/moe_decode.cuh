@@ -117,16 +117,6 @@ __device__ __forceinline__ int group_tokens(int n, int g, int *list) {
  * consecutive addresses (PC = 1: the row as it is). Then the block's barrier. One loop
  * over the pass's pieces with a division each: lean in registers, which the kernels'
  * main loops need (a walk or a loop per entry made the bf16 gate_up spill). */
-/* One token's row of x into xs as load_pass_x lays it out: the one-token passes (TG == 1,
- * which run only at n = 1: row 0), without the list, its barrier and the divisions. */
-template <int PC = 1>
-__device__ __forceinline__ void load_row_x(uint4 *xs, const uint16_t *x, int row, int H8) {
-    const uint4 *x4 = (const uint4 *)x + (size_t)row * H8;
-    const int NP = H8 / PC;
-    for (int b = threadIdx.x; b < H8; b += blockDim.x) xs[(b % PC) * NP + b / PC] = __ldcg(x4 + b);
-    __syncthreads();
-}
-
 template <int PC = 1>
 __device__ __forceinline__ void load_pass_x(uint4 *xs, const uint16_t *x, const int *list, int g0, int gs, int kd,
                                             int H8) {
@@ -136,6 +126,17 @@ __device__ __forceinline__ void load_pass_x(uint4 *xs, const uint16_t *x, const 
         const int tt = c / H8, b = c - tt * H8;
         xs[tt * H8 + (b % PC) * NP + b / PC] = __ldcg(x4 + (size_t)(list[g0 + tt] / kd) * H8 + b);
     }
+    __syncthreads();
+}
+
+/* One token's row of x into xs as load_pass_x lays it out, for the one-token passes (TG ==
+ * 1, which run only at n = 1: row 0): no pass list, so no barrier to publish it, and no
+ * divisions. Then the block's barrier. */
+template <int PC = 1>
+__device__ __forceinline__ void load_row_x(uint4 *xs, const uint16_t *x, int row, int H8) {
+    const uint4 *x4 = (const uint4 *)x + (size_t)row * H8;
+    const int NP = H8 / PC;
+    for (int b = threadIdx.x; b < H8; b += blockDim.x) xs[(b % PC) * NP + b / PC] = __ldcg(x4 + b);
     __syncthreads();
 }
 

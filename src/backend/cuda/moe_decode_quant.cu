@@ -124,6 +124,7 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
     if (blockIdx.x * GU_WARPS >= rows) return; /* the grid covers the wider of I and Is */
     /* A one-token pass (TG == 1: n = 1) has one list entry, known here: the shared
      * expert's token 0 or pair p; it needs neither the list nor its barrier. */
+    static_assert(GU_TG > 1, "shape_of gives a pass one token only at n = 1");
     int m = 1;
     if (shared) {
         if (TG > 1) m = group_tokens(P / k, p - P, list);
