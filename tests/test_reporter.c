@@ -9,7 +9,12 @@
  *     (ended by length here, as if the engine had gone on) arrives as STOP without a
  *     token, counting the tokens delivered;
  *   - qd_reporter_wait returns once the given count is delivered; qd_reporter_free
- *     delivers what was pushed but not published. */
+ *     delivers what was pushed but not published;
+ *   - two events published at once (one batch for the thread) whose second callback
+ *     parks: a wait for the first returns while the second is still in its callback (the
+ *     engine runs one step beside a slow callback, not two behind). */
+#include <errno.h>
+#include <time.h>
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
@@ -58,6 +63,69 @@ static int on_event(void *user, const qd_engine_event *ev) {
     }
     if (ev->request_id == 1 && s->tokens == 1) usleep(20000); /* the engine publishes meanwhile */
     return ev->request_id == STOP_ID && ev->has_token && s->tokens == STOP_AT;
+}
+
+/* The parking test's callback: request 101's parks until released. */
+static pthread_mutex_t g_park_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_park_cv = PTHREAD_COND_INITIALIZER;
+static int g_parked, g_release, g_waited;
+
+static int on_park(void *user, const qd_engine_event *ev) {
+    (void)user;
+    if (ev->request_id != 101) return 0;
+    pthread_mutex_lock(&g_park_mu);
+    g_parked = 1;
+    pthread_cond_broadcast(&g_park_cv);
+    while (!g_release) pthread_cond_wait(&g_park_cv, &g_park_mu);
+    pthread_mutex_unlock(&g_park_mu);
+    return 0;
+}
+
+static void *wait_first(void *arg) {
+    qd_reporter_wait(arg, 1);
+    pthread_mutex_lock(&g_park_mu);
+    g_waited = 1;
+    pthread_cond_broadcast(&g_park_cv);
+    pthread_mutex_unlock(&g_park_mu);
+    return NULL;
+}
+
+static void no_stop(void *owner, uint64_t id, int delivered) {
+    (void)owner;
+    (void)id;
+    (void)delivered;
+}
+
+static void test_wait_beside_parked(void) {
+    qd_reporter *rp = NULL;
+    qd_err err = {0};
+    CHECKF(qd_reporter_create(no_stop, NULL, &rp, &err) == QD_OK, "create: %s", err.msg);
+    if (!rp) return;
+    for (uint64_t id = 100; id <= 101; id++) {
+        const qd_engine_event ev = {.request_id = id, .completion_tokens = 1, .has_token = 1};
+        qd_reporter_push(rp, on_park, NULL, &ev);
+    }
+    qd_reporter_publish(rp); /* both in one piece: the thread takes them together */
+    pthread_mutex_lock(&g_park_mu);
+    while (!g_parked) pthread_cond_wait(&g_park_cv, &g_park_mu);
+    pthread_mutex_unlock(&g_park_mu);
+    pthread_t th;
+    const int started = pthread_create(&th, NULL, wait_first, rp) == 0;
+    CHECK(started);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    pthread_mutex_lock(&g_park_mu);
+    int rc = 0;
+    while (started && !g_waited && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&g_park_cv, &g_park_mu, &until);
+    const int waited = g_waited;
+    g_release = 1; /* the second callback returns either way, so that the waiter ends */
+    pthread_cond_broadcast(&g_park_cv);
+    pthread_mutex_unlock(&g_park_mu);
+    CHECKF(waited, "a wait for the first of two events taken together did not return while the second's callback "
+                   "was parked");
+    if (started) pthread_join(th, NULL);
+    qd_reporter_free(rp);
 }
 
 static void on_stop(void *owner, uint64_t id, int delivered) {
@@ -141,5 +209,6 @@ int main(void) {
     CHECKF(g_stop_calls == 1 && g_stop_id == STOP_ID && g_stop_delivered == STOP_AT,
            "stop hook: %d calls, id %llu after %d tokens", g_stop_calls, (unsigned long long)g_stop_id,
            g_stop_delivered);
+    test_wait_beside_parked();
     return qd_test_finish("test_reporter");
 }

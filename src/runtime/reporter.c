@@ -7,6 +7,7 @@
 #include "runtime/reporter.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,7 +42,12 @@ struct qd_reporter {
     rep_buf fill;           /* engine thread only */
     uint64_t published;     /* written under mu by the engine thread (which may read it without) */
     rep_buf ready;          /* under mu */
-    uint64_t delivered;     /* under mu */
+    /* Events delivered, counted one by one as each callback returns (the reporting
+     * thread stores, the engine thread reads), and the count the engine thread waits for
+     * (0: none). A batch taken at once may hold two steps' events; counting at its end
+     * would hold the engine behind a callback of the step it is allowed to run beside. */
+    _Atomic uint64_t delivered;
+    _Atomic uint64_t want;
     double callback_s;      /* under mu */
     int quit;               /* under mu */
     rep_buf work;           /* reporting thread only, and its stops: */
@@ -132,12 +138,22 @@ static void *reporter_main(void *arg) {
         pthread_cond_broadcast(&rp->done_cv); /* a publisher waiting for room may go on */
         pthread_mutex_unlock(&rp->mu);
         const double t0 = qd_clock_seconds();
-        for (size_t i = 0; i < rp->work.n; i++) deliver(rp, &rp->work.v[i]);
+        uint64_t done = atomic_load(&rp->delivered);
+        for (size_t i = 0; i < rp->work.n; i++) {
+            deliver(rp, &rp->work.v[i]);
+            /* Sequentially consistent with the waiter's store of `want` and load of
+             * `delivered` (qd_reporter_wait): one of the two sees the other's store. */
+            atomic_store(&rp->delivered, ++done);
+            const uint64_t w = atomic_load(&rp->want);
+            if (w && done >= w) {
+                pthread_mutex_lock(&rp->mu);
+                pthread_cond_broadcast(&rp->done_cv);
+                pthread_mutex_unlock(&rp->mu);
+            }
+        }
         const double t1 = qd_clock_seconds();
-        const size_t n = rp->work.n;
         free_errors(&rp->work);
         pthread_mutex_lock(&rp->mu);
-        rp->delivered += n;
         rp->callback_s += t1 - t0;
         pthread_cond_broadcast(&rp->done_cv);
     }
@@ -162,6 +178,8 @@ qd_status qd_reporter_create(qd_reporter_stop_fn stop, void *owner, qd_reporter 
     *out = NULL;
     qd_reporter *rp = calloc(1, sizeof *rp);
     if (!rp) return qd_seterr(err, QD_ERR_OOM, "out of memory for the engine's reporter");
+    atomic_init(&rp->delivered, 0);
+    atomic_init(&rp->want, 0);
     pthread_mutex_init(&rp->mu, NULL);
     pthread_cond_init(&rp->work_cv, NULL);
     pthread_cond_init(&rp->done_cv, NULL);
@@ -225,9 +243,11 @@ void qd_reporter_push(qd_reporter *rp, qd_engine_callback cb, void *user, const 
 double qd_reporter_wait(qd_reporter *rp, uint64_t upto) {
     pthread_mutex_lock(&rp->mu);
     double waited = 0;
-    if (rp->delivered < upto) {
+    if (atomic_load(&rp->delivered) < upto) {
         const double t0 = qd_clock_seconds();
-        while (rp->delivered < upto) pthread_cond_wait(&rp->done_cv, &rp->mu);
+        atomic_store(&rp->want, upto);
+        while (atomic_load(&rp->delivered) < upto) pthread_cond_wait(&rp->done_cv, &rp->mu);
+        atomic_store(&rp->want, 0);
         waited = qd_clock_seconds() - t0;
     }
     pthread_mutex_unlock(&rp->mu);
