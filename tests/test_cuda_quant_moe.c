@@ -107,6 +107,43 @@ static void check_dequant(const char *name, const qm *m) {
     qd_cuda_free(d);
 }
 
+/* The W8A8 room of one activation row (token_ref_f): a (double), af its bf16 rounding and aq
+ * that quantized (1 x 128 blocks); for each activation within win[i] of the midpoint between
+ * af[i] and its other bf16 neighbour, move[t] += |the change of aq[t]| with that neighbour
+ * instead. Where the activation neither is its block's largest nor becomes larger than it,
+ * the block's scale stays and only its own value can move (qd_test_quant_row's arithmetic
+ * on that one value); else the whole block is quantized again. af2, aq2: scratch of I.
+ * Returns the number of such activations. */
+static int tie_moves(const double *a, const double *win, const float *af, const float *aq, int I, double *move,
+                     float *af2, float *aq2) {
+    int at_tie = 0;
+    for (int b0 = 0; b0 < I; b0 += 128) {
+        const int b1 = b0 + 128 < I ? b0 + 128 : I;
+        float amax = 0;
+        for (int t = b0; t < b1; t++) amax = fmaxf(amax, fabsf(af[t]));
+        const float sb = amax > 0 ? amax / 448.0f : 1.0f;
+        for (int i = b0; i < b1; i++) {
+            /* the bf16 neighbour on a's other side, where a lies within win of their midpoint */
+            const uint16_t b = qd_f32_to_bf16((float)a[i]);
+            const int up = ((double)af[i] < a[i]) == (af[i] >= 0);
+            const uint16_t o = up ? (uint16_t)(b + 1) : (uint16_t)(b - 1);
+            const float other = qd_bf16_to_f32(o);
+            const double mid = 0.5 * ((double)af[i] + other);
+            if (!isfinite(mid) || !(fabs(a[i] - mid) <= win[i])) continue;
+            at_tie++;
+            if (fabsf(af[i]) < amax && fabsf(other) <= amax) {
+                move[i] += fabs((double)(qd_f8e4m3_to_f32(qd_test_e4m3(other / sb)) * sb) - aq[i]);
+                continue;
+            }
+            memcpy(af2 + b0, af + b0, sizeof(float) * (size_t)(b1 - b0));
+            af2[i] = other;
+            qd_test_quant_row(af2 + b0, b1 - b0, 128, NULL, NULL, aq2 + b0);
+            for (int t = b0; t < b1; t++) move[t] += fabs((double)aq2[t] - aq[t]);
+        }
+    }
+    return at_tie;
+}
+
 /* One token's experts in double: c[h] = sum_j w_j down_e(silu(gate_e x) * up_e x), x given as
  * floats. w8a8: what the FP8 W8A8 prefill multiplies (moe_prefill_fp8.cu): x already through
  * its 1 x 128 quantization (the caller's), and the activation rounded to bf16 and quantized
@@ -133,11 +170,14 @@ static int token_ref_f(const qm *gu, const qm *dn, int H, int I, const float *xf
     for (int j = 0; j < k && a && win && move && af && aq && af2 && aq2; j++) {
         const int e = sel[j];
         const float *g = gu->deq + (size_t)(2 * e) * I * H, *u = g + (size_t)I * H, *d = dn->deq + (size_t)e * H * I;
+        const int ties = w8a8 && mag; /* the room at bf16 ties is asked for */
         for (int i = 0; i < I; i++) {
             double sg = 0, su = 0, mg = 0, mu = 0;
             for (int h = 0; h < H; h++) {
                 sg += (double)g[(size_t)i * H + h] * xf[h];
                 su += (double)u[(size_t)i * H + h] * xf[h];
+            }
+            for (int h = 0; ties && h < H; h++) {
                 mg += fabs((double)g[(size_t)i * H + h] * xf[h]);
                 mu += fabs((double)u[(size_t)i * H + h] * xf[h]);
             }
@@ -153,20 +193,7 @@ static int token_ref_f(const qm *gu, const qm *dn, int H, int I, const float *xf
         if (w8a8) {
             for (int i = 0; i < I; i++) af[i] = qd_bf16_to_f32(qd_f32_to_bf16((float)a[i]));
             qd_test_quant_row(af, I, 128, NULL, NULL, aq);
-            for (int i = 0; i < I; i++) {
-                /* the bf16 neighbour on a's other side, where a lies within win of their midpoint */
-                const uint16_t b = qd_f32_to_bf16((float)a[i]);
-                const int up = ((double)af[i] < a[i]) == (af[i] >= 0);
-                const uint16_t o = up ? (uint16_t)(b + 1) : (uint16_t)(b - 1);
-                const double mid = 0.5 * ((double)af[i] + qd_bf16_to_f32(o));
-                if (!mag || !isfinite(mid) || !(fabs(a[i] - mid) <= win[i])) continue;
-                at_tie++;
-                const int b0 = i / 128 * 128, b1 = b0 + 128 < I ? b0 + 128 : I;
-                memcpy(af2 + b0, af + b0, sizeof(float) * (size_t)(b1 - b0));
-                af2[i] = qd_bf16_to_f32(o);
-                qd_test_quant_row(af2 + b0, b1 - b0, 128, NULL, NULL, aq2 + b0);
-                for (int t = b0; t < b1; t++) move[t] += fabs((double)aq2[t] - aq[t]);
-            }
+            if (ties) at_tie += tie_moves(a, win, af, aq, I, move, af2, aq2);
             for (int i = 0; i < I; i++) a[i] = aq[i];
         }
         for (int h = 0; h < H; h++) {
