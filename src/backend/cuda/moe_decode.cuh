@@ -153,23 +153,26 @@ __device__ __forceinline__ void load_pass_act(float4 *as4, const float *ap, cons
     __syncthreads();
 }
 
-/* silu(gate) * up of a warp's row i for the pass's gs entries, from the lanes' partial sums. */
+/* silu(gate) * up of a warp's row i from the lanes' partial sums, into the row of the list
+ * entry that entry() gives (read by the lane that stores). */
+template <class Entry>
+__device__ __forceinline__ void store_act_at(float ag, float au, Entry entry, float *ap, int rows, int i) {
+    const float sg = warp_sum(ag), su = warp_sum(au);
+    if ((threadIdx.x & 31) == 0) ap[(size_t)entry() * rows + i] = sg / (1.0f + expf(-sg)) * su;
+}
+
+/* The pass's gs entries. */
 template <int TG>
 __device__ __forceinline__ void store_act(const float (&ag)[TG], const float (&au)[TG], int gs, const int *list,
                                           int g0, float *ap, int rows, int i) {
 #pragma unroll
-    for (int tt = 0; tt < TG; tt++) {
-        if (tt < gs) {
-            const float sg = warp_sum(ag[tt]), su = warp_sum(au[tt]);
-            if ((threadIdx.x & 31) == 0) ap[(size_t)list[g0 + tt] * rows + i] = sg / (1.0f + expf(-sg)) * su;
-        }
-    }
+    for (int tt = 0; tt < TG; tt++)
+        if (tt < gs) store_act_at(ag[tt], au[tt], [&] { return list[g0 + tt]; }, ap, rows, i);
 }
 
-/* The same for a one-token pass whose entry is known (no list). */
+/* A one-token pass whose entry is known (no list). */
 __device__ __forceinline__ void store_act_one(float ag, float au, int entry, float *ap, int rows, int i) {
-    const float sg = warp_sum(ag), su = warp_sum(au);
-    if ((threadIdx.x & 31) == 0) ap[(size_t)entry * rows + i] = sg / (1.0f + expf(-sg)) * su;
+    store_act_at(ag, au, [=] { return entry; }, ap, rows, i);
 }
 
 /* What a down block adds into y once a (token, row tile) has all its slots. */
