@@ -16,6 +16,8 @@ import csv
 import sys
 from collections import Counter
 
+from kernel_profile import short_name  # the same names as the per-kernel profile's
+
 
 def sections(rows):
     """(kernel name, header, body rows) for each kernel of the page."""
@@ -31,18 +33,6 @@ def as_int(s):
         return int(float(s))
     except (TypeError, ValueError):
         return 0
-
-
-def short_name(name):
-    """The kernel's name with its template arguments, without its parameter list."""
-    depth = 0
-    for i, c in enumerate(name):
-        depth += c == "<"
-        depth -= c == ">"
-        if c == "(" and depth == 0:
-            name = name[:i]
-            break
-    return name.removeprefix("void ").strip()
 
 
 def summarise(name, header, body, top, out):
