@@ -389,12 +389,14 @@ static void test_linear_table(qd_cuda_blas *blas) {
 
 /* A call of three products sharing an RMSNorm input (an FP8 block-128 and an INT4-free stack:
  * FP8, bf16, FP8 as a GDN in_proj with its bf16 a / b parts) through the table: one launch of
- * the tensor-core GEMV, its blocks building x (n = 1, 3; at n = 11 x and the kernel's own
- * shared memory are over 48 KiB, x is materialised); each product against the double reference on the x qd_cuda_add_rmsnorm
- * materialises, bit for bit equal to the products on that x, and token 0 of n = 1 and of
- * n = 3 / 11 bit for bit. */
+ * the tensor-core GEMV, its blocks building x once each over several tiles (n = 1, 3; at
+ * n = 11 x and the kernel's own shared memory are over 48 KiB, x is materialised); each
+ * product against the double reference on the x qd_cuda_add_rmsnorm materialises, bit for
+ * bit equal to the products on that x, and token 0 of n = 1 and of n = 3 / 11 bit for bit. */
 static void test_linear_multi(qd_cuda_blas *blas) {
-    const int64_t C = 2048, R[3] = {300, 77, 40};
+    /* 508 tiles of 16 rows: more than the building blocks resident at once, so a block takes
+     * several (qm_build_blocks) */
+    const int64_t C = 2048, R[3] = {7997, 77, 40};
     uint8_t *q[2];
     float *s[2];
     qd_weight w[2];

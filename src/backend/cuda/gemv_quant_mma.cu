@@ -195,7 +195,7 @@ __device__ __forceinline__ void qm_round(const uint4 (&wa)[QM_UNROLL], const uin
 template <class M, int NT, int WARPS, bool BUILD>
 __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift, int64_t tile,
                                         const uint16_t *__restrict__ x, int64_t ldx, const qd_cuda_lin_in &in,
-                                        uint4 *xs, int n, float (&c)[NT][4]) {
+                                        uint4 *xs, int n, bool first, float (&c)[NT][4]) {
     constexpr int UNIT = 4 * M::COLS, STRIDE = WARPS * QM_UNROLL; /* units from one round to the next */
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int64_t ra = tile * 16 + g, rb = ra + 8;
@@ -208,16 +208,19 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
      * thread, which a second buffer spills, and a tile's rounds are fewer there. */
     constexpr bool TWO = WARPS <= 8;
     uint4 wa0[QM_UNROLL], wb0[QM_UNROLL], wa1[TWO ? QM_UNROLL : 1], wb1[TWO ? QM_UNROLL : 1];
-    /* the first rounds' weights are in flight before the wait for the previous kernel (x) */
+    /* the first rounds' weights are in flight before the wait for the previous kernel (x),
+     * in the block's first tile */
     qm_load_units<M, WARPS>(pa, pb, live_a, live_b, cols, units, tcol, warp, wa0, wb0);
     if constexpr (TWO) qm_load_units<M, WARPS>(pa, pb, live_a, live_b, cols, units, tcol, warp + STRIDE, wa1, wb1);
-    qd_pdl_wait();
-    qd_pdl_trigger();
-    if (BUILD) { /* x made here (a norm or activation), block-uniform */
-        qd_lin_build_x<WARPS * 32>(in, m.cols, n, xs);
-        __syncthreads();
-        ldx = m.cols;
+    if (first) { /* block-uniform */
+        qd_pdl_wait();
+        qd_pdl_trigger();
+        if (BUILD) { /* x made here (a norm or activation) once a block, for all its tiles */
+            qd_lin_build_x<WARPS * 32>(in, m.cols, n, xs);
+            __syncthreads();
+        }
     }
+    if (BUILD) ldx = m.cols;
     /* the lane's x: token nt 8 + g from column tcol of unit 0, or none */
     const uint4 *xp[NT];
     bool xtok[NT];
@@ -249,7 +252,11 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
 }
 
 /* Launched as a programmatic dependent (cuda_pdl.cuh): before its wait it reads only
- * weights. Q: the quantized format of the call's quantized products (its others are bf16). */
+ * weights. Q: the quantized format of the call's quantized products (its others are bf16).
+ * A block takes tiles blockIdx.x, + gridDim.x, ...: one where x is read in place (the grid
+ * is every tile), several where the blocks build x (the grid is what is resident at once,
+ * qm_build_blocks), so that x is built once a block. A tile's result is the same bits
+ * either way. */
 template <class Q, int NT, int WARPS, bool BUILD>
 __global__ void __launch_bounds__(WARPS * 32)
 qgemv_mma_kernel(const __grid_constant__ qm_call p, const uint16_t *__restrict__ x, int64_t ldx, int n,
@@ -257,34 +264,40 @@ qgemv_mma_kernel(const __grid_constant__ qm_call p, const uint16_t *__restrict__
     extern __shared__ uint4 qm_xs[]; /* [n][cols / 8] x when the block builds it */
     __shared__ float part[WARPS][32][4 * NT];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int j = 0;
-    while (j + 1 < p.n_out && (int64_t)blockIdx.x >= p.tile_end[j]) j++;
-    const int64_t tile = (int64_t)blockIdx.x - (j ? p.tile_end[j - 1] : 0);
-    const qd_cuda_qmats &m = p.m[j];
-    float c[NT][4];
+    const int64_t tiles = p.tile_end[p.n_out - 1];
+    /* a block's tiles: blockIdx.x, + gridDim.x, ... (one where the grid covers them all) */
+    for (int64_t bt = blockIdx.x; bt < tiles; bt += gridDim.x) {
+        const bool first = bt == (int64_t)blockIdx.x;
+        if (!first) __syncthreads(); /* the previous tile's outputs have read `part` */
+        int j = 0;
+        while (j + 1 < p.n_out && bt >= p.tile_end[j]) j++;
+        const int64_t tile = bt - (j ? p.tile_end[j - 1] : 0);
+        const qd_cuda_qmats &m = p.m[j];
+        float c[NT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) c[nt][i] = 0.f;
-    if (m.dtype == QD_DTYPE_BF16) /* block-uniform */
-        qm_tile<qm_bf16, NT, WARPS, BUILD>(m, 31, tile, x, ldx, p.in, qm_xs, n, c);
-    else qm_tile<Q, NT, WARPS, BUILD>(m, p.shift[j], tile, x, ldx, p.in, qm_xs, n, c);
+            for (int i = 0; i < 4; i++) c[nt][i] = 0.f;
+        if (m.dtype == QD_DTYPE_BF16) /* block-uniform */
+            qm_tile<qm_bf16, NT, WARPS, BUILD>(m, 31, tile, x, ldx, p.in, qm_xs, n, first, c);
+        else qm_tile<Q, NT, WARPS, BUILD>(m, p.shift[j], tile, x, ldx, p.in, qm_xs, n, first, c);
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) part[warp][lane][4 * nt + i] = c[nt][i];
-    __syncthreads();
-    /* output i of tile nt: accumulator i % 4 of lane i / 4 (C fragment: rows g, g + 8; tokens 2t, 2t + 1) */
-    for (int i = (int)threadIdx.x; i < 128 * NT; i += WARPS * 32) {
-        const int nt = i / 128, o = i % 128, ol = o / 4, oi = o % 4;
-        float v = 0.f;
+            for (int i = 0; i < 4; i++) part[warp][lane][4 * nt + i] = c[nt][i];
+        __syncthreads();
+        /* output i of tile nt: accumulator i % 4 of lane i / 4 (C fragment: rows g, g + 8; tokens 2t, 2t + 1) */
+        for (int i = (int)threadIdx.x; i < 128 * NT; i += WARPS * 32) {
+            const int nt = i / 128, o = i % 128, ol = o / 4, oi = o % 4;
+            float v = 0.f;
 #pragma unroll
-        for (int w = 0; w < WARPS; w++) v += part[w][ol][4 * nt + oi];
-        const int64_t row = tile * 16 + ol / 4 + (oi >= 2 ? 8 : 0);
-        const int tok = nt * 8 + 2 * (ol % 4) + (oi & 1);
-        if (tok >= n || row >= m.rows) continue;
-        float *out = p.y[j] + tok * p.ldy[j] + row;
-        *out = accumulate ? *out + v : v;
+            for (int w = 0; w < WARPS; w++) v += part[w][ol][4 * nt + oi];
+            const int64_t row = tile * 16 + ol / 4 + (oi >= 2 ? 8 : 0);
+            const int tok = nt * 8 + 2 * (ol % 4) + (oi & 1);
+            if (tok >= n || row >= m.rows) continue;
+            float *out = p.y[j] + tok * p.ldy[j] + row;
+            *out = accumulate ? *out + v : v;
+        }
     }
 }
 
@@ -328,8 +341,9 @@ static int qm_warps(int64_t blocks) {
 }
 
 template <class Q, int NT, bool BUILD>
-static qd_status qm_launch_tiles(const qm_call &c, int warps, size_t smem, int n, int accumulate, cudaStream_t st) {
-    const dim3 grid((unsigned)c.tile_end[c.n_out - 1]);
+static qd_status qm_launch_tiles(const qm_call &c, int warps, int64_t blocks, size_t smem, int n, int accumulate,
+                                 cudaStream_t st) {
+    const dim3 grid((unsigned)blocks);
     void (*k)(const qm_call, const uint16_t *, int64_t, int, int);
     switch (warps) {
     case 16: k = qgemv_mma_kernel<Q, NT, 16, BUILD>; break;
@@ -350,17 +364,22 @@ static int qm_block_shift(const qd_cuda_qmats &m, int64_t unit) {
 
 static int64_t qm_unit(int dtype) { return dtype == QD_DTYPE_F8_E4M3 ? 64 : dtype == QD_DTYPE_INT4 ? 128 : 0; }
 
+template <class Q> static int64_t qm_build_blocks(int64_t tiles, int64_t cols, int n, int warps);
+
 /* warps: the table's (qm_warps) when 0 */
 template <class Q>
 static qd_status qm_launch(const qm_call &c, int64_t cols, int n, int accumulate, int warps, cudaStream_t st) {
-    if (!warps) warps = qm_warps<Q>(c.tile_end[c.n_out - 1]);
+    const int64_t tiles = c.tile_end[c.n_out - 1];
+    if (!warps) warps = qm_warps<Q>(tiles);
     if (c.in.kind == QD_LIN_BF16) {
-        if (n <= 8) return qm_launch_tiles<Q, 1, false>(c, warps, 0, n, accumulate, st);
-        return qm_launch_tiles<Q, 2, false>(c, warps, 0, n, accumulate, st);
+        if (n <= 8) return qm_launch_tiles<Q, 1, false>(c, warps, tiles, 0, n, accumulate, st);
+        return qm_launch_tiles<Q, 2, false>(c, warps, tiles, 0, n, accumulate, st);
     }
+    const int64_t blocks = qm_build_blocks<Q>(tiles, cols, n, warps);
+    if (blocks < 1) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (tensor cores): x does not fit a block to build");
     const size_t smem = (size_t)n * (size_t)cols * 2;
-    if (n <= 8) return qm_launch_tiles<Q, 1, true>(c, warps, smem, n, accumulate, st);
-    return qm_launch_tiles<Q, 2, true>(c, warps, smem, n, accumulate, st);
+    if (n <= 8) return qm_launch_tiles<Q, 1, true>(c, warps, blocks, smem, n, accumulate, st);
+    return qm_launch_tiles<Q, 2, true>(c, warps, blocks, smem, n, accumulate, st);
 }
 
 /* Shared memory of one multiprocessor (asked once). */
@@ -372,20 +391,18 @@ static size_t qm_sm_smem(void) {
     return (size_t)bytes;
 }
 
-/* Whether the blocks of a call build x themselves (else x is materialised first: the same
- * bits). Every block builds the whole x before its products, so this pays only where a
- * block has at least 4 warps for the norm's sums and x is short: measured on the H200
- * (RESULTS 2026-12-03), the built x saved 1.3 us on the Qwen3.5-35B-A3B's attention q (4-warp
- * blocks, 2048 columns) and 0.5 us on its GDN out projection (16 warps, 4096 columns), and
- * cost 1.5 us on its GDN in_proj (772 blocks of 2 warps) and 3-5% of the 27B's decode
- * (5120 columns and more, SwiGLU inputs of 17408). It
- * must also fit the 48 KiB a launch has without opting in, beside the kernel's own shared
- * memory, and the building blocks must hold the whole grid in one wave (1 KiB of each
- * block's shared memory is the system's): a second wave would build x again after the
- * first, on the critical path (the GDN in_proj's 772 blocks of 8 warps are two). */
-template <class Q>
-static int qm_build_fits(int64_t tiles, int64_t cols, int n) {
-    const int warps = qm_warps<Q>(tiles);
+/* The blocks of a call whose blocks build x themselves (else x is materialised first: the
+ * same bits), or 0 where they may not. Every block builds the whole x before its products,
+ * so this pays only where a block has at least 4 warps for the norm's sums and x is short:
+ * measured on the H200 (RESULTS 2026-12-03), the built x saved 1.3 us on the
+ * Qwen3.5-35B-A3B's attention q (4-warp blocks, 2048 columns) and 0.5 us on its GDN out
+ * projection (16 warps, 4096 columns), and cost 3-5% of the 27B's decode (5120 columns and
+ * more, SwiGLU inputs of 17408). x must fit the 48 KiB a launch has without opting in,
+ * beside the kernel's own shared memory (1 KiB of each block's is the system's). The grid
+ * is at most what is resident at once: a block takes several tiles rather than a second
+ * wave building x again (the GDN in_proj's 772 tiles, two waves of 8-warp blocks, cost
+ * 1.5 us more built than materialised when each tile was a block). */
+template <class Q> static int64_t qm_build_blocks(int64_t tiles, int64_t cols, int n, int warps) {
     if (warps < 4 || cols > 4096) return 0;
     const size_t x_bytes = (size_t)n * (size_t)cols * 2;
     const size_t statics = (size_t)warps * 32 * 4 * 4 * (n <= 8 ? 1 : 2) /* `part` */ +
@@ -394,7 +411,12 @@ static int qm_build_fits(int64_t tiles, int64_t cols, int n) {
     const int build = warps == 16 ? qm_per_sm<Q, 16, true>() : warps == 8 ? qm_per_sm<Q, 8, true>()
                                                                         : qm_per_sm<Q, 4, true>();
     const int by_smem = (int)(qm_sm_smem() / (x_bytes + statics + 1024)), resident = build < by_smem ? build : by_smem;
-    return tiles <= (int64_t)resident * qd_cuda_sm_count();
+    const int64_t wave = (int64_t)resident * qd_cuda_sm_count();
+    return tiles < wave ? tiles : wave;
+}
+
+template <class Q> static int qm_build_fits(int64_t tiles, int64_t cols, int n) {
+    return qm_build_blocks<Q>(tiles, cols, n, qm_warps<Q>(tiles)) > 0;
 }
 
 extern "C" int qd_cuda_qgemv_mma_takes(const qd_weight *w) {
