@@ -562,9 +562,11 @@ int main(void) {
     test_argmax(5, 1000, 1000);
     test_argmax(3, 151936, 151936);
     test_argmax(4, 248320, 248077); /* padding ids past the tokenizer's vocabulary */
+    test_argmax(3, 7, 7);           /* fewer ids than the cluster's ranks: some slices empty */
     test_argmax_masked(12, 1000, 1000); /* V not a multiple of 32 */
     test_argmax_masked(7, 77, 50);      /* vocab_limit < V inside the last words */
     test_argmax_masked(13, 248320, 248077);
+    test_argmax_masked(7, 9, 5); /* empty slices beside masked ones */
     test_dummy();
     qd_cuda_blas_destroy(blas);
     return qd_test_finish("test_cuda_ops");

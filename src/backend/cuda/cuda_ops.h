@@ -93,7 +93,7 @@ qd_status qd_cuda_sigmoid_scale(float *d_y, const float *d_ys, const float *d_sg
  * With d_allow_row ([n], or NULL: no row masked), a row r with d_allow_row[r] = k >= 0
  * takes both over the ids its allow mask keeps, d_allow + k * ((V + 31) / 32) (bit i % 32
  * of word i / 32: id i allowed), as if the others were -inf; when none of those is above
- * -inf its id is -1 and its logprob -inf (qd_forward_args.allow). */
+ * -inf its id is -1 and its logprob -inf (qd_forward_args.allow). At most 65535 rows a call. */
 qd_status qd_cuda_argmax(const float *d_logits, int n, int V, int limit, const uint32_t *d_allow,
                          const int32_t *d_allow_row, int32_t *d_ids, float *d_logprob, void *stream);
 

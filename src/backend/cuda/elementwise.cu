@@ -4,9 +4,13 @@
  * which other rows share the batch. */
 #include <math.h>
 
+#include <cooperative_groups.h>
+
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/cuda_common.cuh"
+
+namespace cg = cooperative_groups;
 
 static int grid_for(int64_t n, int threads) {
     int64_t g = (n + threads - 1) / threads;
@@ -202,69 +206,96 @@ extern "C" qd_status qd_cuda_sigmoid_scale(float *d_y, const float *d_ys, const 
 /* ----------------------------------------------------------------- argmax */
 
 #define ARGMAX_NT 1024
+#define ARGMAX_CLUSTER 8 /* blocks a row: a cluster, whose shared memories meet */
 #define ARGMAX_NONE 0x7fffffff
 
 __device__ __forceinline__ bool argmax_allowed(const uint32_t *allow, int i) {
     return !allow || (allow[i >> 5] >> (i & 31)) & 1u;
 }
 
-/* Block per row over ids [0, limit) (those its allow mask keeps, when the row has one:
- * allow_row[row] >= 0): the first maximum, then (if asked) its log-softmax,
- * -log(sum exp(x - max)), from a second pass over the row (in L2 by then). A masked row
- * with no allowed logit above -inf gets id -1 and logprob -inf; an unmasked row keeps
- * id 0 there (its logprob is NaN, as the host sampler's all -inf error). */
-__global__ void __launch_bounds__(ARGMAX_NT)
+/* (v, i) replaces (best, besti) where it is larger, or as large at a lower id. */
+__device__ __forceinline__ void argmax_take(float v, int i, float &best, int &besti) {
+    if (v > best || (v == best && i < besti)) {
+        best = v;
+        besti = i;
+    }
+}
+
+/* A cluster of ARGMAX_CLUSTER blocks per row over ids [0, limit) (those its allow mask
+ * keeps, when the row has one: allow_row[row] >= 0): the first maximum, then (if asked)
+ * its log-softmax, -log(sum exp(x - max)), from a second pass over the row (in L2 by
+ * then). Block rank q takes the q-th of ARGMAX_CLUSTER equal slices of the ids: one
+ * block a row read 1 MB of logits through one multiprocessor (15 us of a 35B-A3B decode
+ * step on an H100). The ranks' maxima and sums meet through the cluster's shared memory
+ * in rank order, so a row's result does not depend on the other rows. A masked row with
+ * no allowed logit above -inf gets id -1 and logprob -inf; an unmasked row keeps id 0
+ * there (its logprob is NaN, as the host sampler's all -inf error). */
+__global__ void __cluster_dims__(ARGMAX_CLUSTER, 1, 1) __launch_bounds__(ARGMAX_NT)
 argmax_kernel(const float *__restrict__ logits, int V, int limit, const uint32_t *__restrict__ allow_masks,
               const int32_t *__restrict__ allow_row, int32_t *ids, float *logprob) {
     __shared__ float bv[ARGMAX_NT / 32];
     __shared__ int bi[ARGMAX_NT / 32];
     __shared__ float red[ARGMAX_NT / 32];
-    const float *row = logits + (size_t)blockIdx.x * V;
+    __shared__ float rank_max, rank_sum; /* this rank's, read by the others */
+    __shared__ int rank_id;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int q = (int)cluster.block_rank(), r = blockIdx.y;
+    const float *row = logits + (size_t)r * V;
     /* NULL for an unmasked row: the block takes the same branch for every id */
-    const uint32_t *allow = allow_row && allow_row[blockIdx.x] >= 0
-                                ? allow_masks + (size_t)allow_row[blockIdx.x] * (((size_t)V + 31) / 32)
+    const uint32_t *allow = allow_row && allow_row[r] >= 0
+                                ? allow_masks + (size_t)allow_row[r] * (((size_t)V + 31) / 32)
                                 : NULL;
+    const int slice = (limit + ARGMAX_CLUSTER - 1) / ARGMAX_CLUSTER, i0 = q * slice;
+    const int i1 = min(limit, i0 + slice);
     float best = -INFINITY;
     int besti = ARGMAX_NONE;
-    for (int i = threadIdx.x; i < limit; i += ARGMAX_NT) {
+    for (int i = i0 + (int)threadIdx.x; i < i1; i += ARGMAX_NT) {
         const float x = row[i];
         /* i increases: the first maximum stays */
         if (x > best && argmax_allowed(allow, i)) { best = x; besti = i; }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, besti, o);
-        if (ov > best || (ov == best && oi < besti)) { best = ov; besti = oi; }
-    }
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_take(__shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, besti, o), best, besti);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) { bv[warp] = best; bi[warp] = besti; }
     __syncthreads();
     best = bv[0];
     besti = bi[0];
-    for (int w = 1; w < ARGMAX_NT / 32; w++)
-        if (bv[w] > best || (bv[w] == best && bi[w] < besti)) { best = bv[w]; besti = bi[w]; }
-    if (allow && besti == ARGMAX_NONE) { /* every thread sees the same besti: a uniform exit */
-        if (threadIdx.x == 0) {
-            ids[blockIdx.x] = -1;
-            if (logprob) logprob[blockIdx.x] = -INFINITY;
-        }
-        return;
-    }
-    if (threadIdx.x == 0) ids[blockIdx.x] = besti == ARGMAX_NONE ? 0 : besti;
-    if (!logprob) return;
+    for (int w = 1; w < ARGMAX_NT / 32; w++) argmax_take(bv[w], bi[w], best, besti);
+    if (threadIdx.x == 0) { rank_max = best; rank_id = besti; }
+    cluster.sync();
+    best = -INFINITY;
+    besti = ARGMAX_NONE;
+    for (int k = 0; k < ARGMAX_CLUSTER; k++)
+        argmax_take(*cluster.map_shared_rank(&rank_max, k), *cluster.map_shared_rank(&rank_id, k), best, besti);
+    /* every thread of the cluster sees the same best and besti: uniform branches */
+    const bool none = allow && besti == ARGMAX_NONE;
     float sum = 0.f;
-    for (int i = threadIdx.x; i < limit; i += ARGMAX_NT)
-        if (argmax_allowed(allow, i)) sum += expf(row[i] - best);
-    sum = block_sum<ARGMAX_NT>(sum, red);
-    if (threadIdx.x == 0) logprob[blockIdx.x] = -logf(sum);
+    if (logprob && !none) {
+        for (int i = i0 + (int)threadIdx.x; i < i1; i += ARGMAX_NT)
+            if (argmax_allowed(allow, i)) sum += expf(row[i] - best);
+        sum = block_sum<ARGMAX_NT>(sum, red);
+    }
+    if (threadIdx.x == 0) rank_sum = sum;
+    cluster.sync(); /* the ranks' sums are in; and every rank has read the maxima */
+    if (q == 0 && threadIdx.x == 0) {
+        ids[r] = none ? -1 : besti == ARGMAX_NONE ? 0 : besti;
+        if (logprob) {
+            float total = 0.f;
+            for (int k = 0; k < ARGMAX_CLUSTER; k++) total += *cluster.map_shared_rank(&rank_sum, k);
+            logprob[r] = none ? -INFINITY : -logf(total);
+        }
+    }
+    cluster.sync(); /* rank 0 has read the sums before any rank's shared memory goes */
 }
 
 extern "C" qd_status qd_cuda_argmax(const float *d_logits, int n, int V, int limit, const uint32_t *d_allow,
                                     const int32_t *d_allow_row, int32_t *d_ids, float *d_logprob, void *stream) {
     if (n <= 0) return QD_OK;
+    if (n > 65535) return qd_cuda_fail(QD_ERR_INVALID_ARG, "argmax: more than 65535 rows in one call");
     if (limit <= 0 || limit > V) limit = V;
-    argmax_kernel<<<n, ARGMAX_NT, 0, (cudaStream_t)stream>>>(d_logits, V, limit, d_allow, d_allow_row, d_ids,
-                                                            d_logprob);
+    argmax_kernel<<<dim3(ARGMAX_CLUSTER, (unsigned)n), ARGMAX_NT, 0, (cudaStream_t)stream>>>(
+        d_logits, V, limit, d_allow, d_allow_row, d_ids, d_logprob);
     QD_CUDA_CHECK_LAUNCH("argmax");
     return QD_OK;
 }
