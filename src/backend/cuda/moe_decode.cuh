@@ -79,16 +79,17 @@ static __device__ int pairs_of_expert(const int32_t *__restrict__ sel, int p, in
     return m;
 }
 
+/* A one-token pass (TG == 1) runs only at n = 1: its entry, pair p or the shared expert's
+ * token 0, is known to every thread, and its token row is 0. */
+static_assert(GU_TG > 1 && DN_TG > 1, "shape_of gives a pass one token only at n = 1");
+
 /* The pairs a block runs: pair p alone where a pass is one token (TG == 1: one token's
  * experts are distinct, and should an id come twice each pair reads the weights
- * itself, with the same sums), else every pair from p on that chose e
- * (pairs_of_expert), p being their owner. */
+ * itself, with the same sums), no list to write (pass_entries knows it), else every
+ * pair from p on that chose e (pairs_of_expert), p being their owner. */
 template <int TG>
 __device__ __forceinline__ int pairs_of_block(const int32_t *sel, int p, int P, int e, int *list, int *wcnt) {
-    if (TG > 1) return pairs_of_expert(sel, p, P, e, list, wcnt);
-    if (threadIdx.x == 0) list[0] = p;
-    __syncthreads();
-    return 1;
+    return TG > 1 ? pairs_of_expert(sel, p, P, e, list, wcnt) : 1;
 }
 
 /* gate_up after its programmatic wait: lets the down kernel launch (it reads only the
@@ -101,60 +102,79 @@ __device__ __forceinline__ void gate_up_begin(int32_t *counters, int n_ctr, int 
         for (int c = threadIdx.x; c < n_ctr; c += blockDim.x) counters[(size_t)(p / k) * n_ctr + c] = 0;
 }
 
-/* The tokens of shared-expert block row g: SH_TG of the n, from g * SH_TG. */
+/* The tokens of shared-expert block row g: SH_TG of the n, from g * SH_TG; their count,
+ * and their list where a pass takes several (TG == 1: token 0, which pass_entries knows).
+ * The count is computed at TG == 1 too, though it is 1 there: knowing it, ptxas spills in
+ * the main loops of the one-token bf16 gate_up and quantized down. */
+template <int TG>
 __device__ __forceinline__ int group_tokens(int n, int g, int *list) {
     const int m = min(SH_TG, n - g * SH_TG);
-    if (threadIdx.x < m) list[threadIdx.x] = g * SH_TG + threadIdx.x;
-    __syncthreads();
+    if (TG > 1) {
+        if (threadIdx.x < m) list[threadIdx.x] = g * SH_TG + threadIdx.x;
+        __syncthreads();
+    }
     return m;
 }
 
+/* A block's list entries: shared-expert tokens, or pairs t * k + j (token row t). TG > 1:
+ * in the shared list (pairs_of_block, group_tokens); TG == 1: the one entry itself, so
+ * its pass reads no list and waits on no barrier to publish one. */
+template <int TG> struct pass_entries {
+    const int *list; /* TG > 1: the entries, in shared memory */
+    int kd;          /* TG > 1: entries a token row: k, or 1 for the shared expert's tokens */
+    int one;         /* TG == 1: the entry */
+    __device__ pass_entries(const int *l, bool shared, int p, int k)
+        : list(l), kd(shared ? 1 : k), one(shared ? 0 : p) {}
+    __device__ int entry(int q) const { return TG > 1 ? list[q] : one; }
+    __device__ int row(int q) const { return TG > 1 ? list[q] / kd : 0; }
+};
 
-/* A pass's token rows of x (bf16, H8 pieces of 8) into xs [gs][H8]: list entries g0 ..
- * g0 + gs - 1, entry q being row q / kd; read through L2 (cuda_pdl.cuh). Piece b of a row
- * lands at (b % PC) (H8 / PC) + b / PC: a quantized kernel's lane multiplies PC
- * consecutive pieces by one weight piece, and this way the lanes of a warp read
- * consecutive addresses (PC = 1: the row as it is). Then the block's barrier. One loop
- * over the pass's pieces with a division each: lean in registers, which the kernels'
- * main loops need (a walk or a loop per entry made the bf16 gate_up spill). */
-template <int PC = 1>
-__device__ __forceinline__ void load_pass_x(uint4 *xs, const uint16_t *x, const int *list, int g0, int gs, int kd,
+/* A pass's token rows of x (bf16, H8 pieces of 8) into xs [gs][H8]: entries g0 .. g0 +
+ * gs - 1; read through L2 (cuda_pdl.cuh). Piece b of a row lands at (b % PC) (H8 / PC) +
+ * b / PC: a quantized kernel's lane multiplies PC consecutive pieces by one weight piece,
+ * and this way the lanes of a warp read consecutive addresses (PC = 1: the row as it is).
+ * Then the block's barrier. Several entries: one loop over the pass's pieces with a
+ * division each, lean in registers, which the kernels' main loops need (a walk or a loop
+ * per entry made the bf16 gate_up spill); one entry (TG == 1): its row, no division. */
+template <int PC = 1, int TG>
+__device__ __forceinline__ void load_pass_x(uint4 *xs, const uint16_t *x, const pass_entries<TG> &pe, int g0, int gs,
                                             int H8) {
     const uint4 *x4 = (const uint4 *)x;
     const int NP = H8 / PC;
-    for (int c = threadIdx.x; c < gs * H8; c += blockDim.x) {
-        const int tt = c / H8, b = c - tt * H8;
-        xs[tt * H8 + (b % PC) * NP + b / PC] = __ldcg(x4 + (size_t)(list[g0 + tt] / kd) * H8 + b);
+    if (TG == 1) {
+        const uint4 *xr = x4 + (size_t)pe.row(g0) * H8;
+        for (int b = threadIdx.x; b < H8; b += blockDim.x) xs[(b % PC) * NP + b / PC] = __ldcg(xr + b);
+    } else {
+        for (int c = threadIdx.x; c < gs * H8; c += blockDim.x) {
+            const int tt = c / H8, b = c - tt * H8;
+            xs[tt * H8 + (b % PC) * NP + b / PC] = __ldcg(x4 + (size_t)pe.row(g0 + tt) * H8 + b);
+        }
     }
-    __syncthreads();
-}
-
-/* One token's row of x into xs as load_pass_x lays it out, for the one-token passes (TG ==
- * 1, which run only at n = 1: row 0): no pass list, so no barrier to publish it, and no
- * divisions. Then the block's barrier. */
-template <int PC = 1>
-__device__ __forceinline__ void load_row_x(uint4 *xs, const uint16_t *x, int row, int H8) {
-    const uint4 *x4 = (const uint4 *)x + (size_t)row * H8;
-    const int NP = H8 / PC;
-    for (int b = threadIdx.x; b < H8; b += blockDim.x) xs[(b % PC) * NP + b / PC] = __ldcg(x4 + b);
     __syncthreads();
 }
 
 /* A pass's activations (fp32, rows of Ir) into as4 [gs][Ir / 4], as load_pass_x: float4
  * b of a row at (b % AF) (Ir / 4 / AF) + b / AF, a quantized lane's AF consecutive float4
  * apart (AF = 1: the row as it is). */
-template <int AF = 1>
-__device__ __forceinline__ void load_pass_act(float4 *as4, const float *ap, const int *list, int g0, int gs, int Ir) {
+template <int AF = 1, int TG>
+__device__ __forceinline__ void load_pass_act(float4 *as4, const float *ap, const pass_entries<TG> &pe, int g0, int gs,
+                                              int Ir) {
     const int I4 = Ir >> 2, NP = I4 / AF;
-    for (int c = threadIdx.x; c < gs * I4; c += blockDim.x) {
-        const int tt = c / I4, b = c - tt * I4;
-        as4[tt * I4 + (b % AF) * NP + b / AF] = __ldcg((const float4 *)(ap + (size_t)list[g0 + tt] * Ir) + b);
+    if (TG == 1) {
+        const float4 *ar = (const float4 *)(ap + (size_t)pe.entry(g0) * Ir);
+        for (int b = threadIdx.x; b < I4; b += blockDim.x) as4[(b % AF) * NP + b / AF] = __ldcg(ar + b);
+    } else {
+        for (int c = threadIdx.x; c < gs * I4; c += blockDim.x) {
+            const int tt = c / I4, b = c - tt * I4;
+            as4[tt * I4 + (b % AF) * NP + b / AF] = __ldcg((const float4 *)(ap + (size_t)pe.entry(g0 + tt) * Ir) + b);
+        }
     }
     __syncthreads();
 }
 
-/* silu(gate) * up of a warp's row i from the lanes' partial sums, into the row of the list
- * entry that entry() gives (read by the lane that stores). */
+/* silu(gate) * up of a warp's row i from the lanes' partial sums, into the row of the
+ * entry that entry() gives (read by the lane that stores: an argument read by every lane
+ * costs each a load of the list). */
 template <class Entry>
 __device__ __forceinline__ void store_act_at(float ag, float au, Entry entry, float *ap, int rows, int i) {
     const float sg = warp_sum(ag), su = warp_sum(au);
@@ -163,16 +183,11 @@ __device__ __forceinline__ void store_act_at(float ag, float au, Entry entry, fl
 
 /* The pass's gs entries. */
 template <int TG>
-__device__ __forceinline__ void store_act(const float (&ag)[TG], const float (&au)[TG], int gs, const int *list,
-                                          int g0, float *ap, int rows, int i) {
+__device__ __forceinline__ void store_act(const float (&ag)[TG], const float (&au)[TG], int gs,
+                                          const pass_entries<TG> &pe, int g0, float *ap, int rows, int i) {
 #pragma unroll
     for (int tt = 0; tt < TG; tt++)
-        if (tt < gs) store_act_at(ag[tt], au[tt], [&] { return list[g0 + tt]; }, ap, rows, i);
-}
-
-/* A one-token pass whose entry is known (no list). */
-__device__ __forceinline__ void store_act_one(float ag, float au, int entry, float *ap, int rows, int i) {
-    store_act_at(ag, au, [=] { return entry; }, ap, rows, i);
+        if (tt < gs) store_act_at(ag[tt], au[tt], [&] { return pe.entry(g0 + tt); }, ap, rows, i);
 }
 
 /* What a down block adds into y once a (token, row tile) has all its slots. */
@@ -192,13 +207,13 @@ typedef struct dn_combine {
  * (token, row tile) to nslot adds the token's slots into y in slot order. last: DN_TG
  * ints of shared scratch. */
 template <int TG>
-__device__ __forceinline__ void finish_down_pass(const float (&acc)[DN_R][TG], int gs, const int *list, int g0,
-                                                 int kd, float *op, int h0, int *last, const dn_combine &cb) {
+__device__ __forceinline__ void finish_down_pass(const float (&acc)[DN_R][TG], int gs, const pass_entries<TG> &pe,
+                                                 int g0, float *op, int h0, int *last, const dn_combine &cb) {
     const int tid = threadIdx.x, lane = tid & 31, H = cb.H;
 #pragma unroll
     for (int tt = 0; tt < TG; tt++) {
         if (tt < gs) {
-            const size_t q = (size_t)list[g0 + tt];
+            const size_t q = (size_t)pe.entry(g0 + tt);
 #pragma unroll
             for (int r = 0; r < DN_R; r++) {
                 const float v = warp_sum(acc[r][tt]);
@@ -209,14 +224,17 @@ __device__ __forceinline__ void finish_down_pass(const float (&acc)[DN_R][TG], i
     /* publish this pass's outputs and count them in (qd_count_in: after the barrier) */
     __syncthreads();
     if (tid < gs) {
-        const int t = list[g0 + tid] / kd;
+        const int t = pe.row(g0 + tid);
         last[tid] = qd_count_in(&cb.counters[(size_t)t * cb.n_ctr + blockIdx.x]) == cb.nslot - 1;
     }
     __syncthreads();
     if (tid < gs * QD_MOE_DN_ROWS) {
-        const int tt = tid / QD_MOE_DN_ROWS, h = blockIdx.x * QD_MOE_DN_ROWS + tid % QD_MOE_DN_ROWS;
+        /* one entry (TG == 1): tid < QD_MOE_DN_ROWS, and last[0] a fixed address, not a
+         * register held across the pass (it spilled) */
+        const int tt = TG > 1 ? tid / QD_MOE_DN_ROWS : 0;
+        const int h = blockIdx.x * QD_MOE_DN_ROWS + (TG > 1 ? tid % QD_MOE_DN_ROWS : tid);
         if (last[tt] && h < H) {
-            const size_t t = (size_t)(list[g0 + tt] / kd);
+            const size_t t = (size_t)pe.row(g0 + tt);
             float s = 0.0f;
             for (int j = 0; j < cb.k; j++)
                 s = fmaf(__ldcg(cb.wts + t * cb.k + j), __ldcg(cb.out + (t * cb.k + j) * H + h), s);

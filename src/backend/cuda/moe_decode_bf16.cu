@@ -1,6 +1,6 @@
 /* The bf16 family of the MoE decode kernels (moe_decode.cu): each lane streams its
  * weight pieces into registers, a row's first chunk in flight before the routing is
- * known where it can be (the shared expert). TG: list entries a pass at most (1 for a
+ * known where it can be (the shared expert). TG: entries a pass at most (1 for a
  * one-token call, whose experts each have one pair; else GU_TG / DN_TG). The one-entry
  * gate_up needs 48 registers and runs 5 blocks an SM: the 576 blocks of a 35B-A3B token
  * (8 experts and the shared one, 64 blocks each) in one wave of 660; the one-entry down
@@ -51,7 +51,7 @@ moe_gate_up_bf16(const uint16_t *__restrict__ x, const int32_t *sel, const uint1
     if (blockIdx.x * GU_WARPS >= rows) return; /* the grid covers the wider of I and Is */
     int m;
     if (shared) {
-        m = group_tokens(P / k, p - P, list);
+        m = group_tokens<TG>(P / k, p - P, list);
     } else {
         const int e = __ldcg(sel + p);
         if (not_owner<TG>(sel, p, e)) return;
@@ -67,12 +67,12 @@ moe_gate_up_bf16(const uint16_t *__restrict__ x, const int32_t *sel, const uint1
         }
         m = pairs_of_block<TG>(sel, p, P, e, list, wcnt);
     }
-    const int kd = shared ? 1 : k;              /* list entries: tokens, or pairs t * k + j */
-    float *const ap = shared ? sh_act : act;    /* [list entry][rows] */
+    const pass_entries<TG> pe(list, shared, p, k);
+    float *const ap = shared ? sh_act : act; /* [entry][rows] */
     for (int g0 = 0; g0 < m; g0 += TG) {
         const int gs = min(TG, m - g0);
         if (g0) __syncthreads(); /* the previous pass is done with xs */
-        load_pass_x(xs, x, list, g0, gs, kd, H8);
+        load_pass_x(xs, x, pe, g0, gs, H8);
         float ag[TG], au[TG];
 #pragma unroll
         for (int tt = 0; tt < TG; tt++) ag[tt] = au[tt] = 0.0f;
@@ -107,7 +107,7 @@ moe_gate_up_bf16(const uint16_t *__restrict__ x, const int32_t *sel, const uint1
                 }
             }
         }
-        store_act<TG>(ag, au, gs, list, g0, ap, rows, i);
+        store_act(ag, au, gs, pe, g0, ap, rows, i);
     }
 }
 
@@ -151,16 +151,16 @@ moe_down_bf16(const int32_t *sel, const uint16_t *__restrict__ down, const float
             const bool in = ok && h0 + r < H && b < I8;
             w[r][uu] = in ? ld_weights((const uint4 *)(wd + r * rstride) + b) : make_uint4(0, 0, 0, 0);
         }
-    const int m = shared ? group_tokens(P / k, p - P, list) : pairs_of_block<TG>(sel, p, P, e, list, wcnt);
+    const int m = shared ? group_tokens<TG>(P / k, p - P, list) : pairs_of_block<TG>(sel, p, P, e, list, wcnt);
     /* From here on the activations of gate_up are needed (and the counters it reset). */
     qd_pdl_wait();
-    const int kd = shared ? 1 : k; /* list entries: tokens, or pairs t * k + j */
+    const pass_entries<TG> pe(list, shared, p, k);
     const float *const ap = shared ? sh_act : act;
     float *const op = shared ? sh_out : out;
     for (int g0 = 0; g0 < m; g0 += TG) {
         const int gs = min(TG, m - g0);
         if (g0) __syncthreads();
-        load_pass_act(as4, ap, list, g0, gs, Ir);
+        load_pass_act(as4, ap, pe, g0, gs, Ir);
         float acc[DN_R][TG];
 #pragma unroll
         for (int r = 0; r < DN_R; r++)
@@ -197,7 +197,7 @@ moe_down_bf16(const int32_t *sel, const uint16_t *__restrict__ down, const float
                 }
             }
         }
-        finish_down_pass<TG>(acc, gs, list, g0, kd, op, h0, last, cb);
+        finish_down_pass(acc, gs, pe, g0, op, h0, last, cb);
     }
 }
 

@@ -122,12 +122,9 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
     }
     gate_up_begin(counters, n_ctr, p, k, shared);
     if (blockIdx.x * GU_WARPS >= rows) return; /* the grid covers the wider of I and Is */
-    /* A one-token pass (TG == 1: n = 1) has one list entry, known here: the shared
-     * expert's token 0 or pair p; it needs neither the list nor its barrier. */
-    static_assert(GU_TG > 1, "shape_of gives a pass one token only at n = 1");
-    int m = 1;
+    int m;
     if (shared) {
-        if (TG > 1) m = group_tokens(P / k, p - P, list);
+        m = group_tokens<TG>(P / k, p - P, list);
     } else {
         const int e = __ldcg(sel + p);
         if (not_owner<TG>(sel, p, e)) return;
@@ -140,17 +137,19 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
             ws.nrows = 2;
             ws.start(policy);
         }
-        if (TG > 1) m = pairs_of_block<TG>(sel, p, P, e, list, wcnt);
+        m = pairs_of_block<TG>(sel, p, P, e, list, wcnt);
     }
-    const int kd = shared ? 1 : k;              /* list entries: tokens, or pairs t * k + j */
-    float *const ap = shared ? sh_act : act;    /* [list entry][rows] */
+    /* One token (TG == 1, n = 1): one pass of one entry. Knowing it, ptxas fits this
+     * instance's main loop in registers (with group_tokens' count it spills). */
+    if (TG == 1) m = tg = 1;
+    const pass_entries<TG> pe(list, shared, p, k);
+    float *const ap = shared ? sh_act : act; /* [entry][rows] */
     uint4 *xs = (uint4 *)(gsm + (size_t)GU_WARPS * nst * 2 * sb);
     const int uses = (TG == 1 ? m : (m + tg - 1) / tg) * ws.nch;
     for (int g0 = 0, j0 = 0; g0 < m; g0 += tg, j0 += ws.nch) {
         const int gs = min(tg, m - g0);
         if (g0) __syncthreads(); /* the previous pass is done with xs */
-        if (TG == 1) load_row_x<PC>(xs, x, 0, H8);
-        else load_pass_x<PC>(xs, x, list, g0, gs, kd, H8);
+        load_pass_x<PC>(xs, x, pe, g0, gs, H8);
         float ag[TG], au[TG];
 #pragma unroll
         for (int tt = 0; tt < TG; tt++) ag[tt] = au[tt] = 0.0f;
@@ -210,8 +209,7 @@ moe_gate_up_quant(const __grid_constant__ qd_moe_qw qw, const uint16_t *__restri
             }
             ws.done(j, c, uses, policy);
         }
-        if (TG == 1) store_act_one(ag[0], au[0], shared ? 0 : p, ap, rows, i);
-        else store_act<TG>(ag, au, gs, list, g0, ap, rows, i);
+        store_act(ag, au, gs, pe, g0, ap, rows, i);
     }
 }
 
@@ -259,10 +257,10 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
     ws.init();
     const uint64_t policy = qd_l2_evict_first();
     ws.start(policy);
-    const int m = shared ? group_tokens(P / k, p - P, list) : pairs_of_block<TG>(sel, p, P, e, list, wcnt);
+    const int m = shared ? group_tokens<TG>(P / k, p - P, list) : pairs_of_block<TG>(sel, p, P, e, list, wcnt);
     /* From here on the activations of gate_up are needed (and the counters it reset). */
     qd_pdl_wait();
-    const int kd = shared ? 1 : k; /* list entries: tokens, or pairs t * k + j */
+    const pass_entries<TG> pe(list, shared, p, k);
     const float *const ap = shared ? sh_act : act;
     float *const op = shared ? sh_out : out;
     float4 *as4 = (float4 *)(dsm + (size_t)DN_WARPS * nst * DN_R * sb);
@@ -270,7 +268,7 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
     for (int g0 = 0, j0 = 0; g0 < m; g0 += tg, j0 += ws.nch) {
         const int gs = min(tg, m - g0);
         if (g0) __syncthreads();
-        load_pass_act<AF>(as4, ap, list, g0, gs, Ir);
+        load_pass_act<AF>(as4, ap, pe, g0, gs, Ir);
         float acc[DN_R][TG];
 #pragma unroll
         for (int r = 0; r < DN_R; r++)
@@ -318,7 +316,7 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
             }
             ws.done(j, c, uses, policy);
         }
-        finish_down_pass<TG>(acc, gs, list, g0, kd, op, h0, last, cb);
+        finish_down_pass(acc, gs, pe, g0, op, h0, last, cb);
     }
 }
 
