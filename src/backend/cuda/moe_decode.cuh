@@ -172,22 +172,19 @@ __device__ __forceinline__ void load_pass_act(float4 *as4, const float *ap, cons
     __syncthreads();
 }
 
-/* silu(gate) * up of a warp's row i from the lanes' partial sums, into the row of the
- * entry that entry() gives (read by the lane that stores: an argument read by every lane
- * costs each a load of the list). */
-template <class Entry>
-__device__ __forceinline__ void store_act_at(float ag, float au, Entry entry, float *ap, int rows, int i) {
-    const float sg = warp_sum(ag), su = warp_sum(au);
-    if ((threadIdx.x & 31) == 0) ap[(size_t)entry() * rows + i] = sg / (1.0f + expf(-sg)) * su;
-}
-
-/* The pass's gs entries. */
+/* silu(gate) * up of a warp's row i for the pass's gs entries, from the lanes' partial sums,
+ * into each entry's row (read by the lane that stores: read by every lane, it costs each a
+ * load of the list). */
 template <int TG>
 __device__ __forceinline__ void store_act(const float (&ag)[TG], const float (&au)[TG], int gs,
                                           const pass_entries<TG> &pe, int g0, float *ap, int rows, int i) {
 #pragma unroll
-    for (int tt = 0; tt < TG; tt++)
-        if (tt < gs) store_act_at(ag[tt], au[tt], [&] { return pe.entry(g0 + tt); }, ap, rows, i);
+    for (int tt = 0; tt < TG; tt++) {
+        if (tt < gs) {
+            const float sg = warp_sum(ag[tt]), su = warp_sum(au[tt]);
+            if ((threadIdx.x & 31) == 0) ap[(size_t)pe.entry(g0 + tt) * rows + i] = sg / (1.0f + expf(-sg)) * su;
+        }
+    }
 }
 
 /* What a down block adds into y once a (token, row tile) has all its slots. */
