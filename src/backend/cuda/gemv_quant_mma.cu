@@ -139,64 +139,15 @@ struct qm_call {
     int64_t ldy[QD_CUDA_QGEMV_MULTI_MAX];
 };
 
-/* The products of one round (units u0 + j WARPS, j < QM_UNROLL) whose weights are in wa /
- * wb, added into c unit by unit in that order. */
-template <class M, int NT, int WARPS, bool BUILD>
-__device__ __forceinline__ void qm_round(const uint4 (&wa)[QM_UNROLL], const uint4 (&wb)[QM_UNROLL], int u0, int units,
-                                         int cols, int tcol, int block_shift, const qf_row &row_a, const qf_row &row_b,
-                                         const float *sa, const float *sb, const uint4 *const (&xp)[NT],
-                                         const bool (&xtok)[NT], float (&c)[NT][4]) {
-    constexpr int UNIT = 4 * M::COLS, KSTEPS = M::COLS / 4;
-#pragma unroll
-    for (int j = 0; j < QM_UNROLL; j++) {
-        const int u = u0 + j * WARPS;
-        if (u >= units) break; /* warp-uniform */
-        const int col = u * UNIT + tcol, blk = u >> block_shift; /* the unit's scale block */
-        const float s_a = M::SCALED ? __ldg(sa + blk) : 1.f;
-        const float s_b = M::SCALED ? __ldg(sb + blk) : 1.f;
-        const uint32_t za = M::zero_pair(row_a, blk), zb = M::zero_pair(row_b, blk);
-        const bool cin = col < cols;
-        float d[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            uint4 xv[M::XU4];
-            const bool xin = xtok[nt] && cin;
-#pragma unroll
-            for (int q = 0; q < M::XU4; q++)
-                xv[q] = !xin    ? make_uint4(0, 0, 0, 0)
-                        : BUILD ? xp[nt][u * (UNIT / 8) + q]
-                                : __ldg(xp[nt] + u * (UNIT / 8) + q);
-#pragma unroll
-            for (int i = 0; i < 4; i++) d[nt][i] = 0.f;
-#pragma unroll
-            for (int k = 0; k < KSTEPS; k++) {
-                const uint32_t a[4] = {M::word(wa[j], 2 * k, za), M::word(wb[j], 2 * k, zb),
-                                       M::word(wa[j], 2 * k + 1, za), M::word(wb[j], 2 * k + 1, zb)};
-                qd_mma16816(d[nt], a, M::xword(xv, 2 * k), M::xword(xv, 2 * k + 1));
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            c[nt][0] = fmaf(s_a, d[nt][0], c[nt][0]);
-            c[nt][1] = fmaf(s_a, d[nt][1], c[nt][1]);
-            c[nt][2] = fmaf(s_b, d[nt][2], c[nt][2]);
-            c[nt][3] = fmaf(s_b, d[nt][3], c[nt][3]);
-        }
-    }
-}
-
 /* The lane's sums c of 16-row tile `tile` of m: rows tile 16 + g and + 8, tokens of its
  * C fragment (see the top). Offsets within a row are 32-bit (the host keeps cols below
  * 2^31) and every pointer is formed once, outside the loop over units: the per-unit work
- * is the loads, the decode and the products. A warp's units come in rounds of QM_UNROLL
- * through two register buffers: the round after next is loaded while this one is
- * multiplied, so that a warp with several rounds (a long row, few warps a tile) keeps
- * its next weights in flight; the units are summed in the same order either way. */
+ * is the loads, the decode and the products. */
 template <class M, int NT, int WARPS, bool BUILD>
 __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift, int64_t tile,
                                         const uint16_t *__restrict__ x, int64_t ldx, const qd_cuda_lin_in &in,
                                         uint4 *xs, int n, bool first, float (&c)[NT][4]) {
-    constexpr int UNIT = 4 * M::COLS, STRIDE = WARPS * QM_UNROLL; /* units from one round to the next */
+    constexpr int UNIT = 4 * M::COLS, KSTEPS = M::COLS / 4;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int64_t ra = tile * 16 + g, rb = ra + 8;
     const int live_a = ra < m.rows, live_b = rb < m.rows;
@@ -204,14 +155,10 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
     const int cols = (int)m.cols, units = (cols + UNIT - 1) / UNIT, tcol = M::COLS * t;
     const uint4 *pa = (const uint4 *)row_a.q + t, *pb = (const uint4 *)row_b.q + t;
     const float *sa = (const float *)row_a.s, *sb = (const float *)row_b.s;
-    /* Two buffers where a block has at most 8 warps: 16-warp blocks have 128 registers a
-     * thread, which a second buffer spills, and a tile's rounds are fewer there. */
-    constexpr bool TWO = WARPS <= 8;
-    uint4 wa0[QM_UNROLL], wb0[QM_UNROLL], wa1[TWO ? QM_UNROLL : 1], wb1[TWO ? QM_UNROLL : 1];
-    /* the first rounds' weights are in flight before the wait for the previous kernel (x),
+    uint4 wa[QM_UNROLL], wb[QM_UNROLL];
+    /* the first units' weights are in flight before the wait for the previous kernel (x),
      * in the block's first tile */
-    qm_load_units<M, WARPS>(pa, pb, live_a, live_b, cols, units, tcol, warp, wa0, wb0);
-    if constexpr (TWO) qm_load_units<M, WARPS>(pa, pb, live_a, live_b, cols, units, tcol, warp + STRIDE, wa1, wb1);
+    qm_load_units<M, WARPS>(pa, pb, live_a, live_b, cols, units, tcol, warp, wa, wb);
     if (first) { /* block-uniform */
         qd_pdl_wait();
         qd_pdl_trigger();
@@ -230,23 +177,43 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
         xtok[nt] = tok < n;
         xp[nt] = (BUILD ? (const uint4 *)xs : (const uint4 *)x) + ((xtok[nt] ? tok : 0) * ldx + tcol) / 8;
     }
-    if constexpr (!TWO) {
-        for (int u0 = warp; u0 < units; u0 += STRIDE) {
-            if (u0 != warp) qm_load_units<M, WARPS>(pa, pb, live_a, live_b, cols, units, tcol, u0, wa0, wb0);
-            qm_round<M, NT, WARPS, BUILD>(wa0, wb0, u0, units, cols, tcol, block_shift, row_a, row_b, sa, sb, xp, xtok,
-                                          c);
-        }
-    } else { /* two rounds a pass, one from each buffer (a buffer's index must be known when compiled) */
-        for (int u0 = warp; u0 < units; u0 += 2 * STRIDE) {
-            qm_round<M, NT, WARPS, BUILD>(wa0, wb0, u0, units, cols, tcol, block_shift, row_a, row_b, sa, sb, xp, xtok,
-                                          c);
-            if (u0 + STRIDE >= units) break; /* warp-uniform */
-            if (u0 + 2 * STRIDE < units)
-                qm_load_units<M, WARPS>(pa, pb, live_a, live_b, cols, units, tcol, u0 + 2 * STRIDE, wa0, wb0);
-            qm_round<M, NT, WARPS, BUILD>(wa1, wb1, u0 + STRIDE, units, cols, tcol, block_shift, row_a, row_b, sa, sb,
-                                          xp, xtok, c);
-            if (u0 + 3 * STRIDE < units)
-                qm_load_units<M, WARPS>(pa, pb, live_a, live_b, cols, units, tcol, u0 + 3 * STRIDE, wa1, wb1);
+    for (int u0 = warp; u0 < units; u0 += WARPS * QM_UNROLL) {
+        if (u0 != warp) qm_load_units<M, WARPS>(pa, pb, live_a, live_b, cols, units, tcol, u0, wa, wb);
+#pragma unroll
+        for (int j = 0; j < QM_UNROLL; j++) {
+            const int u = u0 + j * WARPS;
+            if (u >= units) break; /* warp-uniform */
+            const int col = u * UNIT + tcol, blk = u >> block_shift; /* the unit's scale block */
+            const float s_a = M::SCALED ? __ldg(sa + blk) : 1.f;
+            const float s_b = M::SCALED ? __ldg(sb + blk) : 1.f;
+            const uint32_t za = M::zero_pair(row_a, blk), zb = M::zero_pair(row_b, blk);
+            const bool cin = col < cols;
+            float d[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint4 xv[M::XU4];
+                const bool xin = xtok[nt] && cin;
+#pragma unroll
+                for (int q = 0; q < M::XU4; q++)
+                    xv[q] = !xin    ? make_uint4(0, 0, 0, 0)
+                            : BUILD ? xp[nt][u * (UNIT / 8) + q]
+                                    : __ldg(xp[nt] + u * (UNIT / 8) + q);
+#pragma unroll
+                for (int i = 0; i < 4; i++) d[nt][i] = 0.f;
+#pragma unroll
+                for (int k = 0; k < KSTEPS; k++) {
+                    const uint32_t a[4] = {M::word(wa[j], 2 * k, za), M::word(wb[j], 2 * k, zb),
+                                           M::word(wa[j], 2 * k + 1, za), M::word(wb[j], 2 * k + 1, zb)};
+                    qd_mma16816(d[nt], a, M::xword(xv, 2 * k), M::xword(xv, 2 * k + 1));
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                c[nt][0] = fmaf(s_a, d[nt][0], c[nt][0]);
+                c[nt][1] = fmaf(s_a, d[nt][1], c[nt][1]);
+                c[nt][2] = fmaf(s_b, d[nt][2], c[nt][2]);
+                c[nt][3] = fmaf(s_b, d[nt][3], c[nt][3]);
+            }
         }
     }
 }
