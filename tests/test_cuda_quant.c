@@ -16,7 +16,9 @@
  *
  * Tolerance: the GPU dequantizes each element with the same fp32 operations in the same
  * order as the reference (e4m3 * scale; e2m1 * scale * global; (q - z) * scale), so the
- * weights are the same floats; what differs is the summation. The element loop: each lane
+ * weights are the same floats (the tensor-core kernel's NVFP4 weights are e2m1 * scale,
+ * exact in bf16, and the global factor multiplies their sum: one rounding of the sum for
+ * one of each weight, within the slack below); what differs is the summation. The element loop: each lane
  * adds cols / 32 terms in fp32 (each fma rounds once), then a 5-level shuffle tree. The
  * vectorised kernel (layouts qd_cuda_qlayout_vectorised takes: the cases with cols % 16 or
  * % 32 and F32 scales) sums a piece's <= 32 unscaled terms, scales that partial sum (one
@@ -685,6 +687,9 @@ int main(void) {
         {"int4 g128 zeros (mma)", QD_DTYPE_INT4, 515, 2080, 1, 128, QD_DTYPE_F32, 1, 0, 1, 0, 0},
         {"int4 g256 sym (mma)", QD_DTYPE_INT4, 17, 4096, 1, 256, QD_DTYPE_F32, 0, 0, 12, 1, 0},
         {"int4 one group (mma)", QD_DTYPE_INT4, 64, 1056, 1, -1, QD_DTYPE_F32, 1, 0, 5, 0, 0},
+        /* NVFP4: whole 32-column pieces, a partial unit (2080 = 16 x 128 + 32), both token tiles */
+        {"nvfp4 (mma)", QD_DTYPE_NVFP4, 1001, 2080, 1, 16, QD_DTYPE_F8_E4M3, 0, 0, 16, 0, 0},
+        {"nvfp4 (mma)", QD_DTYPE_NVFP4, 37, 4096, 1, 16, QD_DTYPE_F8_E4M3, 0, 0, 5, 1, 0},
         /* x at an odd stride */
         {"fp8 block128 odd ldx", QD_DTYPE_F8_E4M3, 300, 528, 128, 128, QD_DTYPE_F32, 0, 0, 2, 1, 1},
         {"int4 g128 odd ldx", QD_DTYPE_INT4, 77, 2080, 1, 128, QD_DTYPE_F32, 0, 0, 3, 0, 1},

@@ -1,6 +1,6 @@
-/* The quantized GEMV on the tensor cores: FP8 (block or per-channel scales) and INT4
- * (groups of 2^k x 128 columns or one group) weights, 1-16 rows of x, with the bf16 parts
- * of a stack beside them in the same launch.
+/* The quantized GEMV on the tensor cores: FP8 (block or per-channel scales), INT4 (groups
+ * of 2^k x 128 columns or one group) and NVFP4 weights, 1-16 rows of x, with the bf16
+ * parts of a stack beside them in the same launch.
  *
  * Why: the one-warp-per-row kernel of gemv_quant.cu multiplies each decoded weight with
  * fp32 FMAs, and every lane reads the matching x (2 bytes of x per byte of FP8 weight)
@@ -8,19 +8,21 @@
  * bandwidth leaves time for (RESULTS session 14: 45% of copy bandwidth at n = 1 for FP8,
  * 22% for 4-bit). Here a block owns 16 output rows and mma.m16n8k16 does the products:
  * a weight element is converted once to bf16 with integer and bf16 ops (exactly: every
- * e4m3 value and every INT4 q - z is a bf16 value) and x is read only by the lanes whose
- * token exists (lanes g < n), as the bf16 tensor-core GEMV of gemm.cu does.
+ * e4m3 value, every INT4 q - z and every NVFP4 e2m1 times its e4m3 scale is a bf16
+ * value) and x is read only by the lanes whose token exists (lanes g < n), as the bf16
+ * tensor-core GEMV of gemm.cu does.
  *
  * Layout of a step (g = lane / 4, t = lane % 4): lane (g, t) loads the 16-byte piece of
  * weight rows g and g + 8 at column M::COLS t of a unit of 4 M::COLS columns (FP8: 64,
- * INT4: 128, bf16: 32), so the 4 lanes of a row read 64 contiguous bytes. Its COLS / 2 bf16 words
- * of a row go to COLS / 4 products, two words each; a dot product does not care in which
- * order its columns are summed, so each format pairs columns where its decoding is
- * cheapest (FP8: bytes e and e + 2 of a word, INT4: nibbles e and e + 4) and x is paired
- * the same way. One scale (and zero point) per row and unit: block / group columns a
+ * INT4 and NVFP4: 128, bf16: 32), so the 4 lanes of a row read 64 contiguous bytes. Its
+ * COLS / 2 bf16 words of a row go to COLS / 4 products, two words each; a dot product
+ * does not care in which order its columns are summed, so each format pairs columns where
+ * its decoding is cheapest (FP8: bytes e and e + 2 of a word, INT4 and NVFP4: nibbles e
+ * and e + 4) and x is paired the same way. One scale (and zero point) per row and unit: block / group columns a
  * power-of-two multiple of the unit (every released layout: 128) or one block per row, so
  * the unit's partial sums are scaled once per row, as the CPU reference scales the
- * dequantized weight. The warps of a block split the units; their
+ * dequantized weight (NVFP4's 16-column blocks scale the weights as they are decoded, its
+ * global factor the tile's sums). The warps of a block split the units; their
  * sums meet in shared memory in a fixed order. The warp count depends on the shape only,
  * so a row's result is the same bits whatever n is. Rows past `rows`, columns past
  * `cols` and tokens past n read as zeros. x is bf16 rows read in place, or (BUILD) made
@@ -53,9 +55,9 @@
  * the CPU reference gives NaN; quantizers never emit them. */
 struct qm_f8 {
     static constexpr int COLS = 16, XU4 = 2; /* x: 16 bf16 = 2 uint4 */
-    static constexpr bool SCALED = true;
-    __device__ static __forceinline__ uint32_t word(const uint4 &raw, int i, uint32_t zz) {
-        (void)zz;
+    static constexpr bool SCALED = true, POST = false;
+    __device__ static __forceinline__ uint32_t word(const uint4 &raw, int i, const uint2 &uc) {
+        (void)uc;
         const uint32_t u = qf_word(raw, i / 2), sgn = u & 0x80808080u, mag = 0x07f007f0u;
         /* (a & mag) | (b & ~mag): the signs outside mag are exactly bits 15 and 31 */
         const uint32_t v = (i & 1) ? ((u >> 4) & mag) | (sgn & ~mag) : ((u << 4) & mag) | ((sgn << 8) & ~mag);
@@ -69,7 +71,10 @@ struct qm_f8 {
         const uint32_t a = qf_word(xv[q / 2], (q % 2) * 2), b = qf_word(xv[q / 2], (q % 2) * 2 + 1);
         return __byte_perm(a, b, (i & 1) ? 0x7632 : 0x5410);
     }
-    __device__ static __forceinline__ uint32_t zero_pair(const qf_row &r, int64_t b) { (void)r; (void)b; return 0; }
+    __device__ static __forceinline__ uint2 unit_consts(const qf_row &r, int64_t b, int col, bool in) {
+        (void)r; (void)b; (void)col; (void)in;
+        return make_uint2(0, 0);
+    }
 };
 
 /* INT4: word i of a row's piece is nibbles k and k + 4 (k = i % 4) of stored word i / 4,
@@ -77,11 +82,11 @@ struct qm_f8 {
  * the pair (128 + z, 128 + z) leaves q - z exactly. */
 struct qm_int4 {
     static constexpr int COLS = 32, XU4 = 4; /* x: 32 bf16 = 4 uint4 */
-    static constexpr bool SCALED = true;
-    __device__ static __forceinline__ uint32_t word(const uint4 &raw, int i, uint32_t zz) {
+    static constexpr bool SCALED = true, POST = false;
+    __device__ static __forceinline__ uint32_t word(const uint4 &raw, int i, const uint2 &uc) {
         const uint32_t v = ((qf_word(raw, i / 4) >> (4 * (i % 4))) & 0x000f000fu) | 0x43004300u;
         const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162 *>(&v),
-                                         *reinterpret_cast<const __nv_bfloat162 *>(&zz));
+                                         *reinterpret_cast<const __nv_bfloat162 *>(&uc.x));
         return *reinterpret_cast<const uint32_t *>(&d);
     }
     /* x columns 8w + k and 8w + k + 4 of the piece: x uint4 w holds columns 8w .. 8w + 7
@@ -91,10 +96,45 @@ struct qm_int4 {
         const uint32_t lo = qf_word(xv[w], k / 2), hi = qf_word(xv[w], 2 + k / 2);
         return __byte_perm(lo, hi, (k & 1) ? 0x7632 : 0x5410);
     }
-    /* b: the group index in the row */
-    __device__ static __forceinline__ uint32_t zero_pair(const qf_row &r, int64_t b) {
+    /* the pair (128 + z, 128 + z); b: the group index in the row */
+    __device__ static __forceinline__ uint2 unit_consts(const qf_row &r, int64_t b, int col, bool in) {
+        (void)col; (void)in;
         const float z = 128.0f + (r.z ? (float)__ldg(r.z + b) : 8.0f);
-        return qd_bf2_pack(z, z);
+        return make_uint2(qd_bf2_pack(z, z), 0);
+    }
+};
+
+/* NVFP4: word i of a row's piece is nibbles k and k + 4 (k = i % 4) of stored word i / 4,
+ * columns 8 (i / 4) + k and + 4 as for INT4, both in the piece's 16-column scale block
+ * i / 8. A nibble's exponent and mantissa bits in a bf16's bits 8..6 and its sign in bit
+ * 15 give the e2m1 value times 2^-126 for every code (the one subnormal, 0.5, a bf16
+ * subnormal); a bf16 multiply by 2^126 makes it the value and a second by the block's
+ * e4m3 scale the dequantized weight over the matrix's global factor, both exactly (2 and
+ * 4 significant bits fit a bf16's 8). The tensor cores need the scale before they sum: a
+ * k-step adds columns of the four lanes' pieces, which lie in different scale blocks. The
+ * global factor scales the tile's sums once (post). */
+struct qm_nvfp4 {
+    static constexpr int COLS = 32, XU4 = 4;
+    static constexpr bool SCALED = false, POST = true;
+    __device__ static __forceinline__ uint32_t word(const uint4 &raw, int i, const uint2 &uc) {
+        const uint32_t u = qf_word(raw, i / 4) >> (4 * (i % 4));
+        const uint32_t v = ((u & 0x00070007u) << 6) | ((u & 0x00080008u) << 12);
+        const __nv_bfloat162 d = __hmul2(*reinterpret_cast<const __nv_bfloat162 *>(&v),
+                                         __nv_bfloat162(__ushort_as_bfloat16(0x7e80), __ushort_as_bfloat16(0x7e80)));
+        const __nv_bfloat162 w = __hmul2(d, *reinterpret_cast<const __nv_bfloat162 *>(i < 8 ? &uc.x : &uc.y));
+        return *reinterpret_cast<const uint32_t *>(&w);
+    }
+    __device__ static __forceinline__ uint32_t xword(const uint4 (&xv)[XU4], int i) { return qm_int4::xword(xv, i); }
+    /* the scale pairs of the piece's two blocks, from column col (the piece's first; in:
+     * col < cols, else none: past the row's scales) */
+    __device__ static __forceinline__ uint2 unit_consts(const qf_row &r, int64_t b, int col, bool in) {
+        (void)b;
+        const float2 sc = qf_e4m3x2(in ? __ldg((const unsigned short *)((const uint8_t *)r.s + col / 16)) : 0);
+        return make_uint2(qd_bf2_pack(sc.x, sc.x), qd_bf2_pack(sc.y, sc.y));
+    }
+    /* the matrix's global factor, applied to a tile's sums */
+    __device__ static __forceinline__ float post(const qd_cuda_qmats &m) {
+        return m.globals ? __ldg(m.globals) : m.global;
     }
 };
 
@@ -102,13 +142,16 @@ struct qm_int4 {
  * in_proj_qkvz): 8 columns a piece, word i is columns 2i, 2i + 1 as stored, no scale. */
 struct qm_bf16 {
     static constexpr int COLS = 8, XU4 = 1;
-    static constexpr bool SCALED = false;
-    __device__ static __forceinline__ uint32_t word(const uint4 &raw, int i, uint32_t zz) {
-        (void)zz;
+    static constexpr bool SCALED = false, POST = false;
+    __device__ static __forceinline__ uint32_t word(const uint4 &raw, int i, const uint2 &uc) {
+        (void)uc;
         return qf_word(raw, i);
     }
     __device__ static __forceinline__ uint32_t xword(const uint4 (&xv)[XU4], int i) { return qf_word(xv[0], i); }
-    __device__ static __forceinline__ uint32_t zero_pair(const qf_row &r, int64_t b) { (void)r; (void)b; return 0; }
+    __device__ static __forceinline__ uint2 unit_consts(const qf_row &r, int64_t b, int col, bool in) {
+        (void)r; (void)b; (void)col; (void)in;
+        return make_uint2(0, 0);
+    }
 };
 
 /* Units u0 + j WARPS (j < QM_UNROLL) of the lane's two rows: pa / pb point at the lane's
@@ -186,7 +229,8 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
             const int col = u * UNIT + tcol, blk = u >> block_shift; /* the unit's scale block */
             const float s_a = M::SCALED ? __ldg(sa + blk) : 1.f;
             const float s_b = M::SCALED ? __ldg(sb + blk) : 1.f;
-            const uint32_t za = M::zero_pair(row_a, blk), zb = M::zero_pair(row_b, blk);
+            const uint2 za = M::unit_consts(row_a, blk, col, col < cols);
+            const uint2 zb = M::unit_consts(row_b, blk, col, col < cols);
             const bool cin = col < cols;
             float d[NT][4];
 #pragma unroll
@@ -215,6 +259,13 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
                 c[nt][3] = fmaf(s_b, d[nt][3], c[nt][3]);
             }
         }
+    }
+    if constexpr (M::POST) { /* a factor of the whole matrix */
+        const float f = M::post(m);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) c[nt][i] *= f;
     }
 }
 
@@ -322,14 +373,18 @@ static qd_status qm_launch_tiles(const qm_call &c, int warps, int64_t blocks, si
 }
 
 /* Units per scale block as a shift: block columns a power-of-two multiple of the unit, or
- * one block per row (every unit reads block 0); -1 for other layouts. */
+ * one block per row (every unit reads block 0); -1 for other layouts. NVFP4's 16-column
+ * blocks are applied in the decode (qm_nvfp4), its pieces whole (qd_cuda_qmats_of: cols %
+ * 32 == 0): no unit scale. */
 static int qm_block_shift(const qd_cuda_qmats &m, int64_t unit) {
-    if (m.nbc == 1) return 31;
+    if (m.nbc == 1 || m.dtype == QD_DTYPE_NVFP4) return 31;
     const int us = qd_cuda_shift_of(unit);
     return us >= 0 && m.col_shift >= us && m.col_shift != 31 ? m.col_shift - us : -1;
 }
 
-static int64_t qm_unit(int dtype) { return dtype == QD_DTYPE_F8_E4M3 ? 64 : dtype == QD_DTYPE_INT4 ? 128 : 0; }
+static int64_t qm_unit(int dtype) {
+    return dtype == QD_DTYPE_F8_E4M3 ? 64 : dtype == QD_DTYPE_INT4 || dtype == QD_DTYPE_NVFP4 ? 128 : 0;
+}
 
 template <class Q> static int64_t qm_build_blocks(int64_t tiles, int64_t cols, int n, int warps);
 
@@ -423,7 +478,11 @@ extern "C" int qd_cuda_qgemv_multi_in_takes(const qd_cuda_qgemv_out *out, int n_
     if (!fmt || !in || !qd_lin_buildable(in, cols) || n < 1 || n > QD_CUDA_QGEMV_MAX_N) return 0;
     if (in->kind == QD_LIN_BF16) return 1;
     const int64_t tiles = qm_tiles(out, n_out);
-    return fmt == QD_DTYPE_F8_E4M3 ? qm_build_fits<qm_f8>(tiles, cols, n) : qm_build_fits<qm_int4>(tiles, cols, n);
+    switch (fmt) {
+    case QD_DTYPE_F8_E4M3: return qm_build_fits<qm_f8>(tiles, cols, n);
+    case QD_DTYPE_NVFP4: return qm_build_fits<qm_nvfp4>(tiles, cols, n);
+    default: return qm_build_fits<qm_int4>(tiles, cols, n);
+    }
 }
 
 /* x as bf16 rows read in place. */
@@ -446,7 +505,8 @@ static qd_status qm_multi(const qd_cuda_qgemv_out *out, int n_out, int64_t cols,
     if (n < 1 || n > QD_CUDA_QGEMV_MAX_N) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qgemv (tensor cores): n outside 1..16");
     if (!qd_cuda_qgemv_multi_in_takes(out, n_out, cols, in, n))
         return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (tensor cores): needs FP8 / INT4 scale blocks of 2^k x 64 / "
-                                                "128 columns or one per row (one format a call, bf16 beside it), "
+                                                "128 columns or one per row, or NVFP4 with cols % 32 == 0 (one "
+                                                "format a call, bf16 beside it), "
                                                 "16-byte aligned weights and inputs, cols and ldx % 8 == 0, and an "
                                                 "input built in shared memory within its limits");
     qm_call c = {};
@@ -473,8 +533,11 @@ static qd_status qm_multi(const qd_cuda_qgemv_out *out, int n_out, int64_t cols,
     if (tiles == 0) return QD_OK;
     if (tiles > INT32_MAX) return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (tensor cores): too many rows");
     cudaStream_t st = (cudaStream_t)stream;
-    if (fmt == QD_DTYPE_F8_E4M3) return qm_launch<qm_f8>(c, cols, n, accumulate, warps, st);
-    return qm_launch<qm_int4>(c, cols, n, accumulate, warps, st);
+    switch (fmt) {
+    case QD_DTYPE_F8_E4M3: return qm_launch<qm_f8>(c, cols, n, accumulate, warps, st);
+    case QD_DTYPE_NVFP4: return qm_launch<qm_nvfp4>(c, cols, n, accumulate, warps, st);
+    default: return qm_launch<qm_int4>(c, cols, n, accumulate, warps, st);
+    }
 }
 
 extern "C" qd_status qd_cuda_qgemv_multi_in(const qd_cuda_qgemv_out *out, int n_out, int64_t cols,
