@@ -2,16 +2,18 @@
  * moe.cu, moe_block.cu) against a double reference over the exactly dequantized weights
  * (qd_weight_dequant_rows, base/weight.c), on fresh random inputs (seed printed;
  * QD_TEST_SEED replays it). Formats: FP8 block 128 x 128 (intermediate sizes that leave a
- * partial block row) and 128 x 192, INT4 with group 64 or 96 and zeros (a partial last
- * group) and symmetric one-group, NVFP4 with per-matrix global factors. Random stored
+ * partial block row) and 128 x 192, INT4 with group 32, 64, 96 or 128 and zeros (a partial
+ * last group) and symmetric one-group, NVFP4 with per-matrix global factors. Random stored
  * codes and scales.
  *
  *  - qd_cuda_moe_experts at n = 1, 5, 16 (the decode kernels reading the quantized bytes)
  *    and n = 70 (the prefill path: every expert dequantized into bf16 scratch, then the
  *    grouped GEMMs); FP8 also at n = 256, 300: the W8A8 kernels against a reference that
  *    quantizes the activations as they do, the dequantized path on the same batch, and the
- *    table's pick equal to one of them; y accumulated onto a nonzero start, every element
- *    checked; decode
+ *    table's pick equal to one of them; 4-bit at n = 70 and 256 or 300: the W4A16 kernels
+ *    bit for bit equal to the dequantized path (or refusing the call with a status, as they
+ *    refuse FP8 experts), the table's pick and batch-invariant mode too, the whole batch and
+ *    its last token alone; y accumulated onto a nonzero start, every element checked; decode
  *    results bit-identical run to run and per token whatever else is in the batch;
  *  - the dequantization kernel: bf16 of the reference's fp32 values, bit for bit;
  *  - qd_cuda_moe_block with a quantized shared expert: the routing it chose (read back:
@@ -260,11 +262,16 @@ typedef struct fcase {
     int zeros;
     int max_n; /* largest batch tried: the big shapes stop short of the CPU-costly prefill size */
     int only_n; /* nonzero: this batch size alone (and no fused block) */
+    int w4;     /* 4-bit: the W4A16 prefill kernels take these experts */
 } fcase;
 
-/* Runs qd_cuda_moe_experts over tokens [t0, t0 + n) into y (host). */
-static void run_kernel(const fcase *c, const qm *gu, const qm *dn, const uint16_t *x, const int32_t *sel,
-                       const float *wt, const float *y0, int t0, int n, float *y, int kernel) {
+/* Runs qd_cuda_moe_experts over tokens [t0, t0 + n) into y (host) with the prefill kernel
+ * `kernel` (0: the table's) and batch-invariant mode inv; returns its status (y untouched on
+ * an error). The dequantization scratch is given only where the call may use it, as a
+ * context sizes it (qd_cuda_moe_dequant_needed), or to the forced dequantized path: a path
+ * that reached for it otherwise fails. */
+static qd_status run_st(const fcase *c, const qm *gu, const qm *dn, const uint16_t *x, const int32_t *sel,
+                        const float *wt, const float *y0, int t0, int n, float *y, int kernel, int inv) {
     const int H = c->H, k = c->k;
     const size_t wb = qd_cuda_moe_work_bytes(n, H, c->I, c->E, k);
     uint16_t *dx = qd_test_dev(x + (size_t)t0 * H, (size_t)n * H * 2);
@@ -272,15 +279,25 @@ static void run_kernel(const fcase *c, const qm *gu, const qm *dn, const uint16_
     float *dw = qd_test_dev(wt + (size_t)t0 * k, (size_t)n * k * 4);
     float *dy = qd_test_dev(y0 + (size_t)t0 * H, (size_t)n * H * 4);
     void *work = qd_test_dev(NULL, wb);
-    uint16_t *dq = qd_test_dev(NULL, qd_cuda_moe_dequant_bytes(H, c->I, c->E));
     ST_OK(qd_cuda_memset(work, 0xff, wb));
     qd_cuda_moe_args a = {.n = n, .H = H, .I = c->I, .E = c->E, .k = k, .d_x = dx, .d_sel = ds, .d_w = dw, .d_y = dy,
-                          .d_work = work, .q_gate_up = &gu->d, .q_down = &dn->d, .d_dequant = dq,
+                          .d_work = work, .invariant = inv, .q_gate_up = &gu->d, .q_down = &dn->d,
                           .prefill_kernel = kernel};
-    ST_OK(qd_cuda_moe_experts(&a, NULL));
-    ST_OK(qd_cuda_sync());
-    ST_OK(qd_cuda_memcpy_d2h(y, dy, (size_t)n * H * 4));
+    uint16_t *dq = NULL;
+    if (kernel == QD_MOE_PREFILL_DEQUANT || (kernel != QD_MOE_PREFILL_W4A16 && qd_cuda_moe_dequant_needed(&a)))
+        a.d_dequant = dq = qd_test_dev(NULL, qd_cuda_moe_dequant_bytes(H, c->I, c->E));
+    qd_status st = qd_cuda_moe_experts(&a, NULL);
+    if (!st) {
+        ST_OK(qd_cuda_sync());
+        ST_OK(qd_cuda_memcpy_d2h(y, dy, (size_t)n * H * 4));
+    }
     qd_cuda_free(dx); qd_cuda_free(ds); qd_cuda_free(dw); qd_cuda_free(dy); qd_cuda_free(work); qd_cuda_free(dq);
+    return st;
+}
+
+static void run_kernel(const fcase *c, const qm *gu, const qm *dn, const uint16_t *x, const int32_t *sel,
+                       const float *wt, const float *y0, int t0, int n, float *y, int kernel) {
+    ST_OK(run_st(c, gu, dn, x, sel, wt, y0, t0, n, y, kernel, 0));
 }
 
 /* Runs qd_cuda_moe_experts over tokens [t0, t0 + n) into y (host), the table's kernels. */
@@ -327,8 +344,54 @@ static void w8a8_case(const fcase *c, const qm *gu, const qm *dn, int n, const u
     run(c, gu, dn, x, sel, wt, y0, 0, n, yt);
     CHECKF(!memcmp(yt, y8, ny * 4) || !memcmp(yt, yd, ny * 4), "%s n=%d: the table's result is neither path's",
            c->name, n);
+    /* the 4-bit kernels refuse FP8 experts with a status */
+    CHECKF(run_st(c, gu, dn, x, sel, wt, y0, 0, n, yt, QD_MOE_PREFILL_W4A16, 0) != QD_OK,
+           "%s n=%d: W4A16 forced on FP8 experts did not fail", c->name, n);
 out:
     free(ref); free(con); free(tie); free(xf); free(xq); free(y8); free(yd); free(yt);
+}
+
+/* 4-bit experts of a prefill-sized batch: the dequantized path (forced) against the bf16
+ * prefill reference, and where the W4A16 kernels take the experts (c->w4), those kernels
+ * (forced, without the dequantization scratch) bit for bit equal to it: the same bf16
+ * weights in the same sums. Elsewhere forcing them fails with a status. The table's pick,
+ * and batch-invariant mode on the whole batch and on its last token alone, give those bits
+ * too (every kernel either path runs gives the same bits at every n). */
+static void w4_case(const fcase *c, const qm *gu, const qm *dn, int n, const uint16_t *x, const int32_t *sel,
+                    const float *wt, const float *y0, const double *ref, const double *con, const double *mag) {
+    const int H = c->H;
+    const size_t ny = (size_t)n * H;
+    float *yd = malloc(ny * 4), *yw = malloc(ny * 4), *yt = malloc(ny * 4);
+    char what[96];
+    if (!yd || !yw || !yt) {
+        CHECK(0);
+        goto out;
+    }
+    run_kernel(c, gu, dn, x, sel, wt, y0, 0, n, yd, QD_MOE_PREFILL_DEQUANT);
+    snprintf(what, sizeof what, "%s n=%d (dequantized)", c->name, n);
+    compare_mag(what, yd, ref, con, mag, QD_BF16_ACT_MTOL, ny, 3e-2, 1e-3, 5e-3);
+    const qd_cuda_moe_args a = {.n = n, .H = H, .I = c->I, .E = c->E, .k = c->k, .q_gate_up = &gu->d,
+                                .q_down = &dn->d};
+    CHECKF(qd_cuda_moe_dequant_needed(&a) == !c->w4, "%s n=%d: the dequantization scratch is%s asked for", c->name,
+           n, c->w4 ? "" : " not");
+    const qd_status st = run_st(c, gu, dn, x, sel, wt, y0, 0, n, yw, QD_MOE_PREFILL_W4A16, 0);
+    if (c->w4) {
+        CHECKF(st == QD_OK && !memcmp(yw, yd, ny * 4), "%s n=%d: W4A16 differs bitwise from the dequantized path",
+               c->name, n);
+    } else {
+        CHECKF(st != QD_OK, "%s n=%d: W4A16 forced on experts outside its layouts did not fail", c->name, n);
+    }
+    run(c, gu, dn, x, sel, wt, y0, 0, n, yt);
+    CHECKF(!memcmp(yt, yd, ny * 4), "%s n=%d: the table's result differs bitwise from the dequantized path",
+           c->name, n);
+    ST_OK(run_st(c, gu, dn, x, sel, wt, y0, 0, n, yt, 0, 1));
+    CHECKF(!memcmp(yt, yd, ny * 4), "%s n=%d: batch-invariant mode differs bitwise from the dequantized path",
+           c->name, n);
+    ST_OK(run_st(c, gu, dn, x, sel, wt, y0, n - 1, 1, yt, 0, 1));
+    CHECKF(!memcmp(yt, yd + (size_t)(n - 1) * H, (size_t)H * 4),
+           "%s n=%d: the last token alone (batch-invariant) differs bitwise", c->name, n);
+out:
+    free(yd); free(yw); free(yt);
 }
 
 static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
@@ -361,6 +424,8 @@ static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
     snprintf(what, sizeof what, "%s n=%d (%s)", c->name, n, decode ? "decode" : "prefill");
     if (c->fmt == QD_DTYPE_F8_E4M3 && n >= 128) { /* a prefill-sized FP8 batch: W8A8 and dequantized */
         w8a8_case(c, gu, dn, n, x, sel, wt, y0, ref, con, mag);
+    } else if (c->fmt != QD_DTYPE_F8_E4M3 && !decode) { /* 4-bit: W4A16 and dequantized */
+        w4_case(c, gu, dn, n, x, sel, wt, y0, ref, con, mag);
     } else {
         run(c, gu, dn, x, sel, wt, y0, 0, n, y);
         if (decode) compare(what, y, ref, con, (size_t)n * H, 2e-4, 1e-5, 2e-5);
@@ -444,24 +509,35 @@ int main(void) {
     if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_quant_moe", "no CUDA device");
     rng = qd_test_rng_from_env();
     static const fcase cases[] = {
-        {"fp8 block128", QD_DTYPE_F8_E4M3, 256, 192, 12, 4, 128, 128, 0, 300, 0},
-        {"int4 g64 zeros", QD_DTYPE_INT4, 320, 96, 9, 3, 64, 64, 1, 70, 0},
-        {"int4 one group sym", QD_DTYPE_INT4, 256, 64, 8, 2, 256, 64, 0, 70, 0},
-        {"nvfp4", QD_DTYPE_NVFP4, 256, 160, 10, 4, 16, 16, 0, 70, 0},
+        {"fp8 block128", QD_DTYPE_F8_E4M3, 256, 192, 12, 4, 128, 128, 0, 300, 0, 0},
+        /* 4-bit at n = 70 (the dequantized path's mma.sync kernels) and 300 (its wgmma kernel):
+         * W4A16 bit for bit. K % 64 == 32 leaves a 32-column tail k-step (down: I = 96, 160;
+         * gate_up: H = 288), H = 320 a partial block of down's output columns, I = 64 and 96
+         * gate_up rows past the matrix */
+        {"int4 g64 zeros", QD_DTYPE_INT4, 320, 96, 9, 3, 64, 64, 1, 300, 0, 1},
+        {"int4 one group sym", QD_DTYPE_INT4, 256, 64, 8, 2, 256, 64, 0, 300, 0, 1},
+        /* I % 64 != 0: outside the W4A16 kernels (an NVFP4 k-step's scales are one word) */
+        {"nvfp4", QD_DTYPE_NVFP4, 256, 160, 10, 4, 16, 16, 0, 70, 0, 0},
+        {"nvfp4 k64", QD_DTYPE_NVFP4, 320, 192, 10, 4, 16, 16, 0, 300, 0, 1},
         /* groups and blocks whose columns are no power of two: the kernels' divided index (a
          * shift for the others), partial last groups */
-        {"int4 g96 zeros", QD_DTYPE_INT4, 320, 160, 9, 3, 96, 96, 1, 70, 0},
-        {"fp8 block 128x192", QD_DTYPE_F8_E4M3, 384, 208, 6, 2, 192, 192, 0, 16, 0},
+        {"int4 g96 zeros", QD_DTYPE_INT4, 320, 160, 9, 3, 96, 96, 1, 300, 0, 1},
+        /* 32-column groups: a group a W4A16 half k-step, an odd group count a row (H / 32 = 9)
+         * placing zero points at every byte of their words */
+        {"int4 g32 zeros", QD_DTYPE_INT4, 288, 128, 6, 2, 32, 32, 1, 300, 0, 1},
+        {"fp8 block 128x192", QD_DTYPE_F8_E4M3, 384, 208, 6, 2, 192, 192, 0, 16, 0, 0},
         /* Qwen3.5-35B-A3B's expert shape: the staged kernels' shared memory at its real size
          * (x and stages together past the 48 KiB a launch has without opting in) */
-        {"fp8 35B-A3B shape", QD_DTYPE_F8_E4M3, 2048, 512, 16, 8, 128, 128, 0, 16, 0},
+        {"fp8 35B-A3B shape", QD_DTYPE_F8_E4M3, 2048, 512, 16, 8, 128, 128, 0, 16, 0, 0},
         /* ... at a prefill size: the W8A8 kernels over several tiles an expert and every
          * column block of both GEMMs */
-        {"fp8 35B-A3B shape, prefill", QD_DTYPE_F8_E4M3, 2048, 512, 16, 8, 128, 128, 0, 256, 256},
+        {"fp8 35B-A3B shape, prefill", QD_DTYPE_F8_E4M3, 2048, 512, 16, 8, 128, 128, 0, 256, 256, 0},
+        /* ... INT4 with 128-column groups and zero points: W4A16 over 32 k-steps of gate_up */
+        {"int4 35B-A3B shape, prefill", QD_DTYPE_INT4, 2048, 512, 16, 8, 128, 128, 1, 256, 256, 1},
         /* rows longer than the two shared-memory stages, so stages are refilled while read:
          * gate_up rows of 3 stages, down rows of 3 (fp8: 2 KiB and 1 KiB a stage) */
-        {"fp8 streamed stages", QD_DTYPE_F8_E4M3, 4224, 2176, 3, 2, 128, 128, 0, 16, 0},
-        {"int4 streamed stages", QD_DTYPE_INT4, 4224, 2176, 3, 2, 128, 128, 1, 16, 0},
+        {"fp8 streamed stages", QD_DTYPE_F8_E4M3, 4224, 2176, 3, 2, 128, 128, 0, 16, 0, 0},
+        {"int4 streamed stages", QD_DTYPE_INT4, 4224, 2176, 3, 2, 128, 128, 1, 16, 0, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const fcase *c = &cases[i];

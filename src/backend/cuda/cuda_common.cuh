@@ -72,6 +72,12 @@ __device__ __forceinline__ int qd_count_in(int *ctr) {
     asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(ctr) : "memory");
     return old;
 }
+/* 4-byte global -> shared copy of which the first `bytes` (0 to 4) are read and the rest
+ * zero-filled (per-row scales beside a tile's rows; 0: the source is not read). */
+__device__ __forceinline__ void qd_cp_async4(void *smem, const void *gmem, int bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void qd_cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void qd_cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");

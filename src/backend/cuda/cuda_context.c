@@ -20,6 +20,23 @@ int qd_cuda_logit_chunk(const qd_cuda_ctx *g) {
     return g->d.params.max_batch < QD_CUDA_LOGIT_CHUNK ? g->d.params.max_batch : QD_CUDA_LOGIT_CHUNK;
 }
 
+/* Whether some layer's quantized experts (the MTP head's included) may be dequantized into
+ * moe_dq on a prefill step of up to B rows: those the fused prefill kernels do not take at
+ * every such step (qd_cuda_moe_dequant_needed). */
+static int experts_dequantize(const qd_cuda_ctx *g, int B, int inv) {
+    const qd_config *c = g->cfg;
+    const qd_cuda_model *cm = g->cm;
+    for (int L = 0; L <= c->n_layers; L++) {
+        const qd_cuda_layer *d = L < c->n_layers ? &cm->layers[L] : cm->mtp ? &cm->mtp->layer : NULL;
+        if (!d || d->q_experts_gate_up.n_mats == 0) continue;
+        const qd_cuda_moe_args a = {.n = B, .H = c->hidden_size, .I = c->moe_intermediate_size,
+                                    .E = cm->n_experts_local, .k = c->n_experts_per_tok, .invariant = inv,
+                                    .q_gate_up = &d->q_experts_gate_up, .q_down = &d->q_experts_down};
+        if (qd_cuda_moe_dequant_needed(&a)) return 1;
+    }
+    return 0;
+}
+
 /* Lays out every device buffer of the context (base NULL: measure only). */
 static void plan_device(qd_cuda_ctx *g, qd_cuda_carve *cv) {
     const qd_config *c = g->cfg;
@@ -99,7 +116,8 @@ static void plan_device(qd_cuda_ctx *g, qd_cuda_carve *cv) {
         }
     }
     g->moe_dq = NULL;
-    if (cm->quantized_experts && (B > (size_t)qd_cuda_moe_graph_max_tokens() || B * k > 1024 || inv))
+    if (cm->quantized_experts && (B > (size_t)qd_cuda_moe_graph_max_tokens() || B * k > 1024 || inv) &&
+        experts_dequantize(g, (int)B, inv))
         g->moe_dq = qd_cuda_take(cv, qd_cuda_moe_dequant_bytes((int)H, c->moe_intermediate_size, cm->n_experts_local));
 }
 

@@ -101,8 +101,9 @@ typedef struct qd_cuda_model {
     size_t bytes;
     int64_t max_dequant_elems;       /* the largest quantized dense matrix (rows x cols): the bf16
                                       * scratch its prefill products dequantize into */
-    int quantized_experts;           /* some layer's experts are quantized (the prefill path
-                                      * dequantizes a layer's experts into context scratch) */
+    int quantized_experts;           /* some layer's experts are quantized (the prefill path may
+                                      * dequantize a layer's experts into context scratch, where
+                                      * its fused kernels do not take them) */
     char device_name[128];
 } qd_cuda_model;
 
@@ -188,7 +189,8 @@ typedef struct qd_cuda_ctx {
                                       * or NULL when none needs it */
     void *fp8_act;                   /* the FP8 GEMM's quantized activations (qd_cuda_fp8_act_bytes), or NULL */
     size_t fp8_act_bytes;
-    uint16_t *moe_dq;                /* a layer's quantized experts as bf16 (qd_cuda_moe_dequant_bytes), or NULL */
+    uint16_t *moe_dq;                /* a layer's quantized experts as bf16 (qd_cuda_moe_dequant_bytes), or NULL
+                                      * where no step dequantizes them (qd_cuda_moe_dequant_needed) */
     uint16_t *act;                   /* [B][max(I, I_s)] */
     float *router;                   /* [B][QD_CUDA_ROUTER_LD(E)] router logits | shared-expert gate logit */
     int32_t *sel;                    /* [B][k] */

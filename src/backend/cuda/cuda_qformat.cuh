@@ -5,6 +5,8 @@
  *          qd_cuda_qlayout_vectorised takes keep a piece inside one block)
  *   decode8(raw, q8, z, w)  columns 8 q8 .. 8 q8 + 7 of the piece before their scale (INT4: q - z),
  *                       so a kernel holds 8 decoded values at a time whatever the format
+ *                       (4-bit formats: decode_word(u, z, w) of the piece's 32-bit word q8, the
+ *                       one definition the fused W4A16 GEMM also decodes by)
  *   scale(row, c0, j)   the block scale of sub-block j of the piece starting at column c0
  *   post(row)           a factor of the whole matrix after the block scale (NVFP4's global)
  * and qf_row (one row of one matrix: where its bytes, scales and zeros are). A product
@@ -30,8 +32,14 @@ typedef struct qf_row {
                            * row (31), else -1: c / bc */
 } qf_row;
 
-/* Column c0's block or group of a row. */
-__device__ __forceinline__ int qf_blk(const qf_row &r, int c0) { return r.bcs >= 0 ? c0 >> r.bcs : c0 / r.bc; }
+/* Column c0's block or group of a row whose blocks are bc columns (bcs as qf_row.bcs). */
+__device__ __forceinline__ int qf_blk_of(int c0, int bc, int bcs) { return bcs >= 0 ? c0 >> bcs : c0 / bc; }
+__device__ __forceinline__ int qf_blk(const qf_row &r, int c0) { return qf_blk_of(c0, r.bc, r.bcs); }
+
+/* NVFP4: matrix mat's global factor times 2^14 (see qf_nvfp4); 1 for the other formats. */
+__device__ __forceinline__ float qf_post_of(const qd_cuda_qmats &m, int64_t mat) {
+    return m.dtype == QD_DTYPE_NVFP4 ? (m.globals ? __ldg(m.globals + mat) : m.global) * 16384.0f : 1.0f;
+}
 
 /* Row r of matrix mat of m. */
 __device__ __forceinline__ qf_row qf_row_of(const qd_cuda_qmats &m, int64_t mat, int64_t r) {
@@ -41,7 +49,7 @@ __device__ __forceinline__ qf_row qf_row_of(const qd_cuda_qmats &m, int64_t mat,
     w.s = m.dtype == QD_DTYPE_NVFP4 ? (const void *)((const uint8_t *)m.scales + si)
                                     : (const void *)((const float *)m.scales + si);
     w.z = m.zeros ? m.zeros + si : (const uint8_t *)0;
-    w.g = m.dtype == QD_DTYPE_NVFP4 ? (m.globals ? __ldg(m.globals + mat) : m.global) * 16384.0f : 1.0f;
+    w.g = qf_post_of(m, mat);
     w.bc = (int)m.block_cols;
     w.bcs = m.col_shift;
     return w;
@@ -98,11 +106,13 @@ struct qf_f8 {
 struct qf_int4 {
     static constexpr int COLS = 32, NSUB = 1, DTYPE = QD_DTYPE_INT4;
     /* q - z exactly: 2^23 + q as a float's bits, minus 2^23 + z */
-    __device__ static __forceinline__ void decode8(const uint4 &raw, int q8, int z, float w[8]) {
-        const uint32_t u = qf_word(raw, q8);
+    __device__ static __forceinline__ void decode_word(uint32_t u, int z, float w[8]) {
         const float off = 8388608.0f + (float)z;
 #pragma unroll
         for (int e = 0; e < 8; e++) w[e] = __uint_as_float(0x4b000000u | ((u >> (4 * e)) & 15u)) - off;
+    }
+    __device__ static __forceinline__ void decode8(const uint4 &raw, int q8, int z, float w[8]) {
+        decode_word(qf_word(raw, q8), z, w);
     }
     __device__ static __forceinline__ float scale(const qf_row &r, int c0, int j) {
         (void)j;
@@ -117,9 +127,8 @@ struct qf_int4 {
  * every code (subnormal 0.5 included), so the 2^14 joins the global factor (qf_row.g). */
 struct qf_nvfp4 {
     static constexpr int COLS = 32, NSUB = 2, DTYPE = QD_DTYPE_NVFP4;
-    __device__ static __forceinline__ void decode8(const uint4 &raw, int q8, int z, float w[8]) {
+    __device__ static __forceinline__ void decode_word(uint32_t u, int z, float w[8]) {
         (void)z;
-        const uint32_t u = qf_word(raw, q8);
 #pragma unroll
         for (int b = 0; b < 4; b++) {
             const uint32_t v = u >> (8 * b);
@@ -130,6 +139,9 @@ struct qf_nvfp4 {
             w[2 * b] = f.x;
             w[2 * b + 1] = f.y;
         }
+    }
+    __device__ static __forceinline__ void decode8(const uint4 &raw, int q8, int z, float w[8]) {
+        decode_word(qf_word(raw, q8), z, w);
     }
     __device__ static __forceinline__ float scale(const qf_row &r, int c0, int j) {
         return qf_e4m3(__ldg((const uint8_t *)r.s + c0 / 16 + j));

@@ -8,7 +8,11 @@
  *                                   moe_prefill.cu), combine;
  *                                   FP8 experts from 96 tokens (not
  *                                   batch-invariant): W8A8 on the
- *                                   FP8 tensor cores
+ *                                   FP8 tensor cores; INT4 / NVFP4
+ *                                   experts at every n: W4A16 (the
+ *                                   weights made bf16 in shared
+ *                                   memory); other quantized ones
+ *                                   dequantized into d_dequant
  * (each path sums a token's products in one order whatever n; the two orders differ,
  * so batch-invariant mode keeps to the second)
  *
@@ -59,6 +63,16 @@ extern "C" size_t qd_cuda_moe_dequant_bytes(int H, int I, int E) {
     return (size_t)E * 3 * (size_t)I * (size_t)H * 2;
 }
 
+/* The table's pick at n_max: W4A16 is picked at every n it takes, and the only bounds that
+ * depend on n (32-bit offsets) hold for fewer tokens when they hold for more; every other
+ * quantized format dequantizes at some n (FP8: below QD_MOE_WG_MIN_TOKENS, or always in
+ * batch-invariant mode). */
+extern "C" int qd_cuda_moe_dequant_needed(const qd_cuda_moe_args *a) {
+    qd_cuda_moe_args t = *a;
+    t.prefill_kernel = 0;
+    return a->q_gate_up && qd_moe_prefill_kernel(&t) != QD_MOE_PREFILL_W4A16;
+}
+
 extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream) {
     if (!a) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: NULL args");
     /* k may exceed E: an expert-parallel rank holds E / tp experts, and the pairs routed to
@@ -91,13 +105,18 @@ extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream
         return qd_moe_decode(a, &w, NULL, 0, s);
     }
     if (!quant) return qd_moe_prefill(a, &w, s);
-    /* quantized experts: W8A8 where the table (moe_prefill.cu) takes it */
-    if (qd_moe_prefill_kernel(a) == QD_MOE_PREFILL_W8A8) return qd_moe_prefill_fp8(a, &w, s);
+    /* quantized experts: W8A8 or W4A16 on the stored weights where the table (moe_prefill.cu)
+     * takes it */
+    const int kernel = qd_moe_prefill_kernel(a);
+    if (kernel == QD_MOE_PREFILL_W8A8 || kernel == QD_MOE_PREFILL_W4A16) return qd_moe_prefill_quant(a, &w, kernel, s);
     if (a->prefill_kernel == QD_MOE_PREFILL_W8A8)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: the W8A8 kernels take 128 x 128 block-scaled FP8 "
                                                 "experts outside batch-invariant mode only");
-    /* prefill of quantized experts: every expert to bf16 (a few hundred MB per layer at the
-     * released sizes: a fraction of a prefill step's time), then the bf16 grouped GEMMs */
+    if (a->prefill_kernel == QD_MOE_PREFILL_W4A16)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: the W4A16 kernels take INT4 (f32 group scales of "
+                                                "32k columns) and NVFP4 experts with H, I multiples of 32 (NVFP4: 64)");
+    /* prefill of quantized experts the fused kernels do not take: every expert to bf16 (1.6 GB
+     * a layer at the 35B-A3B's size, written and read), then the bf16 grouped GEMMs */
     if (!a->d_dequant) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: no dequantization scratch");
     if (a->q_gate_up->n_mats != 2 * a->E || a->q_down->n_mats != a->E || a->q_gate_up->rows != a->I ||
         a->q_gate_up->cols != a->H || a->q_down->rows != a->H || a->q_down->cols != a->I)

@@ -1,9 +1,10 @@
 /* What the wgmma grouped GEMMs of the MoE prefill path share (moe_prefill_wgmma.cu: bf16;
- * moe_prefill_fp8.cu: W8A8 FP8): their work items, the 128-byte swizzle of their operand
- * rows in shared memory, the gathered A rows of a tile and the epilogue from the
- * accumulators. Both kernels: tiles of QD_MOE_WG_BM sorted rows (warpgroup w: rows 64 w ..),
- * 256 threads, one 128-byte row of each operand row a k-step; MODE 0 gate_up (A rows
- * gathered from x by the sorted pairs), MODE 1 down (A = the activation rows). */
+ * moe_prefill_w4.cu: 4-bit weights made bf16 in shared memory; moe_prefill_fp8.cu: W8A8
+ * FP8): their work items, the 128-byte swizzle of their operand rows in shared memory, the
+ * gathered A rows of a tile, the bf16 k-step and the epilogue from the accumulators. Every
+ * kernel: tiles of QD_MOE_WG_BM sorted rows (warpgroup w: rows 64 w ..), 256 threads, one
+ * 128-byte row of each operand row a k-step; MODE 0 gate_up (A rows gathered from x by the
+ * sorted pairs), MODE 1 down (A = the activation rows). */
 #ifndef QD_CUDA_MOE_GROUPED_TILE_CUH
 #define QD_CUDA_MOE_GROUPED_TILE_CUH
 
@@ -11,6 +12,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_util.h"
+#include "backend/cuda/cuda_wgmma.cuh"
 #include "backend/cuda/moe_internal.cuh"
 
 /* One item's place: tile t of the plan (expert e, first sorted row row0, rows of it),
@@ -48,29 +50,47 @@ __device__ __forceinline__ void qd_mg_a_rows(const qd_mg_item &it, const int32_t
     }
 }
 
-/* Weight rows (tid / 8) + 32 q, q < BN / 32, of an item with BN weight rows: the element
- * offset of each row's start (K elements a row), bit 4 + q of *ok set for the rows inside
- * the matrix. gate_up: the first BN / 2 rows are gate rows i0 .. of expert e (row e 2I + i
- * of [E][2I][H]), the rest the same up rows (I further); down: output rows h0 .. of [E][H][I]. */
+/* The A copies of one k-step (qd_cp_async16, 16 bytes a row at column kc, chunk tid % 8):
+ * rows (tid / 8) + 32 q of the operand at sa, zero-filled past the tile (bit q of ok clear)
+ * or past K (!kin). */
+__device__ __forceinline__ void qd_mg_a_issue(unsigned char *sa, const uint16_t *A, const uint32_t (&off)[4],
+                                              uint32_t ok, int kc, bool kin, int tid) {
+    const int c = tid & 7;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int r = (tid >> 3) + 32 * q;
+        const bool v = kin && ((ok >> q) & 1);
+        qd_cp_async16(sa + qd_mg_swz(r, c), A + (v ? off[q] + (uint32_t)kc : 0u), v);
+    }
+}
+
+/* Weight row j of an item with BN weight rows: its row among the stacked matrices' rows,
+ * *in whether it lies inside its matrix (else the matrix's row 0). gate_up: the first
+ * BN / 2 rows are gate rows i0 .. of expert e (row e 2I + i of [E][2I][H]: matrix 2e), the
+ * rest the same up rows (I further: matrix 2e + 1); down: output rows h0 .. of [E][H][I]. */
+template <int MODE, int BN>
+__device__ __forceinline__ uint32_t qd_mg_w_row(const qd_mg_item &it, int H, int I, int j, bool *in) {
+    if (MODE == 0) {
+        const int i = it.nb * (BN / 2) + (j & (BN / 2 - 1));
+        *in = i < I;
+        return (2u * (uint32_t)it.e + (j < BN / 2 ? 0u : 1u)) * (uint32_t)I + (*in ? (uint32_t)i : 0u);
+    }
+    const int h = it.nb * BN + j;
+    *in = h < H;
+    return (uint32_t)it.e * (uint32_t)H + (*in ? (uint32_t)h : 0u);
+}
+
+/* Weight rows (tid / 8) + 32 q, q < BN / 32, of an item with BN weight rows (qd_mg_w_row):
+ * the element offset of each row's start (K elements a row), bit 4 + q of *ok set for the
+ * rows inside the matrix. */
 template <int MODE, int BN>
 __device__ __forceinline__ void qd_mg_w_rows(const qd_mg_item &it, int H, int I, int tid,
                                              uint32_t (&off)[BN / 32], uint32_t *ok) {
     const int K = MODE == 0 ? H : I;
 #pragma unroll
     for (int q = 0; q < BN / 32; q++) {
-        const int j = (tid >> 3) + 32 * q;
-        uint32_t row;
         bool in;
-        if (MODE == 0) {
-            const int i = it.nb * (BN / 2) + (j & (BN / 2 - 1));
-            in = i < I;
-            row = (2u * (uint32_t)it.e + (j < BN / 2 ? 0u : 1u)) * (uint32_t)I + (in ? (uint32_t)i : 0u);
-        } else {
-            const int h = it.nb * BN + j;
-            in = h < H;
-            row = (uint32_t)it.e * (uint32_t)H + (in ? (uint32_t)h : 0u);
-        }
-        off[q] = row * (uint32_t)K;
+        off[q] = qd_mg_w_row<MODE, BN>(it, H, I, (tid >> 3) + 32 * q, &in) * (uint32_t)K;
         *ok |= (uint32_t)in << (4 + q);
     }
 }
@@ -118,6 +138,32 @@ static qd_status qd_mg_launch(void (*kernel)(Call), const Call &c, int max_items
     kernel<<<qd_mg_grid(max_items), threads, smem, s>>>(c);
     QD_CUDA_CHECK_LAUNCH("moe grouped GEMM");
     return QD_OK;
+}
+
+/* One k-step of 64 bf16 columns on a 128 x 256 tile: warpgroup w's 64 A rows at sa (the
+ * caller's offset), the 256 weight rows at sb (d0: rows 0-127, d1: 128-255), both in the
+ * 128-byte swizzle; four k16 steps into each accumulator in k order. The step's wgmmas run
+ * on while the caller goes on: this waits for all but them (those of the step before). */
+__device__ __forceinline__ void qd_mg_wgmma_k64(float (&d0)[64], float (&d1)[64], const unsigned char *sa,
+                                                const unsigned char *sb) {
+    qd_wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint64_t da = qd_wgmma_desc_sw128(sa + 32 * j);
+        qd_wgmma_bf16_n128(d0, da, qd_wgmma_desc_sw128(sb + 32 * j));
+        qd_wgmma_bf16_n128(d1, da, qd_wgmma_desc_sw128(sb + 128 * 128 + 32 * j));
+    }
+    qd_wgmma_commit();
+    qd_wgmma_wait1();
+}
+
+/* The accumulators are read only after the wait for the wgmmas that write them. */
+__device__ __forceinline__ void qd_mg_keep(float (&d0)[64], float (&d1)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        qd_wgmma_keep(d0[i]);
+        qd_wgmma_keep(d1[i]);
+    }
 }
 
 /* The epilogue of an item from two accumulators of NCH n8 chunks each (the D layout of

@@ -53,12 +53,6 @@ struct f8_call {
     int H, I, k;
 };
 
-/* 4-byte copy to shared memory, zero-filled when !valid (the rows' scales). */
-__device__ __forceinline__ void f8_cp_async4(void *smem, const void *gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 4 : 0) : "memory");
-}
-
 /* A thread's copies for one k-step of an item: A rows and weight rows (tid / 8) + 32 q,
  * q < 4, at 16-byte chunk tid % 8; threads below 128 also copy row tid's activation scale.
  * Byte offsets in 32 bits (qd_moe_fp8_takes). */
@@ -93,7 +87,7 @@ struct f8_loader {
             qd_cp_async16(sb + qd_mg_swz(r, c), p.W + (vb ? b_off[q] + (uint32_t)kc : 0u), vb);
         }
         if (tid < F8_BM)
-            f8_cp_async4(ss + tid, p.As + (s_row >= 0 ? (size_t)kt * p.ld_as + s_row : 0), s_row >= 0);
+            qd_cp_async4(ss + tid, p.As + (s_row >= 0 ? (size_t)kt * p.ld_as + s_row : 0), s_row >= 0 ? 4 : 0);
     }
 };
 

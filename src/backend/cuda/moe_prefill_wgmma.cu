@@ -38,6 +38,7 @@
 #define WG_SMEM (WG_ST * WG_STAGE_BYTES + 1024) /* + the 1024-byte alignment of the swizzle atoms */
 
 static_assert(WG_BM == QD_MOE_WG_BM, "the plan's tiles are the kernel's");
+static_assert(WG_BN == 256 && WG_BK == 64, "qd_mg_wgmma_k64's step");
 
 struct wg_call {
     const uint16_t *A; /* gate_up: x [n][H]; down: act [P][I] by sorted row */
@@ -68,13 +69,8 @@ struct wg_loader {
         const int K = MODE == 0 ? p.H : p.I;
         const int c = tid & 7, kc = kt * WG_BK + c * 8;
         const bool kin = kc < K; /* K % 8 == 0: a chunk is all in or all out */
-        unsigned char *sa = stage, *sb = stage + WG_A_BYTES;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int r = (tid >> 3) + 32 * q;
-            const bool v = kin && ((ok >> q) & 1);
-            qd_cp_async16(sa + qd_mg_swz(r, c), p.A + (v ? a_off[q] + (uint32_t)kc : 0u), v);
-        }
+        unsigned char *sb = stage + WG_A_BYTES;
+        qd_mg_a_issue(stage, p.A, a_off, ok, kc, kin, tid);
 #pragma unroll
         for (int q = 0; q < 8; q++) {
             const int r = (tid >> 3) + 32 * q;
@@ -83,15 +79,6 @@ struct wg_loader {
         }
     }
 };
-
-/* The accumulators are read only after the wait for the wgmmas that write them. */
-__device__ __forceinline__ void wg_keep(float (&d0)[64], float (&d1)[64]) {
-#pragma unroll
-    for (int i = 0; i < 64; i++) {
-        qd_wgmma_keep(d0[i]);
-        qd_wgmma_keep(d1[i]);
-    }
-}
 
 /* The loads run WG_ST - 2 k-steps ahead, and a step's wgmmas run on while the next step's
  * are issued (a wait for all but the last group): H200, 35B-A3B experts, against waiting
@@ -128,21 +115,12 @@ __global__ void __launch_bounds__(WG_NT, 1) moe_wg_gemm(const __grid_constant__ 
              * back, so their stage, (st + AHEAD) % WG_ST, is free to refill */
             __syncthreads();
             load_next((st + AHEAD) % WG_ST);
-            const unsigned char *sa = smem + st * WG_STAGE_BYTES + wg * (64 * 128);
-            const unsigned char *sb = smem + st * WG_STAGE_BYTES + WG_A_BYTES;
-            qd_wgmma_fence();
-#pragma unroll
-            for (int j = 0; j < WG_BK / 16; j++) {
-                const uint64_t da = qd_wgmma_desc_sw128(sa + 32 * j);
-                qd_wgmma_bf16_n128(d0, da, qd_wgmma_desc_sw128(sb + 32 * j));
-                qd_wgmma_bf16_n128(d1, da, qd_wgmma_desc_sw128(sb + 128 * 128 + 32 * j));
-            }
-            qd_wgmma_commit();
-            qd_wgmma_wait1();
+            const unsigned char *stage = smem + st * WG_STAGE_BYTES;
+            qd_mg_wgmma_k64(d0, d1, stage + wg * (64 * 128), stage + WG_A_BYTES);
             st = (st + 1) % WG_ST;
         }
         qd_wgmma_wait0();
-        wg_keep(d0, d1);
+        qd_mg_keep(d0, d1);
         /* the next item's first stages are already in flight */
         qd_mg_store<MODE, 16>(d0, d1, it, MODE == 0 ? it.nb * (WG_BN / 2) : it.nb * WG_BN, 128, p.H, p.I, p.act_out,
                               p.out);
