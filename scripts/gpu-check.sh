@@ -16,7 +16,8 @@
 #            subset of the tests; either empty: none)
 #     quant-e2e: qdelta bench on the Qwen3.5-35B-A3B dummy in bf16, fp8, nvfp4 and int4 (decode B=1,
 #            prefill 8k) and the 27B in bf16 and fp8 (decode B=1): each format's tok/s and its ratio
-#            to bf16 of the same run (QBENCH="qwen3_5_27b|fp8 ..." runs a subset)
+#            to bf16 of the same run (QBENCH="qwen3_5_27b|fp8 ..." runs a subset; a third field B
+#            decodes a batch of B instead: "qwen3_5_35b_a3b|fp8|80")
 #     tp:    tensor / expert parallelism: test_cuda_tp (ranks sharing GPU 0, and NCCL when two or
 #            more GPUs are visible), then qdelta bench on the dummy Qwen3-Next-80B config cut to 8
 #            layers: unsplit, TP=2 and EP=2 (on one GPU the ranks share it: the split and the
@@ -446,10 +447,11 @@ if has quant-e2e; then
     # QBENCH="cfg|format ...": a subset (FP8 / INT4 dummies are drawn on the device, NVFP4 ones on the host)
     for spec in ${QBENCH:-qwen3_5_35b_a3b\|none qwen3_5_35b_a3b\|fp8 qwen3_5_35b_a3b\|nvfp4 qwen3_5_35b_a3b\|int4 \
         qwen3_5_27b\|none qwen3_5_27b\|fp8}; do
-        cfg=${spec%%|*} q=${spec#*|}
+        IFS='|' read -r cfg q B <<<"$spec"
         load="--prefill 8192 --decode 64 --batch 1"
         [ "$cfg" = qwen3_5_27b ] && load="--prefill 1024 --decode 64 --batch 1"
-        echo "=== qbench $cfg $q" >>"$QE2E_LOG"
+        [ -n "$B" ] && load="--prefill 16 --decode 32 --batch $B" # a decode batch of B alone
+        echo "=== qbench $cfg $q${B:+ B=$B}" >>"$QE2E_LOG"
         # shellcheck disable=SC2086
         timeout 300 "$BUILD/qdelta" bench -m "bench/configs/$cfg" --backend cuda --load-format dummy --quantization "$q" \
             $load >>"$QE2E_LOG" 2>&1 || { status=1; echo "FAILED: qbench $cfg $q" >>"$QE2E_LOG"; }
