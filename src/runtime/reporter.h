@@ -40,7 +40,9 @@ uint64_t qd_reporter_publish(qd_reporter *rp);
 /* Waits until the first `upto` published events are delivered (their callbacks
  * returned); returns the seconds it waited. Not from inside a callback. */
 double qd_reporter_wait(qd_reporter *rp, uint64_t upto);
-/* Wall seconds spent in callbacks so far (thread-safe). */
+/* Wall seconds spent in callbacks so far (thread-safe): every batch the reporting thread
+ * took at once counts when its last event is delivered, so after qd_reporter_wait(rp, n)
+ * for every published event n it holds all of their callbacks' time. */
 double qd_reporter_callback_seconds(qd_reporter *rp);
 
 #endif
