@@ -31,6 +31,13 @@ __device__ __forceinline__ qd_mg_item qd_mg_item_of(const int2 *tiles, const int
     return it;
 }
 
+/* Column blocks of the items of a tile with BN weight rows (a tile's items are its NB column
+ * blocks), over the rows of one weight matrix, n (gate_up: I, down: H): gate_up takes BN / 2
+ * gate rows and the same up rows a block, down BN output rows. */
+template <int MODE, int BN> __host__ __device__ __forceinline__ int qd_mg_col_blocks(int n) {
+    return MODE == 0 ? (n + BN / 2 - 1) / (BN / 2) : (n + BN - 1) / BN;
+}
+
 /* Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled operand (cuda_wgmma.cuh). */
 __device__ __forceinline__ uint32_t qd_mg_swz(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
 

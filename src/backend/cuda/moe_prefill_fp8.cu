@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(F8_NT, 1) moe_fp8_gemm(const __grid_constant__
     const int g = lane >> 2;
     const int K = MODE == 0 ? p.H : p.I;
     const int KT = (K + F8_BK - 1) / F8_BK;
-    const int NB = MODE == 0 ? (p.I + F8_BN / 2 - 1) / (F8_BN / 2) : (p.H + F8_BN - 1) / F8_BN;
+    const int NB = qd_mg_col_blocks<MODE, F8_BN>(MODE == 0 ? p.I : p.H);
     const int n_items = *p.n_tiles * NB;
     const int w_rows = MODE == 0 ? p.I : p.H; /* rows of one weight matrix */
     const int w_sr = (w_rows + 127) / 128;     /* its scale rows */
@@ -217,7 +217,7 @@ qd_status qd_moe_fp8_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cuda
     const int max_tiles = qd_moe_max_tiles_of((int64_t)P, a->E, QD_MOE_WG_BM);
     f8_call c = {xq, xs, n, a->q_gate_up->data, (const float *)a->q_gate_up->scales, w->seg, w->n_tiles, w->sorted,
                  w->tiles, act, NULL, H, I, a->k};
-    st = qd_mg_launch(moe_fp8_gemm<0>, c, max_tiles * ((I + F8_BN / 2 - 1) / (F8_BN / 2)), F8_NT, F8_SMEM, s);
+    st = qd_mg_launch(moe_fp8_gemm<0>, c, max_tiles * qd_mg_col_blocks<0, F8_BN>(I), F8_NT, F8_SMEM, s);
     if (st) return st;
     st = qd_cuda_fp8_quant_act(act, I, P, I, QD_FP8_GEMM_BLOCK, P, aq, as, s);
     if (st) return st;
@@ -228,5 +228,5 @@ qd_status qd_moe_fp8_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cuda
     c.Ws = (const float *)a->q_down->scales;
     c.act_out = NULL;
     c.out = w->out;
-    return qd_mg_launch(moe_fp8_gemm<1>, c, max_tiles * ((H + F8_BN - 1) / F8_BN), F8_NT, F8_SMEM, s);
+    return qd_mg_launch(moe_fp8_gemm<1>, c, max_tiles * qd_mg_col_blocks<1, F8_BN>(H), F8_NT, F8_SMEM, s);
 }

@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(W4_NT, 1) moe_w4_gemm(const __grid_constant__ 
     const int tid = threadIdx.x, wg = tid >> 7;
     const int K = MODE == 0 ? p.H : p.I;
     const int KT = (K + W4_BK - 1) / W4_BK;
-    const int NB = MODE == 0 ? (p.I + W4_BN / 2 - 1) / (W4_BN / 2) : (p.H + W4_BN - 1) / W4_BN;
+    const int NB = qd_mg_col_blocks<MODE, W4_BN>(MODE == 0 ? p.I : p.H);
     const int n_items = *p.n_tiles * NB;
 
     /* the loader runs AHEAD k-steps ahead of the multiplies, over the same items */
@@ -276,14 +276,14 @@ static qd_status w4_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaS
     const int max_tiles = qd_moe_max_tiles_of((int64_t)a->n * a->k, a->E, QD_MOE_WG_BM);
     w4_call c = {a->d_x, *a->q_gate_up, w->seg, w->n_tiles, w->sorted, w->tiles,
                  (uint16_t *)w->act, NULL, a->H, a->I, a->k};
-    const int gu_items = max_tiles * ((a->I + W4_BN / 2 - 1) / (W4_BN / 2));
+    const int gu_items = max_tiles * qd_mg_col_blocks<0, W4_BN>(a->I);
     const qd_status st = qd_mg_launch(moe_w4_gemm<F, 0>, c, gu_items, W4_NT, W4_SMEM, s);
     if (st) return st;
     c.A = (const uint16_t *)w->act;
     c.W = *a->q_down;
     c.act_out = NULL;
     c.out = w->out;
-    const int dn_items = max_tiles * ((a->H + W4_BN - 1) / W4_BN);
+    const int dn_items = max_tiles * qd_mg_col_blocks<1, W4_BN>(a->H);
     return qd_mg_launch(moe_w4_gemm<F, 1>, c, dn_items, W4_NT, W4_SMEM, s);
 }
 
