@@ -36,9 +36,14 @@ typedef struct qf_row {
 __device__ __forceinline__ int qf_blk_of(int c0, int bc, int bcs) { return bcs >= 0 ? c0 >> bcs : c0 / bc; }
 __device__ __forceinline__ int qf_blk(const qf_row &r, int c0) { return qf_blk_of(c0, r.bc, r.bcs); }
 
+/* NVFP4: matrix mat's global factor (per matrix, or one for all). */
+__device__ __forceinline__ float qf_global_of(const qd_cuda_qmats &m, int64_t mat) {
+    return m.globals ? __ldg(m.globals + mat) : m.global;
+}
+
 /* NVFP4: matrix mat's global factor times 2^14 (see qf_nvfp4); 1 for the other formats. */
 __device__ __forceinline__ float qf_post_of(const qd_cuda_qmats &m, int64_t mat) {
-    return m.dtype == QD_DTYPE_NVFP4 ? (m.globals ? __ldg(m.globals + mat) : m.global) * 16384.0f : 1.0f;
+    return m.dtype == QD_DTYPE_NVFP4 ? qf_global_of(m, mat) * 16384.0f : 1.0f;
 }
 
 /* Row r of matrix mat of m. */

@@ -134,7 +134,7 @@ struct qm_nvfp4 {
     }
     /* the matrix's global factor, applied to a tile's sums */
     __device__ static __forceinline__ float post(const qd_cuda_qmats &m) {
-        return m.globals ? __ldg(m.globals) : m.global;
+        return qf_global_of(m, 0);
     }
 };
 
