@@ -113,8 +113,14 @@ struct qf_int4 {
     /* q - z exactly: 2^23 + q as a float's bits, minus 2^23 + z */
     __device__ static __forceinline__ void decode_word(uint32_t u, int z, float w[8]) {
         const float off = 8388608.0f + (float)z;
+        /* the even and the odd codes a byte each, then one byte permute a code into 2^23's bits
+         * (0x4b0000cc): 11 instructions fewer a word than a shift, a mask and an or a code */
+        const uint32_t lo = u & 0x0f0f0f0fu, hi = (u >> 4) & 0x0f0f0f0fu;
 #pragma unroll
-        for (int e = 0; e < 8; e++) w[e] = __uint_as_float(0x4b000000u | ((u >> (4 * e)) & 15u)) - off;
+        for (int b = 0; b < 4; b++) {
+            w[2 * b] = __uint_as_float(__byte_perm(lo, 0x4b000000u, 0x7650u + b)) - off;
+            w[2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x4b000000u, 0x7650u + b)) - off;
+        }
     }
     __device__ static __forceinline__ void decode8(const uint4 &raw, int q8, int z, float w[8]) {
         decode_word(qf_word(raw, q8), z, w);
