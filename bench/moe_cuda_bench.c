@@ -11,7 +11,9 @@
  * created stream ("moe_graph", how the engine runs a decode step). Also
  * times the router. The decode sizes run again with the experts in FP8 block-128
  * (random e4m3 codes, f32 scales: the bytes the FP8 decode kernels read, GBps counting
- * 3 I H bytes and the scales per distinct expert; "moe_fp8" and "moe_fp8_graph" lines).
+ * 3 I H bytes and the scales per distinct expert; "moe_fp8" and "moe_fp8_graph" lines),
+ * the grouped path beside them as for bf16 (batch-invariant mode: W8A16, the weights made
+ * bf16 in shared memory).
  * Arguments, if any, replace the list of n. Exits 77 without a GPU. */
 #include <math.h>
 #include <stdint.h>
@@ -176,9 +178,9 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, const
     /* FP8: a byte a weight and an f32 scale per 128 x 128 block */
     const double bytes = fp8 ? distinct * 3.0 * I * H * (1.0 + 4.0 / (128 * 128)) : distinct * 3.0 * I * H * 2;
     /* the table's path, then at decode sizes also the grouped GEMMs (what batch-invariant
-     * mode takes at every n; bf16): where they cross over is the table's bound; past the
-     * decode bound each grouped-GEMM kernel forced, where its table starts */
-    for (int grouped = 0; grouped <= (fp8 ? 0 : table_decode); grouped++) {
+     * mode takes at every n; FP8: W8A16): where they cross over is the table's bound; past
+     * the decode bound each grouped-GEMM kernel forced, where its table starts */
+    for (int grouped = 0; grouped <= table_decode; grouped++) {
         a.invariant = grouped;
         const double us = time_experts(&a, dsel, dw, P, n >= 512 ? 10 : 40);
         const double gbs = bytes / (us * 1e-6) / 1e9;

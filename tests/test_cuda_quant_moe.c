@@ -2,19 +2,21 @@
  * moe.cu, moe_block.cu) against a double reference over the exactly dequantized weights
  * (qd_weight_dequant_rows, base/weight.c), on fresh random inputs (seed printed;
  * QD_TEST_SEED replays it). Formats: FP8 block 128 x 128 (intermediate sizes that leave a
- * partial block row) and 128 x 192, INT4 with group 32, 64, 96 or 128 and zeros (a partial
- * last group) and symmetric one-group, NVFP4 with per-matrix global factors. Random stored
- * codes and scales.
+ * partial block row), 128 x 192, 96 x 48 and per-channel, INT4 with group 32, 64, 96 or 128
+ * and zeros (a partial last group) and symmetric one-group, NVFP4 with per-matrix global
+ * factors. Random stored codes and scales.
  *
  *  - qd_cuda_moe_experts at n = 1, 5, 16 (the decode kernels reading the quantized bytes)
- *    and n = 70 (the prefill path: every expert dequantized into bf16 scratch, then the
- *    grouped GEMMs); FP8 also at n = 256, 300: the W8A8 kernels against a reference that
- *    quantizes the activations as they do, the dequantized path on the same batch, and the
- *    table's pick equal to one of them; 4-bit at n = 70 and 256 or 300: the W4A16 kernels
- *    bit for bit equal to the dequantized path (or refusing the call with a status, as they
- *    refuse FP8 experts), the table's pick and batch-invariant mode too, the whole batch and
- *    its last token alone; y accumulated onto a nonzero start, every element checked; decode
- *    results bit-identical run to run and per token whatever else is in the batch;
+ *    and at prefill sizes, n = 70 (the dequantized path's mma.sync kernels) and 256 or 300
+ *    (its wgmma kernel), and with k = E (every expert in every token's list) at 300 and 600,
+ *    experts of several 128-row WA16 tiles and a partial last one: the WA16 kernels (W4A16,
+ *    W8A16) bit for bit equal to the dequantized path (or refusing the call with a status
+ *    outside their layouts), the table's pick and batch-invariant mode too, the whole batch
+ *    and its last token alone; FP8 in 128 x 128 blocks at 256 and 300 also through the W8A8
+ *    kernels against a reference that quantizes the activations as they do, the table's
+ *    pick equal to W8A8's or the dequantized path's result; y accumulated onto a nonzero
+ *    start, every element checked; decode results bit-identical run to run and per token
+ *    whatever else is in the batch;
  *  - the dequantization kernel: bf16 of the reference's fp32 values, bit for bit;
  *  - qd_cuda_moe_block with a quantized shared expert: the routing it chose (read back:
  *    the router is tested in test_cuda_moe) applied in the reference, h += routed +
@@ -45,17 +47,20 @@ static uint8_t rbyte(void) { return (uint8_t)(qd_test_next(&rng) >> 56); }
 static float runit(void) { return 0.5f + 0.25f * (qd_test_uniform(&rng) + 1.0f); } /* [0.5, 1) */
 
 /* n matrices [rows][cols] in one format, on the host (for the reference, dequantized into
- * deq [n][rows][cols]) and on the device (d). */
+ * deq [n][rows][cols]) and on the device (d): FP8 in blocks of br0 (0: 128) rows and bc
+ * columns, INT4 in groups of bc columns, NVFP4 in its 16-column blocks. */
 typedef struct qm {
     qd_cuda_qmats d;
     float *deq;
     void *dev[4];
 } qm;
 
-static int make_qm(qd_dtype fmt, int n, int64_t rows, int64_t cols, int64_t bc, int zeros, float mag, qm *out) {
+static int make_qm(qd_dtype fmt, int n, int64_t rows, int64_t cols, int64_t bc, int64_t br0, int zeros, float mag,
+                   qm *out) {
     memset(out, 0, sizeof *out);
     const int fp4 = fmt == QD_DTYPE_NVFP4, f8 = fmt == QD_DTYPE_F8_E4M3;
-    const int64_t br = f8 ? 128 : 1, bcol = fp4 ? 16 : bc, nbc = cdiv(cols, bcol), sr = cdiv(rows, br);
+    /* FP8: blocks of br0 rows (0: 128); bc = cols: one block a row (per-channel with br0 1) */
+    const int64_t br = f8 ? (br0 ? br0 : 128) : 1, bcol = fp4 ? 16 : bc, nbc = cdiv(cols, bcol), sr = cdiv(rows, br);
     const int64_t row_bytes = f8 ? cols : cols / 2, sn = sr * nbc;
     const size_t db = (size_t)(n * rows * row_bytes), ss = fp4 ? 1 : 4;
     uint8_t *q = malloc(db), *z = zeros ? malloc((size_t)(n * sn)) : NULL;
@@ -262,7 +267,8 @@ typedef struct fcase {
     int zeros;
     int max_n; /* largest batch tried: the big shapes stop short of the CPU-costly prefill size */
     int only_n; /* nonzero: this batch size alone (and no fused block) */
-    int w4;     /* 4-bit: the W4A16 prefill kernels take these experts */
+    int wa;     /* the WA16 prefill kernels (W4A16, W8A16) take these experts */
+    int64_t br; /* FP8: block rows (0: 128) */
 } fcase;
 
 /* Runs qd_cuda_moe_experts over tokens [t0, t0 + n) into y (host) with the prefill kernel
@@ -284,7 +290,7 @@ static qd_status run_st(const fcase *c, const qm *gu, const qm *dn, const uint16
                           .d_work = work, .invariant = inv, .q_gate_up = &gu->d, .q_down = &dn->d,
                           .prefill_kernel = kernel};
     uint16_t *dq = NULL;
-    if (kernel == QD_MOE_PREFILL_DEQUANT || (kernel != QD_MOE_PREFILL_W4A16 && qd_cuda_moe_dequant_needed(&a)))
+    if (kernel == QD_MOE_PREFILL_DEQUANT || (kernel != QD_MOE_PREFILL_WA16 && qd_cuda_moe_dequant_needed(&a)))
         a.d_dequant = dq = qd_test_dev(NULL, qd_cuda_moe_dequant_bytes(H, c->I, c->E));
     qd_status st = qd_cuda_moe_experts(&a, NULL);
     if (!st) {
@@ -344,21 +350,21 @@ static void w8a8_case(const fcase *c, const qm *gu, const qm *dn, int n, const u
     run(c, gu, dn, x, sel, wt, y0, 0, n, yt);
     CHECKF(!memcmp(yt, y8, ny * 4) || !memcmp(yt, yd, ny * 4), "%s n=%d: the table's result is neither path's",
            c->name, n);
-    /* the 4-bit kernels refuse FP8 experts with a status */
-    CHECKF(run_st(c, gu, dn, x, sel, wt, y0, 0, n, yt, QD_MOE_PREFILL_W4A16, 0) != QD_OK,
-           "%s n=%d: W4A16 forced on FP8 experts did not fail", c->name, n);
 out:
     free(ref); free(con); free(tie); free(xf); free(xq); free(y8); free(yd); free(yt);
 }
 
-/* 4-bit experts of a prefill-sized batch: the dequantized path (forced) against the bf16
- * prefill reference, and where the W4A16 kernels take the experts (c->w4), those kernels
- * (forced, without the dequantization scratch) bit for bit equal to it: the same bf16
- * weights in the same sums. Elsewhere forcing them fails with a status. The table's pick,
- * and batch-invariant mode on the whole batch and on its last token alone, give those bits
- * too (every kernel either path runs gives the same bits at every n). */
-static void w4_case(const fcase *c, const qm *gu, const qm *dn, int n, const uint16_t *x, const int32_t *sel,
-                    const float *wt, const float *y0, const double *ref, const double *con, const double *mag) {
+/* Quantized experts of a prefill-sized batch: the dequantized path (forced) against the bf16
+ * prefill reference, and where the WA16 kernels take the experts (c->wa: W4A16 for INT4 and
+ * NVFP4, W8A16 for FP8), those kernels (forced, without the dequantization scratch) bit for
+ * bit equal to it: the same bf16 weights in the same sums. Elsewhere, and on a view of the
+ * same experts whose codes are not 16-byte aligned, forcing them fails with a status. The
+ * table's pick (unless it is W8A8: table_w8a8, checked by w8a8_case), and batch-invariant
+ * mode on the whole batch and on its last token alone, give those bits too (every kernel
+ * either path runs gives the same bits at every n). */
+static void wa_case(const fcase *c, const qm *gu, const qm *dn, int n, const uint16_t *x, const int32_t *sel,
+                    const float *wt, const float *y0, const double *ref, const double *con, const double *mag,
+                    int table_w8a8) {
     const int H = c->H;
     const size_t ny = (size_t)n * H;
     float *yd = malloc(ny * 4), *yw = malloc(ny * 4), *yt = malloc(ny * 4);
@@ -370,20 +376,28 @@ static void w4_case(const fcase *c, const qm *gu, const qm *dn, int n, const uin
     run_kernel(c, gu, dn, x, sel, wt, y0, 0, n, yd, QD_MOE_PREFILL_DEQUANT);
     snprintf(what, sizeof what, "%s n=%d (dequantized)", c->name, n);
     compare_mag(what, yd, ref, con, mag, QD_BF16_ACT_MTOL, ny, 3e-2, 1e-3, 5e-3);
-    const qd_cuda_moe_args a = {.n = n, .H = H, .I = c->I, .E = c->E, .k = c->k, .q_gate_up = &gu->d,
-                                .q_down = &dn->d};
-    CHECKF(qd_cuda_moe_dequant_needed(&a) == !c->w4, "%s n=%d: the dequantization scratch is%s asked for", c->name,
-           n, c->w4 ? "" : " not");
-    const qd_status st = run_st(c, gu, dn, x, sel, wt, y0, 0, n, yw, QD_MOE_PREFILL_W4A16, 0);
-    if (c->w4) {
-        CHECKF(st == QD_OK && !memcmp(yw, yd, ny * 4), "%s n=%d: W4A16 differs bitwise from the dequantized path",
-               c->name, n);
-    } else {
-        CHECKF(st != QD_OK, "%s n=%d: W4A16 forced on experts outside its layouts did not fail", c->name, n);
+    for (int inv = 0; inv < 2; inv++) {
+        const qd_cuda_moe_args a = {.n = n, .H = H, .I = c->I, .E = c->E, .k = c->k, .invariant = inv,
+                                    .q_gate_up = &gu->d, .q_down = &dn->d};
+        CHECKF(qd_cuda_moe_dequant_needed(&a) == !c->wa, "%s n=%d%s: the dequantization scratch is%s asked for",
+               c->name, n, inv ? " (batch-invariant)" : "", c->wa ? "" : " not");
     }
-    run(c, gu, dn, x, sel, wt, y0, 0, n, yt);
-    CHECKF(!memcmp(yt, yd, ny * 4), "%s n=%d: the table's result differs bitwise from the dequantized path",
-           c->name, n);
+    const qd_status st = run_st(c, gu, dn, x, sel, wt, y0, 0, n, yw, QD_MOE_PREFILL_WA16, 0);
+    if (c->wa) {
+        CHECKF(st == QD_OK && !memcmp(yw, yd, ny * 4), "%s n=%d: WA16 differs bitwise from the dequantized path",
+               c->name, n);
+        qm odd = *gu; /* the same experts, their codes read from 8 bytes on: not the kernel's alignment */
+        odd.d.data += 8;
+        CHECKF(run_st(c, &odd, dn, x, sel, wt, y0, 0, n, yt, QD_MOE_PREFILL_WA16, 0) != QD_OK,
+               "%s n=%d: WA16 forced on codes not 16-byte aligned did not fail", c->name, n);
+    } else {
+        CHECKF(st != QD_OK, "%s n=%d: WA16 forced on experts outside its layouts did not fail", c->name, n);
+    }
+    if (!table_w8a8) {
+        run(c, gu, dn, x, sel, wt, y0, 0, n, yt);
+        CHECKF(!memcmp(yt, yd, ny * 4), "%s n=%d: the table's result differs bitwise from the dequantized path",
+               c->name, n);
+    }
     ST_OK(run_st(c, gu, dn, x, sel, wt, y0, 0, n, yt, 0, 1));
     CHECKF(!memcmp(yt, yd, ny * 4), "%s n=%d: batch-invariant mode differs bitwise from the dequantized path",
            c->name, n);
@@ -422,14 +436,16 @@ static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
     }
     char what[96];
     snprintf(what, sizeof what, "%s n=%d (%s)", c->name, n, decode ? "decode" : "prefill");
-    if (c->fmt == QD_DTYPE_F8_E4M3 && n >= 128) { /* a prefill-sized FP8 batch: W8A8 and dequantized */
-        w8a8_case(c, gu, dn, n, x, sel, wt, y0, ref, con, mag);
-    } else if (c->fmt != QD_DTYPE_F8_E4M3 && !decode) { /* 4-bit: W4A16 and dequantized */
-        w4_case(c, gu, dn, n, x, sel, wt, y0, ref, con, mag);
+    /* FP8 in 128 x 128 blocks at a prefill size: W8A8 (the table's pick there outside
+     * batch-invariant mode) against its own reference */
+    const int w8a8 = c->fmt == QD_DTYPE_F8_E4M3 && c->bc_gu == 128 && c->bc_dn == 128 && (!c->br || c->br == 128) &&
+                     n >= 128;
+    if (w8a8) w8a8_case(c, gu, dn, n, x, sel, wt, y0, ref, con, mag);
+    if (!decode) { /* WA16 and the dequantized path */
+        wa_case(c, gu, dn, n, x, sel, wt, y0, ref, con, mag, w8a8);
     } else {
         run(c, gu, dn, x, sel, wt, y0, 0, n, y);
-        if (decode) compare(what, y, ref, con, (size_t)n * H, 2e-4, 1e-5, 2e-5);
-        else compare_mag(what, y, ref, con, mag, QD_BF16_ACT_MTOL, (size_t)n * H, 3e-2, 1e-3, 5e-3);
+        compare(what, y, ref, con, (size_t)n * H, 2e-4, 1e-5, 2e-5);
     }
     if (decode) {
         run(c, gu, dn, x, sel, wt, y0, 0, n, y2);
@@ -447,8 +463,8 @@ static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
 static void block_case(const fcase *c, const qm *gu, const qm *dn, int n) {
     const int H = c->H, I = c->I, E = c->E, k = c->k, Is = 2 * c->I;
     qm sgu, sdn;
-    if (!make_qm(c->fmt, 2, Is, H, c->bc_gu, c->zeros, sqrtf(3.0f / H), &sgu) ||
-        !make_qm(c->fmt, 1, H, Is, c->bc_dn, c->zeros, sqrtf(3.0f / Is), &sdn)) {
+    if (!make_qm(c->fmt, 2, Is, H, c->bc_gu, c->br, c->zeros, sqrtf(3.0f / H), &sgu) ||
+        !make_qm(c->fmt, 1, H, Is, c->bc_dn, c->br, c->zeros, sqrtf(3.0f / Is), &sdn)) {
         CHECK(0);
         return;
     }
@@ -509,41 +525,57 @@ int main(void) {
     if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_quant_moe", "no CUDA device");
     rng = qd_test_rng_from_env();
     static const fcase cases[] = {
-        {"fp8 block128", QD_DTYPE_F8_E4M3, 256, 192, 12, 4, 128, 128, 0, 300, 0, 0},
+        /* FP8 at n = 70 (the table: W8A16) and 300 (the table: W8A8), W8A16 forced and in
+         * batch-invariant mode bit for bit the dequantized path's */
+        {"fp8 block128", QD_DTYPE_F8_E4M3, 256, 192, 12, 4, 128, 128, 0, 300, 0, 1, 0},
         /* 4-bit at n = 70 (the dequantized path's mma.sync kernels) and 300 (its wgmma kernel):
          * W4A16 bit for bit. K % 64 == 32 leaves a 32-column tail k-step (down: I = 96, 160;
          * gate_up: H = 288), H = 320 a partial block of down's output columns, I = 64 and 96
          * gate_up rows past the matrix */
-        {"int4 g64 zeros", QD_DTYPE_INT4, 320, 96, 9, 3, 64, 64, 1, 300, 0, 1},
-        {"int4 one group sym", QD_DTYPE_INT4, 256, 64, 8, 2, 256, 64, 0, 300, 0, 1},
-        /* I % 64 != 0: outside the W4A16 kernels (an NVFP4 k-step's scales are one word) */
-        {"nvfp4", QD_DTYPE_NVFP4, 256, 160, 10, 4, 16, 16, 0, 70, 0, 0},
-        {"nvfp4 k64", QD_DTYPE_NVFP4, 320, 192, 10, 4, 16, 16, 0, 300, 0, 1},
+        {"int4 g64 zeros", QD_DTYPE_INT4, 320, 96, 9, 3, 64, 64, 1, 300, 0, 1, 0},
+        {"int4 one group sym", QD_DTYPE_INT4, 256, 64, 8, 2, 256, 64, 0, 300, 0, 1, 0},
+        /* I % 64 != 0: outside the WA16 kernels (an NVFP4 k-step's scales are one word) */
+        {"nvfp4", QD_DTYPE_NVFP4, 256, 160, 10, 4, 16, 16, 0, 70, 0, 0, 0},
+        {"nvfp4 k64", QD_DTYPE_NVFP4, 320, 192, 10, 4, 16, 16, 0, 300, 0, 1, 0},
         /* groups and blocks whose columns are no power of two: the kernels' divided index (a
          * shift for the others), partial last groups */
-        {"int4 g96 zeros", QD_DTYPE_INT4, 320, 160, 9, 3, 96, 96, 1, 300, 0, 1},
-        /* 32-column groups: a group a W4A16 half k-step, an odd group count a row (H / 32 = 9)
+        {"int4 g96 zeros", QD_DTYPE_INT4, 320, 160, 9, 3, 96, 96, 1, 300, 0, 1, 0},
+        /* 32-column groups: a group a WA16 half k-step, an odd group count a row (H / 32 = 9)
          * placing zero points at every byte of their words */
-        {"int4 g32 zeros", QD_DTYPE_INT4, 288, 128, 6, 2, 32, 32, 1, 300, 0, 1},
-        {"fp8 block 128x192", QD_DTYPE_F8_E4M3, 384, 208, 6, 2, 192, 192, 0, 16, 0, 0},
+        {"int4 g32 zeros", QD_DTYPE_INT4, 288, 128, 6, 2, 32, 32, 1, 300, 0, 1, 0},
+        /* k = E: every token on every expert, so n pairs an expert, several of W4A16's 128-row
+         * tiles: at n = 600, 4 x 128 + 88 (the last: warpgroup 0's 64 rows whole, warpgroup
+         * 1's partial); at 300, 128 + 128 + 44 (warpgroup 0 partial, warpgroup 1 none). Column
+         * blocks past I and H, a 32-column tail k-step of down (I = 160) */
+        {"int4 g64 zeros, k = E = 2", QD_DTYPE_INT4, 320, 160, 2, 2, 64, 32, 1, 600, 600, 1, 0},
+        {"nvfp4 k64, k = E = 3", QD_DTYPE_NVFP4, 256, 128, 3, 3, 16, 16, 0, 300, 300, 1, 0},
+        /* FP8 layouts outside W8A8, W8A16 at every prefill size: 192-column blocks (a divided
+         * block index), a 16-column tail k-step of down (I = 208) and a partial block row */
+        {"fp8 block 128x192", QD_DTYPE_F8_E4M3, 384, 208, 6, 2, 192, 192, 0, 300, 0, 1, 0},
+        /* per-channel (one scale a row): tail k-steps of 48 columns (gate_up, H = 304) and 32
+         * (down, I = 160) */
+        {"fp8 per-channel", QD_DTYPE_F8_E4M3, 304, 160, 8, 3, 304, 160, 0, 300, 0, 1, 1},
+        /* 96 x 48 blocks: block rows no power of two, a block change inside a k-step's 64
+         * columns (two scales a step a row, found by division), a 16-column tail (I = 144) */
+        {"fp8 block 96x48", QD_DTYPE_F8_E4M3, 256, 144, 6, 2, 48, 48, 0, 300, 0, 1, 96},
         /* Qwen3.5-35B-A3B's expert shape: the staged kernels' shared memory at its real size
          * (x and stages together past the 48 KiB a launch has without opting in) */
-        {"fp8 35B-A3B shape", QD_DTYPE_F8_E4M3, 2048, 512, 16, 8, 128, 128, 0, 16, 0, 0},
+        {"fp8 35B-A3B shape", QD_DTYPE_F8_E4M3, 2048, 512, 16, 8, 128, 128, 0, 16, 0, 1, 0},
         /* ... at a prefill size: the W8A8 kernels over several tiles an expert and every
-         * column block of both GEMMs */
-        {"fp8 35B-A3B shape, prefill", QD_DTYPE_F8_E4M3, 2048, 512, 16, 8, 128, 128, 0, 256, 256, 0},
+         * column block of both GEMMs; W8A16 over 32 k-steps of gate_up */
+        {"fp8 35B-A3B shape, prefill", QD_DTYPE_F8_E4M3, 2048, 512, 16, 8, 128, 128, 0, 256, 256, 1, 0},
         /* ... INT4 with 128-column groups and zero points: W4A16 over 32 k-steps of gate_up */
-        {"int4 35B-A3B shape, prefill", QD_DTYPE_INT4, 2048, 512, 16, 8, 128, 128, 1, 256, 256, 1},
+        {"int4 35B-A3B shape, prefill", QD_DTYPE_INT4, 2048, 512, 16, 8, 128, 128, 1, 256, 256, 1, 0},
         /* rows longer than the two shared-memory stages, so stages are refilled while read:
          * gate_up rows of 3 stages, down rows of 3 (fp8: 2 KiB and 1 KiB a stage) */
-        {"fp8 streamed stages", QD_DTYPE_F8_E4M3, 4224, 2176, 3, 2, 128, 128, 0, 16, 0, 0},
-        {"int4 streamed stages", QD_DTYPE_INT4, 4224, 2176, 3, 2, 128, 128, 1, 16, 0, 1},
+        {"fp8 streamed stages", QD_DTYPE_F8_E4M3, 4224, 2176, 3, 2, 128, 128, 0, 16, 0, 1, 0},
+        {"int4 streamed stages", QD_DTYPE_INT4, 4224, 2176, 3, 2, 128, 128, 1, 16, 0, 1, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const fcase *c = &cases[i];
         qm gu, dn;
-        if (!make_qm(c->fmt, 2 * c->E, c->I, c->H, c->bc_gu, c->zeros, sqrtf(3.0f / c->H), &gu) ||
-            !make_qm(c->fmt, c->E, c->H, c->I, c->bc_dn, c->zeros, sqrtf(3.0f / c->I), &dn)) {
+        if (!make_qm(c->fmt, 2 * c->E, c->I, c->H, c->bc_gu, c->br, c->zeros, sqrtf(3.0f / c->H), &gu) ||
+            !make_qm(c->fmt, c->E, c->H, c->I, c->bc_dn, c->br, c->zeros, sqrtf(3.0f / c->I), &dn)) {
             CHECK(0);
             continue;
         }

@@ -51,10 +51,10 @@ typedef struct qd_cuda_moe_args {
     /* Quantized experts (cuda_quant.h), NULL for bf16 (then d_gate_up / d_down): gate_up 2E
      * matrices [I][H] (expert e's gate_proj 2e, up_proj 2e + 1), down E matrices [H][I], one
      * vectorised layout (qd_moe_decode_takes). The decode path reads them as stored, and so
-     * does the prefill path where its W8A8 (FP8) or W4A16 (INT4, NVFP4) kernels take the call;
-     * otherwise it dequantizes every expert into d_dequant (qd_cuda_moe_dequant_bytes) and
-     * runs the bf16 grouped GEMMs on it. d_dequant may be NULL where no call would
-     * (qd_cuda_moe_dequant_needed). */
+     * does the prefill path where its W8A8 (FP8) or WA16 (W4A16: INT4, NVFP4; W8A16: FP8)
+     * kernels take the call; otherwise it dequantizes every expert into d_dequant
+     * (qd_cuda_moe_dequant_bytes) and runs the bf16 grouped GEMMs on it. d_dequant may be
+     * NULL where no call would (qd_cuda_moe_dequant_needed). */
     const qd_cuda_qmats *q_gate_up;
     const qd_cuda_qmats *q_down;
     uint16_t *d_dequant;
@@ -75,18 +75,19 @@ enum {
     QD_MOE_PREFILL_MMA,           /* mma.sync, 64 x 128 tiles */
     QD_MOE_PREFILL_WGMMA,         /* wgmma, persistent, 128 x 256 tiles (sm_90a) */
     QD_MOE_PREFILL_DEQUANT,       /* quantized experts: dequantized to bf16, then the table's bf16
-                                   * kernel (what batch-invariant mode runs for FP8), never W8A8 or
-                                   * W4A16 */
+                                   * kernel (the path of the layouts neither W8A8 nor WA16 takes),
+                                   * never W8A8 or WA16 */
     QD_MOE_PREFILL_W8A8,          /* FP8 experts (128 x 128 blocks): W8A8 on the FP8 tensor cores */
-    QD_MOE_PREFILL_W4A16          /* INT4 / NVFP4 experts: bf16 wgmma on the weights made bf16 in
-                                   * shared memory, the dequantized path's bits (sm_90a) */
+    QD_MOE_PREFILL_WA16           /* INT4 / NVFP4 (W4A16) and FP8 (W8A16) experts: bf16 wgmma on the
+                                   * weights made bf16 in shared memory, the dequantized path's
+                                   * bits (sm_90a) */
 };
 
 /* Bytes of the bf16 copy of E experts that the prefill path of quantized experts works on. */
 size_t qd_cuda_moe_dequant_bytes(int H, int I, int E);
 /* Whether the prefill path may dequantize these experts into d_dequant on some call of up to
  * a->n tokens with a->invariant, the kernels the table picks (prefill_kernel ignored): 0 for
- * bf16 experts and for quantized ones that the W4A16 kernels take. Reads only the shapes, the
+ * bf16 experts and for quantized ones that the WA16 kernels take. Reads only the shapes, the
  * layouts and the pointers' alignment (a context sizes its scratch by it). */
 int qd_cuda_moe_dequant_needed(const qd_cuda_moe_args *a);
 

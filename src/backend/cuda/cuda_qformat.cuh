@@ -5,8 +5,9 @@
  *          qd_cuda_qlayout_vectorised takes keep a piece inside one block)
  *   decode8(raw, q8, z, w)  columns 8 q8 .. 8 q8 + 7 of the piece before their scale (INT4: q - z),
  *                       so a kernel holds 8 decoded values at a time whatever the format
- *                       (4-bit formats: decode_word(u, z, w) of the piece's 32-bit word q8, the
- *                       one definition the fused W4A16 GEMM also decodes by)
+ *                       (4-bit formats: decode_word(u, z, w) of the piece's 32-bit word q8;
+ *                       F8_E4M3: decode_words(u0, u1, w) of its words 2 q8, 2 q8 + 1; the one
+ *                       definition the W4A16 / W8A16 grouped GEMM also decodes by)
  *   scale(row, c0, j)   the block scale of sub-block j of the piece starting at column c0
  *   post(row)           a factor of the whole matrix after the block scale (NVFP4's global)
  * and qf_row (one row of one matrix: where its bytes, scales and zeros are). A product
@@ -89,14 +90,19 @@ struct qf_bf16 {
 
 struct qf_f8 {
     static constexpr int COLS = 16, NSUB = 1, DTYPE = QD_DTYPE_F8_E4M3;
-    __device__ static __forceinline__ void decode8(const uint4 &raw, int q8, int z, float w[8]) {
-        (void)z;
+    /* 8 columns from two 32-bit words of e4m3 (low byte first): the one definition decode8
+     * and the W8A16 grouped GEMM's converter (moe_prefill_wa16.cu) decode by */
+    __device__ static __forceinline__ void decode_words(uint32_t u0, uint32_t u1, float w[8]) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const uint32_t u = qf_word(raw, 2 * q8 + i);
+            const uint32_t u = i == 0 ? u0 : u1;
             const float2 a = qf_e4m3x2(u), b = qf_e4m3x2(u >> 16);
             w[4 * i] = a.x; w[4 * i + 1] = a.y; w[4 * i + 2] = b.x; w[4 * i + 3] = b.y;
         }
+    }
+    __device__ static __forceinline__ void decode8(const uint4 &raw, int q8, int z, float w[8]) {
+        (void)z;
+        decode_words(qf_word(raw, 2 * q8), qf_word(raw, 2 * q8 + 1), w);
     }
     __device__ static __forceinline__ float scale(const qf_row &r, int c0, int j) {
         (void)j;

@@ -8,8 +8,9 @@
  *                                   moe_prefill.cu), combine;
  *                                   FP8 experts from 96 tokens (not
  *                                   batch-invariant): W8A8 on the
- *                                   FP8 tensor cores; INT4 / NVFP4
- *                                   experts at every n: W4A16 (the
+ *                                   FP8 tensor cores where it takes
+ *                                   them; INT4 / NVFP4 / other FP8
+ *                                   at every n: W4A16 / W8A16 (the
  *                                   weights made bf16 in shared
  *                                   memory); other quantized ones
  *                                   dequantized into d_dequant
@@ -63,14 +64,14 @@ extern "C" size_t qd_cuda_moe_dequant_bytes(int H, int I, int E) {
     return (size_t)E * 3 * (size_t)I * (size_t)H * 2;
 }
 
-/* The table's pick at n_max: W4A16 is picked at every n it takes, and the only bounds that
- * depend on n (32-bit offsets) hold for fewer tokens when they hold for more; every other
- * quantized format dequantizes at some n (FP8: below QD_MOE_WG_MIN_TOKENS, or always in
- * batch-invariant mode). */
+/* Whether WA16 takes the experts at n_max: the table (moe_prefill.cu) dequantizes no experts
+ * that WA16 takes, whatever n and the mode (W8A8, where it takes them, first), and WA16's only
+ * bounds that depend on n (32-bit offsets) hold for fewer tokens when they hold for more.
+ * Experts it does not take dequantize at some n (every n of the prefill path but W8A8's). */
 extern "C" int qd_cuda_moe_dequant_needed(const qd_cuda_moe_args *a) {
     qd_cuda_moe_args t = *a;
     t.prefill_kernel = 0;
-    return a->q_gate_up && qd_moe_prefill_kernel(&t) != QD_MOE_PREFILL_W4A16;
+    return a->q_gate_up && !qd_moe_wa16_takes(&t);
 }
 
 extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream) {
@@ -105,16 +106,18 @@ extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream
         return qd_moe_decode(a, &w, NULL, 0, s);
     }
     if (!quant) return qd_moe_prefill(a, &w, s);
-    /* quantized experts: W8A8 or W4A16 on the stored weights where the table (moe_prefill.cu)
+    /* quantized experts: W8A8 or WA16 on the stored weights where the table (moe_prefill.cu)
      * takes it */
     const int kernel = qd_moe_prefill_kernel(a);
-    if (kernel == QD_MOE_PREFILL_W8A8 || kernel == QD_MOE_PREFILL_W4A16) return qd_moe_prefill_quant(a, &w, kernel, s);
+    if (kernel == QD_MOE_PREFILL_W8A8 || kernel == QD_MOE_PREFILL_WA16) return qd_moe_prefill_quant(a, &w, kernel, s);
     if (a->prefill_kernel == QD_MOE_PREFILL_W8A8)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: the W8A8 kernels take 128 x 128 block-scaled FP8 "
                                                 "experts outside batch-invariant mode only");
-    if (a->prefill_kernel == QD_MOE_PREFILL_W4A16)
-        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: the W4A16 kernels take INT4 (f32 group scales of "
-                                                "32k columns) and NVFP4 experts with H, I multiples of 32 (NVFP4: 64)");
+    if (a->prefill_kernel == QD_MOE_PREFILL_WA16)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: the WA16 kernels take INT4 (f32 group scales of "
+                                                "32k columns), NVFP4 and FP8 (f32 scales, block columns a multiple of "
+                                                "16) experts with H, I multiples of 32 (NVFP4: 64; FP8: 16) and "
+                                                "aligned codes");
     /* prefill of quantized experts the fused kernels do not take: every expert to bf16 (1.6 GB
      * a layer at the 35B-A3B's size, written and read), then the bf16 grouped GEMMs */
     if (!a->d_dequant) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: no dequantization scratch");

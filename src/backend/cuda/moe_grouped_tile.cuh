@@ -1,7 +1,7 @@
 /* What the wgmma grouped GEMMs of the MoE prefill path share (moe_prefill_wgmma.cu: bf16;
- * moe_prefill_w4.cu: 4-bit weights made bf16 in shared memory; moe_prefill_fp8.cu: W8A8
- * FP8): their work items, the 128-byte swizzle of their operand rows in shared memory, the
- * gathered A rows of a tile, the bf16 k-step and the epilogue from the accumulators. Every
+ * moe_prefill_wa16.cu: 4- and 8-bit weights made bf16 in shared memory; moe_prefill_fp8.cu:
+ * W8A8 FP8): their work items, the 128-byte swizzle of their operand rows in shared memory,
+ * the gathered A rows of a tile, the bf16 k-step and the epilogue from the accumulators. Every
  * kernel: tiles of QD_MOE_WG_BM sorted rows (warpgroup w: rows 64 w ..), 256 threads, one
  * 128-byte row of each operand row a k-step; MODE 0 gate_up (A rows gathered from x by the
  * sorted pairs), MODE 1 down (A = the activation rows). */

@@ -87,8 +87,8 @@ qd_status qd_moe_decode(const qd_cuda_moe_args *a, const qd_moe_work *w, const q
                         cudaStream_t s);
 qd_status qd_moe_prefill(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
 /* The prefill path's kernel for a call (QD_MOE_PREFILL_*, moe_prefill.cu), -1 where the forced
- * one (a->prefill_kernel) does not take it. Quantized experts that neither W8A8 nor W4A16 take
- * are dequantized first: for them it names the bf16 kernel of that copy. */
+ * one (a->prefill_kernel) does not take it. Quantized experts that neither W8A8 nor WA16 (W4A16
+ * / W8A16) takes are dequantized first: for them it names the bf16 kernel of that copy. */
 int qd_moe_prefill_kernel(const qd_cuda_moe_args *a);
 
 /* The wgmma grouped GEMMs (moe_prefill_wgmma.cu) over a plan of QD_MOE_WG_BM-row tiles:
@@ -102,14 +102,16 @@ qd_status qd_moe_wg_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaS
  * H and I multiples of 16, offsets in 32 bits, the quantized activations within the scratch. */
 int qd_moe_fp8_takes(const qd_cuda_moe_args *a);
 qd_status qd_moe_fp8_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
-/* W4A16 prefill of 4-bit experts (moe_prefill_w4.cu): the bf16 wgmma grouped GEMMs over a
- * plan of QD_MOE_WG_BM-row tiles with the weights made bf16 in shared memory, the bits of the
- * dequantized copy's kernels. takes: INT4 (f32 scales, one a row and group of 32k columns or
- * one group a row; zero points 4-byte aligned or none) or NVFP4 experts of the call's shapes,
- * H and I multiples of 32 (INT4) or 64 (NVFP4), offsets in 32 bits (qd_moe_wg_takes). */
-int qd_moe_w4_takes(const qd_cuda_moe_args *a);
-qd_status qd_moe_w4_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
-/* plan, the grouped GEMMs on the stored weights (kernel: QD_MOE_PREFILL_W8A8 or _W4A16), combine */
+/* W4A16 / W8A16 prefill of quantized experts (moe_prefill_wa16.cu): the bf16 wgmma grouped
+ * GEMMs over a plan of QD_MOE_WG_BM-row tiles with the weights made bf16 in shared memory,
+ * the bits of the dequantized copy's kernels. takes: INT4 (f32 scales, one a row and group
+ * of 32k columns or one group a row; zero points 4-byte aligned or none), NVFP4, or FP8
+ * (f32 scales, any block rows, block columns a multiple of 16 or one block a row) experts of
+ * the call's shapes, H and I multiples of 32 (INT4), 64 (NVFP4) or 16 (FP8), offsets in 32
+ * bits (qd_moe_wg_takes). */
+int qd_moe_wa16_takes(const qd_cuda_moe_args *a);
+qd_status qd_moe_wa16_gemms(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaStream_t s);
+/* plan, the grouped GEMMs on the stored weights (kernel: QD_MOE_PREFILL_W8A8 or _WA16), combine */
 qd_status qd_moe_prefill_quant(const qd_cuda_moe_args *a, const qd_moe_work *w, int kernel, cudaStream_t s);
 /* The prefill path's first and last launches: the pairs sorted by expert into tiles of bm
  * rows (w->seg, tiles, sorted, pos), and y += the routing-weighted outputs in slot order. */

@@ -381,25 +381,29 @@ moe_combine(const int32_t *__restrict__ pos, const float *__restrict__ wts, cons
  * bf16 experts: moe_gemm_small up to QD_MOE_SMALL_MAX_TOKENS, the wgmma kernel from
  * QD_MOE_WG_MIN_TOKENS (moe_internal.cuh), moe_gemm between. The three give the same bits
  * (test_cuda_moe: each forced, at every batch size it tries, on the H200), so the choice
- * never changes a result, batch-invariant mode included. FP8 experts from
- * QD_MOE_WG_MIN_TOKENS outside batch-invariant mode (whose every n must be one path, the
- * dequantized one): W8A8 on the FP8 tensor cores rather than every expert dequantized to
- * bf16 first (on an H100, Qwen3.5-35B-A3B FP8 prefill at 8k 32,009 -> 38,719 tok/s, bf16
- * 37,228 in the same run; RESULTS session 25). 4-bit experts (INT4, NVFP4) that the W4A16
- * kernel takes: W4A16 at every n, batch-invariant mode included: it makes the dequantized
- * copy's bf16 numbers in shared memory and multiplies them as the wgmma kernel does, whose
- * bits every bf16 kernel gives, so at each n its result is the one the copy's kernel would
- * give (test_cuda_quant_moe compares them bitwise at mma.sync and wgmma sizes). H100,
- * 35B-A3B 8k prefill: INT4 33,114 -> 42,132 tok/s, NVFP4 35,087 -> 40,657 (bf16 49,442;
- * RESULTS session 37); the converter, not the copy's bytes, now sets the pace. Other
- * quantized experts, or a forced bf16 kernel, run the bf16 table on the dequantized copy. */
+ * never changes a result, batch-invariant mode included. Quantized experts, in this order:
+ *  1. FP8 experts that the W8A8 kernel takes (128 x 128 blocks), from QD_MOE_WG_MIN_TOKENS,
+ *     outside batch-invariant mode (its sums are not the dequantized copy's, and every n
+ *     there must give one result): W8A8 on the FP8 tensor cores (on an H100,
+ *     Qwen3.5-35B-A3B FP8 prefill at 8k 32,009 -> 38,719 tok/s against the dequantized copy,
+ *     bf16 37,228 in the same run; RESULTS session 25).
+ *  2. Experts that the WA16 kernel takes (INT4 and NVFP4: W4A16; FP8 of any block shape the
+ *     vectorised layouts have: W8A16), at every other n, batch-invariant mode included: it
+ *     makes the dequantized copy's bf16 numbers in shared memory and multiplies them as the
+ *     wgmma kernel does, whose bits every bf16 kernel gives, so at each n its result is the
+ *     one the copy's kernel would give (test_cuda_quant_moe compares them bitwise at mma.sync
+ *     and wgmma sizes). H100, 35B-A3B 8k prefill: INT4 33,114 -> 42,132 tok/s, NVFP4 35,087
+ *     -> 40,657 (bf16 49,442; RESULTS session 37); the converter, not the copy's bytes, now
+ *     sets the pace. FP8 through it: not measured yet.
+ *  3. Others, a forced bf16 kernel or QD_MOE_PREFILL_DEQUANT: the bf16 table on the
+ *     dequantized copy. */
 int qd_moe_prefill_kernel(const qd_cuda_moe_args *a) {
     const int w8a8 = a->q_gate_up && !a->invariant && qd_moe_fp8_takes(a);
-    const int w4a16 = a->q_gate_up && qd_moe_w4_takes(a);
+    const int wa16 = a->q_gate_up && qd_moe_wa16_takes(a);
     if (a->prefill_kernel == QD_MOE_PREFILL_W8A8) return w8a8 ? QD_MOE_PREFILL_W8A8 : -1;
-    if (a->prefill_kernel == QD_MOE_PREFILL_W4A16) return w4a16 ? QD_MOE_PREFILL_W4A16 : -1;
+    if (a->prefill_kernel == QD_MOE_PREFILL_WA16) return wa16 ? QD_MOE_PREFILL_WA16 : -1;
     if (a->prefill_kernel != QD_MOE_PREFILL_DEQUANT && w8a8 && a->n >= QD_MOE_WG_MIN_TOKENS) return QD_MOE_PREFILL_W8A8;
-    if (!a->prefill_kernel && w4a16) return QD_MOE_PREFILL_W4A16;
+    if (!a->prefill_kernel && wa16) return QD_MOE_PREFILL_WA16;
     /* QD_MOE_PREFILL_DEQUANT names the quantized experts' path; its bf16 kernel is the table's */
     const int forced = a->prefill_kernel == QD_MOE_PREFILL_DEQUANT ? 0 : a->prefill_kernel;
     if (forced >= QD_MOE_PREFILL_WGMMA && !qd_moe_wg_takes(a)) return -1;
@@ -455,7 +459,7 @@ qd_status qd_moe_prefill(const qd_cuda_moe_args *a, const qd_moe_work *w, cudaSt
 
 qd_status qd_moe_prefill_quant(const qd_cuda_moe_args *a, const qd_moe_work *w, int kernel, cudaStream_t s) {
     qd_status st = qd_moe_plan(a, w, QD_MOE_WG_BM, s);
-    if (!st) st = kernel == QD_MOE_PREFILL_W8A8 ? qd_moe_fp8_gemms(a, w, s) : qd_moe_w4_gemms(a, w, s);
+    if (!st) st = kernel == QD_MOE_PREFILL_W8A8 ? qd_moe_fp8_gemms(a, w, s) : qd_moe_wa16_gemms(a, w, s);
     if (!st) st = qd_moe_combine(a, w, s);
     return st;
 }
