@@ -135,13 +135,11 @@ static double time_experts(qd_cuda_moe_args *a, const int32_t *dsel, const float
     return median(ms, 7) * 1e3 / iters;
 }
 
-/* The experts at n tokens: bf16 (dgu, ddn), or FP8 (qgu, qdn non-NULL: decode sizes only,
- * the kernels that read the stored bytes). */
+/* The experts at n tokens: bf16 (dgu, ddn), or FP8 (qgu, qdn non-NULL: the sizes of the
+ * forward's CUDA graphs only, where the table picks between the decode kernels and W8A8). */
 static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, const qd_cuda_qmats *qgu,
                           const qd_cuda_qmats *qdn, double copy_gbs) {
-    /* the decode kernels' sizes (moe.cu's table); the FP8 rows time only those */
-    const int table_decode = n <= qd_cuda_moe_graph_max_tokens() && n * K <= 1024;
-    if (qgu && !table_decode) return;
+    if (qgu && n > qd_cuda_moe_graph_max_tokens()) return;
     const size_t P = (size_t)n * K;
     int32_t *sel = malloc(NROUTE * P * 4);
     float *w = malloc(NROUTE * P * 4);
@@ -173,7 +171,7 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, const
     qd_cuda_moe_args a = {n, H, I, E, K, dx, dsel, dw, dgu, ddn, dy, work, NULL, 0, NULL, NULL, NULL, 0, NULL, NULL, 0};
     a.q_gate_up = qgu;
     a.q_down = qdn;
-    const int fp8 = qgu != NULL;
+    const int fp8 = qgu != NULL, table_decode = qd_cuda_moe_decode_path(&a);
     const char *name = fp8 ? "moe_fp8" : "moe";
     /* FP8: a byte a weight and an f32 scale per 128 x 128 block */
     const double bytes = fp8 ? distinct * 3.0 * I * H * (1.0 + 4.0 / (128 * 128)) : distinct * 3.0 * I * H * 2;

@@ -8,7 +8,9 @@
  *
  * Experts: bf16 x and weights, the reference in double over the same bf16
  * values: y = y0 + sum_j w_j down_e(silu(gate_e x) * up_e x). Batch sizes
- * 1, 3, 17, 64 take the decode path, 65 and 300 the prefill path; shapes
+ * 1, 3, 17, 39 take the decode path, 40, 64 and 300 the prefill path (the path
+ * each n takes is the library's answer, qd_cuda_moe_decode_path; both are
+ * checked against the reference either way); shapes
  * include odd sizes (H=200, I=48), k = E, k = 10, the real hidden and
  * intermediate sizes, and skewed routing where most tokens share an expert.
  * y starts nonzero (accumulation), the scratch is poisoned (0xff: NaN and -1)
@@ -281,7 +283,8 @@ static int run_experts(const experts_t *ex, const batch_t *b, int t0, int n, flo
 
 static void experts_case(qd_test_rng *rng, const experts_t *ex, int n, int renorm, float skew, int graph) {
     const int H = ex->H;
-    const int decode = n <= qd_cuda_moe_graph_max_tokens() && n * ex->k <= 1024;
+    const qd_cuda_moe_args probe = {.n = n, .H = H, .I = ex->I, .E = ex->E, .k = ex->k};
+    const int decode = qd_cuda_moe_decode_path(&probe);
     printf("experts H=%d I=%d E=%d k=%d n=%d renorm=%d skew=%.0f (%s path)\n", H, ex->I, ex->E, ex->k, n, renorm,
            skew, decode ? "decode" : "prefill");
     batch_t b;
@@ -412,16 +415,19 @@ int main(void) {
     route_case(&rng, 6, 1000, 32, 1);
     route_case(&rng, 3, 33, 1, 0);
 
-    const int ns[6] = {1, 3, 17, 64, 65, 300};
+    /* the bf16 decode kernels' last batch, the grouped GEMMs' first (a CUDA graph captures
+     * steps of up to 64 tokens: both paths) */
+    const int ns[7] = {1, 3, 17, 39, 40, 64, 300};
     experts_t ex;
     /* odd sizes */
     if (make_experts(&rng, &ex, 200, 48, 16, 4))
-        for (int i = 0; i < 6; i++) experts_case(&rng, &ex, ns[i], i & 1, 0.0f, ns[i] == 17 || ns[i] == 300);
+        for (int i = 0; i < 7; i++)
+            experts_case(&rng, &ex, ns[i], i & 1, 0.0f, ns[i] == 17 || ns[i] == 64 || ns[i] == 300);
     else CHECK(0);
     free_experts(&ex);
     /* few experts: big groups (every expert shared by many tokens) */
     if (make_experts(&rng, &ex, 64, 32, 4, 2))
-        for (int i = 0; i < 6; i++) experts_case(&rng, &ex, ns[i], !(i & 1), 0.0f, 0);
+        for (int i = 0; i < 7; i++) experts_case(&rng, &ex, ns[i], !(i & 1), 0.0f, 0);
     else CHECK(0);
     free_experts(&ex);
     /* k = E: every token takes every expert */

@@ -6,17 +6,18 @@
  * and zeros (a partial last group) and symmetric one-group, NVFP4 with per-matrix global
  * factors. Random stored codes and scales.
  *
- *  - qd_cuda_moe_experts at n = 1, 5, 16 (the decode kernels reading the quantized bytes)
- *    and at prefill sizes, n = 70 (the dequantized path's mma.sync kernels) and 256 or 300
- *    (its wgmma kernel), and with k = E (every expert in every token's list) at 300 and 600,
- *    experts of several 128-row WA16 tiles and a partial last one: the WA16 kernels (W4A16,
- *    W8A16) bit for bit equal to the dequantized path (or refusing the call with a status
- *    outside their layouts), the table's pick and batch-invariant mode too, the whole batch
- *    and its last token alone; FP8 in 128 x 128 blocks at 256 and 300 also through the W8A8
- *    kernels against a reference that quantizes the activations as they do, the table's
- *    pick equal to W8A8's or the dequantized path's result; y accumulated onto a nonzero
- *    start, every element checked; decode results bit-identical run to run and per token
- *    whatever else is in the batch;
+ *  - qd_cuda_moe_experts at n = 1, 5, 16, 24 (the decode kernels reading the quantized
+ *    bytes; FP8 in 128 x 128 blocks at 24: W8A8, the path each n takes being the library's
+ *    answer, qd_cuda_moe_decode_path), at prefill sizes, n = 70 and 256 or 300, and with
+ *    k = E (every expert in every token's list) at 300 and 600, experts of several 128-row
+ *    WA16 tiles and a partial last one: the WA16 kernels (W4A16, W8A16) bit for bit equal to
+ *    the dequantized path (or refusing the call with a status outside their layouts), the
+ *    table's pick and batch-invariant mode too, the whole batch and its last token alone;
+ *    FP8 in 128 x 128 blocks past the decode kernels also through the W8A8 kernels against
+ *    a reference that quantizes the activations as they do, the table's pick equal to
+ *    W8A8's or the dequantized path's result; y accumulated onto a nonzero start, every
+ *    element checked; decode results bit-identical run to run and per token whatever else
+ *    is in the batch;
  *  - the dequantization kernel: bf16 of the reference's fp32 values, bit for bit;
  *  - qd_cuda_moe_block with a quantized shared expert: the routing it chose (read back:
  *    the router is tested in test_cuda_moe) applied in the reference, h += routed +
@@ -409,7 +410,10 @@ out:
 }
 
 static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
-    const int H = c->H, k = c->k, decode = n <= qd_cuda_moe_graph_max_tokens() && n * k <= 1024;
+    const int H = c->H, k = c->k;
+    const qd_cuda_moe_args probe = {.n = n, .H = H, .I = c->I, .E = c->E, .k = k, .q_gate_up = &gu->d,
+                                    .q_down = &dn->d};
+    const int decode = qd_cuda_moe_decode_path(&probe);
     uint16_t *x = malloc((size_t)n * H * 2);
     int32_t *sel = malloc((size_t)n * k * 4);
     float *wt = malloc((size_t)n * k * 4), *y0 = malloc((size_t)n * H * 4), *y = malloc((size_t)n * H * 4);
@@ -436,10 +440,10 @@ static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
     }
     char what[96];
     snprintf(what, sizeof what, "%s n=%d (%s)", c->name, n, decode ? "decode" : "prefill");
-    /* FP8 in 128 x 128 blocks at a prefill size: W8A8 (the table's pick there outside
+    /* FP8 in 128 x 128 blocks past the decode kernels: W8A8 (the table's pick there outside
      * batch-invariant mode) against its own reference */
     const int w8a8 = c->fmt == QD_DTYPE_F8_E4M3 && c->bc_gu == 128 && c->bc_dn == 128 && (!c->br || c->br == 128) &&
-                     n >= 128;
+                     !decode;
     if (w8a8) w8a8_case(c, gu, dn, n, x, sel, wt, y0, ref, con, mag);
     if (!decode) { /* WA16 and the dequantized path */
         wa_case(c, gu, dn, n, x, sel, wt, y0, ref, con, mag, w8a8);
@@ -525,10 +529,10 @@ int main(void) {
     if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_quant_moe", "no CUDA device");
     rng = qd_test_rng_from_env();
     static const fcase cases[] = {
-        /* FP8 at n = 70 (the table: W8A16) and 300 (the table: W8A8), W8A16 forced and in
+        /* FP8 at n = 24, 70 and 300 (the table: W8A8), W8A16 forced and in
          * batch-invariant mode bit for bit the dequantized path's */
         {"fp8 block128", QD_DTYPE_F8_E4M3, 256, 192, 12, 4, 128, 128, 0, 300, 0, 1, 0},
-        /* 4-bit at n = 70 (the dequantized path's mma.sync kernels) and 300 (its wgmma kernel):
+        /* 4-bit at n = 70 and 300 (the dequantized path on the wgmma kernel):
          * W4A16 bit for bit. K % 64 == 32 leaves a 32-column tail k-step (down: I = 96, 160;
          * gate_up: H = 288), H = 320 a partial block of down's output columns, I = 64 and 96
          * gate_up rows past the matrix */
@@ -581,8 +585,8 @@ int main(void) {
         }
         check_dequant(c->name, &gu);
         check_dequant(c->name, &dn);
-        const int ns[5] = {1, 5, 16, 70, 300};
-        for (int j = 0; j < 5 && !c->only_n; j++)
+        const int ns[6] = {1, 5, 16, 24, 70, 300};
+        for (int j = 0; j < 6 && !c->only_n; j++)
             if (ns[j] <= c->max_n) experts_case(c, &gu, &dn, ns[j]);
         if (c->only_n) {
             experts_case(c, &gu, &dn, c->only_n);

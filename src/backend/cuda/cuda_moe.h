@@ -95,11 +95,17 @@ int qd_cuda_moe_dequant_needed(const qd_cuda_moe_args *a);
  * per-pair activations and expert outputs; 335 MB for 35B-A3B at 4096 tokens).
  * Calls that may run concurrently need separate scratch. */
 size_t qd_cuda_moe_work_bytes(int n_max, int H, int I, int E, int k);
-/* Token counts up to this bound take the graph-safe decode path (no host sync). */
+/* The forward captures steps of up to this many tokens in CUDA graphs; both expert paths are
+ * graph-safe (no host sync), and the decode path takes no more tokens than this. */
 int qd_cuda_moe_graph_max_tokens(void);
-/* Routed experts of n tokens, added into d_y. Chooses the path by n (table in
- * moe.cu): GEMV kernels up to graph_max_tokens, tensor-core grouped GEMMs above
- * (always, with args->invariant). A token's result is bit-identical whatever else is
+/* Whether qd_cuda_moe_experts runs this call on the decode path's GEMV kernels (else the
+ * grouped GEMMs): not batch-invariant, n * k <= 1024, a layout they take, and n below the
+ * batch where the tensor-core GEMMs overtake them for these experts (table in moe.cu; at
+ * most qd_cuda_moe_graph_max_tokens()). Reads only the shapes, layouts and flags. */
+int qd_cuda_moe_decode_path(const qd_cuda_moe_args *a);
+/* Routed experts of n tokens, added into d_y. Chooses the path by n and the experts
+ * (qd_cuda_moe_decode_path): GEMV kernels for small batches, tensor-core grouped GEMMs
+ * above (always, with args->invariant). A token's result is bit-identical whatever else is
  * in the batch (on one path) and from run to run: the k slots are summed in slot
  * order, no float atomics. */
 qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream);

@@ -1,19 +1,14 @@
 /* Routed experts of a MoE block: argument checks, the scratch layout and the
  * choice of path by batch size.
  *
- *   tokens n                        path                          host sync
- *   n <= 64 and n * k <= 1024       decode: GEMV kernels          none
- *   otherwise, or batch-invariant   prefill: sorted pairs, grouped none
- *                                   GEMMs (mma.sync or wgmma by n,
- *                                   moe_prefill.cu), combine;
- *                                   FP8 experts from 96 tokens (not
- *                                   batch-invariant): W8A8 on the
- *                                   FP8 tensor cores where it takes
- *                                   them; INT4 / NVFP4 / other FP8
- *                                   at every n: W4A16 / W8A16 (the
- *                                   weights made bf16 in shared
- *                                   memory); other quantized ones
- *                                   dequantized into d_dequant
+ *   tokens n                          path                        host sync
+ *   n * k <= 1024, and n <= 64          decode: GEMV kernels        none
+ *   (bf16 experts the wgmma kernel
+ *   takes: n < 40; FP8 experts the
+ *   W8A8 kernels take: n < 17)
+ *   otherwise, or batch-invariant       prefill: sorted pairs,      none
+ *                                       grouped GEMMs (by the table
+ *                                       in moe_prefill.cu), combine
  * (each path sums a token's products in one order whatever n; the two orders differ,
  * so batch-invariant mode keeps to the second)
  *
@@ -74,6 +69,18 @@ extern "C" int qd_cuda_moe_dequant_needed(const qd_cuda_moe_args *a) {
     return a->q_gate_up && !qd_moe_wa16_takes(&t);
 }
 
+/* The decode kernels' last batch for these experts: where the grouped GEMMs on the tensor
+ * cores overtake them (moe_internal.cuh), for the layouts those take. */
+static int decode_max_tokens(const qd_cuda_moe_args *a) {
+    if (a->q_gate_up) return qd_moe_fp8_takes(a) ? QD_MOE_W8A8_MIN_TOKENS - 1 : QD_MOE_GRAPH_MAX_TOKENS;
+    return qd_moe_wg_takes(a) ? QD_MOE_GROUPED_MIN_TOKENS - 1 : QD_MOE_GRAPH_MAX_TOKENS;
+}
+
+extern "C" int qd_cuda_moe_decode_path(const qd_cuda_moe_args *a) {
+    return !a->invariant && a->n >= 1 && (int64_t)a->n * a->k <= QD_MOE_DECODE_MAX_PAIRS &&
+           qd_moe_decode_takes(a, NULL) && a->n <= decode_max_tokens(a);
+}
+
 extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream) {
     if (!a) return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: NULL args");
     /* k may exceed E: an expert-parallel rank holds E / tp experts, and the pairs routed to
@@ -97,8 +104,7 @@ extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream
     if (a->d_sh_y && (!a->d_sh_gate || a->sh_gate_ld < 1 || misaligned(a->d_sh_y)))
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: a shared expert needs its gate logits (stride "
                                                 ">= 1) and a 16-byte aligned output");
-    if (!a->invariant && a->n <= QD_MOE_GRAPH_MAX_TOKENS && (int64_t)a->n * a->k <= QD_MOE_DECODE_MAX_PAIRS &&
-        qd_moe_decode_takes(a, NULL)) {
+    if (qd_cuda_moe_decode_path(a)) {
         if (a->d_sh_y) { /* the decode kernels add only the routed experts */
             const qd_status st = qd_cuda_sigmoid_scale(a->d_y, a->d_sh_y, a->d_sh_gate, a->sh_gate_ld, a->n, a->H, s);
             if (st) return st;

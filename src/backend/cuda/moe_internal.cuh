@@ -11,7 +11,8 @@
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/cuda_quant.h"
 
-/* Batches up to this many tokens take the decode path (GEMV kernels). */
+/* The decode path (GEMV kernels) takes batches of at most this many tokens, the bound of the
+ * forward's CUDA graphs; bf16 and W8A8-able FP8 experts leave it earlier (below). */
 #define QD_MOE_GRAPH_MAX_TOKENS 64
 /* The decode kernels keep one block's list of (token, slot) pairs in shared memory. */
 #define QD_MOE_DECODE_MAX_PAIRS 1024
@@ -28,10 +29,22 @@
 /* Batches up to this many tokens run the grouped GEMMs with narrow weight tiles
  * (moe_gemm_small: more blocks for a few experts' weights; the same sums). */
 #define QD_MOE_SMALL_MAX_TOKENS 16
-/* Batches from this many tokens run the wgmma grouped GEMMs (moe_prefill_wgmma.cu): H200,
- * bench/moe_cuda_bench.c at the 35B-A3B shape, 1.36-1.40x the mma.sync kernel from 96 to 1,024
- * tokens, 1.49x at 2,048, 1.69x at 8,192 (the smallest size measured is 96; RESULTS session 24). */
-#define QD_MOE_WG_MIN_TOKENS 96
+/* Batches from this many tokens run the wgmma grouped GEMMs (moe_prefill_wgmma.cu) rather than
+ * moe_gemm (the same bits): H200, bench/moe_cuda_bench.c at the 35B-A3B shape, 1.36-1.40x from 96
+ * to 1,024 tokens, 1.69x at 8,192 (RESULTS session 24); H100, qdelta bench of the 35B-A3B dummy,
+ * the decode step of 24 / 32 / 48 / 64 tokens on the grouped path 22.7 / 26.6 / 31.6 / 35.6 ms
+ * -> 18.9 / 21.5 / 25.9 / 28.4 (RESULTS session 38; below 24 not measured). */
+#define QD_MOE_WG_MIN_TOKENS 24
+/* Batches from this many tokens take bf16 experts off the decode kernels onto the grouped
+ * GEMMs where the wgmma kernel takes them: H100, the 35B-A3B dummy's decode step, GEMV ->
+ * wgmma at 32 tokens 21.0 -> 21.5 ms, 48 26.8 -> 25.9, 64 32.0 -> 28.4 (RESULTS session 38;
+ * the crossing lies between 32 and 48). */
+#define QD_MOE_GROUPED_MIN_TOKENS 40
+/* ... and FP8 experts that the W8A8 kernels take, outside batch-invariant mode, from this many
+ * (the fused decode block keeps batches up to QD_MOE_BLOCK_MAX_TOKENS = 16): H100, the 35B-A3B
+ * dummy in FP8, GEMV -> W8A8 at 17 tokens 15.5 -> 13.4 ms, 24 17.6 -> 14.4, 64 33.3 -> 21.7
+ * (RESULTS session 38). The prefill path's table takes W8A8 from here too. */
+#define QD_MOE_W8A8_MIN_TOKENS 17
 
 /* Views into d_work for one call of n tokens (P = n * k pairs). Every size
  * grows with n, so a scratch laid out for n_max holds any n <= n_max. */

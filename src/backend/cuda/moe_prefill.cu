@@ -382,11 +382,12 @@ moe_combine(const int32_t *__restrict__ pos, const float *__restrict__ wts, cons
  * QD_MOE_WG_MIN_TOKENS (moe_internal.cuh), moe_gemm between. The three give the same bits
  * (test_cuda_moe: each forced, at every batch size it tries, on the H200), so the choice
  * never changes a result, batch-invariant mode included. Quantized experts, in this order:
- *  1. FP8 experts that the W8A8 kernel takes (128 x 128 blocks), from QD_MOE_WG_MIN_TOKENS,
- *     outside batch-invariant mode (its sums are not the dequantized copy's, and every n
- *     there must give one result): W8A8 on the FP8 tensor cores (on an H100,
- *     Qwen3.5-35B-A3B FP8 prefill at 8k 32,009 -> 38,719 tok/s against the dequantized copy,
- *     bf16 37,228 in the same run; RESULTS session 25).
+ *  1. FP8 experts that the W8A8 kernel takes (128 x 128 blocks), from QD_MOE_W8A8_MIN_TOKENS
+ *     (the decode kernels keep fewer; moe.cu), outside batch-invariant mode (its sums are not
+ *     the dequantized copy's, and every n there must give one result): W8A8 on the FP8 tensor
+ *     cores (on an H100, Qwen3.5-35B-A3B FP8 prefill at 8k 32,009 -> 38,719 tok/s against the
+ *     dequantized copy, bf16 37,228 in the same run; RESULTS session 25; a decode step of 80
+ *     sequences 51.7 ms on W8A16 -> 24.5, RESULTS session 38).
  *  2. Experts that the WA16 kernel takes (INT4 and NVFP4: W4A16; FP8 of any block shape the
  *     vectorised layouts have: W8A16), at every other n, batch-invariant mode included: it
  *     makes the dequantized copy's bf16 numbers in shared memory and multiplies them as the
@@ -394,7 +395,8 @@ moe_combine(const int32_t *__restrict__ pos, const float *__restrict__ wts, cons
  *     one the copy's kernel would give (test_cuda_quant_moe compares them bitwise at mma.sync
  *     and wgmma sizes). H100, 35B-A3B 8k prefill: INT4 33,114 -> 42,132 tok/s, NVFP4 35,087
  *     -> 40,657 (bf16 49,442; RESULTS session 37); the converter, not the copy's bytes, now
- *     sets the pace. FP8 through it: not measured yet.
+ *     sets the pace. FP8 (H100, RESULTS session 38): a batch-invariant decode step of one
+ *     sequence 65.4 -> 10.1 ms, a step of 80 sequences 96.7 -> 51.7 ms (now W8A8's).
  *  3. Others, a forced bf16 kernel or QD_MOE_PREFILL_DEQUANT: the bf16 table on the
  *     dequantized copy. */
 int qd_moe_prefill_kernel(const qd_cuda_moe_args *a) {
@@ -402,7 +404,8 @@ int qd_moe_prefill_kernel(const qd_cuda_moe_args *a) {
     const int wa16 = a->q_gate_up && qd_moe_wa16_takes(a);
     if (a->prefill_kernel == QD_MOE_PREFILL_W8A8) return w8a8 ? QD_MOE_PREFILL_W8A8 : -1;
     if (a->prefill_kernel == QD_MOE_PREFILL_WA16) return wa16 ? QD_MOE_PREFILL_WA16 : -1;
-    if (a->prefill_kernel != QD_MOE_PREFILL_DEQUANT && w8a8 && a->n >= QD_MOE_WG_MIN_TOKENS) return QD_MOE_PREFILL_W8A8;
+    if (a->prefill_kernel != QD_MOE_PREFILL_DEQUANT && w8a8 && a->n >= QD_MOE_W8A8_MIN_TOKENS)
+        return QD_MOE_PREFILL_W8A8;
     if (!a->prefill_kernel && wa16) return QD_MOE_PREFILL_WA16;
     /* QD_MOE_PREFILL_DEQUANT names the quantized experts' path; its bf16 kernel is the table's */
     const int forced = a->prefill_kernel == QD_MOE_PREFILL_DEQUANT ? 0 : a->prefill_kernel;
