@@ -6,13 +6,14 @@
  * and zeros (a partial last group) and symmetric one-group, NVFP4 with per-matrix global
  * factors. Random stored codes and scales.
  *
- *  - qd_cuda_moe_experts at n = 1, 5, 16, 24 (the decode kernels reading the quantized
- *    bytes; FP8 in 128 x 128 blocks at 24: W8A8, the path each n takes being the library's
- *    answer, qd_cuda_moe_decode_path), at prefill sizes, n = 70 and 256 or 300, and with
- *    k = E (every expert in every token's list) at 300 and 600, experts of several 128-row
- *    WA16 tiles and a partial last one: the WA16 kernels (W4A16, W8A16) bit for bit equal to
- *    the dequantized path (or refusing the call with a status outside their layouts), the
- *    table's pick and batch-invariant mode too, the whole batch and its last token alone;
+ *  - qd_cuda_moe_experts at n = 1, 5, 16, 24, 48 (the decode kernels reading the quantized
+ *    bytes; FP8 in 128 x 128 blocks at 24 and 48: W8A8, INT4 at 48: W4A16, the path each n
+ *    takes being the library's answer, qd_cuda_moe_decode_path), at prefill sizes, n = 70 and
+ *    256 or 300, and with k = E (every expert in every token's list) at 300 and 600, experts
+ *    of several 128-row WA16 tiles and a partial last one: the WA16 kernels (W4A16, W8A16)
+ *    bit for bit equal to the dequantized path (or refusing the call with a status outside
+ *    their layouts), the table's pick and batch-invariant mode too, the whole batch and its
+ *    last token alone;
  *    FP8 in 128 x 128 blocks past the decode kernels also through the W8A8 kernels against
  *    a reference that quantizes the activations as they do, the table's pick equal to
  *    W8A8's or the dequantized path's result; y accumulated onto a nonzero start, every
@@ -585,8 +586,8 @@ int main(void) {
         }
         check_dequant(c->name, &gu);
         check_dequant(c->name, &dn);
-        const int ns[6] = {1, 5, 16, 24, 70, 300};
-        for (int j = 0; j < 6 && !c->only_n; j++)
+        const int ns[7] = {1, 5, 16, 24, 48, 70, 300};
+        for (int j = 0; j < 7 && !c->only_n; j++)
             if (ns[j] <= c->max_n) experts_case(c, &gu, &dn, ns[j]);
         if (c->only_n) {
             experts_case(c, &gu, &dn, c->only_n);

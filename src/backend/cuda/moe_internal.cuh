@@ -36,9 +36,10 @@
  * -> 18.9 / 21.5 / 25.9 / 28.4 (RESULTS session 38; below 24 not measured). */
 #define QD_MOE_WG_MIN_TOKENS 24
 /* Batches from this many tokens take bf16 experts off the decode kernels onto the grouped
- * GEMMs where the wgmma kernel takes them: H100, the 35B-A3B dummy's decode step, GEMV ->
- * wgmma at 32 tokens 21.0 -> 21.5 ms, 48 26.8 -> 25.9, 64 32.0 -> 28.4 (RESULTS session 38;
- * the crossing lies between 32 and 48). */
+ * GEMMs where the wgmma kernel takes them, and INT4 experts where W4A16 does: H100, the
+ * 35B-A3B dummy's decode step, bf16 GEMV -> wgmma at 32 tokens 21.0 -> 21.5 ms, 48 26.8 ->
+ * 25.9, 64 32.0 -> 28.4; INT4 GEMV -> W4A16 at 32 25.3 -> 25.3, 48 32.8 -> 30.2, 64 39.1 ->
+ * 32.4 (RESULTS session 38; both cross between 32 and 48). */
 #define QD_MOE_GROUPED_MIN_TOKENS 40
 /* ... and FP8 experts that the W8A8 kernels take, outside batch-invariant mode, from this many
  * (the fused decode block keeps batches up to QD_MOE_BLOCK_MAX_TOKENS = 16): H100, the 35B-A3B
