@@ -9,11 +9,12 @@
  * expert chosen, averaged over the routings); TFLOPS the expert matmuls
  * (6 I H per pair). Decode sizes are also timed as CUDA-graph replays on a
  * created stream ("moe_graph", how the engine runs a decode step). Also
- * times the router. The decode sizes run again with the experts in FP8 block-128
- * (random e4m3 codes, f32 scales: the bytes the FP8 decode kernels read, GBps counting
- * 3 I H bytes and the scales per distinct expert; "moe_fp8" and "moe_fp8_graph" lines),
- * the grouped path beside them as for bf16 (batch-invariant mode: W8A16, the weights made
- * bf16 in shared memory).
+ * times the router. The decode sizes run again with the experts in FP8 block-128, INT4
+ * (128-column groups with zero points) and NVFP4 (random codes and scales: the bytes the
+ * quantized kernels read, GBps counting the weights and scales per distinct expert;
+ * "moe_fp8", "moe_int4", "moe_nvfp4" lines and their "_graph" ones), the grouped path
+ * beside the decode kernels' as for bf16 (batch-invariant mode: W8A16 / W4A16, the weights
+ * made bf16 in shared memory).
  * Arguments, if any, replace the list of n. Exits 77 without a GPU. */
 #include <math.h>
 #include <stdint.h>
@@ -50,26 +51,47 @@ static uint16_t *bf16_fill(size_t n, float s) {
 
 
 
-/* mats FP8 block-128 matrices [rows][cols] on the device: random e4m3 codes within
- * +-1.875 (no NaN code) from a repeated pool, f32 block scales of magnitude s / 1.875. */
-static qd_cuda_qmats fp8_mats(int mats, int64_t rows, int64_t cols, float s) {
-    const size_t bytes = (size_t)mats * (size_t)(rows * cols), pool = (size_t)1 << 20;
-    const int64_t sr = (rows + 127) / 128, nbc = (cols + 127) / 128;
-    const size_t ns = (size_t)mats * (size_t)(sr * nbc);
-    uint8_t *q = malloc(bytes);
-    float *sc = malloc(ns * 4);
-    if (!q || !sc) exit(1);
-    for (size_t i = 0; i < pool && i < bytes; i++) q[i] = (uint8_t)(next_u64() & 0xbf);
+/* mats quantized matrices [rows][cols] on the device in the layout a checkpoint of the format
+ * loads to, random codes from a repeated pool (filling 10^9 bytes one by one is slow):
+ *   F8_E4M3: block-128 (e4m3 codes within +-1.875, no NaN code; f32 block scales);
+ *   INT4: groups of 128 columns (f32 scales, a zero point byte a group: GPTQ / AWQ asymmetric);
+ *   NVFP4: blocks of 16 columns (e4m3 scales 0.5 .. 0.9375, one global factor).
+ * The weights' magnitude is about s, as the bf16 ones'. */
+static qd_cuda_qmats quant_mats(int dtype, int mats, int64_t rows, int64_t cols, float s) {
+    const int f8 = dtype == QD_DTYPE_F8_E4M3, fp4 = dtype == QD_DTYPE_NVFP4;
+    const int64_t br = f8 ? 128 : 1, bc = f8 || dtype == QD_DTYPE_INT4 ? 128 : 16, row_bytes = f8 ? cols : cols / 2;
+    const int64_t sr = (rows + br - 1) / br, nbc = (cols + bc - 1) / bc;
+    const size_t bytes = (size_t)mats * (size_t)(rows * row_bytes), pool = (size_t)1 << 20;
+    const size_t ns = (size_t)mats * (size_t)(sr * nbc), ss = fp4 ? 1 : 4;
+    uint8_t *q = malloc(bytes), *sc = malloc(ns * ss), *z = dtype == QD_DTYPE_INT4 ? malloc(ns) : NULL;
+    if (!q || !sc || (dtype == QD_DTYPE_INT4 && !z)) exit(1);
+    for (size_t i = 0; i < pool && i < bytes; i++) q[i] = (uint8_t)(next_u64() & (f8 ? 0xbf : 0xff));
     for (size_t i = pool; i < bytes; i += pool) memcpy(q + i, q, bytes - i < pool ? bytes - i : pool);
-    for (size_t i = 0; i < ns; i++) sc[i] = s / 1.875f * (0.5f + 0.25f * (urand() + 1.0f));
-    qd_cuda_qmats m = {.dtype = QD_DTYPE_F8_E4M3, .n_mats = mats, .rows = rows, .cols = cols, .row_bytes = cols,
-                       .block_rows = 128, .block_cols = 128, .global = 1.0f};
+    for (size_t i = 0; i < ns; i++) {
+        if (fp4) {
+            sc[i] = (uint8_t)(0x30 + next_u64() % 8);
+        } else {
+            const float v = s / (f8 ? 1.875f : 7.0f) * (0.5f + 0.25f * (urand() + 1.0f));
+            memcpy(sc + i * 4, &v, 4);
+        }
+        if (z) z[i] = (uint8_t)(next_u64() % 16);
+    }
+    qd_cuda_qmats m = {.dtype = dtype, .n_mats = mats, .rows = rows, .cols = cols, .row_bytes = row_bytes,
+                       .block_rows = br, .block_cols = bc, .global = fp4 ? s / 6.0f / 0.7f : 1.0f};
     qd_cuda_qmats_layout(&m);
     m.data = upload(q, bytes);
-    m.scales = upload(sc, ns * 4);
+    m.scales = upload(sc, ns * ss);
+    if (z) m.zeros = upload(z, ns);
     free(q);
     free(sc);
+    free(z);
     return m;
+}
+
+static void free_mats(const qd_cuda_qmats *m) {
+    qd_cuda_free((void *)m->data);
+    qd_cuda_free((void *)m->scales);
+    qd_cuda_free((void *)m->zeros);
 }
 
 /* Decode as the engine runs it: the NROUTE calls captured in one CUDA graph
@@ -135,8 +157,9 @@ static double time_experts(qd_cuda_moe_args *a, const int32_t *dsel, const float
     return median(ms, 7) * 1e3 / iters;
 }
 
-/* The experts at n tokens: bf16 (dgu, ddn), or FP8 (qgu, qdn non-NULL: the sizes of the
- * forward's CUDA graphs only, where the table picks between the decode kernels and W8A8). */
+/* The experts at n tokens: bf16 (dgu, ddn), or quantized (qgu, qdn non-NULL: the sizes of
+ * the forward's CUDA graphs only, where the table picks between the decode kernels and the
+ * grouped GEMMs on the stored bytes: W8A8, W4A16). */
 static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, const qd_cuda_qmats *qgu,
                           const qd_cuda_qmats *qdn, double copy_gbs) {
     if (qgu && n > qd_cuda_moe_graph_max_tokens()) return;
@@ -171,10 +194,18 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, const
     qd_cuda_moe_args a = {n, H, I, E, K, dx, dsel, dw, dgu, ddn, dy, work, NULL, 0, NULL, NULL, NULL, 0, NULL, NULL, 0};
     a.q_gate_up = qgu;
     a.q_down = qdn;
-    const int fp8 = qgu != NULL, table_decode = qd_cuda_moe_decode_path(&a);
-    const char *name = fp8 ? "moe_fp8" : "moe";
-    /* FP8: a byte a weight and an f32 scale per 128 x 128 block */
-    const double bytes = fp8 ? distinct * 3.0 * I * H * (1.0 + 4.0 / (128 * 128)) : distinct * 3.0 * I * H * 2;
+    const int quant = qgu != NULL, dt = quant ? qgu->dtype : QD_DTYPE_BF16, table_decode = qd_cuda_moe_decode_path(&a);
+    const char *name = dt == QD_DTYPE_F8_E4M3 ? "moe_fp8"
+                       : dt == QD_DTYPE_INT4  ? "moe_int4"
+                       : dt == QD_DTYPE_NVFP4 ? "moe_nvfp4"
+                                              : "moe";
+    /* bytes a weight with its scales: FP8 a byte and an f32 a 128 x 128 block; INT4 half a byte
+     * and an f32 and a zero byte a 128-column group; NVFP4 half a byte and an e4m3 a 16 */
+    const double per_weight = dt == QD_DTYPE_F8_E4M3 ? 1.0 + 4.0 / (128 * 128)
+                              : dt == QD_DTYPE_INT4  ? 0.5 + 5.0 / 128
+                              : dt == QD_DTYPE_NVFP4 ? 0.5 + 1.0 / 16
+                                                     : 2.0;
+    const double bytes = distinct * 3.0 * I * H * per_weight;
     /* the table's path, then at decode sizes also the grouped GEMMs (what batch-invariant
      * mode takes at every n; FP8: W8A16): where they cross over is the table's bound; past
      * the decode bound each grouped-GEMM kernel forced, where its table starts */
@@ -186,7 +217,7 @@ static void bench_experts(int n, const uint16_t *dgu, const uint16_t *ddn, const
         printf("RESULT %s n=%d us=%.2f GBps=%.0f pct_copy=%.1f experts_read=%.1f TFLOPS=%.1f path=%s\n", name, n, us,
                gbs, 100.0 * gbs / copy_gbs, distinct, tflops, table_decode && !grouped ? "decode" : "grouped");
     }
-    if (!table_decode && !fp8) {
+    if (!table_decode && !quant) {
         const int kernels[2] = {QD_MOE_PREFILL_MMA, QD_MOE_PREFILL_WGMMA};
         const char *kname[2] = {"mma", "wgmma"};
         for (int q = 0; q < 2; q++) {
@@ -247,22 +278,24 @@ int main(int argc, char **argv) {
     uint16_t *dgu = upload(gu, (size_t)E * 2 * I * H * 2), *ddn = upload(dn, (size_t)E * H * I * 2);
     free(gu);
     free(dn);
-    const qd_cuda_qmats qgu = fp8_mats(2 * E, I, H, sqrtf(3.0f / H)), qdn = fp8_mats(E, H, I, sqrtf(3.0f / I));
-    if (argc > 1) { /* moe_cuda_bench n...: only these batch sizes (e.g. under a profiler) */
-        for (int i = 1; i < argc; i++) bench_experts(atoi(argv[i]), dgu, ddn, NULL, NULL, bw);
-        for (int i = 1; i < argc; i++) bench_experts(atoi(argv[i]), dgu, ddn, &qgu, &qdn, bw);
-    } else {
-        const int ns[] = {1, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048, 4096, 8192};
-        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) bench_experts(ns[i], dgu, ddn, NULL, NULL, bw);
-        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) bench_experts(ns[i], dgu, ddn, &qgu, &qdn, bw);
+    static const int ns_all[] = {1, 8, 16, 24, 32, 40, 48, 64, 96, 128, 256, 512, 1024, 2048, 4096, 8192};
+    int ns[64], nn = 0; /* moe_cuda_bench n...: only these batch sizes (e.g. under a profiler) */
+    for (int i = 1; i < argc && nn < 64; i++) ns[nn++] = atoi(argv[i]);
+    for (size_t i = 0; argc <= 1 && i < sizeof ns_all / sizeof ns_all[0]; i++) ns[nn++] = ns_all[i];
+    for (int i = 0; i < nn; i++) bench_experts(ns[i], dgu, ddn, NULL, NULL, bw);
+    static const int formats[3] = {QD_DTYPE_F8_E4M3, QD_DTYPE_INT4, QD_DTYPE_NVFP4};
+    for (int f = 0; f < 3; f++) {
+        const qd_cuda_qmats qgu = quant_mats(formats[f], 2 * E, I, H, sqrtf(3.0f / H));
+        const qd_cuda_qmats qdn = quant_mats(formats[f], E, H, I, sqrtf(3.0f / I));
+        for (int i = 0; i < nn; i++) bench_experts(ns[i], dgu, ddn, &qgu, &qdn, bw);
+        free_mats(&qgu);
+        free_mats(&qdn);
+    }
+    if (argc <= 1) {
         bench_route(1);
         bench_route(4096);
     }
     qd_cuda_free(dgu);
     qd_cuda_free(ddn);
-    qd_cuda_free((void *)qgu.data);
-    qd_cuda_free((void *)qgu.scales);
-    qd_cuda_free((void *)qdn.data);
-    qd_cuda_free((void *)qdn.scales);
     return 0;
 }
