@@ -27,7 +27,10 @@ static void check_recovers(qd_test_rng *rng) {
         if (i + 1 < QD_STEP_COST_MIN_STEPS) CHECKF(!m.ready, "ready after %d steps", i + 1);
     }
     CHECK(m.ready);
-    CHECKF(fabs(m.coef[0] - a) < 1e-6 && fabs(m.coef[1] - b) < 1e-9 && fabs(m.coef[2] - c) < 1e-9,
+    /* exact costs, so only the fit's damping (1e-9 of the diagonal) moves it: over 20,000
+     * seeds of these steps at most 2.7e-6 on a, 3.3e-10 on b, 2.9e-9 on c (60 seeds beyond
+     * the 1e-6 / 1e-9 / 1e-9 this check once held, seed 1796592619 among them) */
+    CHECKF(fabs(m.coef[0] - a) < 2e-5 && fabs(m.coef[1] - b) < 3e-9 && fabs(m.coef[2] - c) < 3e-8,
            "fit %.9g %.9g %.9g, want %g %g %g", m.coef[0], m.coef[1], m.coef[2], a, b, c);
     /* (45 - 3.5 - 0.043 x 300) / 0.021 = 1361.9 */
     const int pb = qd_step_cost_prefill_budget(&m, 300, 45.0);
