@@ -12,7 +12,8 @@
  *    256 or 300, and with k = E (every expert in every token's list) at 300 and 600, experts
  *    of several 128-row WA16 tiles and a partial last one: the WA16 kernels (W4A16, W8A16)
  *    bit for bit equal to the dequantized path (or refusing the call with a status outside
- *    their layouts), the table's pick and batch-invariant mode too, the whole batch and its
+ *    their layouts, and on codes not 16-byte aligned whichever path the size takes), the
+ *    table's pick and batch-invariant mode too, the whole batch and its
  *    last token alone;
  *    FP8 in 128 x 128 blocks past the decode kernels also through the W8A8 kernels against
  *    a reference that quantizes the activations as they do, the table's pick equal to
@@ -451,6 +452,10 @@ static void experts_case(const fcase *c, const qm *gu, const qm *dn, int n) {
     } else {
         run(c, gu, dn, x, sel, wt, y0, 0, n, y);
         compare(what, y, ref, con, (size_t)n * H, 2e-4, 1e-5, 2e-5);
+        qm odd = *gu; /* the decode kernels read codes in 16-byte pieces: a view 8 bytes on is refused */
+        odd.d.data += 8;
+        CHECKF(run_st(c, &odd, dn, x, sel, wt, y0, 0, n, y2, 0, 0) == QD_ERR_INVALID_ARG,
+               "%s: codes not 16-byte aligned were not refused", what);
     }
     if (decode) {
         run(c, gu, dn, x, sel, wt, y0, 0, n, y2);

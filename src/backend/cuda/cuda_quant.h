@@ -86,6 +86,15 @@ static inline qd_cuda_qmats qd_cuda_qmats_bf16(const uint16_t *W, int64_t rows, 
     return m;
 }
 
+/* Whether m's addresses allow the vectorised kernels' accesses: codes read in 16-byte pieces
+ * from a 16-byte aligned base (rows a multiple of 16 bytes), scales, zero points and the
+ * per-matrix factors in 4-byte words. A view offset inside a buffer can break this, and a
+ * misaligned access faults the whole context, so launchers check before they launch. */
+static inline int qd_cuda_qmats_aligned(const qd_cuda_qmats *m) {
+    return !((uintptr_t)m->data & 15) && m->row_bytes % 16 == 0 && !((uintptr_t)m->scales & 3) &&
+           !((uintptr_t)m->zeros & 3) && !((uintptr_t)m->globals & 3);
+}
+
 /* Whether the vectorised kernels take matrices of this layout (one 16-byte piece of a row
  * lies in one scale block): F8_E4M3 with F32 scales, cols % 16 == 0 and block_cols % 16 == 0;
  * INT4 with F32 scales, cols % 32 == 0, group size % 32 == 0, no g_idx; NVFP4 with cols % 32 == 0.

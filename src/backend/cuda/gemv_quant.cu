@@ -395,6 +395,9 @@ extern "C" qd_status qd_cuda_qmats_dequant_bf16(const qd_cuda_qmats *m, uint16_t
     if (!qd_cuda_qmats_laid_out(m))
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "dequant: the view's scale grid and shifts were not set "
                                                 "(qd_cuda_qmats_layout)");
+    if (!qd_cuda_qmats_aligned(m))
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "dequant: codes not 16-byte aligned or scales, zero points or "
+                                                "factors not 4-byte aligned");
     const int64_t items = (int64_t)m->n_mats * m->rows * (m->cols / cols_per_piece);
     if (items == 0) return QD_OK;
     cudaStream_t st = (cudaStream_t)stream;

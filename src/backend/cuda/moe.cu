@@ -101,7 +101,8 @@ extern "C" qd_status qd_cuda_moe_experts(const qd_cuda_moe_args *a, void *stream
         misaligned(a->d_work) || misaligned(a->d_dequant))
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: pointers must be 16-byte aligned");
     if (quant && !qd_moe_decode_takes(a, NULL))
-        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: quantized experts outside the kernels' layouts");
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "qd_cuda_moe_experts: quantized experts outside the kernels' layouts "
+                                                "or alignment (codes 16 bytes, scales 4)");
     qd_moe_work w;
     qd_moe_layout(a->n, a->H, a->I, a->E, a->k, (char *)a->d_work, &w);
     cudaStream_t s = (cudaStream_t)stream;

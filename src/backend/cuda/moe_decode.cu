@@ -94,10 +94,12 @@ int qd_moe_decode_takes(const qd_cuda_moe_args *a, const qd_moe_shared *sh) {
     if (!a->q_gate_up) return !has_sh || (sh->gate_up && sh->down && !sh->q_gate_up);
     const int cols = dt == QD_DTYPE_F8_E4M3 ? 16 : 32;
     if (a->q_down->dtype != dt || a->H % cols || a->I % cols || !qd_cuda_qmats_laid_out(a->q_gate_up) ||
-        !qd_cuda_qmats_laid_out(a->q_down))
+        !qd_cuda_qmats_laid_out(a->q_down) || !qd_cuda_qmats_aligned(a->q_gate_up) ||
+        !qd_cuda_qmats_aligned(a->q_down))
         return 0;
     if (has_sh && (!sh->q_gate_up || !sh->q_down || sh->q_gate_up->dtype != dt || sh->q_down->dtype != dt ||
-                   sh->I % cols || !qd_cuda_qmats_laid_out(sh->q_gate_up) || !qd_cuda_qmats_laid_out(sh->q_down)))
+                   sh->I % cols || !qd_cuda_qmats_laid_out(sh->q_gate_up) || !qd_cuda_qmats_laid_out(sh->q_down) ||
+                   !qd_cuda_qmats_aligned(sh->q_gate_up) || !qd_cuda_qmats_aligned(sh->q_down)))
         return 0;
     return dt == QD_DTYPE_F8_E4M3 || dt == QD_DTYPE_INT4 || dt == QD_DTYPE_NVFP4;
 }

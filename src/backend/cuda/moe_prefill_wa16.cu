@@ -349,8 +349,7 @@ __global__ void __launch_bounds__(WA_NT, 1) moe_wa16_gemm(const __grid_constant_
  *     and 128 x 128 blocks among them. */
 static int wa_mats(const qd_cuda_qmats *m, int n_mats, int64_t rows, int64_t cols) {
     if (!m || !m->data || !m->scales || m->n_mats != n_mats || m->rows != rows || m->cols != cols ||
-        !qd_cuda_qmats_laid_out(m) || ((uintptr_t)m->data & 15) || ((uintptr_t)m->scales & 3) ||
-        ((uintptr_t)m->zeros & 3))
+        !qd_cuda_qmats_laid_out(m) || !qd_cuda_qmats_aligned(m))
         return 0;
     if (m->dtype == QD_DTYPE_F8_E4M3) /* the row's block found in 32 bits */
         return m->row_bytes == cols && cols % 16 == 0 && (m->block_cols % 16 == 0 || m->col_shift == 31) &&
