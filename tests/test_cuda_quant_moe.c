@@ -7,7 +7,7 @@
  * factors. Random stored codes and scales.
  *
  *  - qd_cuda_moe_experts at n = 1, 5, 16, 24, 48 (the decode kernels reading the quantized
- *    bytes; FP8 in 128 x 128 blocks at 24 and 48: W8A8, INT4 at 48: W4A16, the path each n
+ *    bytes; FP8 in 128 x 128 blocks at 24 and 48: W8A8, INT4 and NVFP4 at 48: W4A16, the path each n
  *    takes being the library's answer, qd_cuda_moe_decode_path), at prefill sizes, n = 70 and
  *    256 or 300, and with k = E (every expert in every token's list) at 300 and 600, experts
  *    of several 128-row WA16 tiles and a partial last one: the WA16 kernels (W4A16, W8A16)

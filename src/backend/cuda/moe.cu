@@ -75,9 +75,10 @@ extern "C" int qd_cuda_moe_dequant_needed(const qd_cuda_moe_args *a) {
 static int decode_max_tokens(const qd_cuda_moe_args *a) {
     if (!a->q_gate_up) return qd_moe_wg_takes(a) ? QD_MOE_GROUPED_MIN_TOKENS - 1 : QD_MOE_GRAPH_MAX_TOKENS;
     if (qd_moe_fp8_takes(a)) return QD_MOE_W8A8_MIN_TOKENS - 1;
-    /* INT4 on W4A16 (NVFP4's crossing not measured: it keeps the decode kernels to 64) */
-    if (a->q_gate_up->dtype == QD_DTYPE_INT4 && qd_moe_wa16_takes(a)) return QD_MOE_GROUPED_MIN_TOKENS - 1;
-    return QD_MOE_GRAPH_MAX_TOKENS;
+    if (!qd_moe_wa16_takes(a)) return QD_MOE_GRAPH_MAX_TOKENS;
+    if (a->q_gate_up->dtype == QD_DTYPE_INT4) return QD_MOE_GROUPED_MIN_TOKENS - 1;
+    if (a->q_gate_up->dtype == QD_DTYPE_NVFP4) return QD_MOE_NVFP4_WA16_MIN_TOKENS - 1;
+    return QD_MOE_GRAPH_MAX_TOKENS; /* FP8 that only W8A16 takes: its crossing is not measured */
 }
 
 extern "C" int qd_cuda_moe_decode_path(const qd_cuda_moe_args *a) {

@@ -41,6 +41,10 @@
  * 25.9, 64 32.0 -> 28.4; INT4 GEMV -> W4A16 at 32 25.3 -> 25.3, 48 32.8 -> 30.2, 64 39.1 ->
  * 32.4 (RESULTS session 38; both cross between 32 and 48). */
 #define QD_MOE_GROUPED_MIN_TOKENS 40
+/* ... and NVFP4 experts where W4A16 takes them from this many: H100, bench/moe_cuda_bench.c at
+ * the 35B-A3B shape, decode kernels vs W4A16 at 32 tokens 486 / 556 us, 40 576 / 603, 48 659 /
+ * 661, 64 798 / 714 (RESULTS session 39: they cross at 48). */
+#define QD_MOE_NVFP4_WA16_MIN_TOKENS 48
 /* ... and FP8 experts that the W8A8 kernels take, outside batch-invariant mode, from this many
  * (the fused decode block keeps batches up to QD_MOE_BLOCK_MAX_TOKENS = 16): H100, the 35B-A3B
  * dummy in FP8, GEMV -> W8A8 at 17 tokens 15.5 -> 13.4 ms, 24 17.6 -> 14.4, 64 33.3 -> 21.7
