@@ -4,14 +4,20 @@
  * ceiling, all in one process. Times are CUDA-event medians over repeats,
  * after warm-up. Decode rotates over a state pool larger than L2 so that
  * every call reads its states from memory, as one layer of a real decode
- * step would. Chunked parts: wy (the parallel kernel) and state (the walk,
- * which also writes the outputs). Prints one line per measurement ("key
- * value" pairs); exits 77 without a GPU. */
+ * step would; each decode size is timed as plain launches, replayed from a
+ * CUDA graph (how a decode step runs it, and how a peer's kernel is timed)
+ * and from a graph with programmatic dependent launches (how the model
+ * launches it). Chunked parts: wy (the parallel kernel) and state (the walk,
+ * which also writes the outputs), the walk also with each block shape forced.
+ * Prints one line per measurement ("key value" pairs); exits 77 without a
+ * GPU. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cuda_runtime_api.h>
 
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_device.h"
@@ -52,6 +58,41 @@ static float *gates(size_t n, int is_beta) {
 
 
 
+/* Microseconds per launch of a, replayed from a CUDA graph of GRAPH_CALLS launches on a
+ * created stream (rotating over nrot states of per_state floats from dS), with or without
+ * programmatic dependent launch: the median of 7 timed replays after 2 warm-up ones. */
+#define GRAPH_CALLS 200
+static double graph_us(qd_cuda_gdn_decode_args *a, float *dS, size_t per_state, int nrot, int pdl) {
+    void *stream = NULL, *exec = NULL;
+    TRY(qd_cuda_stream_create(&stream));
+    a->early_state = pdl;
+    TRY(qd_cuda_graph_begin(stream));
+    for (int i = 0; i < GRAPH_CALLS; i++) {
+        a->d_state = dS + (size_t)(i % nrot) * per_state;
+        TRY(qd_cuda_gdn_decode(a, stream));
+    }
+    TRY(qd_cuda_graph_end(stream, &exec));
+    a->early_state = 0;
+    cudaEvent_t e0, e1;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) exit(1);
+    for (int i = 0; i < 2; i++) TRY(qd_cuda_graph_launch(exec, stream));
+    float ms[7];
+    for (int r = 0; r < 7; r++) {
+        cudaEventRecord(e0, (cudaStream_t)stream);
+        TRY(qd_cuda_graph_launch(exec, stream));
+        cudaEventRecord(e1, (cudaStream_t)stream);
+        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms[r], e0, e1) != cudaSuccess) {
+            fprintf(stderr, BENCH_NAME ": graph replay failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+            exit(1);
+        }
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    qd_cuda_graph_destroy(exec);
+    qd_cuda_stream_destroy(stream);
+    return median(ms, 7) * 1e3 / GRAPH_CALLS;
+}
+
 static void bench_decode(int B, double copy_gbs) {
     const size_t per = (size_t)HV * DK * DV; /* floats per sequence state */
     /* Enough distinct states to exceed L2 (60 MB) by a wide margin. */
@@ -88,7 +129,12 @@ static void bench_decode(int B, double copy_gbs) {
     const double us = median(ms, 7) * 1e3 / iters;
     const double bytes = 2.0 * B * per * 4; /* state read + written */
     const double gbs = bytes / (us * 1e-6) / 1e9;
-    printf("RESULT decode B=%d us=%.2f state_GBps=%.0f pct_copy=%.1f\n", B, us, gbs, 100.0 * gbs / copy_gbs);
+    /* graph: the launches replayed from a CUDA graph, as a decode step runs them (and as a
+     * peer's kernel is timed); graph_pdl: each launch also a programmatic dependent of the one
+     * before, as the model launches it (its state loads overlap the previous kernel's tail) */
+    const double ug = graph_us(&a, dS, B * per, nrot, 0), ugp = graph_us(&a, dS, B * per, nrot, 1);
+    printf("RESULT decode B=%d us=%.2f state_GBps=%.0f pct_copy=%.1f graph_us=%.2f graph_pdl_us=%.2f\n", B, us, gbs,
+           100.0 * gbs / copy_gbs, ug, ugp);
     qd_cuda_free(dq); qd_cuda_free(dk); qd_cuda_free(dv); qd_cuda_free(dO);
     qd_cuda_free(dg); qd_cuda_free(db); qd_cuda_free(dS);
     free(q); free(k); free(v); free(g); free(beta); free(S);
@@ -110,7 +156,7 @@ static void bench_chunked(int B, int T) {
     uint16_t *dO = upload(NULL, N * HV * DV * 2);
     qd_cuda_gdn_plan plan;
     TRY(qd_cuda_gdn_plan_create(&plan, HK, HV, DK, DV, cu, B));
-    qd_cuda_gdn_chunked_args a = {dq, dk, dv, HK * DK, HK * DK, HV * DV, dg, db, dS0, dS1, NULL, dO};
+    qd_cuda_gdn_chunked_args a = {dq, dk, dv, HK * DK, HK * DK, HV * DV, dg, db, dS0, dS1, NULL, dO, 0};
     qd_cuda_timer t;
     TRY(qd_cuda_timer_create(&t));
     /* The walk (mask 2) also writes the outputs: there is no separate output pass. */
@@ -129,8 +175,20 @@ static void bench_chunked(int B, int T) {
         if (m == 0) total = med;
         printf("RESULT chunked B=%d T=%d part=%s ms=%.4f\n", B, T, names[m], med);
     }
-    printf("RESULT chunked B=%d T=%d Mtok_per_s=%.1f scratch_MiB=%.0f\n", B, T, N / (total * 1e-3) / 1e6,
-           plan.bytes / 1048576.0);
+    printf("RESULT chunked B=%d T=%d Mtok_per_s=%.1f scratch_MiB=%.0f walk_tiles=%d\n", B, T,
+           N / (total * 1e-3) / 1e6, plan.bytes / 1048576.0, qd_cuda_gdn_walk_tiles(&plan));
+    /* the walk with each block shape forced (the table's row for this batch) */
+    for (int f = 2; f <= 4; f += 2) {
+        qd_cuda_gdn_chunked_args b = a;
+        b.walk_tiles = f;
+        float ms[15];
+        for (int r = 0; r < 15; r++) {
+            TRY(qd_cuda_timer_start(&t));
+            TRY(qd_cuda_gdn_chunked_stages(&plan, &b, NULL, 2));
+            TRY(qd_cuda_timer_stop(&t, &ms[r]));
+        }
+        printf("RESULT chunked B=%d T=%d part=state_tiles%d ms=%.4f\n", B, T, f, median(ms, 15));
+    }
     qd_cuda_timer_destroy(&t);
     qd_cuda_gdn_plan_destroy(&plan);
     qd_cuda_free(dq); qd_cuda_free(dk); qd_cuda_free(dv); qd_cuda_free(dg); qd_cuda_free(db);

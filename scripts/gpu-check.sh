@@ -587,7 +587,8 @@ function kv(line, key,    i, n, f, p) {
 /^RESULT copy_GBps/ { qcopy = kv($0, "copy_GBps") }
 /^RESULT decode/ && /backend=/ { e2e[++ne] = sprintf("%-18s decode B=%-3s %9s tok/s  %6s ms/step  %5s%% of roofline (%s GB/step at %s GB/s)", cfg, kv($0, "B"), kv($0, "tok_s"), kv($0, "step_ms"), kv($0, "pct_roofline"), kv($0, "GB_per_step"), kv($0, "copy_GBps")); next }
 /^RESULT prefill/ && /backend=/ { e2e[++ne] = sprintf("%-18s prefill T=%-6s %9s tok/s", cfg, kv($0, "T"), kv($0, "tok_s")); next }
-/^RESULT decode/    { b = kv($0, "B"); qd[b] = kv($0, "us"); qp[b] = kv($0, "pct_copy"); if (!(b in seen)) { seen[b] = 1; order[++nb] = b } }
+/^RESULT decode/    { b = kv($0, "B"); qd[b] = kv($0, "us"); qp[b] = kv($0, "pct_copy"); qg[b] = kv($0, "graph_us")
+                      qgp[b] = kv($0, "graph_pdl_us"); if (!(b in seen)) { seen[b] = 1; order[++nb] = b } }
 /^RESULT fla_gdn_decode/ { b = kv($0, "B"); fd[b] = kv($0, "us"); fg[b] = kv($0, "GBps") }
 /^RESULT chunked/ && /part=total/ { s = kv($0, "B") "x" kv($0, "T"); qc[s] = kv($0, "ms"); corder[++nc] = s }
 /^RESULT fla_gdn_prefill/ { s = kv($0, "B") "x" kv($0, "T"); fc[s] = kv($0, "ms") }
@@ -605,9 +606,11 @@ END {
         printf "%-22s %10s %10s %8s\n", "GDN prefill (BxT)", "qdelta ms", "FLA ms", "FLA/qd"
         for (i = 1; i <= nc; i++) { s = corder[i]
             printf "%-22s %10s %10s %8s\n", s, qc[s], (s in fc) ? fc[s] : "-", (s in fc && qc[s] > 0) ? sprintf("%.2fx", fc[s] / qc[s]) : "-" }
-        printf "%-22s %10s %10s %8s %8s\n", "GDN decode (B)", "qdelta us", "FLA us", "qd %copy", "FLA %copy"
+        printf "%-22s %10s %10s %10s %10s %8s %8s\n", "GDN decode (B)", "qdelta us", "graph us", "graph+PDL", "FLA us",
+               "qd %copy", "FLA %copy"
         for (i = 1; i <= nb; i++) { b = order[i]
-            printf "%-22s %10s %10s %8s %8s\n", b, qd[b], (b in fd) ? fd[b] : "-", qp[b], (b in fg && qcopy > 0) ? sprintf("%.1f", 100 * fg[b] / qcopy) : "-" }
+            printf "%-22s %10s %10s %10s %10s %8s %8s\n", b, qd[b], qg[b], qgp[b], (b in fd) ? fd[b] : "-", qp[b],
+                   (b in fg && qcopy > 0) ? sprintf("%.1f", 100 * fg[b] / qcopy) : "-" }
     }
     for (i = 1; i <= no; i++) print other[i]
     if (nt) printf "kernel tables (linear_cuda_bench): %d shapes x sizes, the table picks the slower path in %d:\n", nt, nm

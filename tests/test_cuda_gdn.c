@@ -115,7 +115,7 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
         ST_OK(qd_cuda_gdn_plan_create(&plan, hk, hv, dk, dv, cu, n_seq));
         ST_OK(qd_cuda_memset(dO, 0xff, no * 2)); /* NaN poison */
         ST_OK(qd_cuda_memset(dS1, 0xff, nst * 4));
-        qd_cuda_gdn_chunked_args a = {dq, dk_, dvv, qs, ks, vs, dg, dbeta, with_state0 ? dS0 : NULL, dS1, NULL, dO};
+        qd_cuda_gdn_chunked_args a = {dq, dk_, dvv, qs, ks, vs, dg, dbeta, with_state0 ? dS0 : NULL, dS1, NULL, dO, 0};
         ST_OK(qd_cuda_gdn_chunked(&plan, &a, NULL));
         ST_OK(qd_cuda_sync());
         ST_OK(qd_cuda_memcpy_d2h(ho, dO, no * 2));
@@ -130,6 +130,34 @@ static void chunked_case(qd_threadpool *pool, qd_test_rng *rng, int hk, int r, i
             ST_OK(qd_cuda_gdn_chunked(&plan, &b, NULL));
             ST_OK(qd_cuda_memcpy_d2h(hS, dS1, nst * 4));
             compare("chunked in-place state vs CPU", hS, 0, S, nst, 3e-2, 0.2, 1.5e-2);
+        }
+        /* Every walk block shape the table may pick gives the table's bits: tiles per
+         * block change which SM runs a tile, not its arithmetic. */
+        if (T) {
+            ST_OK(qd_cuda_memcpy_d2h(ho, dO, no * 2));
+            ST_OK(qd_cuda_gdn_chunked(&plan, &a, NULL)); /* hS: the table's final state again */
+            ST_OK(qd_cuda_memcpy_d2h(hS, dS1, nst * 4));
+            uint16_t *fo = malloc(no * 2);
+            float *fS = malloc(nst * 4);
+            CHECK(fo && fS);
+            const int forced[3] = {2, 4, 8};
+            for (int f = 0; f < 3 && fo && fS; f++) {
+                qd_cuda_gdn_chunked_args b = a;
+                b.walk_tiles = forced[f];
+                ST_OK(qd_cuda_memset(dO, 0xff, no * 2));
+                ST_OK(qd_cuda_memset(dS1, 0xff, nst * 4));
+                ST_OK(qd_cuda_gdn_chunked(&plan, &b, NULL));
+                ST_OK(qd_cuda_memcpy_d2h(fo, dO, no * 2));
+                ST_OK(qd_cuda_memcpy_d2h(fS, dS1, nst * 4));
+                CHECKF(memcmp(fo, ho, (size_t)T * hv * dv * 2) == 0 && memcmp(fS, hS, nst * 4) == 0,
+                       "chunked walk of %d tiles a block differs from the table's (%d)", forced[f],
+                       qd_cuda_gdn_walk_tiles(&plan));
+            }
+            qd_cuda_gdn_chunked_args bad = a;
+            bad.walk_tiles = 3;
+            CHECK(qd_cuda_gdn_chunked(&plan, &bad, NULL) == QD_ERR_INVALID_ARG);
+            free(fo);
+            free(fS);
         }
         qd_cuda_gdn_plan_destroy(&plan);
         /* Recurrent on the GPU: the decode kernel stepped over each span. */
@@ -228,7 +256,7 @@ static void chunked_slots_case(qd_threadpool *pool, qd_test_rng *rng, int hk, in
         qd_cuda_gdn_plan plan;
         ST_OK(qd_cuda_gdn_plan_create(&plan, hk, hv, dk, dv, cu, n_seq));
         ST_OK(qd_cuda_memset(dO, 0xff, nv * 2));
-        qd_cuda_gdn_chunked_args a = {dq, dk_, dvv, qs, qs, vs, dg, dbeta, dP, dP, dslot, dO};
+        qd_cuda_gdn_chunked_args a = {dq, dk_, dvv, qs, qs, vs, dg, dbeta, dP, dP, dslot, dO, 0};
         ST_OK(qd_cuda_gdn_chunked(&plan, &a, NULL));
         ST_OK(qd_cuda_sync());
         ST_OK(qd_cuda_memcpy_d2h(ho, dO, nv * 2));

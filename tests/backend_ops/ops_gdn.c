@@ -408,7 +408,7 @@ static int gd_cuda_kind(const op_data *d, float *out, int kind) {
         const qd_status st = qd_cuda_gdn_plan_create(&plan, g.hk, g.hv, g.dk, g.dv, cu, c->n_spans);
         DA_ST(&a, st);
         if (st == QD_OK) {
-            qd_cuda_gdn_chunked_args ca = {dq, dk, dv, g.qs, g.ks, g.vs, dg, db, dP, dP, dslot, dO};
+            qd_cuda_gdn_chunked_args ca = {dq, dk, dv, g.qs, g.ks, g.vs, dg, db, dP, dP, dslot, dO, 0};
             DA_ST(&a, qd_cuda_gdn_chunked(&plan, &ca, NULL));
             DA_ST(&a, qd_cuda_sync());
             qd_cuda_gdn_plan_destroy(&plan);

@@ -113,7 +113,13 @@ typedef struct qd_cuda_gdn_chunked_args {
     float *d_state1;
     const int32_t *d_slot; /* [n_seq] state of sequence s at index d_slot[s] of state0/state1 (NULL: s) */
     uint16_t *d_o;
+    /* 16-column state tiles per block of the walk: 0 the table's choice (qd_cuda_gdn_walk_tiles);
+     * 2, 4 or 8 force one, for tests and benchmarks (every choice gives the same bits) */
+    int walk_tiles;
 } qd_cuda_gdn_chunked_args;
+
+/* The tiles per walk block the table picks for the plan's current batch. */
+int qd_cuda_gdn_walk_tiles(const qd_cuda_gdn_plan *p);
 
 qd_status qd_cuda_gdn_chunked(const qd_cuda_gdn_plan *p, const qd_cuda_gdn_chunked_args *a, void *stream);
 /* Benchmarks only: runs the subset of the two kernels named by stage_mask

@@ -178,14 +178,14 @@ static qd_status launch_walk(const qd_cuda_gdn_plan *p, const qd_cuda_gdn_chunke
     return QD_OK;
 }
 
-/* Warps (16-column state tiles) per walk block, by how many tiles there are
- * in all. A walk block holds one SM (its stage ring takes the shared memory),
- * and its time is the sequence's chunk count times one step, nearly the same
- * for 2 to 8 warps. So while the tiles fit one wave of 2-warp blocks, 2 warps
- * (most SMs busy); past that, wider blocks mean fewer waves. H200, HK=16
- * HV=32 d=128, walk ms by warps 2 / 4 / 8: 1x32768 0.913 / 0.958 / 1.485,
- * 8x4096 0.951 / 0.510 / 0.403. */
-static int walk_warps(const qd_cuda_gdn_plan *p) {
+/* 16-column state tiles (one warp each) per walk block, by how many tiles there are
+ * in all. A walk block holds one SM (its stage ring takes the shared memory), and
+ * its time is the sequence's chunk count times one step, nearly the same for 2 to 8
+ * warps. So while the tiles fit one wave of 2-warp blocks, 2 (most SMs busy); past
+ * that, wider blocks mean fewer waves. H200, HK=16 HV=32 d=128, walk ms by warps
+ * 2 / 4 / 8: 1x32768 0.913 / 0.958 / 1.485, 8x4096 0.951 / 0.510 / 0.403. The
+ * choice changes no result bit: a tile's arithmetic is the same in every block shape. */
+extern "C" int qd_cuda_gdn_walk_tiles(const qd_cuda_gdn_plan *p) {
     const int sms = qd_cuda_sm_count();
     const long tiles = (long)p->n_seq * p->hv * (p->dv / 16);
     if (tiles <= 2L * sms) return 2;
@@ -195,7 +195,7 @@ static int walk_warps(const qd_cuda_gdn_plan *p) {
 
 template <int DKP>
 static qd_status launch_walk_nw(const qd_cuda_gdn_plan *p, const qd_cuda_gdn_chunked_args *a, cudaStream_t st) {
-    switch (walk_warps(p)) {
+    switch (a->walk_tiles ? a->walk_tiles : qd_cuda_gdn_walk_tiles(p)) {
     case 2: return launch_walk<DKP, 2>(p, a, st);
     case 4: return launch_walk<DKP, 4>(p, a, st);
     default: return launch_walk<DKP, 8>(p, a, st);
@@ -218,6 +218,8 @@ extern "C" qd_status qd_cuda_gdn_chunked_stages(const qd_cuda_gdn_plan *p, const
         !aligned16(a->d_k) || !aligned16(a->d_v) || !aligned16(a->d_o))
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "gdn_chunked: strides must be >= the rows, multiples of 8, "
                                                 "and bases 16-byte aligned");
+    if (a->walk_tiles && a->walk_tiles != 2 && a->walk_tiles != 4 && a->walk_tiles != 8)
+        return qd_cuda_fail(QD_ERR_INVALID_ARG, "gdn_chunked: walk_tiles must be 0, 2, 4 or 8");
     if (p->n_chunks == 0 && !a->d_state1) return QD_OK;
     cudaStream_t st = (cudaStream_t)stream;
     const int dkp = dk_padded(dk);
