@@ -60,7 +60,9 @@ typedef struct qd_cuda_moe_args {
     uint16_t *d_dequant;
     /* The grouped-GEMM kernel of the prefill path: 0 for the table's choice (moe_prefill.cu),
      * or one of QD_MOE_PREFILL_* to force it (tests and benchmarks; the bf16 kernels give the
-     * same bits). */
+     * same bits). It picks among the prefill kernels only: a call that the decode path takes
+     * (qd_cuda_moe_decode_path: outside batch-invariant mode, up to the format's bound) runs
+     * the decode kernels whatever it says. */
     int prefill_kernel;
     /* The shared expert, added first when given (d_sh_y NULL: none): y += sigmoid(d_sh_gate[t *
      * sh_gate_ld]) * d_sh_y[t], the bits of qd_cuda_sigmoid_scale before this call; the prefill
