@@ -178,7 +178,7 @@ static void bench_chunked(int B, int T) {
     printf("RESULT chunked B=%d T=%d Mtok_per_s=%.1f scratch_MiB=%.0f walk_tiles=%d\n", B, T,
            N / (total * 1e-3) / 1e6, plan.bytes / 1048576.0, qd_cuda_gdn_walk_tiles(&plan));
     /* the walk with each block shape forced (the table's row for this batch) */
-    for (int f = 2; f <= 4; f += 2) {
+    for (int f = 2; f <= 8; f *= 2) {
         qd_cuda_gdn_chunked_args b = a;
         b.walk_tiles = f;
         float ms[15];
