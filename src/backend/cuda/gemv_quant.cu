@@ -320,13 +320,13 @@ static void qv_launch(const qd_cuda_qmats &m, const uint16_t *x, int64_t ldx, in
     }
 }
 
-static int qg_aligned(const qd_weight *w, const uint16_t *d_x, int64_t ldx) {
-    return ldx % 8 == 0 && ((uintptr_t)d_x & 15) == 0 && ((uintptr_t)w->data & 15) == 0;
+static int qg_aligned(const qd_cuda_qmats *m, const uint16_t *d_x, int64_t ldx) {
+    return ldx % 8 == 0 && ((uintptr_t)d_x & 15) == 0 && qd_cuda_qmats_aligned(m);
 }
 
 extern "C" int qd_cuda_qgemv_choice(const qd_weight *w, const uint16_t *d_x, int64_t ldx) {
     qd_cuda_qmats m;
-    if (!qd_cuda_qmats_of(w, &m) || !qg_aligned(w, d_x, ldx)) return QD_QGEMV_PATH_ELEM;
+    if (!qd_cuda_qmats_of(w, &m) || !qg_aligned(&m, d_x, ldx)) return QD_QGEMV_PATH_ELEM;
     return qd_cuda_qgemv_mma_takes(w) ? QD_QGEMV_PATH_MMA : QD_QGEMV_PATH_VEC;
 }
 
@@ -350,7 +350,7 @@ extern "C" qd_status qd_cuda_qgemv_path(int path, const qd_weight *w, const uint
         return qd_cuda_qgemv_wgmma(&o, 1, w->cols, d_x, ldx, n, accumulate, 0, 0, stream);
     }
     case QD_QGEMV_PATH_VEC:
-        if (!qd_cuda_qmats_of(w, &m) || !qg_aligned(w, d_x, ldx))
+        if (!qd_cuda_qmats_of(w, &m) || !qg_aligned(&m, d_x, ldx))
             return qd_cuda_fail(QD_ERR_UNSUPPORTED, "qgemv (pieces): the layout is not vectorised or a stride or "
                                                     "address is not 16-byte aligned");
         if (w->dtype == QD_DTYPE_F8_E4M3) qv_launch<qf_f8>(m, d_x, ldx, n, d_y, ldy, accumulate, st);
@@ -416,7 +416,7 @@ extern "C" qd_status qd_cuda_dequant_bf16(const qd_weight *w, uint16_t *d_out, v
     if (!w || !d_out || !w->data || !w->scales.data)
         return qd_cuda_fail(QD_ERR_INVALID_ARG, "dequant: missing weight data, scales or output");
     qd_cuda_qmats m;
-    if (qd_cuda_qmats_of(w, &m) && ((uintptr_t)w->data & 15) == 0 && ((uintptr_t)d_out & 15) == 0)
+    if (qd_cuda_qmats_of(w, &m) && qd_cuda_qmats_aligned(&m) && ((uintptr_t)d_out & 15) == 0)
         return qd_cuda_qmats_dequant_bf16(&m, d_out, stream);
     qg_params p;
     qd_status s = qg_fill(w, &p);
