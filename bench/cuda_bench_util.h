@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <cuda_runtime_api.h>
+
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_device.h"
 #include "base/dtype.h"
@@ -48,6 +50,54 @@ static inline int cmp_float(const void *a, const void *b) {
 static inline float median(float *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_float);
     return v[n / 2];
+}
+
+/* Call i of a graph a benchmark times (its arguments in ctx, the stream too). */
+typedef qd_status (*bench_call_fn)(void *ctx, int i);
+
+/* Microseconds per call of a CUDA graph of ncalls calls f(ctx, 0 .. ncalls - 1) captured on
+ * stream (a created one), how the engine runs a decode step: replayed in samples of at least
+ * 2 ms, the median of 5 after warm-up. -1 when the path does not take the shape (a call
+ * returned QD_ERR_UNSUPPORTED); any other failure exits. */
+static inline double bench_graph_us(void *stream, bench_call_fn f, void *ctx, int ncalls) {
+    cudaStream_t s = (cudaStream_t)stream;
+    TRY(qd_cuda_graph_begin(stream));
+    qd_status st = QD_OK;
+    for (int i = 0; i < ncalls && !st; i++) st = f(ctx, i);
+    void *exec = NULL;
+    const qd_status se = qd_cuda_graph_end(stream, &exec);
+    if (st == QD_ERR_UNSUPPORTED) {
+        if (exec) qd_cuda_graph_destroy(exec);
+        return -1;
+    }
+    TRY(st);
+    TRY(se);
+    cudaEvent_t e0, e1;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) exit(1);
+    for (int i = 0; i < 2; i++) TRY(qd_cuda_graph_launch(exec, stream));
+    float ms1 = 0;
+    cudaEventRecord(e0, s);
+    TRY(qd_cuda_graph_launch(exec, stream));
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&ms1, e0, e1);
+    int reps = ms1 > 0 ? (int)(2.0 / ms1) + 1 : 50; /* a sample of >= 2 ms */
+    if (reps > 200) reps = 200;
+    float ms[5];
+    for (int r = 0; r < 5; r++) {
+        cudaEventRecord(e0, s);
+        for (int i = 0; i < reps; i++) TRY(qd_cuda_graph_launch(exec, stream));
+        cudaEventRecord(e1, s);
+        if (cudaEventSynchronize(e1) != cudaSuccess) {
+            fprintf(stderr, BENCH_NAME ": replay failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+            exit(1);
+        }
+        cudaEventElapsedTime(&ms[r], e0, e1);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    qd_cuda_graph_destroy(exec);
+    return median(ms, 5) * 1e3 / ((double)reps * ncalls);
 }
 
 /* Device copy bandwidth (bytes read + written), as `qdelta bench` measures it. */

@@ -17,8 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cuda_runtime_api.h>
-
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_device.h"
 
@@ -58,39 +56,19 @@ static float *gates(size_t n, int is_beta) {
 
 
 
-/* Microseconds per launch of a, replayed from a CUDA graph of GRAPH_CALLS launches on a
- * created stream (rotating over nrot states of per_state floats from dS), with or without
- * programmatic dependent launch: the median of 7 timed replays after 2 warm-up ones. */
-#define GRAPH_CALLS 200
-static double graph_us(qd_cuda_gdn_decode_args *a, float *dS, size_t per_state, int nrot, int pdl) {
-    void *stream = NULL, *exec = NULL;
-    TRY(qd_cuda_stream_create(&stream));
-    a->early_state = pdl;
-    TRY(qd_cuda_graph_begin(stream));
-    for (int i = 0; i < GRAPH_CALLS; i++) {
-        a->d_state = dS + (size_t)(i % nrot) * per_state;
-        TRY(qd_cuda_gdn_decode(a, stream));
-    }
-    TRY(qd_cuda_graph_end(stream, &exec));
-    a->early_state = 0;
-    cudaEvent_t e0, e1;
-    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) exit(1);
-    for (int i = 0; i < 2; i++) TRY(qd_cuda_graph_launch(exec, stream));
-    float ms[7];
-    for (int r = 0; r < 7; r++) {
-        cudaEventRecord(e0, (cudaStream_t)stream);
-        TRY(qd_cuda_graph_launch(exec, stream));
-        cudaEventRecord(e1, (cudaStream_t)stream);
-        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms[r], e0, e1) != cudaSuccess) {
-            fprintf(stderr, BENCH_NAME ": graph replay failed: %s\n", cudaGetErrorString(cudaGetLastError()));
-            exit(1);
-        }
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    qd_cuda_graph_destroy(exec);
-    qd_cuda_stream_destroy(stream);
-    return median(ms, 7) * 1e3 / GRAPH_CALLS;
+/* Decode launch i of a graph: the arguments with state i % nrot of the pool. */
+typedef struct decode_call {
+    qd_cuda_gdn_decode_args a;
+    float *dS;
+    size_t per_state;
+    int nrot;
+    void *stream;
+} decode_call;
+
+static qd_status decode_launch(void *ctx, int i) {
+    decode_call *c = ctx;
+    c->a.d_state = c->dS + (size_t)(i % c->nrot) * c->per_state;
+    return qd_cuda_gdn_decode(&c->a, c->stream);
 }
 
 static void bench_decode(int B, double copy_gbs) {
@@ -132,7 +110,12 @@ static void bench_decode(int B, double copy_gbs) {
     /* graph: the launches replayed from a CUDA graph, as a decode step runs them (and as a
      * peer's kernel is timed); graph_pdl: each launch also a programmatic dependent of the one
      * before, as the model launches it (its state loads overlap the previous kernel's tail) */
-    const double ug = graph_us(&a, dS, B * per, nrot, 0), ugp = graph_us(&a, dS, B * per, nrot, 1);
+    decode_call dc = {a, dS, B * per, nrot, NULL};
+    TRY(qd_cuda_stream_create(&dc.stream));
+    const double ug = bench_graph_us(dc.stream, decode_launch, &dc, 200);
+    dc.a.early_state = 1;
+    const double ugp = bench_graph_us(dc.stream, decode_launch, &dc, 200);
+    qd_cuda_stream_destroy(dc.stream);
     printf("RESULT decode B=%d us=%.2f state_GBps=%.0f pct_copy=%.1f graph_us=%.2f graph_pdl_us=%.2f\n", B, us, gbs,
            100.0 * gbs / copy_gbs, ug, ugp);
     qd_cuda_free(dq); qd_cuda_free(dk); qd_cuda_free(dv); qd_cuda_free(dO);

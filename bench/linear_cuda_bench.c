@@ -62,50 +62,9 @@ static double g_copy, g_hbm;
 
 /* ------------------------------------------------------------------ timing */
 
-typedef qd_status (*call_fn)(void *ctx, int i);
-
-/* Microseconds per call of a graph of ncalls calls f(ctx, 0 .. ncalls - 1); -1 when
- * the path does not take the shape (QD_ERR_UNSUPPORTED). */
-static double time_calls(call_fn f, void *ctx, int ncalls) {
-    cudaStream_t s = (cudaStream_t)g_stream;
-    TRY(qd_cuda_graph_begin(g_stream));
-    qd_status st = QD_OK;
-    for (int i = 0; i < ncalls && !st; i++) st = f(ctx, i);
-    void *exec = NULL;
-    const qd_status se = qd_cuda_graph_end(g_stream, &exec);
-    if (st == QD_ERR_UNSUPPORTED) {
-        if (exec) qd_cuda_graph_destroy(exec);
-        return -1;
-    }
-    TRY(st);
-    TRY(se);
-    cudaEvent_t e0, e1;
-    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) exit(1);
-    for (int i = 0; i < 2; i++) TRY(qd_cuda_graph_launch(exec, g_stream));
-    float ms1 = 0;
-    cudaEventRecord(e0, s);
-    TRY(qd_cuda_graph_launch(exec, g_stream));
-    cudaEventRecord(e1, s);
-    cudaEventSynchronize(e1);
-    cudaEventElapsedTime(&ms1, e0, e1);
-    int reps = ms1 > 0 ? (int)(2.0 / ms1) + 1 : 50; /* a sample of >= 2 ms */
-    if (reps > 200) reps = 200;
-    float ms[5];
-    for (int r = 0; r < 5; r++) {
-        cudaEventRecord(e0, s);
-        for (int i = 0; i < reps; i++) TRY(qd_cuda_graph_launch(exec, g_stream));
-        cudaEventRecord(e1, s);
-        if (cudaEventSynchronize(e1) != cudaSuccess) {
-            fprintf(stderr, BENCH_NAME ": replay failed: %s\n", cudaGetErrorString(cudaGetLastError()));
-            exit(1);
-        }
-        cudaEventElapsedTime(&ms[r], e0, e1);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    qd_cuda_graph_destroy(exec);
-    return median(ms, 5) * 1e3 / ((double)reps * ncalls);
-}
+/* Microseconds per call of a graph of ncalls calls f(ctx, 0 .. ncalls - 1) on g_stream
+ * (cuda_bench_util.h); -1 when the path does not take the shape. */
+static double time_calls(bench_call_fn f, void *ctx, int ncalls) { return bench_graph_us(g_stream, f, ctx, ncalls); }
 
 static float *upload_f32(size_t n, float scale, float offset) {
     float *h = malloc(n * 4);

@@ -94,43 +94,30 @@ static void free_mats(const qd_cuda_qmats *m) {
     qd_cuda_free((void *)m->zeros);
 }
 
-/* Decode as the engine runs it: the NROUTE calls captured in one CUDA graph
- * on a created stream and replayed, so host launch costs are out of the
- * picture. Microseconds per call, or -1 (and a message) if capture fails. */
+/* Call i of a decode graph: the arguments with routing i of the NROUTE drawn ones. */
+typedef struct route_call {
+    qd_cuda_moe_args a;
+    const int32_t *dsel;
+    const float *dw;
+    size_t P;
+    void *stream;
+} route_call;
+
+static qd_status route_launch(void *ctx, int i) {
+    route_call *c = ctx;
+    c->a.d_sel = c->dsel + i * c->P;
+    c->a.d_w = c->dw + i * c->P;
+    return qd_cuda_moe_experts(&c->a, c->stream);
+}
+
+/* Decode as the engine runs it: the NROUTE calls captured in one CUDA graph on a created
+ * stream and replayed (cuda_bench_util.h), so host launch costs are out of the picture.
+ * Microseconds per call. */
 static double graph_us(qd_cuda_moe_args a, const int32_t *dsel, const float *dw, size_t P) {
-    cudaStream_t s = NULL;
-    cudaGraph_t g = NULL;
-    cudaGraphExec_t ge = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    double us = -1;
-    int ok = cudaStreamCreate(&s) == cudaSuccess && cudaEventCreate(&e0) == cudaSuccess &&
-             cudaEventCreate(&e1) == cudaSuccess;
-    ok = ok && cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-    if (ok) {
-        for (int i = 0; i < NROUTE; i++) {
-            a.d_sel = dsel + i * P;
-            a.d_w = dw + i * P;
-            ok &= qd_cuda_moe_experts(&a, s) == QD_OK;
-        }
-        ok = cudaStreamEndCapture(s, &g) == cudaSuccess && ok;
-    }
-    ok = ok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
-    for (int i = 0; ok && i < 3; i++) ok = cudaGraphLaunch(ge, s) == cudaSuccess;
-    float ms[7];
-    const int reps = 5;
-    for (int r = 0; ok && r < 7; r++) {
-        ok = cudaEventRecord(e0, s) == cudaSuccess;
-        for (int i = 0; ok && i < reps; i++) ok = cudaGraphLaunch(ge, s) == cudaSuccess;
-        ok = ok && cudaEventRecord(e1, s) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
-             cudaEventElapsedTime(&ms[r], e0, e1) == cudaSuccess;
-    }
-    if (ok) us = median(ms, 7) * 1e3 / (reps * NROUTE);
-    else printf("moe_cuda_bench: graph replay failed: %s\n", cudaGetErrorString(cudaGetLastError()));
-    if (ge) cudaGraphExecDestroy(ge);
-    if (g) cudaGraphDestroy(g);
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    if (s) cudaStreamDestroy(s);
+    route_call c = {a, dsel, dw, P, NULL};
+    TRY(qd_cuda_stream_create(&c.stream));
+    const double us = bench_graph_us(c.stream, route_launch, &c, NROUTE);
+    qd_cuda_stream_destroy(c.stream);
     return us;
 }
 
