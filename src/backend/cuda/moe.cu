@@ -5,7 +5,8 @@
  *   n * k <= 1024, and n <= 64          decode: GEMV kernels        none
  *   (bf16 experts the wgmma kernel
  *   takes and INT4 ones W4A16 takes:
- *   n < 40; FP8 experts the W8A8
+ *   n < 40; NVFP4 ones W4A16 takes:
+ *   n < 48; FP8 experts the W8A8
  *   kernels take: n < 17)
  *   otherwise, or batch-invariant       prefill: sorted pairs,      none
  *                                       grouped GEMMs (by the table

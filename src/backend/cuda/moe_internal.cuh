@@ -12,7 +12,8 @@
 #include "backend/cuda/cuda_quant.h"
 
 /* The decode path (GEMV kernels) takes batches of at most this many tokens, the bound of the
- * forward's CUDA graphs; bf16 and W8A8-able FP8 experts leave it earlier (below). */
+ * forward's CUDA graphs; experts that a grouped kernel on the tensor cores takes leave it
+ * earlier (below: bf16, INT4, NVFP4, W8A8-able FP8). */
 #define QD_MOE_GRAPH_MAX_TOKENS 64
 /* The decode kernels keep one block's list of (token, slot) pairs in shared memory. */
 #define QD_MOE_DECODE_MAX_PAIRS 1024
