@@ -58,6 +58,31 @@ struct inv_params {
     unsigned ntn; /* token tiles */
 };
 
+/* A warp's outputs into y (y = or y +=), rows and tokens past the tile's ends skipped.
+ * Fragment element (mi, ni, 2 * half + e): weight row g (+ 8), token 2 * (lane % 4) + e;
+ * a warp's stores of one element cover 8 consecutive floats of 4 y rows (32-byte sectors). */
+template <int MI, int NI, int TM, int TN>
+__device__ __forceinline__ void inv_store_tile(const inv_params &p, const float (&out)[MI][NI][4], int wm, int wn,
+                                               int lane, int64_t row0, int tok0, int rows_here, int toks_here) {
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = wm * TM + mi * 16 + (lane >> 2) + half * 8;
+            if (r >= rows_here) continue;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int t = wn * TN + ni * 8 + 2 * (lane & 3) + e;
+                    if (t >= toks_here) continue;
+                    float *yp = p.y + (int64_t)(tok0 + t) * p.ldy + row0 + r;
+                    const float a = out[mi][ni][2 * half + e];
+                    *yp = p.accumulate ? *yp + a : a;
+                }
+        }
+}
+
 /* One chain (S = 1) on a tile of one k-group: the kernel of the first version, kept
  * as it was because the chained walk below costs it 40-80% at n = 1 (its per-step
  * index arithmetic and division, measured on the H200: 42 us against 23 us at
@@ -161,25 +186,7 @@ __global__ void __launch_bounds__(WM * WN * 32) inv_gemm1(const __grid_constant_
     qd_cp_async_wait<0>();
     if (!active) return;
 
-    /* fragment element (mi, ni, 2 * half + e): weight row g (+ 8), token 2 * (lane % 4) + e;
-     * a warp's stores of one element cover 8 consecutive floats of 4 y rows (32-byte sectors) */
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int r = wm * TM + mi * 16 + (lane >> 2) + half * 8;
-            if (r >= rows_here) continue;
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int t = wn * TN + ni * 8 + 2 * (lane & 3) + e;
-                    if (t >= toks_here) continue;
-                    float *yp = p.y + (int64_t)(tok0 + t) * p.ldy + row0 + r;
-                    const float a = acc[mi][ni][2 * half + e];
-                    *yp = p.accumulate ? *yp + a : a;
-                }
-        }
+    inv_store_tile<MI, NI, TM, TN>(p, acc, wm, wn, lane, row0, tok0, rows_here, toks_here);
 }
 
 /* The chained walk: any S, any number of k-groups. */
@@ -328,25 +335,7 @@ __global__ void __launch_bounds__(WM * WN * KW * 32) inv_gemm(const __grid_const
     qd_cp_async_wait<0>();
     if (g != 0 || !active) return;
 
-    /* fragment element (mi, ni, 2 * half + e): weight row g (+ 8), token 2 * (lane % 4) + e;
-     * a warp's stores of one element cover 8 consecutive floats of 4 y rows (32-byte sectors) */
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int r = wm * TM + mi * 16 + (lane >> 2) + half * 8;
-            if (r >= rows_here) continue;
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int t = wn * TN + ni * 8 + 2 * (lane & 3) + e;
-                    if (t >= toks_here) continue;
-                    float *yp = p.y + (int64_t)(tok0 + t) * p.ldy + row0 + r;
-                    const float a = tot[mi][ni][2 * half + e];
-                    *yp = p.accumulate ? *yp + a : a;
-                }
-        }
+    inv_store_tile<MI, NI, TM, TN>(p, tot, wm, wn, lane, row0, tok0, rows_here, toks_here);
 }
 
 template <int BM, int BN, int WM, int WN, int KW, int BK, int ST>
