@@ -72,6 +72,21 @@ int main(void) {
     CHECK(parse("<tool_call>not json</tool_call>") == NULL);
     CHECK(parse("<tool_call>{\"arguments\": {}}</tool_call>") == NULL);               /* no name */
     CHECK(parse("<tool_call>{\"name\":\"f\"}</tool_call> trailing words") == NULL);   /* text after a call */
+    CHECK(parse("<tool_call>{\"name\":\"f\",\"arguments\":{},\"arguments\":{\"a\":1}}</tool_call>") == NULL);
+    /* XML: only whitespace between the tags, every parameter closed, short names: what the
+     * format has no place for makes it no call (given back as content), never a call with
+     * a parameter quietly left out */
+    CHECK(parse("<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\nso\n<parameter=b>\n2\n</parameter>\n"
+                "</function>\n</tool_call>") == NULL);
+    CHECK(parse("<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n{\"x\": 1\n</function>\n"
+                "</tool_call>") == NULL);
+    CHECK(parse("<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\nok\n</tool_call>") == NULL);
+    CHECK(parse("<tool_call>\n<function=f>\n<parameter=>\n1\n</parameter>\n</function>\n</tool_call>") == NULL);
+    {
+        char longname[600];
+        snprintf(longname, sizeof longname, "<tool_call>\n<function=%0300d>\n</function>\n</tool_call>", 7);
+        CHECK(parse(longname) == NULL);
+    }
 
     /* capture: content before the tag is emitted, the rest held, over any split */
     const char *text = "Let me check. <tool_call>\n{\"name\": \"f\"}\n</tool_call>";

@@ -2,8 +2,9 @@
  * tool_calls.c and util.c): for captures in both forms fed in every piece size, the
  * first delta of each call carries its id and name, the argument fragments joined
  * parse to the same JSON as srv_parse_tool_calls gives for the whole capture (XML
- * values typed by the tool's schema, a value written as a JSON string decoded), and
- * string values arrive before the call ends. */
+ * values typed by the tool's schema, a value written as a JSON string decoded; calls
+ * in shapes that do not stream piece by piece in one delta), and string values arrive
+ * before the call ends. fuzz/fuzz_model_output.c checks the same on arbitrary text. */
 #include <string.h>
 
 #include "qd_test.h"
@@ -89,6 +90,43 @@ int main(void) {
     check_capture("<tool_call>\n<function=get_weather>\n<parameter=city>\n\"Oslo\" and Bergen\n</parameter>\n"
                   "</function>\n</tool_call>",
                   tools, 1);
+    /* shapes that do not stream piece by piece go out whole once their block is there,
+     * after calls that did stream: a second call without arguments, arguments as a
+     * string, the name after the arguments, members after the arguments, a head of
+     * over 600 bytes */
+    check_capture("<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\"}\n"
+                  "</tool_call>",
+                  tools, 2);
+    check_capture("<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", "
+                  "\"arguments\": \"{\\\"city\\\": \\\"Oslo\\\"}\"}\n</tool_call>",
+                  tools, 2);
+    check_capture("<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"arguments\": "
+                  "{\"city\": \"Oslo\"}, \"name\": \"get_weather\"}\n</tool_call>",
+                  tools, 2);
+    check_capture("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}, \"note\": {\"a\": \"}\"}}\n"
+                  "</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>",
+                  tools, 2);
+    {
+        char cap[1200];
+        snprintf(cap, sizeof cap,
+                 "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", "
+                 "\"note\": \"%0700d\", \"arguments\": {}}\n</tool_call>",
+                 0);
+        check_capture(cap, tools, 2);
+    }
+    /* XML: a string value written with whitespace before its JSON string is decoded as
+     * the whole parse decodes it; a parameter name whose JSON form is long */
+    check_capture("<tool_call>\n<function=get_weather>\n<parameter=city>\n  \"Oslo\"\n</parameter>\n</function>\n"
+                  "</tool_call>",
+                  tools, 1);
+    {
+        char cap[800], key[200];
+        for (int i = 0; i < 150; i++) key[i] = '\x01';
+        key[150] = 0;
+        snprintf(cap, sizeof cap, "<tool_call>\n<function=now>\n<parameter=%s>\n1\n</parameter>\n</function>\n</tool_call>",
+                 key);
+        check_capture(cap, tools, 1);
+    }
     /* not a call: streaming stops, nothing is claimed */
     srv_toolstream ts;
     memset(&ts, 0, sizeof ts);

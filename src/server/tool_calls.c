@@ -109,45 +109,59 @@ json_t *srv_tool_param_value(const json_t *schema, const char *v, size_t vn) {
     return parsed;
 }
 
-/* Qwen3.5 / Coder format: <function=NAME> <parameter=P>VALUE</parameter>... </function>.
+/* 1 when s[0..n) starts with lit. */
+static int has_prefix(const char *s, size_t n, const char *lit, size_t ln) { return n >= ln && !memcmp(s, lit, ln); }
+
+/* Qwen3.5 / Coder format: <function=NAME> <parameter=P>VALUE</parameter>... </function>,
+ * with only whitespace between the tags: text the format has no place for, or a
+ * parameter without its closing tag, makes it no call (the streamed form, tool_stream.c,
+ * gives up at the same text, so a client gets the same calls streamed or not).
  * Values are typed by the tool's parameter schema (srv_tool_param_value). */
 static json_t *parse_xml_call(const char *s, size_t n, const json_t *tools) {
     const char *end = s + n;
-    if (n < 10 || memcmp(s, "<function=", 10)) return NULL;
+    if (!has_prefix(s, n, "<function=", 10)) return NULL;
     const char *name = s + 10, *gt = memchr(name, '>', (size_t)(end - name));
-    if (!gt || gt == name) return NULL;
+    if (!gt || gt == name || gt - name >= SRV_TOOL_NAME_MAX) return NULL;
     json_t *args = json_object();
     const char *p = gt + 1;
     for (;;) {
-        const char *ps = memmem(p, (size_t)(end - p), "<parameter=", 11);
-        if (!ps) break;
-        const char *pn = ps + 11, *pg = memchr(pn, '>', (size_t)(end - pn));
-        if (!pg) break;
+        size_t rest = (size_t)(end - p);
+        trim(&p, &rest);
+        if (has_prefix(p, rest, "</function>", 11)) {
+            p += 11;
+            break;
+        }
+        if (!has_prefix(p, rest, "<parameter=", 11)) goto bad;
+        const char *pn = p + 11, *pg = memchr(pn, '>', (size_t)(end - pn));
+        if (!pg || pg == pn || pg - pn >= SRV_TOOL_NAME_MAX) goto bad;
         const char *v = pg + 1, *ve = memmem(v, (size_t)(end - v), "</parameter>", 12);
-        if (!ve) break;
+        if (!ve) goto bad;
         size_t vn = (size_t)(ve - v);
         /* one newline after the opening tag and before the closing one belong to the format */
         if (vn && *v == '\n') v++, vn--;
         if (vn && v[vn - 1] == '\n') vn--;
-        char key[256];
+        char key[SRV_TOOL_NAME_MAX];
         snprintf(key, sizeof key, "%.*s", (int)(pg - pn), pn);
-        json_object_set_new(args, key, srv_tool_param_value(srv_tool_param_schema(tools, name, (size_t)(gt - name), key), v, vn));
+        json_t *val = srv_tool_param_value(srv_tool_param_schema(tools, name, (size_t)(gt - name), key), v, vn);
+        if (!val || json_object_set_new(args, key, val)) goto bad;
         p = ve + 12;
     }
-    if (!memmem(p, (size_t)(end - p), "</function>", 11)) {
-        json_decref(args);
-        return NULL;
-    }
+    if (p != end) goto bad; /* the block's text ends with </function> (trimmed by the caller) */
     char *a = json_dumps(args, JSON_COMPACT);
     json_decref(args);
     json_t *f = a ? json_pack("{s:s%, s:s}", "name", name, (size_t)(gt - name), "arguments", a) : NULL;
     free(a);
     return f;
+bad:
+    json_decref(args);
+    return NULL;
 }
 
-/* Qwen3 / Hermes format: {"name": ..., "arguments": {...} or "..."}. */
+/* Qwen3 / Hermes format: {"name": ..., "arguments": {...} or "..."}. A key given twice
+ * makes it no call: which one counts would be a guess (and the streamed form streams
+ * the first "arguments" it meets). */
 static json_t *parse_json_call(const char *s, size_t n) {
-    json_t *j = json_loadb(s, n, 0, NULL);
+    json_t *j = json_loadb(s, n, JSON_REJECT_DUPLICATES, NULL);
     json_t *name = j ? json_object_get(j, "name") : NULL;
     if (!json_is_string(name)) {
         json_decref(j);
@@ -164,6 +178,11 @@ static json_t *parse_json_call(const char *s, size_t n) {
     return f;
 }
 
+json_t *srv_parse_tool_call_body(const char *body, size_t n, const json_t *tools) {
+    trim(&body, &n);
+    return n && *body == '{' ? parse_json_call(body, n) : parse_xml_call(body, n, tools);
+}
+
 json_t *srv_parse_tool_calls(const char *text, size_t n, const char *id_prefix, const json_t *tools) {
     json_t *calls = json_array();
     const char *p = text, *end = text + n;
@@ -176,9 +195,7 @@ json_t *srv_parse_tool_calls(const char *text, size_t n, const char *id_prefix, 
         const char *body = trail + sizeof k_open - 1;
         const char *close = memmem(body, (size_t)(end - body), k_close, sizeof k_close - 1);
         if (!close) goto bad;
-        size_t bn = (size_t)(close - body);
-        trim(&body, &bn);
-        json_t *f = bn && *body == '{' ? parse_json_call(body, bn) : parse_xml_call(body, bn, tools);
+        json_t *f = srv_parse_tool_call_body(body, (size_t)(close - body), tools);
         if (!f) goto bad;
         char id[96];
         snprintf(id, sizeof id, "call_%s_%zu", id_prefix, json_array_size(calls));

@@ -12,6 +12,10 @@
 
 #include "server/think.h"
 
+/* Function and parameter names are shorter than this (OpenAI allows 64 characters):
+ * a longer one is not a call, streamed or parsed whole. */
+#define SRV_TOOL_NAME_MAX 256
+
 typedef struct srv_toolcap {
     int enabled;
     int capturing;  /* a <tool_call> tag was seen: everything since is in `cap` */
@@ -30,6 +34,9 @@ void srv_toolcap_free(srv_toolcap *t);
  * (the request's, may be NULL) types the XML form's values by each parameter's
  * schema. */
 json_t *srv_parse_tool_calls(const char *text, size_t n, const char *id_prefix, const json_t *tools);
+/* One block's text between <tool_call> and </tool_call>, as srv_parse_tool_calls reads
+ * it: {"name", "arguments": "<json string>"} or NULL. */
+json_t *srv_parse_tool_call_body(const char *body, size_t n, const json_t *tools);
 
 /* The schema of parameter `key` of function name[0..nn) in `tools`; NULL: unknown. */
 const json_t *srv_tool_param_schema(const json_t *tools, const char *name, size_t nn, const char *key);

@@ -10,10 +10,13 @@
 
 enum {
     TS_SEEK = 0,      /* before a <tool_call> (or between calls) */
-    TS_HERMES_ARGS,   /* inside the "arguments" value */
+    TS_HERMES_ARGS,   /* inside the "arguments" object */
+    TS_HERMES_END,    /* after it: the call object's end or more members */
+    TS_HERMES_REST,   /* members after "arguments", up to the call object's end */
     TS_TAIL,          /* after a call's content, before </tool_call> */
     TS_XML_BODY,      /* inside <function=...>, between parameters */
     TS_XML_VALUE,     /* inside a parameter's value */
+    TS_BLOCK,         /* a call not streamed piece by piece: waiting for its </tool_call> */
 };
 
 static const char ts_open[] = "<tool_call>", ts_close[] = "</tool_call>";
@@ -46,8 +49,18 @@ static void args_delta(srv_toolstream *ts, json_t *deltas, const char *a, size_t
 
 static void args_str(srv_toolstream *ts, json_t *deltas, const char *a) { args_delta(ts, deltas, a, strlen(a)); }
 
+/* The call whose text starts at `body` goes out whole once its </tool_call> has come
+ * (block_call); returns where the scan goes on. */
+static size_t as_block(srv_toolstream *ts, size_t body) {
+    ts->block = body;
+    ts->phase = TS_BLOCK;
+    return body;
+}
+
 /* A <tool_call> and what follows up to the call's name: returns the bytes consumed,
- * 0 when more are needed; sets ts->broken when it is not a call. */
+ * 0 when more are needed; sets ts->broken when it is not a call. Only the forms below
+ * stream piece by piece, and only where srv_parse_tool_calls reads the same call from
+ * the finished text (or none at all); any other block goes out whole (TS_BLOCK). */
 static size_t seek_call(srv_toolstream *ts, const char *s, size_t n, const char *id_prefix, json_t *deltas) {
     size_t i = skip_ws(s, ts->pos, n);
     if (i == n) return 0;
@@ -56,33 +69,40 @@ static size_t seek_call(srv_toolstream *ts, const char *s, size_t n, const char 
         if (k == 0) ts->broken = 1;
         return 0;
     }
-    i = skip_ws(s, i + sizeof ts_open - 1, n);
+    const size_t body = i + sizeof ts_open - 1;
+    i = skip_ws(s, body, n);
     if (i == n) return 0;
     if (s[i] == '{') {
-        /* {"name": "NAME", "arguments": -- complete the head and read the name */
-        const char *a = NULL;
-        for (size_t j = i; j + 11 <= n; j++)
+        /* {"name": "NAME", ..., "arguments": { -- complete the head and read the name.
+         * The key is looked for in the head's first 600 bytes before the block's end
+         * only, so that the choice does not depend on how the text arrived. */
+        const char *a = NULL, *close = memmem(s + i, n - i, ts_close, sizeof ts_close - 1);
+        const size_t window = i + 600 + 11;
+        size_t to = close ? (size_t)(close - s) : n;
+        if (to > window) to = window;
+        for (size_t j = i; j + 11 <= to; j++)
             if (!memcmp(s + j, "\"arguments\"", 11)) {
                 a = s + j;
                 break;
             }
-        if (!a) return (n - i > 600) ? (ts->broken = 1, 0) : 0;
+        if (!a) return (close || n >= window) ? as_block(ts, body) : 0;
         size_t j = skip_ws(s, (size_t)(a - s) + 11, n);
         if (j == n) return 0;
-        if (s[j] != ':') return ts->broken = 1, 0;
+        if (s[j] != ':') return as_block(ts, body);
         j = skip_ws(s, j + 1, n);
         if (j == n) return 0;
+        if (s[j] != '{') return as_block(ts, body); /* arguments as a string: decoded once whole */
         size_t hl = (size_t)(a - s) - i;
         char *head = malloc(hl + 8);
         if (!head) return ts->broken = 1, 0;
         memcpy(head, s + i, hl);
         memcpy(head + hl, "\"x\":0}", 7);
-        json_t *h = json_loadb(head, hl + 6, 0, NULL);
+        json_t *h = json_loadb(head, hl + 6, JSON_REJECT_DUPLICATES, NULL);
         free(head);
         const json_t *name = json_object_get(h, "name");
-        if (!json_is_string(name)) {
+        if (!json_is_string(name)) { /* the name after the arguments, say */
             json_decref(h);
-            return ts->broken = 1, 0;
+            return as_block(ts, body);
         }
         json_array_append_new(deltas, call_delta(ts, json_string_value(name), json_string_length(name), id_prefix));
         json_decref(h);
@@ -96,9 +116,9 @@ static size_t seek_call(srv_toolstream *ts, const char *s, size_t n, const char 
         return 0;
     }
     const char *gt = memchr(s + i + 10, '>', n - i - 10);
-    if (!gt) return n - i > 300 ? (ts->broken = 1, 0) : 0;
+    if (!gt) return n - i - 10 >= SRV_TOOL_NAME_MAX ? (ts->broken = 1, 0) : 0;
     size_t nn = (size_t)(gt - (s + i + 10));
-    if (nn == 0 || nn >= sizeof ts->fname) return ts->broken = 1, 0;
+    if (nn == 0 || nn >= SRV_TOOL_NAME_MAX) return ts->broken = 1, 0;
     memcpy(ts->fname, s + i + 10, nn);
     ts->fname[nn] = 0;
     json_array_append_new(deltas, call_delta(ts, ts->fname, nn, id_prefix));
@@ -117,6 +137,31 @@ static size_t utf8_cut(const char *s, size_t from, size_t n) {
         return need > b ? n - b : n;
     }
     return n;
+}
+
+/* A block that does not stream piece by piece, parsed as srv_parse_tool_calls parses
+ * it once its </tool_call> is there, and sent in one delta. */
+static void block_call(srv_toolstream *ts, const char *s, size_t n, const json_t *tools, const char *id_prefix,
+                       json_t *deltas) {
+    const size_t cl = sizeof ts_close - 1;
+    const char *close = memmem(s + ts->pos, n - ts->pos, ts_close, cl);
+    if (!close) {
+        if (n >= cl && n - (cl - 1) > ts->pos) ts->pos = n - (cl - 1); /* the tag may still start there */
+        return;
+    }
+    json_t *f = srv_parse_tool_call_body(s + ts->block, (size_t)(close - (s + ts->block)), tools);
+    const json_t *name = json_object_get(f, "name");
+    if (!json_is_string(name)) {
+        json_decref(f);
+        ts->broken = 1;
+        return;
+    }
+    json_t *d = call_delta(ts, json_string_value(name), json_string_length(name), id_prefix);
+    json_object_set(json_object_get(d, "function"), "arguments", json_object_get(f, "arguments"));
+    json_array_append_new(deltas, d);
+    json_decref(f);
+    ts->pos = (size_t)(close - s) + cl;
+    ts->phase = TS_SEEK;
 }
 
 /* Hermes arguments: pass bytes on while the JSON value is open. */
@@ -138,7 +183,7 @@ static void hermes_args(srv_toolstream *ts, const char *s, size_t n, json_t *del
                 i++;
                 args_delta(ts, deltas, s + from, i - from);
                 ts->pos = i;
-                ts->phase = TS_TAIL;
+                ts->phase = TS_HERMES_END;
                 return;
             }
             if (ts->depth < 0) {
@@ -154,14 +199,53 @@ static void hermes_args(srv_toolstream *ts, const char *s, size_t n, json_t *del
     ts->pos = i;
 }
 
+/* After the arguments: the call object's closing brace, or more members first. */
+static void hermes_end(srv_toolstream *ts, const char *s, size_t n) {
+    size_t i = skip_ws(s, ts->pos, n);
+    if (i == n) return;
+    if (s[i] == '}') ts->phase = TS_TAIL;
+    else if (s[i] == ',') {
+        ts->phase = TS_HERMES_REST;
+        ts->depth = 1;
+        ts->in_str = ts->esc = 0;
+    } else {
+        ts->broken = 1;
+        return;
+    }
+    ts->pos = i + 1;
+}
+
+/* Members after the arguments: skipped up to the call object's closing brace (the
+ * parse of the finished text checks them). */
+static void hermes_rest(srv_toolstream *ts, const char *s, size_t n) {
+    for (size_t i = ts->pos; i < n; i++) {
+        char c = s[i];
+        if (ts->in_str) {
+            if (ts->esc) ts->esc = 0;
+            else if (c == '\\') ts->esc = 1;
+            else if (c == '"') ts->in_str = 0;
+        } else if (c == '"') ts->in_str = 1;
+        else if (c == '{' || c == '[') ts->depth++;
+        else if ((c == '}' || c == ']') && --ts->depth == 0) {
+            ts->pos = i + 1;
+            ts->phase = TS_TAIL;
+            return;
+        }
+    }
+    ts->pos = n;
+}
+
 static void json_key(srv_toolstream *ts, json_t *deltas, const char *key) {
     json_t *k = json_string(key);
     char *q = k ? json_dumps(k, JSON_ENCODE_ANY) : NULL;
     json_decref(k);
-    char buf[600];
-    snprintf(buf, sizeof buf, "%s%s: ", ts->n_params ? ", " : "{", q ? q : "\"\"");
+    srv_buf b = {0}; /* one delta: ", " or "{", the key as a JSON string (any length), ": " */
+    const char *pre = ts->n_params ? ", " : "{";
+    if (!srv_buf_append(&b, pre, strlen(pre)) && !srv_buf_append(&b, q ? q : "\"\"", q ? strlen(q) : 2) &&
+        !srv_buf_append(&b, ": ", 2))
+        args_delta(ts, deltas, b.p, b.n);
+    srv_buf_free(&b);
     free(q);
-    args_str(ts, deltas, buf);
     ts->n_params++;
 }
 
@@ -205,16 +289,18 @@ static void xml_body(srv_toolstream *ts, const char *s, size_t n, const json_t *
 
 static void xml_value(srv_toolstream *ts, const char *s, size_t n, const json_t *tools, json_t *deltas) {
     static const char end_tag[] = "</parameter>";
+    const char *e = memmem(s + ts->pos, n - ts->pos, end_tag, sizeof end_tag - 1);
     if (ts->string_param && !ts->value_started) {
-        if (ts->pos == n) return; /* the value's first byte decides */
-        /* a value written as a JSON string ("...", as the grammar writes a string with
-         * a length, format or pattern) goes out whole at its end, typed as
-         * srv_parse_tool_calls types it (decoded when it is one JSON string) */
-        if (s[ts->pos] == '"') ts->string_param = 0;
+        /* the value's first byte past any whitespace decides: a value written as a JSON
+         * string ("...", as the grammar writes a string with a length, format or
+         * pattern) goes out whole at its end, typed as srv_parse_tool_calls types it
+         * (decoded when it is one JSON string); any other text is the string itself */
+        const size_t i = skip_ws(s, ts->pos, e ? (size_t)(e - s) : n);
+        if (!e && i == n) return;
+        if (s[i] == '"') ts->string_param = 0;
         else args_str(ts, deltas, "\"");
         ts->value_started = 1;
     }
-    const char *e = memmem(s + ts->pos, n - ts->pos, end_tag, sizeof end_tag - 1);
     size_t stop = e ? (size_t)(e - s) : n;
     size_t vend = stop;
     if (e && vend > ts->pos && s[vend - 1] == '\n') vend--; /* the format's newline */
@@ -266,11 +352,13 @@ void srv_toolstream_feed(srv_toolstream *ts, const char *cap, size_t n, const js
             break;
         }
         case TS_HERMES_ARGS: hermes_args(ts, cap, n, deltas); break;
+        case TS_HERMES_END: hermes_end(ts, cap, n); break;
+        case TS_HERMES_REST: hermes_rest(ts, cap, n); break;
+        case TS_BLOCK: block_call(ts, cap, n, tools, id_prefix, deltas); break;
         case TS_XML_BODY: xml_body(ts, cap, n, tools, deltas); break;
         case TS_XML_VALUE: xml_value(ts, cap, n, tools, deltas); break;
         case TS_TAIL: {
             size_t i = skip_ws(cap, ts->pos, n);
-            if (i < n && cap[i] == '}') i = skip_ws(cap, i + 1, n); /* hermes: the call object's brace */
             if (i == n) break;
             int k = starts(cap, i, n, ts_close);
             if (k == 0) ts->broken = 1;
