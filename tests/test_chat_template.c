@@ -229,7 +229,23 @@ static void test_api(void) {
                "qwen3 render: %s", s == QD_OK ? out : err.msg);
         free(out);
     }
+    /* content as a list of text parts: Qwen3's template adds content to strings (the
+     * parts go in joined), Qwen3.5's renders the list, the default model's adds too */
+    CHECK(s != QD_OK || !qd_chat_template_renders_content_parts(t));
     qd_chat_template_free(t);
+    {
+        size_t len = 0;
+        char *src = slurp("tests/data/chat_template/qwen3_5.jinja", &len);
+        t = NULL;
+        s = src ? qd_chat_template_compile(src, len, &t, &err) : QD_ERR_NOT_FOUND;
+        CHECKF(s == QD_OK && qd_chat_template_renders_content_parts(t), "qwen3_5.jinja renders content parts");
+        qd_chat_template_free(t);
+        free(src);
+        t = NULL;
+        s = qd_chat_template_load_dir("models/qdelta-tiny", &t, &err);
+        CHECKF(s == QD_OK && !qd_chat_template_renders_content_parts(t), "the default model's template: string content");
+        qd_chat_template_free(t);
+    }
     /* load_dir: a list of named templates, and chat_template.jinja. */
     char dir[] = "/tmp/qd_ct_XXXXXX";
     if (mkdtemp(dir)) {

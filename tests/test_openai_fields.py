@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """OpenAI request fields through the official `openai` client on the default model
 (greedy, so every expectation is derived from a reference reply of the same server):
-logit_bias, min_tokens, stop_token_ids; image / audio / file content parts refused with
-a 400 naming the part type; malformed values refused naming the field (raw HTTP).
+logit_bias, min_tokens, stop_token_ids; text content parts; image / audio / file content
+parts refused with a 400 naming the part type; malformed values refused naming the field
+(raw HTTP).
 
 Run by tests/cli_openai_fields.sh (--url of a server without an API key)."""
 import argparse
@@ -102,6 +103,18 @@ check(st.choices[0].text == pre.choices[0].text, f"stop_token_ids: the stop toke
 # with min_tokens past it, the stop token is suppressed until then
 st2 = complete(prompt=PROMPT, max_tokens=12, extra_body={"stop_token_ids": [ref_ids[k]], "min_tokens": 12})
 check(len(ids_of(st2.choices[0])) == 12 and ref_ids[k] not in ids_of(st2.choices[0]), "stop_token_ids suppressed before min_tokens")
+
+# ------------------------------------------------------------------ text content parts
+# the default model's template takes string content only: the parts' text goes in joined with
+# newlines (as vLLM joins it), so the reply is the one to that string; before, the template
+# failed on the list (a 400 from every Qwen3 / Qwen3-Next template)
+parts = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=12, messages=[
+    {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+    {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "who are you?"}]}])
+sys_joined = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=12, messages=[
+    {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello\nwho are you?"}])
+check(parts.choices[0].message.content == sys_joined.choices[0].message.content and
+      parts.usage.prompt_tokens == sys_joined.usage.prompt_tokens, "text parts: the reply to their joined text")
 
 # ------------------------------------------------------------------ refused content parts
 for part, ty in [({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "image_url"),

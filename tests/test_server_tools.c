@@ -1,7 +1,8 @@
 /* Tool-call capture and parsing of the server (src/server/tool_calls.c, compiled in
  * here with util.c since the server's sources belong to the executable): both
  * formats, several calls, text before a call, malformed calls given back as content,
- * and the capture over every split of the text into pieces. */
+ * and the capture over every split of the text into pieces; and error messages
+ * (srv_fail) that stay UTF-8 where a client's text is cut inside a character. */
 #include <string.h>
 
 #include "qd_test.h"
@@ -110,5 +111,19 @@ int main(void) {
     srv_toolcap_push(&t, "", 0, 1, emit, &s);
     CHECK(!strcmp(s.out, "a <tool_call me") && !t.capturing);
     srv_toolcap_free(&t);
+    /* an error message is a JSON string: a client's text cut by a precision or by the
+     * buffer's end inside a character still gives UTF-8 (before: no body, a 500) */
+    srv_error e;
+    srv_fail(&e, 404, "x", NULL, "model `%.5s` not found", "ab\xc3\xa9\xc3\xa9");
+    json_t *js = json_string(e.msg);
+    CHECKF(js && !strcmp(e.msg, "model `ab\xc3\xa9\xef\xbf\xbd` not found"), "cut character: '%s'", e.msg);
+    json_decref(js);
+    char big[3001];
+    for (int i = 0; i < 1500; i++) memcpy(big + 2 * i, "\xc3\xa9", 2);
+    big[3000] = 0;
+    srv_fail(&e, 400, "x", NULL, "%s", big); /* 511 characters and a cut one: the U+FFFD does not fit */
+    js = json_string(e.msg);
+    CHECKF(js && strlen(e.msg) == 1023 - 1, "long message cut between characters: %zu bytes", strlen(e.msg));
+    json_decref(js);
     return qd_test_finish("test_server_tools");
 }

@@ -290,6 +290,7 @@ int qd_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "qdelta serve: chat template of %s: %s\n", mo.model_dir, err.msg);
         goto done;
     }
+    s.tpl_content_parts = qd_chat_template_renders_content_parts(s.tpl);
     int V = qd_model_vocab_size(s.model), TV = qd_tokenizer_vocab_size(s.tok);
     s.vocab_limit = TV < V ? TV : V;
     s.think_start = qd_tokenizer_token_to_id(s.tok, "<think>");

@@ -99,6 +99,21 @@ qd_status qd_chat_template_render(const qd_chat_template *tpl, const char *reque
     return s;
 }
 
+int qd_chat_template_renders_content_parts(const qd_chat_template *tpl) {
+    static const char probe[] = "qd-content-part-7f3a9";
+    json_t *vars = json_pack("{s:[{s:s, s:[{s:s, s:s}]}], s:b}", "messages", "role", "user", "content", "type", "text",
+                             "text", probe, "add_generation_prompt", 1);
+    const qd_chat_template_limits lim = {.max_output = 1u << 20, .max_memory = 16u << 20, .max_steps = 1000000};
+    char *out = NULL;
+    qd_err err;
+    qd_err_clear(&err);
+    const int yes = vars && qd_chat_template_render_json(tpl, vars, &lim, &out, NULL, &err) == QD_OK && out &&
+                    strstr(out, probe) != NULL;
+    free(out);
+    json_decref(vars);
+    return yes;
+}
+
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;

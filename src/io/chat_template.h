@@ -55,4 +55,11 @@ qd_status qd_chat_template_render_json(const qd_chat_template *tpl, const void *
                                        const qd_chat_template_limits *limits,
                                        char **out, size_t *out_len, qd_err *err);
 
+/* 1 when the template renders a message whose content is a list of text parts
+ * ([{"type": "text", "text": ...}], the OpenAI form) with the parts' text in it, as
+ * Qwen3.5's does; 0 when it takes string content only (Qwen3's adds the list to a
+ * string and fails), so that a caller hands such a template the parts' text joined
+ * instead, as vLLM does. Found by rendering one such message. */
+int qd_chat_template_renders_content_parts(const qd_chat_template *tpl);
+
 #endif

@@ -54,10 +54,9 @@ static enum MHD_Result send_error(srv_server *s, struct MHD_Connection *c, const
 static enum MHD_Result send_error(srv_server *s, struct MHD_Connection *c, const char *url, int status, const char *type,
                                   const char *fmt, ...) {
     srv_error e;
-    srv_fail(&e, status, type, NULL, "%s", "");
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    srv_failv(&e, status, type, NULL, fmt, ap);
     va_end(ap);
     srv_reply r = {0};
     if (is_anthropic_url(url)) srv_reply_error_anthropic(&r, &e);

@@ -55,6 +55,7 @@ typedef struct srv_server {
     qd_model *model;
     qd_tokenizer *tok;
     qd_chat_template *tpl;
+    int tpl_content_parts;           /* tpl renders lists of content parts (else they are joined first) */
     qd_engine *engine;
     qd_token_trie *trie;             /* the vocabulary for constrained decoding (structured.c) */
     struct MHD_Daemon *daemon;
@@ -102,10 +103,13 @@ typedef struct srv_error {
     const char *type;  /* "invalid_request_error", ... */
     const char *param; /* may be NULL */
     const char *code;  /* may be NULL */
-    char msg[1024];
+    char msg[1024];    /* valid UTF-8 (it goes into a JSON string), cut between characters */
 } srv_error;
+/* Fills e; returns -1. */
 int srv_fail(srv_error *e, int status, const char *type, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+int srv_failv(srv_error *e, int status, const char *type, const char *param, const char *fmt, va_list ap)
+    __attribute__((format(printf, 5, 0)));
 
 /* Parses the sampling/stream/stop fields shared by both endpoints. 0 or -1 (e set). */
 int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_error *e);

@@ -25,14 +25,35 @@ void srv_buf_free(srv_buf *b) {
 }
 
 int srv_fail(srv_error *e, int status, const char *type, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    srv_failv(e, status, type, param, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int srv_failv(srv_error *e, int status, const char *type, const char *param, const char *fmt, va_list ap) {
     e->status = status;
     e->type = type;
     e->param = param;
     e->code = NULL;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
-    va_end(ap);
+    char raw[sizeof e->msg];
+    vsnprintf(raw, sizeof raw, fmt, ap);
+    /* The message goes into a JSON string, which must be UTF-8: a client's text cut by a
+     * precision (%.200s) or by the buffer's end can end inside a character, which then
+     * becomes U+FFFD (and the message is cut again between characters if that made it
+     * longer). */
+    size_t n = 0;
+    char *ok = qd_utf8_lossy((const unsigned char *)raw, strlen(raw), &n);
+    const char *src = ok ? ok : "(out of memory formatting the error)";
+    n = ok ? n : strlen(src);
+    if (n >= sizeof e->msg) {
+        n = sizeof e->msg - 1;
+        while (n && ((unsigned char)src[n] & 0xC0) == 0x80) n--; /* src[n] starts the first character left out */
+    }
+    memcpy(e->msg, src, n);
+    e->msg[n] = '\0';
+    free(ok);
     return -1;
 }
 

@@ -68,6 +68,47 @@ static int check_messages(json_t *msgs, srv_error *e) {
     return 0;
 }
 
+/* For a template that takes string content only: the messages with each list of
+ * text parts (checked by check_messages) replaced by the parts' text joined with
+ * newlines, as vLLM joins them for such templates. NULL: out of memory. */
+static json_t *joined_parts(json_t *msgs) {
+    json_t *out = json_array();
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        json_t *c = json_object_get(m, "content");
+        if (!json_is_array(c)) {
+            if (json_array_append(out, m)) goto oom;
+            continue;
+        }
+        srv_buf b = {0};
+        size_t j;
+        json_t *p;
+        int bad = 0;
+        json_array_foreach(c, j, p) {
+            json_t *t = json_object_get(p, "text");
+            bad |= (j && srv_buf_append(&b, "\n", 1)) || srv_buf_append(&b, json_string_value(t), json_string_length(t));
+        }
+        json_t *text = json_stringn(b.p ? b.p : "", b.n);
+        srv_buf_free(&b);
+        json_t *mc = bad || !text ? NULL : json_copy(m);
+        if (!mc) {
+            json_decref(text);
+            goto oom;
+        }
+        /* the _new calls take their value's reference, failing or not */
+        if (json_object_set_new(mc, "content", text)) {
+            json_decref(mc);
+            goto oom;
+        }
+        if (json_array_append_new(out, mc)) goto oom;
+    }
+    return out;
+oom:
+    json_decref(out);
+    return NULL;
+}
+
 /* The template opened a thinking block in the generation prompt (Qwen3.5 style):
  * everything generated is reasoning until </think>. */
 static int prompt_opens_think(const char *t, size_t n) {
@@ -112,7 +153,10 @@ void srv_route_chat(srv_server *s, json_t *req, srv_reply *r) {
     json_t *msgs = json_object_get(req, "messages");
     if (check_messages(msgs, &e)) goto fail;
     vars = json_object();
-    json_object_set(vars, "messages", msgs);
+    json_t *shown = s->tpl_content_parts ? json_incref(msgs) : joined_parts(msgs);
+    const int oom = !vars || !shown || json_object_set(vars, "messages", shown);
+    json_decref(shown);
+    if (oom) { srv_fail(&e, 500, "internal_error", NULL, "out of memory"); goto fail; }
     json_t *tools = json_object_get(req, "tools");
     if (tools && !json_is_null(tools)) {
         if (!json_is_array(tools)) { srv_fail(&e, 400, "invalid_request_error", "tools", "'tools' must be an array"); goto fail; }
