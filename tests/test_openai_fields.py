@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """OpenAI request fields through the official `openai` client on the default model
 (greedy, so every expectation is derived from a reference reply of the same server):
-logit_bias, min_tokens, stop_token_ids; text content parts; image / audio / file content
+logit_bias, min_tokens, stop_token_ids; text content parts; developer messages; image / audio / file content
 parts refused with a 400 naming the part type; malformed values refused naming the field
 (raw HTTP).
 
@@ -115,6 +115,12 @@ sys_joined = client.chat.completions.create(model=MODEL, temperature=0, max_toke
     {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello\nwho are you?"}])
 check(parts.choices[0].message.content == sys_joined.choices[0].message.content and
       parts.usage.prompt_tokens == sys_joined.usage.prompt_tokens, "text parts: the reply to their joined text")
+# a developer message (OpenAI's newer name for system instructions) is the system message: Qwen
+# templates know no developer role (Qwen3's dropped the message without a word)
+dev = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=12, messages=[
+    {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hello\nwho are you?"}])
+check(dev.choices[0].message.content == sys_joined.choices[0].message.content and
+      dev.usage.prompt_tokens == sys_joined.usage.prompt_tokens, "developer message: the system message")
 
 # ------------------------------------------------------------------ refused content parts
 for part, ty in [({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "image_url"),

@@ -68,19 +68,28 @@ static int check_messages(json_t *msgs, srv_error *e) {
     return 0;
 }
 
-/* For a template that takes string content only: the messages with each list of
- * text parts (checked by check_messages) replaced by the parts' text joined with
- * newlines, as vLLM joins them for such templates. NULL: out of memory. */
-static json_t *joined_parts(json_t *msgs) {
+/* The messages as the template sees them: a "developer" message (OpenAI's newer name
+ * for system instructions) as a system one, since Qwen templates know no developer
+ * role (Qwen3's would drop the message without a word, Qwen3.5's fails); and, for a
+ * template that takes string content only (join_parts), each list of text parts
+ * (checked by check_messages) replaced by the parts' text joined with newlines, as
+ * vLLM joins them. NULL: out of memory. */
+static json_t *template_messages(json_t *msgs, int join_parts) {
     json_t *out = json_array();
     size_t i;
     json_t *m;
     json_array_foreach(msgs, i, m) {
         json_t *c = json_object_get(m, "content");
-        if (!json_is_array(c)) {
+        const int developer = !strcmp(json_string_value(json_object_get(m, "role")), "developer");
+        const int join = join_parts && json_is_array(c);
+        if (!developer && !join) {
             if (json_array_append(out, m)) goto oom;
             continue;
         }
+        json_t *mc = json_copy(m);
+        if (!mc || json_array_append_new(out, mc)) goto oom; /* takes mc's reference, failing or not */
+        if (developer && json_object_set_new(mc, "role", json_string("system"))) goto oom;
+        if (!join) continue;
         srv_buf b = {0};
         size_t j;
         json_t *p;
@@ -89,19 +98,9 @@ static json_t *joined_parts(json_t *msgs) {
             json_t *t = json_object_get(p, "text");
             bad |= (j && srv_buf_append(&b, "\n", 1)) || srv_buf_append(&b, json_string_value(t), json_string_length(t));
         }
-        json_t *text = json_stringn(b.p ? b.p : "", b.n);
+        json_t *text = bad ? NULL : json_stringn(b.p ? b.p : "", b.n);
         srv_buf_free(&b);
-        json_t *mc = bad || !text ? NULL : json_copy(m);
-        if (!mc) {
-            json_decref(text);
-            goto oom;
-        }
-        /* the _new calls take their value's reference, failing or not */
-        if (json_object_set_new(mc, "content", text)) {
-            json_decref(mc);
-            goto oom;
-        }
-        if (json_array_append_new(out, mc)) goto oom;
+        if (!text || json_object_set_new(mc, "content", text)) goto oom;
     }
     return out;
 oom:
@@ -153,7 +152,7 @@ void srv_route_chat(srv_server *s, json_t *req, srv_reply *r) {
     json_t *msgs = json_object_get(req, "messages");
     if (check_messages(msgs, &e)) goto fail;
     vars = json_object();
-    json_t *shown = s->tpl_content_parts ? json_incref(msgs) : joined_parts(msgs);
+    json_t *shown = template_messages(msgs, !s->tpl_content_parts);
     const int oom = !vars || !shown || json_object_set(vars, "messages", shown);
     json_decref(shown);
     if (oom) { srv_fail(&e, 500, "internal_error", NULL, "out of memory"); goto fail; }
