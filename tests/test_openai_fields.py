@@ -20,6 +20,7 @@ except ImportError:
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--url", required=True)
+ap.add_argument("--url35", help="the same model served with Qwen3.5's chat template")
 args = ap.parse_args()
 U = urllib.parse.urlparse(args.url)
 client = openai.OpenAI(base_url=args.url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -121,6 +122,33 @@ dev = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=12, 
     {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hello\nwho are you?"}])
 check(dev.choices[0].message.content == sys_joined.choices[0].message.content and
       dev.usage.prompt_tokens == sys_joined.usage.prompt_tokens, "developer message: the system message")
+
+# ------------------------------------------------------------------ Qwen3.5's template
+if args.url35:
+    c35 = openai.OpenAI(base_url=args.url35 + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def prompt_tokens(msgs):
+        return c35.chat.completions.create(model=MODEL, max_tokens=1, temperature=0,
+                                           messages=msgs).usage.prompt_tokens
+
+    # it renders lists of parts itself (their texts one after another, as transformers would)
+    check(prompt_tokens([{"role": "user", "content": [{"type": "text", "text": "Hello"},
+                                                      {"type": "text", "text": " who are you?"}]}]) ==
+          prompt_tokens([{"role": "user", "content": "Hello who are you?"}]), "Qwen3.5 template: parts passed as a list")
+
+    # a history tool call's arguments as the JSON string clients send back count as the object
+    # they hold: the template writes parameters only from an object (before: the call without them)
+    def history(arguments):
+        return [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+
+    as_string = prompt_tokens(history('{"city": "Paris", "days": 3}'))
+    as_object = prompt_tokens(history({"city": "Paris", "days": 3}))
+    empty = prompt_tokens(history("{}"))
+    check(as_string == as_object and as_string > empty + 8,
+          f"Qwen3.5 template: string arguments rendered ({as_string} / {as_object} / {empty} tokens)")
 
 # ------------------------------------------------------------------ refused content parts
 for part, ty in [({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "image_url"),

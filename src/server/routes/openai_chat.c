@@ -68,12 +68,47 @@ static int check_messages(json_t *msgs, srv_error *e) {
     return 0;
 }
 
-/* The messages as the template sees them: a "developer" message (OpenAI's newer name
- * for system instructions) as a system one, since Qwen templates know no developer
- * role (Qwen3's would drop the message without a word, Qwen3.5's fails); and, for a
- * template that takes string content only (join_parts), each list of text parts
- * (checked by check_messages) replaced by the parts' text joined with newlines, as
- * vLLM joins them. NULL: out of memory. */
+/* A tool call's function of an assistant message in the history, or NULL. */
+static json_t *call_function(json_t *call) {
+    json_t *f = json_object_get(call, "function");
+    return json_is_object(f) ? f : NULL;
+}
+
+/* 1 when an assistant message's tool calls hold arguments as a JSON string (OpenAI's form,
+ * which every client sends back). */
+static int has_string_arguments(json_t *m) {
+    size_t i;
+    json_t *call;
+    json_array_foreach(json_object_get(m, "tool_calls"), i, call) {
+        if (json_is_string(json_object_get(call_function(call), "arguments"))) return 1;
+    }
+    return 0;
+}
+
+/* The string arguments of the tool calls in m (a deep copy) as the objects they hold:
+ * Qwen3.5's template writes a call's parameters only from an object (from a string it
+ * writes none, so the model would see its earlier calls without arguments); Qwen3's
+ * writes either. Text that is not a JSON object stays as it is. */
+static void parse_string_arguments(json_t *m) {
+    size_t i;
+    json_t *call;
+    json_array_foreach(json_object_get(m, "tool_calls"), i, call) {
+        json_t *f = call_function(call), *a = json_object_get(f, "arguments");
+        if (!json_is_string(a)) continue;
+        json_t *v = json_loadb(json_string_value(a), json_string_length(a), 0, NULL);
+        if (json_is_object(v)) json_object_set(f, "arguments", v);
+        json_decref(v);
+    }
+}
+
+/* The messages as the template sees them (vLLM hands HF templates the same):
+ * - a "developer" message (OpenAI's newer name for system instructions) as a system
+ *   one: Qwen templates know no developer role (Qwen3's would drop the message without
+ *   a word, Qwen3.5's fails);
+ * - tool calls' arguments given as JSON strings as objects (parse_string_arguments);
+ * - for a template that takes string content only (join_parts), each list of text
+ *   parts (checked by check_messages) replaced by the parts' text joined with newlines.
+ * NULL: out of memory. */
 static json_t *template_messages(json_t *msgs, int join_parts) {
     json_t *out = json_array();
     size_t i;
@@ -81,13 +116,14 @@ static json_t *template_messages(json_t *msgs, int join_parts) {
     json_array_foreach(msgs, i, m) {
         json_t *c = json_object_get(m, "content");
         const int developer = !strcmp(json_string_value(json_object_get(m, "role")), "developer");
-        const int join = join_parts && json_is_array(c);
-        if (!developer && !join) {
+        const int join = join_parts && json_is_array(c), args = has_string_arguments(m);
+        if (!developer && !join && !args) {
             if (json_array_append(out, m)) goto oom;
             continue;
         }
-        json_t *mc = json_copy(m);
+        json_t *mc = args ? json_deep_copy(m) : json_copy(m);
         if (!mc || json_array_append_new(out, mc)) goto oom; /* takes mc's reference, failing or not */
+        if (args) parse_string_arguments(mc);
         if (developer && json_object_set_new(mc, "role", json_string("system"))) goto oom;
         if (!join) continue;
         srv_buf b = {0};
