@@ -116,6 +116,17 @@ sys_joined = client.chat.completions.create(model=MODEL, temperature=0, max_toke
     {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello\nwho are you?"}])
 check(parts.choices[0].message.content == sys_joined.choices[0].message.content and
       parts.usage.prompt_tokens == sys_joined.usage.prompt_tokens, "text parts: the reply to their joined text")
+# an assistant message holding tool calls comes back from clients with "content": null; a template
+# that takes strings gets "" (Qwen3's and the default model's failed on the null: a 400)
+def with_content(content):
+    return client.chat.completions.create(model=MODEL, temperature=0, max_tokens=1, messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": content, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]).usage.prompt_tokens
+
+
+check(with_content(None) == with_content(""), "assistant content null: rendered as the empty string")
 # a developer message (OpenAI's newer name for system instructions) is the system message: Qwen
 # templates know no developer role (Qwen3's dropped the message without a word)
 dev = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=12, messages=[

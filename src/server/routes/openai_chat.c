@@ -106,18 +106,21 @@ static void parse_string_arguments(json_t *m) {
  *   one: Qwen templates know no developer role (Qwen3's would drop the message without
  *   a word, Qwen3.5's fails);
  * - tool calls' arguments given as JSON strings as objects (parse_string_arguments);
- * - for a template that takes string content only (join_parts), each list of text
- *   parts (checked by check_messages) replaced by the parts' text joined with newlines.
+ * - for a template that takes string content only (string_content), each list of
+ *   text parts (checked by check_messages) replaced by the parts' text joined with
+ *   newlines, and no content (null or absent, as in an assistant message that holds
+ *   tool calls) as "": Qwen3's template fails on a null.
  * NULL: out of memory. */
-static json_t *template_messages(json_t *msgs, int join_parts) {
+static json_t *template_messages(json_t *msgs, int string_content) {
     json_t *out = json_array();
     size_t i;
     json_t *m;
     json_array_foreach(msgs, i, m) {
         json_t *c = json_object_get(m, "content");
         const int developer = !strcmp(json_string_value(json_object_get(m, "role")), "developer");
-        const int join = join_parts && json_is_array(c), args = has_string_arguments(m);
-        if (!developer && !join && !args) {
+        const int join = string_content && json_is_array(c), args = has_string_arguments(m);
+        const int empty = string_content && (!c || json_is_null(c));
+        if (!developer && !join && !args && !empty) {
             if (json_array_append(out, m)) goto oom;
             continue;
         }
@@ -125,6 +128,7 @@ static json_t *template_messages(json_t *msgs, int join_parts) {
         if (!mc || json_array_append_new(out, mc)) goto oom; /* takes mc's reference, failing or not */
         if (args) parse_string_arguments(mc);
         if (developer && json_object_set_new(mc, "role", json_string("system"))) goto oom;
+        if (empty && json_object_set_new(mc, "content", json_string(""))) goto oom;
         if (!join) continue;
         srv_buf b = {0};
         size_t j;
