@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """OpenAI request fields through the official `openai` client on the default model
 (greedy, so every expectation is derived from a reference reply of the same server):
-logit_bias, min_tokens, stop_token_ids; text content parts; developer messages; image / audio / file content
-parts refused with a 400 naming the part type; malformed values refused naming the field
-(raw HTTP).
+logit_bias, min_tokens, stop_token_ids; text content parts; developer messages; image /
+audio / file content parts refused with a 400 naming the part type; malformed values, and
+known fields whose meaning the server does not carry out (suffix, best_of, functions, audio
+output), refused naming the field (raw HTTP).
 
 Run by tests/cli_openai_fields.sh (--url of a server without an API key)."""
 import argparse
@@ -186,10 +187,18 @@ for extra, param, words in [
     ({"min_tokens": -2}, "min_tokens", ["min_tokens"]),
     ({"min_tokens": 5}, "min_tokens", ["max_tokens"]),
     ({"messages": [{"role": "user", "content": [{"type": "banana"}]}]}, "messages", ["banana"]),
+    # known fields whose meaning this server does not carry out: refused, not ignored
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions", ["deprecated", "tools"]),
+    ({"function_call": "auto"}, "function_call", ["deprecated"]),
+    ({"modalities": ["text", "audio"]}, "modalities", ["text only"]),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", ["text only"]),
+    ({"prompt": "Hi", "suffix": " world"}, "suffix", ["suffix"]),
+    ({"prompt": "Hi", "best_of": 3}, "best_of", ["best_of"]),
 ]:
-    body = dict(base)
+    completion = "prompt" in extra
+    body = {"model": MODEL, "max_tokens": 4} if completion else dict(base)
     body.update(extra)
-    code, text = raw("/v1/chat/completions", body)
+    code, text = raw("/v1/completions" if completion else "/v1/chat/completions", body)
     j = json.loads(text)
     err = j.get("error", {})
     check(code == 400 and err.get("param") == param and all(w in err.get("message", "") for w in words),

@@ -1,6 +1,8 @@
 /* Validation of the OpenAI request fields shared by /v1/chat/completions and
  * /v1/completions. Wrong types and out-of-range values are 400s naming the field;
- * unknown fields are ignored (as OpenAI and vLLM do). Unset sampling fields take the
+ * unknown fields are ignored (as OpenAI and vLLM do), but a known field whose meaning
+ * this server does not carry out is refused by name (unsupported_field), since
+ * ignoring it would change the answer without a word. Unset sampling fields take the
  * checkpoint's generation_config.json defaults, the way vLLM serves by default. */
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +104,40 @@ static int parse_stop_token_ids(srv_server *s, json_t *v, qd_request_params *rp,
     return 0;
 }
 
+/* The OpenAI fields that would change the answer and are not carried out here: 0, or
+ * -1 with a 400 naming the field. `n` is the request's number of choices. */
+static int unsupported_field(json_t *req, srv_kind kind, long long n, srv_error *e) {
+    json_t *v;
+    if (kind == SRV_COMPLETION) {
+        v = json_object_get(req, "suffix");
+        if (v && !json_is_null(v) && !(json_is_string(v) && json_string_length(v) == 0))
+            return srv_fail(e, 400, "invalid_request_error", "suffix",
+                            "'suffix' (text after the completion, fill-in-the-middle) is not supported");
+        v = json_object_get(req, "best_of");
+        if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == n))
+            return srv_fail(e, 400, "invalid_request_error", "best_of",
+                            "'best_of' is not supported (choices are not ranked: ask for 'n' of them)");
+    }
+    if (kind == SRV_CHAT) {
+        static const char *const legacy[] = {"functions", "function_call"};
+        for (int i = 0; i < 2; i++)
+            if ((v = json_object_get(req, legacy[i])) && !json_is_null(v))
+                return srv_fail(e, 400, "invalid_request_error", legacy[i],
+                                "'%s' is the deprecated form of 'tools' / 'tool_choice', which this server does not "
+                                "read: send each function as a tool {\"type\": \"function\", \"function\": {...}}",
+                                legacy[i]);
+        size_t i;
+        json_array_foreach(json_object_get(req, "modalities"), i, v) {
+            if (!json_is_string(v) || strcmp(json_string_value(v), "text"))
+                return srv_fail(e, 400, "invalid_request_error", "modalities",
+                                "'modalities' may hold only \"text\": this server generates text only");
+        }
+        if ((v = json_object_get(req, "audio")) && !json_is_null(v))
+            return srv_fail(e, 400, "invalid_request_error", "audio", "'audio' output is not supported (text only)");
+    }
+    return 0;
+}
+
 int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_error *e) {
     memset(o, 0, sizeof *o);
     qd_sampling_params *sp = &o->rp.sampling;
@@ -137,6 +173,7 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
     if (r && (n < 1 || n > SRV_MAX_N))
         return srv_fail(e, 400, "invalid_request_error", "n", "'n' must be in [1, %d], got %lld", SRV_MAX_N, n);
     if (r) o->n = (int)n;
+    if (unsupported_field(req, kind, o->n, e)) return -1;
     if ((r = get_bool(req, "stream", &b, e)) < 0) return -1;
     if (r) o->stream = b;
     json_t *so = json_object_get(req, "stream_options");
