@@ -186,6 +186,7 @@ for extra, param, words in [
     ({"stop_token_ids": "5"}, "stop_token_ids", ["array"]),
     ({"min_tokens": -2}, "min_tokens", ["min_tokens"]),
     ({"min_tokens": 5}, "min_tokens", ["max_tokens"]),
+    ({"top_k": 4.4e25}, "top_k", ["integer"]),  # a float past long long's range (converting it was undefined)
     ({"messages": [{"role": "user", "content": [{"type": "banana"}]}]}, "messages", ["banana"]),
     # known fields whose meaning this server does not carry out: refused, not ignored
     ({"functions": [{"name": "f", "parameters": {}}]}, "functions", ["deprecated", "tools"]),
@@ -194,6 +195,8 @@ for extra, param, words in [
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", ["text only"]),
     ({"prompt": "Hi", "suffix": " world"}, "suffix", ["suffix"]),
     ({"prompt": "Hi", "best_of": 3}, "best_of", ["best_of"]),
+    ({"prompt": ["Hi", "Yo"]}, "prompt", ["2 prompts", "one request per prompt"]),
+    ({"prompt": [[1, 2], [3]]}, "prompt", ["2 prompts"]),
 ]:
     completion = "prompt" in extra
     body = {"model": MODEL, "max_tokens": 4} if completion else dict(base)

@@ -28,10 +28,14 @@ static int get_num(json_t *req, const char *key, double *out, srv_error *e) {
 static int get_int(json_t *req, const char *key, long long *out, srv_error *e) {
     json_t *v = json_object_get(req, key);
     if (!v || json_is_null(v)) return 0;
-    /* 3.0 is accepted as 3 (Python clients may send floats), 3.5 is not */
-    if (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v)) {
-        *out = (long long)json_real_value(v);
-        return 1;
+    /* 3.0 is accepted as 3 (Python clients may send floats), 3.5 is not; a float past
+     * the range of long long is no integer we could hold (and converting it is undefined) */
+    if (json_is_real(v)) {
+        const double d = json_real_value(v);
+        if (d > -9e18 && d < 9e18 && d == (double)(long long)d) {
+            *out = (long long)d;
+            return 1;
+        }
     }
     if (!json_is_integer(v)) return srv_fail(e, 400, "invalid_request_error", key, "'%s' must be an integer", key);
     *out = json_integer_value(v);

@@ -1,6 +1,7 @@
 #include "server/tool_calls.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -75,7 +76,8 @@ static int value_fits(const json_t *type, const json_t *v) {
     if (json_is_integer(v)) return srv_type_allows(type, "integer") || srv_type_allows(type, "number");
     if (json_is_real(v))
         return srv_type_allows(type, "number") ||
-               (srv_type_allows(type, "integer") && json_real_value(v) == (double)(long long)json_real_value(v));
+               (srv_type_allows(type, "integer") && fabs(json_real_value(v)) < 9e18 &&
+                json_real_value(v) == (double)(long long)json_real_value(v));
     if (json_is_boolean(v)) return srv_type_allows(type, "boolean");
     if (json_is_null(v)) return srv_type_allows(type, "null");
     if (json_is_object(v)) return srv_type_allows(type, "object");

@@ -12,6 +12,11 @@ static int prompt_ids(srv_server *s, json_t *p, int32_t **ids, size_t *n, srv_er
         (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
         p = json_array_get(p, 0);
     if (!p) return srv_fail(e, 400, "invalid_request_error", "prompt", "'prompt' is required");
+    if (json_is_array(p) && json_array_size(p) > 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        return srv_fail(e, 400, "invalid_request_error", "prompt",
+                        "'prompt' holds %zu prompts: the batch form is not supported, send one request per prompt "
+                        "(they are batched on the server all the same)", json_array_size(p));
     qd_err err;
     qd_err_clear(&err);
     if (json_is_string(p)) {
