@@ -164,39 +164,33 @@ static void block_call(srv_toolstream *ts, const char *s, size_t n, const json_t
     ts->phase = TS_SEEK;
 }
 
-/* Hermes arguments: pass bytes on while the JSON value is open. */
-static void hermes_args(srv_toolstream *ts, const char *s, size_t n, json_t *deltas) {
-    n = utf8_cut(s, ts->pos, n);
-    size_t i = ts->pos, from = i;
-    for (; i < n; i++) {
-        char c = s[i];
+/* The JSON scan (strings, escapes, nesting in ts) over s[*i..n), *i advanced: 1 when it
+ * closed the value it was in (*i just past that byte), 0 when it reached n. */
+static int json_close(srv_toolstream *ts, const char *s, size_t *i, size_t n) {
+    for (; *i < n; (*i)++) {
+        const char c = s[*i];
         if (ts->in_str) {
             if (ts->esc) ts->esc = 0;
             else if (c == '\\') ts->esc = 1;
             else if (c == '"') ts->in_str = 0;
-            continue;
-        }
-        if (c == '"') ts->in_str = 1;
+        } else if (c == '"') ts->in_str = 1;
         else if (c == '{' || c == '[') ts->depth++;
-        else if (c == '}' || c == ']') {
-            if (--ts->depth == 0) {
-                i++;
-                args_delta(ts, deltas, s + from, i - from);
-                ts->pos = i;
-                ts->phase = TS_HERMES_END;
-                return;
-            }
-            if (ts->depth < 0) {
-                ts->broken = 1;
-                return;
-            }
-        } else if (ts->depth == 0 && !isspace((unsigned char)c)) {
-            ts->broken = 1; /* arguments that are not an object or array */
-            return;
+        else if ((c == '}' || c == ']') && --ts->depth == 0) {
+            (*i)++;
+            return 1;
         }
     }
-    args_delta(ts, deltas, s + from, i - from);
-    ts->pos = i;
+    return 0;
+}
+
+/* Hermes arguments (an object: seek_call starts here at its '{'): bytes passed on until
+ * it closes. */
+static void hermes_args(srv_toolstream *ts, const char *s, size_t n, json_t *deltas) {
+    size_t e = ts->pos;
+    const int closed = json_close(ts, s, &e, utf8_cut(s, ts->pos, n));
+    args_delta(ts, deltas, s + ts->pos, e - ts->pos);
+    ts->pos = e;
+    if (closed) ts->phase = TS_HERMES_END;
 }
 
 /* After the arguments: the call object's closing brace, or more members first. */
@@ -218,21 +212,7 @@ static void hermes_end(srv_toolstream *ts, const char *s, size_t n) {
 /* Members after the arguments: skipped up to the call object's closing brace (the
  * parse of the finished text checks them). */
 static void hermes_rest(srv_toolstream *ts, const char *s, size_t n) {
-    for (size_t i = ts->pos; i < n; i++) {
-        char c = s[i];
-        if (ts->in_str) {
-            if (ts->esc) ts->esc = 0;
-            else if (c == '\\') ts->esc = 1;
-            else if (c == '"') ts->in_str = 0;
-        } else if (c == '"') ts->in_str = 1;
-        else if (c == '{' || c == '[') ts->depth++;
-        else if ((c == '}' || c == ']') && --ts->depth == 0) {
-            ts->pos = i + 1;
-            ts->phase = TS_TAIL;
-            return;
-        }
-    }
-    ts->pos = n;
+    if (json_close(ts, s, &ts->pos, n)) ts->phase = TS_TAIL;
 }
 
 static void json_key(srv_toolstream *ts, json_t *deltas, const char *key) {
