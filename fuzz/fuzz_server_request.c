@@ -37,16 +37,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     if (qd_tokenizer_load_dir(dir, &srv.tok, &err) != QD_OK) die("tokenizer", err.msg);
     if (qd_chat_template_load_dir(dir, &srv.tpl, &err) != QD_OK) die("chat template", err.msg);
     if (qd_token_trie_build(srv.tok, &srv.trie, &err) != QD_OK) die("token trie", err.msg);
-    srv.tpl_content_parts = qd_chat_template_renders_content_parts(srv.tpl);
+    srv_bind_model(&srv);
     srv.cfg.model_name = "qdelta-tiny";
     srv.cfg.engine = qd_engine_default_params();
     srv.cfg.engine.max_model_len = 2048;
-    const int V = qd_model_vocab_size(srv.model), TV = qd_tokenizer_vocab_size(srv.tok);
-    srv.vocab_limit = TV < V ? TV : V;
-    srv.think_start = qd_tokenizer_token_to_id(srv.tok, "<think>");
-    srv.think_end = qd_tokenizer_token_to_id(srv.tok, "</think>");
-    srv.n_eos = qd_model_eos_ids(srv.model, &srv.eos);
-    srv.gen_defaults = qd_model_generation_defaults(srv.model);
     pthread_rwlock_init(&srv.engine_lock, NULL);
     srv_metrics_init(&srv.metrics);
     srv.shutting_down = 1; /* no engine: a request that passes every check gets a 503 */

@@ -290,13 +290,7 @@ int qd_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "qdelta serve: chat template of %s: %s\n", mo.model_dir, err.msg);
         goto done;
     }
-    s.tpl_content_parts = qd_chat_template_renders_content_parts(s.tpl);
-    int V = qd_model_vocab_size(s.model), TV = qd_tokenizer_vocab_size(s.tok);
-    s.vocab_limit = TV < V ? TV : V;
-    s.think_start = qd_tokenizer_token_to_id(s.tok, "<think>");
-    s.think_end = qd_tokenizer_token_to_id(s.tok, "</think>");
-    s.n_eos = qd_model_eos_ids(s.model, &s.eos);
-    s.gen_defaults = qd_model_generation_defaults(s.model);
+    srv_bind_model(&s);
     if (prefix_auto) c->engine.prefix_cache_bytes = auto_prefix_budget(s.model, &mo, &c->engine);
     for (;;) {
         if (qd_engine_create(s.model, &c->engine, &s.engine, &err) == QD_OK) break;

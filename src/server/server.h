@@ -244,6 +244,10 @@ int srv_auth_key_ok(const srv_server *s, const char *x_api_key);
 json_t *srv_token_json(const srv_server *s, int32_t id, json_t **bytes);
 
 /* ------------------------------------------------------------ lifecycle */
+/* Fills the fields that follow from s->model, s->tok and s->tpl (set first): the vocabulary
+ * limit, the <think> tag ids, EOS ids, generation defaults, whether the template renders
+ * content parts. */
+void srv_bind_model(srv_server *s);
 int srv_start(srv_server *s);   /* 0 or -1 (message printed) */
 void srv_stop(srv_server *s);   /* graceful: stop accepting, cancel streams, free */
 

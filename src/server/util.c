@@ -68,6 +68,16 @@ void srv_reply_error(srv_reply *r, const srv_error *e) {
     json_decref(o);
 }
 
+void srv_bind_model(srv_server *s) {
+    s->tpl_content_parts = qd_chat_template_renders_content_parts(s->tpl);
+    const int V = qd_model_vocab_size(s->model), TV = qd_tokenizer_vocab_size(s->tok);
+    s->vocab_limit = TV < V ? TV : V;
+    s->think_start = qd_tokenizer_token_to_id(s->tok, "<think>");
+    s->think_end = qd_tokenizer_token_to_id(s->tok, "</think>");
+    s->n_eos = qd_model_eos_ids(s->model, &s->eos);
+    s->gen_defaults = qd_model_generation_defaults(s->model);
+}
+
 json_t *srv_token_json(const srv_server *s, int32_t id, json_t **bytes) {
     size_t n = 0;
     const unsigned char *b = qd_tokenizer_token_bytes(s->tok, id, &n);
