@@ -84,6 +84,10 @@ static decode_shape shape_of(int n, int P, int H, int I, int Is, int dtype) {
     return d;
 }
 
+/* A view the kernels can read: its scale grid set and its addresses aligned for 16-byte
+ * code pieces (qd_cuda_qmats_aligned). */
+static int readable(const qd_cuda_qmats *m) { return qd_cuda_qmats_laid_out(m) && qd_cuda_qmats_aligned(m); }
+
 int qd_moe_decode_takes(const qd_cuda_moe_args *a, const qd_moe_shared *sh) {
     const int has_sh = sh && (sh->gate_up || sh->q_gate_up);
     if (!a->q_gate_up != !a->q_down) return 0;
@@ -93,13 +97,10 @@ int qd_moe_decode_takes(const qd_cuda_moe_args *a, const qd_moe_shared *sh) {
     if (d.gu_smem > DECODE_MAX_DYN_SMEM || d.dn_smem > DECODE_MAX_DYN_SMEM) return 0;
     if (!a->q_gate_up) return !has_sh || (sh->gate_up && sh->down && !sh->q_gate_up);
     const int cols = dt == QD_DTYPE_F8_E4M3 ? 16 : 32;
-    if (a->q_down->dtype != dt || a->H % cols || a->I % cols || !qd_cuda_qmats_laid_out(a->q_gate_up) ||
-        !qd_cuda_qmats_laid_out(a->q_down) || !qd_cuda_qmats_aligned(a->q_gate_up) ||
-        !qd_cuda_qmats_aligned(a->q_down))
+    if (a->q_down->dtype != dt || a->H % cols || a->I % cols || !readable(a->q_gate_up) || !readable(a->q_down))
         return 0;
     if (has_sh && (!sh->q_gate_up || !sh->q_down || sh->q_gate_up->dtype != dt || sh->q_down->dtype != dt ||
-                   sh->I % cols || !qd_cuda_qmats_laid_out(sh->q_gate_up) || !qd_cuda_qmats_laid_out(sh->q_down) ||
-                   !qd_cuda_qmats_aligned(sh->q_gate_up) || !qd_cuda_qmats_aligned(sh->q_down)))
+                   sh->I % cols || !readable(sh->q_gate_up) || !readable(sh->q_down)))
         return 0;
     return dt == QD_DTYPE_F8_E4M3 || dt == QD_DTYPE_INT4 || dt == QD_DTYPE_NVFP4;
 }
