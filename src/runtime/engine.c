@@ -17,7 +17,9 @@
  *      block per running request in reserve); the chunk is the whole prompt or what
  *      the budget leaves.
  *   4. One forward over all these spans (decodes and prefill chunks mixed); spans
- *      that end at the last known token ask for their last logits row. It returns
+ *      that end at the last known token ask for their last logits row, and the prompt
+ *      chunks of requests that report their prompt's logprobs for every row (at most
+ *      QD_PROMPT_LP_ROWS such rows a step). It returns
  *      every such row's argmax and log-softmax, and the whole row only for requests
  *      that need the sampler (qd_forward_mixed; greedy requests without penalties or
  *      alternatives to report need just the argmax, and on a GPU their rows stay there).
@@ -36,7 +38,9 @@
  * (spans, running list, free slots) of max_num_seqs entries, and, with the prefix
  * cache on, prefix_cache_bytes of GDN snapshot slots in the context (GPU memory on a
  * GPU; the host tier allocates per snapshot as it fills). Per
- * request, submit allocates its token array (prompt + max_tokens) and its sampler. */
+ * request, submit allocates its token array (prompt + max_tokens) and its sampler. The
+ * first request with prompt logprobs grows the logit row buffers by QD_PROMPT_LP_ROWS
+ * whole rows, once; an event with prompt logprobs carries a copy of them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,8 +128,34 @@ void qd_engine_queued_add(qd_engine *e, int delta) {
     pthread_mutex_unlock(&e->mu);
 }
 
-void qd_engine_emit(qd_engine *e, const qd_request *r, const qd_engine_event *ev) {
-    if (r->cb) qd_reporter_push(e->rep, r->cb, r->user, ev);
+qd_status qd_engine_emit(qd_engine *e, const qd_request *r, const qd_engine_event *ev) {
+    return r->cb ? qd_reporter_push(e->rep, r->cb, r->user, ev) : QD_OK;
+}
+
+/* Each buffer grows on its own: one that could not keeps its old size and contents, and
+ * the next admission tries again for what is left. */
+static int grow(void **p, size_t bytes) {
+    void *q = realloc(*p, bytes);
+    if (q) *p = q;
+    return q != NULL;
+}
+
+qd_status qd_engine_reserve_prompt_rows(qd_engine *e, qd_err *err) {
+    if (e->prompt_rows_reserved) return QD_OK;
+    const size_t rows = (size_t)e->base_rows + QD_PROMPT_LP_ROWS, V = (size_t)e->vocab;
+    const size_t preps = (size_t)e->params.max_num_seqs + QD_PROMPT_LP_ROWS;
+    int ok = grow((void **)&e->logits, rows * V * sizeof(float)) && grow((void **)&e->full, rows) &&
+             grow((void **)&e->greedy_ids, rows * sizeof *e->greedy_ids) &&
+             grow((void **)&e->greedy_lps, rows * sizeof *e->greedy_lps) &&
+             grow((void **)&e->allow_row, rows * sizeof *e->allow_row) &&
+             grow((void **)&e->prep, preps * sizeof *e->prep) &&
+             grow((void **)&e->plp_res, QD_PROMPT_LP_ROWS * sizeof *e->plp_res);
+    if (ok && e->hidden) ok = grow((void **)&e->hidden, rows * (size_t)e->hidden_size * sizeof(float));
+    if (!ok)
+        return qd_seterr(err, QD_ERR_OOM, "out of memory for %d prompt logprob rows of %d logits", QD_PROMPT_LP_ROWS,
+                         e->vocab);
+    e->prompt_rows_reserved = 1;
+    return QD_OK;
 }
 
 /* The reporter's thread: request_id's callback asked to stop after `delivered`
@@ -247,6 +277,7 @@ static void engine_destroy(qd_engine *e) {
     free(e->logits);
     free(e->full);
     free(e->prep);
+    free(e->plp_res);
     free(e->allow);
     free(e->allow_row);
     free(e->masks);
@@ -337,6 +368,7 @@ qd_status qd_engine_create(qd_model *model, const qd_engine_params *params, qd_e
     }
     const size_t n = (size_t)p.max_num_seqs;
     const size_t rows = n * (size_t)(p.speculative_tokens + 1); /* a verify span: a logit row per token */
+    e->base_rows = (int)rows;
     e->running = calloc(n, sizeof *e->running);
     e->free_slots = calloc(n, sizeof *e->free_slots);
     e->spans = calloc(n, sizeof *e->spans);
@@ -396,8 +428,18 @@ static qd_status validate_submit(qd_engine *e, const int32_t *prompt, int n_prom
                                  qd_err *err) {
     if (!prompt || n_prompt < 1) return qd_seterr(err, QD_ERR_INVALID_ARG, "empty prompt (%d tokens)", n_prompt);
     if (!rp) return qd_seterr(err, QD_ERR_INVALID_ARG, "request params are NULL");
-    if (rp->max_tokens < 1)
-        return qd_seterr(err, QD_ERR_INVALID_ARG, "max_tokens must be at least 1 (got %d)", rp->max_tokens);
+    if (rp->max_tokens < (rp->prompt_logprobs ? 0 : 1))
+        return qd_seterr(err, QD_ERR_INVALID_ARG, "max_tokens must be at least %d (got %d)%s",
+                         rp->prompt_logprobs ? 0 : 1, rp->max_tokens,
+                         rp->prompt_logprobs ? "" : "; 0 needs prompt_logprobs");
+    const int lim = rp->sampling.vocab_limit;
+    if (rp->prompt_logprobs && lim > 0)
+        for (int i = 0; i < n_prompt; i++)
+            if (prompt[i] >= lim)
+                return qd_seterr(err, QD_ERR_INVALID_ARG,
+                                 "prompt token id %d at position %d is past the vocabulary limit %d, so it has no "
+                                 "logprob to report",
+                                 prompt[i], i, lim);
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= e->vocab)
             return qd_seterr(err, QD_ERR_INVALID_ARG, "prompt token id %d at position %d is out of range [0, %d)",
@@ -458,6 +500,7 @@ static qd_status new_request(qd_engine *e, const int32_t *prompt, int n_prompt, 
     qd_spec_request_init(e, r);
     memcpy(r->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
     r->n_prompt = r->n_tokens = n_prompt;
+    r->plp_next = params->prompt_logprobs ? 1 : n_prompt;
     r->slot = -1;
     r->cb = cb;
     r->user = user;

@@ -95,7 +95,7 @@ typedef struct qd_logit_bias {
 
 typedef struct qd_request_params {
     qd_sampling_params sampling;
-    int max_tokens;           /* >= 1 */
+    int max_tokens;           /* >= 1 (>= 0 with prompt_logprobs) */
     bool ignore_eos;          /* else stop at the model's EOS ids (the EOS token is reported) */
     /* Prefix cache: also snapshot the prompt at this many tokens (0 or outside
      * [1, prompt length): no). A chat server passes the end of the conversation before
@@ -120,6 +120,14 @@ typedef struct qd_request_params {
      * Owned by the engine once qd_engine_submit succeeds (freed with the request);
      * the caller keeps it when submit fails. NULL: unconstrained. */
     qd_constraint *constraint;
+    /* Also report each prompt token's logprob under the tokens before it, with the top
+     * sampling.n_logprobs alternatives (OpenAI's echo with logprobs: how evaluation
+     * harnesses score a text), in events before the first token (prompt_lp below). They
+     * are the raw model's log-softmax over [0, vocab_limit), with no logit_bias or penalty.
+     * Such a prompt is computed whole (the prefix cache is not consulted while positions
+     * are left to report) and its ids must lie below sampling.vocab_limit. max_tokens may
+     * then be 0: the request ends (LENGTH) once its prompt is in, with no token. */
+    bool prompt_logprobs;
 } qd_request_params;
 
 typedef enum qd_finish_reason {
@@ -139,6 +147,14 @@ typedef struct qd_engine_event {
     const char *error;        /* with QD_FINISH_ERROR */
     int prompt_tokens;
     int completion_tokens;
+    /* With qd_request_params.prompt_logprobs, events with has_token = 0 carry prompt
+     * positions [prompt_lp_at, prompt_lp_at + n_prompt_lp): prompt_lp[i] holds the token at
+     * position prompt_lp_at + i, its log-softmax under the logits of the position before,
+     * and the alternatives there. Position 0 has no such logits and is never reported.
+     * They come in order, each position once, all before the first token; the array is
+     * valid during the callback. NULL and 0 in every other event. */
+    const qd_sample_result *prompt_lp;
+    int prompt_lp_at, n_prompt_lp;
 } qd_engine_event;
 
 /* Called on the engine's reporting thread, once per generated token and once more
@@ -178,8 +194,10 @@ qd_status qd_engine_submit(qd_engine *e, const int32_t *prompt, int n_prompt, co
  * alone). A sequence that finds no free slot at that moment is queued as an ordinary
  * request instead (the prefix cache, if on, then shares the prompt). With a
  * constraint, sequence i > 0 gets its own copy of it (qd_constraint_clone); the
- * caller's goes to the first. 1 <= n <=
- * QD_MAX_FORKS. qd_engine_submit is the n = 1 case. */
+ * caller's goes to the first. With prompt_logprobs,
+ * the sequences that compute the prompt report its positions (the first, and any queued
+ * as an ordinary request); the forked ones do not. 1 <= n <= QD_MAX_FORKS.
+ * qd_engine_submit is the n = 1 case. */
 #define QD_MAX_FORKS 128
 qd_status qd_engine_submit_n(qd_engine *e, const int32_t *prompt, int n_prompt, const qd_request_params *params, int n,
                              qd_engine_callback cb, void *const *users, uint64_t *request_ids, qd_err *err);

@@ -24,6 +24,12 @@ _Static_assert(QD_SPEC_MAX <= QD_SPEC_POLICY_MAX_K, "the policy tracks every dra
  * positions, so that steps that do not draft run no MTP forward at all; a request that would
  * go past it has every request's pairs run without drafting. */
 #define QD_SPEC_PEND_MAX (QD_SPEC_PROBE_EVERY + QD_SPEC_MAX + 4)
+/* Logit rows a step gives to prompt logprobs (qd_request_params.prompt_logprobs), over
+ * all its spans: each such row is a whole vocabulary row on the host (1 MB at a 248k
+ * vocabulary), so a long prompt reports in pieces of at most this many positions. A
+ * multiple of QD_INVARIANT_ALIGN, so that batch-invariant pieces fit it. */
+#define QD_PROMPT_LP_ROWS 256
+_Static_assert(QD_PROMPT_LP_ROWS % QD_INVARIANT_ALIGN == 0, "batch-invariant pieces fit the prompt rows");
 
 typedef enum qd_seq_phase {
     QD_SEQ_WAITING = 0,  /* queued; holds no slot and no blocks */
@@ -58,6 +64,9 @@ typedef struct qd_request {
     int stop_seen;
     int step_chunk;           /* tokens scheduled in the current step */
     int snap_branch;          /* prefix cache: where this prompt left the cached path (a snapshot target), 0: none */
+    /* Prompt logprobs: the next prompt position to report (from logit row plp_next - 1);
+     * n_prompt when none is left (or none was asked for). Kept across preemptions. */
+    int plp_next;
     /* Speculative decoding (spec_step.c). Invariant while it holds a slot: the MTP KV
      * covers positions [0, n_computed - n_pend); the pairs of the rest, (target hidden
      * state at position p, token p + 1), wait in pend_h / pend_t and run with the next
@@ -80,9 +89,10 @@ typedef struct qd_req_list {
     int count;
 } qd_req_list;
 
-/* One sampled row prepared before the step's tokens are reported (scheduler.c). */
+/* One row prepared before the step's tokens are reported (scheduler.c): a sampled row
+ * (pos 0), or the row before prompt position pos, which reports that position's token. */
 typedef struct qd_row_prep {
-    int span, row;
+    int span, row, pos;
     qd_status st;
     qd_sample_result res;
     qd_err err;
@@ -131,16 +141,22 @@ struct qd_engine {
     uint64_t bounded_steps;   /* steps whose prompt budget max_step_ms held below max_batch_tokens (stats) */
     qd_span *spans;           /* [max_num_seqs] the step's ragged batch */
     qd_request **span_req;    /* [max_num_seqs] request of each span */
-    float *logits;            /* [max_num_seqs][vocab] one row per span that samples */
-    uint8_t *full;            /* [max_num_seqs] a row's request needs its logits (sampler), not just the argmax */
-    int32_t *greedy_ids;      /* [max_num_seqs] each row's argmax over the vocabulary bound */
-    float *greedy_lps;        /* [max_num_seqs] its log-softmax */
+    /* Logit rows a step may have: one per sampling span (max_num_seqs, times K + 1 with
+     * speculation: see below), plus QD_PROMPT_LP_ROWS once a request with prompt logprobs
+     * came (qd_engine_reserve_prompt_rows grows the row buffers then, once). */
+    int base_rows, prompt_rows_reserved;
+    int step_plp_left;        /* prompt logprob rows the step being built may still take */
+    float *logits;            /* [rows][vocab] the step's logit rows, in span order */
+    uint8_t *full;            /* [rows] the row is needed whole (sampler, prompt logprobs), not just its argmax */
+    int32_t *greedy_ids;      /* [rows] each row's argmax over the vocabulary bound */
+    float *greedy_lps;        /* [rows] its log-softmax */
     /* The host's work on the step's sampled rows (the request's edits, its grammar's mask,
      * its sampler: what a constrained or sampled request costs per token) runs for all of
      * them at once on row_pool, before they are reported in order: each row is one
      * request's, with its own constraint and sampler. */
     qd_threadpool *row_pool;
-    qd_row_prep *prep;        /* [max_num_seqs] the step's rows prepared that way */
+    qd_row_prep *prep;        /* [max_num_seqs (+ QD_PROMPT_LP_ROWS)] the step's rows prepared that way */
+    qd_sample_result *plp_res; /* [QD_PROMPT_LP_ROWS] one span's prompt logprobs, for its event */
     int n_prep;
     /* Constrained greedy rows decided by the forward's argmax under their grammar's mask
      * (qd_forward_args.allow), filled on row_pool before the forward: no logits row
@@ -158,7 +174,7 @@ struct qd_engine {
     int hidden_size;
     uint8_t *verify;          /* [max_num_seqs] span i is a verify span */
     uint8_t *hid_all;         /* [max_num_seqs] span i (a speculating prefill) wants every row's hidden state */
-    float *hidden;            /* [max_num_seqs * (K + 1)][hidden] each logit row's final-normed state */
+    float *hidden;            /* [rows][hidden] each logit row's final-normed state */
     float *all_hidden;        /* [max_batch_tokens][hidden] the hid_all spans' rows */
     qd_span *mtp_spans;       /* [max_num_seqs] */
     qd_request **mtp_req;     /* [max_num_seqs] */
@@ -216,8 +232,12 @@ void qd_req_list_push_back(qd_req_list *l, qd_request *r);
 void qd_req_list_push_front(qd_req_list *l, qd_request *r);
 void qd_req_list_remove(qd_req_list *l, qd_request *r);
 
-/* Queues ev for r's callback (the reporter delivers it). Engine thread. */
-void qd_engine_emit(qd_engine *e, const qd_request *r, const qd_engine_event *ev);
+/* Queues ev for r's callback (the reporter delivers it). Engine thread. Fails only for
+ * an event with prompt logprobs, when there is no memory for their copy. */
+qd_status qd_engine_emit(qd_engine *e, const qd_request *r, const qd_engine_event *ev);
+/* Grows the step's row buffers by QD_PROMPT_LP_ROWS rows, the first time a request with
+ * prompt logprobs is admitted (a no-op after). Engine thread. */
+qd_status qd_engine_reserve_prompt_rows(qd_engine *e, qd_err *err);
 /* Ends a request: releases its slot and blocks, queues the finishing event (with a
  * token when `sample` is given), removes it from `live` and frees it. Engine thread,
  * without mu held. */

@@ -19,7 +19,7 @@
 typedef struct rep_entry {
     qd_engine_callback cb;
     void *user;
-    qd_engine_event ev; /* ev.error: a copy owned by the entry, or NULL */
+    qd_engine_event ev; /* ev.error, ev.prompt_lp: copies owned by the entry, or NULL */
 } rep_entry;
 
 typedef struct rep_buf {
@@ -81,8 +81,11 @@ static void buf_swap(rep_buf *a, rep_buf *b) {
     *b = t;
 }
 
-static void free_errors(rep_buf *b) {
-    for (size_t i = 0; i < b->n; i++) free((char *)b->v[i].ev.error);
+static void free_entries(rep_buf *b) {
+    for (size_t i = 0; i < b->n; i++) {
+        free((char *)b->v[i].ev.error);
+        free((qd_sample_result *)b->v[i].ev.prompt_lp);
+    }
     b->n = 0;
 }
 
@@ -117,6 +120,8 @@ static void deliver(qd_reporter *rp, const rep_entry *en) {
         const int delivered = rp->stops[k].delivered;
         memset(&ev.sample, 0, sizeof ev.sample);
         ev.has_token = 0;
+        ev.prompt_lp = NULL;
+        ev.n_prompt_lp = 0;
         ev.finish = QD_FINISH_STOP;
         ev.error = NULL;
         ev.completion_tokens = delivered;
@@ -158,7 +163,7 @@ static void *reporter_main(void *arg) {
                 pthread_mutex_unlock(&rp->mu);
             }
         }
-        free_errors(&rp->work);
+        free_entries(&rp->work);
         pthread_mutex_lock(&rp->mu);
         pthread_cond_broadcast(&rp->done_cv);
     }
@@ -167,8 +172,8 @@ static void *reporter_main(void *arg) {
 }
 
 static void destroy(qd_reporter *rp) {
-    free_errors(&rp->fill);
-    free_errors(&rp->ready);
+    free_entries(&rp->fill);
+    free_entries(&rp->ready);
     free(rp->fill.v);
     free(rp->ready.v);
     free(rp->work.v);
@@ -234,15 +239,22 @@ uint64_t qd_reporter_publish(qd_reporter *rp) {
     return rp->published;
 }
 
-void qd_reporter_push(qd_reporter *rp, qd_engine_callback cb, void *user, const qd_engine_event *ev) {
+qd_status qd_reporter_push(qd_reporter *rp, qd_engine_callback cb, void *user, const qd_engine_event *ev) {
+    qd_sample_result *lp = NULL;
+    if (ev->n_prompt_lp > 0) {
+        if (!(lp = malloc(sizeof *lp * (size_t)ev->n_prompt_lp))) return QD_ERR_OOM;
+        memcpy(lp, ev->prompt_lp, sizeof *lp * (size_t)ev->n_prompt_lp);
+    }
     if (rp->fill.n == rp->fill.cap && !buf_reserve(&rp->fill, rp->fill.n + 1)) qd_reporter_publish(rp);
     rep_entry *en = &rp->fill.v[rp->fill.n++];
     en->cb = cb;
     en->user = user;
     en->ev = *ev;
+    en->ev.prompt_lp = lp;
     /* the engine's message buffer is reused; without memory for a copy the callback
      * gets NULL, i.e. an error without its message */
     if (ev->error) en->ev.error = strdup(ev->error);
+    return QD_OK;
 }
 
 double qd_reporter_wait(qd_reporter *rp, uint64_t upto) {

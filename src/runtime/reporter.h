@@ -31,9 +31,10 @@ qd_status qd_reporter_create(qd_reporter_stop_fn stop, void *owner, qd_reporter 
  * not published are published first. */
 void qd_reporter_free(qd_reporter *rp);
 
-/* Engine thread: queues cb(user, ev) (ev->error is copied). Never fails: when the
- * queue cannot grow it waits for the reporting thread to take what is queued. */
-void qd_reporter_push(qd_reporter *rp, qd_engine_callback cb, void *user, const qd_engine_event *ev);
+/* Engine thread: queues cb(user, ev) (ev->error and ev->prompt_lp are copied). When the
+ * queue cannot grow it waits for the reporting thread to take what is queued; fails
+ * (QD_ERR_OOM, nothing queued) only when there is no memory for the prompt_lp copy. */
+qd_status qd_reporter_push(qd_reporter *rp, qd_engine_callback cb, void *user, const qd_engine_event *ev);
 /* Engine thread: hands the pushed events to the reporting thread; returns how many
  * have been published since creation. */
 uint64_t qd_reporter_publish(qd_reporter *rp);

@@ -211,6 +211,29 @@ void qd_engine_finish(qd_engine *e, qd_request *r, qd_finish_reason why, const q
 
 static int min_i(int a, int b) { return a < b ? a : b; }
 
+/* ------------------------------------------------ prompt logprobs
+ * Logit row p of a prompt (the row after its token p) gives the logprob of token p + 1:
+ * rows p in [plp_next - 1, n_prompt - 1) are still to report. Such a request computes
+ * its whole prompt (no prefix cache while rows are left), in pieces of at most the
+ * step's QD_PROMPT_LP_ROWS rows, whose spans return every row (QD_LOGITS_ALL). */
+static int wants_prompt_rows(const qd_request *r) { return r->plp_next < r->n_prompt; }
+
+/* Whether logit row p of r reports a prompt position. */
+static int is_prompt_row(const qd_request *r, int p) { return p >= r->plp_next - 1 && p < r->n_prompt - 1; }
+
+/* Whether a span of r over positions [c, c + n) holds such a row. */
+static int span_reports_prompt(const qd_request *r, int c, int n) {
+    return wants_prompt_rows(r) && c + n >= r->plp_next && c < r->n_prompt - 1;
+}
+
+/* Logit rows of a span. */
+static int span_rows(const qd_span *s) {
+    return s->logits == QD_LOGITS_ALL ? s->n_tokens : s->logits == QD_LOGITS_LAST ? 1 : 0;
+}
+
+/* Whether r samples a token when its known tokens are in (not a prompt-only request). */
+static int samples(const qd_request *r) { return r->params.max_tokens > 0; }
+
 /* Tokens of r that fit in the blocks it holds plus `free_blocks` more. */
 static int tokens_fitting(const qd_engine *e, const qd_request *r, int want, int free_blocks) {
     const qd_context *ctx = e->ctx;
@@ -246,7 +269,11 @@ static void add_span(qd_engine *e, int *n_spans, qd_request *r, int chunk, int n
     r->step_chunk = chunk;
     r->n_draft = n_draft;
     const int last = r->n_computed + chunk >= r->n_tokens;
-    const qd_logits_mode mode = n_draft ? QD_LOGITS_ALL : last ? QD_LOGITS_LAST : QD_LOGITS_NONE;
+    const int prompt_rows = !n_draft && span_reports_prompt(r, r->n_computed, chunk);
+    if (prompt_rows) e->step_plp_left -= chunk;
+    const qd_logits_mode mode = n_draft || prompt_rows ? QD_LOGITS_ALL
+                                : last && samples(r)  ? QD_LOGITS_LAST
+                                                      : QD_LOGITS_NONE;
     e->spans[*n_spans] = (qd_span){r->slot, r->tokens + r->n_computed, chunk, mode};
     e->span_req[*n_spans] = r;
     if (e->spec_k) {
@@ -269,6 +296,7 @@ static int schedule_running(qd_engine *e, int *budget, int *prompt_budget) {
         const int c = r->n_computed;
         const int prefill = r->phase == QD_SEQ_PREFILLING;
         int chunk = min_i(r->n_tokens - c, prefill ? min_i(*budget, *prompt_budget) : *budget);
+        if (wants_prompt_rows(r)) chunk = min_i(chunk, e->step_plp_left);
         if (chunk == 0) continue; /* a prompt waits for the next step's prompt budget */
         /* a speculating decode: the last sampled token and its drafts (one by one through
          * the GDN recurrence, so batch-invariant mode needs no alignment for it) */
@@ -319,14 +347,25 @@ static int schedule_admissions(qd_engine *e, int n_spans, int *budget, int *prom
         qd_request *r = e->waiting.head;
         qd_prefix_hit hit = {0};
         int start, chunk;
+        const int plp = wants_prompt_rows(r);
+        if (plp) {
+            qd_err err = {0};
+            if (qd_engine_reserve_prompt_rows(e, &err) != QD_OK) {
+                snprintf(e->errbuf, sizeof e->errbuf, "request %llu: %s", (unsigned long long)r->id, err.msg);
+                qd_engine_finish(e, r, QD_FINISH_ERROR, NULL, e->errbuf);
+                continue;
+            }
+            if (e->step_plp_left == 0) return n_spans;
+        }
         for (;;) {
             /* at most n_tokens - 1 from the cache: the last known token is always
              * computed, which gives the logits for the next one */
             /* (batch-invariant: only prompt boundaries are cached; at most n_prompt - 2) */
             const int most = invariant(e) ? min_i(r->n_tokens - 1, r->n_prompt - 2) : r->n_tokens - 1;
-            if (e->pc && most >= 1) qd_prefix_cache_lookup(e->pc, PREFIX_KEY_BASE, r->tokens, most, &hit);
+            if (e->pc && most >= 1 && !plp) qd_prefix_cache_lookup(e->pc, PREFIX_KEY_BASE, r->tokens, most, &hit);
             start = hit.n_tokens;
             chunk = min_i(r->n_tokens - start, min_i(*budget, *prompt_budget));
+            if (plp) chunk = min_i(chunk, e->step_plp_left);
             if (invariant(e) && (chunk = invariant_end(r, start, start + chunk) - start) == 0) return n_spans;
             if (qd_kv_total_blocks(e->ctx) == 0) break;
             const int bs = e->ctx->kv.block_size, part = start % bs;
@@ -480,7 +519,8 @@ static qd_status step_forward(qd_engine *e, int n_spans) {
             any_hid |= e->hid_all[i];
             any_spec |= r->spec;
         }
-        if (e->spans[i].logits == QD_LOGITS_NONE) continue;
+        const int rows = span_rows(&e->spans[i]);
+        if (rows == 0) continue;
         const int l = qd_sampler_params(r->sampler)->vocab_limit;
         const int bound = l > 0 ? l : e->vocab;
         const int masked = greedy_masked(e, r, &e->spans[i]);
@@ -488,11 +528,15 @@ static qd_status step_forward(qd_engine *e, int n_spans) {
         if (!full && limit == 0) limit = bound;
         else if (!full && bound != limit) full = 1;
         /* a verify span has a logit row per token; greedy_only holds for all of them
-         * (min_tokens can only stop masking later in the span, never start) */
-        const int rows = e->spans[i].logits == QD_LOGITS_ALL ? e->spans[i].n_tokens : 1;
+         * (min_tokens can only stop masking later in the span, never start). A prompt
+         * span's rows that report positions are wanted whole, its last row (when the
+         * span ends the prompt and the request samples) as any sampled row. */
+        const int prompt_span = r->n_draft == 0 && e->spans[i].logits == QD_LOGITS_ALL;
+        const int sampled_last = !prompt_span || (r->n_computed + rows >= r->n_tokens && samples(r));
         for (int t = 0; t < rows; t++) {
+            const int sampled = !prompt_span || (t == rows - 1 && sampled_last);
             e->allow_row[row] = -1;
-            e->full[row++] = (uint8_t)full;
+            e->full[row++] = (uint8_t)(sampled ? full : is_prompt_row(r, r->n_computed + t));
         }
         if (masked && !full) e->masks[e->n_masks++] = (qd_row_mask){.span = i, .row = row - 1};
     }
@@ -562,6 +606,7 @@ static int fork_waiting(qd_engine *e, qd_request *r, qd_request **forked) {
             c->slot = e->free_slots[--e->n_free_slots];
             if (qd_seq_fork(e->ctx, r->slot, c->slot) == QD_OK) {
                 c->n_computed = r->n_computed;
+                c->plp_next = c->n_prompt; /* r reported the prompt's positions: they are the same */
                 c->phase = QD_SEQ_DECODING;
                 c->admitted_once = 1;
                 e->prompt_total += (uint64_t)c->n_prompt; /* counted, never computed: prefill_total is r's alone */
@@ -605,25 +650,35 @@ static void prepare_rows_fn(void *user, int64_t begin, int64_t end, int worker) 
     qd_engine *e = user;
     for (int64_t i = begin; i < end; i++) {
         qd_row_prep *p = &e->prep[i];
+        qd_request *r = e->span_req[p->span];
         qd_err_clear(&p->err);
         p->res = (qd_sample_result){0};
-        p->st = sample_row(e, e->span_req[p->span], p->row, &p->res, &p->err);
+        if (p->pos > 0) /* the raw row's report of the prompt's own token */
+            p->st = qd_sampler_report(r->sampler, e->logits + (size_t)p->row * e->vocab, r->tokens[p->pos], &p->res,
+                                      &p->err);
+        else p->st = sample_row(e, r, p->row, &p->res, &p->err);
     }
 }
 
-/* Every row of the step that goes through sample_row (a single logits row wanted in
- * full; verify spans decide on their own), prepared at once on the row pool. */
+/* Every row of the step that goes through sample_row (a sampled row wanted in full;
+ * verify spans decide on their own) or reports a prompt position, prepared at once on
+ * the row pool; a span's prompt rows come before its sampled row. */
 static void prepare_rows(qd_engine *e, int n_spans) {
     e->n_prep = 0;
     int row = 0;
     for (int i = 0; i < n_spans; i++) {
         const qd_request *r = e->span_req[i];
-        if (r->n_draft > 0) {
-            row += e->spans[i].n_tokens;
+        const int rows = span_rows(&e->spans[i]);
+        if (r->n_draft > 0 || rows == 0) {
+            row += rows;
             continue;
         }
-        if (e->spans[i].logits == QD_LOGITS_NONE) continue;
-        if (e->full[row]) e->prep[e->n_prep++] = (qd_row_prep){.span = i, .row = row};
+        for (int t = 0; t < rows - 1; t++, row++)
+            if (e->full[row]) e->prep[e->n_prep++] = (qd_row_prep){.span = i, .row = row, .pos = r->n_computed + t + 1};
+        /* the last row: a sampled one, or one more prompt position */
+        const int p = r->n_computed + rows - 1;
+        const int pos = e->spans[i].logits == QD_LOGITS_ALL && is_prompt_row(r, p) ? p + 1 : 0;
+        if (e->full[row]) e->prep[e->n_prep++] = (qd_row_prep){.span = i, .row = row, .pos = pos};
         row++;
     }
     /* one row costs 0.05-1 ms (a 248k-entry row's mask and sampler pass): worth a thread each */
@@ -691,6 +746,42 @@ static void sample_and_report(qd_engine *e, qd_request *r, int row, const qd_row
     report_token(e, r, &res);
 }
 
+/* The prompt positions of span i's rows (prepared from *prep on, which moves past them)
+ * in one event, before anything else of the span. Returns 0 when r ended instead: a
+ * row's report failed (a non-finite row), or there was no memory for the event. */
+static int report_prompt(qd_engine *e, qd_request *r, int i, int *prep) {
+    int n = 0, at = 0;
+    qd_status st = QD_OK;
+    const char *why = NULL;
+    while (*prep < e->n_prep && e->prep[*prep].span < i) (*prep)++; /* of spans that ended early */
+    for (; *prep < e->n_prep && e->prep[*prep].span == i && e->prep[*prep].pos > 0; (*prep)++) {
+        const qd_row_prep *p = &e->prep[*prep];
+        if (n == 0) at = p->pos;
+        if (st == QD_OK && (st = p->st) != QD_OK) why = p->err.msg;
+        e->plp_res[n++] = p->res;
+    }
+    if (n == 0) return 1;
+    const qd_engine_event ev = {
+        .request_id = r->id,
+        .prompt_tokens = r->n_prompt,
+        .prompt_lp = e->plp_res,
+        .prompt_lp_at = at,
+        .n_prompt_lp = n,
+    };
+    if (st == QD_OK && qd_engine_emit(e, r, &ev) != QD_OK) {
+        st = QD_ERR_OOM;
+        why = "out of memory for the event";
+    }
+    if (st != QD_OK) {
+        snprintf(e->errbuf, sizeof e->errbuf, "request %llu: prompt logprobs at position %d: %s",
+                 (unsigned long long)r->id, at, why);
+        qd_engine_finish(e, r, QD_FINISH_ERROR, NULL, e->errbuf);
+        return 0;
+    }
+    r->plp_next = at + n;
+    return 1;
+}
+
 /* The prompt tokens this step may take: all of the token budget, or with max_step_ms
  * and decodes to run, what the cost model says keeps the forward within it (at least
  * QD_STEP_MIN_PROMPT, so prompts always advance). */
@@ -710,6 +801,7 @@ static int engine_step(qd_engine *e) {
     if (pbudget < budget) e->bounded_steps++;
     e->step_reserved = 0;
     e->step_prompt = e->step_decode = 0;
+    e->step_plp_left = QD_PROMPT_LP_ROWS;
     const double ts = qd_clock_seconds();
     int n_spans = schedule_running(e, &budget, &pbudget);
     n_spans = schedule_admissions(e, n_spans, &budget, &pbudget);
@@ -761,13 +853,22 @@ static int engine_step(qd_engine *e) {
             row += e->spans[i].n_tokens;
             continue;
         }
+        const int rows = span_rows(&e->spans[i]);
+        const int last_row = row + rows - 1;
+        row += rows;
+        if (e->spans[i].logits == QD_LOGITS_ALL && !report_prompt(e, r, i, &prep)) continue;
         r->n_computed += r->step_chunk;
         /* a cut chunk ended on a snapshot target (see add_span) */
         if (e->pc && r->phase == QD_SEQ_PREFILLING && r->n_computed < r->n_prompt && at_snapshot_target(e, r))
             take_snapshot(e, r);
-        if (e->spans[i].logits == QD_LOGITS_NONE) continue;
+        if (r->n_computed < r->n_tokens) continue;
+        if (!samples(r)) { /* prompt logprobs only: done once the prompt is in */
+            qd_engine_finish(e, r, QD_FINISH_LENGTH, NULL, NULL);
+            continue;
+        }
+        while (prep < e->n_prep && e->prep[prep].span < i) prep++; /* of spans that ended early */
         const qd_row_prep *pp = prep < e->n_prep && e->prep[prep].span == i ? &e->prep[prep++] : NULL;
-        sample_and_report(e, r, row++, pp);
+        sample_and_report(e, r, last_row, pp);
     }
     qd_spec_observe_step(e, drafting, 1e3 * (t1 - t0));
     e->report_s += qd_clock_seconds() - tr;

@@ -63,6 +63,8 @@ static void gen_free(srv_gen *g) {
     json_decref(g->lp);
     json_decref(g->dlp);
     free(g->plp);
+    free(g->plr);
+    free(g->echo_off);
     free(g->body);
     free(g->error_body);
     json_decref(g->choices);
@@ -100,6 +102,7 @@ static srv_gen *choice_new(srv_gen *lead, int index) {
     g->toolcap.enabled = lead->toolcap.enabled;
     g->tools = json_incref(lead->tools);
     if (lead->echo_text.n) srv_buf_append(&g->echo_text, lead->echo_text.p, lead->echo_text.n);
+
     pthread_mutex_lock(&lead->mu);
     lead->refs++;
     pthread_mutex_unlock(&lead->mu);
@@ -196,8 +199,9 @@ static json_t *chat_lp_entry(const srv_gen *g, int32_t id, float lp) {
 
 /* Records one token's logprobs into `*dst` (created on first use) in the endpoint's shape:
  * chat: {"content": [{token, logprob, bytes, top_logprobs}]};
- * completions: {tokens, token_logprobs, top_logprobs, text_offset}. */
-static void add_logprobs(srv_gen *g, json_t **dst, const qd_sample_result *r, size_t at) {
+ * completions: {tokens, token_logprobs, top_logprobs, text_offset}, where the prompt's
+ * first token (none) has null for its logprob and alternatives, as OpenAI gives it. */
+static void add_logprobs(srv_gen *g, json_t **dst, const qd_sample_result *r, size_t at, int none) {
     if (g->kind == SRV_CHAT) {
         if (!*dst) *dst = json_pack("{s:[]}", "content");
         json_t *e = chat_lp_entry(g, r->token, r->logprob);
@@ -209,8 +213,8 @@ static void add_logprobs(srv_gen *g, json_t **dst, const qd_sample_result *r, si
     } else {
         if (!*dst) *dst = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
         json_array_append_new(json_object_get(*dst, "tokens"), lp_token(g, r->token, NULL));
-        json_array_append_new(json_object_get(*dst, "token_logprobs"), json_real(r->logprob));
-        json_t *top = json_object();
+        json_array_append_new(json_object_get(*dst, "token_logprobs"), none ? json_null() : json_real(r->logprob));
+        json_t *top = none ? json_null() : json_object();
         for (int i = 0; i < r->n_top && i < g->o.top_logprobs; i++) {
             json_t *t = lp_token(g, r->top[i].id, NULL);
             json_object_set_new(top, json_string_value(t), json_real(r->top[i].logprob));
@@ -228,29 +232,75 @@ static size_t text_at(const srv_gen *g) {
                        : g->echo_text.n + g->content.n;
 }
 
-/* A token's logprobs: a stream keeps the sample for the chunk that carries it (formatted off the
- * engine's threads, format_logprobs), a whole response adds them at once. */
-static void take_logprobs(srv_gen *g, const qd_sample_result *r) {
+/* A token's logprobs, its text starting at `at`: a stream keeps the sample for the chunk
+ * that carries it (formatted off the engine's threads, format_logprobs), a whole response
+ * adds them at once. */
+static void take_logprobs_at(srv_gen *g, const qd_sample_result *r, size_t at, int none) {
     if (!g->o.stream) {
-        add_logprobs(g, &g->lp, r, text_at(g));
+        add_logprobs(g, &g->lp, r, at, none);
         return;
     }
     if (g->n_plp == g->cap_plp) {
         const int cap = g->cap_plp ? 2 * g->cap_plp : 8;
         srv_lp_pending *p = realloc(g->plp, sizeof *p * (size_t)cap);
         if (!p) { /* out of memory: format it now instead */
-            add_logprobs(g, &g->dlp, r, text_at(g));
+            add_logprobs(g, &g->dlp, r, at, none);
             return;
         }
         g->plp = p;
         g->cap_plp = cap;
     }
-    g->plp[g->n_plp++] = (srv_lp_pending){.r = *r, .at = text_at(g)};
+    g->plp[g->n_plp++] = (srv_lp_pending){.r = *r, .at = at, .none = none};
 }
 
+static void take_logprobs(srv_gen *g, const qd_sample_result *r) { take_logprobs_at(g, r, text_at(g), 0); }
+
 static void format_logprobs(srv_gen *g) {
-    for (int i = 0; i < g->n_plp; i++) add_logprobs(g, &g->dlp, &g->plp[i].r, g->plp[i].at);
+    for (int i = 0; i < g->n_plp; i++) add_logprobs(g, &g->dlp, &g->plp[i].r, g->plp[i].at, g->plp[i].none);
     g->n_plp = 0;
+}
+
+/* An event's prompt logprobs, kept until the choice's logprobs begin (take_prompt_logprobs).
+ * Without memory for them the prompt's entries end where they were lost. */
+static void keep_prompt_logprobs(srv_gen *g, const qd_engine_event *ev) {
+    if (!gen_lead(g)->echo_off || g->plr_taken || ev->prompt_lp_at != g->n_plr + 1) return;
+    if (!g->plr && g->prompt_tokens > 1 && !(g->plr = malloc(sizeof *g->plr * (size_t)(g->prompt_tokens - 1)))) return;
+    const int n = ev->n_prompt_lp < g->prompt_tokens - 1 - g->n_plr ? ev->n_prompt_lp : g->prompt_tokens - 1 - g->n_plr;
+    if (n > 0) memcpy(g->plr + g->n_plr, ev->prompt_lp, sizeof *g->plr * (size_t)n);
+    g->n_plr += n;
+}
+
+/* Before the choice's first token (or its end): the prompt's logprobs, the first token's
+ * null entry then those the engine reported, to this choice or, for a choice forked from
+ * the lead's prefill, to the lead (whose events all came before any of the choice's). */
+static void take_prompt_logprobs(srv_gen *g) {
+    const srv_gen *lead = gen_lead(g), *src = g->n_plr == 0 ? lead : g;
+    if (!lead->echo_off || g->plr_taken) return;
+    g->plr_taken = 1;
+    take_logprobs_at(g, &(qd_sample_result){.token = lead->echo_first}, 0, 1);
+    for (int i = 0; i < src->n_plr && i + 1 < g->prompt_tokens; i++) take_logprobs_at(g, &src->plr[i], lead->echo_off[i + 1], 0);
+}
+
+int srv_gen_echo(srv_gen *g, const int32_t *ids, size_t n, srv_error *e) {
+    qd_err err;
+    qd_err_clear(&err);
+    const int offsets = g->o.logprobs && n > 0;
+    if (offsets && !(g->echo_off = malloc(sizeof *g->echo_off * n)))
+        return srv_fail(e, 500, "internal_error", NULL, "out of memory for the echo of %zu tokens", n);
+    qd_detok d;
+    qd_detok_init(&d, g->srv->tok, 0);
+    const char *t;
+    size_t tl;
+    qd_status st = QD_OK;
+    for (size_t i = 0; i < n && st == QD_OK; i++) {
+        if (offsets) g->echo_off[i] = g->echo_text.n;
+        if ((st = qd_detok_push(&d, ids[i], &t, &tl, &err)) == QD_OK) srv_buf_append(&g->echo_text, t, tl);
+    }
+    if (st == QD_OK && (st = qd_detok_flush(&d, &t, &tl, &err)) == QD_OK) srv_buf_append(&g->echo_text, t, tl);
+    qd_detok_free(&d);
+    if (st != QD_OK) return srv_fail(e, 400, "invalid_request_error", "prompt", "echo: %s", err.msg);
+    if (offsets) g->echo_first = ids[0];
+    return 0;
 }
 
 /* ---------------------------------------------------------------- output */
@@ -432,6 +482,7 @@ static void finish_choice(srv_gen *g) {
 static void finalize(srv_gen *g, const char *finish, const char *error) {
     if (g->choice_done) return;
     srv_gen *lead = gen_lead(g);
+    take_prompt_logprobs(g); /* a request that ends before its first token still echoes them */
     /* its gathered deltas go out in the chunks below (before an error, on their own) */
     if (g->pending) {
         unpend(g);
@@ -525,6 +576,14 @@ static int on_event(void *user, const qd_engine_event *ev) {
     struct MHD_Connection *resume = NULL;
     pthread_mutex_lock(&lead->mu);
     if (ev->prompt_tokens > 0) g->prompt_tokens = ev->prompt_tokens;
+    if (ev->n_prompt_lp > 0 && !g->choice_done) {
+        keep_prompt_logprobs(g, ev);
+        /* a long prompt-only request has no token events to probe the client on */
+        if (client_closed(lead, 0)) {
+            lead->client_gone = 1;
+            finalize(g, "abort", NULL);
+        }
+    }
     if (ev->has_token) {
         if (g->n_events++ == 0) srv_metrics_ttft(&s->metrics, now - g->t_submit);
         else srv_metrics_itl(&s->metrics, now - g->t_last);
@@ -532,6 +591,7 @@ static int on_event(void *user, const qd_engine_event *ev) {
         g->completion_tokens = ev->completion_tokens > 0 ? ev->completion_tokens : g->completion_tokens + 1;
         if (!g->choice_done && !g->stopped) {
             const qd_sample_result *r = &ev->sample;
+            take_prompt_logprobs(g);
             if (g->o.logprobs) take_logprobs(g, r);
             int32_t id = r->token;
             int special = qd_tokenizer_is_special(s->tok, id) && id != s->think_start && id != s->think_end;

@@ -190,7 +190,10 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
         const char *key = k ? "max_completion_tokens" : "max_tokens";
         if ((r = get_int(req, key, &n, e)) < 0) return -1;
         if (!r) continue;
-        if (n < 1) return srv_fail(e, 400, "invalid_request_error", key, "'%s' must be at least 1, got %lld", key, n);
+        /* completions take 0 with echo (checked below): the prompt and its logprobs alone */
+        if (n < (kind == SRV_COMPLETION ? 0 : 1))
+            return srv_fail(e, 400, "invalid_request_error", key, "'%s' must be at least %d, got %lld", key,
+                            kind == SRV_COMPLETION ? 0 : 1, n);
         o->rp.max_tokens = n > (1 << 30) ? (1 << 30) : (int)n;
         o->max_tokens_set = 1;
     }
@@ -265,6 +268,13 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
         }
         if ((r = get_bool(req, "echo", &b, e)) < 0) return -1;
         if (r) o->echo = b;
+        if (o->max_tokens_set && o->rp.max_tokens == 0 && !o->echo)
+            return srv_fail(e, 400, "invalid_request_error", "max_tokens",
+                            "'max_tokens' 0 returns nothing without 'echo': true (then the prompt, with its logprobs "
+                            "when 'logprobs' is set)");
+        /* echo with logprobs gives the prompt's own (OpenAI; how lm-evaluation-harness scores
+         * text); a prompt-only request is one of them for the engine either way */
+        o->rp.prompt_logprobs = o->echo && (o->logprobs || (o->max_tokens_set && o->rp.max_tokens == 0));
     }
     sp->n_logprobs = o->top_logprobs;
     /* vLLM's extension: tokens in logprobs as their ids, which text cannot always tell

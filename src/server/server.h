@@ -116,10 +116,12 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
 /* Checks prompt + max_tokens against the context and fills in max_tokens. */
 int srv_check_length(srv_server *s, int n_prompt, srv_opts *o, srv_error *e);
 
-/* A streamed token's logprobs as sampled, and where its text starts in the output. */
+/* A streamed token's logprobs as sampled, and where its text starts in the output;
+ * none: the prompt's first token, which has no logprob (null in the response). */
 typedef struct srv_lp_pending {
     qd_sample_result r;
     size_t at;
+    int none;
 } srv_lp_pending;
 
 /* One generation in flight. */
@@ -161,6 +163,15 @@ typedef struct srv_gen {
     srv_buf content, reasoning;
     json_t *lp;           /* logprobs content array / completions logprobs object */
     srv_buf echo_text;    /* completions echo */
+    /* completions echo with logprobs: where each prompt token's text starts in echo_text
+     * ([n_prompt]) and the first token (the lead's, for every choice); the prompt logprobs
+     * the engine reported (plr[p - 1] for position p; a choice forked from the lead's
+     * prefill gets none and takes the lead's); plr_taken: they went into the logprobs,
+     * before the first token */
+    size_t *echo_off;
+    int32_t echo_first;
+    qd_sample_result *plr;
+    int n_plr, plr_taken;
     /* streaming output: bytes ready to send */
     srv_buf out;
     size_t out_off;
@@ -207,6 +218,9 @@ int srv_gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e
 /* Feeds text through the output pipeline as if generated (think split, tool-call
  * capture), before submission: the part of a forced reply the prompt already holds. */
 void srv_gen_seed_output(srv_gen *g, const char *text, size_t n);
+/* Completions echo: the prompt's text, and with logprobs where each token of it starts
+ * (for the prompt's logprobs). Returns 0, or -1 with e set. */
+int srv_gen_echo(srv_gen *g, const int32_t *ids, size_t n, srv_error *e);
 /* The connection went away or finished: cancel if still running, drop its reference. */
 void srv_gen_conn_done(srv_gen *g);
 /* Streaming, with the lead's mutex held: formats the pending choices' deltas into `out`. */

@@ -53,13 +53,7 @@ void srv_route_completions(srv_server *s, json_t *req, srv_reply *r) {
     if (prompt_ids(s, json_object_get(req, "prompt"), &ids, &n, &e)) goto fail;
     if (n > (size_t)1 << 30) n = (size_t)1 << 30;
     if (srv_check_length(s, (int)n, &g->o, &e)) goto fail;
-    if (g->o.echo) {
-        char *t = NULL;
-        size_t tl = 0;
-        qd_err err;
-        if (qd_tokenizer_decode(s->tok, ids, n, 0, &t, &tl, &err) == QD_OK) srv_buf_append(&g->echo_text, t, tl);
-        free(t);
-    }
+    if (g->o.echo && srv_gen_echo(g, ids, n, &e)) goto fail;
     if (srv_structured_setup(s, req, SRV_COMPLETION, NULL, 0, &g->o.rp.constraint, &e)) goto fail;
     if (srv_gen_submit(g, ids, (int)n, &e)) goto fail;
     r->status = 200;
