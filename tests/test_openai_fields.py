@@ -195,8 +195,10 @@ for extra, param, words in [
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", ["text only"]),
     ({"prompt": "Hi", "suffix": " world"}, "suffix", ["suffix"]),
     ({"prompt": "Hi", "best_of": 3}, "best_of", ["best_of"]),
-    ({"prompt": ["Hi", "Yo"]}, "prompt", ["2 prompts", "one request per prompt"]),
-    ({"prompt": [[1, 2], [3]]}, "prompt", ["2 prompts"]),
+    ({"prompt": ["Hi", 5]}, "prompt", ["prompt 1 of the batch"]),
+    ({"prompt": [[1, 2], [3]] * 65}, "prompt", ["130 prompts", "at most 128"]),
+    ({"prompt": [[1]] * 9, "n": 16}, "prompt", ["9 prompts", "at most 128 choices"]),
+    ({"prompt": [[1], []]}, "prompt", ["empty", "prompt 1 of the batch"]),
 ]:
     completion = "prompt" in extra
     body = {"model": MODEL, "max_tokens": 4} if completion else dict(base)

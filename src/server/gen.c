@@ -40,11 +40,13 @@ srv_gen *srv_gen_new(srv_server *s, srv_kind kind) {
 /* The lock of g's response: the lead's for every choice. */
 static pthread_mutex_t *gen_mu(srv_gen *g) { return g->lead ? &g->lead->mu : &g->mu; }
 static srv_gen *gen_lead(srv_gen *g) { return g->lead ? g->lead : g; }
+/* The first choice of g's prompt, which holds its echo. */
+static srv_gen *gen_head(srv_gen *g) { return g->head ? g->head : g; }
 
 /* The last reference is gone. */
 static void gen_free(srv_gen *g) {
     srv_server *s = g->srv;
-    srv_gen *lead = g->lead;
+    srv_gen *lead = g->lead, *head = g->holds_head ? g->head : NULL;
     if (g->dt.tok) qd_detok_free(&g->dt);
     qd_stop_matcher_free(g->stop);
     qd_constraint_free(g->o.rp.constraint); /* NULL unless a route failed before submit */
@@ -71,6 +73,7 @@ static void gen_free(srv_gen *g) {
     pthread_mutex_destroy(&g->mu);
     free(g);
     __atomic_sub_fetch(&s->n_gens, 1, __ATOMIC_RELAXED);
+    if (head) srv_gen_unref(head); /* ... and the head of its prompt (which keeps the lead) */
     if (lead) srv_gen_unref(lead); /* a choice keeps its lead alive */
 }
 
@@ -82,10 +85,11 @@ void srv_gen_unref(srv_gen *g) {
     if (left == 0) gen_free(g);
 }
 
-/* Choice `index` of the lead's request (n > 1): the lead's options and output
- * pipeline settings, its own state. The constraint stays with the lead (the engine
- * gives each sequence its copy). NULL when memory runs out. */
-static srv_gen *choice_new(srv_gen *lead, int index) {
+/* Choice `index` of the lead's request (n > 1, or a later prompt's): the lead's options
+ * and output pipeline settings, its own state, the echo of its prompt's head (NULL: it
+ * is one). The constraint stays with the lead (the engine gives each sequence its copy).
+ * NULL when memory runs out. */
+static srv_gen *choice_new(srv_gen *lead, int index, srv_gen *head) {
     srv_gen *g = srv_gen_new(lead->srv, lead->kind);
     if (!g) return NULL;
     g->lead = lead;
@@ -101,10 +105,13 @@ static srv_gen *choice_new(srv_gen *lead, int index) {
     g->think.saw_tag = lead->think.saw_tag;
     g->toolcap.enabled = lead->toolcap.enabled;
     g->tools = json_incref(lead->tools);
-    if (lead->echo_text.n) srv_buf_append(&g->echo_text, lead->echo_text.p, lead->echo_text.n);
+    if (head && head->echo_text.n) srv_buf_append(&g->echo_text, head->echo_text.p, head->echo_text.n);
 
     pthread_mutex_lock(&lead->mu);
     lead->refs++;
+    g->head = head;
+    g->holds_head = head && head != lead; /* its echo and prompt logprobs are read to the end */
+    if (g->holds_head) head->refs++;
     pthread_mutex_unlock(&lead->mu);
     if (g->o.n_stops != lead->o.n_stops) {
         srv_gen_unref(g);
@@ -263,7 +270,7 @@ static void format_logprobs(srv_gen *g) {
 /* An event's prompt logprobs, kept until the choice's logprobs begin (take_prompt_logprobs).
  * Without memory for them the prompt's entries end where they were lost. */
 static void keep_prompt_logprobs(srv_gen *g, const qd_engine_event *ev) {
-    if (!gen_lead(g)->echo_off || g->plr_taken || ev->prompt_lp_at != g->n_plr + 1) return;
+    if (!gen_head(g)->echo_off || g->plr_taken || ev->prompt_lp_at != g->n_plr + 1) return;
     if (!g->plr && g->prompt_tokens > 1 && !(g->plr = malloc(sizeof *g->plr * (size_t)(g->prompt_tokens - 1)))) return;
     const int n = ev->n_prompt_lp < g->prompt_tokens - 1 - g->n_plr ? ev->n_prompt_lp : g->prompt_tokens - 1 - g->n_plr;
     if (n > 0) memcpy(g->plr + g->n_plr, ev->prompt_lp, sizeof *g->plr * (size_t)n);
@@ -272,16 +279,18 @@ static void keep_prompt_logprobs(srv_gen *g, const qd_engine_event *ev) {
 
 /* Before the choice's first token (or its end): the prompt's logprobs, the first token's
  * null entry then those the engine reported, to this choice or, for a choice forked from
- * the lead's prefill, to the lead (whose events all came before any of the choice's). */
+ * its head's prefill, to the head (whose events all came before any of the choice's). */
 static void take_prompt_logprobs(srv_gen *g) {
-    const srv_gen *lead = gen_lead(g), *src = g->n_plr == 0 ? lead : g;
-    if (!lead->echo_off || g->plr_taken) return;
+    const srv_gen *head = gen_head(g), *src = g->n_plr == 0 ? head : g;
+    if (!head->echo_off || g->plr_taken) return;
     g->plr_taken = 1;
-    take_logprobs_at(g, &(qd_sample_result){.token = lead->echo_first}, 0, 1);
-    for (int i = 0; i < src->n_plr && i + 1 < g->prompt_tokens; i++) take_logprobs_at(g, &src->plr[i], lead->echo_off[i + 1], 0);
+    take_logprobs_at(g, &(qd_sample_result){.token = head->echo_first}, 0, 1);
+    for (int i = 0; i < src->n_plr && i + 1 < g->prompt_tokens; i++) take_logprobs_at(g, &src->plr[i], head->echo_off[i + 1], 0);
 }
 
-int srv_gen_echo(srv_gen *g, const int32_t *ids, size_t n, srv_error *e) {
+/* Completions echo: the prompt's text into g->echo_text, and with logprobs where each
+ * token of it starts (for the prompt's logprobs). Returns 0, or -1 with e set. */
+static int gen_echo(srv_gen *g, const int32_t *ids, size_t n, srv_error *e) {
     qd_err err;
     qd_err_clear(&err);
     const int offsets = g->o.logprobs && n > 0;
@@ -305,11 +314,11 @@ int srv_gen_echo(srv_gen *g, const int32_t *ids, size_t n, srv_error *e) {
 
 /* ---------------------------------------------------------------- output */
 
-/* The response's usage (of the lead, once every choice finished): the prompt counted
+/* The response's usage (of the lead, once every choice finished): each prompt counted
  * once, the completion tokens of every choice summed, as OpenAI counts n > 1. */
 static json_t *usage_json(const srv_gen *lead) {
-    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", lead->prompt_tokens, "completion_tokens", lead->completion_sum,
-                     "total_tokens", lead->prompt_tokens + lead->completion_sum);
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", lead->prompt_sum, "completion_tokens", lead->completion_sum,
+                     "total_tokens", lead->prompt_sum + lead->completion_sum);
 }
 
 static void sse_send(srv_gen *g, json_t *chunk) {
@@ -616,8 +625,8 @@ static int on_event(void *user, const qd_engine_event *ev) {
          * cancel arrived): count it as cancelled either way */
         const int aborted = ev->finish == QD_FINISH_CANCELLED || lead->client_gone || (lead->conn_gone && !g->choice_done);
         if (!g->choice_done) finalize(g, finish_name(ev->finish), ev->finish == QD_FINISH_ERROR ? (ev->error ? ev->error : "error") : NULL);
-        /* n > 1: the prompt is counted with the first choice only (it was prefilled once) */
-        srv_metrics_finished(&s->metrics, g->lead ? 0 : g->prompt_tokens, g->completion_tokens, now - g->t_submit,
+        /* n > 1: a prompt is counted with its first choice only (it was prefilled once) */
+        srv_metrics_finished(&s->metrics, g->head ? 0 : g->prompt_tokens, g->completion_tokens, now - g->t_submit,
                              aborted);
     }
     int want_stop = g->stopped || lead->conn_gone || lead->client_gone;
@@ -652,12 +661,16 @@ static int on_event(void *user, const qd_engine_event *ev) {
 
 /* The engine owns the request's constraint once it accepts the request; until then
  * (and when it refuses it) the generation does. */
-static int gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e);
-int srv_gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e) {
-    int rc = gen_submit(g, prompt, n_prompt, e);
+static int gen_submit(srv_gen *g, const int32_t *const *prompts, const int *lens, int n_prompts, srv_error *e);
+int srv_gen_submit_batch(srv_gen *g, const int32_t *const *prompts, const int *lens, int n_prompts, srv_error *e) {
+    int rc = gen_submit(g, prompts, lens, n_prompts, e);
     if (rc) qd_constraint_free(g->o.rp.constraint);
     g->o.rp.constraint = NULL;
     return rc;
+}
+
+int srv_gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e) {
+    return srv_gen_submit_batch(g, &prompt, &n_prompt, 1, e);
 }
 
 /* The text pipeline of one choice. */
@@ -672,59 +685,101 @@ static int pipeline_init(srv_gen *g, int n_prompt, srv_error *e) {
     return 0;
 }
 
-static int gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e) {
+/* The choices of every prompt: choice 0 is g, the others are made here, each holding one
+ * reference (the engine's once submitted); the first of each prompt holds its echo. */
+static int make_choices(srv_gen *g, const int32_t *const *prompts, const int *lens, int n, int total, srv_gen **gens,
+                        int *made, srv_error *e) {
+    gens[0] = g;
+    *made = 1;
+    if (g->o.echo && gen_echo(g, prompts[0], (size_t)lens[0], e)) return -1;
+    for (; *made < total; ++*made) {
+        const int k = *made / n;
+        srv_gen *head = *made % n ? gens[k * n] : NULL;
+        if (!(gens[*made] = choice_new(g, *made, head)))
+            return srv_fail(e, 500, "internal_error", NULL, "out of memory for %d choices", total);
+        if (!head && g->o.echo && gen_echo(gens[*made], prompts[k], (size_t)lens[k], e)) {
+            ++*made;
+            return -1;
+        }
+    }
+    for (int i = 0; i < total; i++)
+        if (pipeline_init(gens[i], lens[i / n], e)) return -1;
+    return 0;
+}
+
+static int submit_failed(qd_status st, const qd_err *err, srv_error *e) {
+    if (st == QD_ERR_CAPACITY) {
+        srv_fail(e, 503, "service_unavailable", NULL, "the server is at capacity, retry later (%s)", err->msg);
+        e->code = "server_busy";
+        return -1;
+    }
+    if (st == QD_ERR_INVALID_ARG) return srv_fail(e, 400, "invalid_request_error", NULL, "%s", err->msg);
+    return srv_fail(e, 500, "internal_error", NULL, "%s", err->msg);
+}
+
+static int gen_submit(srv_gen *g, const int32_t *const *prompts, const int *lens, int n_prompts, srv_error *e) {
     srv_server *s = g->srv;
     qd_err err;
     qd_err_clear(&err);
-    /* n > 1: choice 0 is g, the others are made here; each holds one reference (the
-     * engine's once submitted, dropped here when the submit fails) */
     const int n = g->o.n > 1 ? (g->o.n > SRV_MAX_N ? SRV_MAX_N : g->o.n) : 1;
-    srv_gen *gens[SRV_MAX_N] = {g};
-    int made = 1, rc = 0;
-    for (; made < n; made++)
-        if (!(gens[made] = choice_new(g, made))) {
-            rc = srv_fail(e, 500, "internal_error", NULL, "out of memory for %d choices", n);
-            break;
-        }
-    for (int i = 0; i < made && !rc; i++) rc = pipeline_init(gens[i], n_prompt, e);
-    g->n_choices = n;
+    if (n_prompts < 1 || n_prompts > SRV_MAX_CHOICES / n)
+        return srv_fail(e, 400, "invalid_request_error", "prompt", "%d prompts of %d choices each: at most %d choices",
+                        n_prompts, n, SRV_MAX_CHOICES);
+    const int total = n_prompts * n;
+    srv_gen *gens[SRV_MAX_CHOICES];
+    /* each prompt's sequences get their own grammar (the caller's goes to the first), copied
+     * before any is submitted: the engine advances a submitted one on its own thread */
+    qd_constraint *con[SRV_MAX_CHOICES] = {g->o.rp.constraint};
+    int made = 0, n_con = 1, rc = make_choices(g, prompts, lens, n, total, gens, &made, e);
+    for (; !rc && g->o.rp.constraint && n_con < n_prompts; n_con++)
+        if (qd_constraint_clone(g->o.rp.constraint, &con[n_con], &err) != QD_OK)
+            rc = srv_fail(e, 500, "internal_error", NULL, "copying the grammar for prompt %d: %s", n_con, err.msg);
+    g->n_choices = total;
+    g->prompt_sum = 0;
+    for (int k = 0; k < n_prompts; k++) g->prompt_sum += lens[k];
+    int sent = 0; /* prompts the engine accepted */
     qd_status st = QD_OK;
     if (!rc) {
         pthread_rwlock_rdlock(&s->engine_lock);
         if (s->shutting_down || !s->engine) {
-            pthread_rwlock_unlock(&s->engine_lock);
             rc = srv_fail(e, 503, "service_unavailable", NULL, "the server is shutting down");
         } else {
             pthread_mutex_lock(&g->mu);
             g->refs++; /* the engine's reference, before the callback can run */
             pthread_mutex_unlock(&g->mu);
-            st = qd_engine_submit_n(s->engine, prompt, n_prompt, &g->o.rp, n, on_event, (void *const *)gens,
-                                    g->request_ids, &err);
-            pthread_rwlock_unlock(&s->engine_lock);
-            if (st != QD_OK) {
+            for (; sent < n_prompts && st == QD_OK; sent += st == QD_OK) {
+                qd_request_params rp = g->o.rp;
+                rp.constraint = g->o.rp.constraint ? con[sent] : NULL;
+                if (!g->o.max_tokens_set) rp.max_tokens = srv_default_max_tokens(s, lens[sent]);
+                st = qd_engine_submit_n(s->engine, prompts[sent], lens[sent], &rp, n, on_event,
+                                        (void *const *)(gens + sent * n), g->request_ids + sent * n, &err);
+            }
+            if (st != QD_OK && sent == 0) {
                 pthread_mutex_lock(&g->mu);
                 g->refs--;
                 pthread_mutex_unlock(&g->mu);
             }
+            /* a later prompt refused (a full queue): the earlier ones end, cancelled, unanswered */
+            for (int i = 0; st != QD_OK && i < sent * n; i++) qd_engine_cancel(s->engine, g->request_ids[i]);
         }
+        pthread_rwlock_unlock(&s->engine_lock);
     }
-    if (rc || st != QD_OK) {
-        for (int i = 1; i < made; i++) srv_gen_unref(gens[i]);
-        g->n_choices = 1;
-        if (rc) return rc;
-        if (st == QD_ERR_CAPACITY) {
-            srv_fail(e, 503, "service_unavailable", NULL, "the server is at capacity, retry later (%s)", err.msg);
-            e->code = "server_busy";
-            return -1;
-        }
-        if (st == QD_ERR_INVALID_ARG) return srv_fail(e, 400, "invalid_request_error", NULL, "%s", err.msg);
-        return srv_fail(e, 500, "internal_error", NULL, "%s", err.msg);
+    if (!rc && st == QD_OK) {
+        pthread_mutex_lock(&g->mu);
+        g->request_id = g->request_ids[0];
+        g->submitted = 1;
+        pthread_mutex_unlock(&g->mu);
+        return 0;
     }
+    /* what the engine did not take: the copies of the grammar (the caller frees its own)
+     * and the choices (choice 0 is the caller's) */
+    for (int k = sent > 1 ? sent : 1; k < n_con; k++) qd_constraint_free(con[k]);
+    if (sent > 0) g->o.rp.constraint = NULL; /* the engine's */
     pthread_mutex_lock(&g->mu);
-    g->request_id = g->request_ids[0];
-    g->submitted = 1;
+    g->n_choices = sent > 0 ? sent * n : 1;
     pthread_mutex_unlock(&g->mu);
-    return 0;
+    for (int i = sent > 0 ? sent * n : 1; i < made; i++) srv_gen_unref(gens[i]);
+    return rc ? rc : submit_failed(st, &err, e);
 }
 
 void srv_gen_conn_done(srv_gen *g) {
@@ -733,7 +788,7 @@ void srv_gen_conn_done(srv_gen *g) {
     g->conn_gone = 1;
     g->conn = NULL;
     int cancel = g->submitted && g->n_engine_done < g->n_choices, n = g->n_choices;
-    uint64_t ids[SRV_MAX_N];
+    uint64_t ids[SRV_MAX_CHOICES];
     memcpy(ids, g->request_ids, sizeof ids);
     pthread_mutex_unlock(&g->mu);
     if (cancel) {

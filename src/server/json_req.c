@@ -288,6 +288,8 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
     return 0;
 }
 
+int srv_default_max_tokens(const srv_server *s, int n_prompt) { return s->cfg.engine.max_model_len - n_prompt; }
+
 int srv_check_length(srv_server *s, int n_prompt, srv_opts *o, srv_error *e) {
     const int ctx = s->cfg.engine.max_model_len;
     if (n_prompt < 1) return srv_fail(e, 400, "invalid_request_error", "prompt", "the prompt is empty");
@@ -299,7 +301,7 @@ int srv_check_length(srv_server *s, int n_prompt, srv_opts *o, srv_error *e) {
         return srv_fail(e, 400, "invalid_request_error", "min_tokens", "'min_tokens' (%d) is larger than 'max_tokens' (%d)",
                         o->rp.min_tokens, o->rp.max_tokens);
     if (!o->max_tokens_set) {
-        o->rp.max_tokens = ctx - n_prompt;
+        o->rp.max_tokens = srv_default_max_tokens(s, n_prompt);
     } else if ((long long)n_prompt + o->rp.max_tokens > ctx) {
         return srv_fail(e, 400, "invalid_request_error", "max_tokens",
                         "This model's maximum context length is %d tokens. However, you requested %lld tokens "

@@ -81,6 +81,8 @@ typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION, SRV_MESSAGES } srv_kind;
 
 /* Most choices one request may ask for (OpenAI's n); above it a 400 naming `n`. */
 #define SRV_MAX_N 16
+/* Most choices in one response: a completions request's prompts (the batch form) times n. */
+#define SRV_MAX_CHOICES 128
 
 /* Everything a request asked for, validated. */
 typedef struct srv_opts {
@@ -115,6 +117,8 @@ int srv_failv(srv_error *e, int status, const char *type, const char *param, con
 int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_error *e);
 /* Checks prompt + max_tokens against the context and fills in max_tokens. */
 int srv_check_length(srv_server *s, int n_prompt, srv_opts *o, srv_error *e);
+/* max_tokens of a request that does not set it: the rest of the context. */
+int srv_default_max_tokens(const srv_server *s, int n_prompt);
 
 /* A streamed token's logprobs as sampled, and where its text starts in the output;
  * none: the prompt's first token, which has no logprob (null in the response). */
@@ -164,9 +168,9 @@ typedef struct srv_gen {
     json_t *lp;           /* logprobs content array / completions logprobs object */
     srv_buf echo_text;    /* completions echo */
     /* completions echo with logprobs: where each prompt token's text starts in echo_text
-     * ([n_prompt]) and the first token (the lead's, for every choice); the prompt logprobs
-     * the engine reported (plr[p - 1] for position p; a choice forked from the lead's
-     * prefill gets none and takes the lead's); plr_taken: they went into the logprobs,
+     * ([n_prompt]) and the first token (on the prompt's head); the prompt logprobs
+     * the engine reported (plr[p - 1] for position p; a choice forked from its head's
+     * prefill gets none and takes the head's); plr_taken: they went into the logprobs,
      * before the first token */
     size_t *echo_off;
     int32_t echo_first;
@@ -180,7 +184,7 @@ typedef struct srv_gen {
      * the connection's reader formats them (srv_gen_flush) when it has sent the bytes
      * before, so SSE chunks are built off the engine's threads, several tokens a chunk when the
      * client lags. A choice leaves the list when it is formatted or finalized. */
-    struct srv_gen *pend[SRV_MAX_N];
+    struct srv_gen *pend[SRV_MAX_CHOICES];
     int n_pend, pending;
     int sent_role;
     const char *finish_reason;
@@ -188,19 +192,23 @@ typedef struct srv_gen {
     char *body;           /* non-streaming response body */
     double t_submit, t_last;
     int stop_index;       /* which stop string matched (-1: none) */
-    /* n > 1: one srv_gen per choice. The lead (choice 0, lead == NULL) owns the
-     * connection, the output buffer `out`, the body and `done` (the whole response is
-     * ready); every other choice writes into the lead's buffer, holds a reference to
-     * the lead and is guarded by the lead's mutex. `choice_done`: this choice's output
-     * is complete. */
+    /* n > 1 or several prompts: one srv_gen per choice. The lead (choice 0, lead == NULL)
+     * owns the connection, the output buffer `out`, the body and `done` (the whole
+     * response is ready); every other choice writes into the lead's buffer, holds a
+     * reference to the lead and is guarded by the lead's mutex. `choice_done`: this
+     * choice's output is complete. Prompt k's choices are k * n .. k * n + n - 1; the
+     * first of them is their `head` (NULL: g is one), which holds the prompt's echo. */
     struct srv_gen *lead;
+    struct srv_gen *head;
+    int holds_head;       /* g holds a reference to its head (one that is not the lead) */
     int index;            /* choices[index] */
     int choice_done;
     int n_choices;        /* lead: choices in the response (1 unless n > 1) */
     int n_finished;       /* lead: choices whose output is complete */
     int n_engine_done;    /* lead: choices whose engine request has ended */
     int completion_sum;   /* lead: completion tokens over the finished choices (usage) */
-    uint64_t request_ids[SRV_MAX_N]; /* lead: the engine request of each choice */
+    int prompt_sum;       /* lead: tokens of every prompt (usage) */
+    uint64_t request_ids[SRV_MAX_CHOICES]; /* lead: the engine request of each choice */
     json_t *choices;      /* lead, non-streaming: the choice objects by index */
     char *error_body;     /* lead, non-streaming: the reply of the first choice that failed */
     int failed;           /* lead: a choice failed */
@@ -215,12 +223,14 @@ srv_gen *srv_gen_new(srv_server *s, srv_kind kind);
 void srv_gen_unref(srv_gen *g);
 /* Submits to the engine; 0, or -1 with e set (queue full, shutting down, ...). */
 int srv_gen_submit(srv_gen *g, const int32_t *prompt, int n_prompt, srv_error *e);
+/* Several prompts in one response (the completions batch form): prompt k's n choices are
+ * k * n .. k * n + n - 1, each prompt as if it came alone. With o.echo each choice's text
+ * starts with its prompt's. n_prompts * n <= SRV_MAX_CHOICES. */
+int srv_gen_submit_batch(srv_gen *g, const int32_t *const *prompts, const int *lens, int n_prompts, srv_error *e);
 /* Feeds text through the output pipeline as if generated (think split, tool-call
  * capture), before submission: the part of a forced reply the prompt already holds. */
 void srv_gen_seed_output(srv_gen *g, const char *text, size_t n);
-/* Completions echo: the prompt's text, and with logprobs where each token of it starts
- * (for the prompt's logprobs). Returns 0, or -1 with e set. */
-int srv_gen_echo(srv_gen *g, const int32_t *ids, size_t n, srv_error *e);
+
 /* The connection went away or finished: cancel if still running, drop its reference. */
 void srv_gen_conn_done(srv_gen *g);
 /* Streaming, with the lead's mutex held: formats the pending choices' deltas into `out`. */

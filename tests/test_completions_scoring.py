@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The prompt's logprobs on /v1/completions (`echo` with `logprobs`, as OpenAI's legacy API
-gives them and lm-evaluation-harness scores text with them), on the default model served
-in batch-invariant mode, so that a token's logprob is the same number however it was
-computed:
+"""What evaluation harnesses use on /v1/completions, on the default model served in
+batch-invariant mode (a request's tokens and logprobs are the same numbers alone or
+batched). The prompt's logprobs (`echo` with `logprobs`, as OpenAI's legacy API gives them
+and lm-evaluation-harness scores text with them):
 
 - a greedy reply's own logprobs come back as prompt logprobs when prompt + reply is sent
   again with echo (max_tokens 0 and 1), the top alternative being the token itself;
@@ -12,8 +12,11 @@ computed:
 - the request lm-evaluation-harness sends (a one-element batch of token ids, max_tokens
   1, echo, logprobs 1) and its scoring of it;
 - max_tokens 0 without echo is refused naming the field.
+Several prompts in one request (the batch form, lm-evaluation-harness's batch_size): each
+prompt's n choices numbered after the ones before, each the reply that prompt gets alone,
+streamed too; usage counts every prompt.
 
-Run by tests/cli_prompt_logprobs.sh (--url of a server without an API key)."""
+Run by tests/cli_completions_scoring.sh (--url of a server without an API key)."""
 import argparse
 import http.client
 import json
@@ -23,6 +26,7 @@ import urllib.parse
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--url", required=True)
+ap.add_argument("--url-small", help="the same model with one sequence slot and a queue of two")
 args = ap.parse_args()
 U = urllib.parse.urlparse(args.url)
 failures = []
@@ -153,6 +157,61 @@ if st == 200:
     check(math.isclose(logprobs, sum(lpb["token_logprobs"][n:n + 4]), rel_tol=0, abs_tol=0) and is_greedy,
           f"lm-eval scoring: {logprobs} vs {sum(lpb['token_logprobs'][n:n + 4])}, greedy {is_greedy}")
 
+# several prompts in one request: prompt k's n choices are k * n .. k * n + n - 1, each what the
+# prompt gets alone (the same numbers: batch-invariant), a string prompt beside id prompts
+prompts = [prompt_ids, "The weather was", prompt_ids + gen_ids[:3]]
+alone = [complete(prompt=p, max_tokens=5, echo=True, logprobs=1, n=2, seed=7, temperature=0.8) for p in prompts]
+batch = complete(prompt=prompts, max_tokens=5, echo=True, logprobs=1, n=2, seed=7, temperature=0.8)
+chs = sorted(batch["choices"], key=lambda c: c["index"])
+check([c["index"] for c in chs] == list(range(6)), f"batch: choice indices {[c['index'] for c in chs]}")
+for k, a in enumerate(alone):
+    for j in range(2):
+        x, y = chs[k * 2 + j], a["choices"][j]
+        check(x["text"] == y["text"] and x["logprobs"] == y["logprobs"] and x["finish_reason"] == y["finish_reason"],
+              f"batch: prompt {k} choice {j} = the prompt alone ({x['text']!r} vs {y['text']!r})")
+check(batch["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone) and
+      batch["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone),
+      f"batch usage {batch['usage']}")
+# streamed: each choice's chunks joined are its text
+c = http.client.HTTPConnection(U.hostname, U.port, timeout=120)
+c.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+          body=json.dumps({"model": MODEL, "prompt": prompts, "max_tokens": 5, "echo": True, "n": 2, "seed": 7,
+                           "temperature": 0.8, "repetition_penalty": 1.0, "stream": True}))
+texts = {}
+for line in c.getresponse().read().decode().split("\n"):
+    if line.startswith("data: {"):
+        for ch in json.loads(line[6:])["choices"]:
+            texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
+check(texts == {c["index"]: c["text"] for c in chs}, "batch streamed: the same texts by index")
+# lm-evaluation-harness with batch_size 2: contexts of different lengths, scored each
+st, body = post({"model": MODEL, "prompt": [prompt_ids + gen_ids[:4], prompt_ids[:5] + gen_ids[:2]], "temperature": 0,
+                 "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True})
+check(st == 200 and [len(c["logprobs"]["tokens"]) for c in sorted(json.loads(body)["choices"], key=lambda c: c["index"])]
+      == [n + 5, 8], f"lm-eval batch of 2: {st} {body[:200]}")
+
+# a batch whose later prompt finds the queue full: a 503, the prompts queued before it cancelled
+# (the queue is whole again afterwards: the same batch less one prompt is served)
+if args.url_small:
+    S = urllib.parse.urlparse(args.url_small)
+    busy = http.client.HTTPConnection(S.hostname, S.port, timeout=120)
+    busy.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+                 body=json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 300, "ignore_eos": True,
+                                  "stream": True}))
+    resp = busy.getresponse()
+    resp.read(1)  # its first chunk came: it holds the one slot, the queue is empty
+
+    def post_small(body):
+        c = http.client.HTTPConnection(S.hostname, S.port, timeout=120)
+        c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        return r.status, r.read().decode()
+
+    st, body = post_small({"model": MODEL, "prompt": [[1, 2], [3, 4], [5, 6]], "max_tokens": 2})
+    check(st == 503 and "server_busy" in body, f"batch past the queue: {st} {body[:200]}")
+    resp.read()
+    st, body = post_small({"model": MODEL, "prompt": [[1, 2], [3, 4]], "max_tokens": 2})
+    check(st == 200 and len(json.loads(body)["choices"]) == 2, f"then a batch of two: {st} {body[:200]}")
+
 # refused
 st, body = post({"model": MODEL, "prompt": PROMPT, "max_tokens": 0})
 check(st == 400 and "max_tokens" in body and "echo" in body, f"max_tokens 0 without echo: {st} {body[:200]}")
@@ -163,4 +222,4 @@ check(st == 400 and "max_tokens" in body, f"chat max_tokens 0: {st} {body[:200]}
 if failures:
     print(f"{len(failures)} failed", file=sys.stderr)
     sys.exit(1)
-print("test_prompt_logprobs: all passed")
+print("test_completions_scoring: all passed")
