@@ -253,7 +253,7 @@ static void xml_body(srv_toolstream *ts, const char *s, size_t n, const json_t *
                            !json_object_get(schema, "enum");
         json_key(ts, deltas, ts->param);
         ts->value_started = 0;
-        ts->pos = v;
+        ts->pos = ts->scan = v;
         ts->phase = TS_XML_VALUE;
         return;
     }
@@ -269,7 +269,9 @@ static void xml_body(srv_toolstream *ts, const char *s, size_t n, const json_t *
 
 static void xml_value(srv_toolstream *ts, const char *s, size_t n, const json_t *tools, json_t *deltas) {
     static const char end_tag[] = "</parameter>";
-    const char *e = memmem(s + ts->pos, n - ts->pos, end_tag, sizeof end_tag - 1);
+    const size_t from = ts->scan > ts->pos ? ts->scan : ts->pos, tl = sizeof end_tag - 1;
+    const char *e = memmem(s + from, n - from, end_tag, tl);
+    if (!e && n - from >= tl) ts->scan = n - (tl - 1); /* the tag may still start there */
     if (ts->string_param && !ts->value_started) {
         /* the value's first byte past any whitespace decides: a value written as a JSON
          * string ("...", as the grammar writes a string with a length, format or

@@ -34,6 +34,8 @@ typedef struct srv_toolstream {
     char param[SRV_TOOL_NAME_MAX];
     int n_params, string_param;
     int value_started;   /* XML string value: its opening quote went out (raw text, not a JSON string) */
+    size_t scan;         /* XML value: where the search for its </parameter> resumes (a typed value's
+                          * bytes stay unconsumed until it ends, so each search starts past the last) */
 } srv_toolstream;
 
 /* Consumes what it can of cap[0..n) and appends the deltas it completes to `deltas`
