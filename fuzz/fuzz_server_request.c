@@ -1,11 +1,12 @@
 /* libFuzzer: arbitrary bytes as the JSON body of a request to one of the server's
- * generation routes (byte 0 picks it: OpenAI chat, completions, Anthropic messages,
- * count_tokens), on the default model with no engine behind the server: everything a
- * request goes through before it would be queued runs (validation of every field, the
- * Anthropic translation, the chat template, tokenization, response_format and
- * tool_choice compiled to grammars). Nothing may crash, hang or leak; a refusal is a
- * 4xx whose JSON body carries a message; a request that passes reaches submission and
- * gets the 503 of a server that is shutting down (count_tokens: a 200 with the count).
+ * JSON routes (byte 0 picks it: OpenAI chat, completions, Anthropic messages,
+ * count_tokens, tokenize, detokenize), on the default model with no engine behind the
+ * server: everything a request goes through before it would be queued runs (validation
+ * of every field, the Anthropic translation, the chat template, tokenization,
+ * response_format and tool_choice compiled to grammars). Nothing may crash, hang or leak;
+ * a refusal is a 4xx whose JSON body carries a message; a request that passes reaches
+ * submission and gets the 503 of a server that is shutting down (count_tokens, tokenize
+ * and detokenize: a 200 with their answer).
  * The server's sources belong to the qdelta executable; the fuzz build links them in. */
 #include <jansson.h>
 #include <stdint.h>
@@ -55,12 +56,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     srv_reply r = {0};
-    const int route = data[0] & 3;
+    const int route = data[0] % 6;
     switch (route) {
     case 0: srv_route_chat(&srv, req, &r); break;
     case 1: srv_route_completions(&srv, req, &r); break;
     case 2: srv_route_messages(&srv, req, &r); break;
-    default: srv_route_count_tokens(&srv, req, &r); break;
+    case 3: srv_route_count_tokens(&srv, req, &r); break;
+    case 4: srv_route_tokenize(&srv, req, &r); break;
+    default: srv_route_detokenize(&srv, req, &r); break;
     }
     if (r.gen) abort(); /* nothing can be submitted to a server without an engine */
     if (!r.body) abort();
@@ -68,6 +71,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!json_is_object(body)) abort();
     if (route == 3 && r.status == 200) {
         if (!json_is_integer(json_object_get(body, "input_tokens"))) abort();
+    } else if (route == 4 && r.status == 200) {
+        const json_t *t = json_object_get(body, "tokens");
+        if (!json_is_array(t) || json_integer_value(json_object_get(body, "count")) != (json_int_t)json_array_size(t))
+            abort();
+    } else if (route == 5 && r.status == 200) {
+        if (!json_is_string(json_object_get(body, "prompt"))) abort();
     } else {
         if (r.status != 503 && (r.status < 400 || r.status >= 500)) abort();
         /* OpenAI's {"error": {"message"}} or Anthropic's {"type": "error", "error": {"message"}} */

@@ -12,6 +12,8 @@ and lm-evaluation-harness scores text with them):
 - the request lm-evaluation-harness sends (a one-element batch of token ids, max_tokens
   1, echo, logprobs 1) and its scoring of it;
 - max_tokens 0 without echo is refused naming the field.
+/tokenize and /detokenize (vLLM's): a prompt's ids as the echo gives them, a chat's as chat
+completions bills them, text round trips, bad requests refused naming the field.
 Several prompts in one request (the batch form, lm-evaluation-harness's batch_size): each
 prompt's n choices numbered after the ones before, each the reply that prompt gets alone,
 streamed too; usage counts every prompt.
@@ -211,6 +213,33 @@ if args.url_small:
     resp.read()
     st, body = post_small({"model": MODEL, "prompt": [[1, 2], [3, 4]], "max_tokens": 2})
     check(st == 200 and len(json.loads(body)["choices"]) == 2, f"then a batch of two: {st} {body[:200]}")
+
+# /tokenize and /detokenize (vLLM's): the ids the generation routes feed the model
+st, body = post({"model": MODEL, "prompt": PROMPT}, "/tokenize")
+tk = json.loads(body) if st == 200 else {}
+check(st == 200 and tk["tokens"] == prompt_ids and tk["count"] == n and tk["max_model_len"] == 1024,
+      f"/tokenize of the prompt = its ids in the echo: {body[:200]}")
+for text in [PROMPT, "caf\u00e9 \u4e16\u754c \U0001F600 <|im_start|> x", ""]:
+    st, body = post({"prompt": text}, "/tokenize")
+    st2, body2 = post({"tokens": json.loads(body)["tokens"]}, "/detokenize") if st == 200 else (0, "")
+    check(st2 == 200 and json.loads(body2)["prompt"] == text, f"detokenize(tokenize({text!r})): {body2[:200]}")
+CHAT = [{"role": "user", "content": "What is the river like in spring?"}]
+st, body = post({"model": MODEL, "messages": CHAT, "max_tokens": 1, "temperature": 0}, "/v1/chat/completions")
+st2, body2 = post({"messages": CHAT, "return_token_strs": True}, "/tokenize")
+st3, body3 = post({"messages": CHAT, "add_generation_prompt": False}, "/tokenize")
+if check(st == 200 and st2 == 200 and st3 == 200, f"/tokenize of a chat: {st} {st2} {st3} {body2[:200]}"):
+    full, hist = json.loads(body2), json.loads(body3)
+    check(full["count"] == json.loads(body)["usage"]["prompt_tokens"] and len(full["token_strs"]) == full["count"],
+          "/tokenize of a chat: the count chat completions bills, with each token's text")
+    check(hist["count"] < full["count"] and full["tokens"][:hist["count"]] == hist["tokens"],
+          "add_generation_prompt false: a prefix of it")
+for path, req, param in [("/tokenize", {"prompt": "x", "messages": CHAT}, "prompt"), ("/tokenize", {}, "messages"),
+                         ("/tokenize", {"prompt": 5}, "prompt"), ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
+                         ("/tokenize", {"messages": CHAT, "add_generation_prompt": "yes"}, "add_generation_prompt"),
+                         ("/detokenize", {"tokens": [1, -1]}, "tokens"), ("/detokenize", {"tokens": "1"}, "tokens"),
+                         ("/detokenize", {"tokens": [1, 10 ** 9]}, "tokens")]:
+    st, body = post(req, path)
+    check(st in (400, 404) and json.loads(body)["error"]["param"] == param, f"{path} {req}: {st} {body[:200]}")
 
 # refused
 st, body = post({"model": MODEL, "prompt": PROMPT, "max_tokens": 0})

@@ -117,7 +117,8 @@ static enum MHD_Result deferred_body(srv_server *s, struct MHD_Connection *c, sr
 }
 
 typedef enum route_id {
-    R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_MESSAGES, R_COUNT_TOKENS, R_PAGE
+    R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_MESSAGES, R_COUNT_TOKENS, R_TOKENIZE, R_DETOKENIZE,
+    R_PAGE
 } route_id;
 
 static route_id find_route(const char *url, int *want_post) {
@@ -125,6 +126,7 @@ static route_id find_route(const char *url, int *want_post) {
         {"/v1/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1}, {"/v1/models", R_MODELS, 0},
         {"/health", R_HEALTH, 0},            {"/metrics", R_METRICS, 0},
         {"/v1/messages", R_MESSAGES, 1},     {"/v1/messages/count_tokens", R_COUNT_TOKENS, 1},
+        {"/tokenize", R_TOKENIZE, 1},        {"/detokenize", R_DETOKENIZE, 1},
         {"/", R_PAGE, 0},
     };
     size_t n = strlen(url);
@@ -177,7 +179,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return send_error(s, c, url, 405, "invalid_request_error", "method %s not allowed here", method);
     /* the key as OpenAI clients send it (Authorization: Bearer) or as Anthropic's do (x-api-key) */
     const char *xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
-    if (!strncmp(url, "/v1/", 4) &&
+    if ((!strncmp(url, "/v1/", 4) || id == R_TOKENIZE || id == R_DETOKENIZE) &&
         !(xkey ? srv_auth_key_ok(s, xkey)
                : srv_auth_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))))
         return send_error(s, c, url, 401, "authentication_error", "%s",
@@ -203,6 +205,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (id == R_CHAT) srv_route_chat(s, req, &r);
         else if (id == R_MESSAGES) srv_route_messages(s, req, &r);
         else if (id == R_COUNT_TOKENS) srv_route_count_tokens(s, req, &r);
+        else if (id == R_TOKENIZE) srv_route_tokenize(s, req, &r);
+        else if (id == R_DETOKENIZE) srv_route_detokenize(s, req, &r);
         else srv_route_completions(s, req, &r);
         json_decref(req);
     }

@@ -142,6 +142,19 @@ static int unsupported_field(json_t *req, srv_kind kind, long long n, srv_error 
     return 0;
 }
 
+int srv_check_model(const srv_server *s, json_t *req, srv_error *e) {
+    json_t *model = json_object_get(req, "model");
+    if (!model || json_is_null(model)) return 0;
+    if (!json_is_string(model)) return srv_fail(e, 400, "invalid_request_error", "model", "'model' must be a string");
+    if (strcmp(json_string_value(model), s->cfg.model_name) != 0) {
+        srv_fail(e, 404, "NotFoundError", "model", "The model `%.200s` does not exist; this server serves `%s`.",
+                 json_string_value(model), s->cfg.model_name);
+        e->code = "model_not_found";
+        return -1;
+    }
+    return 0;
+}
+
 int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_error *e) {
     memset(o, 0, sizeof *o);
     qd_sampling_params *sp = &o->rp.sampling;
@@ -157,16 +170,7 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
     if (d->repetition_penalty > 0) sp->repetition_penalty = d->repetition_penalty;
     sp->vocab_limit = s->vocab_limit;
 
-    json_t *model = json_object_get(req, "model");
-    if (model && !json_is_null(model)) {
-        if (!json_is_string(model)) return srv_fail(e, 400, "invalid_request_error", "model", "'model' must be a string");
-        if (strcmp(json_string_value(model), s->cfg.model_name) != 0) {
-            srv_fail(e, 404, "NotFoundError", "model", "The model `%.200s` does not exist; this server serves `%s`.",
-                     json_string_value(model), s->cfg.model_name);
-            e->code = "model_not_found";
-            return -1;
-        }
-    }
+    if (srv_check_model(s, req, e)) return -1;
     double x = 0;
     long long n = 0;
     int r, b = 0;

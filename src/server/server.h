@@ -113,6 +113,8 @@ int srv_fail(srv_error *e, int status, const char *type, const char *param, cons
 int srv_failv(srv_error *e, int status, const char *type, const char *param, const char *fmt, va_list ap)
     __attribute__((format(printf, 5, 0)));
 
+/* The request's "model", when it names one: this server's (else a 404 naming it). */
+int srv_check_model(const srv_server *s, json_t *req, srv_error *e);
 /* Parses the sampling/stream/stop fields shared by both endpoints. 0 or -1 (e set). */
 int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_error *e);
 /* Checks prompt + max_tokens against the context and fills in max_tokens. */
@@ -252,6 +254,13 @@ void srv_route_chat(srv_server *s, json_t *req, srv_reply *r);
 void srv_route_completions(srv_server *s, json_t *req, srv_reply *r);
 void srv_route_messages(srv_server *s, json_t *req, srv_reply *r);
 void srv_route_count_tokens(srv_server *s, json_t *req, srv_reply *r);
+/* POST /tokenize and /detokenize (vLLM's): a prompt or a chat conversation to the ids the
+ * generation routes would feed the model, and ids back to text. */
+void srv_route_tokenize(srv_server *s, json_t *req, srv_reply *r);
+void srv_route_detokenize(srv_server *s, json_t *req, srv_reply *r);
+/* The ids of a chat request's conversation as /v1/chat/completions renders it (with the
+ * generation prompt or without). 0, or -1 with e set. */
+int srv_chat_tokens(srv_server *s, json_t *req, int add_generation_prompt, int32_t **ids, size_t *n, srv_error *e);
 /* An error in Anthropic's shape {"type":"error","error":{"type","message"}}. */
 void srv_reply_error_anthropic(srv_reply *r, const srv_error *e);
 /* GET /: the chat page compiled into the binary (server/web/chat.html). */

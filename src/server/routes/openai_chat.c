@@ -181,53 +181,80 @@ static int history_tokens(srv_server *s, json_t *vars, const char *text, size_t 
     return at;
 }
 
+/* The request's conversation as the model's chat template renders it (messages, tools,
+ * chat_template_kwargs, enable_thinking), with or without the generation prompt: the
+ * template's variables (*vars, the caller's) and the text (*text, malloc'd). 0, or -1
+ * with e set. */
+static int render_chat(srv_server *s, json_t *req, int add_generation_prompt, json_t **vars, char **text, size_t *len,
+                       srv_error *e) {
+    json_t *msgs = json_object_get(req, "messages");
+    if (check_messages(msgs, e)) return -1;
+    *vars = json_object();
+    json_t *shown = template_messages(msgs, !s->tpl_content_parts);
+    const int oom = !*vars || !shown || json_object_set(*vars, "messages", shown);
+    json_decref(shown);
+    if (oom) return srv_fail(e, 500, "internal_error", NULL, "out of memory");
+    json_t *tools = json_object_get(req, "tools");
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools)) return srv_fail(e, 400, "invalid_request_error", "tools", "'tools' must be an array");
+        if (json_array_size(tools)) json_object_set(*vars, "tools", tools);
+    }
+    json_object_set_new(*vars, "add_generation_prompt", json_boolean(add_generation_prompt));
+    json_t *kw = json_object_get(req, "chat_template_kwargs");
+    if (kw && !json_is_null(kw)) {
+        if (!json_is_object(kw))
+            return srv_fail(e, 400, "invalid_request_error", "chat_template_kwargs",
+                            "'chat_template_kwargs' must be an object");
+        const char *k;
+        json_t *v;
+        json_object_foreach(kw, k, v) if (strcmp(k, "messages") && strcmp(k, "tools")) json_object_set(*vars, k, v);
+    }
+    json_t *think = json_object_get(req, "enable_thinking");
+    if (think && !json_is_null(think)) {
+        if (!json_is_boolean(think))
+            return srv_fail(e, 400, "invalid_request_error", "enable_thinking", "'enable_thinking' must be a boolean");
+        if (!json_object_get(*vars, "enable_thinking")) json_object_set(*vars, "enable_thinking", think);
+    }
+    qd_err err;
+    qd_err_clear(&err);
+    if (qd_chat_template_render_json(s->tpl, *vars, &k_limits, text, len, &err) != QD_OK)
+        return srv_fail(e, 400, "invalid_request_error", "messages", "chat template: %s", err.msg);
+    return 0;
+}
+
+int srv_chat_tokens(srv_server *s, json_t *req, int add_generation_prompt, int32_t **ids, size_t *n, srv_error *e) {
+    json_t *vars = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    qd_err err;
+    qd_err_clear(&err);
+    int rc = render_chat(s, req, add_generation_prompt, &vars, &text, &len, e);
+    if (!rc && qd_tokenizer_encode(s->tok, text, len, 0, ids, n, &err) != QD_OK)
+        rc = srv_fail(e, 400, "invalid_request_error", "messages", "tokenizer: %s", err.msg);
+    json_decref(vars);
+    free(text);
+    return rc;
+}
+
 void srv_route_chat(srv_server *s, json_t *req, srv_reply *r) {
     srv_error e;
     json_t *vars = NULL;
     char *text = NULL;
+    size_t len = 0;
     int32_t *ids = NULL;
     srv_gen *g = srv_gen_new(s, SRV_CHAT);
     if (!g) { srv_fail(&e, 500, "internal_error", NULL, "out of memory"); goto fail; }
     if (srv_parse_opts(s, req, SRV_CHAT, &g->o, &e)) goto fail;
-    json_t *msgs = json_object_get(req, "messages");
-    if (check_messages(msgs, &e)) goto fail;
-    vars = json_object();
-    json_t *shown = template_messages(msgs, !s->tpl_content_parts);
-    const int oom = !vars || !shown || json_object_set(vars, "messages", shown);
-    json_decref(shown);
-    if (oom) { srv_fail(&e, 500, "internal_error", NULL, "out of memory"); goto fail; }
+    if (render_chat(s, req, 1, &vars, &text, &len, &e)) goto fail;
     json_t *tools = json_object_get(req, "tools");
     if (tools && !json_is_null(tools)) {
-        if (!json_is_array(tools)) { srv_fail(&e, 400, "invalid_request_error", "tools", "'tools' must be an array"); goto fail; }
-        if (json_array_size(tools)) json_object_set(vars, "tools", tools);
         g->tools = json_incref(tools);
         json_t *choice = json_object_get(req, "tool_choice");
         /* tool_choice "none": the tools are shown but calls are not parsed */
         g->toolcap.enabled = json_array_size(tools) > 0 && !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
     }
-    json_object_set_new(vars, "add_generation_prompt", json_true());
-    json_t *kw = json_object_get(req, "chat_template_kwargs");
-    if (kw && !json_is_null(kw)) {
-        if (!json_is_object(kw)) {
-            srv_fail(&e, 400, "invalid_request_error", "chat_template_kwargs", "'chat_template_kwargs' must be an object");
-            goto fail;
-        }
-        const char *k;
-        json_t *v;
-        json_object_foreach(kw, k, v) if (strcmp(k, "messages") && strcmp(k, "tools")) json_object_set(vars, k, v);
-    }
-    json_t *think = json_object_get(req, "enable_thinking");
-    if (think && !json_is_null(think)) {
-        if (!json_is_boolean(think)) { srv_fail(&e, 400, "invalid_request_error", "enable_thinking", "'enable_thinking' must be a boolean"); goto fail; }
-        if (!json_object_get(vars, "enable_thinking")) json_object_set(vars, "enable_thinking", think);
-    }
-    size_t len = 0;
     qd_err err;
     qd_err_clear(&err);
-    if (qd_chat_template_render_json(s->tpl, vars, &k_limits, &text, &len, &err) != QD_OK) {
-        srv_fail(&e, 400, "invalid_request_error", "messages", "chat template: %s", err.msg);
-        goto fail;
-    }
     g->think.enabled = 1;
     if (prompt_opens_think(text, len)) g->think.in_think = g->think.saw_tag = 1;
     size_t n = 0;
