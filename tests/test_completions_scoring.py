@@ -12,6 +12,7 @@ and lm-evaluation-harness scores text with them):
 - the request lm-evaluation-harness sends (a one-element batch of token ids, max_tokens
   1, echo, logprobs 1) and its scoring of it;
 - max_tokens 0 without echo is refused naming the field.
+Without max_tokens a completion stops at 16 tokens, a chat reply does not.
 /tokenize and /detokenize (vLLM's): a prompt's ids as the echo gives them, a chat's as chat
 completions bills them, text round trips, bad requests refused naming the field.
 Several prompts in one request (the batch form, lm-evaluation-harness's batch_size): each
@@ -240,6 +241,14 @@ for path, req, param in [("/tokenize", {"prompt": "x", "messages": CHAT}, "promp
                          ("/detokenize", {"tokens": [1, 10 ** 9]}, "tokens")]:
     st, body = post(req, path)
     check(st in (400, 404) and json.loads(body)["error"]["param"] == param, f"{path} {req}: {st} {body[:200]}")
+
+# without max_tokens a completion stops at 16 tokens (OpenAI's and vLLM's default); a chat reply does not
+d = complete(prompt=PROMPT, ignore_eos=True)
+check(d["usage"]["completion_tokens"] == 16 and d["choices"][0]["finish_reason"] == "length",
+      f"completions' default max_tokens: {d['usage']}")
+st, body = post({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "ignore_eos": True,
+                 "temperature": 0}, "/v1/chat/completions")
+check(st == 200 and json.loads(body)["usage"]["completion_tokens"] > 16, f"chat: no such default: {body[-120:]}")
 
 # refused
 st, body = post({"model": MODEL, "prompt": PROMPT, "max_tokens": 0})

@@ -750,7 +750,7 @@ static int gen_submit(srv_gen *g, const int32_t *const *prompts, const int *lens
             for (; sent < n_prompts && st == QD_OK; sent += st == QD_OK) {
                 qd_request_params rp = g->o.rp;
                 rp.constraint = g->o.rp.constraint ? con[sent] : NULL;
-                if (!g->o.max_tokens_set) rp.max_tokens = srv_default_max_tokens(s, lens[sent]);
+                if (!g->o.max_tokens_set) rp.max_tokens = srv_default_max_tokens(s, &g->o, lens[sent]);
                 st = qd_engine_submit_n(s->engine, prompts[sent], lens[sent], &rp, n, on_event,
                                         (void *const *)(gens + sent * n), g->request_ids + sent * n, &err);
             }

@@ -157,6 +157,7 @@ int srv_check_model(const srv_server *s, json_t *req, srv_error *e) {
 
 int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_error *e) {
     memset(o, 0, sizeof *o);
+    o->kind = kind;
     qd_sampling_params *sp = &o->rp.sampling;
     *sp = qd_sampling_default_params();
     const qd_generation_defaults *d = &s->gen_defaults;
@@ -292,7 +293,15 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
     return 0;
 }
 
-int srv_default_max_tokens(const srv_server *s, int n_prompt) { return s->cfg.engine.max_model_len - n_prompt; }
+/* Completions stop at 16 tokens unless told otherwise, as OpenAI's legacy API and vLLM do (a
+ * raw continuation has no end of turn to stop at); a chat's reply ends itself, so it may
+ * take the rest of the context. */
+#define COMPLETIONS_DEFAULT_MAX_TOKENS 16
+
+int srv_default_max_tokens(const srv_server *s, const srv_opts *o, int n_prompt) {
+    const int rest = s->cfg.engine.max_model_len - n_prompt;
+    return o->kind == SRV_COMPLETION && rest > COMPLETIONS_DEFAULT_MAX_TOKENS ? COMPLETIONS_DEFAULT_MAX_TOKENS : rest;
+}
 
 int srv_check_length(srv_server *s, int n_prompt, srv_opts *o, srv_error *e) {
     const int ctx = s->cfg.engine.max_model_len;
@@ -305,7 +314,7 @@ int srv_check_length(srv_server *s, int n_prompt, srv_opts *o, srv_error *e) {
         return srv_fail(e, 400, "invalid_request_error", "min_tokens", "'min_tokens' (%d) is larger than 'max_tokens' (%d)",
                         o->rp.min_tokens, o->rp.max_tokens);
     if (!o->max_tokens_set) {
-        o->rp.max_tokens = srv_default_max_tokens(s, n_prompt);
+        o->rp.max_tokens = srv_default_max_tokens(s, o, n_prompt);
     } else if ((long long)n_prompt + o->rp.max_tokens > ctx) {
         return srv_fail(e, 400, "invalid_request_error", "max_tokens",
                         "This model's maximum context length is %d tokens. However, you requested %lld tokens "

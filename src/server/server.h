@@ -86,6 +86,7 @@ typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION, SRV_MESSAGES } srv_kind;
 
 /* Everything a request asked for, validated. */
 typedef struct srv_opts {
+    srv_kind kind;     /* the route's */
     qd_request_params rp;
     int n;             /* choices: [1, SRV_MAX_N] (the prompt is prefilled once, the sequences forked) */
     int max_tokens_set;
@@ -119,8 +120,9 @@ int srv_check_model(const srv_server *s, json_t *req, srv_error *e);
 int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_error *e);
 /* Checks prompt + max_tokens against the context and fills in max_tokens. */
 int srv_check_length(srv_server *s, int n_prompt, srv_opts *o, srv_error *e);
-/* max_tokens of a request that does not set it: the rest of the context. */
-int srv_default_max_tokens(const srv_server *s, int n_prompt);
+/* max_tokens of a request that does not set it: the rest of the context (completions:
+ * 16 at most). */
+int srv_default_max_tokens(const srv_server *s, const srv_opts *o, int n_prompt);
 
 /* A streamed token's logprobs as sampled, and where its text starts in the output;
  * none: the prompt's first token, which has no logprob (null in the response). */
