@@ -43,6 +43,7 @@ check "[ \$(curl -s -m 10 -o /dev/null -w '%{http_code}' -H 'Authorization: Bear
 check "[ \$(code $A/v1/unknown) = 404 ]" "unknown route -> 404"
 check "[ \$(curl -s -m 10 -o /dev/null -w '%{http_code}' -d '{\"prompt\":\"hi\"}' $A/tokenize) = 401 ]" "/tokenize without the key -> 401"
 check "[ \$(code -d '{\"prompt\":\"hi\"}' $A/tokenize) = 200 ] && grep -q '\"count\":' $T/body" "/tokenize with the key"
+check "[ \$(curl -s -m 10 -o /dev/null -w '%{http_code}' $A/tokenizer_info) = 401 ] && [ \$(code $A/tokenizer_info) = 200 ]" "/tokenizer_info behind the key"
 check "[ \$(code -X DELETE $A/v1/models) = 405 ]" "wrong method -> 405"
 check "[ \$(code -d '{bad json' $A/v1/chat/completions) = 400 ] && grep -q '\"type\":\"invalid_request_error\"' $T/body" "malformed JSON -> 400 OpenAI shape"
 check "[ \$(code -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":\"5\"}' $A/v1/chat/completions) = 400 ] && grep -q '\"param\":\"max_tokens\"' $T/body" "wrong type -> 400 naming the field"

@@ -232,6 +232,17 @@ static void test_api(void) {
     /* content as a list of text parts: Qwen3's template adds content to strings (the
      * parts go in joined), Qwen3.5's renders the list, the default model's adds too */
     CHECK(s != QD_OK || !qd_chat_template_renders_content_parts(t));
+    /* its source, as the tokenizer_config.json holds it (what /tokenizer_info hands clients) */
+    if (s == QD_OK) {
+        size_t n = 0, fl = 0;
+        const char *src = qd_chat_template_source(t, &n);
+        char *cfg = qd_test_read_file("tests/data/qwen3-tokenizer/tokenizer_config.json", &fl);
+        json_t *j = cfg ? json_loads(cfg, 0, NULL) : NULL;
+        const char *want = json_string_value(json_object_get(j, "chat_template"));
+        CHECKF(want && n == strlen(want) && !memcmp(src, want, n) && src[n] == 0, "the template's source (%zu bytes)", n);
+        json_decref(j);
+        free(cfg);
+    }
     qd_chat_template_free(t);
     {
         size_t len = 0;

@@ -13,8 +13,9 @@ and lm-evaluation-harness scores text with them):
   1, echo, logprobs 1) and its scoring of it;
 - max_tokens 0 without echo is refused naming the field.
 Without max_tokens a completion stops at 16 tokens, a chat reply does not.
-/tokenize and /detokenize (vLLM's): a prompt's ids as the echo gives them, a chat's as chat
-completions bills them, text round trips, bad requests refused naming the field.
+/tokenize, /detokenize and /tokenizer_info (vLLM's): a prompt's ids as the echo gives them, a
+chat's as chat completions bills them, text round trips, the end-of-text token and the chat
+template's source, bad requests refused naming the field.
 Several prompts in one request (the batch form, lm-evaluation-harness's batch_size): each
 prompt's n choices numbered after the ones before, each the reply that prompt gets alone,
 streamed too; usage counts every prompt.
@@ -234,6 +235,17 @@ if check(st == 200 and st2 == 200 and st3 == 200, f"/tokenize of a chat: {st} {s
           "/tokenize of a chat: the count chat completions bills, with each token's text")
     check(hist["count"] < full["count"] and full["tokens"][:hist["count"]] == hist["tokens"],
           "add_generation_prompt false: a prefix of it")
+# /tokenizer_info (with /tokenize, what lm-evaluation-harness's remote tokenizer needs): the end-of-text
+# token's text tokenizes to one id, and the chat template renders the chat as the server does
+c = http.client.HTTPConnection(U.hostname, U.port, timeout=60)
+c.request("GET", "/tokenizer_info")
+r = c.getresponse()
+info = json.loads(r.read()) if r.status == 200 else {}
+st, body = post({"prompt": info.get("eos_token") or ""}, "/tokenize")
+check(r.status == 200 and st == 200 and len(json.loads(body)["tokens"]) == 1 and info["model_max_length"] == 1024,
+      f"/tokenizer_info: {str(info)[:200]}; its eos_token is one token: {body[:100]}")
+check(isinstance(info.get("chat_template"), str) and "add_generation_prompt" in info["chat_template"],
+      "/tokenizer_info: the chat template's source")
 for path, req, param in [("/tokenize", {"prompt": "x", "messages": CHAT}, "prompt"), ("/tokenize", {}, "messages"),
                          ("/tokenize", {"prompt": 5}, "prompt"), ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
                          ("/tokenize", {"messages": CHAT, "add_generation_prompt": "yes"}, "add_generation_prompt"),

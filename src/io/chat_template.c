@@ -9,6 +9,8 @@
 struct qd_chat_template {
     ct_arena ar;   /* AST and literals */
     node *root;
+    char *src;     /* the source it was compiled from (NUL-terminated), for clients that render it */
+    size_t src_len;
 };
 
 qd_status qd_chat_template_compile(const char *src, size_t len, qd_chat_template **out, qd_err *err) {
@@ -26,13 +28,26 @@ qd_status qd_chat_template_compile(const char *src, size_t len, qd_chat_template
         return e->status != QD_OK ? e->status : QD_ERR_FORMAT;
     }
     free(toks.v);
+    if (!(t->src = malloc(len + 1))) {
+        qd_chat_template_free(t);
+        return qd_seterr(err, QD_ERR_OOM, "chat template: out of memory");
+    }
+    memcpy(t->src, src, len);
+    t->src[len] = 0;
+    t->src_len = len;
     *out = t;
     return QD_OK;
+}
+
+const char *qd_chat_template_source(const qd_chat_template *tpl, size_t *len) {
+    *len = tpl->src_len;
+    return tpl->src;
 }
 
 void qd_chat_template_free(qd_chat_template *tpl) {
     if (!tpl) return;
     ct_arena_free(&tpl->ar);
+    free(tpl->src);
     free(tpl);
 }
 

@@ -40,6 +40,9 @@ qd_status qd_chat_template_compile(const char *src, size_t len, qd_chat_template
 qd_status qd_chat_template_load_dir(const char *dir, qd_chat_template **out, qd_err *err);
 
 void qd_chat_template_free(qd_chat_template *tpl);
+/* The source the template was compiled from (NUL-terminated; len bytes, which may hold
+ * NUL bytes), valid while tpl lives. */
+const char *qd_chat_template_source(const qd_chat_template *tpl, size_t *len);
 
 /* Renders with the variables of a JSON object: `messages`, optional `tools`,
  * `add_generation_prompt`, `enable_thinking`, and any other key (bos_token,

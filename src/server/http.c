@@ -118,7 +118,7 @@ static enum MHD_Result deferred_body(srv_server *s, struct MHD_Connection *c, sr
 
 typedef enum route_id {
     R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_MESSAGES, R_COUNT_TOKENS, R_TOKENIZE, R_DETOKENIZE,
-    R_PAGE
+    R_TOKENIZER_INFO, R_PAGE
 } route_id;
 
 static route_id find_route(const char *url, int *want_post) {
@@ -127,6 +127,7 @@ static route_id find_route(const char *url, int *want_post) {
         {"/health", R_HEALTH, 0},            {"/metrics", R_METRICS, 0},
         {"/v1/messages", R_MESSAGES, 1},     {"/v1/messages/count_tokens", R_COUNT_TOKENS, 1},
         {"/tokenize", R_TOKENIZE, 1},        {"/detokenize", R_DETOKENIZE, 1},
+        {"/tokenizer_info", R_TOKENIZER_INFO, 0},
         {"/", R_PAGE, 0},
     };
     size_t n = strlen(url);
@@ -179,7 +180,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return send_error(s, c, url, 405, "invalid_request_error", "method %s not allowed here", method);
     /* the key as OpenAI clients send it (Authorization: Bearer) or as Anthropic's do (x-api-key) */
     const char *xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
-    if ((!strncmp(url, "/v1/", 4) || id == R_TOKENIZE || id == R_DETOKENIZE) &&
+    if ((!strncmp(url, "/v1/", 4) || id == R_TOKENIZE || id == R_DETOKENIZE || id == R_TOKENIZER_INFO) &&
         !(xkey ? srv_auth_key_ok(s, xkey)
                : srv_auth_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))))
         return send_error(s, c, url, 401, "authentication_error", "%s",
@@ -190,6 +191,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     else if (id == R_HEALTH) srv_route_health(s, &r);
     else if (id == R_METRICS) srv_route_metrics(s, &r);
     else if (id == R_PAGE) srv_route_page(s, &r);
+    else if (id == R_TOKENIZER_INFO) srv_route_tokenizer_info(s, &r);
     else {
         json_error_t je;
         json_t *req = cs->body.n ? json_loadb(cs->body.p, cs->body.n, 0, &je) : NULL;

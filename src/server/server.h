@@ -260,6 +260,8 @@ void srv_route_count_tokens(srv_server *s, json_t *req, srv_reply *r);
  * generation routes would feed the model, and ids back to text. */
 void srv_route_tokenize(srv_server *s, json_t *req, srv_reply *r);
 void srv_route_detokenize(srv_server *s, json_t *req, srv_reply *r);
+/* GET /tokenizer_info: the end-of-text and padding tokens, the chat template's source. */
+void srv_route_tokenizer_info(srv_server *s, srv_reply *r);
 /* The ids of a chat request's conversation as /v1/chat/completions renders it (with the
  * generation prompt or without). 0, or -1 with e set. */
 int srv_chat_tokens(srv_server *s, json_t *req, int add_generation_prompt, int32_t **ids, size_t *n, srv_error *e);

@@ -1,6 +1,7 @@
-/* POST /tokenize and /detokenize, in vLLM's shape: what a client needs to count, cut or
- * build prompts with the server's own tokenizer and chat template (evaluation harnesses
- * and benchmark tools use them instead of loading a tokenizer of their own). */
+/* POST /tokenize, /detokenize and GET /tokenizer_info, in vLLM's shape: what a client needs
+ * to count, cut or build prompts with the server's own tokenizer and chat template
+ * (lm-evaluation-harness's remote tokenizer uses all three instead of loading a tokenizer
+ * of its own). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,4 +117,29 @@ fail:
     srv_reply_error(r, &e);
     free(text);
     free(ids);
+}
+
+/* A special token's text as JSON (null when there is none). */
+static json_t *token_text(const srv_server *s, int32_t id) {
+    size_t n = 0;
+    const unsigned char *b = id >= 0 ? qd_tokenizer_token_bytes(s->tok, id, &n) : NULL;
+    if (!b) return json_null();
+    size_t vn = 0;
+    char *v = qd_utf8_lossy(b, n, &vn);
+    json_t *j = v ? json_stringn(v, vn) : json_null();
+    free(v);
+    return j;
+}
+
+/* {"eos_token", "pad_token", "bos_token", "chat_template", "model_max_length", "vocab_size"}:
+ * the end-of-text token is the tokenizer's own (tokenizer_config.json), else the model's
+ * first EOS id. */
+void srv_route_tokenizer_info(srv_server *s, srv_reply *r) {
+    const int32_t eos = qd_tokenizer_eos_id(s->tok) >= 0 ? qd_tokenizer_eos_id(s->tok) : s->n_eos > 0 ? s->eos[0] : -1;
+    size_t tl = 0;
+    const char *tpl = s->tpl ? qd_chat_template_source(s->tpl, &tl) : NULL;
+    reply_json(r, json_pack("{s:o, s:o, s:n, s:o, s:i, s:i}", "eos_token", token_text(s, eos), "pad_token",
+                            token_text(s, qd_tokenizer_pad_id(s->tok)), "bos_token", "chat_template",
+                            tpl ? json_stringn(tpl, tl) : json_null(), "model_max_length",
+                            s->cfg.engine.max_model_len, "vocab_size", s->vocab_limit));
 }
