@@ -122,13 +122,7 @@ fail:
 /* A special token's text as JSON (null when there is none). */
 static json_t *token_text(const srv_server *s, int32_t id) {
     size_t n = 0;
-    const unsigned char *b = id >= 0 ? qd_tokenizer_token_bytes(s->tok, id, &n) : NULL;
-    if (!b) return json_null();
-    size_t vn = 0;
-    char *v = qd_utf8_lossy(b, n, &vn);
-    json_t *j = v ? json_stringn(v, vn) : json_null();
-    free(v);
-    return j;
+    return id >= 0 && qd_tokenizer_token_bytes(s->tok, id, &n) ? srv_token_json(s, id, NULL) : json_null();
 }
 
 /* {"eos_token", "pad_token", "bos_token", "chat_template", "model_max_length", "vocab_size"}:
