@@ -3,6 +3,7 @@
 #define QD_CLI_COMMANDS_H
 
 int qd_cmd_logits(int argc, char **argv);
+int qd_cmd_perplexity(int argc, char **argv);
 int qd_cmd_run(int argc, char **argv);
 int qd_cmd_bench(int argc, char **argv);
 int qd_cmd_chat(int argc, char **argv);

@@ -14,6 +14,7 @@ typedef struct {
 
 static const command k_commands[] = {
     {"logits", qd_cmd_logits, "write the logits of every prompt position (raw float32)"},
+    {"perplexity", qd_cmd_perplexity, "score a text: perplexity, and KL / top-1 agreement against a base model"},
     {"run", qd_cmd_run, "generate a continuation of a prompt"},
     {"chat", qd_cmd_chat, "interactive chat with the model's chat template"},
     {"bench", qd_cmd_bench, "measure prefill and decode speed"},
