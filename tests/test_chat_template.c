@@ -239,7 +239,8 @@ static void test_api(void) {
         char *cfg = qd_test_read_file("tests/data/qwen3-tokenizer/tokenizer_config.json", &fl);
         json_t *j = cfg ? json_loads(cfg, 0, NULL) : NULL;
         const char *want = json_string_value(json_object_get(j, "chat_template"));
-        CHECKF(want && n == strlen(want) && !memcmp(src, want, n) && src[n] == 0, "the template's source (%zu bytes)", n);
+        CHECKF(want && n == strlen(want) && !memcmp(src, want, n) && src[n] == 0, "the template's source (%zu bytes)",
+               n);
         json_decref(j);
         free(cfg);
     }

@@ -211,8 +211,8 @@ static void check_model(qd_model *m, const char *dir, qd_test_rng *rng) {
     qd_request_params p0 = params(0, 1), p4 = params(4, 1), plain4 = params(4, 0);
     CHECK(generate(e, prompt, n, &p0, &only, &err) == QD_OK);
     CHECKF(complete(&only, n, QD_FINISH_LENGTH) && only.n == 0 && only.completion_tokens == 0,
-           "%s: prompt only: reported to %d of %d, finish %d, %d tokens, %s", dir, only.next_pos, n, only.finish, only.n,
-           only.error);
+           "%s: prompt only: reported to %d of %d, finish %d, %d tokens, %s", dir, only.next_pos, n, only.finish,
+           only.n, only.error);
     CHECKF(only.n_lp_events >= 2, "%s: a %d-token prompt reports in pieces (%d events)", dir, n, only.n_lp_events);
     CHECKF(check_against(&only, prompt, n, ref, V) == 0, "%s: prompt logprobs = the reference", dir);
 
@@ -234,9 +234,8 @@ static void check_model(qd_model *m, const char *dir, qd_test_rng *rng) {
     CHECK(submit(e, prompt, n, &p0b, &beside, &err) == QD_OK);
     for (int i = 0; i < 3; i++) run_wait(&busy[i]);
     run_wait(&beside);
-    CHECKF(complete(&busy[0], n, QD_FINISH_LENGTH) && same_report(&busy[0], &only, n) && complete(&beside, n,
-                                                                                                   QD_FINISH_LENGTH) &&
-               same_report(&beside, &only, n),
+    CHECKF(complete(&busy[0], n, QD_FINISH_LENGTH) && same_report(&busy[0], &only, n) &&
+               complete(&beside, n, QD_FINISH_LENGTH) && same_report(&beside, &only, n),
            "%s: batched = alone, bit for bit", dir);
     CHECKF(busy[1].n_lp_events == 0 && busy[1].n == 4 && complete(&busy[2], 400, QD_FINISH_LENGTH),
            "%s: the requests beside it", dir);
@@ -259,7 +258,8 @@ static void check_model(qd_model *m, const char *dir, qd_test_rng *rng) {
     run_wait(&forks[0]);
     run_wait(&forks[1]);
     CHECKF(complete(&forks[0], n, QD_FINISH_LENGTH) && same_report(&forks[0], &only, n) &&
-               forks[1].n_lp_events == 0 && forks[1].n == 4 && !memcmp(forks[1].toks, plain.toks, sizeof plain.toks[0] * 4),
+               forks[1].n_lp_events == 0 && forks[1].n == 4 &&
+               !memcmp(forks[1].toks, plain.toks, sizeof plain.toks[0] * 4),
            "%s: n = 2", dir);
 
     /* refused: max_tokens 0 without prompt logprobs, an id past the vocabulary limit */

@@ -120,8 +120,8 @@ static int score_window(scorer *m, scorer *b, const int32_t *ids, int begin, int
         double lse, blse = 0;
         int arg, barg = -1;
         if (row_stats(m->logits + row, V, &lse, &arg) || (b && row_stats(b->logits + row, V, &blse, &barg))) {
-            fprintf(stderr, "qdelta perplexity: the %s logits before token %d are not finite\n", b ? "model's or base's" :
-                                                                                               "model's", p);
+            fprintf(stderr, "qdelta perplexity: the %s logits before token %d are not finite\n",
+                    b ? "model's or base's" : "model's", p);
             return -1;
         }
         t->nll += lse - (double)m->logits[row + (size_t)ids[p]];
@@ -236,8 +236,9 @@ int qd_cmd_perplexity(int argc, char **argv) {
     }
     const double nll = t.nll / (double)t.tokens, base_nll = t.base_nll / (double)t.tokens;
     if (json) {
-        printf("{\"tokens\": %lld, \"windows\": %d, \"ctx\": %ld, \"stride\": %ld, \"nll\": %.9g, \"perplexity\": %.9g", t.tokens,
-               t.windows, n_ctx, stride, nll, exp(nll));
+        printf("{\"tokens\": %lld, \"windows\": %d, \"ctx\": %ld, \"stride\": %ld, \"nll\": %.9g, "
+               "\"perplexity\": %.9g",
+               t.tokens, t.windows, n_ctx, stride, nll, exp(nll));
         if (base_dir)
             printf(", \"base_nll\": %.9g, \"base_perplexity\": %.9g, \"kl_mean\": %.9g, \"kl_max\": %.9g, "
                    "\"top1_agreement\": %.9g",
@@ -248,8 +249,8 @@ int qd_cmd_perplexity(int argc, char **argv) {
         printf("model %s: perplexity %.4f, mean NLL %.6f\n", mo.model_dir, exp(nll), nll);
         if (base_dir) {
             printf("base  %s: perplexity %.4f, mean NLL %.6f\n", base_dir, exp(base_nll), base_nll);
-            printf("KL(base || model) per token: mean %.6g, max %.6g; top-1 agreement %.2f%%\n", t.kl / (double)t.tokens,
-                   t.kl_max, 100.0 * (double)t.agree / (double)t.tokens);
+            printf("KL(base || model) per token: mean %.6g, max %.6g; top-1 agreement %.2f%%\n",
+                   t.kl / (double)t.tokens, t.kl_max, 100.0 * (double)t.agree / (double)t.tokens);
         }
     }
     rc = 0;

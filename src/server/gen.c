@@ -106,7 +106,6 @@ static srv_gen *choice_new(srv_gen *lead, int index, srv_gen *head) {
     g->toolcap.enabled = lead->toolcap.enabled;
     g->tools = json_incref(lead->tools);
     if (head && head->echo_text.n) srv_buf_append(&g->echo_text, head->echo_text.p, head->echo_text.n);
-
     pthread_mutex_lock(&lead->mu);
     lead->refs++;
     g->head = head;
@@ -285,7 +284,8 @@ static void take_prompt_logprobs(srv_gen *g) {
     if (!head->echo_off || g->plr_taken) return;
     g->plr_taken = 1;
     take_logprobs_at(g, &(qd_sample_result){.token = head->echo_first}, 0, 1);
-    for (int i = 0; i < src->n_plr && i + 1 < g->prompt_tokens; i++) take_logprobs_at(g, &src->plr[i], head->echo_off[i + 1], 0);
+    for (int i = 0; i < src->n_plr && i + 1 < g->prompt_tokens; i++)
+        take_logprobs_at(g, &src->plr[i], head->echo_off[i + 1], 0);
 }
 
 /* Completions echo: the prompt's text into g->echo_text, and with logprobs where each

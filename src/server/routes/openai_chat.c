@@ -196,7 +196,8 @@ static int render_chat(srv_server *s, json_t *req, int add_generation_prompt, js
     if (oom) return srv_fail(e, 500, "internal_error", NULL, "out of memory");
     json_t *tools = json_object_get(req, "tools");
     if (tools && !json_is_null(tools)) {
-        if (!json_is_array(tools)) return srv_fail(e, 400, "invalid_request_error", "tools", "'tools' must be an array");
+        if (!json_is_array(tools))
+            return srv_fail(e, 400, "invalid_request_error", "tools", "'tools' must be an array");
         if (json_array_size(tools)) json_object_set(*vars, "tools", tools);
     }
     json_object_set_new(*vars, "add_generation_prompt", json_boolean(add_generation_prompt));
@@ -251,7 +252,8 @@ void srv_route_chat(srv_server *s, json_t *req, srv_reply *r) {
         g->tools = json_incref(tools);
         json_t *choice = json_object_get(req, "tool_choice");
         /* tool_choice "none": the tools are shown but calls are not parsed */
-        g->toolcap.enabled = json_array_size(tools) > 0 && !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
+        g->toolcap.enabled =
+            json_array_size(tools) > 0 && !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
     }
     qd_err err;
     qd_err_clear(&err);

@@ -62,8 +62,8 @@ void srv_route_tokenize(srv_server *s, json_t *req, srv_reply *r) {
         json_array_append_new(toks, json_integer(ids[i]));
         if (strs) json_array_append_new(texts, srv_token_json(s, ids[i], NULL));
     }
-    reply_json(r, json_pack("{s:I, s:i, s:o, s:o}", "count", (json_int_t)n, "max_model_len", s->cfg.engine.max_model_len,
-                            "tokens", toks, "token_strs", texts));
+    reply_json(r, json_pack("{s:I, s:i, s:o, s:o}", "count", (json_int_t)n, "max_model_len",
+                            s->cfg.engine.max_model_len, "tokens", toks, "token_strs", texts));
     free(ids);
     return;
 fail:
