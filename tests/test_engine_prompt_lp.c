@@ -17,7 +17,7 @@
 
 #include "qd_fixtures.h"
 #include "qd_test.h"
-#include "runtime/engine.h"
+#include "runtime/engine_internal.h"
 
 #define MAX_PROMPT 800
 #define MAX_OUT 32
@@ -214,12 +214,16 @@ static void check_model(qd_model *m, const char *dir, qd_test_rng *rng) {
            "%s: prompt only: reported to %d of %d, finish %d, %d tokens, %s", dir, only.next_pos, n, only.finish,
            only.n, only.error);
     CHECKF(only.n_lp_events >= 2, "%s: a %d-token prompt reports in pieces (%d events)", dir, n, only.n_lp_events);
+    /* its steps, which return whole logits rows, stay out of the step cost model (read after the
+     * request's last event, which the engine thread sends after the steps) */
+    CHECKF(e->cost.n == 0, "%s: %d steps with prompt logprob rows in the step cost model", dir, e->cost.n);
     CHECKF(check_against(&only, prompt, n, ref, V) == 0, "%s: prompt logprobs = the reference", dir);
 
     /* with tokens: the same report, the tokens of a request without prompt logprobs */
     CHECK(generate(e, prompt, n, &p4, &with_tokens, &err) == QD_OK);
     CHECK(generate(e, prompt, n, &plain4, &plain, &err) == QD_OK);
     CHECKF(complete(&with_tokens, n, QD_FINISH_LENGTH) && same_report(&with_tokens, &only, n), "%s: with tokens", dir);
+    CHECKF(e->cost.n > 0, "%s: the plain request's steps are in the step cost model", dir);
     CHECKF(with_tokens.n == 4 && plain.n == 4 && plain.n_lp_events == 0 &&
                !memcmp(with_tokens.toks, plain.toks, sizeof plain.toks[0] * 4),
            "%s: tokens as without prompt logprobs", dir);

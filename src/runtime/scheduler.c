@@ -834,7 +834,10 @@ static int engine_step(qd_engine *e) {
         e->decode_forward_s += t2 - t1;
         e->decode_mtp_s += mtp;
     }
-    if (st == QD_OK) qd_step_cost_add(&e->cost, e->step_prompt, e->step_decode, 1e3 * (t2 - t1));
+    /* a step with prompt logprob rows also computes (and on a GPU copies out) a whole logits row per
+     * token: not what the model predicts for ordinary prompt tokens */
+    if (st == QD_OK && e->step_plp_left == QD_PROMPT_LP_ROWS)
+        qd_step_cost_add(&e->cost, e->step_prompt, e->step_decode, 1e3 * (t2 - t1));
     if (st != QD_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "forward pass failed (%s): %s", qd_status_name(st),
                  qd_context_errmsg(e->ctx));
