@@ -15,6 +15,9 @@
  * 64-token alignment (1, 2, 63..66, 127..129, 150) and random, greedy through the
  * forward's argmax, greedy through the sampler (top-2 logprobs reported) and seeded
  * temperature sampling: all compared token for token and logprob for logprob (bits).
+ * Every fifth request also reports its prompt's logprobs (one of them nothing else),
+ * compared bit for bit as well (a hash of every position's token, logprob and
+ * alternatives, each position once and in order).
  * Also: an engine asking for batch-invariant mode with a step budget below two
  * alignments is refused with a message naming it. */
 #include <pthread.h>
@@ -41,6 +44,8 @@ static int bi_gate_closed; /* under bi_mu: the gate request's callback waits whi
 typedef struct bi_out {
     int32_t toks[BI_MAX_OUT];
     float lps[BI_MAX_OUT];
+    uint64_t plp_hash; /* prompt logprobs (FNV-1a over each position's result), their positions */
+    int plp_n, plp_bad; /* plp_bad: a position out of order or after a token */
     int n, done, gate;
     qd_finish_reason finish;
     char error[256];
@@ -52,9 +57,25 @@ typedef struct bi_req {
     qd_request_params rp;
 } bi_req;
 
+static uint64_t bi_fnv(uint64_t h, const void *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
 static int bi_event(void *user, const qd_engine_event *ev) {
     bi_out *o = user;
     pthread_mutex_lock(&bi_mu);
+    if (ev->n_prompt_lp > 0) {
+        o->plp_bad |= ev->prompt_lp_at != o->plp_n + 1 || o->n > 0;
+        if (!o->plp_n) o->plp_hash = 0xcbf29ce484222325ull;
+        for (int i = 0; i < ev->n_prompt_lp; i++) {
+            const qd_sample_result *r = &ev->prompt_lp[i];
+            o->plp_hash = bi_fnv(o->plp_hash, &r->token, sizeof r->token);
+            o->plp_hash = bi_fnv(o->plp_hash, &r->logprob, sizeof r->logprob);
+            o->plp_hash = bi_fnv(o->plp_hash, r->top, sizeof r->top[0] * (size_t)r->n_top);
+        }
+        o->plp_n += ev->n_prompt_lp;
+    }
     if (ev->has_token && o->n < BI_MAX_OUT) {
         o->toks[o->n] = ev->sample.token;
         o->lps[o->n++] = ev->sample.logprob;
@@ -149,7 +170,11 @@ static int bi_compare(const char *dir, const char *what, const bi_out *got, cons
                what, i, a->error, b->error);
         int k = 0;
         while (k < a->n && k < b->n && a->toks[k] == b->toks[k] && memcmp(&a->lps[k], &b->lps[k], 4) == 0) k++;
-        if (a->n == b->n && k == a->n && a->finish == b->finish) {
+        const int plp_same = a->plp_n == b->plp_n && a->plp_hash == b->plp_hash && !a->plp_bad && !b->plp_bad;
+        if (!plp_same)
+            fprintf(stderr, "%s: %s: request %d: prompt logprobs of %d positions%s vs %d alone%s\n", dir, what, i,
+                    a->plp_n, a->plp_bad ? " (out of order)" : "", b->plp_n, b->plp_bad ? " (out of order)" : "");
+        if (a->n == b->n && k == a->n && a->finish == b->finish && plp_same) {
             same++;
             continue;
         }
@@ -197,6 +222,11 @@ static void bi_make_requests(bi_req *rs, int n, int V, const int32_t *shared, in
         r->rp.sampling.seed = 77 + (uint64_t)i;
         r->rp.max_tokens = 1 + (int)(qd_test_next(&rng) % BI_MAX_OUT);
         r->rp.ignore_eos = true;
+        if (i % 5 == 4) { /* the prompt's logprobs too; request 9 (150 tokens) those alone */
+            r->rp.prompt_logprobs = true;
+            r->rp.sampling.n_logprobs = 2;
+            if (i == 9) r->rp.max_tokens = 0;
+        }
     }
 }
 
@@ -216,6 +246,9 @@ static void bi_check_model(qd_model *m, const char *dir) {
     bi_run_alone(e, shared_rs, BI_REQ, shared_alone);
     bi_run_alone(e, rs, BI_REQ, again);
     bi_compare(dir, "alone, run again", again, alone, BI_REQ);
+    for (int i = 0; i < BI_REQ; i++)
+        CHECKF(alone[i].plp_n == (rs[i].rp.prompt_logprobs ? rs[i].n_prompt - 1 : 0) && !alone[i].plp_bad,
+               "%s: request %d (%d prompt tokens) reported %d prompt positions", dir, i, rs[i].n_prompt, alone[i].plp_n);
     qd_engine_free(e);
 
     /* (a) together, prompts cut at 64-token boundaries into a 128-token budget */
