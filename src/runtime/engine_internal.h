@@ -251,6 +251,45 @@ int qd_engine_step(qd_engine *e);
 qd_finish_reason qd_engine_finish_after(const qd_engine *e, const qd_request *r, int32_t tok);
 void qd_engine_edit_row(const qd_engine *e, const qd_request *r, float *row);
 
+/* ------------------------------------------ prompt logprobs (scheduler.c, step_rows.c)
+ * Logit row p of a prompt (the row after its token p) gives the logprob of token p + 1:
+ * rows p in [plp_next - 1, n_prompt - 1) are still to report. Such a request computes
+ * its whole prompt (no prefix cache while rows are left), in pieces of at most the
+ * step's QD_PROMPT_LP_ROWS rows, whose spans return every row (QD_LOGITS_ALL). */
+static inline int qd_req_wants_prompt_rows(const qd_request *r) { return r->plp_next < r->n_prompt; }
+
+/* Whether logit row p of r reports a prompt position. */
+static inline int qd_req_is_prompt_row(const qd_request *r, int p) { return p >= r->plp_next - 1 && p < r->n_prompt - 1; }
+
+/* Whether a span of r over positions [c, c + n) holds such a row. */
+static inline int qd_req_span_reports_prompt(const qd_request *r, int c, int n) {
+    return qd_req_wants_prompt_rows(r) && c + n >= r->plp_next && c < r->n_prompt - 1;
+}
+
+/* Logit rows of a span. */
+static inline int qd_span_rows(const qd_span *s) {
+    return s->logits == QD_LOGITS_ALL ? s->n_tokens : s->logits == QD_LOGITS_LAST ? 1 : 0;
+}
+
+/* Whether r samples a token when its known tokens are in (not a prompt-only request). */
+static inline int qd_req_samples(const qd_request *r) { return r->params.max_tokens > 0; }
+
+/* ------------------------------------------ the step's rows (step_rows.c) */
+
+/* The sequences waiting to fork from r, queued (at the front, in order) as ordinary
+ * requests: r ends without forking them, or found no free slot for them (scheduler.c). */
+void qd_engine_release_forks(qd_engine *e, qd_request *r);
+/* The step's forward, one call for every mix of requests (see step_rows.c). */
+qd_status qd_engine_step_forward(qd_engine *e, int n_spans);
+/* After the forward: every row that goes through the sampler or reports a prompt position,
+ * prepared at once on the row pool. */
+void qd_engine_prepare_rows(qd_engine *e, int n_spans);
+/* Span i's prompt positions (prepared from *prep on) in one event; 0 when r ended instead. */
+int qd_engine_report_prompt(qd_engine *e, qd_request *r, int i, int *prep);
+/* r's next token from logit row `row` (prep: its prepared row, or NULL), appended and
+ * reported, with the sequences forked from r at its first token. */
+void qd_engine_sample_and_report(qd_engine *e, qd_request *r, int row, const qd_row_prep *prep);
+
 /* ------------------------------------------ speculative decoding (spec_step.c) */
 
 /* Buffers of the speculative path, sized from the engine's params (engine_create). */
