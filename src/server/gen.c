@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "server/anthropic_out.h"
+#include "server/gen_logprobs.h"
 #include "runtime/grammar/constraint.h"
 #include "server/server.h"
 
@@ -40,8 +41,6 @@ srv_gen *srv_gen_new(srv_server *s, srv_kind kind) {
 /* The lock of g's response: the lead's for every choice. */
 static pthread_mutex_t *gen_mu(srv_gen *g) { return g->lead ? &g->lead->mu : &g->mu; }
 static srv_gen *gen_lead(srv_gen *g) { return g->lead ? g->lead : g; }
-/* The first choice of g's prompt, which holds its echo. */
-static srv_gen *gen_head(srv_gen *g) { return g->head ? g->head : g; }
 
 /* The last reference is gone. */
 static void gen_free(srv_gen *g) {
@@ -185,133 +184,6 @@ static int is_stop_token(const srv_gen *g, const qd_engine_event *ev) {
     return 0;
 }
 
-/* --------------------------------------------------------------- logprobs */
-
-/* A token as logprobs name it: its text, or "token_id:N" when the request asked so. */
-static json_t *lp_token(const srv_gen *g, int32_t id, json_t **bytes) {
-    json_t *t = srv_token_json(g->srv, id, bytes);
-    if (!g->o.token_ids) return t;
-    json_decref(t);
-    char buf[32];
-    snprintf(buf, sizeof buf, "token_id:%d", (int)id);
-    return json_string(buf);
-}
-
-static json_t *chat_lp_entry(const srv_gen *g, int32_t id, float lp) {
-    json_t *bytes;
-    json_t *tok = lp_token(g, id, &bytes);
-    return json_pack("{s:o, s:f, s:o}", "token", tok, "logprob", (double)lp, "bytes", bytes);
-}
-
-/* Records one token's logprobs into `*dst` (created on first use) in the endpoint's shape:
- * chat: {"content": [{token, logprob, bytes, top_logprobs}]};
- * completions: {tokens, token_logprobs, top_logprobs, text_offset}, where the prompt's
- * first token (none) has null for its logprob and alternatives, as OpenAI gives it. */
-static void add_logprobs(srv_gen *g, json_t **dst, const qd_sample_result *r, size_t at, int none) {
-    if (g->kind == SRV_CHAT) {
-        if (!*dst) *dst = json_pack("{s:[]}", "content");
-        json_t *e = chat_lp_entry(g, r->token, r->logprob);
-        json_t *top = json_array();
-        for (int i = 0; i < r->n_top && i < g->o.top_logprobs; i++)
-            json_array_append_new(top, chat_lp_entry(g, r->top[i].id, r->top[i].logprob));
-        json_object_set_new(e, "top_logprobs", top);
-        json_array_append_new(json_object_get(*dst, "content"), e);
-    } else {
-        if (!*dst) *dst = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
-        json_array_append_new(json_object_get(*dst, "tokens"), lp_token(g, r->token, NULL));
-        json_array_append_new(json_object_get(*dst, "token_logprobs"), none ? json_null() : json_real(r->logprob));
-        json_t *top = none ? json_null() : json_object();
-        for (int i = 0; i < r->n_top && i < g->o.top_logprobs; i++) {
-            json_t *t = lp_token(g, r->top[i].id, NULL);
-            json_object_set_new(top, json_string_value(t), json_real(r->top[i].logprob));
-            json_decref(t);
-        }
-        json_array_append_new(json_object_get(*dst, "top_logprobs"), top);
-        json_array_append_new(json_object_get(*dst, "text_offset"), json_integer((json_int_t)at));
-    }
-}
-
-/* Where the next token's text starts (completions' text_offset): the echoed prompt, then
- * the completion; for a stream, the bytes sent so far and those gathered for its next chunk. */
-static size_t text_at(const srv_gen *g) {
-    return g->o.stream ? (g->sent_role ? 0 : g->echo_text.n) + g->text_offset + g->dcontent.n
-                       : g->echo_text.n + g->content.n;
-}
-
-/* A token's logprobs, its text starting at `at`: a stream keeps the sample for the chunk
- * that carries it (formatted off the engine's threads, format_logprobs), a whole response
- * adds them at once. */
-static void take_logprobs_at(srv_gen *g, const qd_sample_result *r, size_t at, int none) {
-    if (!g->o.stream) {
-        add_logprobs(g, &g->lp, r, at, none);
-        return;
-    }
-    if (g->n_plp == g->cap_plp) {
-        const int cap = g->cap_plp ? 2 * g->cap_plp : 8;
-        srv_lp_pending *p = realloc(g->plp, sizeof *p * (size_t)cap);
-        if (!p) { /* out of memory: format it now instead */
-            add_logprobs(g, &g->dlp, r, at, none);
-            return;
-        }
-        g->plp = p;
-        g->cap_plp = cap;
-    }
-    g->plp[g->n_plp++] = (srv_lp_pending){.r = *r, .at = at, .none = none};
-}
-
-static void take_logprobs(srv_gen *g, const qd_sample_result *r) { take_logprobs_at(g, r, text_at(g), 0); }
-
-static void format_logprobs(srv_gen *g) {
-    for (int i = 0; i < g->n_plp; i++) add_logprobs(g, &g->dlp, &g->plp[i].r, g->plp[i].at, g->plp[i].none);
-    g->n_plp = 0;
-}
-
-/* An event's prompt logprobs, kept until the choice's logprobs begin (take_prompt_logprobs).
- * Without memory for them the prompt's entries end where they were lost. */
-static void keep_prompt_logprobs(srv_gen *g, const qd_engine_event *ev) {
-    if (!gen_head(g)->echo_off || g->plr_taken || ev->prompt_lp_at != g->n_plr + 1) return;
-    if (!g->plr && g->prompt_tokens > 1 && !(g->plr = malloc(sizeof *g->plr * (size_t)(g->prompt_tokens - 1)))) return;
-    const int n = ev->n_prompt_lp < g->prompt_tokens - 1 - g->n_plr ? ev->n_prompt_lp : g->prompt_tokens - 1 - g->n_plr;
-    if (n > 0) memcpy(g->plr + g->n_plr, ev->prompt_lp, sizeof *g->plr * (size_t)n);
-    g->n_plr += n;
-}
-
-/* Before the choice's first token (or its end): the prompt's logprobs, the first token's
- * null entry then those the engine reported, to this choice or, for a choice forked from
- * its head's prefill, to the head (whose events all came before any of the choice's). */
-static void take_prompt_logprobs(srv_gen *g) {
-    const srv_gen *head = gen_head(g), *src = g->n_plr == 0 ? head : g;
-    if (!head->echo_off || g->plr_taken) return;
-    g->plr_taken = 1;
-    take_logprobs_at(g, &(qd_sample_result){.token = head->echo_first}, 0, 1);
-    for (int i = 0; i < src->n_plr && i + 1 < g->prompt_tokens; i++)
-        take_logprobs_at(g, &src->plr[i], head->echo_off[i + 1], 0);
-}
-
-/* Completions echo: the prompt's text into g->echo_text, and with logprobs where each
- * token of it starts (for the prompt's logprobs). Returns 0, or -1 with e set. */
-static int gen_echo(srv_gen *g, const int32_t *ids, size_t n, srv_error *e) {
-    qd_err err;
-    qd_err_clear(&err);
-    const int offsets = g->o.logprobs && n > 0;
-    if (offsets && !(g->echo_off = malloc(sizeof *g->echo_off * n)))
-        return srv_fail(e, 500, "internal_error", NULL, "out of memory for the echo of %zu tokens", n);
-    qd_detok d;
-    qd_detok_init(&d, g->srv->tok, 0);
-    const char *t;
-    size_t tl;
-    qd_status st = QD_OK;
-    for (size_t i = 0; i < n && st == QD_OK; i++) {
-        if (offsets) g->echo_off[i] = g->echo_text.n;
-        if ((st = qd_detok_push(&d, ids[i], &t, &tl, &err)) == QD_OK) srv_buf_append(&g->echo_text, t, tl);
-    }
-    if (st == QD_OK && (st = qd_detok_flush(&d, &t, &tl, &err)) == QD_OK) srv_buf_append(&g->echo_text, t, tl);
-    qd_detok_free(&d);
-    if (st != QD_OK) return srv_fail(e, 400, "invalid_request_error", "prompt", "echo: %s", err.msg);
-    if (offsets) g->echo_first = ids[0];
-    return 0;
-}
-
 /* ---------------------------------------------------------------- output */
 
 /* The response's usage (of the lead, once every choice finished): each prompt counted
@@ -343,7 +215,7 @@ static json_t *chunk_base(srv_gen *g) {
 /* Sends the text and logprobs gathered since the last chunk as one chunk (if any), with
  * the finish reason when given. */
 static void stream_chunk(srv_gen *g, const char *finish) {
-    format_logprobs(g);
+    srv_gen_format_logprobs(g);
     if (g->kind == SRV_MESSAGES) {
         srv_anthropic_stream(g, finish);
         return;
@@ -491,7 +363,7 @@ static void finish_choice(srv_gen *g) {
 static void finalize(srv_gen *g, const char *finish, const char *error) {
     if (g->choice_done) return;
     srv_gen *lead = gen_lead(g);
-    take_prompt_logprobs(g); /* a request that ends before its first token still echoes them */
+    srv_gen_take_prompt_logprobs(g); /* a request that ends before its first token still echoes them */
     /* its gathered deltas go out in the chunks below (before an error, on their own) */
     if (g->pending) {
         unpend(g);
@@ -586,7 +458,7 @@ static int on_event(void *user, const qd_engine_event *ev) {
     pthread_mutex_lock(&lead->mu);
     if (ev->prompt_tokens > 0) g->prompt_tokens = ev->prompt_tokens;
     if (ev->n_prompt_lp > 0 && !g->choice_done) {
-        keep_prompt_logprobs(g, ev);
+        srv_gen_keep_prompt_logprobs(g, ev);
         /* a long prompt-only request has no token events to probe the client on */
         if (client_closed(lead, 0)) {
             lead->client_gone = 1;
@@ -600,8 +472,8 @@ static int on_event(void *user, const qd_engine_event *ev) {
         g->completion_tokens = ev->completion_tokens > 0 ? ev->completion_tokens : g->completion_tokens + 1;
         if (!g->choice_done && !g->stopped) {
             const qd_sample_result *r = &ev->sample;
-            take_prompt_logprobs(g);
-            if (g->o.logprobs) take_logprobs(g, r);
+            srv_gen_take_prompt_logprobs(g);
+            if (g->o.logprobs) srv_gen_take_logprobs(g, r);
             int32_t id = r->token;
             int special = qd_tokenizer_is_special(s->tok, id) && id != s->think_start && id != s->think_end;
             if (!(is_eos(s, id) && !g->o.rp.ignore_eos) && !special && !is_stop_token(g, ev)) {
@@ -691,13 +563,13 @@ static int make_choices(srv_gen *g, const int32_t *const *prompts, const int *le
                         int *made, srv_error *e) {
     gens[0] = g;
     *made = 1;
-    if (g->o.echo && gen_echo(g, prompts[0], (size_t)lens[0], e)) return -1;
+    if (g->o.echo && srv_gen_echo(g, prompts[0], (size_t)lens[0], e)) return -1;
     for (; *made < total; ++*made) {
         const int k = *made / n;
         srv_gen *head = *made % n ? gens[k * n] : NULL;
         if (!(gens[*made] = choice_new(g, *made, head)))
             return srv_fail(e, 500, "internal_error", NULL, "out of memory for %d choices", total);
-        if (!head && g->o.echo && gen_echo(gens[*made], prompts[k], (size_t)lens[k], e)) {
+        if (!head && g->o.echo && srv_gen_echo(gens[*made], prompts[k], (size_t)lens[k], e)) {
             ++*made;
             return -1;
         }
