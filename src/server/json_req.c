@@ -42,7 +42,7 @@ static int get_int(json_t *req, const char *key, long long *out, srv_error *e) {
     return 1;
 }
 
-static int get_bool(json_t *req, const char *key, int *out, srv_error *e) {
+int srv_get_bool(json_t *req, const char *key, int *out, srv_error *e) {
     json_t *v = json_object_get(req, key);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_boolean(v)) return srv_fail(e, 400, "invalid_request_error", key, "'%s' must be a boolean", key);
@@ -183,12 +183,12 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
         return srv_fail(e, 400, "invalid_request_error", "n", "'n' must be in [1, %d], got %lld", SRV_MAX_N, n);
     if (r) o->n = (int)n;
     if (unsupported_field(req, kind, o->n, e)) return -1;
-    if ((r = get_bool(req, "stream", &b, e)) < 0) return -1;
+    if ((r = srv_get_bool(req, "stream", &b, e)) < 0) return -1;
     if (r) o->stream = b;
     json_t *so = json_object_get(req, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) return srv_fail(e, 400, "invalid_request_error", "stream_options", "'stream_options' must be an object");
-        if ((r = get_bool(so, "include_usage", &b, e)) < 0) return -1;
+        if ((r = srv_get_bool(so, "include_usage", &b, e)) < 0) return -1;
         if (r) o->include_usage = b;
     }
     for (int k = 0; k < 2; k++) {
@@ -228,7 +228,7 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
         uint64_t c = __atomic_add_fetch(&s->seed_counter, 1, __ATOMIC_RELAXED);
         sp->seed = ((uint64_t)time(NULL) << 20) ^ (c * 0x9E3779B97F4A7C15ull);
     }
-    if ((r = get_bool(req, "ignore_eos", &b, e)) < 0) return -1;
+    if ((r = srv_get_bool(req, "ignore_eos", &b, e)) < 0) return -1;
     if (r) o->rp.ignore_eos = b;
 
     json_t *lb = json_object_get(req, "logit_bias");
@@ -253,7 +253,7 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
     }
 
     if (kind == SRV_CHAT) {
-        if ((r = get_bool(req, "logprobs", &b, e)) < 0) return -1;
+        if ((r = srv_get_bool(req, "logprobs", &b, e)) < 0) return -1;
         if (r) o->logprobs = b;
         if ((r = get_int(req, "top_logprobs", &n, e)) < 0) return -1;
         if (r) {
@@ -271,7 +271,7 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
             o->logprobs = 1;
             o->top_logprobs = (int)n;
         }
-        if ((r = get_bool(req, "echo", &b, e)) < 0) return -1;
+        if ((r = srv_get_bool(req, "echo", &b, e)) < 0) return -1;
         if (r) o->echo = b;
         if (o->max_tokens_set && o->rp.max_tokens == 0 && !o->echo)
             return srv_fail(e, 400, "invalid_request_error", "max_tokens",
@@ -284,7 +284,7 @@ int srv_parse_opts(srv_server *s, json_t *req, srv_kind kind, srv_opts *o, srv_e
     sp->n_logprobs = o->top_logprobs;
     /* vLLM's extension: tokens in logprobs as their ids, which text cannot always tell
      * apart (partial UTF-8 sequences); used by bench/invariance.py */
-    if ((r = get_bool(req, "return_tokens_as_token_ids", &b, e)) < 0) return -1;
+    if ((r = srv_get_bool(req, "return_tokens_as_token_ids", &b, e)) < 0) return -1;
     if (r) o->token_ids = b;
     qd_err err;
     qd_err_clear(&err);

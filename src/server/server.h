@@ -114,6 +114,9 @@ int srv_fail(srv_error *e, int status, const char *type, const char *param, cons
 int srv_failv(srv_error *e, int status, const char *type, const char *param, const char *fmt, va_list ap)
     __attribute__((format(printf, 5, 0)));
 
+/* An optional boolean field: 1 with *out set, 0 when absent or null, -1 (e set, naming it)
+ * when it is not a boolean. */
+int srv_get_bool(json_t *req, const char *key, int *out, srv_error *e);
 /* The request's "model", when it names one: this server's (else a 404 naming it). */
 int srv_check_model(const srv_server *s, json_t *req, srv_error *e);
 /* Parses the sampling/stream/stop fields shared by both endpoints. 0 or -1 (e set). */

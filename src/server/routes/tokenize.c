@@ -7,15 +7,6 @@
 
 #include "server/server.h"
 
-/* Optional boolean field: *out keeps its default when the field is absent or null. */
-static int opt_bool(json_t *req, const char *key, int *out, srv_error *e) {
-    json_t *v = json_object_get(req, key);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_boolean(v)) return srv_fail(e, 400, "invalid_request_error", key, "'%s' must be a boolean", key);
-    *out = json_is_true(v);
-    return 0;
-}
-
 static void reply_json(srv_reply *r, json_t *o) {
     r->status = 200;
     r->body = o ? json_dumps(o, JSON_COMPACT) : NULL;
@@ -39,8 +30,9 @@ void srv_route_tokenize(srv_server *s, json_t *req, srv_reply *r) {
     json_t *prompt = json_object_get(req, "prompt"), *msgs = json_object_get(req, "messages");
     qd_err err;
     qd_err_clear(&err);
-    if (srv_check_model(s, req, &e) || opt_bool(req, "add_generation_prompt", &gen_prompt, &e) ||
-        opt_bool(req, "return_token_strs", &strs, &e) || opt_bool(req, "add_special_tokens", &special, &e))
+    if (srv_check_model(s, req, &e) || srv_get_bool(req, "add_generation_prompt", &gen_prompt, &e) < 0 ||
+        srv_get_bool(req, "return_token_strs", &strs, &e) < 0 ||
+        srv_get_bool(req, "add_special_tokens", &special, &e) < 0)
         goto fail;
     if (!prompt == !msgs) {
         srv_fail(&e, 400, "invalid_request_error", prompt ? "prompt" : "messages",
