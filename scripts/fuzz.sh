@@ -37,7 +37,19 @@ for target in build-asan/fuzz/fuzz_*; do
   work=$(mktemp -d)
   [ -d "$corpus" ] && cp -r "$corpus"/. "$work"/ 2>/dev/null || true
   echo "fuzzing $name for ${SECONDS_PER_TARGET}s"
-  "$target" -max_total_time="$SECONDS_PER_TARGET" -rss_limit_mb=4096 -timeout=10 -print_final_stats=1 "$work" 2>&1 | tail -n 3
-  rm -rf "$work"
+  # a finding's report and its input go to the log (the checkout may be a temporary copy)
+  rc=0
+  "$target" -max_total_time="$SECONDS_PER_TARGET" -rss_limit_mb=4096 -timeout=10 -print_final_stats=1 \
+    -artifact_prefix="$work/" "$work" >"$work.log" 2>&1 || rc=$?
+  if [ "$rc" != 0 ]; then
+    grep -v -E '^#[0-9]+' "$work.log" | tail -n 60
+    for a in "$work"/crash-* "$work"/leak-* "$work"/oom-* "$work"/timeout-*; do
+      [ -f "$a" ] && { echo "input $(basename "$a") (base64):"; base64 -w 0 "$a"; echo; }
+    done
+    echo "fuzz: $name exited $rc" >&2
+    exit "$rc"
+  fi
+  tail -n 3 "$work.log"
+  rm -rf "$work" "$work.log"
 done
 echo "fuzz: all targets ran without a finding"
