@@ -79,6 +79,14 @@ ok = ok and tokens == len(ids) - 1
 sys.exit(0 if ok else 1)
 PY" "strided windows: each token once, NLL, KL and top-1 agreement as a script computes them from the logits"
 
+# the rows' host pass on 1, 3 and 7 threads: the same figures to the last digit
+for th in 1 3 7; do
+  "$Q" perplexity -q -t $th --ids "$T/ids" --ctx 96 --stride 40 --base $M --quantization fp8 --json >"$T/t$th.json" \
+    2>"$T/err" || bad "strided run on $th threads: $(cat "$T/err")"
+done
+check "cmp -s '$T/t1.json' '$T/t3.json' && cmp -s '$T/t1.json' '$T/t7.json' && cmp -s '$T/t1.json' '$T/s_fp8.json'" \
+  "the figures do not depend on the number of threads"
+
 # refused
 err() { ! "$Q" perplexity -q "$@" >/dev/null 2>"$T/err"; }
 check "err --ids '$T/ids' --ctx 64 --stride 65 && grep -q -- '--stride 65 is longer than --ctx 64' '$T/err'" "stride past ctx"

@@ -9,8 +9,11 @@
  * two are compared token by token: KL(base || model) of the next-token distributions and
  * how often their most likely next tokens agree. All sums in double. */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -33,6 +36,7 @@ static void usage(FILE *f) {
                "                perplexity, the mean and largest KL(base || model) per token, and top-1\n"
                "                agreement\n"
                "  --json        print one JSON object instead of the summary\n"
+               "  -t N also sets the threads of the host's pass over each logits row (default: every core)\n"
                CLI_MODEL_OPTS_HELP);
 }
 
@@ -106,36 +110,106 @@ static double row_kl(const float *p, double lse_p, const float *q, double lse_q,
     return kl > 0 ? kl : 0; /* rounding below zero where the rows agree */
 }
 
+#define CLI_PERPLEXITY_MAX_THREADS 256
+
+/* Threads for the rows' host pass: -t, else every online core. */
+static int host_threads(const cli_model_opts *mo) {
+    if (mo->threads > 0) return mo->threads;
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 typedef struct totals {
     long long tokens, agree;
     int windows;
     double nll, base_nll, kl, kl_max;
 } totals;
 
+/* One scored position's figures. */
+typedef struct row_score {
+    double nll, base_nll, kl;
+    int agree, bad; /* bad: a logit that is not finite */
+} row_score;
+
+/* The rows of one window, scored by several threads: a row's host pass is a few
+ * exponentials per vocabulary entry, which at a 248k vocabulary outweighs a GPU's
+ * forward. Each row's figures land in its own slot and are summed in order, so the
+ * totals do not depend on the number of threads. */
+typedef struct row_pass {
+    const scorer *m, *b;
+    const int32_t *ids;
+    int begin, from, end, V;
+    row_score *out; /* [end - from] */
+    atomic_int next;
+} row_pass;
+
+#define ROWS_PER_CLAIM 4
+
+static void score_row(const row_pass *j, int p, row_score *r) {
+    const size_t row = (size_t)(p - j->begin - 1) * (size_t)j->V;
+    double lse, blse = 0;
+    int arg, barg = -1;
+    if (row_stats(j->m->logits + row, j->V, &lse, &arg) ||
+        (j->b && row_stats(j->b->logits + row, j->V, &blse, &barg))) {
+        r->bad = 1;
+        return;
+    }
+    r->nll = lse - (double)j->m->logits[row + (size_t)j->ids[p]];
+    if (j->b) {
+        r->base_nll = blse - (double)j->b->logits[row + (size_t)j->ids[p]];
+        r->kl = row_kl(j->b->logits + row, blse, j->m->logits + row, lse, j->V);
+        r->agree = arg == barg;
+    }
+}
+
+static void *row_worker(void *arg) {
+    row_pass *j = arg;
+    for (;;) {
+        const int p0 = atomic_fetch_add(&j->next, ROWS_PER_CLAIM);
+        if (p0 >= j->end) return NULL;
+        for (int p = p0; p < j->end && p < p0 + ROWS_PER_CLAIM; p++) score_row(j, p, &j->out[p - j->from]);
+    }
+}
+
 /* Scores positions [from, end) of the window ids[begin, end): row t - begin - 1 predicts token t. */
-static int score_window(scorer *m, scorer *b, const int32_t *ids, int begin, int end, int from, int V, totals *t) {
+static int score_window(scorer *m, scorer *b, const int32_t *ids, int begin, int end, int from, int V, int threads,
+                        totals *t) {
     if (scorer_run(m, ids + begin, end - begin) || (b && scorer_run(b, ids + begin, end - begin))) return -1;
+    row_pass j = {.m = m, .b = b, .ids = ids, .begin = begin, .from = from, .end = end, .V = V};
+    if (!(j.out = calloc((size_t)(end - from), sizeof *j.out))) {
+        fprintf(stderr, "qdelta perplexity: out of memory for %d rows' scores\n", end - from);
+        return -1;
+    }
+    atomic_init(&j.next, from);
+    pthread_t tid[CLI_PERPLEXITY_MAX_THREADS];
+    int started = 0;
+    for (int i = 1; i < threads && i < CLI_PERPLEXITY_MAX_THREADS; i++) {
+        if (pthread_create(&tid[started], NULL, row_worker, &j)) break; /* fewer helpers: the rest is ours */
+        started++;
+    }
+    row_worker(&j);
+    for (int i = 0; i < started; i++) pthread_join(tid[i], NULL);
+    int rc = 0;
     for (int p = from; p < end; p++) {
-        const size_t row = (size_t)(p - begin - 1) * (size_t)V;
-        double lse, blse = 0;
-        int arg, barg = -1;
-        if (row_stats(m->logits + row, V, &lse, &arg) || (b && row_stats(b->logits + row, V, &blse, &barg))) {
+        const row_score *r = &j.out[p - from];
+        if (r->bad) {
             fprintf(stderr, "qdelta perplexity: the %s logits before token %d are not finite\n",
                     b ? "model's or base's" : "model's", p);
-            return -1;
+            rc = -1;
+            break;
         }
-        t->nll += lse - (double)m->logits[row + (size_t)ids[p]];
+        t->nll += r->nll;
         if (b) {
-            t->base_nll += blse - (double)b->logits[row + (size_t)ids[p]];
-            const double kl = row_kl(b->logits + row, blse, m->logits + row, lse, V);
-            t->kl += kl;
-            if (kl > t->kl_max) t->kl_max = kl;
-            t->agree += arg == barg;
+            t->base_nll += r->base_nll;
+            t->kl += r->kl;
+            if (r->kl > t->kl_max) t->kl_max = r->kl;
+            t->agree += r->agree;
         }
         t->tokens++;
     }
-    t->windows++;
-    return 0;
+    free(j.out);
+    if (!rc) t->windows++;
+    return rc;
 }
 
 /* The text's ids: --ids, or --file through the model's tokenizer. */
@@ -222,12 +296,13 @@ int qd_cmd_perplexity(int argc, char **argv) {
     /* window starts 0, S, 2S, ... while the last scored token is not the text's last; a
      * window's first token is context only (with S < N an earlier window scored it) */
     const int disjoint = stride == n_ctx;
+    const int threads = host_threads(&mo);
     for (int begin = 0, scored = 1; scored < n; begin += (int)stride) {
         const int end = begin + (int)n_ctx < n ? begin + (int)n_ctx : n;
         if (disjoint && end - begin < n_ctx) break;
         if (end <= scored) continue;
         const int from = scored > begin + 1 ? scored : begin + 1;
-        if (score_window(&m, base_dir ? &b : NULL, ids, begin, end, from, V, &t)) goto done;
+        if (score_window(&m, base_dir ? &b : NULL, ids, begin, end, from, V, threads, &t)) goto done;
         scored = end;
     }
     if (t.tokens == 0) {
