@@ -12,7 +12,7 @@ static void check_quant(const qd_quant_config *q) {
     if (!memchr(q->method_name, '\0', sizeof q->method_name)) abort();
     if (q->block_rows < 0 || q->block_cols < 0 || q->block_rows > 65536 || q->block_cols > 65536) abort();
     if ((q->block_rows == 0) != (q->block_cols == 0)) abort();
-    if (q->method == QD_QUANT_GPTQ || q->method == QD_QUANT_AWQ) {
+    if (q->method == QD_QUANT_GPTQ || q->method == QD_QUANT_AWQ || q->method == QD_QUANT_CT_INT4) {
         if (q->bits != 4) abort();
         if (q->group_size != -1 && (q->group_size < 2 || q->group_size % 2)) abort();
         if (q->method == QD_QUANT_GPTQ && q->gptq_version != 1 && q->gptq_version != 2) abort();

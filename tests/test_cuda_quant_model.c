@@ -351,7 +351,9 @@ int main(void) {
     if (qd_cuda_device_count() == 0) return qd_test_skip("test_cuda_quant_model", "no CUDA device");
     static const char *quant[] = {"fp8_35_dense_f32s", "fp8_35_dense_bf16s", "fp8_35_moe_f16s", "fp8_next_moe",
                                   "ctfp8_35_dense", "nvfp4ct_35_dense", "nvfp4mo_next_moe", "nvfp4mo_35_moe_fused",
-                                  "gptq1_35_dense", "gptq2_next_moe", "gptqc_35_moe", "awq_35_dense"};
+                                  "gptq1_35_dense", "gptq2_next_moe", "gptqc_35_moe", "awq_35_dense",
+                                  "ctint4_35_dense", "ctint4_next_moe", "ctint4c_35_moe", "llmc_next_asym16",
+                                  "llmc_35moe_sym_ch"};
     printf("quantized checkpoints on the GPU\n");
     for (size_t i = 0; i < sizeof quant / sizeof quant[0]; i++) {
         char dir[512];

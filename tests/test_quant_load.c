@@ -6,7 +6,8 @@
  *  - decoder: the stored tensors of a sample of modules (dequant.json / dequant.f32), loaded
  *    by the format parsers into the canonical layouts and dequantized by
  *    qd_weight_dequant_rows, are the values the reference used (to a float rounding);
- *  - refusals: unknown methods and layouts, configs that disagree with the tensors, and a
+ *  - refusals: unknown methods and layouts (and, for compressed-tensors int4, every config field and
+ *    tensor the format adds), configs that disagree with the tensors, and a
  *    tensor-parallel split that cuts a scale block fail with a message naming the
  *    quant_method, field, module or tensor;
  *  - fused NVFP4 experts (nvfp4mo_35_moe_fused): also split by tensor and expert parallel,
@@ -327,7 +328,8 @@ static void refusals(void) {
     refused(variant(gptq, "gptqfmt", ed_gptq_fmt), "gptq checkpoint_format", "checkpoint_format 'marlin'", NULL);
     refused(variant(awq, "gemv", ed_awq_gemv), "awq gemv packing", "awq version 'gemv'", NULL);
     refused(variant(awq, "awqgptq", ed_awq_as_gptq), "awq tensors read as gptq", ".qweight'", "shape");
-    refused(variant(ct, "ctpack", ed_ct_pack), "compressed-tensors int pack", "format 'pack-quantized'", NULL);
+    refused(variant(ct, "ctpack", ed_ct_pack), "pack-quantized float weights", "weights type 'float'",
+            "pack-quantized weights must be integers");
     refused(variant("tests/fixtures/qwen3_5_dense_bf16", "plainfp8", ed_plain_fp8), "plain checkpoint, fp8 config",
             "stored unquantized", "fp8");
     /* an e4m3 NaN code in a weight (a damaged file): refused, naming the tensor */
@@ -353,6 +355,78 @@ static void refusals(void) {
     CHECK(qd_st_open_memory(buf, 8 + n + 4, "e5m2.safetensors", &st, &e) != QD_OK);
     CHECKF(strstr(e.msg, "'w'") && strstr(e.msg, "F8_E5M2"), "e5m2 tensor: '%s'", e.msg);
     if (st) qd_st_close(st);
+}
+
+/* ------------------------------------------------------------------ compressed-tensors int4 */
+
+#define CTI_SYM QFX "/ctint4_35_dense"   /* symmetric, group 32, actorder group */
+#define CTI_ASYM QFX "/ctint4_next_moe"  /* zero points, group 64 */
+
+static json_t *ct_weights(json_t *c) {
+    json_t *groups = json_object_get(qc(c), "config_groups");
+    return json_object_get(json_object_iter_value(json_object_iter(groups)), "weights");
+}
+static void ed_cti_bits8(json_t *c) { json_object_set_new(ct_weights(c), "num_bits", json_integer(8)); }
+static void ed_cti_tensor(json_t *c) { json_object_set_new(ct_weights(c), "strategy", json_string("tensor")); }
+static void ed_cti_group5(json_t *c) { json_object_set_new(ct_weights(c), "group_size", json_integer(5)); }
+static void ed_cti_order(json_t *c) { json_object_set_new(ct_weights(c), "actorder", json_string("dynamic")); }
+static void ed_cti_sym(json_t *c) { json_object_set_new(ct_weights(c), "symmetric", json_true()); }
+static void ed_cti_asym(json_t *c) { json_object_set_new(ct_weights(c), "symmetric", json_false()); }
+static void ed_cti_w4a8(json_t *c) {
+    json_t *groups = json_object_get(qc(c), "config_groups");
+    json_object_set_new(json_object_iter_value(json_object_iter(groups)), "input_activations",
+                        json_pack("{s:i, s:s, s:s, s:b}", "num_bits", 8, "type", "int", "strategy", "token", "dynamic", 1));
+}
+
+/* The first tensor whose name ends in ctx's suffix: dropped, retyped, or its first int64 raised by one. */
+typedef struct suffix_edit {
+    const char *suffix, *action;
+    char name[256]; /* out: the tensor edited */
+} suffix_edit;
+
+static void ed_suffix(json_t *hdr, unsigned char *data, void *ctx) {
+    suffix_edit *x = ctx;
+    const char *key;
+    json_t *t;
+    json_object_foreach(hdr, key, t) {
+        const size_t n = strlen(key), k = strlen(x->suffix);
+        if (n < k || strcmp(key + n - k, x->suffix)) continue;
+        snprintf(x->name, sizeof x->name, "%s", key);
+        if (!strcmp(x->action, "drop")) {
+            json_object_del(hdr, key);
+        } else if (!strcmp(x->action, "u8")) {
+            json_object_set_new(t, "dtype", json_string("U8"));
+            json_t *shape = json_object_get(t, "shape");
+            json_array_set_new(shape, 1, json_integer(4 * json_integer_value(json_array_get(shape, 1))));
+        } else { /* "bump" */
+            int64_t v;
+            unsigned char *p = data + json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
+            memcpy(&v, p, 8);
+            v++;
+            memcpy(p, &v, 8);
+        }
+        return;
+    }
+    CHECKF(0, "no tensor ending in '%s' to edit", x->suffix);
+}
+
+static void ct_int4_refusals(void) {
+    refused(variant(CTI_SYM, "cti8", ed_cti_bits8), "pack-quantized int8 weights", "num_bits 8", "4-bit");
+    refused(variant(CTI_SYM, "ctit", ed_cti_tensor), "pack-quantized tensor strategy", "strategy 'tensor'", NULL);
+    refused(variant(CTI_SYM, "ctig", ed_cti_group5), "pack-quantized odd group", "group_size 5", NULL);
+    refused(variant(CTI_SYM, "ctio", ed_cti_order), "pack-quantized actorder dynamic", "actorder 'dynamic'", NULL);
+    refused(variant(CTI_SYM, "ctia", ed_cti_w4a8), "pack-quantized W4A8", "input_activations", "W4A8");
+    refused(variant(CTI_SYM, "ctiz", ed_cti_asym), "asymmetric config, no zero points", "missing tensor",
+            ".weight_zero_point'");
+    refused(variant(CTI_ASYM, "ctis", ed_cti_sym), "symmetric config, zero points", ".weight_zero_point'",
+            "says symmetric");
+    suffix_edit x = {.suffix = ".weight_g_idx", .action = "drop"};
+    refused(rewritten(CTI_SYM, "ctinog", ed_suffix, &x), "actorder group, no g_idx", "missing tensor",
+            ".weight_g_idx' (actorder group)");
+    suffix_edit y = {.suffix = ".weight_packed", .action = "u8"};
+    refused(rewritten(CTI_SYM, "ctiu8", ed_suffix, &y), "int4 codes as U8", y.name, "dtype U8");
+    suffix_edit z = {.suffix = ".weight_shape", .action = "bump"};
+    refused(rewritten(CTI_ASYM, "ctishape", ed_suffix, &z), "weight_shape of another size", z.name, "the model needs");
 }
 
 /* ------------------------------------------------------------------ fused NVFP4 experts */
@@ -505,7 +579,9 @@ static void fused_variants(void) {
 int main(void) {
     static const char *const names[] = {"fp8_next_moe", "fp8_35_dense_bf16s", "fp8_35_moe_f16s", "ctfp8_35_dense",
                                         "nvfp4mo_next_moe", "nvfp4ct_35_dense", "nvfp4mo_35_moe_fused",
-                                        "gptq1_35_dense", "gptq2_next_moe", "gptqc_35_moe", "awq_35_dense"};
+                                        "gptq1_35_dense", "gptq2_next_moe", "gptqc_35_moe", "awq_35_dense",
+                                        "ctint4_35_dense", "ctint4_next_moe", "ctint4c_35_moe", "llmc_next_asym16",
+                                        "llmc_35moe_sym_ch"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char dir[512], err[1024] = "";
         snprintf(dir, sizeof dir, "%s/%s", QFX, names[i]);
@@ -520,7 +596,7 @@ int main(void) {
     }
     /* tensor parallel over per-channel FP8 (any column cut keeps the row's scale) and over
      * NVFP4 / GPTQ where the cuts fall on group boundaries or inside a whole-row group */
-    static const char *const tp_ok[] = {"ctfp8_35_dense", "gptqc_35_moe"};
+    static const char *const tp_ok[] = {"ctfp8_35_dense", "gptqc_35_moe", "ctint4c_35_moe"};
     for (size_t i = 0; i < sizeof tp_ok / sizeof *tp_ok; i++) {
         char dir[512], err[1024] = "";
         snprintf(dir, sizeof dir, "%s/%s", QFX, tp_ok[i]);
@@ -535,6 +611,7 @@ int main(void) {
     CHECK(mkdtemp(tmp_root) != NULL);
     fused_variants();
     refusals();
+    ct_int4_refusals();
     fused_refusals();
     return qd_test_finish("test_quant_load");
 }

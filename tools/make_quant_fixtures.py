@@ -39,8 +39,22 @@ Formats (fixture name: base, format, what it covers):
   gptq2_next_moe    GPTQ v2, asym, group 64
   gptqc_35_moe      GPTQ v1, asym, group -1 (one group per row)
   awq_35_dense      AWQ GEMM packing, asym, group 32
+  ctint4_35_dense   compressed-tensors pack-quantized int4 (llm-compressor's W4A16), symmetric, group 32,
+                    actorder group (weight_g_idx), bf16 scales, ignore with re:
+  ctint4_next_moe   the same format, asymmetric (weight_zero_point packed along the output rows), group 64
+  ctint4c_35_moe    the same format, asymmetric, channel strategy (one group per row), per-expert experts
+  llmc_next_asym16  the same format as llm-compressor itself writes it (its QuantizationModifier, RTN,
+                    asymmetric, group 16; MoE experts linearized per expert by llm-compressor), on
+                    qwen3_next_moe_bf16; the reference dequantizes its tensors with compressed-tensors'
+                    unpacker and takes its plain tensors as stored (llm-compressor rewrites the offset
+                    RMSNorm weights in bf16, which moves some by an ulp)
+  llmc_35moe_sym_ch the same on qwen3_5_moe_fused_bf16 (composite), symmetric, channel strategy
 
-Run (needs torch, transformers >= 5, safetensors, numpy; CPU):
+The compressed-tensors int4 fixtures are also unpacked with compressed-tensors' own unpacker when it is
+installed, and must give the values the reference uses (the manifest records whether that ran).
+
+Run (needs torch, transformers >= 5, safetensors, numpy; CPU; compressed-tensors optional, and the llmc_*
+fixtures need llmcompressor):
     python3 tools/make_quant_fixtures.py --out tests/fixtures/quant
 Outputs live under tests/fixtures/quant/<name>/ (a subdirectory, so the BF16 fixture walkers of
 other tests -- CUDA, tensor-parallel -- do not pick quantized models up before they support them).
@@ -125,8 +139,8 @@ def nvfp4(w, ct):
             "input_scale": torch.tensor(1.0, dtype=torch.float32)}, deq
 
 
-def int4_groups(w, g, sym, perm):
-    """Per output row and group: fp16 scale, zero in [0, 16), codes; g_idx[k] the group of column k."""
+def int4_groups(w, g, sym, perm, scale_dtype=torch.float16):
+    """Per output row and group: scale (fp16 unless asked), zero in [0, 16), codes; g_idx[k] the group of column k."""
     N, K = w.shape
     g = K if g == -1 else g
     G = cdiv(K, g)
@@ -134,7 +148,7 @@ def int4_groups(w, g, sym, perm):
     order = perm if perm is not None else torch.arange(K)
     for i, k in enumerate(order.tolist()):
         gidx[k] = i // g
-    scales = torch.zeros(G, N, dtype=torch.float16)
+    scales = torch.zeros(G, N, dtype=scale_dtype)
     zeros = torch.zeros(G, N, dtype=torch.int64)
     for gr in range(G):
         cols = (gidx == gr).nonzero().flatten()
@@ -145,8 +159,8 @@ def int4_groups(w, g, sym, perm):
         else:
             lo, hi = blk.amin(1).clamp(max=0), blk.amax(1).clamp(min=0)
             s = ((hi - lo) / 15.0).clamp(min=1e-6)
-            z = torch.round(-lo / s.half().float()).clamp(0, 15).long()
-        scales[gr] = s.half()
+            z = torch.round(-lo / s.to(scale_dtype).float()).clamp(0, 15).long()
+        scales[gr] = s.to(scale_dtype)
         zeros[gr] = z
     sf = scales.float()[gidx.long()].T  # [N, K]
     zf = zeros[gidx.long()].T
@@ -188,6 +202,86 @@ def awq(w, g):
             "scales": scales}, deq
 
 
+def ct_int4(w, g, sym, actorder, seed):
+    """compressed-tensors pack-quantized int4: each row's codes (the signed value plus 8) packed along K,
+    eight a word, low nibble first; bf16 scales [N, G]; zero points (plus 8) packed along N [N/8, G] when
+    asymmetric; weight_g_idx [K] for actorder group; weight_shape [N, K]."""
+    N, K = w.shape
+    perm = torch.randperm(K, generator=torch.Generator().manual_seed(seed)) if actorder else None
+    q, scales, zeros, gidx, deq = int4_groups(w, g, sym, perm, torch.bfloat16)
+    t = {"weight_packed": torch.from_numpy(pack_along(q.reshape(N, K // 8, 8), None)),          # [N, K/8]
+         "weight_scale": scales.T.contiguous(),                                                   # [N, G]
+         "weight_shape": torch.tensor([N, K], dtype=torch.int64)}
+    if not sym:
+        G = zeros.shape[0]
+        t["weight_zero_point"] = torch.from_numpy(pack_along(zeros.T.reshape(N // 8, 8, G).permute(0, 2, 1), None))
+    if actorder:
+        t["weight_g_idx"] = gidx
+    return t, deq
+
+
+CT_CHECKED = {"ran": False}
+
+
+def ct_crosscheck(t, deq, g):
+    """The stored tensors through compressed-tensors' own unpacker and the published rule
+    w = (q - zero) * scale[g_idx] must give the reference's values exactly."""
+    try:
+        from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    except ImportError:
+        return
+    N, K = (int(x) for x in t["weight_shape"])
+    s = t["weight_scale"].float()
+    G = s.shape[1]
+    q = unpack_from_int32(t["weight_packed"], 4, torch.Size([N, K])).float()
+    gi = t["weight_g_idx"].long() if "weight_g_idx" in t else torch.arange(K) // (K if g == -1 else g)
+    z = torch.zeros(N, G)
+    if "weight_zero_point" in t:
+        z = unpack_from_int32(t["weight_zero_point"], 4, torch.Size([N, G]), packed_dim=0).float()
+    w = (q - z[:, gi]) * s[:, gi]
+    if not torch.equal(w, deq):
+        raise RuntimeError("compressed-tensors unpacks the stored int4 tensors to other values")
+    CT_CHECKED["ran"] = True
+
+
+def llmc_quantize(bdir, kw):
+    """The base checkpoint through llm-compressor's own W4A16 path (QuantizationModifier, round to
+    nearest): its stored tensors and quantization_config, and each quantized module dequantized by
+    compressed-tensors' unpacker and the published rule."""
+    import tempfile
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    g = kw["g"]
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=kw["sym"], strategy="channel" if g == -1 else "group",
+                            group_size=None if g == -1 else g)
+    ignore = ["lm_head", "re:.*mlp.gate$", "re:.*shared_expert_gate$", "re:.*in_proj_ba$", "re:.*in_proj_a$",
+              "re:.*in_proj_b$"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(bdir, dtype=torch.bfloat16)
+    oneshot(model=model, recipe=QuantizationModifier(
+        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)}, ignore=ignore))
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, save_compressed=True)
+        qconf = json.load(open(os.path.join(tmp, "config.json")))["quantization_config"]
+        stored = load_file(os.path.join(tmp, "model.safetensors"))
+    deq = {}
+    for k in stored:
+        if not k.endswith(".weight_packed"):
+            continue
+        mod = k[:-len(".weight_packed")]
+        N, K = (int(x) for x in stored[mod + ".weight_shape"])
+        sc = stored[mod + ".weight_scale"].float()
+        G = sc.shape[1]
+        q = unpack_from_int32(stored[k], 4, torch.Size([N, K])).float()
+        gi = torch.arange(K) // (K if g == -1 else g)
+        z = torch.zeros(N, G)
+        if mod + ".weight_zero_point" in stored:
+            z = unpack_from_int32(stored[mod + ".weight_zero_point"], 4, torch.Size([N, G]), packed_dim=0).float()
+        deq[mod] = (q - z[:, gi]) * sc[:, gi]
+    return stored, deq, qconf
+
+
 # ------------------------------------------------------------------ fixtures
 
 FORMATS = {
@@ -203,6 +297,11 @@ FORMATS = {
     "gptq2_next_moe": ("qwen3_next_moe_bf16", "gptq", dict(g=64, sym=False, version=2, desc_act=False)),
     "gptqc_35_moe": ("qwen3_5_moe_fused_bf16", "gptq", dict(g=-1, sym=False, version=1, desc_act=False)),
     "awq_35_dense": ("qwen3_5_dense_bf16", "awq", dict(g=32)),
+    "ctint4_35_dense": ("qwen3_5_dense_bf16", "ctint4", dict(g=32, sym=True, actorder=True)),
+    "ctint4_next_moe": ("qwen3_next_moe_bf16", "ctint4", dict(g=64, sym=False, actorder=False)),
+    "ctint4c_35_moe": ("qwen3_5_moe_fused_bf16", "ctint4", dict(g=-1, sym=False, actorder=False)),
+    "llmc_next_asym16": ("qwen3_next_moe_bf16", "llmc", dict(g=16, sym=False)),
+    "llmc_35moe_sym_ch": ("qwen3_5_moe_fused_bf16", "llmc", dict(g=-1, sym=True)),
 }
 
 
@@ -299,6 +398,9 @@ def quantize_checkpoint(name, base_tensors, fmt, kw, seed):
             t, d = nvfp4(w, fmt == "nvfp4ct")
         elif fmt == "gptq":
             t, d = gptq(w, kw["g"], kw["sym"], kw["version"], kw["desc_act"], seed + len(deq))
+        elif fmt == "ctint4":
+            t, d = ct_int4(w, kw["g"], kw["sym"], kw["actorder"], seed + len(deq))
+            ct_crosscheck(t, d, kw["g"])
         else:
             t, d = awq(w, kw["g"])
         for s, tv in t.items():
@@ -324,6 +426,15 @@ def quant_config(fmt, kw, stored):
                 "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
                     "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False},
                     "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}},
+                "ignore": ["lm_head", r"re:.*mlp\.gate$", r"re:.*shared_expert_gate$", r"re:.*in_proj_[ab]$",
+                           r"re:.*in_proj_ba$"]}
+    if fmt == "ctint4":
+        return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                    "num_bits": 4, "type": "int", "strategy": "channel" if kw["g"] == -1 else "group",
+                    "group_size": None if kw["g"] == -1 else kw["g"], "symmetric": kw["sym"], "dynamic": False,
+                    "actorder": "group" if kw["actorder"] else None, "observer": "minmax"},
+                    "input_activations": None, "output_activations": None}},
                 "ignore": ["lm_head", r"re:.*mlp\.gate$", r"re:.*shared_expert_gate$", r"re:.*in_proj_[ab]$",
                            r"re:.*in_proj_ba$"]}
     if fmt == "nvfp4ct":
@@ -404,12 +515,16 @@ def make(name, out, manifest):
     bdir = os.path.join(FIX, base)
     cfg = json.load(open(os.path.join(bdir, "config.json")))
     base_t = load_file(os.path.join(bdir, "model.safetensors"))
-    stored, deq = quantize_checkpoint(name, base_t, fmt, kw, seed=1234)
+    if fmt == "llmc":
+        stored, deq, qconf = llmc_quantize(bdir, kw)
+    else:
+        stored, deq = quantize_checkpoint(name, base_t, fmt, kw, seed=1234)
+        qconf = quant_config(fmt, kw, stored)
     d = os.path.join(out, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     qcfg = copy.deepcopy(cfg)
-    qcfg["quantization_config"] = quant_config(fmt, kw, stored)  # top level (a sibling of text_config)
+    qcfg["quantization_config"] = qconf  # top level (a sibling of text_config)
     json.dump(qcfg, open(os.path.join(d, "config.json"), "w"), indent=2)
     if fmt.startswith("nvfp4mo"):
         q = dict(qcfg["quantization_config"])
@@ -420,6 +535,8 @@ def make(name, out, manifest):
     save_file(stored, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
     # the reference: the base layout, every quantized module replaced by its exact dequantization
     ref_t = {k: v.float() for k, v in base_t.items()}
+    if fmt == "llmc":  # its plain tensors as it stored them
+        ref_t.update({k: v.float() for k, v in stored.items() if k in ref_t})
     for mod, w in deq.items():
         if mod + ".weight" in ref_t:
             ref_t[mod + ".weight"] = w
@@ -450,6 +567,11 @@ def make(name, out, manifest):
     json.dump([decoder_entry(n, deq[n], r, stored) for n, r in sample], open(os.path.join(d, "dequant.json"), "w"),
               indent=1)
     np.concatenate([deq[n][r].numpy().astype("<f4").ravel() for n, r in sample]).tofile(os.path.join(d, "dequant.f32"))
+    if fmt == "ctint4":
+        kw = dict(kw, unpacked_by_compressed_tensors=CT_CHECKED["ran"])
+    if fmt == "llmc":
+        import compressed_tensors, llmcompressor
+        kw = dict(kw, llmcompressor=llmcompressor.__version__, compressed_tensors=compressed_tensors.__version__)
     manifest[name] = dict(base=base, format=fmt, options={k: str(v) for k, v in kw.items()}, cases=cases,
                           quantized_modules=len(deq), decoder_checked_modules=len(sample),
                           made_with=dict(torch=torch.__version__, transformers=transformers.__version__))

@@ -33,6 +33,7 @@ typedef enum qd_quant_method {
     QD_QUANT_FP8,          /* quant_method fp8: e4m3 weight + weight_scale_inv (block) or weight_scale */
     QD_QUANT_CT_FP8,       /* compressed-tensors float-quantized: weight + weight_scale */
     QD_QUANT_CT_NVFP4,     /* compressed-tensors nvfp4-pack-quantized: weight_packed + scales */
+    QD_QUANT_CT_INT4,      /* compressed-tensors pack-quantized int4: weight_packed + scales (+ zero points) */
     QD_QUANT_MODELOPT,     /* ModelOpt NVFP4 (weight U8, weight_scale e4m3, weight_scale_2) or FP8 */
     QD_QUANT_GPTQ,         /* qweight / qzeros / scales / g_idx, packed along the input dim */
     QD_QUANT_AWQ           /* qweight / qzeros / scales, GEMM packing along the output dim */
@@ -49,10 +50,10 @@ typedef struct qd_quant_config {
     qd_quant_method method;
     char method_name[48];     /* as written (quant_method / format / quant_algo) for messages */
     int block_rows, block_cols; /* FP8 weight_block_size / block_structure; 0: per-channel or per-tensor */
-    int bits;                 /* GPTQ / AWQ: 4 */
-    int group_size;           /* GPTQ / AWQ / NVFP4 group; -1: one group per row */
-    bool sym;                 /* GPTQ sym / AWQ !zero_point */
-    bool desc_act;            /* GPTQ act-order (g_idx) */
+    int bits;                 /* GPTQ / AWQ / compressed-tensors int: 4 */
+    int group_size;           /* GPTQ / AWQ / NVFP4 / int group; -1: one group per row */
+    bool sym;                 /* GPTQ sym / AWQ !zero_point / compressed-tensors symmetric */
+    bool desc_act;            /* GPTQ act-order, compressed-tensors actorder group (g_idx) */
     int gptq_version;         /* 1 (checkpoint_format gptq: stored zeros are z - 1) or 2 (exact) */
     bool has_exclusions;      /* the config names the modules left unquantized */
     qd_quant_match match;

@@ -10,7 +10,9 @@
 #include "io/config.h"
 #include "io/json_util.h"
 
-#define SUPPORTED_METHODS "fp8, compressed-tensors (float-quantized, nvfp4-pack-quantized), modelopt (NVFP4, FP8), gptq, awq"
+#define SUPPORTED_METHODS                                                                               \
+    "fp8, compressed-tensors (float-quantized, nvfp4-pack-quantized, pack-quantized int4), modelopt (NVFP4, " \
+    "FP8), gptq, awq"
 
 static const char *str_of(const json_t *o, const char *key) {
     const json_t *v = json_object_get(o, key);
@@ -115,6 +117,52 @@ static qd_status block_size(const json_t *v, const char *key, const char *what, 
     return QD_OK;
 }
 
+/* An int4 group size: an even number of columns, or -1 for one group a row. */
+static qd_status check_group(const char *what, const qd_quant_config *q, qd_err *err) {
+    if (q->group_size != -1 && (q->group_size < 2 || q->group_size % 2))
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: group_size %d is not supported (an even size or -1)", what,
+                         q->group_size);
+    return QD_OK;
+}
+
+/* compressed-tensors pack-quantized integer weights (llm-compressor's W4A16, GPTQ and AWQ
+ * alike): 4 bits, per group or per output channel, symmetric or with zero points, act-order
+ * as a g_idx; weight-only, since activations are computed in 16 bits here. */
+static qd_status parse_ct_int(const json_t *g, const json_t *wq, int bits, const char *what, qd_quant_config *q,
+                              qd_err *err) {
+    const char *type = str_of(wq, "type"), *strategy = str_of(wq, "strategy");
+    if (!type || strcmp(type, "int"))
+        return unsupported(what, "weights type", type, "pack-quantized weights must be integers", err);
+    if (bits != 4)
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: compressed-tensors pack-quantized num_bits %d is not supported "
+                         "(4-bit integer weights only)", what, bits);
+    const json_t *act = json_object_get(g, "input_activations");
+    if (act && !json_is_null(act))
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: compressed-tensors pack-quantized with quantized "
+                         "input_activations (W4A8) is not supported; weight-only W4A16 is", what);
+    q->method = QD_QUANT_CT_INT4;
+    q->bits = 4;
+    if (!strategy) return qd_seterr(err, QD_ERR_NOT_FOUND, "%s: compressed-tensors weights without 'strategy'", what);
+    if (!strcmp(strategy, "group")) {
+        QD_TRY(int_of(wq, "group_size", what, 0, &q->group_size, err));
+        QD_TRY(check_group(what, q, err));
+    } else if (!strcmp(strategy, "channel")) {
+        q->group_size = -1;
+    } else {
+        return unsupported(what, "int4 weight strategy", strategy, "expected group or channel", err);
+    }
+    q->sym = bool_of(wq, "symmetric", true);
+    const json_t *order = json_object_get(wq, "actorder");
+    const char *os = json_is_string(order) ? json_string_value(order) : NULL;
+    if (json_is_true(order) || (os && !strcmp(os, "group"))) {
+        q->desc_act = true; /* a weight_g_idx per module */
+    } else if (order && !json_is_null(order) && !json_is_false(order) && !(os && (!strcmp(os, "weight") ||
+                                                                                   !strcmp(os, "static")))) {
+        return unsupported(what, "actorder", os, "expected group, weight, static or null", err);
+    }
+    return QD_OK;
+}
+
 static qd_status parse_fp8(const json_t *qc, const char *what, qd_quant_config *q, qd_err *err) {
     q->method = QD_QUANT_FP8;
     const char *fmt = str_of(qc, "fmt");
@@ -150,6 +198,8 @@ static qd_status parse_ct(const json_t *qc, const char *what, qd_quant_config *q
             QD_TRY(block_size(json_object_get(wq, "block_structure"), "block_structure", what, q, err));
         else if (strcmp(strategy, "channel") && strcmp(strategy, "tensor"))
             return unsupported(what, "FP8 weight strategy", strategy, "expected channel, tensor or block", err);
+    } else if (!strcmp(format, "pack-quantized")) {
+        QD_TRY(parse_ct_int(g, wq, bits, what, q, err));
     } else if (!strcmp(format, "nvfp4-pack-quantized")) {
         if (bits != 4 || !type || strcmp(type, "float"))
             return unsupported(what, "weights type", type, "nvfp4-pack-quantized weights must be 4-bit float", err);
@@ -158,7 +208,7 @@ static qd_status parse_ct(const json_t *qc, const char *what, qd_quant_config *q
         q->method = QD_QUANT_CT_NVFP4;
     } else {
         return unsupported(what, "compressed-tensors format", format,
-                           "supported are float-quantized and nvfp4-pack-quantized", err);
+                           "supported are float-quantized, nvfp4-pack-quantized and pack-quantized", err);
     }
     q->match = QD_QUANT_MATCH_NAME;
     return add_exclusions(json_object_get(qc, "ignore"), "ignore", what, q, err);
@@ -194,9 +244,7 @@ static qd_status parse_int4(const json_t *qc, const char *what, bool awq, qd_qua
                          awq ? "awq" : "gptq", q->bits);
     QD_TRY(int_of(qc, awq ? "q_group_size" : "group_size", what, 0, &q->group_size, err));
     if (awq && q->group_size == 0) QD_TRY(int_of(qc, "group_size", what, 0, &q->group_size, err));
-    if (q->group_size != -1 && (q->group_size < 2 || q->group_size % 2))
-        return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: group_size %d is not supported (an even size or -1)", what,
-                         q->group_size);
+    QD_TRY(check_group(what, q, err));
     if (awq) {
         q->sym = !bool_of(qc, "zero_point", true);
         const char *ver = str_of(qc, "version");

@@ -57,7 +57,8 @@ qd_status qd_quant_f32(qd_model *m, const qd_st_tensor *t, float **out, qd_err *
 }
 
 static const char *const QUANT_SUFFIXES[] = {".weight_scale_inv", ".weight_scale", ".weight_scale_2", ".weight_packed",
-                                             ".weight_global_scale", ".qweight", ".qzeros", ".scales", ".g_idx"};
+                                             ".weight_global_scale", ".weight_zero_point", ".weight_g_idx",
+                                             ".weight_shape", ".qweight", ".qzeros", ".scales", ".g_idx"};
 
 qd_status qd_quant_check_module(const qd_quant_config *q, const char *module, const char *tensor, bool quantized,
                                 qd_err *err) {
@@ -95,7 +96,9 @@ qd_status qd_quant_load_linear(qd_model *m, const qd_quant_config *q, const char
     }
     if (packed) {
         QD_TRY(qd_quant_check_module(q, module, packed->name, true, err));
-        if (q->method != QD_QUANT_CT_NVFP4) return wrong_method(q, packed->name, "compressed-tensors NVFP4", err);
+        if (q->method == QD_QUANT_CT_INT4) return qd_quant_load_ct_int4(m, q, module, rows, cols, out, err);
+        if (q->method != QD_QUANT_CT_NVFP4)
+            return wrong_method(q, packed->name, "compressed-tensors packed (NVFP4 or int4)", err);
         return qd_quant_load_nvfp4(m, q, module, rows, cols, out, err);
     }
     snprintf(name, sizeof name, "%s.weight", module);

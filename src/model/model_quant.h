@@ -1,8 +1,8 @@
 /* Quantized checkpoint tensors -> the canonical weight layouts of base/weight.h
  * (model-spec section 8). model_quant.c decides per module from the tensors present and
  * checks them against the config's quantization scheme; each family has its own parser
- * (model_quant_fp8.c, model_quant_fp4.c, model_quant_int4.c), and fused [E][..][..] expert
- * tensors theirs (model_quant_fused.c). */
+ * (model_quant_fp8.c, model_quant_fp4.c, model_quant_int4.c: GPTQ, AWQ and compressed-tensors
+ * int4), and fused [E][..][..] expert tensors theirs (model_quant_fused.c). */
 #ifndef QD_MODEL_MODEL_QUANT_H
 #define QD_MODEL_MODEL_QUANT_H
 
@@ -23,6 +23,8 @@ qd_status qd_quant_load_nvfp4(qd_model *m, const qd_quant_config *q, const char 
                               qd_weight *out, qd_err *err);
 qd_status qd_quant_load_int4(qd_model *m, const qd_quant_config *q, const char *module, int64_t rows, int64_t cols,
                              qd_weight *out, qd_err *err);
+qd_status qd_quant_load_ct_int4(qd_model *m, const qd_quant_config *q, const char *module, int64_t rows, int64_t cols,
+                                qd_weight *out, qd_err *err);
 
 /* Shared by the parsers: tensor `module``suffix`, NULL when absent. */
 const qd_st_tensor *qd_quant_find(qd_model *m, const char *module, const char *suffix);
