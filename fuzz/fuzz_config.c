@@ -25,6 +25,12 @@ static void check_quant(const qd_quant_config *q) {
         if (!end) abort();
         at = (size_t)(end - q->excluded) + 1;
     }
+    at = 0;
+    for (int i = 0; i < q->n_blocks; i++) {
+        const char *end = memchr(q->blocks + at, '\0', sizeof q->blocks - at);
+        if (!end) abort();
+        at = (size_t)(end - q->blocks) + 1;
+    }
     static const char *const names[] = {"model.layers.0.mlp.gate", "lm_head", "model.layers.3.linear_attn.in_proj_qkvz",
                                         "mtp.layers.0.mlp.experts.7.down_proj", ""};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) (void)qd_quant_excluded(q, names[i]);

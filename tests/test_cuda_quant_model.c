@@ -353,7 +353,7 @@ int main(void) {
                                   "ctfp8_35_dense", "nvfp4ct_35_dense", "nvfp4mo_next_moe", "nvfp4mo_35_moe_fused",
                                   "gptq1_35_dense", "gptq2_next_moe", "gptqc_35_moe", "awq_35_dense",
                                   "ctint4_35_dense", "ctint4_next_moe", "ctint4c_35_moe", "llmc_next_asym16",
-                                  "llmc_35moe_sym_ch"};
+                                  "llmc_35moe_sym_ch", "ar_next_gptq", "ar_35moe_awq"};
     printf("quantized checkpoints on the GPU\n");
     for (size_t i = 0; i < sizeof quant / sizeof quant[0]; i++) {
         char dir[512];

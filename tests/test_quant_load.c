@@ -6,8 +6,8 @@
  *  - decoder: the stored tensors of a sample of modules (dequant.json / dequant.f32), loaded
  *    by the format parsers into the canonical layouts and dequantized by
  *    qd_weight_dequant_rows, are the values the reference used (to a float rounding);
- *  - refusals: unknown methods and layouts (and, for compressed-tensors int4, every config field and
- *    tensor the format adds), configs that disagree with the tensors, and a
+ *  - refusals: unknown methods and layouts (and, for compressed-tensors int4 and AutoRound, every
+ *    config field and tensor the format adds), configs that disagree with the tensors, and a
  *    tensor-parallel split that cuts a scale block fail with a message naming the
  *    quant_method, field, module or tensor;
  *  - fused NVFP4 experts (nvfp4mo_35_moe_fused): also split by tensor and expert parallel,
@@ -410,7 +410,13 @@ static void ed_suffix(json_t *hdr, unsigned char *data, void *ctx) {
     CHECKF(0, "no tensor ending in '%s' to edit", x->suffix);
 }
 
+static void ed_cti_regex(json_t *c) {
+    json_array_append_new(json_object_get(qc(c), "ignore"), json_string("re:.*mlp\\.gate_p+++++++++++++++roj"));
+}
+
 static void ct_int4_refusals(void) {
+    refused(variant(CTI_SYM, "ctire", ed_cti_regex), "a pattern of stacked repetitions", "gate_p++",
+            "stacked repetitions");
     refused(variant(CTI_SYM, "cti8", ed_cti_bits8), "pack-quantized int8 weights", "num_bits 8", "4-bit");
     refused(variant(CTI_SYM, "ctit", ed_cti_tensor), "pack-quantized tensor strategy", "strategy 'tensor'", NULL);
     refused(variant(CTI_SYM, "ctig", ed_cti_group5), "pack-quantized odd group", "group_size 5", NULL);
@@ -427,6 +433,36 @@ static void ct_int4_refusals(void) {
     refused(rewritten(CTI_SYM, "ctiu8", ed_suffix, &y), "int4 codes as U8", y.name, "dtype U8");
     suffix_edit z = {.suffix = ".weight_shape", .action = "bump"};
     refused(rewritten(CTI_ASYM, "ctishape", ed_suffix, &z), "weight_shape of another size", z.name, "the model needs");
+}
+
+/* ------------------------------------------------------------------ AutoRound */
+
+#define AR_GPTQ QFX "/ar_next_gptq"  /* auto_round:auto_gptq, extra_config leaves routers and shared experts */
+
+static void ed_ar_set(json_t *c, const char *k, json_t *v) { json_object_set_new(qc(c), k, v); }
+static void ed_ar_pack(json_t *c) { ed_ar_set(c, "packing_format", json_string("auto_round")); }
+static void ed_ar_nvfp(json_t *c) { ed_ar_set(c, "data_type", json_string("nv_fp")); }
+static void ed_ar_bits2(json_t *c) { ed_ar_set(c, "bits", json_integer(2)); }
+static void ed_ar_noblock(json_t *c) { json_object_del(qc(c), "block_name_to_quantize"); }
+static void ed_ar_mixed(json_t *c) {
+    json_object_set_new(json_object_get(qc(c), "extra_config"), "model.layers.1.mlp.down_proj",
+                        json_pack("{s:i, s:s}", "bits", 8, "data_type", "int"));
+}
+static void ed_ar_16(json_t *c) {
+    json_object_set_new(json_object_get(qc(c), "extra_config"), "model.layers.1.mlp.down_proj",
+                        json_pack("{s:i, s:s}", "bits", 16, "data_type", "fp"));
+}
+
+static void autoround_refusals(void) {
+    refused(variant(AR_GPTQ, "arpack", ed_ar_pack), "auto-round bare packing", "packing_format 'auto_round'", NULL);
+    refused(variant(AR_GPTQ, "arnvfp", ed_ar_nvfp), "auto-round nv_fp data", "data_type 'nv_fp'", NULL);
+    refused(variant(AR_GPTQ, "arbits", ed_ar_bits2), "auto-round 2 bits", "bits 2", NULL);
+    refused(variant(AR_GPTQ, "armixed", ed_ar_mixed), "auto-round 8-bit module", "model.layers.1.mlp.down_proj",
+            "scheme of its own");
+    refused(variant(AR_GPTQ, "ar16", ed_ar_16), "auto-round 16-bit module stored int4", "mlp.down_proj.qweight'",
+            "not converted");
+    refused(variant(AR_GPTQ, "arnoblock", ed_ar_noblock), "auto-round without block names", "stored unquantized",
+            "does not exclude it");
 }
 
 /* ------------------------------------------------------------------ fused NVFP4 experts */
@@ -581,7 +617,7 @@ int main(void) {
                                         "nvfp4mo_next_moe", "nvfp4ct_35_dense", "nvfp4mo_35_moe_fused",
                                         "gptq1_35_dense", "gptq2_next_moe", "gptqc_35_moe", "awq_35_dense",
                                         "ctint4_35_dense", "ctint4_next_moe", "ctint4c_35_moe", "llmc_next_asym16",
-                                        "llmc_35moe_sym_ch"};
+                                        "llmc_35moe_sym_ch", "ar_next_gptq", "ar_35moe_awq"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char dir[512], err[1024] = "";
         snprintf(dir, sizeof dir, "%s/%s", QFX, names[i]);
@@ -612,6 +648,7 @@ int main(void) {
     fused_variants();
     refusals();
     ct_int4_refusals();
+    autoround_refusals();
     fused_refusals();
     return qd_test_finish("test_quant_load");
 }

@@ -49,17 +49,23 @@ Formats (fixture name: base, format, what it covers):
                     unpacker and takes its plain tensors as stored (llm-compressor rewrites the offset
                     RMSNorm weights in bf16, which moves some by an ulp)
   llmc_35moe_sym_ch the same on qwen3_5_moe_fused_bf16 (composite), symmetric, channel strategy
+  ar_next_gptq      AutoRound's own output (round to nearest, iters 0), auto_round:auto_gptq packing
+                    (GPTQ v1 zeros), symmetric, group 32, on qwen3_next_moe_bf16: extra_config leaves the
+                    routers, in_proj_ba and the shared experts (48 columns) in 16 bits; the reference
+                    dequantizes by GPTQ's rule, checked against AutoRound's own QuantLinear modules
+  ar_35moe_awq      the same, auto_round:auto_awq packing, asymmetric, on qwen3_5_moe_fused_bf16 (composite:
+                    its extra_config names the layers "model.layers", its tensors "model.language_model")
 
 The compressed-tensors int4 fixtures are also unpacked with compressed-tensors' own unpacker when it is
 installed, and must give the values the reference uses (the manifest records whether that ran).
 
-Run (needs torch, transformers >= 5, safetensors, numpy; CPU; compressed-tensors optional, and the llmc_*
-fixtures need llmcompressor):
+Run (needs torch, transformers >= 5, safetensors, numpy; CPU; compressed-tensors optional; the llmc_*
+fixtures need llmcompressor and the ar_* ones auto-round):
     python3 tools/make_quant_fixtures.py --out tests/fixtures/quant
 Outputs live under tests/fixtures/quant/<name>/ (a subdirectory, so the BF16 fixture walkers of
 other tests -- CUDA, tensor-parallel -- do not pick quantized models up before they support them).
 """
-import argparse, copy, json, math, os, re, shutil, sys
+import argparse, copy, glob, json, math, os, re, shutil, sys
 
 import numpy as np
 import torch
@@ -282,6 +288,80 @@ def llmc_quantize(bdir, kw):
     return stored, deq, qconf
 
 
+def unpack_words(w32, axis):
+    """int32 words -> their eight nibbles (low first) spread along `axis` (0: rows, 1: columns)."""
+    u = w32.to(torch.int64) & 0xFFFFFFFF
+    nib = torch.stack([(u >> (4 * i)) & 15 for i in range(8)], dim=-1)           # [..., words, 8]
+    if axis == 0:
+        return nib.permute(0, 2, 1).reshape(w32.shape[0] * 8, w32.shape[1])
+    return nib.reshape(w32.shape[0], w32.shape[1] * 8)
+
+
+AUTOROUND_CHILD = r"""
+import json, os, sys, glob, torch, transformers
+from safetensors.torch import save_file
+from auto_round import AutoRound
+bdir, root, tmp, g, sym, packing = sys.argv[1:7]
+tok = transformers.AutoTokenizer.from_pretrained(os.path.join(root, "models", "qdelta-tiny"))
+model = transformers.AutoModelForCausalLM.from_pretrained(bdir, dtype=torch.bfloat16)
+AutoRound(model, tokenizer=tok, bits=4, group_size=int(g), sym=sym == "1", iters=0, nsamples=1, seqlen=8,
+          disable_opt_rtn=True).quantize_and_save(os.path.join(tmp, "out"), format=packing)
+d = os.path.dirname(glob.glob(os.path.join(tmp, "out", "*", "config.json"))[0])
+qmodel = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float16, device_map="cpu")
+theirs = {}
+for name, m in qmodel.named_modules():
+    if hasattr(m, "qweight"):
+        K = m.infeatures if hasattr(m, "infeatures") else m.in_features
+        theirs[name] = m(torch.eye(K, dtype=torch.float16)).float().T.contiguous()
+save_file(theirs, os.path.join(tmp, "theirs.safetensors"))
+print(d)
+"""
+
+
+def autoround_quantize(bdir, kw):
+    """The base checkpoint through AutoRound itself (round to nearest, iters 0), in a child process
+    (AutoRound replaces transformers' MoE modules in the process that runs it, which would change
+    the reference's model): its stored tensors (every file merged), its quantization_config, and each
+    quantized module dequantized by the packing's published rule (GPTQ: qweight [K/8, N], zeros stored
+    minus one; AWQ: qweight [K, N/8] in the order 0 2 4 6 1 3 5 7, exact zeros), each checked against
+    what AutoRound's own QuantLinear module gives (fp16, on the identity)."""
+    import subprocess, tempfile
+    g, awq = kw["g"], kw["packing"] == "auto_round:auto_awq"
+    with tempfile.TemporaryDirectory() as tmp:
+        d = subprocess.run([sys.executable, "-c", AUTOROUND_CHILD, bdir, ROOT, tmp, str(g), "1" if kw["sym"] else "0",
+                            kw["packing"]], check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        qconf = json.load(open(os.path.join(d, "config.json")))["quantization_config"]
+        stored = {}
+        for f in sorted(glob.glob(os.path.join(d, "*.safetensors"))):
+            stored.update(load_file(f))
+        theirs = load_file(os.path.join(tmp, "theirs.safetensors"))
+    awq_cols = None
+    deq = {}
+    for k in stored:
+        if not k.endswith(".qweight"):
+            continue
+        mod = k[:-len(".qweight")]
+        s = stored[mod + ".scales"].float()                                          # [G, N]
+        G, N = s.shape
+        if awq:
+            awq_cols = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7]).repeat(N // 8) + torch.arange(N) // 8 * 8
+            q = unpack_words(stored[k], 1)[:, awq_cols]                                # [K, N]
+            z = unpack_words(stored[mod + ".qzeros"], 1)[:, awq_cols]                 # [G, N]
+        else:
+            q = unpack_words(stored[k], 0)                                           # [K, N]
+            z = (unpack_words(stored[mod + ".qzeros"], 1) + 1) & 15                  # [G, N]
+        K = q.shape[0]
+        gi = torch.arange(K) // (K if g == -1 else g)
+        w = ((q - z[gi]).float() * s[gi]).T.contiguous()                              # [N, K]
+        t = theirs.get(mod, theirs.get(mod.replace("model.language_model.", "model.", 1)))
+        if t is None or (t - w).abs().max() > 2e-3 * w.abs().max():
+            raise RuntimeError(f"{mod}: AutoRound's QuantLinear gives other weights than the published rule")
+        deq[mod] = w
+    if len(theirs) != len(deq):
+        raise RuntimeError(f"AutoRound has {len(theirs)} quantized modules, the checkpoint {len(deq)}")
+    return stored, deq, qconf
+
+
 # ------------------------------------------------------------------ fixtures
 
 FORMATS = {
@@ -302,6 +382,8 @@ FORMATS = {
     "ctint4c_35_moe": ("qwen3_5_moe_fused_bf16", "ctint4", dict(g=-1, sym=False, actorder=False)),
     "llmc_next_asym16": ("qwen3_next_moe_bf16", "llmc", dict(g=16, sym=False)),
     "llmc_35moe_sym_ch": ("qwen3_5_moe_fused_bf16", "llmc", dict(g=-1, sym=True)),
+    "ar_next_gptq": ("qwen3_next_moe_bf16", "autoround", dict(g=32, sym=True, packing="auto_round:auto_gptq")),
+    "ar_35moe_awq": ("qwen3_5_moe_fused_bf16", "autoround", dict(g=32, sym=False, packing="auto_round:auto_awq")),
 }
 
 
@@ -517,6 +599,8 @@ def make(name, out, manifest):
     base_t = load_file(os.path.join(bdir, "model.safetensors"))
     if fmt == "llmc":
         stored, deq, qconf = llmc_quantize(bdir, kw)
+    elif fmt == "autoround":
+        stored, deq, qconf = autoround_quantize(bdir, kw)
     else:
         stored, deq = quantize_checkpoint(name, base_t, fmt, kw, seed=1234)
         qconf = quant_config(fmt, kw, stored)
@@ -535,7 +619,7 @@ def make(name, out, manifest):
     save_file(stored, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
     # the reference: the base layout, every quantized module replaced by its exact dequantization
     ref_t = {k: v.float() for k, v in base_t.items()}
-    if fmt == "llmc":  # its plain tensors as it stored them
+    if fmt in ("llmc", "autoround"):  # its plain tensors as it stored them
         ref_t.update({k: v.float() for k, v in stored.items() if k in ref_t})
     for mod, w in deq.items():
         if mod + ".weight" in ref_t:
@@ -569,6 +653,9 @@ def make(name, out, manifest):
     np.concatenate([deq[n][r].numpy().astype("<f4").ravel() for n, r in sample]).tofile(os.path.join(d, "dequant.f32"))
     if fmt == "ctint4":
         kw = dict(kw, unpacked_by_compressed_tensors=CT_CHECKED["ran"])
+    if fmt == "autoround":
+        import auto_round
+        kw = dict(kw, auto_round=auto_round.__version__)
     if fmt == "llmc":
         import compressed_tensors, llmcompressor
         kw = dict(kw, llmcompressor=llmcompressor.__version__, compressed_tensors=compressed_tensors.__version__)

@@ -45,6 +45,7 @@ typedef enum qd_quant_method {
 typedef enum qd_quant_match { QD_QUANT_MATCH_SUBSTRING = 0, QD_QUANT_MATCH_NAME, QD_QUANT_MATCH_WILDCARD } qd_quant_match;
 
 #define QD_QUANT_EXCLUDE_BYTES 32768
+#define QD_QUANT_BLOCK_BYTES 512
 
 typedef struct qd_quant_config {
     qd_quant_method method;
@@ -59,6 +60,8 @@ typedef struct qd_quant_config {
     qd_quant_match match;
     int n_excluded;
     char excluded[QD_QUANT_EXCLUDE_BYTES]; /* the entries, each NUL-terminated, back to back */
+    int n_blocks;             /* AutoRound's block_name_to_quantize: modules outside every one are not converted */
+    char blocks[QD_QUANT_BLOCK_BYTES]; /* the name prefixes, each NUL-terminated, back to back */
 } qd_quant_config;
 
 /* Whether the module `name` (a tensor name without ".weight") is on the exclusion list. */

@@ -12,7 +12,7 @@
 
 #define SUPPORTED_METHODS                                                                               \
     "fp8, compressed-tensors (float-quantized, nvfp4-pack-quantized, pack-quantized int4), modelopt (NVFP4, " \
-    "FP8), gptq, awq"
+    "FP8), gptq, awq, auto-round (int4)"
 
 static const char *str_of(const json_t *o, const char *key) {
     const json_t *v = json_object_get(o, key);
@@ -34,6 +34,64 @@ static bool bool_of(const json_t *o, const char *key, bool def) {
     return json_is_boolean(v) ? json_is_true(v) : def;
 }
 
+/* Whether a pattern is one glibc's regcomp builds in bounded memory. It copies a subtree
+ * once per interval bound and again for each stacked repetition, so a short hostile pattern
+ * ("a++++...", "((a{99}){99}){99}") takes gigabytes. Published exclusion lists use no
+ * stacked repetitions and few, small intervals. */
+static bool regex_is_tame(const char *p) {
+    if (strlen(p) > 1000) return false;
+    int intervals = 0;
+    bool after_rep = false;
+    for (const char *c = p; *c; c++) {
+        if (*c == '\\' && c[1]) {
+            c++;
+            after_rep = false;
+            continue;
+        }
+        const bool rep = *c == '*' || *c == '+' || *c == '?' || *c == '{';
+        if (rep && after_rep) return false;
+        if (*c == '{') {
+            if (++intervals > 2) return false;
+            long bound = 0;
+            for (c++; *c && *c != '}'; c++) {
+                if (*c >= '0' && *c <= '9') {
+                    if ((bound = bound * 10 + (*c - '0')) > 16) return false;
+                } else {
+                    bound = 0;
+                }
+            }
+            if (!*c) return false;
+        }
+        after_rep = rep;
+    }
+    return true;
+}
+
+/* One exclusion entry, appended; "re:" entries must be tame and compile. */
+static qd_status add_exclusion(const char *s, const char *key, size_t i, const char *what, qd_quant_config *q,
+                               qd_err *err) {
+    size_t used = 0;
+    for (int k = 0; k < q->n_excluded; k++) used += strlen(q->excluded + used) + 1;
+    const size_t n = strlen(s) + 1;
+    if (used + n > sizeof q->excluded)
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: quantization list '%s' is longer than the supported %d bytes",
+                         what, key, QD_QUANT_EXCLUDE_BYTES);
+    if (!strncmp(s, "re:", 3)) {
+        if (!regex_is_tame(s + 3))
+            return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: %s[%zu] '%.200s' is a regular expression of stacked "
+                             "repetitions or large intervals, which this build does not compile", what, key, i, s);
+        regex_t re;
+        if (regcomp(&re, s + 3, REG_EXTENDED | REG_NOSUB) != 0)
+            return qd_seterr(err, QD_ERR_FORMAT, "%s: %s[%zu] '%.200s' is not a regular expression this build reads",
+                             what, key, i, s);
+        regfree(&re);
+    }
+    memcpy(q->excluded + used, s, n);
+    q->n_excluded++;
+    q->has_exclusions = true;
+    return QD_OK;
+}
+
 static qd_status add_exclusions(const json_t *list, const char *key, const char *what, qd_quant_config *q,
                                 qd_err *err) {
     if (!list || json_is_null(list)) return QD_OK;
@@ -41,29 +99,13 @@ static qd_status add_exclusions(const json_t *list, const char *key, const char 
         return qd_seterr(err, QD_ERR_FORMAT, "%s: quantization field '%s' must be a list of module names, got %s",
                          what, key, qd_json_type_name(list));
     q->has_exclusions = true;
-    size_t used = 0;
-    for (int i = 0; i < q->n_excluded; i++) used += strlen(q->excluded + used) + 1;
     size_t i;
     json_t *e;
     json_array_foreach(list, i, e) {
         if (!json_is_string(e))
             return qd_seterr(err, QD_ERR_FORMAT, "%s: %s[%zu] must be a string, got %s", what, key, i,
                              qd_json_type_name(e));
-        const char *s = json_string_value(e);
-        const size_t n = strlen(s) + 1;
-        if (used + n > sizeof q->excluded)
-            return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: quantization list '%s' is longer than the supported %d bytes",
-                             what, key, QD_QUANT_EXCLUDE_BYTES);
-        if (!strncmp(s, "re:", 3)) {
-            regex_t re;
-            if (regcomp(&re, s + 3, REG_EXTENDED | REG_NOSUB) != 0)
-                return qd_seterr(err, QD_ERR_FORMAT, "%s: %s[%zu] '%.200s' is not a regular expression this build reads",
-                                 what, key, i, s);
-            regfree(&re);
-        }
-        memcpy(q->excluded + used, s, n);
-        used += n;
-        q->n_excluded++;
+        QD_TRY(add_exclusion(json_string_value(e), key, i, what, q, err));
     }
     return QD_OK;
 }
@@ -92,7 +134,18 @@ static bool match_entry(const char *pat, qd_quant_match how, const char *name) {
     return n > m && name[n - m - 1] == '.' && !strcmp(name + n - m, pat);
 }
 
+/* Whether `name` lies under one of the config's quantized blocks (a prefix ending at a dot). */
+static bool under_block(const qd_quant_config *q, const char *name) {
+    const char *p = q->blocks;
+    for (int i = 0; i < q->n_blocks; i++, p += strlen(p) + 1) {
+        const size_t n = strlen(p);
+        if (!strncmp(name, p, n) && name[n] == '.') return true;
+    }
+    return false;
+}
+
 bool qd_quant_excluded(const qd_quant_config *q, const char *name) {
+    if (q->n_blocks && !under_block(q, name)) return true;
     const char *p = q->excluded;
     for (int i = 0; i < q->n_excluded; i++, p += strlen(p) + 1)
         if (match_entry(p, q->match, name)) return true;
@@ -265,6 +318,127 @@ static qd_status parse_int4(const json_t *qc, const char *what, bool awq, qd_qua
     return add_exclusions(json_object_get(qc, "modules_to_not_convert"), "modules_to_not_convert", what, q, err);
 }
 
+/* A prefix of AutoRound's block_name_to_quantize, kept with its other spelling: AutoRound
+ * names a composite Qwen3.5's layers "model.layers" in some fields and
+ * "model.language_model.layers" in others. */
+static qd_status add_block(const char *b, size_t n, const char *what, qd_quant_config *q, qd_err *err) {
+    static const char text[] = "model.", composite[] = "model.language_model.";
+    char names[2][256];
+    int k = 0;
+    if (n == 0 || n >= 200)
+        return qd_seterr(err, QD_ERR_FORMAT, "%s: a block_name_to_quantize entry is empty or too long", what);
+    snprintf(names[k++], sizeof names[0], "%.*s", (int)n, b);
+    if (!strncmp(b, composite, sizeof composite - 1))
+        snprintf(names[k++], sizeof names[0], "%s%.*s", text, (int)(n - (sizeof composite - 1)),
+                 b + sizeof composite - 1);
+    else if (!strncmp(b, text, sizeof text - 1))
+        snprintf(names[k++], sizeof names[0], "%s%.*s", composite, (int)(n - (sizeof text - 1)),
+                 b + sizeof text - 1);
+    size_t used = 0;
+    for (int i = 0; i < q->n_blocks; i++) used += strlen(q->blocks + used) + 1;
+    for (int i = 0; i < k; i++) {
+        const size_t len = strlen(names[i]) + 1;
+        if (used + len > sizeof q->blocks)
+            return qd_seterr(err, QD_ERR_UNSUPPORTED,
+                             "%s: block_name_to_quantize is longer than the supported %d bytes", what,
+                             QD_QUANT_BLOCK_BYTES);
+        memcpy(q->blocks + used, names[i], len);
+        used += len;
+        q->n_blocks++;
+    }
+    return QD_OK;
+}
+
+/* AutoRound's extra_config entry `key` that leaves its modules unquantized: a module name
+ * (also under the composite spelling) or, where it holds a regex character, a pattern
+ * searched anywhere in the name (Python's re.search, as AutoRound and vLLM read it). */
+static qd_status add_autoround_exclusion(const char *key, size_t i, const char *what, qd_quant_config *q,
+                                         qd_err *err) {
+    char buf[1100];
+    if (strpbrk(key, "*+?^$()[]{}|\\")) {
+        snprintf(buf, sizeof buf, "re:.*(%.1000s)", key);
+        return add_exclusion(buf, "extra_config", i, what, q, err);
+    }
+    QD_TRY(add_exclusion(key, "extra_config", i, what, q, err));
+    if (!strncmp(key, "model.layers.", 13)) {
+        snprintf(buf, sizeof buf, "model.language_model.%.1000s", key + 6);
+        QD_TRY(add_exclusion(buf, "extra_config", i, what, q, err));
+    }
+    return QD_OK;
+}
+
+/* AutoRound (quant_method auto-round): int4 in GPTQ's packing (auto_round:auto_gptq, zeros
+ * stored minus one as GPTQ v1) or AWQ's (auto_round:auto_awq); its extra_config gives the
+ * modules left in 16 bits, and modules outside block_name_to_quantize are not converted
+ * either. A module given a scheme of its own (other bits or groups) is refused. */
+static qd_status parse_autoround(const json_t *qc, const char *what, qd_quant_config *q, qd_err *err) {
+    const char *pack = str_of(qc, "packing_format"), *dt = str_of(qc, "data_type");
+    if (dt && strcmp(dt, "int")) return unsupported(what, "auto-round data_type", dt, "integer weights only", err);
+    if (!pack) return qd_seterr(err, QD_ERR_NOT_FOUND, "%s: auto-round quantization without 'packing_format'", what);
+    const bool awq = !strcmp(pack, "auto_round:auto_awq");
+    if (!awq && strcmp(pack, "auto_round:auto_gptq"))
+        return unsupported(what, "auto-round packing_format", pack,
+                           "expected auto_round:auto_gptq or auto_round:auto_awq", err);
+    snprintf(q->method_name, sizeof q->method_name, "auto-round %s", pack);
+    q->method = awq ? QD_QUANT_AWQ : QD_QUANT_GPTQ;
+    q->gptq_version = awq ? 0 : 1;
+    QD_TRY(int_of(qc, "bits", what, 4, &q->bits, err));
+    if (q->bits != 4)
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: auto-round bits %d is not supported (4-bit only)", what,
+                         q->bits);
+    QD_TRY(int_of(qc, "group_size", what, 128, &q->group_size, err));
+    QD_TRY(check_group(what, q, err));
+    q->sym = bool_of(qc, "sym", true);
+    q->match = QD_QUANT_MATCH_NAME;
+    q->has_exclusions = true;
+    const json_t *blocks = json_object_get(qc, "block_name_to_quantize");
+    if (!blocks) blocks = json_object_get(qc, "to_quant_block_names");
+    if (json_is_string(blocks)) {
+        for (const char *b = json_string_value(blocks); *b;) { /* comma-separated */
+            const size_t n = strcspn(b, ",");
+            QD_TRY(add_block(b, n, what, q, err));
+            b += n + (b[n] == ',');
+        }
+    } else if (json_is_array(blocks)) {
+        size_t i;
+        json_t *b;
+        json_array_foreach(blocks, i, b) {
+            if (!json_is_string(b))
+                return qd_seterr(err, QD_ERR_FORMAT, "%s: block_name_to_quantize[%zu] must be a string", what,
+                                 i);
+            QD_TRY(add_block(json_string_value(b), json_string_length(b), what, q, err));
+        }
+    } else if (blocks && !json_is_null(blocks)) {
+        return qd_seterr(err, QD_ERR_FORMAT, "%s: block_name_to_quantize must be a string or a list of strings",
+                         what);
+    }
+    const json_t *extra = json_object_get(qc, "extra_config");
+    if (extra && !json_is_null(extra) && !json_is_object(extra))
+        return qd_seterr(err, QD_ERR_FORMAT, "%s: auto-round extra_config must be an object", what);
+    const char *key;
+    const json_t *e;
+    size_t i = 0;
+    json_object_foreach((json_t *)extra, key, e) {
+        int bits = q->bits, group = q->group_size;
+        if (!json_is_object(e))
+            return qd_seterr(err, QD_ERR_FORMAT, "%s: extra_config['%.200s'] must be an object", what, key);
+        QD_TRY(int_of(e, "bits", what, q->bits, &bits, err));
+        QD_TRY(int_of(e, "group_size", what, q->group_size, &group, err));
+        const char *edt = str_of(e, "data_type");
+        const bool plain = bits >= 16 || (edt && (!strcmp(edt, "fp") || !strcmp(edt, "float")));
+        if (plain) {
+            QD_TRY(add_autoround_exclusion(key, i, what, q, err));
+        } else if (bits != q->bits || group != q->group_size || bool_of(e, "sym", q->sym) != q->sym ||
+                   (edt && strcmp(edt, "int"))) {
+            return qd_seterr(err, QD_ERR_UNSUPPORTED,
+                             "%s: auto-round extra_config gives '%.200s' a scheme of its own (bits %d, group_size %d): "
+                             "per-module schemes are not supported", what, key, bits, group);
+        }
+        i++;
+    }
+    return QD_OK;
+}
+
 qd_status qd_quant_config_parse(const json_t *qc, const char *what, bool modelopt_file, qd_quant_config *q,
                                 qd_err *err) {
     memset(q, 0, sizeof *q);
@@ -280,6 +454,7 @@ qd_status qd_quant_config_parse(const json_t *qc, const char *what, bool modelop
     if (!strcmp(m, "modelopt")) return parse_modelopt(qc, what, q, err);
     if (!strcmp(m, "gptq")) return parse_int4(qc, what, false, q, err);
     if (!strcmp(m, "awq")) return parse_int4(qc, what, true, q, err);
+    if (!strcmp(m, "auto-round") || !strcmp(m, "intel/auto-round")) return parse_autoround(qc, what, q, err);
     return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: quant_method '%.64s' is not supported (supported: %s)", what, m,
                      SUPPORTED_METHODS);
 }
