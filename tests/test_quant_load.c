@@ -435,6 +435,45 @@ static void ct_int4_refusals(void) {
     refused(rewritten(CTI_ASYM, "ctishape", ed_suffix, &z), "weight_shape of another size", z.name, "the model needs");
 }
 
+/* ------------------------------------------------------------------ GPTQModel's dynamic rules */
+
+#define GPTQ_SYM QFX "/gptq1_35_dense"
+
+static void ed_dyn_negative(json_t *c) { /* modules_to_not_convert said as negative rules instead */
+    json_object_del(qc(c), "modules_to_not_convert");
+    json_object_set_new(qc(c), "dynamic", json_pack("{s:{}, s:{}}", "-:.*in_proj_[ab]$", "-:lm_head$"));
+}
+static void ed_dyn_same(json_t *c) {
+    json_object_set_new(qc(c), "dynamic", json_pack("{s:{s:i, s:i}}", "+:.*mlp\\..*", "bits", 4, "group_size", 32));
+}
+static void ed_dyn_bits(json_t *c) {
+    json_object_set_new(qc(c), "dynamic", json_pack("{s:{s:i}}", "+:.*down_proj", "bits", 8));
+}
+static void ed_dyn_quantized(json_t *c) { /* a negative rule over modules the file stores quantized */
+    json_object_set_new(qc(c), "dynamic", json_pack("{s:{}}", "-:.*mlp\\.down_proj"));
+}
+
+static void gptq_dynamic(void) {
+    const char *dirs[2] = {variant(GPTQ_SYM, "dynneg", ed_dyn_negative), NULL};
+    char kept[256];
+    snprintf(kept, sizeof kept, "%s", dirs[0]);
+    dirs[0] = kept;
+    dirs[1] = variant(GPTQ_SYM, "dynsame", ed_dyn_same);
+    for (int i = 0; i < 2; i++) {
+        char err[1024] = "";
+        qd_model *m = load(dirs[i], 1, err, sizeof err);
+        CHECKF(m != NULL, "gptq dynamic variant %d: %s", i, err);
+        if (!m) continue;
+        printf("  gptq dynamic rules (%s):\n", i ? "a rule restating the scheme" : "negative rules for the exclusions");
+        golden_case(m, GPTQ_SYM, 33);
+        qd_model_free(m);
+    }
+    refused(variant(GPTQ_SYM, "dynbits", ed_dyn_bits), "gptq dynamic 8-bit rule", "'+:.*down_proj'",
+            "scheme of their own");
+    refused(variant(GPTQ_SYM, "dynq", ed_dyn_quantized), "gptq dynamic negative over int4", "mlp.down_proj.qweight'",
+            "not converted");
+}
+
 /* ------------------------------------------------------------------ AutoRound */
 
 #define AR_GPTQ QFX "/ar_next_gptq"  /* auto_round:auto_gptq, extra_config leaves routers and shared experts */
@@ -649,6 +688,7 @@ int main(void) {
     refusals();
     ct_int4_refusals();
     autoround_refusals();
+    gptq_dynamic();
     fused_refusals();
     return qd_test_finish("test_quant_load");
 }

@@ -67,7 +67,8 @@ static bool regex_is_tame(const char *p) {
     return true;
 }
 
-/* One exclusion entry, appended; "re:" entries must be tame and compile. */
+/* One exclusion entry, appended; "re:" entries must be tame and compile. Whether the list
+ * is complete (has_exclusions: every plain module must be on it) is the caller's call. */
 static qd_status add_exclusion(const char *s, const char *key, size_t i, const char *what, qd_quant_config *q,
                                qd_err *err) {
     size_t used = 0;
@@ -88,7 +89,6 @@ static qd_status add_exclusion(const char *s, const char *key, size_t i, const c
     }
     memcpy(q->excluded + used, s, n);
     q->n_excluded++;
-    q->has_exclusions = true;
     return QD_OK;
 }
 
@@ -288,6 +288,39 @@ static qd_status parse_modelopt(const json_t *qc, const char *what, qd_quant_con
     return add_exclusions(ex, "exclude_modules", what, q, err);
 }
 
+/* GPTQModel's `dynamic` rules, each a pattern matched from the start of a module's name:
+ * "-:pattern" leaves the modules it matches unconverted (a partial list: modules it does not
+ * name may be plain too, as in a GPTQ config without one); a positive rule ("+:pattern" or a
+ * bare one) may restate the global scheme but not change it (mixed bit widths and groups
+ * are refused). */
+static qd_status parse_gptq_dynamic(const json_t *dyn, const char *what, qd_quant_config *q, qd_err *err) {
+    if (!dyn || json_is_null(dyn)) return QD_OK;
+    if (!json_is_object(dyn)) return qd_seterr(err, QD_ERR_FORMAT, "%s: gptq 'dynamic' must be an object", what);
+    const char *key;
+    const json_t *rule;
+    size_t i = 0;
+    json_object_foreach((json_t *)dyn, key, rule) {
+        if (!json_is_object(rule))
+            return qd_seterr(err, QD_ERR_FORMAT, "%s: gptq dynamic['%.200s'] must be an object", what, key);
+        if (!strncmp(key, "-:", 2)) {
+            char buf[1100];
+            snprintf(buf, sizeof buf, "re:%.1000s", key + 2);
+            QD_TRY(add_exclusion(buf, "dynamic", i++, what, q, err));
+            continue;
+        }
+        int bits = q->bits, group = q->group_size;
+        QD_TRY(int_of(rule, "bits", what, q->bits, &bits, err));
+        QD_TRY(int_of(rule, "group_size", what, q->group_size, &group, err));
+        if (bits != q->bits || group != q->group_size || bool_of(rule, "sym", q->sym) != q->sym ||
+            bool_of(rule, "desc_act", q->desc_act) != q->desc_act)
+            return qd_seterr(err, QD_ERR_UNSUPPORTED,
+                             "%s: gptq dynamic rule '%.200s' gives its modules a scheme of their own (bits %d, "
+                             "group_size %d): per-module schemes are not supported", what, key, bits, group);
+        i++;
+    }
+    return QD_OK;
+}
+
 static qd_status parse_int4(const json_t *qc, const char *what, bool awq, qd_quant_config *q, qd_err *err) {
     q->method = awq ? QD_QUANT_AWQ : QD_QUANT_GPTQ;
     QD_TRY(int_of(qc, awq ? "w_bit" : "bits", what, 0, &q->bits, err));
@@ -310,9 +343,7 @@ static qd_status parse_int4(const json_t *qc, const char *what, bool awq, qd_qua
         if (!cf || !strcmp(cf, "gptq")) q->gptq_version = 1;
         else if (!strcmp(cf, "gptq_v2")) q->gptq_version = 2;
         else return unsupported(what, "gptq checkpoint_format", cf, "expected gptq or gptq_v2", err);
-        const json_t *dyn = json_object_get(qc, "dynamic");
-        if (json_is_object(dyn) && json_object_size(dyn))
-            return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: gptq 'dynamic' per-module overrides are not supported", what);
+        QD_TRY(parse_gptq_dynamic(json_object_get(qc, "dynamic"), what, q, err));
     }
     q->match = QD_QUANT_MATCH_SUBSTRING;
     return add_exclusions(json_object_get(qc, "modules_to_not_convert"), "modules_to_not_convert", what, q, err);
