@@ -17,10 +17,10 @@ static const char TOOLS[] =
     "{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"opts\":{\"type\":\"object\"}}}}},"
     "{\"type\":\"function\",\"function\":{\"name\":\"now\",\"parameters\":{\"type\":\"object\"}}}]";
 
-static void check_capture(const char *cap, const json_t *tools, int n_calls) {
-    json_t *whole = srv_parse_tool_calls(cap, strlen(cap), "x", tools);
+/* cap[0..n), which may hold NUL bytes */
+static void check_capture_n(const char *cap, size_t n, const json_t *tools, int n_calls) {
+    json_t *whole = srv_parse_tool_calls(cap, n, "x", tools);
     CHECKF(json_array_size(whole) == (size_t)n_calls, "whole parse of %s", cap);
-    size_t n = strlen(cap);
     for (size_t step = 1; step <= n; step++) {
         srv_toolstream ts;
         memset(&ts, 0, sizeof ts);
@@ -70,8 +70,21 @@ static void check_capture(const char *cap, const json_t *tools, int n_calls) {
     json_decref(whole);
 }
 
+static void check_capture(const char *cap, const json_t *tools, int n_calls) {
+    check_capture_n(cap, strlen(cap), tools, n_calls);
+}
+
 int main(void) {
     json_t *tools = json_loads(TOOLS, 0, NULL);
+    /* a function name holding a NUL byte names no tool: its values are typed as the whole
+     * parse types them (untyped: true stays a boolean), not by the name's first part
+     * (fuzz_model_output's finding: the stream cut the name at the NUL and typed "city" as
+     * get_weather's string) */
+    {
+        static const char cap[] = "<tool_call>\n<function=get_weather\0x>\n<parameter=city>\ntrue\n</parameter>\n"
+                                  "</function>\n</tool_call>";
+        check_capture_n(cap, sizeof cap - 1, tools, 1);
+    }
     check_capture("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris \\\"}\", \"days\": [1, {\"a\": 2}]}}\n</tool_call>",
                   tools, 1);
     check_capture("<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", "

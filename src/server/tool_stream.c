@@ -121,6 +121,7 @@ static size_t seek_call(srv_toolstream *ts, const char *s, size_t n, const char 
     if (nn == 0 || nn >= SRV_TOOL_NAME_MAX) return ts->broken = 1, 0;
     memcpy(ts->fname, s + i + 10, nn);
     ts->fname[nn] = 0;
+    ts->fname_len = nn;
     json_array_append_new(deltas, call_delta(ts, ts->fname, nn, id_prefix));
     ts->n_params = 0;
     ts->phase = TS_XML_BODY;
@@ -247,7 +248,7 @@ static void xml_body(srv_toolstream *ts, const char *s, size_t n, const json_t *
         if (s[v] == '\n') v++;
         memcpy(ts->param, s + i + 11, kn);
         ts->param[kn] = 0;
-        const json_t *schema = srv_tool_param_schema(tools, ts->fname, strlen(ts->fname), ts->param);
+        const json_t *schema = srv_tool_param_schema(tools, ts->fname, ts->fname_len, ts->param);
         const json_t *type = json_object_get(schema, "type");
         ts->string_param = json_is_string(type) && !strcmp(json_string_value(type), "string") &&
                            !json_object_get(schema, "enum");
@@ -288,7 +289,7 @@ static void xml_value(srv_toolstream *ts, const char *s, size_t n, const json_t 
     if (e && vend > ts->pos && s[vend - 1] == '\n') vend--; /* the format's newline */
     if (!ts->string_param) {
         if (!e) return; /* typed values go out whole */
-        json_t *v = srv_tool_param_value(srv_tool_param_schema(tools, ts->fname, strlen(ts->fname), ts->param),
+        json_t *v = srv_tool_param_value(srv_tool_param_schema(tools, ts->fname, ts->fname_len, ts->param),
                                          s + ts->pos, vend - ts->pos);
         char *txt = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
         json_decref(v);

@@ -31,6 +31,7 @@ typedef struct srv_toolstream {
     int depth, in_str, esc;
     /* XML: the current call and parameter */
     char fname[SRV_TOOL_NAME_MAX];
+    size_t fname_len;    /* its length: a name may hold NUL bytes, which must not shorten it */
     char param[SRV_TOOL_NAME_MAX];
     int n_params, string_param;
     int value_started;   /* XML string value: its opening quote went out (raw text, not a JSON string) */
