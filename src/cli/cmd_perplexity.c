@@ -9,13 +9,11 @@
  * two are compared token by token: KL(base || model) of the next-token distributions and
  * how often their most likely next tokens agree. All sums in double. */
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli/commands.h"
+#include "base/threadpool.h"
 #include "cli/common.h"
 #include "io/tokenizer.h"
 
@@ -110,15 +108,6 @@ static double row_kl(const float *p, double lse_p, const float *q, double lse_q,
     return kl > 0 ? kl : 0; /* rounding below zero where the rows agree */
 }
 
-#define CLI_PERPLEXITY_MAX_THREADS 256
-
-/* Threads for the rows' host pass: -t, else every online core. */
-static int host_threads(const cli_model_opts *mo) {
-    if (mo->threads > 0) return mo->threads;
-    const long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 typedef struct totals {
     long long tokens, agree;
     int windows;
@@ -131,7 +120,7 @@ typedef struct row_score {
     int agree, bad; /* bad: a logit that is not finite */
 } row_score;
 
-/* The rows of one window, scored by several threads: a row's host pass is a few
+/* The rows of one window, scored on the thread pool: a row's host pass is a few
  * exponentials per vocabulary entry, which at a 248k vocabulary outweighs a GPU's
  * forward. Each row's figures land in its own slot and are summed in order, so the
  * totals do not depend on the number of threads. */
@@ -140,10 +129,7 @@ typedef struct row_pass {
     const int32_t *ids;
     int begin, from, end, V;
     row_score *out; /* [end - from] */
-    atomic_int next;
 } row_pass;
-
-#define ROWS_PER_CLAIM 4
 
 static void score_row(const row_pass *j, int p, row_score *r) {
     const size_t row = (size_t)(p - j->begin - 1) * (size_t)j->V;
@@ -162,33 +148,22 @@ static void score_row(const row_pass *j, int p, row_score *r) {
     }
 }
 
-static void *row_worker(void *arg) {
-    row_pass *j = arg;
-    for (;;) {
-        const int p0 = atomic_fetch_add(&j->next, ROWS_PER_CLAIM);
-        if (p0 >= j->end) return NULL;
-        for (int p = p0; p < j->end && p < p0 + ROWS_PER_CLAIM; p++) score_row(j, p, &j->out[p - j->from]);
-    }
+static void score_rows(void *user, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    const row_pass *j = user;
+    for (int64_t i = begin; i < end; i++) score_row(j, j->from + (int)i, &j->out[i]);
 }
 
 /* Scores positions [from, end) of the window ids[begin, end): row t - begin - 1 predicts token t. */
-static int score_window(scorer *m, scorer *b, const int32_t *ids, int begin, int end, int from, int V, int threads,
-                        totals *t) {
+static int score_window(scorer *m, scorer *b, const int32_t *ids, int begin, int end, int from, int V,
+                        qd_threadpool *pool, totals *t) {
     if (scorer_run(m, ids + begin, end - begin) || (b && scorer_run(b, ids + begin, end - begin))) return -1;
     row_pass j = {.m = m, .b = b, .ids = ids, .begin = begin, .from = from, .end = end, .V = V};
     if (!(j.out = calloc((size_t)(end - from), sizeof *j.out))) {
         fprintf(stderr, "qdelta perplexity: out of memory for %d rows' scores\n", end - from);
         return -1;
     }
-    atomic_init(&j.next, from);
-    pthread_t tid[CLI_PERPLEXITY_MAX_THREADS];
-    int started = 0;
-    for (int i = 1; i < threads && i < CLI_PERPLEXITY_MAX_THREADS; i++) {
-        if (pthread_create(&tid[started], NULL, row_worker, &j)) break; /* fewer helpers: the rest is ours */
-        started++;
-    }
-    row_worker(&j);
-    for (int i = 0; i < started; i++) pthread_join(tid[i], NULL);
+    qd_parallel_for(pool, end - from, 1, score_rows, &j);
     int rc = 0;
     for (int p = from; p < end; p++) {
         const row_score *r = &j.out[p - from];
@@ -278,6 +253,7 @@ int qd_cmd_perplexity(int argc, char **argv) {
         return 1;
     }
     scorer m = {0}, b = {0};
+    qd_threadpool *pool = NULL;
     totals t = {0};
     int rc = 1;
     if (scorer_open(&m, &mo, (int)n_ctx) || (base_dir && scorer_open(&b, &bo, (int)n_ctx))) goto done;
@@ -296,13 +272,16 @@ int qd_cmd_perplexity(int argc, char **argv) {
     /* window starts 0, S, 2S, ... while the last scored token is not the text's last; a
      * window's first token is context only (with S < N an earlier window scored it) */
     const int disjoint = stride == n_ctx;
-    const int threads = host_threads(&mo);
+    if (!(pool = qd_threadpool_create(mo.threads))) { /* -t, else every core */
+        fprintf(stderr, "qdelta perplexity: cannot start the threads of the rows' pass\n");
+        goto done;
+    }
     for (int begin = 0, scored = 1; scored < n; begin += (int)stride) {
         const int end = begin + (int)n_ctx < n ? begin + (int)n_ctx : n;
         if (disjoint && end - begin < n_ctx) break;
         if (end <= scored) continue;
         const int from = scored > begin + 1 ? scored : begin + 1;
-        if (score_window(&m, base_dir ? &b : NULL, ids, begin, end, from, V, threads, &t)) goto done;
+        if (score_window(&m, base_dir ? &b : NULL, ids, begin, end, from, V, pool, &t)) goto done;
         scored = end;
     }
     if (t.tokens == 0) {
@@ -330,6 +309,7 @@ int qd_cmd_perplexity(int argc, char **argv) {
     }
     rc = 0;
 done:
+    qd_threadpool_free(pool);
     if (base_dir) scorer_close(&b);
     scorer_close(&m);
     free(ids);
