@@ -155,13 +155,19 @@ qd_status qd_quant_load_ct_int4(qd_model *m, const qd_quant_config *q, const cha
         return qd_seterr(err, QD_ERR_NOT_FOUND, "missing tensor '%s.weight_g_idx' (actorder group)", module);
     float *scf;
     QD_TRY(qd_quant_f32(m, sc, &scf, err));
+    /* packed along K, low nibble first: on a little-endian host the words' bytes already are
+     * the canonical [N][K/2], so the weight is a view of the file, like a plain one */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint8_t *data = wp->data;
+#else
     uint8_t *data = qd_model_alloc(m, (size_t)(N * K / 2));
-    uint8_t *zeros = zp ? qd_model_alloc(m, (size_t)(N * G)) : NULL;
-    if (!data || (zp && !zeros)) return qd_seterr(err, QD_ERR_OOM, "out of memory repacking '%s'", wp->name);
-    /* packed along K, low nibble first: the words' bytes are already the canonical [N][K/2] */
+    if (!data) return qd_seterr(err, QD_ERR_OOM, "out of memory repacking '%s'", wp->name);
     const uint32_t *w32 = wp->data;
     for (int64_t i = 0; i < N * K / 8; i++)
         for (int b = 0; b < 4; b++) data[4 * i + b] = (uint8_t)(w32[i] >> (8 * b));
+#endif
+    uint8_t *zeros = zp ? qd_model_alloc(m, (size_t)(N * G)) : NULL;
+    if (zp && !zeros) return qd_seterr(err, QD_ERR_OOM, "out of memory for the zero points of '%s'", wp->name);
     bool all_eight = true;
     if (zp) {
         const uint32_t *z32 = zp->data;
