@@ -444,7 +444,7 @@ fi
 QE2E_LOG="$LOGDIR/quant-e2e.log"
 if has quant-e2e; then
     : >"$QE2E_LOG"
-    # QBENCH="cfg|format ...": a subset (FP8 / INT4 dummies are drawn on the device, NVFP4 ones on the host)
+    # QBENCH="cfg|format ...": a subset (dummies in every format are drawn on the device)
     for spec in ${QBENCH:-qwen3_5_35b_a3b\|none qwen3_5_35b_a3b\|fp8 qwen3_5_35b_a3b\|nvfp4 qwen3_5_35b_a3b\|int4 \
         qwen3_5_27b\|none qwen3_5_27b\|fp8}; do
         IFS='|' read -r cfg q B <<<"$spec"

@@ -62,4 +62,23 @@ QD_HD uint8_t qd_round_int4(float v, float scale) {
     return (uint8_t)(q < 0 ? 0 : q > 15 ? 15 : q);
 }
 
+/* NVFP4 (spec 8): a matrix's global factor from its amax (1 for an all-zero matrix), the
+ * e4m3 scale code of a 16-column block from the block's amax (never 0: an all-zero block
+ * stays zero with the smallest step), and the nearest e2m1 code of a value over its block's
+ * effective scale (ties to the smaller magnitude; sign bit 8). */
+QD_HD float qd_nvfp4_global(float amax) { return amax > 0 ? amax / (448.0f * 6.0f) : 1.0f; }
+QD_HD uint8_t qd_nvfp4_block_code(float amax, float global) {
+    const uint8_t sc = qd_round_e4m3(amax / 6.0f / global);
+    return sc ? sc : 1;
+}
+QD_HD uint8_t qd_round_e2m1(float x) {
+    const float grid[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const uint8_t sign = x < 0 ? 8 : 0;
+    const float a = fabsf(x);
+    int best = 0;
+    for (int i = 1; i < 8; i++)
+        if (fabsf(a - grid[i]) < fabsf(a - grid[best])) best = i;
+    return sign | (uint8_t)best;
+}
+
 #endif

@@ -3,9 +3,9 @@
  * --quantization fp8|nvfp4|int4 each layer's linear layers are converted into that format
  * as soon as the layer is drawn (model_quant_online.c), so every benchmark runs in a format
  * without a download and a large model never holds more than one layer in bf16. A backend
- * that draws dummies in place (CUDA) gets no host values at all, bf16 or FP8 / INT4 (it
- * quantizes its draw as the host would); NVFP4, whose global factor needs the whole matrix,
- * is drawn and converted here. The values: base/dummy_values.h. */
+ * that draws dummies in place (CUDA) gets no host values at all, bf16 or in a format (it
+ * quantizes its draw as the host would, NVFP4's global factor from the whole matrix's amax
+ * included). The values: base/dummy_values.h. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -38,7 +38,7 @@ static void fill_worker(void *user, int64_t begin, int64_t end, int worker) {
 }
 
 static qd_status rand_matrix(qd_model *m, qd_weight *w, int64_t rows, int64_t cols, uint64_t *seed, qd_err *err) {
-    if (m->ops->draws_dummy_weights && m->quantization != QD_QUANTIZATION_NVFP4) {
+    if (m->ops->draws_dummy_weights) {
         /* drawn by the backend: no host copy of a 70 GB model */
         *w = (qd_weight){.dtype = QD_DTYPE_BF16, .rows = rows, .cols = cols, .dummy_seed = splitmix(seed),
                          .dummy_scale = sqrtf(3.0f / (float)cols)};

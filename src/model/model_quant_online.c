@@ -6,10 +6,10 @@
  *   int4   INT4 symmetric (z = 8), group 128 (the whole row when cols % 128), scale = amax / 7
  * Values are rounded to nearest (ties to the even code) and saturate at the format's range.
  * As in the official FP8 checkpoints, the embedding, lm_head, routers, shared-expert gates and
- * GDN in_proj_a / in_proj_b stay as they are. A dummy weight that its backend draws (FP8 and
- * INT4 on CUDA) only takes its layout here: the backend draws the bf16 values and quantizes
- * them in place with the same roundings (base/dummy_values.h), the bytes this file's
- * conversion gives on the host. */
+ * GDN in_proj_a / in_proj_b stay as they are. A dummy weight that its backend draws (CUDA)
+ * only takes its layout here: the backend draws the bf16 values and quantizes them in place
+ * with the same roundings (base/dummy_values.h), the bytes this file's conversion gives on
+ * the host; an NVFP4 one's global factor is the backend's to compute (it is 0 here). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,17 +18,6 @@
 #include "base/dummy_values.h"
 
 #include "model/model_quant.h"
-
-static const float E2M1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-static uint8_t f32_to_e2m1(float x) {
-    const uint8_t sign = x < 0 ? 8 : 0;
-    const float a = fabsf(x);
-    int best = 0;
-    for (int i = 1; i < 8; i++)
-        if (fabsf(a - E2M1[i]) < fabsf(a - E2M1[best])) best = i;
-    return sign | (uint8_t)best;
-}
 
 /* One conversion, cut over the model's thread pool: tasks of rows (FP8: of 128-row block rows)
  * that each dequantize their rows into their own scratch. */
@@ -109,13 +98,12 @@ static void nvfp4_task(void *user, int64_t begin, int64_t end, int worker) {
         for (int64_t b = 0; b < C / 16; b++) {
             float a = 0;
             for (int k = 0; k < 16; k++) a = fmaxf(a, fabsf(tmp[b * 16 + k]));
-            uint8_t sc = qd_round_e4m3(a / 6.0f / j->global);
-            if (sc == 0) sc = 1; /* the smallest e4m3 step: an all-zero block stays zero */
+            const uint8_t sc = qd_nvfp4_block_code(a, j->global);
             s[r * (C / 16) + b] = sc;
             const float eff = qd_f8e4m3_to_f32(sc) * j->global;
             for (int k = 0; k < 16; k++) {
                 const int64_t c = b * 16 + k;
-                const uint8_t code = f32_to_e2m1(tmp[c] / eff);
+                const uint8_t code = qd_round_e2m1(tmp[c] / eff);
                 j->q[(r * C + c) / 2] |= (uint8_t)(c % 2 ? code << 4 : code);
             }
         }
@@ -230,7 +218,7 @@ static void conv_fill(qd_threadpool *pool, qconv *c) {
         free(c->j.row_amax);
         c->j.row_amax = NULL;
         if (c->j.failed) return;
-        c->j.global = amax > 0 ? amax / (448.0f * 6.0f) : 1.0f;
+        c->j.global = qd_nvfp4_global(amax);
         c->out.scales.global = c->j.global;
     }
     conv_run(pool, c, c->tasks, c->task);
@@ -275,12 +263,9 @@ static qd_status convertible(const qd_weight *w, qd_err *err) {
 }
 
 /* A dummy its backend draws (model_dummy.c) only takes the format's layout: the backend
- * draws the bf16 values and quantizes them in place, as conv_fill would (FP8 and INT4,
- * whose scales need only their block's values). */
+ * draws the bf16 values and quantizes them in place, as conv_fill would (NVFP4 takes the
+ * matrix's amax there first, so its global factor is left 0 here). */
 static qd_status convert_drawn(qd_quantization kind, qd_weight *w, qd_err *err) {
-    if (kind == QD_QUANTIZATION_NVFP4)
-        return qd_seterr(err, QD_ERR_INVALID_ARG, "--quantization nvfp4: a dummy drawn by the backend (its global "
-                         "factor needs the whole matrix on the host)");
     qd_weight q;
     QD_TRY(quant_layout(kind, w, &q, err));
     *w = q;

@@ -41,13 +41,15 @@ static qd_status h2d(planner *p, void *dst, const void *src, size_t bytes) {
  * scratch, then dequantized, so it has the values the CPU backend multiplies. */
 static qd_status put_drawn_widened(planner *p, uint16_t *dst, const qd_weight *w) {
     qd_weight d = *w;
-    const size_t db = qd_weight_data_bytes(&d), sb = qd_weight_scale_bytes(&d);
+    const size_t db = qd_weight_data_bytes(&d), sb = qd_weight_scale_bytes(&d), gb = (db + sb + 3) / 4 * 4;
     void *tmp = NULL;
-    qd_status s = qd_cuda_malloc(&tmp, db + sb);
+    qd_status s = qd_cuda_malloc(&tmp, gb + sizeof(float));
     if (s) return cuda_err(p->err, s, "scratch for a dummy weight");
     d.data = tmp;
     d.scales.data = (uint8_t *)tmp + db;
-    s = qd_cuda_fill_dummy_quant(&d, tmp, (float *)d.scales.data, NULL);
+    float *d_global = (float *)((uint8_t *)tmp + gb);
+    s = qd_cuda_fill_dummy_quant(&d, tmp, (void *)d.scales.data, d_global, NULL);
+    if (!s && d.dtype == QD_DTYPE_NVFP4) s = qd_cuda_memcpy_d2h(&d.scales.global, d_global, sizeof(float));
     if (!s) s = qd_cuda_dequant_bf16(&d, dst, NULL);
     if (!s) s = qd_cuda_sync();
     qd_cuda_free(tmp);
@@ -109,13 +111,15 @@ static int64_t q_scale_elems(const qd_weight *w) {
 static size_t q_scale_esize(const qd_weight *w) { return w->dtype == QD_DTYPE_NVFP4 ? 1 : 4; }
 
 /* Whether b continues the quantized part that a began (rows_before rows so far): one layout,
- * and no scale block straddling the two. */
+ * and no scale block straddling the two. NVFP4: one global factor (a drawn dummy's is known
+ * only once drawn, so it keeps a part of its own). */
 static int q_joinable(const qd_weight *a, int64_t rows_before, const qd_weight *b) {
     const qd_weight_scales *x = &a->scales, *y = &b->scales;
     if (!qd_weight_quantized(a) || a->dtype != b->dtype || a->cols != b->cols || x->g_idx || y->g_idx ||
         !x->zeros != !y->zeros || x->block_cols != y->block_cols || x->block_rows != y->block_rows)
         return 0;
-    if (a->dtype == QD_DTYPE_NVFP4) return x->global == y->global;
+    if (a->dtype == QD_DTYPE_NVFP4)
+        return x->global == y->global && !qd_weight_backend_drawn(a) && !qd_weight_backend_drawn(b);
     return rows_before % x->block_rows == 0;
 }
 
@@ -148,6 +152,8 @@ static qd_status put_quant(planner *p, qd_cuda_mat *m, const qd_weight *const *s
     void *scales = take(p, (size_t)scale_n * esz);
     uint8_t *zeros = w0->scales.zeros ? take(p, (size_t)scale_n) : NULL;
     int32_t *g_idx = w0->scales.g_idx ? take(p, (size_t)w0->cols * 4) : NULL;
+    /* a drawn NVFP4 dummy's global factor, computed on the device (q_joinable: alone in its part) */
+    float *d_global = w0->dtype == QD_DTYPE_NVFP4 && qd_weight_backend_drawn(w0) ? take(p, sizeof(float)) : NULL;
     p->fmt_bytes[w0->dtype] += (size_t)data_b + (size_t)scale_n * (esz + (zeros ? 1 : 0)) + (g_idx ? (size_t)w0->cols * 4 : 0);
     *m = (qd_cuda_mat){.rows = rows, .cols = w0->cols};
     m->q = (qd_weight){.dtype = w0->dtype, .rows = rows, .cols = w0->cols, .data = data};
@@ -163,7 +169,8 @@ static qd_status put_quant(planner *p, qd_cuda_mat *m, const qd_weight *const *s
         const qd_weight *w = srcs[i];
         const int64_t db = w->rows * q_row_bytes(w), sn = q_scale_elems(w);
         if (qd_weight_backend_drawn(w)) { /* values and scales drawn in place (no zeros) */
-            qd_status s = qd_cuda_fill_dummy_quant(w, data, (float *)scales, NULL);
+            qd_status s = qd_cuda_fill_dummy_quant(w, data, scales, d_global, NULL);
+            if (!s && d_global) s = qd_cuda_memcpy_d2h(&m->q.scales.global, d_global, sizeof(float));
             if (s) return cuda_err(p->err, s, "drawing dummy weights");
         } else {
             QD_TRY(h2d(p, data, w->data, (size_t)db));
@@ -343,9 +350,19 @@ static qd_status experts_q(planner *p, qd_cuda_layer *d, const qd_moe_weights *w
                                (size_t)(E * (ddb + dsn * (int64_t)esz + (dn->zeros ? dsn : 0))) +
                                (fp4 ? (size_t)(3 * E) * 4 : 0);
     if (!p->cv.base) return QD_OK;
-    float *glob_host = fp4 ? calloc((size_t)(3 * E), sizeof(float)) : NULL;
-    if (fp4 && !glob_host) return qd_seterr(p->err, QD_ERR_OOM, "out of memory");
     qd_status s = QD_OK;
+    if (fp4) { /* the stored global factors; a drawn dummy's is computed on the device below */
+        float *glob_host = calloc((size_t)(3 * E), sizeof(float));
+        if (!glob_host) return qd_seterr(p->err, QD_ERR_OOM, "out of memory");
+        for (int e = 0; e < E; e++) {
+            const qd_mlp_weights *x = &w->experts[e0 + e];
+            glob_host[2 * e] = x->gate.scales.global;
+            glob_host[2 * e + 1] = x->up.scales.global;
+            glob_host[2 * E + e] = x->down.scales.global;
+        }
+        s = h2d(p, globals, glob_host, (size_t)(3 * E) * sizeof(float));
+        free(glob_host);
+    }
     for (int e = 0; e < E && !s; e++) {
         const qd_mlp_weights *x = &w->experts[e0 + e];
         const qd_weight *m[3] = {&x->gate, &x->up, &x->down};
@@ -353,21 +370,19 @@ static qd_status experts_q(planner *p, qd_cuda_layer *d, const qd_moe_weights *w
             const int gate_up = i < 2;
             const int64_t mat = gate_up ? 2 * e + i : e, db = gate_up ? gdb : ddb, sn = gate_up ? gsn : dsn;
             const qd_cuda_qmats *q = gate_up ? gu : dn;
-            if (qd_weight_backend_drawn(m[i])) { /* values and scales drawn in place */
-                s = qd_cuda_fill_dummy_quant(m[i], (uint8_t *)q->data + mat * db, (float *)q->scales + mat * sn,
-                                             NULL);
+            uint8_t *scales = (uint8_t *)q->scales + (size_t)(mat * sn) * esz;
+            if (qd_weight_backend_drawn(m[i])) { /* values, scales and global factor drawn in place */
+                s = qd_cuda_fill_dummy_quant(m[i], (uint8_t *)q->data + mat * db, scales,
+                                             fp4 ? globals + (gate_up ? mat : 2 * E + e) : NULL, NULL);
                 if (s) s = cuda_err(p->err, s, "drawing dummy experts");
                 continue;
             }
             s = h2d(p, (uint8_t *)q->data + mat * db, m[i]->data, (size_t)db);
-            if (!s && esz == 4) s = put_scales_f32(p, (float *)q->scales + mat * sn, m[i], sn);
-            else if (!s) s = h2d(p, (uint8_t *)q->scales + mat * sn, m[i]->scales.data, (size_t)sn);
+            if (!s && esz == 4) s = put_scales_f32(p, (float *)scales, m[i], sn);
+            else if (!s) s = h2d(p, scales, m[i]->scales.data, (size_t)sn);
             if (!s && q->zeros) s = h2d(p, (uint8_t *)q->zeros + mat * sn, m[i]->scales.zeros, (size_t)sn);
-            if (fp4) glob_host[gate_up ? mat : 2 * E + e] = m[i]->scales.global;
         }
     }
-    if (!s && fp4) s = h2d(p, globals, glob_host, (size_t)(3 * E) * sizeof(float));
-    free(glob_host);
     return s;
 }
 

@@ -27,8 +27,11 @@ extern "C" {
 /* A dummy weight drawn in place in its quantized layout (dummy_fill.cu): the bf16 values of
  * w's dummy_seed / dummy_scale (base/dummy_values.h) quantized as the host's conversion does
  * (model_quant_online.c), the same bytes: F8_E4M3 in 128 x 128 blocks or symmetric INT4 in
- * groups along a row; d_scales F32. */
-qd_status qd_cuda_fill_dummy_quant(const qd_weight *w, uint8_t *d_data, float *d_scales, void *stream);
+ * groups along a row (d_scales F32), NVFP4 in blocks of 16 (d_scales e4m3 [rows][cols / 16];
+ * the matrix's global factor, from its amax, written to the device float d_global, which
+ * the other formats leave alone and may be NULL). */
+qd_status qd_cuda_fill_dummy_quant(const qd_weight *w, uint8_t *d_data, void *d_scales, float *d_global,
+                                   void *stream);
 
 #define QD_CUDA_QGEMV_MAX_N 16
 
