@@ -12,7 +12,14 @@
  * returns only after B completed, and B completed only after its own wait saw A
  * complete. qd_pdl_trigger lets the next kernel launch; kernels call it after
  * their wait, so a dependent that reads something early (the MoE down kernel
- * reads the routing before its wait) sees it complete. */
+ * reads the routing before its wait) sees it complete.
+ *
+ * After the wait, whatever an earlier kernel of the chain wrote is read through L2
+ * (ld.cg, or staged into shared memory that way), never through L1 (plain loads,
+ * __ldg): a line of a reused buffer (the materialised x of every projection) that
+ * an earlier kernel left in this SM's L1 can predate the writes the wait made
+ * visible. Batched decodes read such stale x when the plain GEMVs of gemm.cu first
+ * became dependents with __ldg reads of x (test_cuda_model, RESULTS 2026-12-07). */
 #ifndef QD_CUDA_PDL_CUH
 #define QD_CUDA_PDL_CUH
 

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_pdl.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -76,21 +77,23 @@ add_rmsnorm_kernel(float *__restrict__ h, const float *__restrict__ y, const flo
                    const int32_t *__restrict__ rows, uint16_t *__restrict__ x, float *__restrict__ xf,
                    uint16_t *__restrict__ xr) {
     __shared__ float red[NORM_NT / 32];
+    qd_pdl_wait(); /* everything it reads but w comes from earlier kernels */
+    qd_pdl_trigger();
     const int i = blockIdx.x;
-    const int r = rows ? rows[i] : i;
+    const int r = rows ? __ldcg(rows + i) : i;
     float *hr = h + (size_t)r * H;
     float ss = 0.f;
-    for (int c = threadIdx.x; c < H; c += NORM_NT) {
-        float v = hr[c];
+    for (int c = threadIdx.x; c < H; c += NORM_NT) { /* activations through L2 (cuda_pdl.cuh) */
+        float v = __ldcg(hr + c);
         if (y) {
-            v += y[(size_t)r * H + c];
+            v += __ldcg(y + (size_t)r * H + c);
             hr[c] = v;
         }
         ss = fmaf(v, v, ss); /* explicit: linear_input.cuh takes the same sums */
     }
     const float inv = rsqrtf(block_sum<NORM_NT>(ss, red) / (float)H + eps);
     for (int c = threadIdx.x; c < H; c += NORM_NT) {
-        const float v = hr[c] * inv * (1.f + w[c]);
+        const float v = __ldcg(hr + c) * inv * (1.f + w[c]);
         const uint16_t hi = qd_f2bf(v);
         x[(size_t)i * H + c] = hi;
         if (xf) xf[(size_t)i * H + c] = v;
@@ -106,17 +109,15 @@ add_rmsnorm_kernel(float *__restrict__ h, const float *__restrict__ y, const flo
 extern "C" qd_status qd_cuda_add_rmsnorm(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
                                          const int32_t *d_rows, uint16_t *d_x, float *d_xf, void *stream) {
     if (n <= 0) return QD_OK;
-    add_rmsnorm_kernel<<<n, NORM_NT, 0, (cudaStream_t)stream>>>(d_h, d_y, d_w, eps, H, d_rows, d_x, d_xf, NULL);
-    QD_CUDA_CHECK_LAUNCH("add_rmsnorm");
-    return QD_OK;
+    return qd_launch_pdl(1, add_rmsnorm_kernel, dim3(n), dim3(NORM_NT), 0, (cudaStream_t)stream, d_h, d_y, d_w, eps,
+                         H, d_rows, d_x, d_xf, (uint16_t *)NULL);
 }
 
 extern "C" qd_status qd_cuda_add_rmsnorm_split(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
                                                uint16_t *d_x, uint16_t *d_xr, void *stream) {
     if (n <= 0) return QD_OK;
-    add_rmsnorm_kernel<<<n, NORM_NT, 0, (cudaStream_t)stream>>>(d_h, d_y, d_w, eps, H, NULL, d_x, NULL, d_xr);
-    QD_CUDA_CHECK_LAUNCH("add_rmsnorm (split)");
-    return QD_OK;
+    return qd_launch_pdl(1, add_rmsnorm_kernel, dim3(n), dim3(NORM_NT), 0, (cudaStream_t)stream, d_h, d_y, d_w, eps,
+                         H, (const int32_t *)NULL, d_x, (float *)NULL, d_xr);
 }
 
 /* --------------------------------------------------------- gated RMSNorm */
@@ -127,28 +128,28 @@ __global__ void gated_rmsnorm_kernel(const uint16_t *__restrict__ o, const float
                                      uint16_t *__restrict__ u) {
     const int64_t wid = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
+    qd_pdl_wait();
+    qd_pdl_trigger();
     if (wid >= (int64_t)n * hv) return;
     const int r = (int)(wid / hv), h = (int)(wid % hv);
     const uint16_t *oh = o + ((size_t)r * hv + h) * dv;
     const float *zh = z + (size_t)r * zs + (size_t)h * dv;
     float ss = 0.f;
     for (int e = lane; e < dv; e += 32) {
-        const float x = qd_bf2f(oh[e]);
+        const float x = qd_bf2f(__ldcg(oh + e)); /* activations through L2 (cuda_pdl.cuh) */
         ss = fmaf(x, x, ss); /* explicit: linear_input.cuh takes the same sums */
     }
     const float inv = 1.f / sqrtf(warp_sum(ss) / (float)dv + eps);
     uint16_t *uh = u + ((size_t)r * hv + h) * dv;
-    for (int e = lane; e < dv; e += 32) uh[e] = qd_f2bf(qd_bf2f(oh[e]) * inv * w[e] * silu(zh[e]));
+    for (int e = lane; e < dv; e += 32) uh[e] = qd_f2bf(qd_bf2f(__ldcg(oh + e)) * inv * w[e] * silu(__ldcg(zh + e)));
 }
 
 extern "C" qd_status qd_cuda_gated_rmsnorm(const uint16_t *d_o, const float *d_z, int64_t z_stride, const float *d_w,
                                            float eps, int n, int hv, int dv, uint16_t *d_u, void *stream) {
     if (n <= 0) return QD_OK;
     const int64_t warps = (int64_t)n * hv;
-    gated_rmsnorm_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, (cudaStream_t)stream>>>(
-        d_o, d_z, z_stride, d_w, eps, n, hv, dv, d_u);
-    QD_CUDA_CHECK_LAUNCH("gated_rmsnorm");
-    return QD_OK;
+    return qd_launch_pdl(1, gated_rmsnorm_kernel, dim3((unsigned)((warps * 32 + 255) / 256)), dim3(256), 0,
+                         (cudaStream_t)stream, d_o, d_z, z_stride, d_w, eps, n, hv, dv, d_u);
 }
 
 /* -------------------------------------------------------------------- add */
@@ -173,18 +174,19 @@ extern "C" qd_status qd_cuda_add_f32(float *d_y, int64_t ldy, const float *d_x, 
 /* ----------------------------------------------------------------- SwiGLU */
 
 __global__ void silu_mul_kernel(const float *__restrict__ gu, int n, int I, uint16_t *__restrict__ out) {
+    qd_pdl_wait();
+    qd_pdl_trigger();
     const int64_t N = (int64_t)n * I;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / I, c = i % I;
-        out[i] = qd_f2bf(silu(gu[r * 2 * I + c]) * gu[r * 2 * I + I + c]);
+        out[i] = qd_f2bf(silu(__ldcg(gu + r * 2 * I + c)) * __ldcg(gu + r * 2 * I + I + c)); /* through L2 */
     }
 }
 
 extern "C" qd_status qd_cuda_silu_mul(const float *d_gu, int n, int I, uint16_t *d_out, void *stream) {
     if (n <= 0) return QD_OK;
-    silu_mul_kernel<<<grid_for((int64_t)n * I, 256), 256, 0, (cudaStream_t)stream>>>(d_gu, n, I, d_out);
-    QD_CUDA_CHECK_LAUNCH("silu_mul");
-    return QD_OK;
+    return qd_launch_pdl(1, silu_mul_kernel, dim3(grid_for((int64_t)n * I, 256)), dim3(256), 0, (cudaStream_t)stream,
+                         d_gu, n, I, d_out);
 }
 
 __global__ void sigmoid_scale_kernel(float *__restrict__ y, const float *__restrict__ ys, const float *__restrict__ sg,

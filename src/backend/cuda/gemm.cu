@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_util.h"
 
 struct qd_cuda_blas {
@@ -61,61 +62,67 @@ extern "C" struct qd_cuda_fp8_plans **qd_cuda_blas_fp8_plans(qd_cuda_blas *b) { 
 
 /* Decode-sized products (a few rows of x) are bound by reading W once. One row of x:
  * a warp per output row streams the row in 16-byte pieces (4 in flight per lane); x is
- * small and stays in L1/L2. cuBLAS picks GEMM tiles made for
+ * small and stays close. cuBLAS picks GEMM tiles made for
  * larger n, so below this bound the GEMV kernel reads W faster. This plain kernel
  * (36 registers at n = 1, many blocks resident per SM) streams large matrices
  * faster than the fused one of gemv_fused.cu, which builds x in every block and
- * holds more registers; qd_cuda_linear's table picks between them. */
+ * holds more registers; qd_cuda_linear's table picks between them.
+ *
+ * STAGED: a programmatic dependent (cuda_pdl.cuh): the first pieces of W are in flight
+ * before the wait, and x, the previous kernel's, is copied through L2 into shared memory
+ * once a block (a read through L1 could see lines older than that kernel's writes).
+ * Otherwise a plain launch that reads x through the read-only cache (x too large for the
+ * block's shared memory). The same products in the same order either way. */
 #define GEMV_MAX_N 8
 #define GEMV_WARPS 8
+#define GEMV_STAGE_MAX (48 * 1024) /* bytes of x a block stages */
 
-template <int N>
+template <bool STAGED>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, const uint16_t *__restrict__ x, int64_t ldx,
-            float *__restrict__ y, int64_t ldy, int accumulate) {
+gemv_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, const uint16_t *__restrict__ x,
+            float *__restrict__ y, int accumulate) {
+    extern __shared__ uint4 gemv_xs[]; /* STAGED: x [cols / 8] */
     const int lane = threadIdx.x % 32;
     const int64_t row = (int64_t)blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
-    if (row >= rows) return;
-    const uint4 *w = (const uint4 *)(W + row * cols);
+    const bool live = row < rows;
+    const uint4 *w = (const uint4 *)(W + (live ? row : 0) * cols);
     const int64_t chunks = cols / 8;
-    float acc[N];
-#pragma unroll
-    for (int t = 0; t < N; t++) acc[t] = 0.f;
+    const uint4 *xv = STAGED ? gemv_xs : (const uint4 *)x;
+    float acc = 0.f;
     int64_t c = lane;
-    for (; c + 96 < chunks; c += 128) { /* four independent 16-byte loads per lane in flight */
-        uint4 wv[4];
+    uint4 wv[4];
+    if (live && c + 96 < chunks)
 #pragma unroll
         for (int u = 0; u < 4; u++) wv[u] = __ldcs(w + c + 32 * u);
+    if (STAGED) {
+        qd_pdl_wait();
+        qd_pdl_trigger();
+        for (int64_t i = threadIdx.x; i < chunks; i += GEMV_WARPS * 32) gemv_xs[i] = __ldcg((const uint4 *)x + i);
+        __syncthreads();
+    }
+    if (!live) return;
+    for (; c + 96 < chunks; c += 128) { /* four independent 16-byte loads per lane in flight */
+        if (c != lane)
+#pragma unroll
+            for (int u = 0; u < 4; u++) wv[u] = __ldcs(w + c + 32 * u);
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            float wf[8];
+            float wf[8], xf[8];
             qd_bf16x8_f32(wv[u], wf);
+            qd_bf16x8_f32(STAGED ? xv[c + 32 * u] : __ldg(xv + c + 32 * u), xf);
 #pragma unroll
-            for (int t = 0; t < N; t++) {
-                float xf[8];
-                qd_bf16x8_f32(__ldg((const uint4 *)(x + t * ldx) + c + 32 * u), xf);
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[t] = fmaf(wf[i], xf[i], acc[t]);
-            }
+            for (int i = 0; i < 8; i++) acc = fmaf(wf[i], xf[i], acc);
         }
     }
     for (; c < chunks; c += 32) {
-        float wf[8];
+        float wf[8], xf[8];
         qd_bf16x8_f32(__ldcs(w + c), wf);
+        qd_bf16x8_f32(STAGED ? xv[c] : __ldg(xv + c), xf);
 #pragma unroll
-        for (int t = 0; t < N; t++) {
-            float xf[8];
-            qd_bf16x8_f32(__ldg((const uint4 *)(x + t * ldx) + c), xf);
-#pragma unroll
-            for (int i = 0; i < 8; i++) acc[t] = fmaf(wf[i], xf[i], acc[t]);
-        }
+        for (int i = 0; i < 8; i++) acc = fmaf(wf[i], xf[i], acc);
     }
-#pragma unroll
-    for (int t = 0; t < N; t++) {
-        float v = acc[t];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) y[t * ldy + row] = accumulate ? y[t * ldy + row] + v : v;
-    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) y[row] = accumulate ? __ldcg(y + row) + acc : acc;
 }
 
 /* Two to eight rows of x: the kernel above runs out of instruction issue, not of
@@ -130,6 +137,9 @@ gemv_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, const ui
  * and no shared memory on the way in; the warps' 16x8 sums meet in shared memory at
  * the end, in a fixed order. Rows of W past `rows`, columns past `cols` (a multiple
  * of 8) and rows of x past n read as zeros.
+ *
+ * A programmatic dependent (cuda_pdl.cuh): the first round of W is in flight before the
+ * wait, and x, the previous kernel's, is read through L2.
  *
  * Bandwidth needs bytes in flight, and a grid that does not fit the GPU at once waits
  * for a tail wave: gemv_mma_warps gives a block the most warps (4 to 32) at which
@@ -152,6 +162,7 @@ gemv_mma_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, cons
     const int64_t r0 = (int64_t)blockIdx.x * 16 + g, r1 = r0 + 8;
     const int64_t units = (cols + 31) / 32;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
+    bool waited = false; /* the first round of W is in flight before the wait for the previous kernel (x) */
     for (int64_t u0 = warp; u0 < units; u0 += WARPS * GEMV_MMA_UNROLL) {
         uint4 wa[GEMV_MMA_UNROLL], wb[GEMV_MMA_UNROLL], xv[GEMV_MMA_UNROLL];
 #pragma unroll
@@ -160,7 +171,17 @@ gemv_mma_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, cons
             const int live = u0 + (int64_t)j * WARPS < units;
             wa[j] = live ? gemv_ld_w(W, r0, rows, cols, col) : make_uint4(0, 0, 0, 0);
             wb[j] = live ? gemv_ld_w(W, r1, rows, cols, col) : make_uint4(0, 0, 0, 0);
-            xv[j] = live && g < N && col < cols ? __ldg((const uint4 *)(x + g * ldx + col)) : make_uint4(0, 0, 0, 0);
+        }
+        if (!waited) {
+            qd_pdl_wait();
+            qd_pdl_trigger();
+            waited = true;
+        }
+#pragma unroll
+        for (int j = 0; j < GEMV_MMA_UNROLL; j++) {
+            const int64_t col = (u0 + (int64_t)j * WARPS) * 32 + 8 * t;
+            const int live = u0 + (int64_t)j * WARPS < units;
+            xv[j] = live && g < N && col < cols ? __ldcg((const uint4 *)(x + g * ldx + col)) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int j = 0; j < GEMV_MMA_UNROLL; j++) {
@@ -169,6 +190,10 @@ gemv_mma_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, cons
             qd_mma16816(c, a0, xv[j].x, xv[j].y);
             qd_mma16816(c, a1, xv[j].z, xv[j].w);
         }
+    }
+    if (!waited) { /* a warp without units still writes its part: the wait comes first */
+        qd_pdl_wait();
+        qd_pdl_trigger();
     }
 #pragma unroll
     for (int i = 0; i < 4; i++) part[warp][lane][i] = c[i];
@@ -183,7 +208,7 @@ gemv_mma_kernel(const uint16_t *__restrict__ W, int64_t rows, int64_t cols, cons
     const int tok = 2 * (ol % 4) + (oi & 1);
     if (tok >= N || row >= rows) return;
     float *o = y + tok * ldy + row;
-    *o = accumulate ? *o + v : v;
+    *o = accumulate ? __ldcg(o) + v : v; /* activations through L2 (cuda_pdl.cuh) */
 }
 
 /* Blocks of gemv_mma_kernel<N, WARPS> resident at once on the GPU (the occupancy
@@ -212,34 +237,33 @@ static int gemv_mma_warps(int64_t blocks) {
 }
 
 template <int N>
-static void gemv_mma(const uint16_t *W, int64_t rows, int64_t cols, const uint16_t *x, int64_t ldx, float *y,
+static qd_status gemv_mma(const uint16_t *W, int64_t rows, int64_t cols, const uint16_t *x, int64_t ldx, float *y,
                      int64_t ldy, int accumulate, cudaStream_t st) {
     const dim3 grid((unsigned)((rows + 15) / 16));
-    switch (gemv_mma_warps<N>((int64_t)grid.x)) {
-    case 4: gemv_mma_kernel<N, 4><<<grid, 4 * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
-    case 8: gemv_mma_kernel<N, 8><<<grid, 8 * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
-    case 16: gemv_mma_kernel<N, 16><<<grid, 16 * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
-    default: gemv_mma_kernel<N, 32><<<grid, 32 * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
-    }
+    const int warps = gemv_mma_warps<N>((int64_t)grid.x);
+    void (*k)(const uint16_t *, int64_t, int64_t, const uint16_t *, int64_t, float *, int64_t, int) =
+        warps == 4 ? gemv_mma_kernel<N, 4> : warps == 8 ? gemv_mma_kernel<N, 8>
+                                         : warps == 16 ? gemv_mma_kernel<N, 16> : gemv_mma_kernel<N, 32>;
+    return qd_launch_pdl(1, k, grid, dim3(warps * 32), 0, st, W, rows, cols, x, ldx, y, ldy, accumulate);
 }
 
 static qd_status gemv(const uint16_t *W, int64_t rows, int64_t cols, const uint16_t *x, int64_t ldx, int n, float *y,
                       int64_t ldy, int accumulate, cudaStream_t st) {
     const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS));
     switch (n) {
-#define QD_GEMV_CASE(N) \
-    case N: gemv_kernel<N><<<grid, GEMV_WARPS * 32, 0, st>>>(W, rows, cols, x, ldx, y, ldy, accumulate); break;
-        QD_GEMV_CASE(1)
-#undef QD_GEMV_CASE
+    case 1:
+        if (cols * 2 <= GEMV_STAGE_MAX)
+            return qd_launch_pdl(1, gemv_kernel<true>, grid, dim3(GEMV_WARPS * 32), (size_t)cols * 2, st, W, rows, cols,
+                                 x, y, accumulate);
+        return qd_launch_pdl(0, gemv_kernel<false>, grid, dim3(GEMV_WARPS * 32), 0, st, W, rows, cols, x, y,
+                             accumulate);
 #define QD_GEMV_MMA_CASE(N) \
-    case N: gemv_mma<N>(W, rows, cols, x, ldx, y, ldy, accumulate, st); break;
+    case N: return gemv_mma<N>(W, rows, cols, x, ldx, y, ldy, accumulate, st);
         QD_GEMV_MMA_CASE(2) QD_GEMV_MMA_CASE(3) QD_GEMV_MMA_CASE(4)
         QD_GEMV_MMA_CASE(5) QD_GEMV_MMA_CASE(6) QD_GEMV_MMA_CASE(7) QD_GEMV_MMA_CASE(8)
 #undef QD_GEMV_MMA_CASE
     default: return qd_cuda_fail(QD_ERR_INTERNAL, "gemv: n out of range");
     }
-    QD_CUDA_CHECK_LAUNCH("gemv");
-    return QD_OK;
 }
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }

@@ -241,7 +241,7 @@ __device__ __forceinline__ void qm_tile(const qd_cuda_qmats &m, int block_shift,
                 for (int q = 0; q < M::XU4; q++)
                     xv[q] = !xin    ? make_uint4(0, 0, 0, 0)
                             : BUILD ? xp[nt][u * (UNIT / 8) + q]
-                                    : __ldg(xp[nt] + u * (UNIT / 8) + q);
+                                    : __ldcg(xp[nt] + u * (UNIT / 8) + q);
 #pragma unroll
                 for (int i = 0; i < 4; i++) d[nt][i] = 0.f;
 #pragma unroll

@@ -107,7 +107,7 @@ __device__ __forceinline__ void qw_build_b(const qw_call &p, int64_t cols, int b
         for (int i = 0; i < QW_BUILD_UNROLL; i++) {
             const int pr = pr0 + i * 4 * WG, lb = pr / p.n, tok = pr % p.n;
             const int64_t col = (int64_t)(b0 + lb) * 128 + 4 * lane;
-            raw[i] = pr < pairs && col < cols ? __ldg((const uint2 *)(p.x + tok * p.ldx + col)) : make_uint2(0, 0);
+            raw[i] = pr < pairs && col < cols ? __ldcg((const uint2 *)(p.x + tok * p.ldx + col)) : make_uint2(0, 0);
         }
 #pragma unroll
         for (int i = 0; i < QW_BUILD_UNROLL; i++) {
@@ -257,7 +257,7 @@ __device__ __forceinline__ void qw_bf16_rows(const qw_call &p, const qd_cuda_qma
 #pragma unroll
                 for (int k = 0; k < 4 * NG; k++) {
                     if (k >= p.n) break;
-                    const uint4 xv = __ldg((const uint4 *)(p.x + k * p.ldx + c));
+                    const uint4 xv = __ldcg((const uint4 *)(p.x + k * p.ldx + c));
                     float x[8];
                     qf_bf16::decode8(xv, 0, 0, x);
 #pragma unroll
