@@ -300,6 +300,14 @@ static void drawn_dummy(const char *what, const char *dir, qd_quantization q) {
                 mat_drawn(&d->down, &dense->down, &mats, &differ);
             }
             if (ly->ffn_kind == QD_FFN_DENSE || !d->q_experts_gate_up.n_mats) continue;
+            /* NVFP4's shared expert viewed as one stack of gate and up, two matrices with their own
+             * global factors, as the MoE block's decode kernels take it (FP8's 128-row blocks join
+             * gate and up only where the rows are whole blocks, which these fixtures' are not) */
+            if (q == QD_QUANTIZATION_NVFP4 && ly->moe.has_shared) {
+                CHECKF(d->sh_q_gate_up.n_mats == 2 && d->sh_q_down.n_mats == 1,
+                       "%s: layer %d's shared expert is not viewed as one quantized stack", what, L);
+                mats++;
+            }
             const qd_cuda_qmats *gq = &d->q_experts_gate_up, *dq = &d->q_experts_down;
             const int64_t gsn = gq->scale_rows * gq->nbc, dsn = dq->scale_rows * dq->nbc;
             for (int e = 0; e < cm->cfg.n_experts; e++) {

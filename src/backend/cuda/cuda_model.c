@@ -269,19 +269,69 @@ static qd_cuda_qmats qmats_of_stack(const qd_cuda_mat *m, int count, const float
     return q;
 }
 
+/* Whether gate and up are NVFP4 of one layout but may differ in their global factors (every
+ * NVFP4 checkpoint's, and drawn dummies': q_joinable keeps them apart). */
+static int nvfp4_pairable(const qd_weight *g, const qd_weight *u) {
+    return g->dtype == QD_DTYPE_NVFP4 && u->dtype == QD_DTYPE_NVFP4 && g->rows == u->rows && g->cols == u->cols &&
+           qd_cuda_qlayout_vectorised(g) && qd_cuda_qlayout_vectorised(u) && !q_joinable(g, g->rows, u) &&
+           (g->data || qd_weight_backend_drawn(g)) && (u->data || qd_weight_backend_drawn(u));
+}
+
+/* Gate and up (nvfp4_pairable) as two parts of one allocation, their global factors in a
+ * device array beside it: q views both as one stack of two matrices, as the routed experts
+ * are viewed, so that the MoE block's decode kernels take the shared expert. */
+static qd_status nvfp4_pair(planner *p, qd_cuda_stack *out, qd_cuda_qmats *q, const qd_weight *const *gu) {
+    const int64_t rows = gu[0]->rows, cols = gu[0]->cols, db = rows * q_row_bytes(gu[0]), sn = q_scale_elems(gu[0]);
+    uint8_t *data = take(p, (size_t)(2 * db));
+    uint8_t *scales = take(p, (size_t)(2 * sn));
+    float *globals = take(p, 2 * sizeof(float));
+    p->fmt_bytes[QD_DTYPE_NVFP4] += (size_t)(2 * (db + sn)) + 2 * sizeof(float);
+    memset(out, 0, sizeof *out);
+    out->n = 2;
+    for (int i = 0; i < 2; i++) {
+        qd_cuda_mat *m = &out->part[i];
+        out->row0[i] = i * rows;
+        *m = (qd_cuda_mat){.rows = rows, .cols = cols};
+        m->q = (qd_weight){.dtype = QD_DTYPE_NVFP4, .rows = rows, .cols = cols,
+                           .data = p->cv.base ? (const void *)(data + i * db) : (const void *)1};
+        m->q.scales = (qd_weight_scales){.dtype = QD_DTYPE_F8_E4M3, .data = scales + i * sn, .block_rows = 1,
+                                         .block_cols = 16, .global = gu[i]->scales.global};
+        if (!p->cv.base) continue;
+        qd_status s;
+        if (qd_weight_backend_drawn(gu[i])) {
+            s = qd_cuda_fill_dummy_quant(gu[i], data + i * db, scales + i * sn, globals + i, NULL);
+            if (!s) s = qd_cuda_memcpy_d2h(&m->q.scales.global, globals + i, sizeof(float));
+            if (s) return cuda_err(p->err, s, "drawing dummy weights");
+        } else {
+            QD_TRY(h2d(p, data + i * db, gu[i]->data, (size_t)db));
+            QD_TRY(h2d(p, scales + i * sn, gu[i]->scales.data, (size_t)sn));
+            QD_TRY(h2d(p, globals + i, &gu[i]->scales.global, sizeof(float)));
+        }
+    }
+    qd_weight both = out->part[0].q;
+    both.rows = rows;
+    if (!qd_cuda_qmats_of(&both, q)) return qd_seterr(p->err, QD_ERR_INTERNAL, "an NVFP4 pair the kernels do not view");
+    q->n_mats = 2;
+    q->globals = globals;
+    return QD_OK;
+}
+
 static qd_status mlp(planner *p, const qd_mlp_weights *w, qd_cuda_layer *d) {
     const qd_weight *gu[2] = {&w->gate, &w->up};
-    QD_TRY(stack(p, &d->gate_up, gu, 2));
-    QD_TRY(one(p, &d->down, &w->down));
     memset(&d->sh_q_gate_up, 0, sizeof d->sh_q_gate_up);
     memset(&d->sh_q_down, 0, sizeof d->sh_q_down);
-    if (d->gate_up.n == 1 && qd_cuda_mat_quantized(&d->gate_up.part[0]) && qd_cuda_mat_quantized(&d->down) &&
-        d->gate_up.part[0].q.dtype == d->down.q.dtype && w->gate.rows % w->gate.scales.block_rows == 0 &&
+    const int pair = nvfp4_pairable(gu[0], gu[1]);
+    if (pair) QD_TRY(nvfp4_pair(p, &d->gate_up, &d->sh_q_gate_up, gu));
+    else QD_TRY(stack(p, &d->gate_up, gu, 2));
+    QD_TRY(one(p, &d->down, &w->down));
+    const int joined = d->gate_up.n == 1 && qd_cuda_mat_quantized(&d->gate_up.part[0]);
+    if ((joined || pair) && qd_cuda_mat_quantized(&d->down) && d->gate_up.part[0].q.dtype == d->down.q.dtype &&
+        w->gate.rows % w->gate.scales.block_rows == 0 &&
         w->gate.rows % (w->gate.dtype == QD_DTYPE_F8_E4M3 ? 16 : 32) == 0) { /* the decode kernels' pieces */
-        d->sh_q_gate_up = qmats_of_stack(&d->gate_up.part[0], 2, NULL);
+        if (joined) d->sh_q_gate_up = qmats_of_stack(&d->gate_up.part[0], 2, NULL);
         d->sh_q_down = qmats_of_stack(&d->down, 1, NULL);
-        if (!d->sh_q_gate_up.n_mats || !d->sh_q_down.n_mats) d->sh_q_gate_up.n_mats = d->sh_q_down.n_mats = 0;
     }
+    if (!d->sh_q_gate_up.n_mats || !d->sh_q_down.n_mats) d->sh_q_gate_up.n_mats = d->sh_q_down.n_mats = 0;
     return QD_OK;
 }
 
