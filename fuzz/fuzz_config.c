@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "io/config.h"
+#include "io/quant_match.h"
 
 /* What the quantized loaders rely on in an accepted quantization_config. */
 static void check_quant(const qd_quant_config *q) {
@@ -33,7 +34,13 @@ static void check_quant(const qd_quant_config *q) {
     }
     static const char *const names[] = {"model.layers.0.mlp.gate", "lm_head", "model.layers.3.linear_attn.in_proj_qkvz",
                                         "mtp.layers.0.mlp.experts.7.down_proj", ""};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) (void)qd_quant_excluded(q, names[i]);
+    /* the parser checked every pattern as the matcher compiles it: only memory may fail */
+    qd_quant_matcher *mt = NULL;
+    qd_err err = {0};
+    const qd_status s = qd_quant_matcher_create(q, &mt, &err);
+    if (s != QD_OK && s != QD_ERR_OOM) abort();
+    for (size_t i = 0; mt && i < sizeof names / sizeof *names; i++) (void)qd_quant_matcher_excluded(mt, names[i]);
+    qd_quant_matcher_free(mt);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

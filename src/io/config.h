@@ -59,13 +59,11 @@ typedef struct qd_quant_config {
     bool has_exclusions;      /* the config names the modules left unquantized */
     qd_quant_match match;
     int n_excluded;
-    char excluded[QD_QUANT_EXCLUDE_BYTES]; /* the entries, each NUL-terminated, back to back */
+    char excluded[QD_QUANT_EXCLUDE_BYTES]; /* the entries, each NUL-terminated, back to back; matched
+                                            * through io/quant_match.h, which compiles them once */
     int n_blocks;             /* AutoRound's block_name_to_quantize: modules outside every one are not converted */
     char blocks[QD_QUANT_BLOCK_BYTES]; /* the name prefixes, each NUL-terminated, back to back */
 } qd_quant_config;
-
-/* Whether the module `name` (a tensor name without ".weight") is on the exclusion list. */
-bool qd_quant_excluded(const qd_quant_config *q, const char *name);
 
 typedef struct qd_config {
     qd_arch arch;

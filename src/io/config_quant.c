@@ -2,13 +2,12 @@
  * (model-spec section 8). Only what the loader needs to check the tensors against is kept;
  * every method, format, bit width and layout this engine cannot load exactly is refused
  * here by name, before a tensor is read. */
-#include <fnmatch.h>
-#include <regex.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "io/config.h"
 #include "io/json_util.h"
+#include "io/quant_match.h"
 
 #define SUPPORTED_METHODS                                                                               \
     "fp8, compressed-tensors (float-quantized, nvfp4-pack-quantized, pack-quantized int4), modelopt (NVFP4, " \
@@ -34,40 +33,8 @@ static bool bool_of(const json_t *o, const char *key, bool def) {
     return json_is_boolean(v) ? json_is_true(v) : def;
 }
 
-/* Whether a pattern is one glibc's regcomp builds in bounded memory. It copies a subtree
- * once per interval bound and again for each stacked repetition, so a short hostile pattern
- * ("a++++...", "((a{99}){99}){99}") takes gigabytes. Published exclusion lists use no
- * stacked repetitions and few, small intervals. */
-static bool regex_is_tame(const char *p) {
-    if (strlen(p) > 1000) return false;
-    int intervals = 0;
-    bool after_rep = false;
-    for (const char *c = p; *c; c++) {
-        if (*c == '\\' && c[1]) {
-            c++;
-            after_rep = false;
-            continue;
-        }
-        const bool rep = *c == '*' || *c == '+' || *c == '?' || *c == '{';
-        if (rep && after_rep) return false;
-        if (*c == '{') {
-            if (++intervals > 2) return false;
-            long bound = 0;
-            for (c++; *c && *c != '}'; c++) {
-                if (*c >= '0' && *c <= '9') {
-                    if ((bound = bound * 10 + (*c - '0')) > 16) return false;
-                } else {
-                    bound = 0;
-                }
-            }
-            if (!*c) return false;
-        }
-        after_rep = rep;
-    }
-    return true;
-}
-
-/* One exclusion entry, appended; "re:" entries must be tame and compile. Whether the list
+/* One exclusion entry, appended; "re:" entries must be tame and compile as written and as
+ * matched (quant_match.h), so every list accepted here makes a matcher. Whether the list
  * is complete (has_exclusions: every plain module must be on it) is the caller's call. */
 static qd_status add_exclusion(const char *s, const char *key, size_t i, const char *what, qd_quant_config *q,
                                qd_err *err) {
@@ -77,15 +44,16 @@ static qd_status add_exclusion(const char *s, const char *key, size_t i, const c
     if (used + n > sizeof q->excluded)
         return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: quantization list '%s' is longer than the supported %d bytes",
                          what, key, QD_QUANT_EXCLUDE_BYTES);
-    if (!strncmp(s, "re:", 3)) {
-        if (!regex_is_tame(s + 3))
-            return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: %s[%zu] '%.200s' is a regular expression of stacked "
-                             "repetitions or large intervals, which this build does not compile", what, key, i, s);
-        regex_t re;
-        if (regcomp(&re, s + 3, REG_EXTENDED | REG_NOSUB) != 0)
-            return qd_seterr(err, QD_ERR_FORMAT, "%s: %s[%zu] '%.200s' is not a regular expression this build reads",
-                             what, key, i, s);
-        regfree(&re);
+    switch (strncmp(s, "re:", 3) ? QD_QUANT_REGEX_OK : qd_quant_regex_check(s + 3)) {
+    case QD_QUANT_REGEX_OK: break;
+    case QD_QUANT_REGEX_UNTAME:
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: %s[%zu] '%.200s' is a regular expression of stacked "
+                         "repetitions or large intervals, which this build does not compile", what, key, i, s);
+    case QD_QUANT_REGEX_INVALID:
+        return qd_seterr(err, QD_ERR_FORMAT, "%s: %s[%zu] '%.200s' is not a regular expression this build reads",
+                         what, key, i, s);
+    case QD_QUANT_REGEX_NO_MEMORY:
+        return qd_seterr(err, QD_ERR_OOM, "%s: out of memory compiling %s[%zu] '%.200s'", what, key, i, s);
     }
     memcpy(q->excluded + used, s, n);
     q->n_excluded++;
@@ -108,48 +76,6 @@ static qd_status add_exclusions(const json_t *list, const char *key, const char 
         QD_TRY(add_exclusion(json_string_value(e), key, i, what, q, err));
     }
     return QD_OK;
-}
-
-static bool match_entry(const char *pat, qd_quant_match how, const char *name) {
-    if (!strncmp(pat, "re:", 3)) {
-        /* Python's re.match: anchored at the start only */
-        char anchored[1024];
-        snprintf(anchored, sizeof anchored, "^(%s)", pat + 3);
-        regex_t re;
-        if (regcomp(&re, anchored, REG_EXTENDED | REG_NOSUB) != 0) return false;
-        const bool hit = regexec(&re, name, 0, NULL, 0) == 0;
-        regfree(&re);
-        return hit;
-    }
-    switch (how) {
-    case QD_QUANT_MATCH_SUBSTRING: return strstr(name, pat) != NULL;
-    case QD_QUANT_MATCH_WILDCARD:
-        if (fnmatch(pat, name, 0) == 0) return true;
-        /* "lm_head" or "*.mlp.gate" also name the module under a composite prefix */
-        break;
-    case QD_QUANT_MATCH_NAME: break;
-    }
-    const size_t n = strlen(name), m = strlen(pat);
-    if (!strcmp(name, pat)) return true;
-    return n > m && name[n - m - 1] == '.' && !strcmp(name + n - m, pat);
-}
-
-/* Whether `name` lies under one of the config's quantized blocks (a prefix ending at a dot). */
-static bool under_block(const qd_quant_config *q, const char *name) {
-    const char *p = q->blocks;
-    for (int i = 0; i < q->n_blocks; i++, p += strlen(p) + 1) {
-        const size_t n = strlen(p);
-        if (!strncmp(name, p, n) && name[n] == '.') return true;
-    }
-    return false;
-}
-
-bool qd_quant_excluded(const qd_quant_config *q, const char *name) {
-    if (q->n_blocks && !under_block(q, name)) return true;
-    const char *p = q->excluded;
-    for (int i = 0; i < q->n_excluded; i++, p += strlen(p) + 1)
-        if (match_entry(p, q->match, name)) return true;
-    return false;
 }
 
 static qd_status unsupported(const char *what, const char *field, const char *value, const char *why, qd_err *err) {

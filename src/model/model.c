@@ -210,6 +210,7 @@ void qd_model_free(qd_model *m) {
     for (int i = 0; i < m->n_owned; i++) qd_aligned_free(m->owned[i]);
     free(m->owned);
     qd_st_close(m->st);
+    qd_quant_matcher_free(m->quant_match_owned);
     qd_threadpool_free(m->pool);
     free(m);
 }

@@ -27,6 +27,10 @@ struct qd_model {
     const qd_backend_ops *ops; /* the backend (a split model's: the split backend) */
     void *bm;                 /* its model */
     qd_safetensors *st;       /* NULL for dummy weights */
+    /* the checkpoint's quantization exclusion list, its patterns compiled once a load
+     * (qd_model_quant_matcher, model_quant.c): a rank's is its top model's, borrowed */
+    const struct qd_quant_matcher *quant_match;
+    struct qd_quant_matcher *quant_match_owned; /* what m frees; NULL when borrowed */
     qd_dtype dummy_dtype;     /* storage of dummy weights */
     qd_quantization quantization; /* quantized at load (model_quant_online.c); dummies drawn on the host */
     qd_threadpool *pool;

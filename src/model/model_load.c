@@ -385,6 +385,10 @@ qd_status qd_model_bind_norm(qd_model *m, const char *name, int64_t n, float **o
 }
 
 qd_status qd_model_bind_checkpoint(qd_model *m, qd_err *err) {
+    /* the exclusion list compiled once, before any tensor is read: every module below,
+     * the MTP head's too, is checked against it */
+    const qd_quant_matcher *mt = NULL;
+    QD_TRY(qd_model_quant_matcher(m, &m->cfg.quant, &mt, err));
     qd_shard_plan whole;
     QD_TRY(qd_shard_plan_make(&m->cfg, 1, 0, false, &whole, err));
     QD_TRY(qd_model_bind_checkpoint_plan(m, &m->cfg, &whole, err));

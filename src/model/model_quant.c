@@ -60,14 +60,27 @@ static const char *const QUANT_SUFFIXES[] = {".weight_scale_inv", ".weight_scale
                                              ".weight_global_scale", ".weight_zero_point", ".weight_g_idx",
                                              ".weight_shape", ".qweight", ".qzeros", ".scales", ".g_idx"};
 
-qd_status qd_quant_check_module(const qd_quant_config *q, const char *module, const char *tensor, bool quantized,
-                                qd_err *err) {
+qd_status qd_model_quant_matcher(qd_model *m, const qd_quant_config *q, const qd_quant_matcher **out, qd_err *err) {
+    if (!m->quant_match) {
+        const qd_status s = qd_quant_matcher_create(q, &m->quant_match_owned, err);
+        m->quant_match = m->quant_match_owned;
+        if (s != QD_OK) {
+            *out = NULL;
+            return s;
+        }
+    }
+    *out = m->quant_match;
+    return QD_OK;
+}
+
+qd_status qd_quant_check_module(const qd_quant_config *q, const qd_quant_matcher *mt, const char *module,
+                                const char *tensor, bool quantized, qd_err *err) {
     if (quantized && q->method == QD_QUANT_NONE)
         return qd_seterr(err, QD_ERR_FORMAT,
                          "tensor '%s' is quantized, but config.json has no quantization_config (nor is there an "
                          "hf_quant_config.json)", tensor);
     if (q->method == QD_QUANT_NONE) return QD_OK;
-    const bool excluded = qd_quant_excluded(q, module);
+    const bool excluded = qd_quant_matcher_excluded(mt, module);
     if (quantized && excluded)
         return qd_seterr(err, QD_ERR_FORMAT,
                          "tensor '%s' is quantized, but the %s quantization_config lists module '%s' as not converted",
@@ -87,15 +100,17 @@ static qd_status wrong_method(const qd_quant_config *q, const char *tensor, cons
 qd_status qd_quant_load_linear(qd_model *m, const qd_quant_config *q, const char *module, int64_t rows, int64_t cols,
                                qd_weight *out, qd_err *err) {
     char name[320];
+    const qd_quant_matcher *mt;
+    QD_TRY(qd_model_quant_matcher(m, q, &mt, err));
     const qd_st_tensor *w = qd_quant_find(m, module, ".weight"), *packed = qd_quant_find(m, module, ".weight_packed"),
                        *qweight = qd_quant_find(m, module, ".qweight");
     if (qweight) {
-        QD_TRY(qd_quant_check_module(q, module, qweight->name, true, err));
+        QD_TRY(qd_quant_check_module(q, mt, module, qweight->name, true, err));
         if (q->method != QD_QUANT_GPTQ && q->method != QD_QUANT_AWQ) return wrong_method(q, qweight->name, "GPTQ/AWQ int4", err);
         return qd_quant_load_int4(m, q, module, rows, cols, out, err);
     }
     if (packed) {
-        QD_TRY(qd_quant_check_module(q, module, packed->name, true, err));
+        QD_TRY(qd_quant_check_module(q, mt, module, packed->name, true, err));
         if (q->method == QD_QUANT_CT_INT4) return qd_quant_load_ct_int4(m, q, module, rows, cols, out, err);
         if (q->method != QD_QUANT_CT_NVFP4)
             return wrong_method(q, packed->name, "compressed-tensors packed (NVFP4 or int4)", err);
@@ -104,13 +119,13 @@ qd_status qd_quant_load_linear(qd_model *m, const qd_quant_config *q, const char
     snprintf(name, sizeof name, "%s.weight", module);
     if (!w) return qd_seterr(err, QD_ERR_NOT_FOUND, "missing tensor '%s' in checkpoint", name);
     if (w->dtype == QD_DTYPE_F8_E4M3) {
-        QD_TRY(qd_quant_check_module(q, module, w->name, true, err));
+        QD_TRY(qd_quant_check_module(q, mt, module, w->name, true, err));
         if (q->method != QD_QUANT_FP8 && q->method != QD_QUANT_CT_FP8 && q->method != QD_QUANT_MODELOPT)
             return wrong_method(q, w->name, "FP8 e4m3", err);
         return qd_quant_load_fp8(m, q, module, rows, cols, out, err);
     }
     if (w->dtype == QD_DTYPE_U8) {
-        QD_TRY(qd_quant_check_module(q, module, w->name, true, err));
+        QD_TRY(qd_quant_check_module(q, mt, module, w->name, true, err));
         if (q->method != QD_QUANT_MODELOPT) return wrong_method(q, w->name, "packed U8 (ModelOpt NVFP4)", err);
         return qd_quant_load_nvfp4(m, q, module, rows, cols, out, err);
     }
@@ -119,7 +134,7 @@ qd_status qd_quant_load_linear(qd_model *m, const qd_quant_config *q, const char
                          "tensor '%s' has dtype %s; weights load as F32, BF16, F16 or the quantized formats (FP8 "
                          "e4m3, NVFP4, GPTQ/AWQ int4)", w->name, qd_dtype_name(w->dtype));
     QD_TRY(qd_quant_check_unscaled(m, w, module, QUANT_SUFFIXES, sizeof QUANT_SUFFIXES / sizeof *QUANT_SUFFIXES, err));
-    QD_TRY(qd_quant_check_module(q, module, w->name, false, err));
+    QD_TRY(qd_quant_check_module(q, mt, module, w->name, false, err));
     int64_t shape[2] = {rows, cols};
     QD_TRY(qd_quant_check_shape(w, 2, shape, err));
     *out = (qd_weight){.dtype = w->dtype, .rows = rows, .cols = cols, .data = w->data};

@@ -6,6 +6,7 @@
 #ifndef QD_MODEL_MODEL_QUANT_H
 #define QD_MODEL_MODEL_QUANT_H
 
+#include "io/quant_match.h"
 #include "model/model.h"
 
 /* The linear `module` (a full tensor name without ".weight", e.g.
@@ -38,10 +39,15 @@ qd_status qd_quant_check_unscaled(qd_model *m, const qd_st_tensor *w, const char
 qd_status qd_quant_check_shape(const qd_st_tensor *t, int ndim, const int64_t *shape, qd_err *err);
 /* The n elements of a F32 / BF16 / F16 tensor as owned fp32; an error names the tensor. */
 qd_status qd_quant_f32(qd_model *m, const qd_st_tensor *t, float **out, qd_err *err);
-/* Whether `module`, stored in `tensor`, being quantized or not agrees with q (its method and
- * exclusion list); an error names the tensor and the module. */
-qd_status qd_quant_check_module(const qd_quant_config *q, const char *module, const char *tensor, bool quantized,
-                                qd_err *err);
+/* The matcher of m's checkpoint's exclusion list (io/quant_match.h), made from q on first
+ * use and kept with m, so a load compiles each pattern once however many modules it
+ * checks. q is that checkpoint's config (or a copy: a rank's local config copies it); a
+ * rank borrows its top model's. Fails naming a pattern that does not compile. */
+qd_status qd_model_quant_matcher(qd_model *m, const qd_quant_config *q, const qd_quant_matcher **out, qd_err *err);
+/* Whether `module`, stored in `tensor`, being quantized or not agrees with q (its method)
+ * and its exclusion list (mt, made from q); an error names the tensor and the module. */
+qd_status qd_quant_check_module(const qd_quant_config *q, const qd_quant_matcher *mt, const char *module,
+                                const char *tensor, bool quantized, qd_err *err);
 /* The first n e4m3 bytes of t hold no NaN code (no quantizer writes one: a damaged file,
  * on which the backends would not agree); an error names the tensor and the element. */
 qd_status qd_quant_check_e4m3(qd_model *m, const qd_st_tensor *t, int64_t n, qd_err *err);

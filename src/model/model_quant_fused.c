@@ -48,11 +48,11 @@ static qd_status find_scale(qd_model *m, const char *name, const char *modelopt,
 }
 
 /* A plain fused tensor: no scale beside it, and the config leaves its module unquantized. */
-static qd_status check_plain(qd_model *m, const qd_quant_config *q, const char *module, const qd_st_tensor *w,
-                            qd_err *err) {
+static qd_status check_plain(qd_model *m, const qd_quant_config *q, const qd_quant_matcher *mt, const char *module,
+                             const qd_st_tensor *w, qd_err *err) {
     QD_TRY(qd_quant_check_unscaled(m, w, w->name, FUSED_SCALE_SUFFIXES,
                                    sizeof FUSED_SCALE_SUFFIXES / sizeof *FUSED_SCALE_SUFFIXES, err));
-    return qd_quant_check_module(q, module, w->name, false, err);
+    return qd_quant_check_module(q, mt, module, w->name, false, err);
 }
 
 /* The published global shapes, as the global of part p of expert e at [e * parts + p]:
@@ -111,6 +111,8 @@ static qd_status load_nvfp4(qd_model *m, const qd_st_tensor *w, qd_fused_experts
 qd_status qd_quant_load_fused(qd_model *m, const qd_quant_config *q, const char *module, const char *name,
                               int64_t n_experts, int parts, int64_t rows, int64_t cols, qd_fused_experts *out,
                               qd_err *err) {
+    const qd_quant_matcher *mt;
+    QD_TRY(qd_model_quant_matcher(m, q, &mt, err));
     const qd_st_tensor *w = qd_st_find(m->st, name);
     if (!w) return qd_seterr(err, QD_ERR_NOT_FOUND, "missing tensor '%s' in checkpoint", name);
     *out = (qd_fused_experts){.w = w, .dtype = w->dtype, .n_experts = n_experts, .parts = parts, .rows = rows,
@@ -118,7 +120,7 @@ qd_status qd_quant_load_fused(qd_model *m, const qd_quant_config *q, const char 
     if (plain_dtype(w->dtype)) {
         const int64_t shape[3] = {n_experts, parts * rows, cols};
         QD_TRY(qd_quant_check_shape(w, 3, shape, err));
-        return check_plain(m, q, module, w, err);
+        return check_plain(m, q, mt, module, w, err);
     }
     if (w->dtype != QD_DTYPE_U8)
         return qd_seterr(err, QD_ERR_UNSUPPORTED,
@@ -126,7 +128,7 @@ qd_status qd_quant_load_fused(qd_model *m, const qd_quant_config *q, const char 
                          "block and global scales) only, no fused %s layout being published; per-expert experts "
                          "(experts.{e}.*_proj) load in every format", name, qd_dtype_name(w->dtype),
                          qd_dtype_name(w->dtype));
-    QD_TRY(qd_quant_check_module(q, module, name, true, err));
+    QD_TRY(qd_quant_check_module(q, mt, module, name, true, err));
     if (q->method != QD_QUANT_MODELOPT)
         return qd_seterr(err, QD_ERR_FORMAT, "tensor '%s' is packed U8 (ModelOpt NVFP4 fused experts), but "
                          "quantization_config says '%s'", name, q->method_name);

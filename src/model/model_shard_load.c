@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/arena.h"
+#include "model/model_quant.h"
 #include "model/model_shard.h"
 /* The buffers a rank model owns (column slices, gathered runs, fp32 vectors, expert
  * tables) are freed and every layer keeps only its kinds and state index, so no pointer
@@ -41,7 +42,11 @@ qd_status qd_shard_model_load(qd_model *top, const qd_shard_plan *p, uint64_t se
         m->w.n_local_experts = p->n_local_experts;
         m->n_owned_layout = m->n_owned;
         if (m->st) {
-            s = qd_model_bind_checkpoint_plan(m, &top->cfg, p, err);
+            /* every rank checks its modules against top's matcher, compiled once a load */
+            const qd_quant_matcher *mt = NULL;
+            s = qd_model_quant_matcher(top, &top->cfg.quant, &mt, err);
+            m->quant_match = mt;
+            if (s == QD_OK) s = qd_model_bind_checkpoint_plan(m, &top->cfg, p, err);
             /* the head's layer by the same plan (model_mtp.c); a head it cannot use leaves
              * the reason in m->mtp_missing, as on an unsplit model */
             if (s == QD_OK) s = qd_model_bind_mtp(m, &top->cfg, p, err);
