@@ -15,10 +15,10 @@
  * reads the routing before its wait) sees it complete.
  *
  * After the wait, whatever an earlier kernel of the chain wrote is read through L2
- * (ld.cg, or staged into shared memory that way), never through L1 (plain loads,
- * __ldg): a line of a reused buffer (the materialised x of every projection) that
- * an earlier kernel left in this SM's L1 can predate the writes the wait made
- * visible. Batched decodes read such stale x when the plain GEMVs of gemm.cu first
+ * (ld.cg, or staged into shared memory that way), never through the read-only path
+ * (__ldg, ld.global.nc): that path assumes its data does not change while the kernel
+ * runs, and a dependent runs before its inputs are written. Batched decodes read x
+ * older than the previous kernel's writes when the plain GEMVs of gemm.cu first
  * became dependents with __ldg reads of x (test_cuda_model, RESULTS 2026-12-07). */
 #ifndef QD_CUDA_PDL_CUH
 #define QD_CUDA_PDL_CUH
