@@ -483,6 +483,7 @@ static void ed_ar_pack(json_t *c) { ed_ar_set(c, "packing_format", json_string("
 static void ed_ar_nvfp(json_t *c) { ed_ar_set(c, "data_type", json_string("nv_fp")); }
 static void ed_ar_bits2(json_t *c) { ed_ar_set(c, "bits", json_integer(2)); }
 static void ed_ar_noblock(json_t *c) { json_object_del(qc(c), "block_name_to_quantize"); }
+static void ed_ar_noblocks(json_t *c) { ed_ar_set(c, "block_name_to_quantize", json_array()); }
 static void ed_ar_mixed(json_t *c) {
     json_object_set_new(json_object_get(qc(c), "extra_config"), "model.layers.1.mlp.down_proj",
                         json_pack("{s:i, s:s}", "bits", 8, "data_type", "int"));
@@ -500,8 +501,25 @@ static void autoround_refusals(void) {
             "scheme of its own");
     refused(variant(AR_GPTQ, "ar16", ed_ar_16), "auto-round 16-bit module stored int4", "mlp.down_proj.qweight'",
             "not converted");
-    refused(variant(AR_GPTQ, "arnoblock", ed_ar_noblock), "auto-round without block names", "stored unquantized",
-            "does not exclude it");
+    refused(variant(AR_GPTQ, "arempty", ed_ar_noblocks), "auto-round with an empty block list",
+            "block_name_to_quantize names no block", NULL);
+}
+
+/* Without block_name_to_quantize AutoRound's loader quantizes the decoder layers (the text
+ * model's and the composite spelling's): lm_head and the rest stay as stored, and both
+ * fixtures load as with their block names. */
+static void autoround_default_blocks(void) {
+    static const char *src[2] = {AR_GPTQ, QFX "/ar_35moe_awq"};
+    for (int i = 0; i < 2; i++) {
+        char err[1024] = "", dir[256];
+        snprintf(dir, sizeof dir, "%s", variant(src[i], i ? "arnoblock35" : "arnoblock", ed_ar_noblock));
+        qd_model *m = load(dir, 1, err, sizeof err);
+        CHECKF(m != NULL, "%s without block_name_to_quantize: %s", src[i], err);
+        if (!m) continue;
+        printf("  %s without block_name_to_quantize:\n", src[i]);
+        golden_case(m, src[i], 33);
+        qd_model_free(m);
+    }
 }
 
 /* ------------------------------------------------------------------ fused NVFP4 experts */
@@ -688,6 +706,7 @@ int main(void) {
     refusals();
     ct_int4_refusals();
     autoround_refusals();
+    autoround_default_blocks();
     gptq_dynamic();
     fused_refusals();
     return qd_test_finish("test_quant_load");

@@ -326,8 +326,9 @@ static qd_status add_autoround_exclusion(const char *key, size_t i, const char *
 
 /* AutoRound (quant_method auto-round): int4 in GPTQ's packing (auto_round:auto_gptq, zeros
  * stored minus one as GPTQ v1) or AWQ's (auto_round:auto_awq); its extra_config gives the
- * modules left in 16 bits, and modules outside block_name_to_quantize are not converted
- * either. A module given a scheme of its own (other bits or groups) is refused. */
+ * modules left in 16 bits, and modules outside block_name_to_quantize (where the config names
+ * none, the decoder layers, as AutoRound's loader finds them) are not converted either. A
+ * module given a scheme of its own (other bits or groups) is refused. */
 static qd_status parse_autoround(const json_t *qc, const char *what, qd_quant_config *q, qd_err *err) {
     const char *pack = str_of(qc, "packing_format"), *dt = str_of(qc, "data_type");
     if (dt && strcmp(dt, "int")) return unsupported(what, "auto-round data_type", dt, "integer weights only", err);
@@ -368,7 +369,10 @@ static qd_status parse_autoround(const json_t *qc, const char *what, qd_quant_co
     } else if (blocks && !json_is_null(blocks)) {
         return qd_seterr(err, QD_ERR_FORMAT, "%s: block_name_to_quantize must be a string or a list of strings",
                          what);
+    } else { /* none named: AutoRound quantizes the model's decoder layers (its get_block_names) */
+        QD_TRY(add_block("model.layers", strlen("model.layers"), what, q, err));
     }
+    if (!q->n_blocks) return qd_seterr(err, QD_ERR_FORMAT, "%s: block_name_to_quantize names no block", what);
     const json_t *extra = json_object_get(qc, "extra_config");
     if (extra && !json_is_null(extra) && !json_is_object(extra))
         return qd_seterr(err, QD_ERR_FORMAT, "%s: auto-round extra_config must be an object", what);
