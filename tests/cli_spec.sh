@@ -97,9 +97,21 @@ check "[ $rc != 0 ] && grep -q 'speculative_draft_vocab 999999 is not in 0..' $T
 
 # ------------------------------------------------------------------ bench
 "$Q" bench -m "$F" --prefill 32 --context 16 --decode 24 --batch 3 --speculative-tokens 3 -q > "$T/bench" 2>&1; rc=$?
-check "[ $rc = 0 ] && grep -Eq '^RESULT spec_decode B=3 ctx=16 K=3 tok_s_plain=[0-9.]+ tok_s_spec=[0-9.]+ .* same=1 fwd_ms_plain=[0-9.]+ fwd_ms_spec=[0-9.]+ mtp_ms_spec=[0-9.]+ dec_ms_plain=[0-9.]+ dec_ms_spec=[0-9.]+ dec_mtp_ms_spec=[0-9.]+ draft_vocab=0 always=0 plain_steps=[0-9]+ steps=[0-9]+ mtp_forwards=[0-9]+$' $T/bench" \
+re='^RESULT spec_decode B=3 ctx=16 K=3 tok_s_plain=[0-9.]+ tok_s_spec=[0-9.]+ .* same=1 fwd_ms_plain=[0-9.]+ '
+re+='fwd_ms_spec=[0-9.]+ mtp_ms_spec=[0-9.]+ dec_ms_plain=[0-9.]+ dec_ms_spec=[0-9.]+ dec_mtp_ms_spec=[0-9.]+ '
+re+='draft_vocab=0 always=0 plain_steps=[0-9]+ steps=[0-9]+ mtp_forwards=[0-9]+ verify_GB=[0-9.]+ '
+re+='verify_roof_ms=[0-9.]+ verify_x_roof=[0-9.]+ spec_x_roof=[0-9.]+$'
+check "[ $rc = 0 ] && grep -Eq '$re' $T/bench" \
   "bench --speculative-tokens: $(tail -3 $T/bench)"
 check "grep -q 'tok/s without speculation, .* tok/s with K=3' $T/bench" "bench prints both rates"
+# the verify step's roofline: the weights, 4 tokens' states and KV; more bytes than a plain step's
+vgb=$(sed -n 's/^RESULT spec_decode .* verify_GB=\([0-9.]*\) .*/\1/p' $T/bench)
+pgb=$(sed -n 's/^RESULT decode .* GB_per_step=\([0-9.]*\) .*/\1/p' $T/bench)
+check "awk -v v=\"$vgb\" -v p=\"$pgb\" 'BEGIN { exit !(v + 0 > p + 0 && p + 0 > 0) }'" \
+  "bench --speculative-tokens: the verify step's roofline bytes ($vgb GB) exceed a plain step's ($pgb GB)"
+re='^  verify roofline: [0-9.]+ GB a step over [0-9]+ GB/s = [0-9.]+ ms; the verify forward takes [0-9.]+x it'
+check "grep -Eq '$re' $T/bench" \
+  "bench prints the verify roofline: $(grep verify $T/bench)"
 
 # ------------------------------------------------------------------ serve
 # the fixture with a tokenizer beside it (its 320 ids are byte tokens of Qwen3's)

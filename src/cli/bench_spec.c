@@ -130,6 +130,31 @@ void cli_bench_prompts(const cli_bench_spec *b, int vocab, int32_t *prompts) {
     }
 }
 
+double cli_bench_verify_bytes(qd_model *m, qd_context *ctx, const cli_bench_spec *b, double mean_ctx, qd_span *spans,
+                              int32_t *next) {
+    const int span = b->k + 1, V = qd_model_vocab_size(m), moe_layers = qd_model_moe_layers(m);
+    const int k_tok = moe_layers > 0 ? qd_model_experts_per_token(m) : 0;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)b->batch * (size_t)span);
+    double pairs = -1;
+    if (ids && moe_layers > 0 && qd_context_count_experts(ctx, 1) == QD_OK) {
+        uint64_t s = 0x2545f4914f6cdd1dull;
+        for (int i = 0; i < b->batch * span; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (int32_t)((s >> 33) % (uint64_t)V);
+        }
+        for (int i = 0; i < b->batch; i++) spans[i] = (qd_span){i, ids + (size_t)i * span, span, QD_LOGITS_LAST};
+        int64_t p = 0;
+        if (qd_forward_greedy(ctx, spans, b->batch, next) == QD_OK && qd_context_routed_experts(ctx, &p) == QD_OK)
+            pairs = (double)p;
+        qd_context_count_experts(ctx, 0);
+    }
+    free(ids);
+    const double per_seq = (double)b->batch * ((1.0 + span) * (double)qd_model_state_bytes(m) +
+                                               mean_ctx * (double)qd_model_kv_bytes_per_token(m));
+    const double experts = pairs >= 0 ? (pairs - (double)moe_layers * k_tok) * (double)qd_model_expert_bytes(m) : 0;
+    return (double)qd_model_active_weight_bytes(m) + experts + per_seq;
+}
+
 int cli_bench_spec_run(qd_model *m, const cli_bench_spec *b) {
     const int V = qd_model_vocab_size(m);
     int32_t *prompts = malloc(sizeof(int32_t) * (size_t)b->batch * (size_t)b->context);
@@ -168,15 +193,23 @@ int cli_bench_spec_run(qd_model *m, const cli_bench_spec *b) {
     printf("\n  drafting: %s; %llu of %llu steps kept plain by the policy; %llu MTP forwards",
            b->always ? "every step" : "by the policy", (unsigned long long)s1.spec_plain_steps,
            (unsigned long long)s1.steps, (unsigned long long)s1.spec_mtp_forwards);
+    /* a verify step against what its bytes cost (with --speculative-always every decode step
+     * verifies; by the policy the figure mixes in plain steps) */
+    const double roof_ms = b->verify_gb > 0 && b->copy_gbps > 0 ? 1e3 * b->verify_gb / b->copy_gbps : 0;
+    const double v_ms = s1.decode_forward_seconds * d1, mtp_ms = s1.decode_mtp_seconds * d1;
+    if (roof_ms > 0)
+        printf("\n  verify roofline: %.3f GB a step over %.0f GB/s = %.3f ms; the verify forward takes %.2fx it, "
+               "with its drafts %.2fx", b->verify_gb, b->copy_gbps, roof_ms, v_ms / roof_ms, (v_ms + mtp_ms) / roof_ms);
     printf("\nRESULT spec_decode B=%d ctx=%d K=%d tok_s_plain=%.2f tok_s_spec=%.2f accept_pct=%.2f mean_len=%.3f same=%d "
            "fwd_ms_plain=%.3f fwd_ms_spec=%.3f mtp_ms_spec=%.3f "
            "dec_ms_plain=%.3f dec_ms_spec=%.3f dec_mtp_ms_spec=%.3f draft_vocab=%d always=%d plain_steps=%llu "
-           "steps=%llu mtp_forwards=%llu\n",
+           "steps=%llu mtp_forwards=%llu verify_GB=%.4f verify_roof_ms=%.4f verify_x_roof=%.3f spec_x_roof=%.3f\n",
            b->batch, b->context, b->k, t_plain, t_spec, rate, mean, same, s0.forward_seconds * ms0,
            s1.forward_seconds * ms1, s1.mtp_seconds * ms1, s0.decode_forward_seconds * d0,
            s1.decode_forward_seconds * d1, s1.decode_mtp_seconds * d1, b->draft_vocab, b->always,
            (unsigned long long)s1.spec_plain_steps, (unsigned long long)s1.steps,
-           (unsigned long long)s1.spec_mtp_forwards);
+           (unsigned long long)s1.spec_mtp_forwards, b->verify_gb, roof_ms, roof_ms > 0 ? v_ms / roof_ms : 0.0,
+           roof_ms > 0 ? (v_ms + mtp_ms) / roof_ms : 0.0);
     rc = same ? 0 : -1;
     if (!same) fprintf(stderr, "qdelta bench: speculative greedy output differs from plain greedy\n");
 done:

@@ -12,7 +12,18 @@ typedef struct cli_bench_spec {
     int n_decode;  /* tokens each generates */
     int draft_vocab; /* drafts among ids [0, draft_vocab) (0: all) */
     int always;      /* draft at every step (engine speculative_always), not by the policy */
+    double verify_gb;  /* a verify step's bytes at the roofline (cli_bench_verify_bytes; 0: not known) */
+    double copy_gbps;  /* the copy bandwidth measured in the run */
 } cli_bench_spec;
+
+/* A verify step's bytes at the roofline: the weights once, the experts its K + 1 tokens a
+ * sequence touch (counted on one untimed forward of b->batch spans of K + 1 random ids in
+ * ctx, whose sequences hold mean_ctx tokens and have room for K + 1 more), each sequence's
+ * GDN state read once and written after each of its tokens (the per-token states that
+ * rollback takes), its KV read. spans [b->batch] and next [b->batch] are scratch. Without
+ * the count (a backend that does not count, or a dense model) the experts are one token's. */
+double cli_bench_verify_bytes(qd_model *m, qd_context *ctx, const cli_bench_spec *b, double mean_ctx, qd_span *spans,
+                              int32_t *next);
 
 /* Prints engine decode tok/s without and with speculation and the acceptance; 0 or -1
  * (message printed: no MTP head, or the outputs differ). */

@@ -36,7 +36,9 @@ static void usage(FILE *f) {
                "  the bench/configs shapes).\n"
                "  --speculative-tokens K (1..4) also measures decode through the serving engine for the B\n"
                "  requests without and with speculative decoding (K MTP drafts per step; the model needs\n"
-               "  an MTP head), with the acceptance by draft position; the greedy outputs must agree.\n"
+               "  an MTP head), with the acceptance by draft position; the greedy outputs must agree; and\n"
+               "  a verify step's forward against its roofline (the weights, the experts its K + 1 tokens a\n"
+               "  sequence touch, counted on one untimed step, per-token states, KV).\n"
                "  --speculative-draft-vocab N drafts among ids [0, N) only (engine param of that name).\n"
                "  --speculative-always drafts at every step (what a verify step costs) instead of only\n"
                "  while the measured costs say drafting is faster (what serving gets).\n"
@@ -150,8 +152,12 @@ int qd_cmd_bench(int argc, char **argv) {
     /* --mixed: the prefill sequences of a mixed step, `context` tokens each (the last shorter) */
     const int n_mix = (int)((mixed + context - 1) / context);
     cp.max_seqs = (int)batch + n_mix;
-    cp.max_ctx = max_prefill + (int)n_decode + 8;
+    /* past the decode run: its 4 warm-up and 4 counted steps, and a counted verify step of
+     * K + 1 tokens a sequence with --speculative-tokens K */
+    const int tail = 8 + (spec_k > 0 ? (int)spec_k + 1 : 0);
+    cp.max_ctx = max_prefill + (int)n_decode + tail;
     cp.max_batch = max_prefill > batch + mixed ? max_prefill : (int)(batch + mixed);
+    if (spec_k > 0 && batch * (spec_k + 1) > cp.max_batch) cp.max_batch = (int)(batch * (spec_k + 1));
     /* the decode run's prompts go in groups of up to QD_BENCH_PREFILL_ROWS tokens a forward
      * (hundreds of sequences one at a time would take longer than the measurement, and under
      * a profiler much longer) */
@@ -162,7 +168,7 @@ int qd_cmd_bench(int argc, char **argv) {
     const int kv_block = 16;
     cp.kv_block_size = kv_block;
     cp.n_kv_blocks = (cp.max_ctx + kv_block - 1) / kv_block +
-                     ((int)batch + n_mix) * (int)((context + n_decode + 8 + kv_block - 1) / kv_block);
+                     ((int)batch + n_mix) * (int)((context + n_decode + tail + kv_block - 1) / kv_block);
     qd_context *ctx;
     if (qd_context_create(m, &cp, &ctx) != QD_OK) { fprintf(stderr, "qdelta bench: %s\n", qd_model_errmsg(m)); qd_model_free(m); return 1; }
     const int V = qd_model_vocab_size(m);
@@ -296,21 +302,23 @@ int qd_cmd_bench(int argc, char **argv) {
            backend, batch, context, steps * batch, 1e3 / steps, bytes / 1e9, bw,
            roof_steps > 0 ? 100.0 * steps / roof_steps : 0.0, routed, split ? allreduce_field(ctx, split, ar, sizeof ar) : "");
     fflush(stdout);
+    cli_bench_spec bs = {.k = (int)spec_k,
+                         .batch = (int)batch,
+                         .context = (int)context,
+                         .n_decode = (int)n_decode,
+                         .draft_vocab = (int)draft_vocab,
+                         .always = spec_always,
+                         .copy_gbps = bw};
+    if (spec_k > 0) bs.verify_gb = cli_bench_verify_bytes(m, ctx, &bs, mean_ctx, spans, next) / 1e9;
     if (schema_path) {
         qd_context_free(ctx); /* the engines plan their own */
         ctx = NULL;
-        const cli_bench_spec bs = {.batch = (int)batch, .context = (int)context, .n_decode = (int)n_decode};
-        if (cli_bench_schema_run(m, mo.model_dir, tok_dir, schema_path, &bs)) goto done;
+        const cli_bench_spec sb = {.batch = (int)batch, .context = (int)context, .n_decode = (int)n_decode};
+        if (cli_bench_schema_run(m, mo.model_dir, tok_dir, schema_path, &sb)) goto done;
     }
     if (spec_k > 0) {
         qd_context_free(ctx); /* the engines plan their own */
         ctx = NULL;
-        const cli_bench_spec bs = {.k = (int)spec_k,
-                                   .batch = (int)batch,
-                                   .context = (int)context,
-                                   .n_decode = (int)n_decode,
-                                   .draft_vocab = (int)draft_vocab,
-                                   .always = spec_always};
         if (cli_bench_spec_run(m, &bs)) goto done;
     }
     rc = 0;
