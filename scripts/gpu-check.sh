@@ -47,7 +47,11 @@
 #            the MoE decode kernels and the router; STALL_FORMAT the weights' format, default bf16;
 #            35B-A3B cut to 4 layers, batch 1): why they take what they take (report in stalls.txt;
 #            the summary has a line a launch: duration, DRAM throughput, instructions, issue rate;
-#            stall_lines.txt: the SASS lines where each kernel's warps wait, bench/kernel_lines.py)
+#            stall_lines.txt: the SASS lines where each kernel's warps wait, bench/kernel_lines.py);
+#            a prefill's kernels with STALL_PREFILL=T (the bench's prefill of T tokens, default 16),
+#            STALL_SKIP / STALL_COUNT the matching launches skipped and profiled (default 300 / 6),
+#            e.g. STALL_KERNELS=gdn_walk STALL_PREFILL=8192 STALL_SKIP=6 STALL_COUNT=2 for the GDN walk
+#            of the timed 8k prefill
 #     profile: where a decode step's GPU time goes: Nsight Compute's per-kernel durations of
 #            qdelta bench (35B-A3B cut to 8 layers, batch 1, bf16 and fp8; PROFILE="cfg|format|B|layers ..."),
 #            summed per kernel by bench/kernel_profile.py (launches and us per step); a fifth field
@@ -518,9 +522,10 @@ if has stalls; then
     rep="$BUILD/stalls"
     rm -f "$rep.ncu-rep"
     if timeout 300 ncu --set full --import-source no -o "$rep" \
-        -k "regex:${STALL_KERNELS:-moe_gate_up|moe_down|moe_router_decode}" -s 300 -c 6 \
+        -k "regex:${STALL_KERNELS:-moe_gate_up|moe_down|moe_router_decode}" -s "${STALL_SKIP:-300}" \
+        -c "${STALL_COUNT:-6}" \
         "$BUILD/qdelta" bench -q -m "$cdir" --backend cuda --load-format dummy --quantization "${STALL_FORMAT:-none}" \
-        --prefill 16 --decode 64 --batch 1 --context 512 >"$LOGDIR/stalls-run.log" 2>&1 &&
+        --prefill "${STALL_PREFILL:-16}" --decode 64 --batch 1 --context 512 >"$LOGDIR/stalls-run.log" 2>&1 &&
         ncu -i "$rep.ncu-rep" --page details >"$STALL_LOG" 2>&1; then
         # where each kernel's warps wait, SASS line by line (bench/kernel_lines.py)
         ncu -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 |
