@@ -136,6 +136,32 @@ static qd_status put_scales_f32(planner *p, float *dst, const qd_weight *w, int6
     return QD_OK;
 }
 
+/* One quantized matrix w in its device places: values at data, scales (the device layout:
+ * F32, or NVFP4's e4m3) at scales, zero points at zeros (NULL: none), NVFP4's global factor
+ * at d_global (NULL: kept on the host only). A dummy the backend draws is drawn there, its
+ * global factor computed at d_global; any other weight is uploaded. */
+static qd_status put_quant_mat(planner *p, const qd_weight *w, uint8_t *data, void *scales, uint8_t *zeros,
+                               float *d_global) {
+    const int64_t db = w->rows * q_row_bytes(w), sn = q_scale_elems(w);
+    if (qd_weight_backend_drawn(w)) { /* values and scales drawn in place (no zeros) */
+        const qd_status s = qd_cuda_fill_dummy_quant(w, data, scales, d_global, NULL);
+        return s ? cuda_err(p->err, s, "drawing dummy weights") : QD_OK;
+    }
+    QD_TRY(h2d(p, data, w->data, (size_t)db));
+    if (q_scale_esize(w) == 4) QD_TRY(put_scales_f32(p, (float *)scales, w, sn));
+    else QD_TRY(h2d(p, scales, w->scales.data, (size_t)sn));
+    if (zeros) QD_TRY(h2d(p, zeros, w->scales.zeros, (size_t)sn));
+    if (d_global) QD_TRY(h2d(p, d_global, &w->scales.global, sizeof(float)));
+    return QD_OK;
+}
+
+/* A drawn NVFP4 matrix's global factor, computed on the device at d_global, into *global. */
+static qd_status drawn_global(planner *p, const qd_weight *w, const float *d_global, float *global) {
+    if (!qd_weight_backend_drawn(w) || w->dtype != QD_DTYPE_NVFP4) return QD_OK;
+    const qd_status s = qd_cuda_memcpy_d2h(global, d_global, sizeof(float));
+    return s ? cuda_err(p->err, s, "reading a drawn global factor") : QD_OK;
+}
+
 /* The parts srcs[0..n) (joinable, quantized) as one device matrix m. */
 static qd_status put_quant(planner *p, qd_cuda_mat *m, const qd_weight *const *srcs, int n) {
     const qd_weight *w0 = srcs[0];
@@ -168,16 +194,8 @@ static qd_status put_quant(planner *p, qd_cuda_mat *m, const qd_weight *const *s
     for (int i = 0; i < n; i++) {
         const qd_weight *w = srcs[i];
         const int64_t db = w->rows * q_row_bytes(w), sn = q_scale_elems(w);
-        if (qd_weight_backend_drawn(w)) { /* values and scales drawn in place (no zeros) */
-            qd_status s = qd_cuda_fill_dummy_quant(w, data, scales, d_global, NULL);
-            if (!s && d_global) s = qd_cuda_memcpy_d2h(&m->q.scales.global, d_global, sizeof(float));
-            if (s) return cuda_err(p->err, s, "drawing dummy weights");
-        } else {
-            QD_TRY(h2d(p, data, w->data, (size_t)db));
-            if (esz == 4) QD_TRY(put_scales_f32(p, (float *)scales, w, sn));
-            else QD_TRY(h2d(p, scales, w->scales.data, (size_t)sn));
-            if (zeros) QD_TRY(h2d(p, zeros, w->scales.zeros, (size_t)sn));
-        }
+        QD_TRY(put_quant_mat(p, w, data, scales, zeros, d_global));
+        QD_TRY(drawn_global(p, w, d_global, &m->q.scales.global));
         data += db;
         scales = (unsigned char *)scales + (size_t)sn * esz;
         if (zeros) zeros += sn;
@@ -297,16 +315,8 @@ static qd_status nvfp4_pair(planner *p, qd_cuda_stack *out, qd_cuda_qmats *q, co
         m->q.scales = (qd_weight_scales){.dtype = QD_DTYPE_F8_E4M3, .data = scales + i * sn, .block_rows = 1,
                                          .block_cols = 16, .global = gu[i]->scales.global};
         if (!p->cv.base) continue;
-        qd_status s;
-        if (qd_weight_backend_drawn(gu[i])) {
-            s = qd_cuda_fill_dummy_quant(gu[i], data + i * db, scales + i * sn, globals + i, NULL);
-            if (!s) s = qd_cuda_memcpy_d2h(&m->q.scales.global, globals + i, sizeof(float));
-            if (s) return cuda_err(p->err, s, "drawing dummy weights");
-        } else {
-            QD_TRY(h2d(p, data + i * db, gu[i]->data, (size_t)db));
-            QD_TRY(h2d(p, scales + i * sn, gu[i]->scales.data, (size_t)sn));
-            QD_TRY(h2d(p, globals + i, &gu[i]->scales.global, sizeof(float)));
-        }
+        QD_TRY(put_quant_mat(p, gu[i], data + i * db, scales + i * sn, NULL, globals + i));
+        QD_TRY(drawn_global(p, gu[i], globals + i, &m->q.scales.global));
     }
     qd_weight both = out->part[0].q;
     both.rows = rows;
@@ -413,27 +423,22 @@ static qd_status experts_q(planner *p, qd_cuda_layer *d, const qd_moe_weights *w
         s = h2d(p, globals, glob_host, (size_t)(3 * E) * sizeof(float));
         free(glob_host);
     }
-    for (int e = 0; e < E && !s; e++) {
+    QD_TRY(s);
+    for (int e = 0; e < E; e++) {
         const qd_mlp_weights *x = &w->experts[e0 + e];
         const qd_weight *m[3] = {&x->gate, &x->up, &x->down};
-        for (int i = 0; i < 3 && !s; i++) {
+        for (int i = 0; i < 3; i++) {
             const int gate_up = i < 2;
             const int64_t mat = gate_up ? 2 * e + i : e, db = gate_up ? gdb : ddb, sn = gate_up ? gsn : dsn;
             const qd_cuda_qmats *q = gate_up ? gu : dn;
+            /* the stored global factors went up together above; a drawn one is computed in place */
+            float *d_global = fp4 && qd_weight_backend_drawn(m[i]) ? globals + (gate_up ? mat : 2 * E + e) : NULL;
             uint8_t *scales = (uint8_t *)q->scales + (size_t)(mat * sn) * esz;
-            if (qd_weight_backend_drawn(m[i])) { /* values, scales and global factor drawn in place */
-                s = qd_cuda_fill_dummy_quant(m[i], (uint8_t *)q->data + mat * db, scales,
-                                             fp4 ? globals + (gate_up ? mat : 2 * E + e) : NULL, NULL);
-                if (s) s = cuda_err(p->err, s, "drawing dummy experts");
-                continue;
-            }
-            s = h2d(p, (uint8_t *)q->data + mat * db, m[i]->data, (size_t)db);
-            if (!s && esz == 4) s = put_scales_f32(p, (float *)scales, m[i], sn);
-            else if (!s) s = h2d(p, scales, m[i]->scales.data, (size_t)sn);
-            if (!s && q->zeros) s = h2d(p, (uint8_t *)q->zeros + mat * sn, m[i]->scales.zeros, (size_t)sn);
+            QD_TRY(put_quant_mat(p, m[i], (uint8_t *)q->data + mat * db, scales,
+                                 q->zeros ? (uint8_t *)q->zeros + mat * sn : NULL, d_global));
         }
     }
-    return s;
+    return QD_OK;
 }
 
 /* One decoder layer's weights (a main layer or the MTP head's). */
