@@ -44,16 +44,10 @@ static qd_status add_exclusion(const char *s, const char *key, size_t i, const c
     if (used + n > sizeof q->excluded)
         return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: quantization list '%s' is longer than the supported %d bytes",
                          what, key, QD_QUANT_EXCLUDE_BYTES);
-    switch (strncmp(s, "re:", 3) ? QD_QUANT_REGEX_OK : qd_quant_regex_check(s + 3)) {
-    case QD_QUANT_REGEX_OK: break;
-    case QD_QUANT_REGEX_UNTAME:
-        return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s: %s[%zu] '%.200s' is a regular expression of stacked "
-                         "repetitions or large intervals, which this build does not compile", what, key, i, s);
-    case QD_QUANT_REGEX_INVALID:
-        return qd_seterr(err, QD_ERR_FORMAT, "%s: %s[%zu] '%.200s' is not a regular expression this build reads",
-                         what, key, i, s);
-    case QD_QUANT_REGEX_NO_MEMORY:
-        return qd_seterr(err, QD_ERR_OOM, "%s: out of memory compiling %s[%zu] '%.200s'", what, key, i, s);
+    if (!strncmp(s, "re:", 3)) {
+        char entry[512];
+        snprintf(entry, sizeof entry, "%.200s: %.64s[%zu] '%.200s'", what, key, i, s);
+        QD_TRY(qd_quant_regex_error(qd_quant_regex_check(s + 3), entry, err));
     }
     memcpy(q->excluded + used, s, n);
     q->n_excluded++;

@@ -81,6 +81,18 @@ static qd_quant_regex_verdict compile_pattern(const char *pattern, regex_t *keep
 
 qd_quant_regex_verdict qd_quant_regex_check(const char *pattern) { return compile_pattern(pattern, NULL); }
 
+qd_status qd_quant_regex_error(qd_quant_regex_verdict v, const char *entry, qd_err *err) {
+    switch (v) {
+    case QD_QUANT_REGEX_OK: return QD_OK;
+    case QD_QUANT_REGEX_UNTAME:
+        return qd_seterr(err, QD_ERR_UNSUPPORTED, "%s is a regular expression of stacked repetitions or large "
+                         "intervals, which this build does not compile", entry);
+    case QD_QUANT_REGEX_NO_MEMORY: return qd_seterr(err, QD_ERR_OOM, "out of memory compiling %s", entry);
+    case QD_QUANT_REGEX_INVALID: break;
+    }
+    return qd_seterr(err, QD_ERR_FORMAT, "%s is not a regular expression this build reads", entry);
+}
+
 /* The bytes the first n NUL-terminated strings of buf take, or size + 1 where they run past
  * the buffer (a config not made by the parser). */
 static size_t strings_bytes(const char *buf, size_t size, int n) {
@@ -94,17 +106,11 @@ static size_t strings_bytes(const char *buf, size_t size, int n) {
 }
 
 static qd_status compile_entry(quant_entry *e, qd_err *err) {
-    switch (compile_pattern(e->text + 3, &e->re)) {
-    case QD_QUANT_REGEX_OK: e->compiled = true; return QD_OK;
-    case QD_QUANT_REGEX_UNTAME:
-        return qd_seterr(err, QD_ERR_UNSUPPORTED, "quantization exclusion '%.200s' is a regular expression of stacked "
-                         "repetitions or large intervals, which this build does not compile", e->text);
-    case QD_QUANT_REGEX_INVALID: break;
-    case QD_QUANT_REGEX_NO_MEMORY:
-        return qd_seterr(err, QD_ERR_OOM, "out of memory compiling quantization exclusion '%.200s'", e->text);
-    }
-    return qd_seterr(err, QD_ERR_FORMAT, "quantization exclusion '%.200s' is not a regular expression this build reads",
-                     e->text);
+    const qd_quant_regex_verdict v = compile_pattern(e->text + 3, &e->re);
+    e->compiled = v == QD_QUANT_REGEX_OK;
+    char entry[256];
+    snprintf(entry, sizeof entry, "quantization exclusion '%.200s'", e->text);
+    return qd_quant_regex_error(v, entry, err);
 }
 
 static qd_status build(const qd_quant_config *q, qd_quant_matcher *mt, qd_err *err) {

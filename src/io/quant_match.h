@@ -33,6 +33,10 @@ typedef enum qd_quant_regex_verdict {
  * accepts compiles into a matcher. */
 qd_quant_regex_verdict qd_quant_regex_check(const char *pattern);
 
+/* The error for a verdict other than QD_QUANT_REGEX_OK (QD_OK for that one), `entry` naming
+ * the pattern's place in the config. */
+qd_status qd_quant_regex_error(qd_quant_regex_verdict v, const char *entry, qd_err *err);
+
 /* A matcher of q's exclusions, each "re:" entry compiled once. Fails, naming the entry,
  * where a pattern is not one qd_quant_regex_check accepts (a config the parser did not
  * make), and on running out of memory. Free with qd_quant_matcher_free. */
