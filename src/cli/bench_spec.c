@@ -130,10 +130,17 @@ void cli_bench_prompts(const cli_bench_spec *b, int vocab, int32_t *prompts) {
     }
 }
 
+double cli_bench_step_bytes(qd_model *m, int batch, double state_passes, double mean_ctx, double pairs) {
+    const int moe_layers = qd_model_moe_layers(m), k_tok = moe_layers > 0 ? qd_model_experts_per_token(m) : 0;
+    const double per_seq = (double)batch * (state_passes * (double)qd_model_state_bytes(m) +
+                                            mean_ctx * (double)qd_model_kv_bytes_per_token(m));
+    const double one_tok = (double)qd_model_active_weight_bytes(m) + per_seq;
+    return pairs >= 0 ? one_tok + (pairs - (double)moe_layers * k_tok) * (double)qd_model_expert_bytes(m) : one_tok;
+}
+
 double cli_bench_verify_bytes(qd_model *m, qd_context *ctx, const cli_bench_spec *b, double mean_ctx, qd_span *spans,
                               int32_t *next) {
     const int span = b->k + 1, V = qd_model_vocab_size(m), moe_layers = qd_model_moe_layers(m);
-    const int k_tok = moe_layers > 0 ? qd_model_experts_per_token(m) : 0;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)b->batch * (size_t)span);
     double pairs = -1;
     if (ids && moe_layers > 0 && qd_context_count_experts(ctx, 1) == QD_OK) {
@@ -149,10 +156,7 @@ double cli_bench_verify_bytes(qd_model *m, qd_context *ctx, const cli_bench_spec
         qd_context_count_experts(ctx, 0);
     }
     free(ids);
-    const double per_seq = (double)b->batch * ((1.0 + span) * (double)qd_model_state_bytes(m) +
-                                               mean_ctx * (double)qd_model_kv_bytes_per_token(m));
-    const double experts = pairs >= 0 ? (pairs - (double)moe_layers * k_tok) * (double)qd_model_expert_bytes(m) : 0;
-    return (double)qd_model_active_weight_bytes(m) + experts + per_seq;
+    return cli_bench_step_bytes(m, b->batch, 1.0 + span, mean_ctx, pairs);
 }
 
 int cli_bench_spec_run(qd_model *m, const cli_bench_spec *b) {

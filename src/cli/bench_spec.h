@@ -16,6 +16,12 @@ typedef struct cli_bench_spec {
     double copy_gbps;  /* the copy bandwidth measured in the run */
 } cli_bench_spec;
 
+/* A step's bytes at the roofline: the weights once, a MoE layer's experts as the `pairs`
+ * distinct (layer, expert) pairs its routing touched (pairs < 0: one token's experts, a lower
+ * bound), and each of the batch's sequences' GDN state moved state_passes times (read and
+ * written: 2) and its KV read at mean_ctx tokens. */
+double cli_bench_step_bytes(qd_model *m, int batch, double state_passes, double mean_ctx, double pairs);
+
 /* A verify step's bytes at the roofline: the weights once, the experts its K + 1 tokens a
  * sequence touch (counted on one untimed forward of b->batch spans of K + 1 random ids in
  * ctx, whose sequences hold mean_ctx tokens and have room for K + 1 more), each sequence's

@@ -280,9 +280,8 @@ int qd_cmd_bench(int argc, char **argv) {
      * the mean context; a MoE layer's experts as the routing touched them (without the
      * count: one token's k, a lower bound for larger batches) */
     const double mean_ctx = (double)context + warm + n_decode / 2.0;
-    const double per_seq = (double)batch * (2.0 * (double)qd_model_state_bytes(m) + mean_ctx * (double)qd_model_kv_bytes_per_token(m));
-    const double eb = (double)qd_model_expert_bytes(m), one_tok = (double)qd_model_active_weight_bytes(m) + per_seq;
-    const double bytes = pairs >= 0 ? one_tok + (pairs - (double)moe_layers * k_tok) * eb : one_tok;
+    const double one_tok = cli_bench_step_bytes(m, (int)batch, 2.0, mean_ctx, -1);
+    const double bytes = cli_bench_step_bytes(m, (int)batch, 2.0, mean_ctx, pairs);
     double bw = measure_bandwidth(&mo);
     double roof_steps = bw > 0 ? bw * 1e9 / bytes : 0, roof_one = bw > 0 ? bw * 1e9 / one_tok : 0;
     printf("decode batch %ld, %ld steps after %ld-token prompts: %8.4f s  %9.2f steps/s  %9.1f tok/s\n", batch, n_decode,
