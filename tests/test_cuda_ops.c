@@ -195,8 +195,9 @@ static void test_router_split(qd_cuda_blas *blas, int64_t rows, int64_t cols, in
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) qd_cuda_free(bufs[i]);
 }
 
-static void test_embed_norm(void) {
-    const int V = 37, H = 333, n = 6;
+/* H: every width class of add_rmsnorm (rows held in 8, 16 or 24 values a thread, or a loop) */
+static void test_embed_norm(int H) {
+    const int V = 37, n = 6;
     float *tab = qd_test_rnd(&rng, (size_t)V * H, 1.0f);
     uint16_t *tb = qd_test_round_bf16(tab, (size_t)V * H);
     int32_t tok[6] = {0, 36, 5, 5, 17, 2};
@@ -226,11 +227,12 @@ static void test_embed_norm(void) {
     void *drows = qd_test_dev(rows, sizeof rows), *dx2 = qd_test_dev(NULL, (size_t)2 * H * 2);
     CHECK(qd_cuda_add_rmsnorm(dh, NULL, dw, 1e-6f, 2, H, drows, dx2, NULL, NULL) == QD_OK);
     uint16_t *x2b = qd_test_host(dx2, (size_t)2 * H * 2);
-    float *x2 = widen(x2b, (size_t)2 * H), ref2[2 * 333];
+    float *x2 = widen(x2b, (size_t)2 * H), *ref2 = malloc(sizeof(float) * 2 * H);
     memcpy(ref2, ref + 4 * H, sizeof(float) * H);
     memcpy(ref2 + H, ref + 1 * H, sizeof(float) * H);
     compare("rmsnorm row gather", x2, ref2, (size_t)2 * H, 8e-3, 1e-6);
     free(tab); free(tb); free(h); free(y); free(w); free(h2); free(xb); free(sum); free(ref); free(x); free(x2b); free(x2);
+    free(ref2);
     qd_cuda_free(dt); qd_cuda_free(dtok); qd_cuda_free(dh); qd_cuda_free(dy); qd_cuda_free(dw); qd_cuda_free(dx);
     qd_cuda_free(drows); qd_cuda_free(dx2);
 }
@@ -549,7 +551,8 @@ int main(void) {
     test_router_split(blas, 257, 3072, 5, 260);
     test_router_split(blas, 9, 100, 70, 10);
     test_router_split(blas, 257, 2048, 1100, 257); /* an unaligned stride: cuBLAS's slower kernels, same result */
-    test_embed_norm();
+    static const int norm_widths[] = {333, 2048, 2049, 4096, 5120, 6170};
+    for (size_t i = 0; i < sizeof norm_widths / sizeof norm_widths[0]; i++) test_embed_norm(norm_widths[i]);
     test_gdn_inputs(2, 4, 32, 24, 4, 0);   /* test models' head dims, mixed prefill and decode */
     test_gdn_inputs(16, 32, 128, 128, 4, 0); /* the released models' heads, a prefill batch */
     test_gdn_inputs(3, 3, 40, 16, 2, 0);   /* dk not a multiple of 32 */

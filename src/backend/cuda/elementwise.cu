@@ -72,51 +72,113 @@ extern "C" qd_status qd_cuda_embed(const uint16_t *d_embed, const int32_t *d_tok
 /* ---------------------------------------------------- residual + RMSNorm */
 
 #define NORM_NT 256 /* linear_input.cuh QD_LIN_NORM_NT emulates its sums */
+
+/* Thread t owns columns t, t + NORM_NT, ... of a row and sums their squares in that order
+ * (linear_input.cuh emulates exactly these sums). V > 0: a row of at most V NORM_NT columns,
+ * held in registers: the norm weights load before the wait for the previous kernel, a
+ * thread's loads of h and y are all in flight at once, and the second pass reuses the
+ * values instead of reading them back (a one-row call is one block, so its latency is the
+ * kernel's: H100 RESULTS session 44). V = 0: any width, a loop over the row twice. */
+/* Normed value t of row i, column c: bf16 into x, and where asked fp32 into xf or the two
+ * bf16 parts of what bf16 leaves (t - hi and what is left of it are exact in fp32; three
+ * bf16 parts carry 24 bits) into xr. */
+__device__ __forceinline__ void rmsnorm_put(float t, int i, int c, int H, uint16_t *__restrict__ x,
+                                            float *__restrict__ xf, uint16_t *__restrict__ xr) {
+    const uint16_t hi = qd_f2bf(t);
+    x[(size_t)i * H + c] = hi;
+    if (xf) xf[(size_t)i * H + c] = t;
+    if (xr) {
+        const float r1 = t - __uint_as_float((uint32_t)hi << 16);
+        const uint16_t mid = qd_f2bf(r1);
+        xr[(size_t)i * 2 * H + c] = mid;
+        xr[(size_t)i * 2 * H + H + c] = qd_f2bf(r1 - __uint_as_float((uint32_t)mid << 16));
+    }
+}
+
+template <int V>
 __global__ void __launch_bounds__(NORM_NT)
 add_rmsnorm_kernel(float *__restrict__ h, const float *__restrict__ y, const float *__restrict__ w, float eps, int H,
                    const int32_t *__restrict__ rows, uint16_t *__restrict__ x, float *__restrict__ xf,
                    uint16_t *__restrict__ xr) {
     __shared__ float red[NORM_NT / 32];
+    constexpr int R = V > 0 ? V : 1;
+    float wv[R], v[R];
+    if (V > 0)
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const int c = threadIdx.x + j * NORM_NT;
+            wv[j] = c < H ? 1.f + __ldg(w + c) : 0.f;
+        }
     qd_pdl_wait(); /* everything it reads but w comes from earlier kernels */
     qd_pdl_trigger();
     const int i = blockIdx.x;
     const int r = rows ? __ldcg(rows + i) : i;
     float *hr = h + (size_t)r * H;
+    const float *yr = y ? y + (size_t)r * H : NULL;
     float ss = 0.f;
-    for (int c = threadIdx.x; c < H; c += NORM_NT) { /* activations through L2 (cuda_pdl.cuh) */
-        float v = __ldcg(hr + c);
-        if (y) {
-            v += __ldcg(y + (size_t)r * H + c);
-            hr[c] = v;
+    if (V > 0) {
+#pragma unroll
+        for (int j = 0; j < V; j++) { /* activations through L2 (cuda_pdl.cuh) */
+            const int c = threadIdx.x + j * NORM_NT;
+            v[j] = c < H ? __ldcg(hr + c) : 0.f;
         }
-        ss = fmaf(v, v, ss); /* explicit: linear_input.cuh takes the same sums */
+        if (yr)
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                const int c = threadIdx.x + j * NORM_NT;
+                if (c < H) v[j] += __ldcg(yr + c);
+            }
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            if (threadIdx.x + j * NORM_NT < H) ss = fmaf(v[j], v[j], ss); /* explicit: linear_input.cuh's sums */
+        if (yr)
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                const int c = threadIdx.x + j * NORM_NT;
+                if (c < H) hr[c] = v[j];
+            }
+    } else {
+        for (int c = threadIdx.x; c < H; c += NORM_NT) {
+            float t = __ldcg(hr + c);
+            if (yr) {
+                t += __ldcg(yr + c);
+                hr[c] = t;
+            }
+            ss = fmaf(t, t, ss);
+        }
     }
     const float inv = rsqrtf(block_sum<NORM_NT>(ss, red) / (float)H + eps);
-    for (int c = threadIdx.x; c < H; c += NORM_NT) {
-        const float v = __ldcg(hr + c) * inv * (1.f + w[c]);
-        const uint16_t hi = qd_f2bf(v);
-        x[(size_t)i * H + c] = hi;
-        if (xf) xf[(size_t)i * H + c] = v;
-        if (xr) { /* v - hi and what is left of it are exact in fp32; three bf16 parts carry 24 bits */
-            const float r1 = v - __uint_as_float((uint32_t)hi << 16);
-            const uint16_t mid = qd_f2bf(r1);
-            xr[(size_t)i * 2 * H + c] = mid;
-            xr[(size_t)i * 2 * H + H + c] = qd_f2bf(r1 - __uint_as_float((uint32_t)mid << 16));
+    if (V > 0) {
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const int c = threadIdx.x + j * NORM_NT;
+            if (c < H) rmsnorm_put(v[j] * inv * wv[j], i, c, H, x, xf, xr);
         }
+    } else {
+        for (int c = threadIdx.x; c < H; c += NORM_NT) rmsnorm_put(__ldcg(hr + c) * inv * (1.f + w[c]), i, c, H, x, xf, xr);
     }
+}
+
+/* The instance for a row of H columns: the fewest registers that hold it, else the loop. */
+static void (*add_rmsnorm_for(int H))(float *, const float *, const float *, float, int, const int32_t *, uint16_t *,
+                                      float *, uint16_t *) {
+    if (H <= 8 * NORM_NT) return add_rmsnorm_kernel<8>;
+    if (H <= 16 * NORM_NT) return add_rmsnorm_kernel<16>;
+    if (H <= 24 * NORM_NT) return add_rmsnorm_kernel<24>;
+    return add_rmsnorm_kernel<0>;
 }
 
 extern "C" qd_status qd_cuda_add_rmsnorm(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
                                          const int32_t *d_rows, uint16_t *d_x, float *d_xf, void *stream) {
     if (n <= 0) return QD_OK;
-    return qd_launch_pdl(1, add_rmsnorm_kernel, dim3(n), dim3(NORM_NT), 0, (cudaStream_t)stream, d_h, d_y, d_w, eps,
+    return qd_launch_pdl(1, add_rmsnorm_for(H), dim3(n), dim3(NORM_NT), 0, (cudaStream_t)stream, d_h, d_y, d_w, eps,
                          H, d_rows, d_x, d_xf, (uint16_t *)NULL);
 }
 
 extern "C" qd_status qd_cuda_add_rmsnorm_split(float *d_h, const float *d_y, const float *d_w, float eps, int n, int H,
                                                uint16_t *d_x, uint16_t *d_xr, void *stream) {
     if (n <= 0) return QD_OK;
-    return qd_launch_pdl(1, add_rmsnorm_kernel, dim3(n), dim3(NORM_NT), 0, (cudaStream_t)stream, d_h, d_y, d_w, eps,
+    return qd_launch_pdl(1, add_rmsnorm_for(H), dim3(n), dim3(NORM_NT), 0, (cudaStream_t)stream, d_h, d_y, d_w, eps,
                          H, (const int32_t *)NULL, d_x, (float *)NULL, d_xr);
 }
 
