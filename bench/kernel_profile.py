@@ -9,7 +9,7 @@ then the sum. A run with a short prefill and --steps decode steps gives the deco
 breakdown up to the prefill's share (shown by --minus, the same run without decode steps, when
 given: its totals are subtracted kernel by kernel).
 
-  python3 bench/kernel_profile.py ncu.csv --steps 4 [--minus ncu_prefill_only.csv] [--top 30]
+  python3 bench/kernel_profile.py ncu.csv --steps 4 [--minus ncu_prefill_only.csv] [--plus ...] [--top 30] [--by-grid]
 """
 import argparse
 import csv
@@ -35,8 +35,9 @@ def short_name(name):
     return n
 
 
-def read_totals(path):
-    """{kernel: [launches, total ns]} from one ncu CSV file."""
+def read_totals(path, by_grid=False):
+    """{kernel: [launches, total ns]} from one ncu CSV file (by_grid: a key per kernel and grid size, which
+    tells apart the matrices one GEMV kernel multiplies)."""
     with open(path, newline="", errors="replace") as f:
         lines = [ln for ln in f if not ln.startswith("==")]
     start = next((i for i, ln in enumerate(lines) if "Kernel Name" in ln and METRIC in ln), None)
@@ -46,6 +47,7 @@ def read_totals(path):
     rows = list(csv.reader(lines[start:]))
     header = rows[0]
     k_col, m_col = header.index("Kernel Name"), header.index(METRIC)
+    g_col = header.index("Grid Size") if by_grid and "Grid Size" in header else None
     scale = 1.0
     totals = defaultdict(lambda: [0, 0.0])
     for row in rows[1:]:
@@ -59,7 +61,10 @@ def read_totals(path):
             if unit in UNIT_NS:
                 scale = UNIT_NS[unit]
             continue
-        t = totals[short_name(row[k_col])]
+        key = short_name(row[k_col])
+        if g_col is not None and len(row) > g_col:
+            key += f" grid {row[g_col].strip()}"
+        t = totals[key]
         t[0] += 1
         t[1] += v * scale
     if not totals:
@@ -72,17 +77,23 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--steps", type=int, required=True,
                     help="decode steps in the profiled run (or its prefills, profiling a prefill)")
-    ap.add_argument("--minus", help="the same run without the steps (or with a short prefill): subtracted kernel by kernel")
+    ap.add_argument("--minus", action="append", default=[],
+                    help="the same run without the steps (or with a short prefill): subtracted kernel by kernel "
+                         "(may be given more than once)")
+    ap.add_argument("--plus", action="append", default=[],
+                    help="a run added kernel by kernel (with two --minus: a difference of two differences, e.g. "
+                         "speculative steps less the plain steps the same bench also ran)")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--by-grid", action="store_true", help="a line per kernel and grid size")
     a = ap.parse_args()
     if a.steps < 1:
         sys.exit("--steps must be at least 1")
-    totals = read_totals(a.csv)
-    if a.minus:
-        for k, (n, ns) in read_totals(a.minus).items():
+    totals = read_totals(a.csv, a.by_grid)
+    for path, sign in [(p, -1) for p in a.minus] + [(p, 1) for p in a.plus]:
+        for k, (n, ns) in read_totals(path, a.by_grid).items():
             t = totals[k]
-            t[0] -= n
-            t[1] -= ns
+            t[0] += sign * n
+            t[1] += sign * ns
     items = sorted(((k, n, ns) for k, (n, ns) in totals.items() if n > 0 or ns > 0), key=lambda x: -x[2])
     all_ns = sum(ns for _, _, ns in items)
     print(f"| kernel | launches / step | us / step | share |")

@@ -20,6 +20,8 @@
  * qd_cuda_matmul_invariant_chains (neither part of the default run). The router part
  * (`linear_cuda_bench router`, in the default run) times the MoE router's two routes at
  * n = 128 .. 8192 (RESULT router): the measurements behind QD_CUDA_ROUTER_SPLIT_MIN_N.
+ * `linear_cuda_bench linear MODEL [SHAPE]` runs the linear part on those shapes only
+ * (e.g. `linear 27b gate_up`).
  *
  * Every timing is a CUDA graph replay on a created stream, how the engine runs
  * a decode step (no host launch cost; the fused kernels are programmatic
@@ -655,8 +657,10 @@ int main(int argc, char **argv) {
             TRY(qd_cuda_memset(a_y[j], 0, N * maxr * 4));
         }
         a_sy = upload(NULL, (size_t)NMAX * maxr * 4);
-        if (do_lin)
-            for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) bench_shape(&SHAPES[i]);
+        if (do_lin) /* `linear MODEL [SHAPE]`: those shapes only */
+            for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++)
+                if ((argc < 3 || !strcmp(argv[2], SHAPES[i].model)) && (argc < 4 || !strcmp(argv[3], SHAPES[i].name)))
+                    bench_shape(&SHAPES[i]);
         if (do_inv)
             for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++)
                 if (strcmp(SHAPES[i].model, "sweep") != 0) bench_invariant(&SHAPES[i]);

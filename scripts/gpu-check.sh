@@ -56,7 +56,9 @@
 #            qdelta bench (35B-A3B cut to 8 layers, batch 1, bf16 and fp8; PROFILE="cfg|format|B|layers ..."),
 #            summed per kernel by bench/kernel_profile.py (launches and us per step); a fifth field
 #            T profiles a T-token prefill instead (PROFILE="qwen3_5_35b_a3b|none|1|4|8192"), a sixth M
-#            decode steps that also prefill M prompt tokens (PROFILE="qwen3_5_35b_a3b|none|512|4||7680")
+#            decode steps that also prefill M prompt tokens (PROFILE="qwen3_5_35b_a3b|none|512|4||7680"), a
+#            seventh K speculative steps (a verify step and its K drafts: "qwen3_5_27b|none|1|4|||3");
+#            PROFILE_BY_GRID=1 gives a line per kernel and grid size (the matrices of one GEMV kernel)
 #   TESTS="test_cuda_ops ..."   the tests part runs only these test binaries (any of $BUILD's)
 #   KERNEL_BENCH="linear_cuda_bench ..."   the kernels part runs only these benchmarks ("name:part"
 #                                          passes the part, e.g. linear_cuda_bench:router)
@@ -473,33 +475,46 @@ if has profile; then
     # every per-step kernel while the profiler sees fewer launches; T: a prefill of T tokens
     # instead, the runs --prefill 16 and --prefill T (bench prefills twice: warm-up and timed),
     # e.g. PROFILE="qwen3_5_35b_a3b|none|1|4|8192"; a sixth field M: decode steps that also
-    # prefill M prompt tokens, bench --mixed, e.g. "qwen3_5_35b_a3b|none|512|4||7680"). The
+    # prefill M prompt tokens, bench --mixed, e.g. "qwen3_5_35b_a3b|none|512|4||7680"; a seventh K:
+    # speculative steps of K drafts, each a verify step and its drafts, e.g. "qwen3_5_27b|none|1|4|||3",
+    # drafting among the first $DV ids if set). PROFILE_BY_GRID=1: a line per kernel and grid size. The
     # CSVs stay in $BUILD.
     if command -v ncu >/dev/null 2>&1; then
         for spec in ${PROFILE:-qwen3_5_35b_a3b\|none\|1\|8 qwen3_5_35b_a3b\|fp8\|1\|8}; do
-            IFS='|' read -r cfg q B layers T M <<<"$spec"
+            IFS='|' read -r cfg q B layers T M K <<<"$spec"
             cdir="bench/configs/$cfg"
             if [ -n "$layers" ]; then
                 cdir="$BUILD/cfg-$cfg-$layers"
                 mkdir -p "$cdir"
                 cut_config "bench/configs/$cfg/config.json" "$layers" "$cdir/config.json"
             fi
-            echo "=== profile $cfg $q B=$B layers=${layers:-all}${T:+ prefill=$T}${M:+ mixed=$M}" >>"$PROF_LOG"
+            echo "=== profile $cfg $q B=$B layers=${layers:-all}${T:+ prefill=$T}${M:+ mixed=$M}${K:+ K=$K}" >>"$PROF_LOG"
+            sargs=()
+            [ -n "$K" ] && sargs=(--speculative-tokens "$K" --speculative-always --speculative-draft-vocab "${DV:-0}")
             if [ -n "$T" ]; then runs="16:1 $T:1" steps=2; else runs="16:2 16:6" steps=4; fi
+            # speculative steps: the bench also decodes without speculation, twice (its own steps, then
+            # the engine's), so the difference of the same two runs without speculation (csvs 2 and 3)
+            # is subtracted twice
+            [ -n "$K" ] && runs="$runs 16:2:plain 16:6:plain"
             csvs=()
             for run in $runs; do
-                P=${run%%:*} D=${run##*:}
-                rep="$BUILD/ncu-$cfg-$q-$B-$P-$D"
+                IFS=: read -r P D plain <<<"$run"
+                rep="$BUILD/ncu-$cfg-$q-$B-$P-$D${plain:+-plain}"
+                sa=("${sargs[@]}")
+                [ -n "$plain" ] && sa=()
                 timeout 240 ncu -f -o "$rep" --metrics gpu__time_duration.sum --clock-control none --cache-control none \
                     "$BUILD/qdelta" bench -q -m "$cdir" --backend cuda --load-format dummy --quantization "$q" \
                     --prefill "$P" --decode "$D" --batch "$B" --context "$([ -n "$T" ] && echo 16 || echo 512)" \
-                    --mixed "${M:-0}" \
+                    --mixed "${M:-0}" "${sa[@]}" \
                     >>"$PROF_LOG" 2>&1 &&
                     ncu --import "$rep.ncu-rep" --csv --page raw >"$rep.csv" 2>>"$PROF_LOG" ||
                     { status=1; echo "FAILED: profile $cfg $q B=$B prefill=$P D=$D" >>"$PROF_LOG"; }
                 csvs+=("$rep.csv")
             done
-            python3 bench/kernel_profile.py "${csvs[1]}" --steps "$steps" --minus "${csvs[0]}" >>"$PROF_LOG" 2>&1 ||
+            extra=()
+            [ -n "$K" ] && extra=(--minus "${csvs[3]}" --plus "${csvs[2]}" --minus "${csvs[3]}" --plus "${csvs[2]}")
+            python3 bench/kernel_profile.py "${csvs[1]}" --steps "$steps" --minus "${csvs[0]}" "${extra[@]}" \
+                ${PROFILE_BY_GRID:+--by-grid} >>"$PROF_LOG" 2>&1 ||
                 status=1
         done
     else
