@@ -562,6 +562,7 @@ int main(void) {
     test_gdn_inputs(2, 4, 32, 24, 4, 1);
     test_gated_norm_and_ffn(5, 3, 48, 70, 200);
     test_gated_norm_and_ffn(1, 32, 128, 512, 2048);
+    test_gated_norm_and_ffn(3, 2, 200, 70, 200); /* a head past 128: the gated norm's loop */
     test_argmax(5, 1000, 1000);
     test_argmax(3, 151936, 151936);
     test_argmax(4, 248320, 248077); /* padding ids past the tokenizer's vocabulary */

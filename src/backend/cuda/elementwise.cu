@@ -184,34 +184,60 @@ extern "C" qd_status qd_cuda_add_rmsnorm_split(float *d_h, const float *d_y, con
 
 /* --------------------------------------------------------- gated RMSNorm */
 
-/* Warp per (row, head). */
+/* Warp per (row, head): lane l owns elements l, l + 32, ... and sums their squares in that
+ * order (linear_input.cuh takes the same sums). V > 0: a head of at most 32 V elements held
+ * in registers (the norm weights load before the wait for the previous kernel, o and z are
+ * in flight at once, o is read once); V = 0: any width, a loop. */
+template <int V>
 __global__ void gated_rmsnorm_kernel(const uint16_t *__restrict__ o, const float *__restrict__ z, int64_t zs,
                                      const float *__restrict__ w, float eps, int n, int hv, int dv,
                                      uint16_t *__restrict__ u) {
     const int64_t wid = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
+    constexpr int R = V > 0 ? V : 1;
+    float wv[R], ov[R], zv[R];
+#pragma unroll
+    for (int j = 0; j < V; j++) wv[j] = lane + 32 * j < dv ? __ldg(w + lane + 32 * j) : 0.f;
     qd_pdl_wait();
     qd_pdl_trigger();
     if (wid >= (int64_t)n * hv) return;
     const int r = (int)(wid / hv), h = (int)(wid % hv);
-    const uint16_t *oh = o + ((size_t)r * hv + h) * dv;
+    const uint16_t *oh = o + ((size_t)r * hv + h) * dv; /* activations through L2 (cuda_pdl.cuh) */
     const float *zh = z + (size_t)r * zs + (size_t)h * dv;
-    float ss = 0.f;
-    for (int e = lane; e < dv; e += 32) {
-        const float x = qd_bf2f(__ldcg(oh + e)); /* activations through L2 (cuda_pdl.cuh) */
-        ss = fmaf(x, x, ss); /* explicit: linear_input.cuh takes the same sums */
-    }
-    const float inv = 1.f / sqrtf(warp_sum(ss) / (float)dv + eps);
     uint16_t *uh = u + ((size_t)r * hv + h) * dv;
-    for (int e = lane; e < dv; e += 32) uh[e] = qd_f2bf(qd_bf2f(__ldcg(oh + e)) * inv * w[e] * silu(__ldcg(zh + e)));
+    float ss = 0.f;
+    if (V > 0) {
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const int e = lane + 32 * j;
+            ov[j] = e < dv ? qd_bf2f(__ldcg(oh + e)) : 0.f;
+            zv[j] = e < dv ? __ldcg(zh + e) : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            if (lane + 32 * j < dv) ss = fmaf(ov[j], ov[j], ss);
+        const float inv = 1.f / sqrtf(warp_sum(ss) / (float)dv + eps);
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            if (lane + 32 * j < dv) uh[lane + 32 * j] = qd_f2bf(ov[j] * inv * wv[j] * silu(zv[j]));
+    } else {
+        for (int e = lane; e < dv; e += 32) {
+            const float x = qd_bf2f(__ldcg(oh + e));
+            ss = fmaf(x, x, ss);
+        }
+        const float inv = 1.f / sqrtf(warp_sum(ss) / (float)dv + eps);
+        for (int e = lane; e < dv; e += 32)
+            uh[e] = qd_f2bf(qd_bf2f(__ldcg(oh + e)) * inv * w[e] * silu(__ldcg(zh + e)));
+    }
 }
 
 extern "C" qd_status qd_cuda_gated_rmsnorm(const uint16_t *d_o, const float *d_z, int64_t z_stride, const float *d_w,
                                            float eps, int n, int hv, int dv, uint16_t *d_u, void *stream) {
     if (n <= 0) return QD_OK;
     const int64_t warps = (int64_t)n * hv;
-    return qd_launch_pdl(1, gated_rmsnorm_kernel, dim3((unsigned)((warps * 32 + 255) / 256)), dim3(256), 0,
-                         (cudaStream_t)stream, d_o, d_z, z_stride, d_w, eps, n, hv, dv, d_u);
+    return qd_launch_pdl(1, dv <= 128 ? gated_rmsnorm_kernel<4> : gated_rmsnorm_kernel<0>,
+                         dim3((unsigned)((warps * 32 + 255) / 256)), dim3(256), 0, (cudaStream_t)stream, d_o, d_z,
+                         z_stride, d_w, eps, n, hv, dv, d_u);
 }
 
 /* -------------------------------------------------------------------- add */
