@@ -68,6 +68,14 @@ int main(void) {
     CHECK(c != NULL);
     if (c) call_is(c, 0, "f", "{\"x\": 1}");
     json_decref(c);
+    /* arguments that would not parse as an object or array make it no call */
+    CHECK(parse("<tool_call>{\"name\": \"f\", \"arguments\": \"get_weather\"}</tool_call>") == NULL);
+    CHECK(parse("<tool_call>{\"name\": \"f\", \"arguments\": \"42\"}</tool_call>") == NULL);
+    CHECK(parse("<tool_call>{\"name\": \"f\", \"arguments\": 42}</tool_call>") == NULL);
+    c = parse("<tool_call>{\"name\": \"f\", \"arguments\": [1, 2]}</tool_call>");
+    CHECK(c != NULL);
+    if (c) call_is(c, 0, "f", "[1,2]");
+    json_decref(c);
 
     CHECK(parse("<tool_call>\n{\"name\": \"f\", \"arguments\": {}") == NULL);          /* unterminated */
     CHECK(parse("<tool_call>not json</tool_call>") == NULL);

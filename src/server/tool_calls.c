@@ -159,6 +159,20 @@ bad:
     return NULL;
 }
 
+/* A call's arguments text: its "arguments" as a JSON object (or array), or a JSON string
+ * holding one's text (models that encode them so), which goes out as it is. Anything else
+ * (a number, a string that is not such text) makes it no call, so that the arguments a
+ * client receives always parse as an object; NULL then. No "arguments" at all: {}. */
+static char *call_arguments(const json_t *args) {
+    if (!args) return strdup("{}");
+    if (json_is_object(args) || json_is_array(args)) return json_dumps(args, JSON_COMPACT);
+    if (!json_is_string(args)) return NULL;
+    json_t *inner = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+    char *a = inner ? strdup(json_string_value(args)) : NULL;
+    json_decref(inner);
+    return a;
+}
+
 /* Qwen3 / Hermes format: {"name": ..., "arguments": {...} or "..."}. A key given twice
  * makes it no call: which one counts would be a guess (and the streamed form streams
  * the first "arguments" it meets). */
@@ -171,9 +185,7 @@ static json_t *parse_json_call(const char *s, size_t n) {
     }
     json_t *args = json_object_get(j, "arguments");
     if (!args) args = json_object_get(j, "parameters");
-    char *a = json_is_string(args) ? strdup(json_string_value(args))
-              : args                 ? json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY)
-                                     : strdup("{}");
+    char *a = call_arguments(args);
     json_t *f = a ? json_pack("{s:s, s:s}", "name", json_string_value(name), "arguments", a) : NULL;
     free(a);
     json_decref(j);
