@@ -488,7 +488,8 @@ if has profile; then
                 mkdir -p "$cdir"
                 cut_config "bench/configs/$cfg/config.json" "$layers" "$cdir/config.json"
             fi
-            echo "=== profile $cfg $q B=$B layers=${layers:-all}${T:+ prefill=$T}${M:+ mixed=$M}${K:+ K=$K}" >>"$PROF_LOG"
+            echo "=== profile $cfg $q B=$B layers=${layers:-all}${T:+ prefill=$T}${M:+ mixed=$M}${K:+ K=$K}" \
+                >>"$PROF_LOG"
             sargs=()
             [ -n "$K" ] && sargs=(--speculative-tokens "$K" --speculative-always --speculative-draft-vocab "${DV:-0}")
             if [ -n "$T" ]; then runs="16:1 $T:1" steps=2; else runs="16:2 16:6" steps=4; fi

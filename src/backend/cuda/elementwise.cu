@@ -73,12 +73,6 @@ extern "C" qd_status qd_cuda_embed(const uint16_t *d_embed, const int32_t *d_tok
 
 #define NORM_NT 256 /* linear_input.cuh QD_LIN_NORM_NT emulates its sums */
 
-/* Thread t owns columns t, t + NORM_NT, ... of a row and sums their squares in that order
- * (linear_input.cuh emulates exactly these sums). V > 0: a row of at most V NORM_NT columns,
- * held in registers: the norm weights load before the wait for the previous kernel, a
- * thread's loads of h and y are all in flight at once, and the second pass reuses the
- * values instead of reading them back (a one-row call is one block, so its latency is the
- * kernel's: H100 RESULTS session 44). V = 0: any width, a loop over the row twice. */
 /* Normed value t of row i, column c: bf16 into x, and where asked fp32 into xf or the two
  * bf16 parts of what bf16 leaves (t - hi and what is left of it are exact in fp32; three
  * bf16 parts carry 24 bits) into xr. */
@@ -95,6 +89,12 @@ __device__ __forceinline__ void rmsnorm_put(float t, int i, int c, int H, uint16
     }
 }
 
+/* Thread t owns columns t, t + NORM_NT, ... of a row and sums their squares in that order
+ * (linear_input.cuh emulates exactly these sums). V > 0: a row of at most V NORM_NT columns,
+ * held in registers: the norm weights load before the wait for the previous kernel, a
+ * thread's loads of h and y are all in flight at once, and the second pass reuses the
+ * values instead of reading them back (a one-row call is one block, so its latency is the
+ * kernel's: H100 RESULTS session 44). V = 0: any width, a loop over the row twice. */
 template <int V>
 __global__ void __launch_bounds__(NORM_NT)
 add_rmsnorm_kernel(float *__restrict__ h, const float *__restrict__ y, const float *__restrict__ w, float eps, int H,
@@ -155,7 +155,8 @@ add_rmsnorm_kernel(float *__restrict__ h, const float *__restrict__ y, const flo
             if (c < H) rmsnorm_put(v[j] * inv * wv[j], i, c, H, x, xf, xr);
         }
     } else {
-        for (int c = threadIdx.x; c < H; c += NORM_NT) rmsnorm_put(__ldcg(hr + c) * inv * (1.f + w[c]), i, c, H, x, xf, xr);
+        for (int c = threadIdx.x; c < H; c += NORM_NT)
+            rmsnorm_put(__ldcg(hr + c) * inv * (1.f + w[c]), i, c, H, x, xf, xr);
     }
 }
 
