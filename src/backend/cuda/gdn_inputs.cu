@@ -53,7 +53,44 @@ __device__ __forceinline__ float gi_conv(const float *x, int64_t xs, const float
     return gi_silu(acc);
 }
 
+/* The weights and the state part of channel c's window at position t (KT > 0 only): loaded
+ * before the wait for the projection, since neither comes from the kernel before this one
+ * (the conv state is written only by this layer's kernels of earlier steps). */
+template <int KT> struct gi_window {
+    float w[KT > 0 ? KT : 1], s[KT > 0 ? KT : 1];
+};
+
 template <int KT>
+__device__ __forceinline__ void gi_window_load(gi_window<KT> &win, const float *__restrict__ w, const float *st,
+                                               int t, int c) {
+#pragma unroll
+    for (int j = 0; j < KT; j++) {
+        const int src = t - (KT - 1) + j;
+        win.w[j] = w[(size_t)c * KT + j];
+        win.s[j] = src < 0 ? __ldcg(st + (KT - 1) + src) : 0.f;
+    }
+}
+
+/* gi_conv with the window's weights and state already loaded: the same sums in the same order */
+template <int KT>
+__device__ __forceinline__ float gi_conv_win(const gi_window<KT> &win, const float *x, int64_t xs, float *st,
+                                             int row0, int t, int c, bool shift) {
+    float in[KT > 0 ? KT : 1];
+#pragma unroll
+    for (int j = 0; j < KT; j++) {
+        const int src = t - (KT - 1) + j;
+        in[j] = src >= 0 ? __ldcg(x + (size_t)(row0 + src) * xs + c) : win.s[j];
+    }
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < KT; j++) acc = fmaf(win.w[j], in[j], acc);
+    if (shift)
+#pragma unroll
+        for (int j = 0; j + 1 < KT; j++) st[j] = in[j + 1];
+    return gi_silu(acc);
+}
+
+template <int KT, bool PRE>
 __global__ void __launch_bounds__(GI_NT)
 gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t xs, const float *a,
                   const float *b, int64_t abs_, const float *__restrict__ w,
@@ -68,12 +105,30 @@ gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t
     const int32_t *sp = spans + 4 * __ldcg(row_span + r);
     const int row0 = __ldcg(sp), t = r - row0;
     float *st = state + (size_t)__ldcg(sp + 3) * C * (K - 1);
+    const int parts = gridDim.y, tid = part * GI_NT + threadIdx.x, nthreads = parts * GI_NT;
+    /* PRE (decode-sized batches, KT > 0): the windows of this thread's first q / k head and
+     * first v channel (at those sizes its only ones) load before the wait; larger batches keep
+     * the registers for occupancy */
+    const int hh0 = part * (GI_NT / 32) + warp;
+    gi_window<KT> qk[PRE ? GI_MAX_DK / 32 : 1], vw;
+    if (PRE) {
+        if (hh0 < 2 * hk)
+#pragma unroll
+            for (int m = 0; m < GI_MAX_DK / 32; m++)
+                if (lane + 32 * m < dk) {
+                    const int c = hh0 * dk + lane + 32 * m;
+                    gi_window_load<KT>(qk[m], w, st + (size_t)c * (K - 1), t, c);
+                }
+        if (tid < value_dim) {
+            const int c = 2 * key_dim + tid;
+            gi_window_load<KT>(vw, w, st + (size_t)c * (K - 1), t, c);
+        }
+    }
     qd_pdl_wait(); /* the projection comes from the previous kernel */
     qd_pdl_trigger();
     /* activations and state through L2 (ld.cg): the previous kernel may have run beside this one */
     const float qscale = rsqrtf((float)dk);
-    const int parts = gridDim.y, tid = part * GI_NT + threadIdx.x, nthreads = parts * GI_NT;
-    for (int hh = part * (GI_NT / 32) + warp; hh < 2 * hk; hh += parts * (GI_NT / 32)) {
+    for (int hh = hh0; hh < 2 * hk; hh += parts * (GI_NT / 32)) {
         float val[GI_MAX_DK / 32];
         float ss = 0.f;
 #pragma unroll
@@ -82,7 +137,9 @@ gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t
             val[m] = 0.f;
             if (i < dk) {
                 const int c = hh * dk + i; /* q heads then k heads */
-                val[m] = gi_conv<KT>(x, xs, w, st + (size_t)c * (K - 1), K, row0, t, c, shift);
+                float *sc = st + (size_t)c * (K - 1);
+                val[m] = PRE && hh == hh0 ? gi_conv_win<KT>(qk[PRE ? m : 0], x, xs, sc, row0, t, c, shift)
+                                      : gi_conv<KT>(x, xs, w, sc, K, row0, t, c, shift);
                 ss += val[m] * val[m];
             }
         }
@@ -96,7 +153,9 @@ gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t
     }
     for (int i = tid; i < value_dim; i += nthreads) {
         const int c = 2 * key_dim + i;
-        v[(size_t)r * value_dim + i] = qd_f2bf(gi_conv<KT>(x, xs, w, st + (size_t)c * (K - 1), K, row0, t, c, shift));
+        float *sc = st + (size_t)c * (K - 1);
+        v[(size_t)r * value_dim + i] = qd_f2bf(PRE && i == tid ? gi_conv_win<KT>(vw, x, xs, sc, row0, t, c, shift)
+                                                               : gi_conv<KT>(x, xs, w, sc, K, row0, t, c, shift));
     }
     for (int h = tid; h < hv; h += nthreads) {
         const float xa = __ldcg(a + (size_t)r * abs_ + h) + dt_bias[h];
@@ -151,7 +210,11 @@ extern "C" qd_status qd_cuda_gdn_inputs(const qd_cuda_gdn_in_args *a, void *stre
     /* a decode-sized batch spreads each row over more blocks: there the kernel is a few
      * memory latencies long, and more SMs issue them at once */
     const dim3 grid((unsigned)a->n, a->n <= GI_FEW_ROWS ? GI_PARTS_FEW : GI_PARTS);
-    qd_status s = qd_launch_pdl(1, a->K == 4 ? gdn_inputs_kernel<4> : gdn_inputs_kernel<0>, grid, dim3(GI_NT), 0, st,
+    qd_status s = qd_launch_pdl(1,
+                                a->K != 4                ? gdn_inputs_kernel<0, false>
+                                : a->n <= GI_FEW_ROWS ? gdn_inputs_kernel<4, true>
+                                                         : gdn_inputs_kernel<4, false>,
+                                grid, dim3(GI_NT), 0, st,
                                 a->hk, a->hv, a->dk, a->dv, a->K, a->d_x, a->x_stride, a->d_a, a->d_b, a->ab_stride,
                                 a->d_w, a->d_A_log, a->d_dt_bias, a->d_state, a->d_spans, a->d_row_span, a->d_q,
                                 a->d_k, a->d_v, a->d_g, a->d_beta, a->decode_only ? 1 : 0);
