@@ -36,8 +36,7 @@ typedef struct dec_tok_counts {
  * registers (40 at DK = 128, against 64 for spans: more blocks resident at large B). */
 template <int DK, bool SPAN>
 __global__ void __launch_bounds__(DEC_NT)
-gdn_decode_fast(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, const uint16_t *__restrict__ v,
-                const float *__restrict__ g, const float *__restrict__ beta, float *state,
+gdn_decode_fast(const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *g, const float *beta, float *state,
                 const int32_t *__restrict__ slot, const int32_t *__restrict__ slot_out, const int32_t *__restrict__ rowmap,
                 uint16_t *__restrict__ o, int hk, int hv, int dv, int n_tok, int tok_stride, dec_tok_counts tc) {
     constexpr int RPT = DK / DEC_RPP; /* rows per thread */
@@ -60,7 +59,8 @@ gdn_decode_fast(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, 
 #pragma unroll
     for (int p = 0; p < RPT; p++) s[p] = __ldcs((const float4 *)(S + (size_t)(rg + DEC_RPP * p) * dv));
     /* q, k, v and the gates come from the previous kernel (cuda_pdl.cuh: the state was
-     * last written a step ago, so its loads above may overlap that kernel's tail) */
+     * last written a step ago, so its loads above may overlap that kernel's tail); they
+     * are read through L2 (ld.cg), never the read-only path, which may hold older bits */
     qd_pdl_wait();
     qd_pdl_trigger();
 
@@ -72,13 +72,13 @@ gdn_decode_fast(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, 
         float *Sout = state + ((size_t)so * hv + h) * DK * dv + tile * DEC_BV + cg * 4;
         /* ks / qs of the previous token were last read before its final barrier */
         for (int i = tid; i < DK; i += DEC_NT) {
-            ks[i] = qd_bf2f(k[((size_t)r * hk + j) * DK + i]);
-            qs[i] = qd_bf2f(q[((size_t)r * hk + j) * DK + i]);
+            ks[i] = qd_bf2f(__ldcg(k + ((size_t)r * hk + j) * DK + i));
+            qs[i] = qd_bf2f(__ldcg(q + ((size_t)r * hk + j) * DK + i));
         }
         const size_t row = (size_t)r * hv + h;
-        const float a = expf(g[row]);
-        const float bt = beta[row];
-        const uint2 vb = *(const uint2 *)(v + row * dv + tile * DEC_BV + cg * 4);
+        const float a = expf(__ldcg(g + row));
+        const float bt = __ldcg(beta + row);
+        const uint2 vb = __ldcg((const uint2 *)(v + row * dv + tile * DEC_BV + cg * 4));
         __syncthreads();
 
         /* m = a S^T k: partial over this thread's rows, then over the 4 row groups
