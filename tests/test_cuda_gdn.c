@@ -20,6 +20,7 @@
 #ifdef QD_HAVE_CUDA
 #include "backend/cuda/cuda_gdn.h"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_ops.h"
 #include "qd_test_cuda.h"
 #endif
 
@@ -482,6 +483,136 @@ out:
     free(q); free(k); free(v); free(g); free(beta); free(S); free(hA); free(hB); free(oA); free(oB);
 }
 
+/* A decode-only step's inputs and delta rule in one launch (qd_cuda_gdn_decode_inputs) against
+ * gdn_inputs then gdn_decode on the same projection: the outputs, the state pool and the conv
+ * state pool bit for bit. hk key heads, r value heads each, n_seq one-row spans whose conv and
+ * delta-rule slots are permuted apart; slot_out: the new states into other slots. */
+static void decode_inputs_case(qd_test_rng *rng, int hk, int r, int dk, int dv, int n_seq, int slot_out) {
+    const int hv = hk * r, K = 4, n_slots = n_seq + 3, key_dim = hk * dk, value_dim = hv * dv;
+    const int C = 2 * key_dim + value_dim, W = C + 2 * hv + 3;
+    const size_t per = (size_t)hv * dk * dv, nst = (size_t)2 * n_slots * per, ncv = (size_t)n_slots * C * (K - 1);
+    const size_t nv = (size_t)n_seq * value_dim;
+    printf("decode with its inputs hk=%d hv=%d dk=%d dv=%d seqs=%d%s\n", hk, hv, dk, dv, n_seq,
+           slot_out ? " slot_out" : "");
+    float *x = qd_test_rnd(rng, (size_t)n_seq * W, 1.0f), *w = qd_test_rnd(rng, (size_t)C * K, 0.5f);
+    float *cv = qd_test_rnd(rng, ncv, 1.0f), *S = qd_test_rnd(rng, nst, 0.5f);
+    float *A = qd_test_rnd(rng, hv, 1.0f), *dtb = qd_test_rnd(rng, hv, 1.0f);
+    int32_t *spans = malloc(sizeof(int32_t) * 4 * n_seq), *row_span = malloc(sizeof(int32_t) * n_seq);
+    int32_t *slot = malloc(sizeof(int32_t) * n_slots), *cslot = malloc(sizeof(int32_t) * n_slots);
+    int32_t *outs = malloc(sizeof(int32_t) * n_seq);
+    float *hS[2] = {malloc(nst * 4), malloc(nst * 4)}, *hc[2] = {malloc(ncv * 4), malloc(ncv * 4)};
+    uint16_t *ho[2] = {malloc(nv * 2), malloc(nv * 2)};
+    CHECK(spans && row_span && slot && cslot && outs && hS[0] && hS[1] && hc[0] && hc[1] && ho[0] && ho[1]);
+    if (!spans || !row_span || !slot || !cslot || !outs || !hS[0] || !hS[1] || !hc[0] || !hc[1] || !ho[0] || !ho[1])
+        goto out;
+    for (int i = 0; i < n_seq; i++)
+        for (int j = C; j < W; j++) x[(size_t)i * W + j] *= 2.0f; /* the gates' inputs at real scale */
+    for (int i = 0; i < n_slots; i++) slot[i] = cslot[i] = i;
+    for (int i = n_slots - 1; i > 0; i--) { /* two Fisher-Yates permutations */
+        int jj = (int)(qd_test_next(rng) % (uint64_t)(i + 1)), t = slot[i];
+        slot[i] = slot[jj]; slot[jj] = t;
+        jj = (int)(qd_test_next(rng) % (uint64_t)(i + 1)); t = cslot[i];
+        cslot[i] = cslot[jj]; cslot[jj] = t;
+    }
+    for (int b = 0; b < n_seq; b++) {
+        spans[4 * b] = b; spans[4 * b + 1] = 1; spans[4 * b + 2] = 0; spans[4 * b + 3] = cslot[b];
+        row_span[b] = b;
+        outs[b] = n_slots + b;
+    }
+    float *dx = qd_test_dev(x, (size_t)n_seq * W * 4), *dw = qd_test_dev(w, (size_t)C * K * 4);
+    float *dA = qd_test_dev(A, hv * 4), *dd = qd_test_dev(dtb, hv * 4), *dcv = qd_test_dev(cv, ncv * 4);
+    float *dS = qd_test_dev(S, nst * 4);
+    int32_t *dsp = qd_test_dev(spans, sizeof(int32_t) * 4 * n_seq);
+    int32_t *drs = qd_test_dev(row_span, sizeof(int32_t) * n_seq);
+    int32_t *dslot = qd_test_dev(slot, sizeof(int32_t) * n_seq), *douts = qd_test_dev(outs, sizeof(int32_t) * n_seq);
+    uint16_t *dq = qd_test_dev(NULL, (size_t)n_seq * key_dim * 2);
+    uint16_t *dk_ = qd_test_dev(NULL, (size_t)n_seq * key_dim * 2);
+    uint16_t *dvv = qd_test_dev(NULL, nv * 2), *dO = qd_test_dev(NULL, nv * 2);
+    float *dg = qd_test_dev(NULL, (size_t)n_seq * hv * 4), *db = qd_test_dev(NULL, (size_t)n_seq * hv * 4);
+    if (!dx || !dw || !dA || !dd || !dcv || !dS || !dsp || !drs || !dslot || !douts || !dq || !dk_ || !dvv || !dO ||
+        !dg || !db)
+        goto free_dev;
+    const qd_cuda_gdn_in_args in = {n_seq, hk, hv, dk, dv, K, n_seq, dx, W, dx + C + hv, dx + C, W, dw, dA, dd,
+                                    dcv, dsp, drs, dq, dk_, dvv, dg, db, 1, 0, NULL};
+    qd_cuda_gdn_decode_args dec = {hk, hv, dk, dv, n_seq, dq, dk_, dvv, dg, db, dS, dslot, NULL, dO,
+                                   slot_out ? douts : NULL, 0, 0, NULL, 1};
+    CHECKF(qd_cuda_gdn_decode_inputs_supported(&in, &dec), "decode with its inputs: hk=%d hv=%d dk=%d dv=%d refused",
+           hk, hv, dk, dv);
+    for (int path = 0; path < 2; path++) { /* 0: two kernels, 1: one */
+        ST_OK(qd_cuda_memcpy_h2d(dS, S, nst * 4));
+        ST_OK(qd_cuda_memcpy_h2d(dcv, cv, ncv * 4));
+        ST_OK(qd_cuda_memset(dO, 0xff, nv * 2));
+        if (path == 0) {
+            ST_OK(qd_cuda_gdn_inputs(&in, NULL));
+            ST_OK(qd_cuda_gdn_decode(&dec, NULL));
+        } else {
+            ST_OK(qd_cuda_gdn_decode_inputs(&in, &dec, NULL));
+        }
+        ST_OK(qd_cuda_sync());
+        ST_OK(qd_cuda_memcpy_d2h(ho[path], dO, nv * 2));
+        ST_OK(qd_cuda_memcpy_d2h(hS[path], dS, nst * 4));
+        ST_OK(qd_cuda_memcpy_d2h(hc[path], dcv, ncv * 4));
+    }
+    size_t bad_o = 0, bad_s = 0, bad_c = 0, nan_o = 0;
+    for (size_t i = 0; i < nv; i++) {
+        bad_o += ho[0][i] != ho[1][i];
+        nan_o += isnan(qd_bf16_to_f32(ho[1][i]));
+    }
+    for (size_t i = 0; i < nst; i++) bad_s += memcmp(&hS[0][i], &hS[1][i], 4) != 0;
+    for (size_t i = 0; i < ncv; i++) bad_c += memcmp(&hc[0][i], &hc[1][i], 4) != 0;
+    size_t moved = 0; /* the two-kernel path itself moved every state it owns */
+    for (int b = 0; b < n_seq; b++) {
+        const int so = slot_out ? outs[b] : slot[b];
+        moved += memcmp(hS[0] + (size_t)so * per, S + (size_t)so * per, per * 4) != 0;
+        moved += memcmp(hc[0] + (size_t)cslot[b] * C * (K - 1), cv + (size_t)cslot[b] * C * (K - 1),
+                        (size_t)C * (K - 1) * 4) != 0;
+    }
+    printf("  one launch vs two: outputs %zu/%zu differ, states %zu/%zu, conv states %zu/%zu\n", bad_o, nv, bad_s,
+           nst, bad_c, ncv);
+    CHECKF(bad_o == 0 && bad_s == 0 && bad_c == 0 && nan_o == 0,
+           "decode with its inputs hk=%d hv=%d dk=%d dv=%d seqs=%d: %zu outputs (%zu NaN), %zu states, %zu conv states "
+           "differ from gdn_inputs + gdn_decode",
+           hk, hv, dk, dv, n_seq, bad_o, nan_o, bad_s, bad_c);
+    CHECKF(moved == (size_t)2 * n_seq, "decode with its inputs: the reference path left %zu of %d states unchanged",
+           (size_t)2 * n_seq - moved, 2 * n_seq);
+free_dev:
+    qd_cuda_free(dx); qd_cuda_free(dw); qd_cuda_free(dA); qd_cuda_free(dd); qd_cuda_free(dcv); qd_cuda_free(dS);
+    qd_cuda_free(dsp); qd_cuda_free(drs); qd_cuda_free(dslot); qd_cuda_free(douts); qd_cuda_free(dq);
+    qd_cuda_free(dk_); qd_cuda_free(dvv); qd_cuda_free(dO); qd_cuda_free(dg); qd_cuda_free(db);
+out:
+    free(x); free(w); free(cv); free(S); free(A); free(dtb); free(spans); free(row_span); free(slot); free(cslot);
+    free(outs); free(hS[0]); free(hS[1]); free(hc[0]); free(hc[1]); free(ho[0]); free(ho[1]);
+}
+
+/* Shapes the one-launch decode refuses (the layer then runs the two kernels), and its
+ * launcher's answer when called with them anyway. */
+static void decode_inputs_refused(void) {
+    qd_cuda_gdn_in_args in = {1, 4, 4, 128, 32, 4, 1, NULL, 0, NULL, NULL, 0, NULL, NULL, NULL,
+                              NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, NULL};
+    qd_cuda_gdn_decode_args dec = {4, 4, 128, 32, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0,
+                                   NULL, 1};
+    CHECKF(!qd_cuda_gdn_decode_inputs_supported(&in, &dec), "one block a key head makes 256 q/k channels: refused");
+    in.hv = dec.hv = 8; /* 2 value heads: 2 blocks, 128 channels each */
+    CHECKF(qd_cuda_gdn_decode_inputs_supported(&in, &dec), "2-block clusters: taken");
+    in.K = 3;
+    CHECKF(!qd_cuda_gdn_decode_inputs_supported(&in, &dec), "conv width 3: refused");
+    in.K = 4;
+    in.decode_only = 0;
+    CHECKF(!qd_cuda_gdn_decode_inputs_supported(&in, &dec), "spans of several rows: refused");
+    in.decode_only = 1;
+    in.dv = dec.dv = 48;
+    CHECKF(!qd_cuda_gdn_decode_inputs_supported(&in, &dec), "dv 48: refused");
+    in.dv = dec.dv = 32;
+    in.n = dec.n_seq = 17;
+    CHECKF(!qd_cuda_gdn_decode_inputs_supported(&in, &dec), "17 sequences: refused");
+    in.n = dec.n_seq = 1;
+    in.hv = dec.hv = 4 * 17;
+    CHECKF(!qd_cuda_gdn_decode_inputs_supported(&in, &dec), "clusters of 17 blocks: refused");
+    CHECK(qd_cuda_gdn_decode_inputs(&in, &dec, NULL) == QD_ERR_INVALID_ARG);
+    in.hv = dec.hv = 8;
+    CHECK(qd_cuda_gdn_decode_inputs(&in, &dec, NULL) == QD_ERR_INVALID_ARG); /* null pointers */
+}
+
 int main(void) {
     if (qd_cuda_device_count() <= 0) return qd_test_skip("test_cuda_gdn", "no CUDA device");
     char name[128];
@@ -505,6 +636,15 @@ int main(void) {
     decode_spans_case(&rng, 1, 2, 256, 32, s3, 2);
     const int s4[] = {3, 1};
     decode_spans_case(&rng, 3, 1, 96, 80, s4, 2);
+
+    /* Decode with its inputs in one launch: the 35B-A3B's heads (clusters of 8), the 27B's (12),
+     * small and large head dims, as many sequences as it takes */
+    decode_inputs_case(&rng, 16, 2, 128, 128, 1, 0);
+    decode_inputs_case(&rng, 16, 3, 128, 128, 3, 0);
+    decode_inputs_case(&rng, 2, 2, 64, 64, 5, 1);
+    decode_inputs_case(&rng, 1, 1, 256, 128, 2, 0);
+    decode_inputs_case(&rng, 2, 4, 128, 32, 16, 1);
+    decode_inputs_refused();
 
     /* Chunked: the spans named in the issue, GQA 2, with an initial state,
      * plus the recurrent decode kernel stepped over the same batch. */

@@ -63,6 +63,18 @@ typedef struct qd_cuda_gdn_decode_args {
 
 qd_status qd_cuda_gdn_decode(const qd_cuda_gdn_decode_args *a, void *stream);
 
+/* ---------------------------------------------------------- gdn_decode_inputs.cu */
+
+/* A decode-only step's GDN inputs and delta rule in one launch: what qd_cuda_gdn_inputs (`in`,
+ * every span one row: decode_only, no verify spans) and then qd_cuda_gdn_decode (`dec`, one
+ * token of each of the n rows, d_row NULL, d_q .. d_beta unused) do, bit for bit, without q, k,
+ * v and the gates going through memory. The blocks of a key head run as one cluster. Supported:
+ * at most 16 sequences, conv width 4, dk 64, 128 or 256, dv a multiple of 32, (dv / 32) (hv / hk) <= 16. */
+struct qd_cuda_gdn_in_args; /* cuda_ops.h */
+int qd_cuda_gdn_decode_inputs_supported(const struct qd_cuda_gdn_in_args *in, const qd_cuda_gdn_decode_args *dec);
+qd_status qd_cuda_gdn_decode_inputs(const struct qd_cuda_gdn_in_args *in, const qd_cuda_gdn_decode_args *dec,
+                                    void *stream);
+
 /* --------------------------------------------------------- gdn_chunked.cu */
 
 /* A varlen batch for the chunked (prefill) kernels, planned once per set of

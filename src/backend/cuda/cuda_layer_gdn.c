@@ -2,11 +2,29 @@
  * conv + L2 norms + gates in one kernel, the delta rule (chunked tensor-core kernel for
  * prefill spans, the decode kernel for one-token spans and, one launch for all their
  * tokens, for verify spans, whose per-token states the rollback of a rejected draft
- * needs), gated norm +
- * out_proj. */
+ * needs), gated norm + out_proj. A step of one-token spans only runs the inputs and the
+ * delta rule as one kernel. */
 #include "backend/cuda/cuda_layers.h"
 
 _Static_assert(QD_CUDA_MAX_VERIFY <= QD_GDN_MAX_TOKENS, "a verify span fits one GDN decode launch");
+
+/* out_proj of the gated norm of o (gate z = in_z), into the residual */
+static qd_status gdn_out(qd_cuda_ctx *g, const qd_cuda_layer *d) {
+    const qd_config *c = g->cfg;
+    const int n = g->host.n_rows, H = c->hidden_size, dvh = c->gdn_dv;
+    const int conv_dim = qd_config_conv_dim(c), value_dim = qd_config_value_dim(c);
+    const int W = conv_dim + value_dim + 2 * c->gdn_hv;
+    qd_cuda_lin_in gin = {0};
+    gin.kind = QD_LIN_GATED;
+    gin.o = g->o;
+    gin.z = g->proj + conv_dim;
+    gin.ldz = W;
+    gin.dv = dvh;
+    gin.w = d->gdn_norm;
+    gin.eps = c->rms_norm_eps;
+    const qd_cuda_lin_out out = qd_cuda_mat_out(g, &d->gdn_out, qd_cuda_block_out(g), H);
+    return qd_cuda_lin(g, &gin, value_dim, n, &out, 1, !g->reduce, g->u);
+}
 
 qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
     const qd_config *c = g->cfg;
@@ -34,6 +52,15 @@ qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
         .decode_only = h->n_pre_spans == 0 && h->n_ver == 0,
         .n_ver = h->n_ver, .d_ver = dv->ver,
     };
+    /* a decode-only step: the delta rule makes its inputs itself (one launch, not two) */
+    const qd_cuda_gdn_decode_args dec = {
+        .hk = hk, .hv = hv, .dk = dk, .dv = dvh, .n_seq = h->n_dec, .d_state = ssm, .d_slot = dv->dec_slots,
+        .d_o = g->o, .early_state = 1,
+    };
+    if (h->n_dec == n && qd_cuda_gdn_decode_inputs_supported(&ia, &dec)) {
+        TRYC(qd_cuda_gdn_decode_inputs(&ia, &dec, g->stream));
+        return gdn_out(g, d);
+    }
     TRYC(qd_cuda_gdn_inputs(&ia, g->stream));
     if (h->n_pre_spans > 0 && qd_cuda_gdn_chunked_supported(c)) {
         const qd_cuda_gdn_chunked_args a = {
@@ -76,15 +103,5 @@ qd_status qd_cuda_layer_gdn(qd_cuda_ctx *g, const qd_cuda_layer *d, int gi) {
         };
         TRYC(qd_cuda_gdn_decode(&a, g->stream));
     }
-    /* out_proj of the gated norm of o (gate z = in_z), into the residual */
-    qd_cuda_lin_in gin = {0};
-    gin.kind = QD_LIN_GATED;
-    gin.o = g->o;
-    gin.z = g->proj + conv_dim;
-    gin.ldz = W;
-    gin.dv = dvh;
-    gin.w = d->gdn_norm;
-    gin.eps = c->rms_norm_eps;
-    const qd_cuda_lin_out out = qd_cuda_mat_out(g, &d->gdn_out, qd_cuda_block_out(g), H);
-    return qd_cuda_lin(g, &gin, value_dim, n, &out, 1, !g->reduce, g->u);
+    return gdn_out(g, d);
 }

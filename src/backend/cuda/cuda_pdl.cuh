@@ -39,29 +39,49 @@ __device__ __forceinline__ void qd_pdl_trigger(void) {
 #endif
 }
 
-/* Launches kernel<<<grid, block, smem, s>>>(args...) as a programmatic dependent
- * of the stream's previous kernel when pdl is set; where the device or driver
- * refuses the attribute, as a plain launch (the kernel's wait is then a no-op). */
+/* Launches kernel<<<grid, block, smem, s>>>(args...) in clusters of cluster.x * .y * .z
+ * blocks (1: no clusters; past 8 the kernel needs cudaFuncAttributeNonPortableClusterSizeAllowed),
+ * as a programmatic dependent of the stream's previous kernel when pdl is set; where the device
+ * or driver refuses that attribute, as a plain launch (the kernel's wait is then a no-op). */
 template <typename... KArgs, typename... Args>
-static qd_status qd_launch_pdl(int pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                               Args... args) {
+static qd_status qd_launch_pdl_cluster(int pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, dim3 cluster,
+                                       size_t smem, cudaStream_t s, Args... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (cluster.x * cluster.y * cluster.z > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster.x;
+        attr[n].val.clusterDim.y = cluster.y;
+        attr[n].val.clusterDim.z = cluster.z;
+        n++;
+    }
+    const unsigned n_plain = n;
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = n;
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
-    if (e != cudaSuccess && pdl) {
+    if (e != cudaSuccess && n > n_plain) {
         (void)cudaGetLastError();
-        cfg.numAttrs = 0;
+        cfg.numAttrs = n_plain;
         e = cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
     }
     return qd_cuda_status(e, "cudaLaunchKernelEx");
+}
+
+/* qd_launch_pdl_cluster without clusters */
+template <typename... KArgs, typename... Args>
+static qd_status qd_launch_pdl(int pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                               Args... args) {
+    return qd_launch_pdl_cluster(pdl, kernel, grid, block, dim3(1, 1, 1), smem, s, args...);
 }
 
 #endif

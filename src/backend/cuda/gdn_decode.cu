@@ -13,11 +13,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_util.h"
-
-#define DEC_NT 256 /* threads per block of the fast path */
-#define DEC_BV 32  /* state columns per block: 8 lanes x float4 = one 128-byte line per row */
-#define DEC_LPR (DEC_BV / 4)       /* lanes per state row */
-#define DEC_RPP (DEC_NT / DEC_LPR) /* rows covered by the block in one pass */
+#include "backend/cuda/gdn_decode.cuh"
 
 /* The verify spans' token counts, by value: token t exists for sequences b < count[t]
  * (the spans come longest first). */
@@ -43,7 +39,6 @@ gdn_decode_fast(const uint16_t *q, const uint16_t *k, const uint16_t *v, const f
     const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int j = h / (hv / hk);
     const int tid = threadIdx.x, cg = tid % DEC_LPR, rg = tid / DEC_LPR;
-    const int warp = tid / 32, lane = tid % 32;
     __shared__ float ks[DK], qs[DK];
     __shared__ float4 red_m[DEC_NT / 32][DEC_LPR], red_o[DEC_NT / 32][DEC_LPR];
 
@@ -81,69 +76,10 @@ gdn_decode_fast(const uint16_t *q, const uint16_t *k, const uint16_t *v, const f
         const uint2 vb = __ldcg((const uint2 *)(v + row * dv + tile * DEC_BV + cg * 4));
         __syncthreads();
 
-        /* m = a S^T k: partial over this thread's rows, then over the 4 row groups
-         * of the warp (lanes 8 apart), then over the warps through shared memory. */
-        float4 m = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int p = 0; p < RPT; p++) {
-            const float kk = ks[rg + DEC_RPP * p];
-            m.x = fmaf(s[p].x, kk, m.x); m.y = fmaf(s[p].y, kk, m.y);
-            m.z = fmaf(s[p].z, kk, m.z); m.w = fmaf(s[p].w, kk, m.w);
-        }
-#pragma unroll
-        for (int off = DEC_LPR; off < 32; off *= 2) {
-            m.x += __shfl_xor_sync(0xffffffffu, m.x, off); m.y += __shfl_xor_sync(0xffffffffu, m.y, off);
-            m.z += __shfl_xor_sync(0xffffffffu, m.z, off); m.w += __shfl_xor_sync(0xffffffffu, m.w, off);
-        }
-        if (lane < DEC_LPR) red_m[warp][cg] = m;
-        __syncthreads();
-        m = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int w = 0; w < DEC_NT / 32; w++) {
-            const float4 rr = red_m[w][cg];
-            m.x += rr.x; m.y += rr.y; m.z += rr.z; m.w += rr.w;
-        }
-        /* d = beta (v - a m); the decay of S is folded into the update below. */
-        float4 d;
-        d.x = bt * (qd_bf2f((uint16_t)(vb.x & 0xffff)) - a * m.x);
-        d.y = bt * (qd_bf2f((uint16_t)(vb.x >> 16)) - a * m.y);
-        d.z = bt * (qd_bf2f((uint16_t)(vb.y & 0xffff)) - a * m.z);
-        d.w = bt * (qd_bf2f((uint16_t)(vb.y >> 16)) - a * m.w);
-
-        /* S' = a S + k d^T, written back at once (and kept for the next token); o = S'^T q
-         * from the new values. */
-        float4 oa = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int p = 0; p < RPT; p++) {
-            const int rr = rg + DEC_RPP * p;
-            const float kk = ks[rr], qq = qs[rr];
-            float4 n;
-            n.x = fmaf(kk, d.x, a * s[p].x); n.y = fmaf(kk, d.y, a * s[p].y);
-            n.z = fmaf(kk, d.z, a * s[p].z); n.w = fmaf(kk, d.w, a * s[p].w);
-            __stcs((float4 *)(Sout + (size_t)rr * dv), n);
-            s[p] = n;
-            oa.x = fmaf(n.x, qq, oa.x); oa.y = fmaf(n.y, qq, oa.y);
-            oa.z = fmaf(n.z, qq, oa.z); oa.w = fmaf(n.w, qq, oa.w);
-        }
-#pragma unroll
-        for (int off = DEC_LPR; off < 32; off *= 2) {
-            oa.x += __shfl_xor_sync(0xffffffffu, oa.x, off); oa.y += __shfl_xor_sync(0xffffffffu, oa.y, off);
-            oa.z += __shfl_xor_sync(0xffffffffu, oa.z, off); oa.w += __shfl_xor_sync(0xffffffffu, oa.w, off);
-        }
-        if (lane < DEC_LPR) red_o[warp][cg] = oa;
-        __syncthreads();
-        if (tid < DEC_LPR) {
-            float4 tt = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-            for (int w = 0; w < DEC_NT / 32; w++) {
-                const float4 rr = red_o[w][tid];
-                tt.x += rr.x; tt.y += rr.y; tt.z += rr.z; tt.w += rr.w;
-            }
-            uint2 ob;
-            ob.x = qd_pack_bf2(tt.x, tt.y);
-            ob.y = qd_pack_bf2(tt.z, tt.w);
-            *(uint2 *)(o + row * dv + tile * DEC_BV + tid * 4) = ob;
-        }
+        dec_token<DK>(s, ks, qs, a, bt,
+                      make_float4(qd_bf2f((uint16_t)(vb.x & 0xffff)), qd_bf2f((uint16_t)(vb.x >> 16)),
+                                  qd_bf2f((uint16_t)(vb.y & 0xffff)), qd_bf2f((uint16_t)(vb.y >> 16))),
+                      Sout, dv, o + row * dv + tile * DEC_BV, red_m, red_o);
     }
 }
 

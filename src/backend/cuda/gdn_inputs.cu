@@ -16,80 +16,12 @@
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/gdn_inputs.cuh"
 
 #define GI_PARTS 8       /* blocks per row */
 #define GI_PARTS_FEW 32  /* ... at most GI_FEW_ROWS rows */
 #define GI_FEW_ROWS 16
 #define GI_NT 256
-#define GI_MAX_DK 256 /* a head's conv outputs: dk / 32 registers per lane */
-
-__device__ __forceinline__ float gi_silu(float x) { return x / (1.f + expf(-x)); }
-__device__ __forceinline__ float gi_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
-
-/* A window's output from its inputs in[0..K-1] (tap order) and wt(j), tap j's weight: the
- * sum in tap order, SiLU, and with shift the state moved on by one input. */
-template <int KMAX, typename Wt>
-__device__ __forceinline__ float gi_conv_out(const float (&in)[KMAX], int K, Wt wt, float *st, bool shift) {
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < KMAX; j++)
-        if (j < K) acc = fmaf(wt(j), in[j], acc);
-    if (shift)
-#pragma unroll
-        for (int j = 0; j + 1 < KMAX; j++)
-            if (j + 1 < K) st[j] = in[j + 1];
-    return gi_silu(acc);
-}
-
-/* silu(conv) of channel c at position t of a span starting at row0: the window
- * reaches back K-1 inputs, into the state where the span has not supplied them.
- * KT: K at compile time (0: K at run time, at most 17), so that the window's loads
- * are all in flight at once. shift: the span is this one row (t = 0) and this thread
- * its channel's only reader, so it moves the state on by one input itself. */
-template <int KT>
-__device__ __forceinline__ float gi_conv(const float *x, int64_t xs, const float *__restrict__ w,
-                                         float *st, int Kr, int row0, int t, int c, bool shift) {
-    constexpr int KMAX = KT > 0 ? KT : 17;
-    const int K = KT > 0 ? KT : Kr;
-    float in[KMAX];
-#pragma unroll
-    for (int j = 0; j < KMAX; j++) {
-        const int src = t - (K - 1) + j; /* position within the span; < 0 reads the state */
-        in[j] = j >= K ? 0.f : src >= 0 ? __ldcg(x + (size_t)(row0 + src) * xs + c) : __ldcg(st + (K - 1) + src);
-    }
-    return gi_conv_out<KMAX>(in, K, [&](int j) { return w[(size_t)c * K + j]; }, st, shift);
-}
-
-/* The weights and the state part of channel c's window at position t (KT > 0 only): loaded
- * before the wait for the projection, since neither comes from the kernel before this one
- * (the conv state is written only by this layer's kernels of earlier steps). */
-template <int KT> struct gi_window {
-    float w[KT > 0 ? KT : 1], s[KT > 0 ? KT : 1];
-};
-
-template <int KT>
-__device__ __forceinline__ void gi_window_load(gi_window<KT> &win, const float *__restrict__ w, const float *st,
-                                               int t, int c) {
-#pragma unroll
-    for (int j = 0; j < KT; j++) {
-        const int src = t - (KT - 1) + j;
-        win.w[j] = w[(size_t)c * KT + j];
-        win.s[j] = src < 0 ? __ldcg(st + (KT - 1) + src) : 0.f;
-    }
-}
-
-/* gi_conv with the window's weights and state already loaded */
-template <int KT>
-__device__ __forceinline__ float gi_conv_win(const gi_window<KT> &win, const float *x, int64_t xs, float *st,
-                                             int row0, int t, int c, bool shift) {
-    float in[KT > 0 ? KT : 1];
-#pragma unroll
-    for (int j = 0; j < KT; j++) {
-        const int src = t - (KT - 1) + j;
-        in[j] = src >= 0 ? __ldcg(x + (size_t)(row0 + src) * xs + c) : win.s[j];
-    }
-    return gi_conv_out<(KT > 0 ? KT : 1)>(in, KT, [&](int j) { return win.w[j]; }, st, shift);
-}
 
 template <int KT, bool PRE>
 __global__ void __launch_bounds__(GI_NT)
@@ -128,7 +60,6 @@ gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t
     qd_pdl_wait(); /* the projection comes from the previous kernel */
     qd_pdl_trigger();
     /* activations and state through L2 (ld.cg): the previous kernel may have run beside this one */
-    const float qscale = rsqrtf((float)dk);
     for (int hh = hh0; hh < 2 * hk; hh += parts * (GI_NT / 32)) {
         float val[GI_MAX_DK / 32];
         float ss = 0.f;
@@ -141,12 +72,10 @@ gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t
                 float *sc = st + (size_t)c * (K - 1);
                 val[m] = PRE && hh == hh0 ? gi_conv_win<KT>(qk[PRE ? m : 0], x, xs, sc, row0, t, c, shift)
                                       : gi_conv<KT>(x, xs, w, sc, K, row0, t, c, shift);
-                ss += val[m] * val[m];
+                ss = gi_sq_acc(ss, val[m]);
             }
         }
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        const float inv = 1.f / sqrtf(ss + 1e-6f);
-        const float sc = hh < hk ? inv * qscale : inv;
+        const float sc = gi_head_scale(ss, hh < hk, dk);
         uint16_t *dst = hh < hk ? q + (size_t)r * key_dim + (size_t)hh * dk : k + (size_t)r * key_dim + (size_t)(hh - hk) * dk;
 #pragma unroll
         for (int m = 0; m < GI_MAX_DK / 32; m++)
@@ -159,10 +88,8 @@ gdn_inputs_kernel(int hk, int hv, int dk, int dv, int K, const float *x, int64_t
                                                                : gi_conv<KT>(x, xs, w, sc, K, row0, t, c, shift));
     }
     for (int h = tid; h < hv; h += nthreads) {
-        const float xa = __ldcg(a + (size_t)r * abs_ + h) + dt_bias[h];
-        const float spl = xa > 20.f ? xa : log1pf(expf(xa)); /* softplus, as torch (threshold 20) */
-        g[(size_t)r * hv + h] = -expf(A_log[h]) * spl;
-        beta[(size_t)r * hv + h] = gi_sigmoid(__ldcg(b + (size_t)r * abs_ + h));
+        gi_gates(__ldcg(a + (size_t)r * abs_ + h), __ldcg(b + (size_t)r * abs_ + h), A_log[h], dt_bias[h],
+                 g + (size_t)r * hv + h, beta + (size_t)r * hv + h);
     }
 }
 
