@@ -355,28 +355,8 @@ static qd_status qw_launch_instance(const qw_call &c, size_t smem, cudaStream_t 
     int64_t resident = (int64_t)per_sm * qd_cuda_sm_count() / c.ks;
     if (resident < 1) resident = 1;
     const int64_t rounds = (tiles + resident - 1) / resident, clusters = (tiles + rounds - 1) / rounds;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(clusters * c.ks));
-    cfg.blockDim = dim3(WG * 128);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = (unsigned)c.ks;
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = CLUSTER ? 2 : 1;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, k, c);
-    if (e != cudaSuccess) { /* without PDL where the driver refuses it */
-        (void)cudaGetLastError();
-        cfg.attrs = attr + 1;
-        cfg.numAttrs = CLUSTER ? 1 : 0;
-        e = cudaLaunchKernelEx(&cfg, k, c);
-    }
-    return qd_cuda_status(e, "cudaLaunchKernelEx (wgmma GEMV)");
+    return qd_launch_pdl_cluster(1, k, dim3((unsigned)(clusters * c.ks)), dim3(WG * 128),
+                                 dim3(CLUSTER ? (unsigned)c.ks : 1u, 1, 1), smem, st, c);
 }
 
 template <int WG, int NG>
