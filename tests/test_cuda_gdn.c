@@ -487,13 +487,15 @@ out:
  * gdn_inputs then gdn_decode on the same projection: the outputs, the state pool and the conv
  * state pool bit for bit. hk key heads, r value heads each, n_seq one-row spans whose conv and
  * delta-rule slots are permuted apart; slot_out: the new states into other slots. */
-static void decode_inputs_case(qd_test_rng *rng, int hk, int r, int dk, int dv, int n_seq, int slot_out) {
+/* rounds: fresh projections and conv states each round, the counts summed (a difference in how
+ * the two paths round shows as a flipped bf16 q, k or v only every few ten thousand values) */
+static void decode_inputs_case(qd_test_rng *rng, int hk, int r, int dk, int dv, int n_seq, int slot_out, int rounds) {
     const int hv = hk * r, K = 4, n_slots = n_seq + 3, key_dim = hk * dk, value_dim = hv * dv;
     const int C = 2 * key_dim + value_dim, W = C + 2 * hv + 3;
     const size_t per = (size_t)hv * dk * dv, nst = (size_t)2 * n_slots * per, ncv = (size_t)n_slots * C * (K - 1);
     const size_t nv = (size_t)n_seq * value_dim;
-    printf("decode with its inputs hk=%d hv=%d dk=%d dv=%d seqs=%d%s\n", hk, hv, dk, dv, n_seq,
-           slot_out ? " slot_out" : "");
+    printf("decode with its inputs hk=%d hv=%d dk=%d dv=%d seqs=%d%s, %d round%s\n", hk, hv, dk, dv, n_seq,
+           slot_out ? " slot_out" : "", rounds, rounds > 1 ? "s" : "");
     float *x = qd_test_rnd(rng, (size_t)n_seq * W, 1.0f), *w = qd_test_rnd(rng, (size_t)C * K, 0.5f);
     float *cv = qd_test_rnd(rng, ncv, 1.0f), *S = qd_test_rnd(rng, nst, 0.5f);
     float *A = qd_test_rnd(rng, hv, 1.0f), *dtb = qd_test_rnd(rng, hv, 1.0f);
@@ -505,8 +507,6 @@ static void decode_inputs_case(qd_test_rng *rng, int hk, int r, int dk, int dv, 
     CHECK(spans && row_span && slot && cslot && outs && hS[0] && hS[1] && hc[0] && hc[1] && ho[0] && ho[1]);
     if (!spans || !row_span || !slot || !cslot || !outs || !hS[0] || !hS[1] || !hc[0] || !hc[1] || !ho[0] || !ho[1])
         goto out;
-    for (int i = 0; i < n_seq; i++)
-        for (int j = C; j < W; j++) x[(size_t)i * W + j] *= 2.0f; /* the gates' inputs at real scale */
     for (int i = 0; i < n_slots; i++) slot[i] = cslot[i] = i;
     for (int i = n_slots - 1; i > 0; i--) { /* two Fisher-Yates permutations */
         int jj = (int)(qd_test_next(rng) % (uint64_t)(i + 1)), t = slot[i];
@@ -538,43 +538,52 @@ static void decode_inputs_case(qd_test_rng *rng, int hk, int r, int dk, int dv, 
                                    slot_out ? douts : NULL, 0, 0, NULL, 1};
     CHECKF(qd_cuda_gdn_decode_inputs_supported(&in, &dec), "decode with its inputs: hk=%d hv=%d dk=%d dv=%d refused",
            hk, hv, dk, dv);
-    for (int path = 0; path < 2; path++) { /* 0: two kernels, 1: one */
-        ST_OK(qd_cuda_memcpy_h2d(dS, S, nst * 4));
-        ST_OK(qd_cuda_memcpy_h2d(dcv, cv, ncv * 4));
-        ST_OK(qd_cuda_memset(dO, 0xff, nv * 2));
-        if (path == 0) {
-            ST_OK(qd_cuda_gdn_inputs(&in, NULL));
-            ST_OK(qd_cuda_gdn_decode(&dec, NULL));
-        } else {
-            ST_OK(qd_cuda_gdn_decode_inputs(&in, &dec, NULL));
+    size_t bad_o = 0, bad_s = 0, bad_c = 0, nan_o = 0, moved = 0;
+    for (int round = 0; round < rounds; round++) {
+        if (round > 0) { /* fresh projections and conv states (the inputs' arithmetic) */
+            for (size_t i = 0; i < (size_t)n_seq * W; i++) x[i] = qd_test_normal(rng);
+            for (size_t i = 0; i < ncv; i++) cv[i] = qd_test_normal(rng);
         }
-        ST_OK(qd_cuda_sync());
-        ST_OK(qd_cuda_memcpy_d2h(ho[path], dO, nv * 2));
-        ST_OK(qd_cuda_memcpy_d2h(hS[path], dS, nst * 4));
-        ST_OK(qd_cuda_memcpy_d2h(hc[path], dcv, ncv * 4));
+        for (int i = 0; i < n_seq; i++)
+            for (int j = C; j < W; j++) x[(size_t)i * W + j] *= 2.0f; /* the gates' inputs at real scale */
+        ST_OK(qd_cuda_memcpy_h2d(dx, x, (size_t)n_seq * W * 4));
+        for (int path = 0; path < 2; path++) { /* 0: two kernels, 1: one */
+            ST_OK(qd_cuda_memcpy_h2d(dS, S, nst * 4));
+            ST_OK(qd_cuda_memcpy_h2d(dcv, cv, ncv * 4));
+            ST_OK(qd_cuda_memset(dO, 0xff, nv * 2));
+            if (path == 0) {
+                ST_OK(qd_cuda_gdn_inputs(&in, NULL));
+                ST_OK(qd_cuda_gdn_decode(&dec, NULL));
+            } else {
+                ST_OK(qd_cuda_gdn_decode_inputs(&in, &dec, NULL));
+            }
+            ST_OK(qd_cuda_sync());
+            ST_OK(qd_cuda_memcpy_d2h(ho[path], dO, nv * 2));
+            ST_OK(qd_cuda_memcpy_d2h(hS[path], dS, nst * 4));
+            ST_OK(qd_cuda_memcpy_d2h(hc[path], dcv, ncv * 4));
+        }
+        for (size_t i = 0; i < nv; i++) {
+            bad_o += ho[0][i] != ho[1][i];
+            nan_o += isnan(qd_bf16_to_f32(ho[1][i]));
+        }
+        for (size_t i = 0; i < nst; i++) bad_s += memcmp(&hS[0][i], &hS[1][i], 4) != 0;
+        for (size_t i = 0; i < ncv; i++) bad_c += memcmp(&hc[0][i], &hc[1][i], 4) != 0;
+        for (int b = 0; b < n_seq; b++) { /* the two-kernel path itself moved every state it owns */
+            const int so = slot_out ? outs[b] : slot[b];
+            moved += memcmp(hS[0] + (size_t)so * per, S + (size_t)so * per, per * 4) != 0;
+            moved += memcmp(hc[0] + (size_t)cslot[b] * C * (K - 1), cv + (size_t)cslot[b] * C * (K - 1),
+                            (size_t)C * (K - 1) * 4) != 0;
+        }
     }
-    size_t bad_o = 0, bad_s = 0, bad_c = 0, nan_o = 0;
-    for (size_t i = 0; i < nv; i++) {
-        bad_o += ho[0][i] != ho[1][i];
-        nan_o += isnan(qd_bf16_to_f32(ho[1][i]));
-    }
-    for (size_t i = 0; i < nst; i++) bad_s += memcmp(&hS[0][i], &hS[1][i], 4) != 0;
-    for (size_t i = 0; i < ncv; i++) bad_c += memcmp(&hc[0][i], &hc[1][i], 4) != 0;
-    size_t moved = 0; /* the two-kernel path itself moved every state it owns */
-    for (int b = 0; b < n_seq; b++) {
-        const int so = slot_out ? outs[b] : slot[b];
-        moved += memcmp(hS[0] + (size_t)so * per, S + (size_t)so * per, per * 4) != 0;
-        moved += memcmp(hc[0] + (size_t)cslot[b] * C * (K - 1), cv + (size_t)cslot[b] * C * (K - 1),
-                        (size_t)C * (K - 1) * 4) != 0;
-    }
-    printf("  one launch vs two: outputs %zu/%zu differ, states %zu/%zu, conv states %zu/%zu\n", bad_o, nv, bad_s,
-           nst, bad_c, ncv);
+    printf("  one launch vs two: outputs %zu/%zu differ, states %zu/%zu, conv states %zu/%zu\n", bad_o,
+           nv * rounds, bad_s, nst * rounds, bad_c, ncv * rounds);
     CHECKF(bad_o == 0 && bad_s == 0 && bad_c == 0 && nan_o == 0,
            "decode with its inputs hk=%d hv=%d dk=%d dv=%d seqs=%d: %zu outputs (%zu NaN), %zu states, %zu conv states "
            "differ from gdn_inputs + gdn_decode",
            hk, hv, dk, dv, n_seq, bad_o, nan_o, bad_s, bad_c);
-    CHECKF(moved == (size_t)2 * n_seq, "decode with its inputs: the reference path left %zu of %d states unchanged",
-           (size_t)2 * n_seq - moved, 2 * n_seq);
+    CHECKF(moved == (size_t)2 * n_seq * rounds,
+           "decode with its inputs: the reference path left %zu of %d states unchanged",
+           (size_t)2 * n_seq * rounds - moved, 2 * n_seq * rounds);
 free_dev:
     qd_cuda_free(dx); qd_cuda_free(dw); qd_cuda_free(dA); qd_cuda_free(dd); qd_cuda_free(dcv); qd_cuda_free(dS);
     qd_cuda_free(dsp); qd_cuda_free(drs); qd_cuda_free(dslot); qd_cuda_free(douts); qd_cuda_free(dq);
@@ -639,11 +648,13 @@ int main(void) {
 
     /* Decode with its inputs in one launch: the 35B-A3B's heads (clusters of 8), the 27B's (12),
      * small and large head dims, as many sequences as it takes */
-    decode_inputs_case(&rng, 16, 2, 128, 128, 1, 0);
-    decode_inputs_case(&rng, 16, 3, 128, 128, 3, 0);
-    decode_inputs_case(&rng, 2, 2, 64, 64, 5, 1);
-    decode_inputs_case(&rng, 1, 1, 256, 128, 2, 0);
-    decode_inputs_case(&rng, 2, 4, 128, 32, 16, 1);
+    decode_inputs_case(&rng, 16, 2, 128, 128, 1, 0, 1);
+    decode_inputs_case(&rng, 16, 3, 128, 128, 3, 0, 1);
+    decode_inputs_case(&rng, 2, 2, 64, 64, 5, 1, 1);
+    decode_inputs_case(&rng, 1, 1, 256, 128, 2, 0, 1);
+    decode_inputs_case(&rng, 2, 4, 128, 32, 16, 1, 1);
+    /* the 35B-A3B's GDN shape at 16 sequences, 48 rounds: 3.1M q / k values, 3.1M v, through both paths */
+    decode_inputs_case(&rng, 16, 2, 128, 128, 16, 0, 48);
     decode_inputs_refused();
 
     /* Chunked: the spans named in the issue, GQA 2, with an initial state,

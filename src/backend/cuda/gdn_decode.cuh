@@ -1,5 +1,7 @@
 /* The GDN decode kernels' one-token step on a state tile held in registers, shared by the
- * decode kernel (gdn_decode.cu) and the one that also makes its inputs (gdn_decode_inputs.cu). */
+ * decode kernel (gdn_decode.cu) and the one that also makes its inputs (gdn_decode_inputs.cu).
+ * Every multiply-add is either an explicit fmaf or rounded step by step (__fmul_rn, ...), so
+ * the compiler cannot contract it differently in the two kernels. */
 #ifndef QD_GDN_DECODE_CUH
 #define QD_GDN_DECODE_CUH
 
@@ -49,12 +51,14 @@ __device__ __forceinline__ void dec_token(float4 (&s)[DK / DEC_RPP], const float
         const float4 rr = red_m[w][cg];
         m.x += rr.x; m.y += rr.y; m.z += rr.z; m.w += rr.w;
     }
-    /* d = beta (v - a m); the decay of S is folded into the update below. */
+    /* d = beta (v - a m); the decay of S is folded into the update below. Each product and
+     * difference rounded on its own (the _rn intrinsics are never contracted): ptxas fused
+     * v - a m into one fma in one caller and not in the other, whose bits then differed. */
     float4 d;
-    d.x = bt * (vv.x - a * m.x);
-    d.y = bt * (vv.y - a * m.y);
-    d.z = bt * (vv.z - a * m.z);
-    d.w = bt * (vv.w - a * m.w);
+    d.x = __fmul_rn(bt, __fsub_rn(vv.x, __fmul_rn(a, m.x)));
+    d.y = __fmul_rn(bt, __fsub_rn(vv.y, __fmul_rn(a, m.y)));
+    d.z = __fmul_rn(bt, __fsub_rn(vv.z, __fmul_rn(a, m.z)));
+    d.w = __fmul_rn(bt, __fsub_rn(vv.w, __fmul_rn(a, m.w)));
 
     /* S' = a S + k d^T, written back at once (and kept for the next token); o = S'^T q
      * from the new values. */
@@ -64,8 +68,8 @@ __device__ __forceinline__ void dec_token(float4 (&s)[DK / DEC_RPP], const float
         const int rr = rg + DEC_RPP * p;
         const float kk = ks[rr], qq = qs[rr];
         float4 n;
-        n.x = fmaf(kk, d.x, a * s[p].x); n.y = fmaf(kk, d.y, a * s[p].y);
-        n.z = fmaf(kk, d.z, a * s[p].z); n.w = fmaf(kk, d.w, a * s[p].w);
+        n.x = fmaf(kk, d.x, __fmul_rn(a, s[p].x)); n.y = fmaf(kk, d.y, __fmul_rn(a, s[p].y));
+        n.z = fmaf(kk, d.z, __fmul_rn(a, s[p].z)); n.w = fmaf(kk, d.w, __fmul_rn(a, s[p].w));
         __stcs((float4 *)(Sout + (size_t)rr * dv), n);
         s[p] = n;
         oa.x = fmaf(n.x, qq, oa.x); oa.y = fmaf(n.y, qq, oa.y);

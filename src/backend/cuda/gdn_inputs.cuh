@@ -1,6 +1,8 @@
 /* The arithmetic of the GDN inputs (conv1d + SiLU, the per-head L2 norms, the gates), shared by the
  * kernel that writes them out (gdn_inputs.cu) and the one-token decode kernel that makes them
- * itself (gdn_decode_inputs.cu): one copy of each expression, so the two give the same bits. */
+ * itself (gdn_decode_inputs.cu): one copy of each expression, so the two give the same bits. The
+ * sums and products are explicit fmaf or rounded one by one (__fadd_rn, __fmul_rn), which the
+ * compiler never contracts: it may otherwise fuse a product into a sum in one kernel only. */
 #ifndef QD_GDN_INPUTS_CUH
 #define QD_GDN_INPUTS_CUH
 
@@ -9,8 +11,8 @@
 
 #define GI_MAX_DK 256 /* a head's conv outputs: dk / 32 registers per lane */
 
-__device__ __forceinline__ float gi_silu(float x) { return x / (1.f + expf(-x)); }
-__device__ __forceinline__ float gi_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float gi_silu(float x) { return x / __fadd_rn(1.f, expf(-x)); }
+__device__ __forceinline__ float gi_sigmoid(float x) { return 1.f / __fadd_rn(1.f, expf(-x)); }
 
 /* silu(conv) of channel c at position t of a span starting at row0: the window
  * reaches back K-1 inputs, into the state where the span has not supplied them.
@@ -82,15 +84,19 @@ __device__ __forceinline__ float gi_sq_acc(float ss, float v) { return fmaf(v, v
 
 __device__ __forceinline__ float gi_head_scale(float ss, bool is_q, int dk) {
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float inv = 1.f / sqrtf(ss + 1e-6f);
-    return is_q ? inv * rsqrtf((float)dk) : inv;
+    const float inv = 1.f / sqrtf(__fadd_rn(ss, 1e-6f));
+    /* 1 / sqrt(dk) correctly rounded at run time and when folded at compile time (rsqrtf is not),
+     * as dk is a constant in one caller */
+    return is_q ? __fmul_rn(inv, 1.f / sqrtf((float)dk)) : inv;
 }
 
-/* g = -exp(A_log) * softplus(a + dt_bias) (softplus as torch, threshold 20), beta = sigmoid(b) */
-__device__ __forceinline__ void gi_gates(float a, float b, float A_log, float dt_bias, float *g, float *beta) {
-    const float xa = a + dt_bias;
+/* g = -exp(A_log) * softplus(a + dt_bias) (softplus as torch, threshold 20), beta = sigmoid(b).
+ * Not inlined: its library calls (expf, log1pf) are then compiled once, the same in every caller,
+ * where inlined into different code the compiler may fuse their steps differently. */
+static __device__ __noinline__ void gi_gates(float a, float b, float A_log, float dt_bias, float *g, float *beta) {
+    const float xa = __fadd_rn(a, dt_bias);
     const float spl = xa > 20.f ? xa : log1pf(expf(xa));
-    *g = -expf(A_log) * spl;
+    *g = __fmul_rn(-expf(A_log), spl);
     *beta = gi_sigmoid(b);
 }
 
