@@ -51,9 +51,7 @@ __device__ __forceinline__ void dec_token(float4 (&s)[DK / DEC_RPP], const float
         const float4 rr = red_m[w][cg];
         m.x += rr.x; m.y += rr.y; m.z += rr.z; m.w += rr.w;
     }
-    /* d = beta (v - a m); the decay of S is folded into the update below. Each product and
-     * difference rounded on its own (the _rn intrinsics are never contracted): ptxas fused
-     * v - a m into one fma in one caller and not in the other, whose bits then differed. */
+    /* d = beta (v - a m); the decay of S is folded into the update below. */
     float4 d;
     d.x = __fmul_rn(bt, __fsub_rn(vv.x, __fmul_rn(a, m.x)));
     d.y = __fmul_rn(bt, __fsub_rn(vv.y, __fmul_rn(a, m.y)));
