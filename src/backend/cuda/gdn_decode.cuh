@@ -15,6 +15,16 @@
 #define DEC_LPR (DEC_BV / 4)       /* lanes per state row */
 #define DEC_RPP (DEC_NT / DEC_LPR) /* rows covered by the block in one pass */
 
+/* The sum over a warp's 32 / DEC_LPR row groups (lanes DEC_LPR apart) of each lane's four columns. */
+__device__ __forceinline__ float4 dec_warp_rows_sum(float4 v) {
+#pragma unroll
+    for (int off = DEC_LPR; off < 32; off *= 2) {
+        v.x += __shfl_xor_sync(0xffffffffu, v.x, off); v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
+        v.z += __shfl_xor_sync(0xffffffffu, v.z, off); v.w += __shfl_xor_sync(0xffffffffu, v.w, off);
+    }
+    return v;
+}
+
 /* One token on the state tile a block holds: thread (rg, cg) has rows rg + DEC_RPP p of the
  * tile's columns cg*4..cg*4+3 in s; ks, qs [DK] (shared) are the token's k and q, a = exp(g),
  * bt = beta, vv the token's v at the thread's four columns. Writes the new state to Sout (the
@@ -38,11 +48,7 @@ __device__ __forceinline__ void dec_token(float4 (&s)[DK / DEC_RPP], const float
         m.x = fmaf(s[p].x, kk, m.x); m.y = fmaf(s[p].y, kk, m.y);
         m.z = fmaf(s[p].z, kk, m.z); m.w = fmaf(s[p].w, kk, m.w);
     }
-#pragma unroll
-    for (int off = DEC_LPR; off < 32; off *= 2) {
-        m.x += __shfl_xor_sync(0xffffffffu, m.x, off); m.y += __shfl_xor_sync(0xffffffffu, m.y, off);
-        m.z += __shfl_xor_sync(0xffffffffu, m.z, off); m.w += __shfl_xor_sync(0xffffffffu, m.w, off);
-    }
+    m = dec_warp_rows_sum(m);
     if (lane < DEC_LPR) red_m[warp][cg] = m;
     __syncthreads();
     m = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -73,11 +79,7 @@ __device__ __forceinline__ void dec_token(float4 (&s)[DK / DEC_RPP], const float
         oa.x = fmaf(n.x, qq, oa.x); oa.y = fmaf(n.y, qq, oa.y);
         oa.z = fmaf(n.z, qq, oa.z); oa.w = fmaf(n.w, qq, oa.w);
     }
-#pragma unroll
-    for (int off = DEC_LPR; off < 32; off *= 2) {
-        oa.x += __shfl_xor_sync(0xffffffffu, oa.x, off); oa.y += __shfl_xor_sync(0xffffffffu, oa.y, off);
-        oa.z += __shfl_xor_sync(0xffffffffu, oa.z, off); oa.w += __shfl_xor_sync(0xffffffffu, oa.w, off);
-    }
+    oa = dec_warp_rows_sum(oa);
     if (lane < DEC_LPR) red_o[warp][cg] = oa;
     __syncthreads();
     if (tid < DEC_LPR) {
