@@ -14,6 +14,21 @@
 __device__ __forceinline__ float gi_silu(float x) { return x / __fadd_rn(1.f, expf(-x)); }
 __device__ __forceinline__ float gi_sigmoid(float x) { return 1.f / __fadd_rn(1.f, expf(-x)); }
 
+/* A window's output from its inputs in[0..K-1] (tap order) and wt(j), tap j's weight: the
+ * sum in tap order, SiLU, and with shift the state moved on by one input. */
+template <int KMAX, typename Wt>
+__device__ __forceinline__ float gi_conv_out(const float (&in)[KMAX], int K, Wt wt, float *st, bool shift) {
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < KMAX; j++)
+        if (j < K) acc = fmaf(wt(j), in[j], acc);
+    if (shift)
+#pragma unroll
+        for (int j = 0; j + 1 < KMAX; j++)
+            if (j + 1 < K) st[j] = in[j + 1];
+    return gi_silu(acc);
+}
+
 /* silu(conv) of channel c at position t of a span starting at row0: the window
  * reaches back K-1 inputs, into the state where the span has not supplied them.
  * KT: K at compile time (0: K at run time, at most 17), so that the window's loads
@@ -30,15 +45,7 @@ __device__ __forceinline__ float gi_conv(const float *x, int64_t xs, const float
         const int src = t - (K - 1) + j; /* position within the span; < 0 reads the state */
         in[j] = j >= K ? 0.f : src >= 0 ? __ldcg(x + (size_t)(row0 + src) * xs + c) : __ldcg(st + (K - 1) + src);
     }
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < KMAX; j++)
-        if (j < K) acc = fmaf(w[(size_t)c * K + j], in[j], acc);
-    if (shift)
-#pragma unroll
-        for (int j = 0; j + 1 < KMAX; j++)
-            if (j + 1 < K) st[j] = in[j + 1];
-    return gi_silu(acc);
+    return gi_conv_out<KMAX>(in, K, [&](int j) { return w[(size_t)c * K + j]; }, st, shift);
 }
 
 /* The weights and the state part of channel c's window at position t (KT > 0 only): loaded
@@ -59,7 +66,7 @@ __device__ __forceinline__ void gi_window_load(gi_window<KT> &win, const float *
     }
 }
 
-/* gi_conv with the window's weights and state already loaded: the same sums in the same order */
+/* gi_conv with the window's weights and state already loaded */
 template <int KT>
 __device__ __forceinline__ float gi_conv_win(const gi_window<KT> &win, const float *x, int64_t xs, float *st,
                                              int row0, int t, int c, bool shift) {
@@ -69,13 +76,7 @@ __device__ __forceinline__ float gi_conv_win(const gi_window<KT> &win, const flo
         const int src = t - (KT - 1) + j;
         in[j] = src >= 0 ? __ldcg(x + (size_t)(row0 + src) * xs + c) : win.s[j];
     }
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < KT; j++) acc = fmaf(win.w[j], in[j], acc);
-    if (shift)
-#pragma unroll
-        for (int j = 0; j + 1 < KT; j++) st[j] = in[j + 1];
-    return gi_silu(acc);
+    return gi_conv_out<(KT > 0 ? KT : 1)>(in, KT, [&](int j) { return win.w[j]; }, st, shift);
 }
 
 /* A head's L2-norm scale from each lane's sum of squares of its values (summed with
