@@ -203,15 +203,8 @@ static void run_draw(qd_model *m, draw *d) {
 }
 
 static void check_model(const char *dir) {
-    qd_model_params mp = qd_model_default_params();
-    mp.path = dir;
-    mp.n_threads = 2;
-    qd_model *m;
-    char err[1024];
-    if (qd_model_load(&mp, &m, err, sizeof err) != QD_OK) {
-        CHECKF(0, "%s: %s", dir, err);
-        return;
-    }
+    qd_model *m = qd_fixture_load(dir, QD_BACKEND_CPU, 1);
+    if (!m) return;
     const int draws = qd_model_experts(m) > 0 ? MOE_DRAWS : 1;
     draw d;
     for (int i = 0; i < draws; i++) {

@@ -46,15 +46,8 @@ static void ref_last(qd_model *m, const int32_t *ids, int n, float *out) {
 }
 
 static void check_model(const char *dir) {
-    qd_model_params mp = qd_model_default_params();
-    mp.path = dir;
-    mp.n_threads = 2;
-    qd_model *m;
-    char err[1024];
-    if (qd_model_load(&mp, &m, err, sizeof err) != QD_OK) {
-        CHECKF(0, "%s: %s", dir, err);
-        return;
-    }
+    qd_model *m = qd_fixture_load(dir, QD_BACKEND_CPU, 1);
+    if (!m) return;
     const int V = qd_model_vocab_size(m);
     int32_t a[64], b[64];
     for (int i = 0; i < 64; i++) {
