@@ -4,7 +4,7 @@
 # kernel benchmarks and the end-to-end `qdelta bench` runs, writes logs under
 # $LOGDIR (default $OUT, else build-gpu/logs) and prints a short table last.
 #
-#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant] [quant] [quant-e2e] [schema] [spec] [busyhost] [stalls] [profile]   default: tests kernels e2e
+#   scripts/gpu-check.sh [tests] [kernels] [e2e] [serve] [tp] [throughput] [invariant] [quant] [quant-e2e] [schema] [spec] [busyhost] [stalls] [profile] [timeline]   default: tests kernels e2e
 #     quant: quantized weights: test_cuda_quant (the quantized GEMV and dequantization against the CPU),
 #            test_cuda_quant_moe (quantized experts, decode kernels and prefill path, the fused block),
 #            test_cuda_quant_model (every quantized fixture checkpoint, fp8 at load, dummy weights in
@@ -59,6 +59,11 @@
 #            decode steps that also prefill M prompt tokens (PROFILE="qwen3_5_35b_a3b|none|512|4||7680"), a
 #            seventh K speculative steps (a verify step and its K drafts: "qwen3_5_27b|none|1|4|||3");
 #            PROFILE_BY_GRID=1 gives a line per kernel and grid size (the matrices of one GEMV kernel)
+#     timeline: one decode step's kernels on the GPU's clock inside their CUDA graph, from a build
+#            configured with -DQD_CUDA_TIMELINE=ON in $BUILD-timeline (src/backend/cuda/cuda_timeline.h):
+#            per kernel its share of the critical path, how long its blocks waited on the one before
+#            and how early they were resident (bench/timeline.py); TIMELINE="cfg|format|B ..." picks
+#            the runs (default the 35B-A3B at batch 1 in bf16 and fp8); reports in timeline-*.txt
 #   TESTS="test_cuda_ops ..."   the tests part runs only these test binaries (any of $BUILD's)
 #   KERNEL_BENCH="linear_cuda_bench ..."   the kernels part runs only these benchmarks ("name:part"
 #                                          passes the part, e.g. linear_cuda_bench:router)
@@ -119,8 +124,9 @@ fi
 } >"$LOGDIR/gpu.txt" 2>&1
 
 t0=$(date +%s)
-# QD_SKIP_BUILD=1: reuse $BUILD as it is (a second invocation beside a first one, e.g. one part per GPU)
-if [ -z "${QD_SKIP_BUILD:-}" ]; then
+# QD_SKIP_BUILD=1: reuse $BUILD as it is (a second invocation beside a first one, e.g. one part per GPU);
+# the timeline part alone has a build of its own
+if [ -z "${QD_SKIP_BUILD:-}" ] && [ "$(echo $parts)" != timeline ]; then
 cmake -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
     "-DCMAKE_CUDA_FLAGS=$GENCODE" >"$LOGDIR/build.log" 2>&1 || { echo "configure failed"; tail -30 "$LOGDIR/build.log"; exit 1; }
 targets="qdelta test_backend_ops test_forward_allow test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_model test_snap_tier test_cuda_batch_invariant gdn_cuda_bench"
@@ -552,6 +558,32 @@ if has stalls; then
     fi
 fi
 
+if has timeline; then
+    tbuild="$BUILD-timeline"
+    if cmake -B "$tbuild" -DCMAKE_BUILD_TYPE=Release -DQD_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
+        "-DCMAKE_CUDA_FLAGS=$GENCODE" -DQD_CUDA_TIMELINE=ON >"$LOGDIR/timeline-build.log" 2>&1 &&
+        cmake --build "$tbuild" -j"$(nproc)" --target qdelta >>"$LOGDIR/timeline-build.log" 2>&1; then
+        for spec in ${TIMELINE:-qwen3_5_35b_a3b\|none\|1 qwen3_5_35b_a3b\|fp8\|1}; do
+            IFS='|' read -r cfg q B <<<"$spec"
+            out="$LOGDIR/timeline-$cfg-$q-B$B.txt"
+            wdir="$tbuild/run-$cfg-$q-B$B"
+            mkdir -p "$wdir"
+            rm -f "$wdir/qdelta-timeline.txt"
+            # the file comes after the 32nd forward: a decode step well past the graph captures
+            qbin=$(realpath "$tbuild/qdelta") cdir=$(realpath "bench/configs/$cfg")
+            (cd "$wdir" && timeout 300 "$qbin" bench -q -m "$cdir" \
+                --backend cuda --load-format dummy --quantization "$q" --prefill 16 --decode 64 --batch "$B" \
+                --context 512) >"$out.run" 2>&1 &&
+                python3 bench/timeline.py "$wdir/qdelta-timeline.txt" >"$out" 2>&1 ||
+                { status=1; echo "FAILED: timeline $spec (see $out.run)" >>"$out"; }
+        done
+    else
+        status=1
+        { echo "timeline build failed"; grep -E "error" "$LOGDIR/timeline-build.log" | head -20; } \
+            >"$LOGDIR/timeline-$(echo "$BUILD" | tr / _).txt"
+    fi
+fi
+
 echo "== summary: $(head -1 "$LOGDIR/gpu.txt"), $(sed -n 2p "$LOGDIR/gpu.txt")"
 for t in test_backend_ops test_cuda_ops test_cuda_fused test_cuda_gemm_invariant test_cuda_gdn test_cuda_attn test_cuda_moe test_cuda_model test_cuda_tp test_snap_tier \
     test_cuda_batch_invariant test_cuda_quant test_cuda_fp8_gemm test_cuda_quant_moe test_cuda_quant_model test_cuda_spec; do
@@ -658,4 +690,9 @@ if [ -s "$SERVE_LOG" ]; then
     /^RESULT prefix_chat/   { printf "prefix chat  %-7s hits per turn %s (prompts %s), failed %s\n", kv($0, "cache"), kv($0, "hits"), kv($0, "prompts"), kv($0, "errors") }
     ' "$SERVE_LOG"
 fi
+for f in "$LOGDIR"/timeline-*.txt; do
+    [ -f "$f" ] || continue
+    echo "== $(basename "$f" .txt)"
+    sed -n '1p; /^per kernel/,$p' "$f" | head -16
+done
 exit $status

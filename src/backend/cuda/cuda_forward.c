@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_layers.h"
 #include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_timeline.h"
 
 /* The row groups of a step, in internal row order. */
 enum { GROUP_PREFILL, GROUP_VERIFY, GROUP_DECODE };
@@ -306,6 +307,7 @@ static qd_status main_body(qd_cuda_ctx *g, const void *arg) {
 
 qd_status qd_cuda_forward(void *bc, const qd_step *st, const qd_logit_out *out) {
     qd_cuda_ctx *g = bc;
+    qd_cuda_timeline_forward(g->stream);
     const qd_config *c = g->cfg;
     const int n_spans = st->n_spans, n_logit_rows = st->n_logit_rows;
     qd_status s;

@@ -25,11 +25,38 @@
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_timeline.h"
 #include "backend/cuda/cuda_util.h"
 
+/* A timeline build (cuda_timeline.h) has thread 0 of a block note the global timer on either
+ * side of the wait; the switch is read before the wait, so that its round trip overlaps it. */
 __device__ __forceinline__ void qd_pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if QD_CUDA_TIMELINE_ON
+    const bool first = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+    const unsigned long long on = first ? __ldcg((const unsigned long long *)QD_TL_BASE) : 0ull;
+    unsigned long long t_wait, t_release;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_wait));
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_release));
+    const unsigned long long block =
+        blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
+    if (on && block < QD_TL_BLOCKS) {
+        unsigned long long grid;
+        unsigned sm;
+        asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        const unsigned long long blocks = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
+        const unsigned long long slot = ((grid * 0x9E3779B97F4A7C15ull) >> 47) * QD_TL_BLOCKS + block;
+        unsigned long long *r = (unsigned long long *)(QD_TL_BASE + QD_TL_HEAD + slot * QD_TL_REC);
+        r[0] = grid;
+        r[1] = t_wait;
+        r[2] = t_release;
+        r[3] = (blocks << 32) | ((unsigned long long)sm << 20) | block;
+    }
+#else
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 #endif
 }
 
@@ -46,6 +73,7 @@ __device__ __forceinline__ void qd_pdl_trigger(void) {
 template <typename... KArgs, typename... Args>
 static qd_status qd_launch_pdl_cluster(int pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, dim3 cluster,
                                        size_t smem, cudaStream_t s, Args... args) {
+    if (QD_CUDA_TIMELINE_ON) qd_cuda_timeline_launch((const void *)kernel, grid.x, grid.y, grid.z, s);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
