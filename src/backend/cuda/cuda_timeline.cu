@@ -1,13 +1,14 @@
 /* The timeline recorder's host side (cuda_timeline.h): the table at QD_TL_BASE, the captured
- * launches, arming and writing out. Only a timeline build (QD_CUDA_TIMELINE) does anything;
- * its problems are reported on stderr and leave the run as it would be without the table. */
+ * launches, arming and writing out. Only a timeline build (QD_CUDA_TIMELINE) does anything. Its
+ * problems are reported on stderr; where the table cannot be mapped, that build's kernels fault
+ * at their first wait, which reads the switch in it. */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_timeline.h"
 
-#define TL_MAX_LAUNCHES (1 << 16)
+#define TL_MAX_LAUNCHES (QD_CUDA_TIMELINE_ON ? 1 << 16 : 1) /* other builds keep no list */
 
 typedef struct {
     const char *name;
