@@ -486,9 +486,9 @@ out:
 /* A decode-only step's inputs and delta rule in one launch (qd_cuda_gdn_decode_inputs) against
  * gdn_inputs then gdn_decode on the same projection: the outputs, the state pool and the conv
  * state pool bit for bit. hk key heads, r value heads each, n_seq one-row spans whose conv and
- * delta-rule slots are permuted apart; slot_out: the new states into other slots. */
-/* rounds: fresh projections and conv states each round, the counts summed (a difference in how
- * the two paths round shows as a flipped bf16 q, k or v only every few ten thousand values) */
+ * delta-rule slots are permuted apart; slot_out: the new states into other slots. rounds: fresh
+ * projections and conv states each round, the counts summed (a difference in how the two paths
+ * round shows as a flipped bf16 q, k or v only every few ten thousand values). */
 static void decode_inputs_case(qd_test_rng *rng, int hk, int r, int dk, int dv, int n_seq, int slot_out, int rounds) {
     const int hv = hk * r, K = 4, n_slots = n_seq + 3, key_dim = hk * dk, value_dim = hv * dv;
     const int C = 2 * key_dim + value_dim, W = C + 2 * hv + 3;

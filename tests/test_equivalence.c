@@ -74,6 +74,7 @@ typedef struct {
 } draw;
 
 static void draw_add(draw *d, const char *what, const equiv *q) {
+    CHECKF(d->n < DRAW_MAX, "more than %d comparisons in a draw: %s not kept", DRAW_MAX, what);
     if (d->n < DRAW_MAX) {
         d->what[d->n] = what;
         d->q[d->n++] = *q;

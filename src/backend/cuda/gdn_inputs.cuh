@@ -92,8 +92,9 @@ __device__ __forceinline__ float gi_head_scale(float ss, bool is_q, int dk) {
 }
 
 /* g = -exp(A_log) * softplus(a + dt_bias) (softplus as torch, threshold 20), beta = sigmoid(b).
- * Not inlined: its library calls (expf, log1pf) are then compiled once, the same in every caller,
- * where inlined into different code the compiler may fuse their steps differently. */
+ * Not inlined: its library calls (expf, log1pf) are then compiled on their own, to the same code
+ * in both kernels' files, where inlined into different code the compiler may fuse their steps
+ * differently. */
 static __device__ __noinline__ void gi_gates(float a, float b, float A_log, float dt_bias, float *g, float *beta) {
     const float xa = __fadd_rn(a, dt_bias);
     const float spl = xa > 20.f ? xa : log1pf(expf(xa));
