@@ -152,8 +152,10 @@ moe_down_bf16(const int32_t *sel, const uint16_t *__restrict__ down, const float
             w[r][uu] = in ? ld_weights((const uint4 *)(wd + r * rstride) + b) : make_uint4(0, 0, 0, 0);
         }
     const int m = shared ? group_tokens<TG>(P / k, p - P, list) : pairs_of_block<TG>(sel, p, P, e, list, wcnt);
-    /* From here on the activations of gate_up are needed (and the counters it reset). */
+    /* From here on the activations of gate_up are needed (and the counters it reset). The
+     * next layer's first product may launch now: it only loads weights before its own wait. */
     qd_pdl_wait();
+    qd_pdl_trigger();
     const pass_entries<TG> pe(list, shared, p, k);
     const float *const ap = shared ? sh_act : act;
     float *const op = shared ? sh_out : out;

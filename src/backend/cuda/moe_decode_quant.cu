@@ -258,7 +258,9 @@ moe_down_quant(const __grid_constant__ qd_moe_qw qw, const int32_t *sel, const f
     const uint64_t policy = qd_l2_evict_first();
     ws.start(policy);
     const int m = shared ? group_tokens<TG>(P / k, p - P, list) : pairs_of_block<TG>(sel, p, P, e, list, wcnt);
-    /* From here on the activations of gate_up are needed (and the counters it reset). */
+    /* From here on the activations of gate_up are needed (and the counters it reset). Unlike
+     * moe_down_bf16 this kernel does not let the next launch start early: on an H100 that cost
+     * FP8 decode 1.4% where it gave bf16 2.5% (bench/RESULTS.md, session 48). */
     qd_pdl_wait();
     const pass_entries<TG> pe(list, shared, p, k);
     const float *const ap = shared ? sh_act : act;
