@@ -83,6 +83,69 @@ __device__ __forceinline__ void inv_store_tile(const inv_params &p, const float 
         }
 }
 
+/* Rows past the weights (rows_here) or past n (toks_here) are zero in all `stages` stages,
+ * written once before the pipeline and never loaded (the first wait's barrier orders this
+ * before any read). tid, nt: the thread and the threads taking part. */
+template <int BM, int BN, int LD, int CPR>
+__device__ __forceinline__ void inv_zero_tails(uint16_t (*Ws)[BM][LD], uint16_t (*Xs)[BN][LD], int stages,
+                                               int rows_here, int toks_here, int tid, int nt) {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    if (rows_here < BM)
+        for (int i = tid; i < stages * BM * CPR; i += nt) {
+            const int r = (i / CPR) % BM;
+            if (r >= rows_here) *(uint4 *)&Ws[i / (BM * CPR)][r][(i % CPR) * 8] = zero;
+        }
+    if (toks_here < BN)
+        for (int i = tid; i < stages * BN * CPR; i += nt) {
+            const int r = (i / CPR) % BN;
+            if (r >= toks_here) *(uint4 *)&Xs[i / (BN * CPR)][r][(i % CPR) * 8] = zero;
+        }
+}
+
+/* A thread's 16-byte chunks of one stage (W, x at column k; kin false: zero-filled, not
+ * read): tile rows rt, rt + RPP, ... below rows_here / toks_here, column cc of the stage. */
+template <int BM, int BN, int LD, int RPP, int WCH, int XCH>
+__device__ __forceinline__ void inv_load_stage(uint16_t (&Wst)[BM][LD], uint16_t (&Xst)[BN][LD], const uint16_t *wsrc,
+                                               const uint16_t *xsrc, const inv_params &p, int64_t k, bool kin, int rt,
+                                               int cc, int rows_here, int toks_here) {
+#pragma unroll
+    for (int j = 0; j < WCH; j++)
+        if (rt + j * RPP < rows_here)
+            qd_cp_async16(&Wst[rt + j * RPP][cc], wsrc + (int64_t)j * RPP * p.cols + (kin ? k : 0), kin);
+#pragma unroll
+    for (int j = 0; j < XCH; j++)
+        if (rt + j * RPP < toks_here)
+            qd_cp_async16(&Xst[rt + j * RPP][cc], xsrc + (int64_t)j * RPP * p.ldx + (kin ? k : 0), kin);
+}
+
+/* A warp's k-steps of 16 over one stage into acc, the steps at columns k0 + kk >= kend
+ * not issued (their count must not depend on BK: see the top). */
+template <int MI, int NI, int TM, int TN, int BM, int BN, int LD, int BK>
+__device__ __forceinline__ void inv_mma_stage(float (&acc)[MI][NI][4], const uint16_t (&Wst)[BM][LD],
+                                              const uint16_t (&Xst)[BN][LD], int wm, int wn, int lane, int64_t k0,
+                                              int64_t kend) {
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+        if (k0 + kk >= kend) break;
+        uint32_t af[MI][4], bf[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) qd_ldsm_x4(af[mi], &Wst[wm * TM + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+#pragma unroll
+        for (int pr = 0; pr < NI / 2; pr++) {
+            uint32_t r[4];
+            qd_ldsm_x4(r, &Xst[wn * TN + 16 * pr + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
+            bf[2 * pr][0] = r[0];
+            bf[2 * pr][1] = r[1];
+            bf[2 * pr + 1][0] = r[2];
+            bf[2 * pr + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) qd_mma_bf16(acc[mi][ni], af[mi], bf[ni]);
+    }
+}
+
 /* One chain (S = 1) on a tile of one k-group: the kernel of the first version, kept
  * as it was because the chained walk below costs it 40-80% at n = 1 (its per-step
  * index arithmetic and division, measured on the H200: 42 us against 23 us at
@@ -104,20 +167,7 @@ __global__ void __launch_bounds__(WM * WN * 32) inv_gemm1(const __grid_constant_
     const int64_t row0 = (int64_t)(blockIdx.x / p.ntn) * BM;
     const int tok0 = (int)tn * BN;
     const int rows_here = (int)min((int64_t)BM, p.rows - row0), toks_here = min(BN, p.n - tok0);
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-
-    /* Rows past the weights or past n are zero in every stage, written once here
-     * and never loaded (the first wait's barrier orders this before any read). */
-    if (rows_here < BM)
-        for (int i = tid; i < ST * BM * CPR; i += NT) {
-            const int r = (i / CPR) % BM;
-            if (r >= rows_here) *(uint4 *)&Ws[i / (BM * CPR)][r][(i % CPR) * 8] = zero;
-        }
-    if (toks_here < BN)
-        for (int i = tid; i < ST * BN * CPR; i += NT) {
-            const int r = (i / CPR) % BN;
-            if (r >= toks_here) *(uint4 *)&Xs[i / (BN * CPR)][r][(i % CPR) * 8] = zero;
-        }
+    inv_zero_tails<BM, BN, LD, CPR>(Ws, Xs, ST, rows_here, toks_here, tid, NT);
 
     /* this thread's column chunk and first tile row; its rows j follow RPP apart (addresses
      * computed per load: few registers however many rows a thread loads) */
@@ -127,14 +177,7 @@ __global__ void __launch_bounds__(WM * WN * 32) inv_gemm1(const __grid_constant_
     auto load = [&](int st, int kt) {
         const int64_t k = (int64_t)kt * BK;
         const bool kin = k + cc < p.cols; /* cols % 8 == 0: a chunk is all in or all out (zero-filled) */
-#pragma unroll
-        for (int j = 0; j < WCH; j++)
-            if (rt + j * RPP < rows_here)
-                qd_cp_async16(&Ws[st][rt + j * RPP][cc], wsrc + (int64_t)j * RPP * p.cols + (kin ? k : 0), kin);
-#pragma unroll
-        for (int j = 0; j < XCH; j++)
-            if (rt + j * RPP < toks_here)
-                qd_cp_async16(&Xs[st][rt + j * RPP][cc], xsrc + (int64_t)j * RPP * p.ldx + (kin ? k : 0), kin);
+        inv_load_stage<BM, BN, LD, RPP, WCH, XCH>(Ws[st], Xs[st], wsrc, xsrc, p, k, kin, rt, cc, rows_here, toks_here);
     };
 
     float acc[MI][NI][4];
@@ -159,29 +202,8 @@ __global__ void __launch_bounds__(WM * WN * 32) inv_gemm1(const __grid_constant_
         if (nk < KT) load(nk % ST, nk);
         qd_cp_async_commit();
         if (!active) continue;
-        const int st = kt % ST;
-        const int64_t k0 = (int64_t)kt * BK;
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            if (k0 + kk >= p.cols) break; /* ceil(cols / 16) steps whatever BK is */
-            uint32_t af[MI][4], bf[NI][2];
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-                qd_ldsm_x4(af[mi], &Ws[st][wm * TM + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
-#pragma unroll
-            for (int pr = 0; pr < NI / 2; pr++) {
-                uint32_t r[4];
-                qd_ldsm_x4(r, &Xs[st][wn * TN + 16 * pr + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
-                bf[2 * pr][0] = r[0];
-                bf[2 * pr][1] = r[1];
-                bf[2 * pr + 1][0] = r[2];
-                bf[2 * pr + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) qd_mma_bf16(acc[mi][ni], af[mi], bf[ni]);
-        }
+        const int st = kt % ST; /* ceil(cols / 16) steps whatever BK is */
+        inv_mma_stage<MI, NI, TM, TN, BM, BN, LD, BK>(acc, Ws[st], Xs[st], wm, wn, lane, (int64_t)kt * BK, p.cols);
     }
     qd_cp_async_wait<0>();
     if (!active) return;
@@ -210,20 +232,7 @@ __global__ void __launch_bounds__(WM * WN * KW * 32) inv_gemm(const __grid_const
     const int64_t row0 = (int64_t)(blockIdx.x / p.ntn) * BM;
     const int tok0 = (int)tn * BN;
     const int rows_here = (int)min((int64_t)BM, p.rows - row0), toks_here = min(BN, p.n - tok0);
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-
-    /* Rows past the weights or past n are zero in every stage, written once here
-     * and never loaded (the first wait's barrier orders this before any read). */
-    if (rows_here < BM)
-        for (int i = tid; i < ST * KW * BM * CPR; i += NT) {
-            const int r = (i / CPR) % BM;
-            if (r >= rows_here) *(uint4 *)&Ws[i / (BM * CPR)][r][(i % CPR) * 8] = zero;
-        }
-    if (toks_here < BN)
-        for (int i = tid; i < ST * KW * BN * CPR; i += NT) {
-            const int r = (i / CPR) % BN;
-            if (r >= toks_here) *(uint4 *)&Xs[i / (BN * CPR)][r][(i % CPR) * 8] = zero;
-        }
+    inv_zero_tails<BM, BN, LD, CPR>(Ws, Xs, ST * KW, rows_here, toks_here, tid, NT);
 
     /* this thread's column chunk and first tile row within its group; its rows j follow
      * RPP apart (addresses computed per load: few registers however many rows it loads) */
@@ -238,14 +247,7 @@ __global__ void __launch_bounds__(WM * WN * KW * 32) inv_gemm(const __grid_const
         /* chain ends are multiples of 16 or cols (% 8 == 0): a chunk is all in or all out (zero-filled) */
         const bool kin = k + cc < ce;
         const int s = st * KW + g;
-#pragma unroll
-        for (int j = 0; j < WCH; j++)
-            if (rt + j * RPP < rows_here)
-                qd_cp_async16(&Ws[s][rt + j * RPP][cc], wsrc + (int64_t)j * RPP * p.cols + (kin ? k : 0), kin);
-#pragma unroll
-        for (int j = 0; j < XCH; j++)
-            if (rt + j * RPP < toks_here)
-                qd_cp_async16(&Xs[s][rt + j * RPP][cc], xsrc + (int64_t)j * RPP * p.ldx + (kin ? k : 0), kin);
+        inv_load_stage<BM, BN, LD, RPP, WCH, XCH>(Ws[s], Xs[s], wsrc, xsrc, p, k, kin, rt, cc, rows_here, toks_here);
     };
 
     float acc[MI][NI][4], tot[MI][NI][4];
@@ -273,28 +275,8 @@ __global__ void __launch_bounds__(WM * WN * KW * 32) inv_gemm(const __grid_const
         const int r = it / p.ktc, kt = it - r * p.ktc, c = r * KW + g;
         if (active && c < p.nch) {
             const int s = (it % ST) * KW + g;
-            const int64_t cb = (int64_t)c * p.clen, ce = min(cb + p.clen, p.cols), k0 = cb + (int64_t)kt * BK;
-#pragma unroll
-            for (int kk = 0; kk < BK; kk += 16) {
-                if (k0 + kk >= ce) break; /* the chain's steps whatever BK is */
-                uint32_t af[MI][4], bf[NI][2];
-#pragma unroll
-                for (int mi = 0; mi < MI; mi++)
-                    qd_ldsm_x4(af[mi], &Ws[s][wm * TM + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
-#pragma unroll
-                for (int pr = 0; pr < NI / 2; pr++) {
-                    uint32_t q[4];
-                    qd_ldsm_x4(q, &Xs[s][wn * TN + 16 * pr + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
-                    bf[2 * pr][0] = q[0];
-                    bf[2 * pr][1] = q[1];
-                    bf[2 * pr + 1][0] = q[2];
-                    bf[2 * pr + 1][1] = q[3];
-                }
-#pragma unroll
-                for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                    for (int ni = 0; ni < NI; ni++) qd_mma_bf16(acc[mi][ni], af[mi], bf[ni]);
-            }
+            const int64_t cb = (int64_t)c * p.clen, ce = min(cb + p.clen, p.cols); /* the chain's steps */
+            inv_mma_stage<MI, NI, TM, TN, BM, BN, LD, BK>(acc, Ws[s], Xs[s], wm, wn, lane, cb + (int64_t)kt * BK, ce);
         }
         {
             if (kt != p.ktc - 1) continue;
