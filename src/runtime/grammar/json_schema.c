@@ -104,19 +104,29 @@ int sc_char(sc_ctx *c) {
     return c->r_char = r;
 }
 
-/* chars := "" | char chars */
-static int star(sc_ctx *c, int item) {
-    int r = qd_grammar_rule(c->g);
-    int32_t s[2] = {item, r};
-    qd_grammar_alt(c->g, r, NULL, 0);
-    qd_grammar_alt(c->g, r, s, 2);
-    return r;
+int sc_upto(sc_ctx *c, int item, long long n) {
+    if (n < 0) { /* r := "" | item r */
+        int r = qd_grammar_rule(c->g);
+        int32_t s[2] = {item, r};
+        qd_grammar_alt(c->g, r, NULL, 0);
+        qd_grammar_alt(c->g, r, s, 2);
+        return r;
+    }
+    int tail = sc_seq(c, NULL, 0); /* r_k := "" | item r_(k-1), r_0 := "" */
+    for (long long k = 0; k < n && !c->failed; k++) {
+        int r = qd_grammar_rule(c->g);
+        int32_t s[2] = {item, tail};
+        qd_grammar_alt(c->g, r, NULL, 0);
+        qd_grammar_alt(c->g, r, s, 2);
+        tail = r;
+    }
+    return tail;
 }
 
 int sc_any_string(sc_ctx *c) {
     if (c->r_string < 0) {
         int32_t q = qd_grammar_byte('"');
-        int32_t s[3] = {q, star(c, sc_char(c)), q};
+        int32_t s[3] = {q, sc_upto(c, sc_char(c), -1), q};
         c->r_string = sc_seq(c, s, 3);
     }
     return c->r_string;
@@ -419,19 +429,8 @@ static int compile_array(sc_ctx *c, const json_t *s, const char *path) {
     int32_t sep_item[3] = {qd_grammar_byte(','), sc_ws(c), item};
     int next = sc_seq(c, sep_item, 3);
     /* tail: the optional items after the first max(lo, 1) */
-    int tail;
     long long first = lo > 0 ? lo : 1;
-    if (hi < 0) tail = star(c, next);
-    else {
-        tail = sc_seq(c, NULL, 0);
-        for (long long k = first; k < hi && !c->failed; k++) {
-            int r = qd_grammar_rule(c->g);
-            int32_t seq[2] = {next, tail};
-            qd_grammar_alt(c->g, r, NULL, 0);
-            qd_grammar_alt(c->g, r, seq, 2);
-            tail = r;
-        }
-    }
+    int tail = sc_upto(c, next, hi < 0 ? -1 : hi - first);
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)(first + 3));
     if (!seq) return sc_fail(c, QD_ERR_OOM, "out of memory for the array at %s", path);
     int m = 0;

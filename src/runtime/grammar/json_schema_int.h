@@ -33,6 +33,8 @@ int sc_seq(sc_ctx *c, const int32_t *syms, int n);
 /* A rule for a|b|... over rules (n >= 1). */
 int sc_alts(sc_ctx *c, const int *rules, int n);
 int sc_lit(sc_ctx *c, const char *s);
+/* A rule for 0 to n copies of item in a row; n < 0: any number. */
+int sc_upto(sc_ctx *c, int item, long long n);
 int sc_fail(sc_ctx *c, qd_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 int sc_ws(sc_ctx *c);            /* "" | " " */

@@ -136,22 +136,7 @@ int sc_string(sc_ctx *c, const json_t *s, const char *path) {
     if (hi >= 0 && hi < lo)
         return sc_fail(c, QD_ERR_INVALID_ARG, "'maxLength' %lld < 'minLength' %lld at %s", hi, lo, path);
     int ch = sc_char(c);
-    int tail;
-    if (hi < 0) {
-        tail = qd_grammar_rule(c->g);
-        int32_t t[2] = {ch, tail};
-        qd_grammar_alt(c->g, tail, NULL, 0);
-        qd_grammar_alt(c->g, tail, t, 2);
-    } else {
-        tail = sc_seq(c, NULL, 0);
-        for (long long k = lo; k < hi && !c->failed; k++) {
-            int r = qd_grammar_rule(c->g);
-            int32_t t[2] = {ch, tail};
-            qd_grammar_alt(c->g, r, NULL, 0);
-            qd_grammar_alt(c->g, r, t, 2);
-            tail = r;
-        }
-    }
+    int tail = sc_upto(c, ch, hi < 0 ? -1 : hi - lo);
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)(lo + 3));
     if (!seq) return sc_fail(c, QD_ERR_OOM, "out of memory for the string at %s", path);
     int n = 0;
