@@ -72,6 +72,39 @@ __device__ static inline void wy_rows(unsigned char *dst, int dst_stride, const 
     }
 }
 
+/* The A fragments of row block rb of T diag(d) (T: the chunk's triangular solve in Ts, d:
+ * a diagonal, 64 floats) for the k-blocks kk <= rb, the only ones a lower-triangular T has. */
+__device__ static inline void wy_tdiag_frags(uint32_t (&ta)[4][4], const float *Ts, const float *d, int rb, int gq,
+                                             int tq) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        if (kk <= rb) {
+            const float *t0r = Ts + (16 * rb + gq) * WY_LS + 16 * kk + 2 * tq, *t1r = t0r + 8 * WY_LS;
+            const float *ds = d + 16 * kk + 2 * tq;
+            ta[kk][0] = qd_bf2_pack(t0r[0] * ds[0], t0r[1] * ds[1]);
+            ta[kk][1] = qd_bf2_pack(t1r[0] * ds[0], t1r[1] * ds[1]);
+            ta[kk][2] = qd_bf2_pack(t0r[8] * ds[8], t0r[9] * ds[9]);
+            ta[kk][3] = qd_bf2_pack(t1r[8] * ds[8], t1r[9] * ds[9]);
+        }
+    }
+}
+
+/* acc += (row block rb of T diag(d)) B for 16 columns (two n8 halves) of the chunk's B
+ * rows at shared address b (row m at m * stride bytes; col16: the 16-column group's byte
+ * offset), k-blocks kk <= rb only: B is read by transposed ldmatrix. */
+__device__ static inline void wy_tdiag_mma(float (&acc)[2][4], const uint32_t (&ta)[4][4], uint32_t b,
+                                           int stride, int col16, int rb, int mi, int rr) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        if (kk <= rb) {
+            uint32_t b0, b1, b2, b3;
+            qd_ldsm4t(b + (16 * kk + 8 * (mi & 1) + rr) * stride + col16, b0, b1, b2, b3);
+            qd_mma16816(acc[0], ta[kk], b0, b1);
+            qd_mma16816(acc[1], ta[kk], b2, b3);
+        }
+    }
+}
+
 template <int DKP>
 __global__ void __launch_bounds__(WY_NT, 2)
 gdn_wy_kernel(const int32_t *__restrict__ chunks, const uint16_t *__restrict__ q, int64_t q_stride,
@@ -326,32 +359,13 @@ gdn_wy_kernel(const int32_t *__restrict__ chunks, const uint16_t *__restrict__ q
          * row block contribute; the pairing w / 3-w gives every warp 5 of them. */
         {
             uint32_t ta[4][4];
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                if (kk <= w) {
-                    const float *t0r = Ts + (16 * w + gq) * WY_LS + 16 * kk + 2 * tq, *t1r = t0r + 8 * WY_LS;
-                    const float *es = Es + 16 * kk + 2 * tq;
-                    ta[kk][0] = qd_bf2_pack(t0r[0] * es[0], t0r[1] * es[1]);
-                    ta[kk][1] = qd_bf2_pack(t1r[0] * es[0], t1r[1] * es[1]);
-                    ta[kk][2] = qd_bf2_pack(t0r[8] * es[8], t0r[9] * es[9]);
-                    ta[kk][3] = qd_bf2_pack(t1r[8] * es[8], t1r[9] * es[9]);
-                }
-            }
+            wy_tdiag_frags(ta, Ts, Es, w, gq, tq);
             unsigned char *wb = (unsigned char *)(Wg + ch * QD_CH * DKP);
             const int i0 = 16 * w + gq;
 #pragma unroll
             for (int jq = 0; jq < DKP / 16; jq++) {
                 float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) {
-                    if (kk <= w) {
-                        uint32_t b0, b1, b2, b3; /* B[m][d] = K[m][d]: transposed load */
-                        qd_ldsm4t(ks + (16 * kk + 8 * (mi & 1) + rr) * KSTR + (2 * jq + (mi >> 1)) * 16, b0, b1, b2,
-                                  b3);
-                        qd_mma16816(acc[0], ta[kk], b0, b1);
-                        qd_mma16816(acc[1], ta[kk], b2, b3);
-                    }
-                }
+                wy_tdiag_mma(acc, ta, ks, KSTR, (2 * jq + (mi >> 1)) * 16, w, mi, rr); /* B[m][d] = K[m][d] */
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const int sw = (((2 * jq + hh) ^ gq) << 4) + 4 * tq;
@@ -362,31 +376,12 @@ gdn_wy_kernel(const int32_t *__restrict__ chunks, const uint16_t *__restrict__ q
         }
         {
             uint32_t ta[4][4];
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                if (kk <= wq) {
-                    const float *t0r = Ts + (16 * wq + gq) * WY_LS + 16 * kk + 2 * tq, *t1r = t0r + 8 * WY_LS;
-                    const float *bs = Bs + 16 * kk + 2 * tq;
-                    ta[kk][0] = qd_bf2_pack(t0r[0] * bs[0], t0r[1] * bs[1]);
-                    ta[kk][1] = qd_bf2_pack(t1r[0] * bs[0], t1r[1] * bs[1]);
-                    ta[kk][2] = qd_bf2_pack(t0r[8] * bs[8], t0r[9] * bs[9]);
-                    ta[kk][3] = qd_bf2_pack(t1r[8] * bs[8], t1r[9] * bs[9]);
-                }
-            }
+            wy_tdiag_frags(ta, Ts, Bs, wq, gq, tq);
             unsigned char *ub = (unsigned char *)(Ug + ch * QD_CH * dv);
             const int i0 = 16 * wq + gq, hs = (gq >> 2) & 1; /* (i >> 2) & 1 for rows i0 and i0 + 8 */
             for (int jq = 0; jq < npanel; jq++) {
                 float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) {
-                    if (kk <= wq) {
-                        uint32_t b0, b1, b2, b3;
-                        qd_ldsm4t(vs + (16 * kk + 8 * (mi & 1) + rr) * VSTR + (2 * jq + (mi >> 1)) * 16, b0, b1, b2,
-                                  b3);
-                        qd_mma16816(acc[0], ta[kk], b0, b1);
-                        qd_mma16816(acc[1], ta[kk], b2, b3);
-                    }
-                }
+                wy_tdiag_mma(acc, ta, vs, VSTR, (2 * jq + (mi >> 1)) * 16, wq, mi, rr);
                 unsigned char *panel = ub + jq * (QD_CH * 32);
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
