@@ -146,6 +146,26 @@ __device__ __forceinline__ void inv_mma_stage(float (&acc)[MI][NI][4], const uin
     }
 }
 
+/* acc = 0 */
+template <int MI, int NI> __device__ __forceinline__ void inv_clear(float (&acc)[MI][NI][4]) {
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
+}
+
+/* The pipeline's first ST - 1 stages (of steps), a commit group each even where empty, so
+ * that the wait of step s is always for group s. */
+template <int ST, class Load> __device__ __forceinline__ void inv_prologue(Load &load, int steps) {
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < steps) load(s, s);
+        qd_cp_async_commit();
+    }
+}
+
 /* One chain (S = 1) on a tile of one k-group: the kernel of the first version, kept
  * as it was because the chained walk below costs it 40-80% at n = 1 (its per-step
  * index arithmetic and division, measured on the H200: 42 us against 23 us at
@@ -181,20 +201,11 @@ __global__ void __launch_bounds__(WM * WN * 32) inv_gemm1(const __grid_constant_
     };
 
     float acc[MI][NI][4];
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
+    inv_clear(acc);
     /* a warp whose outputs all lie past the weights or past n only helps load */
     const bool active = wm * TM < rows_here && wn * TN < toks_here;
 
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
-        if (s < KT) load(s, s);
-        qd_cp_async_commit();
-    }
+    inv_prologue<ST>(load, KT);
     for (int kt = 0; kt < KT; kt++) {
         qd_cp_async_wait<ST - 2>();
         __syncthreads(); /* stage kt landed for all; stage kt - 1 is free to refill */
@@ -251,21 +262,12 @@ __global__ void __launch_bounds__(WM * WN * KW * 32) inv_gemm(const __grid_const
     };
 
     float acc[MI][NI][4], tot[MI][NI][4];
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
+    inv_clear(acc);
     /* a warp whose outputs all lie past the weights or past n only helps load (the
      * same warp place in every group: its partner warps are idle too) */
     const bool active = wm * TM < rows_here && wn * TN < toks_here;
 
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
-        if (s < p.nit) load(s, s);
-        qd_cp_async_commit();
-    }
+    inv_prologue<ST>(load, p.nit);
     for (int it = 0; it < p.nit; it++) {
         qd_cp_async_wait<ST - 2>();
         __syncthreads(); /* stage it landed for all; stage it - 1 is free to refill */
@@ -306,12 +308,7 @@ __global__ void __launch_bounds__(WM * WN * KW * 32) inv_gemm(const __grid_const
                             tot[mi][ni][e] = v;
                         }
             }
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+            inv_clear(acc);
         }
     }
     qd_cp_async_wait<0>();
