@@ -61,14 +61,16 @@ extern "C" qd_status qd_cuda_device_info(char *name, size_t name_size, int *sm_c
     return QD_OK;
 }
 
+/* An allocation's result: out of memory as QD_ERR_OOM (the message names the call), other
+ * failures as qd_cuda_status maps them. */
+static qd_status alloc_status(cudaError_t e, const char *what) {
+    const qd_status st = qd_cuda_status(e, what);
+    return e == cudaErrorMemoryAllocation ? QD_ERR_OOM : st;
+}
+
 extern "C" qd_status qd_cuda_malloc(void **p, size_t bytes) {
     *p = NULL;
-    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
-    if (e == cudaErrorMemoryAllocation) {
-        qd_cuda_status(e, "cudaMalloc");
-        return QD_ERR_OOM;
-    }
-    return qd_cuda_status(e, "cudaMalloc");
+    return alloc_status(cudaMalloc(p, bytes ? bytes : 1), "cudaMalloc");
 }
 
 extern "C" void qd_cuda_free(void *p) {
@@ -147,12 +149,7 @@ extern "C" qd_status qd_cuda_stream_sync(void *stream) {
 
 extern "C" qd_status qd_cuda_malloc_host(void **p, size_t bytes) {
     *p = NULL;
-    cudaError_t e = cudaMallocHost(p, bytes ? bytes : 1);
-    if (e == cudaErrorMemoryAllocation) {
-        qd_cuda_status(e, "cudaMallocHost");
-        return QD_ERR_OOM;
-    }
-    return qd_cuda_status(e, "cudaMallocHost");
+    return alloc_status(cudaMallocHost(p, bytes ? bytes : 1), "cudaMallocHost");
 }
 
 extern "C" void qd_cuda_free_host(void *p) {
