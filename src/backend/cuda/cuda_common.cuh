@@ -82,5 +82,15 @@ __device__ __forceinline__ void qd_cp_async_commit(void) { asm volatile("cp.asyn
 template <int N> __device__ __forceinline__ void qd_cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+/* An ST-stage cp.async pipeline's first ST - 1 stages: load(s, s) for s < steps, and a commit
+ * group for each of them even where empty, so that step s always waits for group s
+ * (qd_cp_async_wait<ST - 2> at step s, which then commits the load of step s + ST - 1). */
+template <int ST, class Load> __device__ __forceinline__ void qd_cp_async_prologue(Load &load, int steps) {
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < steps) load(s, s);
+        qd_cp_async_commit();
+    }
+}
 
 #endif

@@ -156,16 +156,6 @@ template <int MI, int NI> __device__ __forceinline__ void inv_clear(float (&acc)
             for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
 }
 
-/* The pipeline's first ST - 1 stages (of steps), a commit group each even where empty, so
- * that the wait of step s is always for group s. */
-template <int ST, class Load> __device__ __forceinline__ void inv_prologue(Load &load, int steps) {
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
-        if (s < steps) load(s, s);
-        qd_cp_async_commit();
-    }
-}
-
 /* One chain (S = 1) on a tile of one k-group: the kernel of the first version, kept
  * as it was because the chained walk below costs it 40-80% at n = 1 (its per-step
  * index arithmetic and division, measured on the H200: 42 us against 23 us at
@@ -205,7 +195,7 @@ __global__ void __launch_bounds__(WM * WN * 32) inv_gemm1(const __grid_constant_
     /* a warp whose outputs all lie past the weights or past n only helps load */
     const bool active = wm * TM < rows_here && wn * TN < toks_here;
 
-    inv_prologue<ST>(load, KT);
+    qd_cp_async_prologue<ST>(load, KT);
     for (int kt = 0; kt < KT; kt++) {
         qd_cp_async_wait<ST - 2>();
         __syncthreads(); /* stage kt landed for all; stage kt - 1 is free to refill */
@@ -267,7 +257,7 @@ __global__ void __launch_bounds__(WM * WN * KW * 32) inv_gemm(const __grid_const
      * same warp place in every group: its partner warps are idle too) */
     const bool active = wm * TM < rows_here && wn * TN < toks_here;
 
-    inv_prologue<ST>(load, p.nit);
+    qd_cp_async_prologue<ST>(load, p.nit);
     for (int it = 0; it < p.nit; it++) {
         qd_cp_async_wait<ST - 2>();
         __syncthreads(); /* stage it landed for all; stage it - 1 is free to refill */

@@ -160,11 +160,7 @@ moe_gemm(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, const i
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[mi][t][c] = 0.0f;
 
-#pragma unroll
-    for (int s = 0; s < GM_ST - 1; s++) {
-        if (s < KT) load(s, s);
-        qd_cp_async_commit();
-    }
+    qd_cp_async_prologue<GM_ST>(load, KT);
     for (int kt = 0; kt < KT; kt++) {
         qd_cp_async_wait<GM_ST - 2>();
         __syncthreads(); /* stage kt landed for all; stage kt - 1 is free to refill */
@@ -293,11 +289,7 @@ moe_gemm_small(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, c
 #pragma unroll
         for (int t = 0; t < 2; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
         __syncthreads(); /* the previous piece's readers are done with the ring */
-#pragma unroll
-        for (int s = 0; s < SM_ST - 1; s++) {
-            if (s < nst) load(s, s);
-            qd_cp_async_commit();
-        }
+        qd_cp_async_prologue<SM_ST>(load, nst);
         for (int s = 0; s < nst; s++) {
             qd_cp_async_wait<SM_ST - 2>();
             __syncthreads();
