@@ -362,54 +362,37 @@ static node *binop(parser *P, int op, node *a, node *b, int line) {
     return n;
 }
 
-static node *parse_pow(parser *P) {
-    node *n = parse_unary(P, 1);
-    while (n && is_op(P, "**")) {
-        int line = cur(P)->line;
-        P->i++;
-        node *r = parse_unary(P, 1);
-        n = r ? binop(P, OP_POW, n, r, line) : NULL;
-    }
-    return n;
+/* The left-associative binary operators by level, tightest first: ** (0), then * / // % (1),
+ * then ~ (2), then + - (3); comparisons, not, and, or sit above them. */
+static const struct {
+    const char *tok;
+    int op, level;
+} binops[] = {
+    {"**", OP_POW, 0}, {"*", OP_MUL, 1},    {"/", OP_DIV, 1}, {"//", OP_FLOORDIV, 1},
+    {"%", OP_MOD, 1},  {"~", OP_CONCAT, 2}, {"+", OP_ADD, 3}, {"-", OP_SUB, 3},
+};
+#define BINOP_TOP 3
+
+/* The operator of the level at the current token, or -1. */
+static int binop_here(parser *P, int level) {
+    for (size_t i = 0; i < sizeof binops / sizeof binops[0]; i++)
+        if (binops[i].level == level && is_op(P, binops[i].tok)) return binops[i].op;
+    return -1;
 }
 
-static node *parse_math2(parser *P) {
-    node *n = parse_pow(P);
-    while (n) {
-        int op = is_op(P, "*") ? OP_MUL : is_op(P, "/") ? OP_DIV : is_op(P, "//") ? OP_FLOORDIV : is_op(P, "%") ? OP_MOD : -1;
-        if (op < 0) break;
+static node *parse_binary(parser *P, int level) {
+    node *n = level ? parse_binary(P, level - 1) : parse_unary(P, 1);
+    for (int op; n && (op = binop_here(P, level)) >= 0;) {
         int line = cur(P)->line;
         P->i++;
-        node *r = parse_pow(P);
-        n = r ? binop(P, op, n, r, line) : NULL;
-    }
-    return n;
-}
-
-static node *parse_concat(parser *P) {
-    node *n = parse_math2(P);
-    while (n && is_op(P, "~")) {
-        int line = cur(P)->line;
-        P->i++;
-        node *r = parse_math2(P);
-        n = r ? binop(P, OP_CONCAT, n, r, line) : NULL;
-    }
-    return n;
-}
-
-static node *parse_math1(parser *P) {
-    node *n = parse_concat(P);
-    while (n && (is_op(P, "+") || is_op(P, "-"))) {
-        int op = is_op(P, "+") ? OP_ADD : OP_SUB, line = cur(P)->line;
-        P->i++;
-        node *r = parse_concat(P);
+        node *r = level ? parse_binary(P, level - 1) : parse_unary(P, 1);
         n = r ? binop(P, op, n, r, line) : NULL;
     }
     return n;
 }
 
 static node *parse_compare(parser *P) {
-    node *first = parse_math1(P);
+    node *first = parse_binary(P, BINOP_TOP);
     if (!first) return NULL;
     nvec operands = {0};
     int ops[64], nops = 0, line = cur(P)->line;
@@ -426,7 +409,7 @@ static node *parse_compare(parser *P) {
         else break;
         P->i++;
         if (nops == 64) { perr(P, "%s", "comparison chain too long"); return NULL; }
-        node *r = parse_math1(P);
+        node *r = parse_binary(P, BINOP_TOP);
         if (!r || nvec_push(P, &operands, r, NULL)) return NULL;
         ops[nops++] = op;
     }
