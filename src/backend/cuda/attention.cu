@@ -77,13 +77,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
     const int w = threadIdx.x / 32;
 
     load_rows<HDP, 16>(sQ, p.q + ((long long)r * p.nq + h0) * p.hd, p.hd, nh, p.hd);
-#pragma unroll
-    for (int st = 0; st < DEC_STAGES - 1; st++) {
-        if (st < n_kt)
-            load_kv_tile<HDP, true>(sK + st * ATT_TILE * LDS, sV + st * ATT_TILE * LDS, p.kc, p.vc, bt,
-                                    k0 + st * ATT_TILE, k1, kvh, p);
-        qd_cp_async_commit(); /* one group per tile, empty or not, so that the wait count is fixed */
-    }
+    /* key tile t into ring buffer b */
+    auto load = [&](int b, int t) {
+        load_kv_tile<HDP, true>(sK + b * ATT_TILE * LDS, sV + b * ATT_TILE * LDS, p.kc, p.vc, bt, k0 + t * ATT_TILE,
+                                k1, kvh, p);
+    };
+    qd_cp_async_prologue<DEC_STAGES>(load, n_kt);
 
     float o[NT][4];
 #pragma unroll
@@ -95,9 +94,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_decode_kernel(attn_params p,
         __syncthreads(); /* tile t visible; every warp is done with tile t-1, whose buffer is refilled now */
         {
             const int tn = t + DEC_STAGES - 1, bn = tn % DEC_STAGES;
-            if (tn < n_kt)
-                load_kv_tile<HDP, true>(sK + bn * ATT_TILE * LDS, sV + bn * ATT_TILE * LDS, p.kc, p.vc, bt,
-                                        k0 + tn * ATT_TILE, k1, kvh, p);
+            if (tn < n_kt) load(bn, tn);
             qd_cp_async_commit();
         }
         const int buf = t % DEC_STAGES;
