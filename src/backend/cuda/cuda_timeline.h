@@ -1,5 +1,5 @@
 /* The timeline of one forward inside its CUDA graph, for profiling builds (cmake
- * -DQD_CUDA_TIMELINE=ON; scripts/gpu-check.sh timeline; tools/timeline.py reads the file).
+ * -DQD_CUDA_TIMELINE=ON; scripts/gpu-check.sh timeline; bench/timeline.py reads the file).
  *
  * Nsight Systems does not run on our GPU image, and Nsight Compute times kernels one at a
  * time, serialised, so neither shows how the kernels of a graph overlap. In a timeline build,
@@ -8,7 +8,7 @@
  * releases it, and stores both with the grid's id, during the QD_CUDA_TIMELINE_STEP-th forward
  * of the process. At the next forward the records go to qdelta-timeline.txt in the working
  * directory, with the kernel name and grid of every launch captured into a graph (in capture
- * order), from which tools/timeline.py pairs grids with kernels.
+ * order), from which bench/timeline.py pairs grids with kernels.
  *
  * The table sits at a fixed device address (QD_TL_BASE, reserved and mapped with the driver's
  * virtual-memory calls at the first launch or forward) because every .cu file is compiled on
