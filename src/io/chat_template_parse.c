@@ -107,7 +107,6 @@ static int nvec_push(parser *P, nvec *a, node *x, const char *name) {
 
 static node *parse_expr(parser *P, int condexpr);
 static node *parse_unary(parser *P, int with_filter);
-static node *parse_or(parser *P);
 
 /* ( args ) for calls, filters and tests: positional then name=value. */
 static int parse_args(parser *P, node *n) {
@@ -439,24 +438,13 @@ static node *parse_not(parser *P) {
     return parse_compare(P);
 }
 
-static node *parse_and(parser *P) {
-    node *n = parse_not(P);
-    while (n && is_name(P, "and")) {
+/* `and` (is_or 0, binding tighter) and `or` (1): left-associative chains of the level below */
+static node *parse_logic(parser *P, int is_or) {
+    node *n = is_or ? parse_logic(P, 0) : parse_not(P);
+    while (n && is_name(P, is_or ? "or" : "and")) {
         int line = cur(P)->line;
         P->i++;
-        node *r = parse_not(P), *x = r ? mk(P, N_AND, line) : NULL;
-        if (x) { x->a = n; x->b = r; }
-        n = x;
-    }
-    return n;
-}
-
-static node *parse_or(parser *P) {
-    node *n = parse_and(P);
-    while (n && is_name(P, "or")) {
-        int line = cur(P)->line;
-        P->i++;
-        node *r = parse_and(P), *x = r ? mk(P, N_OR, line) : NULL;
+        node *r = is_or ? parse_logic(P, 0) : parse_not(P), *x = r ? mk(P, is_or ? N_OR : N_AND, line) : NULL;
         if (x) { x->a = n; x->b = r; }
         n = x;
     }
@@ -465,11 +453,11 @@ static node *parse_or(parser *P) {
 
 static node *parse_expr(parser *P, int condexpr) {
     if (++P->nest > MAX_NEST) { perr(P, "%s", "expression nested too deeply"); return NULL; }
-    node *n = parse_or(P);
+    node *n = parse_logic(P, 1);
     while (n && condexpr && is_name(P, "if")) {
         int line = cur(P)->line;
         P->i++;
-        node *cond = parse_or(P), *els = NULL;
+        node *cond = parse_logic(P, 1), *els = NULL;
         if (!cond) return NULL;
         if (is_name(P, "else")) {
             P->i++;
