@@ -65,6 +65,16 @@ __device__ __forceinline__ void qd_mma_bf16(float (&c)[4], const uint32_t (&a)[4
     qd_mma16816(c, a, b[0], b[1]);
 }
 
+/* A warp's MI x NI grid of m16n8 accumulators set to zero. */
+template <int MI, int NI> __device__ __forceinline__ void qd_mma_clear(float (&acc)[MI][NI][4]) {
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
+}
+
 /* Transposed store of four 8x8 matrices: the element a thread holds at
  * fragment position (T/4, 2(T%4)+e) lands in row 2(T%4)+e, column T/4. */
 __device__ __forceinline__ void qd_stsm4t(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {

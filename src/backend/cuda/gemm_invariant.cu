@@ -146,16 +146,6 @@ __device__ __forceinline__ void inv_mma_stage(float (&acc)[MI][NI][4], const uin
     }
 }
 
-/* acc = 0 */
-template <int MI, int NI> __device__ __forceinline__ void inv_clear(float (&acc)[MI][NI][4]) {
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
-}
-
 /* One chain (S = 1) on a tile of one k-group: the kernel of the first version, kept
  * as it was because the chained walk below costs it 40-80% at n = 1 (its per-step
  * index arithmetic and division, measured on the H200: 42 us against 23 us at
@@ -191,7 +181,7 @@ __global__ void __launch_bounds__(WM * WN * 32) inv_gemm1(const __grid_constant_
     };
 
     float acc[MI][NI][4];
-    inv_clear(acc);
+    qd_mma_clear(acc);
     /* a warp whose outputs all lie past the weights or past n only helps load */
     const bool active = wm * TM < rows_here && wn * TN < toks_here;
 
@@ -252,7 +242,7 @@ __global__ void __launch_bounds__(WM * WN * KW * 32) inv_gemm(const __grid_const
     };
 
     float acc[MI][NI][4], tot[MI][NI][4];
-    inv_clear(acc);
+    qd_mma_clear(acc);
     /* a warp whose outputs all lie past the weights or past n only helps load (the
      * same warp place in every group: its partner warps are idle too) */
     const bool active = wm * TM < rows_here && wn * TN < toks_here;
@@ -298,7 +288,7 @@ __global__ void __launch_bounds__(WM * WN * KW * 32) inv_gemm(const __grid_const
                             tot[mi][ni][e] = v;
                         }
             }
-            inv_clear(acc);
+            qd_mma_clear(acc);
         }
     }
     qd_cp_async_wait<0>();

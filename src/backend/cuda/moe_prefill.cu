@@ -153,12 +153,7 @@ moe_gemm(const uint16_t *__restrict__ A, const uint16_t *__restrict__ W, const i
     };
 
     float acc[2][8][4];
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int t = 0; t < 8; t++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[mi][t][c] = 0.0f;
+    qd_mma_clear(acc);
 
     qd_cp_async_prologue<GM_ST>(load, KT);
     for (int kt = 0; kt < KT; kt++) {
